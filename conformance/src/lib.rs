@@ -1,0 +1,1 @@
+//! Felix conformance (under construction).

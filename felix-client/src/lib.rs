@@ -1,0 +1,1 @@
+//! Felix client (under construction).

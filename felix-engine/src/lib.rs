@@ -1,0 +1,1 @@
+//! One Felix broker node as a Sans-IO state machine (under construction).

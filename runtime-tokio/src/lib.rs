@@ -1,0 +1,1 @@
+//! tokio runtime for the Felix engine (under construction).
