@@ -25,8 +25,14 @@ fn decode_everything(flags: Flags, payload: &Bytes) {
     let events = EventBatch::decode(flags, payload);
     let events_view = EventBatchView::parse(flags, payload);
 
-    assert_eq!(publish_view.as_ref().map(|v| v.to_batch()), publish.as_ref().cloned());
-    assert_eq!(events_view.as_ref().map(|v| v.to_batch()), events.as_ref().cloned());
+    assert_eq!(
+        publish_view.as_ref().map(|v| v.to_batch()),
+        publish.as_ref().cloned()
+    );
+    assert_eq!(
+        events_view.as_ref().map(|v| v.to_batch()),
+        events.as_ref().cloned()
+    );
     if let Ok(view) = &publish_view {
         assert_eq!(view.payloads().len(), view.len());
         assert_eq!(view.payloads().count(), view.len());
