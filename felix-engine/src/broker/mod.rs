@@ -1,0 +1,787 @@
+//! The broker's data plane as plain state: streams of shards with subscribers, and the cache.
+//!
+//! No clock, no randomness, no I/O: time arrives as arguments. The engine drives it in four
+//! families, in this order within a turn:
+//! - commands: [`Broker::publish`], [`Broker::subscribe`], [`Broker::unsubscribe`], the
+//!   `cache_*` calls;
+//! - [`Broker::flush`] once at the end of every turn: seals each open batch into one encoded
+//!   frame per variant in use and queues `Bytes` clones to its subscribers;
+//! - outputs: [`Broker::poll_ready`] names each subscriber with something new once, and
+//!   [`Broker::next_delivery`] pops its frames while its stream can take them;
+//! - timers: [`Broker::poll_timeout`] / [`Broker::handle_timeout`] for the cache sweep.
+//!
+//! Publishes land in the shard's open batch and coalesce until the turn ends, so under load
+//! one frame carries many records and when idle each publish goes out at once.
+
+// Until the engine calls into this module (remove then).
+#![allow(dead_code)]
+
+mod cache;
+mod encode;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::time::Instant;
+
+use bytes::Bytes;
+use felix_proto::features::Features;
+use felix_proto::routing::{shard_for_key, RoutingMapping};
+use felix_proto::{ErrorCode, Flags};
+
+use cache::{CacheLimits, CacheStore};
+use encode::{encode_event_batch, encode_subscription_lagged, BatchView, MAX_PUBLISHER_LEN};
+
+use cache::CACHE_SWEEP_MAX_ENTRIES;
+
+/// Broker limits and layout. Every limit has a name and a default ([`BrokerConfig::default`]).
+#[derive(Debug, Clone)]
+pub(crate) struct BrokerConfig {
+    /// Shards of a stream created on first use. 0 is read as 1.
+    pub(crate) default_shards: u32,
+    /// Streams with a declared shard count (0 is read as 1).
+    pub(crate) declared_streams: Vec<(StreamKey, u32)>,
+    /// How a routing key picks a shard.
+    pub(crate) routing_mapping: RoutingMapping,
+    /// Streams this broker will hold; creating one more is refused `overloaded`.
+    pub(crate) max_streams: usize,
+    /// Sealed batches a subscriber's queue holds by default.
+    pub(crate) subscriber_queue_capacity: usize,
+    /// Ceiling for a subscribe's `queue_capacity`.
+    pub(crate) subscriber_queue_capacity_max: usize,
+    /// An open batch is sealed early once it holds this many records...
+    pub(crate) event_batch_max_records: usize,
+    /// ...or this many payload bytes.
+    pub(crate) event_batch_max_bytes: usize,
+    pub(crate) cache_max_key_bytes: usize,
+    pub(crate) cache_max_value_bytes: usize,
+    /// Key plus value bytes across every cache; a put past it is refused `overloaded`.
+    pub(crate) cache_max_total_bytes: usize,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            default_shards: 1,
+            declared_streams: Vec::new(),
+            routing_mapping: RoutingMapping::Modulo,
+            max_streams: 100_000,
+            subscriber_queue_capacity: 512,
+            subscriber_queue_capacity_max: 8192,
+            event_batch_max_records: 1024,
+            event_batch_max_bytes: 1024 * 1024,
+            cache_max_key_bytes: 1024,
+            cache_max_value_bytes: 1024 * 1024,
+            cache_max_total_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+/// A stream's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct StreamKey {
+    pub(crate) tenant: String,
+    pub(crate) namespace: String,
+    pub(crate) stream: String,
+}
+
+impl StreamKey {
+    pub(crate) fn new(tenant: &str, namespace: &str, stream: &str) -> StreamKey {
+        StreamKey {
+            tenant: tenant.into(),
+            namespace: namespace.into(),
+            stream: stream.into(),
+        }
+    }
+}
+
+/// A cache's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct CacheKey {
+    pub(crate) tenant: String,
+    pub(crate) namespace: String,
+    pub(crate) cache: String,
+}
+
+impl CacheKey {
+    pub(crate) fn new(tenant: &str, namespace: &str, cache: &str) -> CacheKey {
+        CacheKey {
+            tenant: tenant.into(),
+            namespace: namespace.into(),
+            cache: cache.into(),
+        }
+    }
+}
+
+/// The broker's handle on one subscription (not the wire `subscription_id`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct SubscriberId(pub(crate) u64);
+
+/// A refusal with its wire code; `message` is for people.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BrokerError {
+    pub(crate) code: ErrorCode,
+    pub(crate) message: String,
+}
+
+impl BrokerError {
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> BrokerError {
+        BrokerError {
+            code,
+            message: message.into(),
+        }
+    }
+    fn invalid(message: impl Into<String>) -> BrokerError {
+        BrokerError::new(ErrorCode::InvalidRequest, message)
+    }
+}
+
+impl fmt::Display for BrokerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+/// Where a subscription starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    Latest,
+    Earliest,
+    Offset(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CursorReason {
+    TooOld,
+    InFuture,
+}
+
+impl CursorReason {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            CursorReason::TooOld => "too_old",
+            CursorReason::InFuture => "in_future",
+        }
+    }
+}
+
+/// Why a subscribe was refused: a coded error, or a `subscribe_cursor_error`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SubscribeError {
+    Broker(BrokerError),
+    Cursor {
+        reason: CursorReason,
+        requested: u64,
+        available: u64,
+    },
+}
+
+impl From<BrokerError> for SubscribeError {
+    fn from(e: BrokerError) -> Self {
+        SubscribeError::Broker(e)
+    }
+}
+
+/// What a subscriber negotiated, as far as its deliveries are concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SubscribeOpts {
+    /// The wire id the engine gave the subscription (named in `subscription_lagged`).
+    pub(crate) subscription_id: u64,
+    /// Event-batch modifiers the client offered and this broker advertised; only 0x0020,
+    /// 0x2000 and 0x4000 matter here, anything else is ignored.
+    pub(crate) event_flags: Flags,
+    /// The client offered FEATURE_SUBSCRIPTION_LAGGED.
+    pub(crate) lagged_signal: bool,
+    /// The subscribe's `queue_capacity`, if it sent one.
+    pub(crate) queue_capacity: Option<u32>,
+}
+
+impl SubscribeOpts {
+    /// Options for a subscriber that negotiated these flags and features.
+    pub(crate) fn negotiated(
+        subscription_id: u64,
+        flags: Flags,
+        features: Features,
+        queue_capacity: Option<u32>,
+    ) -> SubscribeOpts {
+        SubscribeOpts {
+            subscription_id,
+            event_flags: flags,
+            lagged_signal: features.contains(Features::SUBSCRIPTION_LAGGED),
+            queue_capacity,
+        }
+    }
+}
+
+/// A granted subscription. The offsets are `Some` only on a shard with offsets, to a
+/// subscriber that negotiated 0x0020; `queue_capacity` only when the subscribe asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Subscribed {
+    pub(crate) id: SubscriberId,
+    pub(crate) start_offset: Option<u64>,
+    pub(crate) live_offset: Option<u64>,
+    pub(crate) queue_capacity: Option<u32>,
+}
+
+/// A publish's outcome: where it landed, and its first offset on a shard with offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Published {
+    pub(crate) shard: u32,
+    pub(crate) first_offset: Option<u64>,
+}
+
+/// One frame for a subscriber's event stream (header and payload, ready to write).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Delivery {
+    Frame(Bytes),
+    /// The last frame (`subscription_lagged`): write it, then finish the stream. The
+    /// subscription is gone from the broker once this is returned.
+    Final(Bytes),
+}
+
+/// Plain counters. Bytes are payload bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct BrokerStats {
+    pub(crate) streams: u64,
+    pub(crate) published_records: u64,
+    pub(crate) published_bytes: u64,
+    /// Sealed batches encoded (one per variant in use).
+    pub(crate) frames_encoded: u64,
+    /// Batches queued to a subscriber (one per subscriber per batch).
+    pub(crate) deliveries: u64,
+    /// Batches a full subscriber queue refused, and the records in them.
+    pub(crate) dropped_batches: u64,
+    pub(crate) dropped_records: u64,
+    /// Subscriptions ended with `subscription_lagged`.
+    pub(crate) lagged_subscriptions: u64,
+    pub(crate) subscribers_open: u64,
+    pub(crate) cache_hits: u64,
+    pub(crate) cache_misses: u64,
+    pub(crate) cache_puts: u64,
+    pub(crate) cache_deletes: u64,
+    pub(crate) cache_expired: u64,
+    pub(crate) cache_entries: u64,
+    pub(crate) cache_bytes: u64,
+}
+
+/// The modifiers a subscriber can negotiate on event batches. 0x0800 is absent on purpose:
+/// no offset here ever holds a non-event, so `skipped_before` is never sent.
+const EVENT_MODIFIERS: Flags = Flags(
+    Flags::EVENT_BATCH_OFFSETS.0 | Flags::EVENT_BATCH_PUBLISHER.0 | Flags::EVENT_BATCH_TIMESTAMPS.0,
+);
+const VARIANTS: usize = 8;
+
+/// Index of a modifier set among the 8 variants a sealed batch can be encoded as.
+fn variant_index(flags: Flags) -> usize {
+    usize::from(flags.contains(Flags::EVENT_BATCH_OFFSETS))
+        | usize::from(flags.contains(Flags::EVENT_BATCH_PUBLISHER)) << 1
+        | usize::from(flags.contains(Flags::EVENT_BATCH_TIMESTAMPS)) << 2
+}
+
+#[derive(Default)]
+struct OpenBatch {
+    base_seq: u64,
+    payloads: Vec<Bytes>,
+    /// One append time per payload, only on shards that store times.
+    times: Vec<u64>,
+    publisher: Option<Box<str>>,
+    bytes: usize,
+}
+
+struct Shard {
+    /// Offsets (and stored record times) go on the wire: durable storage turns this on.
+    has_offsets: bool,
+    /// Sequence number the next record gets; its offset where offsets are on.
+    next_seq: u64,
+    subscribers: Vec<SubscriberId>,
+    open: OpenBatch,
+    /// Listed in `Broker::dirty` (its open batch is non-empty).
+    dirty: bool,
+}
+
+impl Shard {
+    fn new() -> Shard {
+        Shard {
+            has_offsets: false,
+            next_seq: 0,
+            subscribers: Vec::new(),
+            open: OpenBatch::default(),
+            dirty: false,
+        }
+    }
+}
+
+struct Stream {
+    shards: Vec<Shard>,
+}
+
+struct Subscriber {
+    stream: usize,
+    shard: u32,
+    subscription_id: u64,
+    /// Modifiers it negotiated (subset of [`EVENT_MODIFIERS`]).
+    wants: Flags,
+    /// Ends with `subscription_lagged` at its first drop.
+    ends_on_lag: bool,
+    capacity: usize,
+    queue: VecDeque<Bytes>,
+    final_frame: Option<Bytes>,
+    /// No longer on its shard's list (ended by lag); only draining remains.
+    detached: bool,
+    /// Already in `Broker::ready`.
+    ready: bool,
+    drops: u64,
+}
+
+/// Counters and queues `seal` touches besides the shard.
+struct FanOut<'a> {
+    subscribers: &'a mut HashMap<SubscriberId, Subscriber>,
+    ready: &'a mut VecDeque<SubscriberId>,
+    stats: &'a mut BrokerStats,
+}
+
+pub(crate) struct Broker {
+    cfg: BrokerConfig,
+    streams: Vec<Stream>,
+    stream_index: HashMap<StreamKey, usize>,
+    declared: HashMap<StreamKey, u32>,
+    subscribers: HashMap<SubscriberId, Subscriber>,
+    next_subscriber: u64,
+    /// Subscribers with new deliveries, each at most once (see `Subscriber::ready`).
+    ready: VecDeque<SubscriberId>,
+    /// Shards with a non-empty open batch: flush work is proportional to activity.
+    dirty: Vec<(usize, u32)>,
+    cache: CacheStore,
+    stats: BrokerStats,
+}
+
+impl Broker {
+    pub(crate) fn new(mut cfg: BrokerConfig) -> Broker {
+        cfg.default_shards = cfg.default_shards.max(1);
+        cfg.subscriber_queue_capacity_max = cfg.subscriber_queue_capacity_max.max(1);
+        cfg.subscriber_queue_capacity = cfg
+            .subscriber_queue_capacity
+            .clamp(1, cfg.subscriber_queue_capacity_max);
+        cfg.event_batch_max_records = cfg.event_batch_max_records.max(1);
+        let declared = cfg
+            .declared_streams
+            .iter()
+            .map(|(k, n)| (k.clone(), (*n).max(1)))
+            .collect();
+        let cache = CacheStore::new(CacheLimits {
+            max_key_bytes: cfg.cache_max_key_bytes,
+            max_value_bytes: cfg.cache_max_value_bytes,
+            max_total_bytes: cfg.cache_max_total_bytes,
+        });
+        Broker {
+            cfg,
+            streams: Vec::new(),
+            stream_index: HashMap::new(),
+            declared,
+            subscribers: HashMap::new(),
+            next_subscriber: 1,
+            ready: VecDeque::new(),
+            dirty: Vec::new(),
+            cache,
+            stats: BrokerStats::default(),
+        }
+    }
+
+    /// Shards of a stream that exists (was used or declared); `None` for an unknown one.
+    pub(crate) fn shard_count(&self, key: &StreamKey) -> Option<u32> {
+        match self.stream_index.get(key) {
+            Some(&i) => Some(self.streams[i].shards.len() as u32),
+            None => self.declared.get(key).copied(),
+        }
+    }
+
+    /// Appends records to a shard's open batch. `explicit_shard` wins over `routing_key`;
+    /// with neither the records go to shard 0. The stream is created on first use.
+    /// `publisher` is the publishing principal, carried to subscribers that asked for it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn publish(
+        &mut self,
+        _now: Instant,
+        unix_micros: u64,
+        key: &StreamKey,
+        routing_key: Option<&[u8]>,
+        explicit_shard: Option<u32>,
+        payloads: Vec<Bytes>,
+        publisher: Option<&str>,
+    ) -> Result<Published, BrokerError> {
+        let shards = self.shard_count(key).unwrap_or(self.cfg.default_shards);
+        let shard = match explicit_shard {
+            Some(s) if s >= shards => {
+                return Err(BrokerError::invalid(format!(
+                    "shard {s} is out of range: the stream has {shards} shard(s)"
+                )))
+            }
+            Some(s) => s,
+            None => shard_for_key(routing_key, shards, self.cfg.routing_mapping),
+        };
+        let stream = self.stream_or_create(key)?;
+
+        self.stats.published_records += payloads.len() as u64;
+        self.stats.published_bytes += payloads.iter().map(|p| p.len() as u64).sum::<u64>();
+
+        let max_records = self.cfg.event_batch_max_records;
+        let max_bytes = self.cfg.event_batch_max_bytes;
+        let publisher = publisher.filter(|p| p.len() <= MAX_PUBLISHER_LEN);
+        let sh = &mut self.streams[stream].shards[shard as usize];
+        let first_seq = sh.next_seq;
+        sh.next_seq += payloads.len() as u64;
+        let first_offset = sh.has_offsets.then_some(first_seq);
+        if sh.subscribers.is_empty() {
+            // Nobody to deliver to, and a later subscriber starts after these records.
+            return Ok(Published {
+                shard,
+                first_offset,
+            });
+        }
+
+        let mut fan = FanOut {
+            subscribers: &mut self.subscribers,
+            ready: &mut self.ready,
+            stats: &mut self.stats,
+        };
+        for (i, payload) in payloads.into_iter().enumerate() {
+            let open = &sh.open;
+            let breaks = !open.payloads.is_empty()
+                && (open.bytes + payload.len() > max_bytes
+                    || open.publisher.as_deref() != publisher);
+            if breaks {
+                seal(sh, &mut fan);
+            }
+            if sh.open.payloads.is_empty() {
+                sh.open.base_seq = first_seq + i as u64;
+                sh.open.publisher = publisher.map(Box::from);
+            }
+            sh.open.bytes += payload.len();
+            sh.open.payloads.push(payload);
+            if sh.has_offsets {
+                sh.open.times.push(unix_micros);
+            }
+            if sh.open.payloads.len() >= max_records || sh.open.bytes >= max_bytes {
+                seal(sh, &mut fan);
+            }
+        }
+        if !sh.open.payloads.is_empty() && !sh.dirty {
+            sh.dirty = true;
+            self.dirty.push((stream, shard));
+        }
+        Ok(Published {
+            shard,
+            first_offset,
+        })
+    }
+
+    /// Registers a subscriber on one shard. `Latest` is served anywhere; `Earliest` and
+    /// `Offset` need stored history, which in-memory shards do not have.
+    pub(crate) fn subscribe(
+        &mut self,
+        _now: Instant,
+        key: &StreamKey,
+        shard: u32,
+        start: Start,
+        opts: SubscribeOpts,
+    ) -> Result<Subscribed, SubscribeError> {
+        let shards = self.shard_count(key).unwrap_or(self.cfg.default_shards);
+        if shard >= shards {
+            return Err(BrokerError::invalid(format!(
+                "shard {shard} is out of range: the stream has {shards} shard(s)"
+            ))
+            .into());
+        }
+        let stream = self.stream_or_create(key)?;
+        let sh = &self.streams[stream].shards[shard as usize];
+        let tail = sh.next_seq;
+        if !sh.has_offsets && start != Start::Latest {
+            return Err(BrokerError::invalid(
+                "replay needs durable storage: this stream is in memory, subscribe from latest",
+            )
+            .into());
+        }
+        // With offsets but no stored history yet, the oldest retained offset is the tail.
+        match start {
+            Start::Offset(n) if n > tail => {
+                return Err(SubscribeError::Cursor {
+                    reason: CursorReason::InFuture,
+                    requested: n,
+                    available: tail,
+                })
+            }
+            Start::Offset(n) if n < tail => {
+                return Err(SubscribeError::Cursor {
+                    reason: CursorReason::TooOld,
+                    requested: n,
+                    available: tail,
+                })
+            }
+            _ => {}
+        }
+
+        let max = self.cfg.subscriber_queue_capacity_max;
+        let capacity = match opts.queue_capacity {
+            Some(asked) => (asked as usize).clamp(1, max),
+            None => self.cfg.subscriber_queue_capacity,
+        };
+        let wants = opts.event_flags.intersection(EVENT_MODIFIERS);
+        let offsets_on_wire = sh.has_offsets && wants.contains(Flags::EVENT_BATCH_OFFSETS);
+
+        // Records already in the open batch were published before this subscriber joined.
+        let mut fan = FanOut {
+            subscribers: &mut self.subscribers,
+            ready: &mut self.ready,
+            stats: &mut self.stats,
+        };
+        let sh = &mut self.streams[stream].shards[shard as usize];
+        seal(sh, &mut fan);
+
+        let id = SubscriberId(self.next_subscriber);
+        self.next_subscriber += 1;
+        sh.subscribers.push(id);
+        self.subscribers.insert(
+            id,
+            Subscriber {
+                stream,
+                shard,
+                subscription_id: opts.subscription_id,
+                wants,
+                ends_on_lag: offsets_on_wire && opts.lagged_signal,
+                capacity,
+                queue: VecDeque::new(),
+                final_frame: None,
+                detached: false,
+                ready: false,
+                drops: 0,
+            },
+        );
+        self.stats.subscribers_open += 1;
+        Ok(Subscribed {
+            id,
+            start_offset: offsets_on_wire.then_some(tail),
+            live_offset: offsets_on_wire.then_some(tail),
+            queue_capacity: opts.queue_capacity.map(|_| capacity as u32),
+        })
+    }
+
+    /// Forgets a subscriber and whatever it had queued. Unknown ids are ignored.
+    pub(crate) fn unsubscribe(&mut self, id: SubscriberId) {
+        let Some(sub) = self.subscribers.remove(&id) else {
+            return;
+        };
+        self.stats.subscribers_open -= 1;
+        if !sub.detached {
+            let list = &mut self.streams[sub.stream].shards[sub.shard as usize].subscribers;
+            if let Some(pos) = list.iter().position(|s| *s == id) {
+                list.swap_remove(pos);
+            }
+        }
+    }
+
+    /// Seals every open batch and queues it to its subscribers. Call once per turn.
+    pub(crate) fn flush(&mut self, _now: Instant) {
+        let mut fan = FanOut {
+            subscribers: &mut self.subscribers,
+            ready: &mut self.ready,
+            stats: &mut self.stats,
+        };
+        for (stream, shard) in self.dirty.drain(..) {
+            let sh = &mut self.streams[stream].shards[shard as usize];
+            sh.dirty = false;
+            seal(sh, &mut fan);
+        }
+    }
+
+    /// A subscriber with deliveries it has not been named for yet.
+    #[must_use]
+    pub(crate) fn poll_ready(&mut self) -> Option<SubscriberId> {
+        while let Some(id) = self.ready.pop_front() {
+            if let Some(sub) = self.subscribers.get_mut(&id) {
+                sub.ready = false;
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    /// Pops the subscriber's next frame. Call only when its stream can take the frame.
+    #[must_use]
+    pub(crate) fn next_delivery(&mut self, id: SubscriberId) -> Option<Delivery> {
+        let sub = self.subscribers.get_mut(&id)?;
+        if let Some(frame) = sub.queue.pop_front() {
+            return Some(Delivery::Frame(frame));
+        }
+        let last = sub.final_frame.take()?;
+        self.subscribers.remove(&id);
+        self.stats.subscribers_open -= 1;
+        Some(Delivery::Final(last))
+    }
+
+    /// Batches a subscriber's full queue refused so far.
+    pub(crate) fn subscriber_drops(&self, id: SubscriberId) -> Option<u64> {
+        self.subscribers.get(&id).map(|s| s.drops)
+    }
+
+    pub(crate) fn cache_put(
+        &mut self,
+        now: Instant,
+        key: &CacheKey,
+        k: &str,
+        value: Bytes,
+        ttl_ms: Option<u64>,
+    ) -> Result<(), BrokerError> {
+        self.cache.put(now, key, k, value, ttl_ms)
+    }
+
+    pub(crate) fn cache_get(
+        &mut self,
+        now: Instant,
+        key: &CacheKey,
+        k: &str,
+    ) -> Result<Option<Bytes>, BrokerError> {
+        Ok(self.cache.get(now, key, k))
+    }
+
+    /// Removes a key, returning the value it held (`None` if absent or expired).
+    pub(crate) fn cache_delete(
+        &mut self,
+        now: Instant,
+        key: &CacheKey,
+        k: &str,
+    ) -> Result<Option<Bytes>, BrokerError> {
+        Ok(self.cache.delete(now, key, k))
+    }
+
+    /// The next instant [`Broker::handle_timeout`] has work (the cache sweep).
+    #[must_use]
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.cache.poll_timeout()
+    }
+
+    /// Removes a bounded number of expired cache entries.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        self.cache.sweep(now, CACHE_SWEEP_MAX_ENTRIES);
+    }
+
+    pub(crate) fn stats(&self) -> BrokerStats {
+        let c = self.cache.counters;
+        BrokerStats {
+            streams: self.streams.len() as u64,
+            cache_hits: c.hits,
+            cache_misses: c.misses,
+            cache_puts: c.puts,
+            cache_deletes: c.deletes,
+            cache_expired: c.expired,
+            cache_entries: self.cache.entries() as u64,
+            cache_bytes: self.cache.total_bytes() as u64,
+            ..self.stats
+        }
+    }
+
+    fn stream_or_create(&mut self, key: &StreamKey) -> Result<usize, BrokerError> {
+        if let Some(&i) = self.stream_index.get(key) {
+            return Ok(i);
+        }
+        if self.streams.len() >= self.cfg.max_streams {
+            return Err(BrokerError::new(
+                ErrorCode::Overloaded,
+                format!(
+                    "this broker holds its limit of {} streams",
+                    self.cfg.max_streams
+                ),
+            ));
+        }
+        let shards = self
+            .declared
+            .get(key)
+            .copied()
+            .unwrap_or(self.cfg.default_shards);
+        self.streams.push(Stream {
+            shards: (0..shards).map(|_| Shard::new()).collect(),
+        });
+        self.stream_index
+            .insert(key.clone(), self.streams.len() - 1);
+        Ok(self.streams.len() - 1)
+    }
+
+    #[cfg(test)]
+    fn set_offsets_for_test(&mut self, key: &StreamKey, on: bool) {
+        let i = self.stream_or_create(key).unwrap();
+        for sh in &mut self.streams[i].shards {
+            sh.has_offsets = on;
+        }
+    }
+}
+
+/// Seals the shard's open batch: encodes it once per variant its subscribers need and
+/// queues the shared `Bytes` to each, dropping the batch for any whose queue is full.
+fn seal(sh: &mut Shard, fan: &mut FanOut<'_>) {
+    if sh.open.payloads.is_empty() {
+        return;
+    }
+    let batch = std::mem::take(&mut sh.open);
+    let view = BatchView {
+        base_offset: batch.base_seq,
+        publisher: batch.publisher.as_deref(),
+        times: &batch.times,
+        payloads: &batch.payloads,
+    };
+    // What this batch can carry; each subscriber gets the part of it that it negotiated.
+    let mut available = Flags::NONE;
+    if sh.has_offsets {
+        available = available.union(Flags::EVENT_BATCH_OFFSETS);
+        if batch.times.len() == batch.payloads.len() {
+            available = available.union(Flags::EVENT_BATCH_TIMESTAMPS);
+        }
+    }
+    if batch.publisher.is_some() {
+        available = available.union(Flags::EVENT_BATCH_PUBLISHER);
+    }
+
+    let mut encoded: [Option<Bytes>; VARIANTS] = Default::default();
+    let mut lagged = Vec::new();
+    for id in &sh.subscribers {
+        let sub = fan
+            .subscribers
+            .get_mut(id)
+            .expect("shard lists only live subscribers");
+        if sub.queue.len() >= sub.capacity {
+            sub.drops += 1;
+            fan.stats.dropped_batches += 1;
+            fan.stats.dropped_records += batch.payloads.len() as u64;
+            if sub.ends_on_lag {
+                // Its queued frames go first, then this, then the stream ends.
+                sub.final_frame = Some(encode_subscription_lagged(
+                    sub.subscription_id,
+                    batch.base_seq,
+                ));
+                sub.detached = true;
+                fan.stats.lagged_subscriptions += 1;
+                lagged.push(*id);
+                mark_ready(*id, sub, fan.ready);
+            }
+            continue;
+        }
+        let flags = sub.wants.intersection(available);
+        let slot = &mut encoded[variant_index(flags)];
+        let frame = slot.get_or_insert_with(|| {
+            fan.stats.frames_encoded += 1;
+            encode_event_batch(flags, &view)
+        });
+        sub.queue.push_back(frame.clone());
+        fan.stats.deliveries += 1;
+        mark_ready(*id, sub, fan.ready);
+    }
+    if !lagged.is_empty() {
+        sh.subscribers.retain(|id| !lagged.contains(id));
+    }
+}
+
+fn mark_ready(id: SubscriberId, sub: &mut Subscriber, ready: &mut VecDeque<SubscriberId>) {
+    if !sub.ready {
+        sub.ready = true;
+        ready.push_back(id);
+    }
+}
