@@ -1,0 +1,859 @@
+//! The tokio front end: one QUIC connection (quinn), authenticated bidi streams driven by the
+//! Sans-IO [`crate::core`] types, and a task that routes broker-opened event streams to
+//! their subscriptions.
+//!
+//! Streams, like the reference client: `connect_streams` request streams opened one after
+//! another at connect (cache operations go round-robin over them); one dedicated publish
+//! stream per (namespace, stream), opened on first use; one new stream per subscribe.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use felix_proto::frame::DEFAULT_MAX_FRAME_BYTES;
+use felix_proto::{Features, Frame, FrameDecoder};
+use tokio::sync::{oneshot, OnceCell, Semaphore};
+
+use crate::core::{
+    auth_frame, read_auth_reply, read_subscribe_reply, subscribe_frame, Ack, Answer, Capabilities,
+    Encoded, Event, EventFrame, EventStreamReader, Offer, RequestKind, RequestStream, Start,
+    SubscribeRequest, SubscriptionEnd, Target,
+};
+use crate::error::ClientError;
+use crate::transport::quic_client_config;
+
+/// How to reach and authenticate to a broker.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The broker's client listener.
+    pub addr: SocketAddr,
+    /// TLS server name (SNI and certificate check). Default `"localhost"`, whatever `addr` is.
+    pub server_name: String,
+    /// PEM of the CA(s) to trust.
+    pub ca_pem: Vec<u8>,
+    /// Tenant every stream authenticates as.
+    pub tenant: String,
+    /// Bearer token sent verbatim on every `auth`.
+    pub token: String,
+    /// Offer ALPN `felix/1` (off by default, like the reference client).
+    pub offer_alpn: bool,
+    /// Flags and features offered on `auth`.
+    pub offer: Offer,
+    /// Request streams opened (and authenticated, one after another) at connect. The
+    /// reference client opens 40.
+    pub connect_streams: usize,
+    /// Bound on the QUIC handshake, and on each auth round trip.
+    pub connect_timeout: Duration,
+    /// Bound on waiting for any answer (publish ack, cache answer, `subscribed`, hello).
+    pub request_timeout: Duration,
+    /// QUIC idle timeout; a keep-alive is sent at a third of it.
+    pub idle_timeout: Duration,
+}
+
+impl ClientConfig {
+    /// Defaults for everything but where to go and who we are.
+    pub fn new(addr: SocketAddr, ca_pem: impl Into<Vec<u8>>, tenant: &str, token: &str) -> Self {
+        ClientConfig {
+            addr,
+            server_name: "localhost".into(),
+            ca_pem: ca_pem.into(),
+            tenant: tenant.into(),
+            token: token.into(),
+            offer_alpn: false,
+            offer: Offer::full(),
+            connect_streams: 1,
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(6),
+        }
+    }
+}
+
+/// A connection to one broker.
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoint: quinn::Endpoint,
+    conn: quinn::Connection,
+    config: ClientConfig,
+    caps: Capabilities,
+    request_streams: Vec<Arc<RequestChannel>>,
+    next_request_stream: AtomicUsize,
+    publish_streams: Mutex<HashMap<(String, String), Arc<OnceCell<Arc<RequestChannel>>>>>,
+    /// One window for every stream when the broker's window is per connection.
+    connection_window: Option<Arc<Semaphore>>,
+    events: Arc<EventRouter>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Reader tasks hold stream handles, which would keep the connection open.
+        self.conn.close(0u32.into(), b"client dropped");
+    }
+}
+
+impl Client {
+    /// Dials the broker, authenticates `connect_streams` streams one after another, and
+    /// starts routing event streams.
+    pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+        let quic = quic_client_config(&config.ca_pem, config.offer_alpn, config.idle_timeout)?;
+        let bind: SocketAddr = if config.addr.is_ipv4() {
+            "0.0.0.0:0".parse().expect("literal")
+        } else {
+            "[::]:0".parse().expect("literal")
+        };
+        let endpoint = quinn::Endpoint::client(bind)
+            .map_err(|e| ClientError::Connection(format!("cannot bind a UDP socket: {e}")))?;
+        let connecting = endpoint
+            .connect_with(quic, config.addr, &config.server_name)
+            .map_err(|e| ClientError::Usage(format!("cannot dial {}: {e}", config.addr)))?;
+        let conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
+            Err(_) => return Err(ClientError::Timeout("the QUIC handshake")),
+            Ok(Err(e)) => return Err(ClientError::Connection(format!("handshake: {e}"))),
+            Ok(Ok(conn)) => conn,
+        };
+
+        let mut streams = Vec::with_capacity(config.connect_streams.max(1));
+        let mut caps = None;
+        for _ in 0..config.connect_streams.max(1) {
+            match open_authenticated(&conn, &config).await {
+                Ok((send, recv, decoder, stream_caps)) => {
+                    caps.get_or_insert(stream_caps);
+                    streams.push((send, recv, decoder, stream_caps));
+                }
+                Err(e) => {
+                    conn.close(0u32.into(), b"connect failed");
+                    return Err(e);
+                }
+            }
+        }
+        let caps = caps.expect("at least one stream");
+        let connection_window = match caps.publish_window() {
+            Some(w) if !caps.broker_has(Features::STREAM_PUBLISH_WINDOW) => {
+                Some(Arc::new(Semaphore::new(w as usize)))
+            }
+            _ => None,
+        };
+        let request_streams = streams
+            .into_iter()
+            .map(|(send, recv, decoder, stream_caps)| {
+                RequestChannel::start(
+                    send,
+                    recv,
+                    decoder,
+                    RequestStream::new(stream_caps, config.tenant.clone()),
+                    connection_window.clone(),
+                )
+            })
+            .collect();
+
+        let events = Arc::new(EventRouter::default());
+        tokio::spawn(route_event_streams(
+            conn.clone(),
+            events.clone(),
+            caps,
+            config.request_timeout,
+        ));
+
+        Ok(Client {
+            inner: Arc::new(Inner {
+                endpoint,
+                conn,
+                config,
+                caps,
+                request_streams,
+                next_request_stream: AtomicUsize::new(0),
+                publish_streams: Mutex::new(HashMap::new()),
+                connection_window,
+                events,
+            }),
+        })
+    }
+
+    /// What the first stream negotiated.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    /// The underlying QUIC connection (for statistics and tests).
+    pub fn connection(&self) -> &quinn::Connection {
+        &self.inner.conn
+    }
+
+    /// Publishes `payloads` as one batch to `namespace/stream`, on the stream's dedicated
+    /// publish stream. Several publishes may be in flight at once (up to the negotiated
+    /// window); each call returns when its own answer arrives. Returns the offset of the
+    /// first record when the broker gave one; `Ack::None` returns once the frame is written.
+    pub async fn publish(
+        &self,
+        namespace: &str,
+        stream: &str,
+        payloads: Vec<Bytes>,
+        key: Option<Bytes>,
+        ack: Ack,
+    ) -> Result<Option<u64>, ClientError> {
+        let channel = self.publish_stream(namespace, stream).await?;
+        let target = Target {
+            namespace,
+            name: stream,
+        };
+        let answer = channel
+            .call(
+                ack != Ack::None,
+                self.inner.config.request_timeout,
+                |core| core.publish(target, &payloads, key.as_deref(), ack),
+            )
+            .await?;
+        match answer {
+            None => Ok(None),
+            Some(Answer::Published { offset }) => Ok(offset),
+            Some(other) => Err(ClientError::protocol(format!(
+                "{other:?} answered a publish"
+            ))),
+        }
+    }
+
+    /// Stores `value` under `key`, expiring after `ttl` if given.
+    pub async fn cache_put(
+        &self,
+        namespace: &str,
+        cache: &str,
+        key: &str,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> Result<(), ClientError> {
+        let target = Target {
+            namespace,
+            name: cache,
+        };
+        let ttl_ms = ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+        match self
+            .cache_call(|core| core.cache_put(target, key, &value, ttl_ms))
+            .await?
+        {
+            Answer::CacheStored => Ok(()),
+            other => Err(ClientError::protocol(format!(
+                "{other:?} answered cache_put"
+            ))),
+        }
+    }
+
+    /// Reads `key`; `None` when absent or expired.
+    pub async fn cache_get(
+        &self,
+        namespace: &str,
+        cache: &str,
+        key: &str,
+    ) -> Result<Option<Bytes>, ClientError> {
+        let target = Target {
+            namespace,
+            name: cache,
+        };
+        match self.cache_call(|core| core.cache_get(target, key)).await? {
+            Answer::CacheValue(v) => Ok(v),
+            other => Err(ClientError::protocol(format!(
+                "{other:?} answered cache_get"
+            ))),
+        }
+    }
+
+    /// Removes `key`, returning the value it held (`None` if there was none).
+    pub async fn cache_delete(
+        &self,
+        namespace: &str,
+        cache: &str,
+        key: &str,
+    ) -> Result<Option<Bytes>, ClientError> {
+        let target = Target {
+            namespace,
+            name: cache,
+        };
+        match self
+            .cache_call(|core| core.cache_delete(target, key))
+            .await?
+        {
+            Answer::CacheValue(v) => Ok(v),
+            other => Err(ClientError::protocol(format!(
+                "{other:?} answered cache_delete"
+            ))),
+        }
+    }
+
+    /// Subscribes to shard 0 of `namespace/stream` on a new stream, and waits for both the
+    /// `subscribed` answer and the broker's event stream.
+    pub async fn subscribe(
+        &self,
+        namespace: &str,
+        stream: &str,
+        start: Start,
+    ) -> Result<Subscription, ClientError> {
+        self.subscribe_shard(namespace, stream, start, None).await
+    }
+
+    /// Like [`Client::subscribe`], for one shard of a multi-shard stream.
+    pub async fn subscribe_shard(
+        &self,
+        namespace: &str,
+        stream: &str,
+        start: Start,
+        shard: Option<u32>,
+    ) -> Result<Subscription, ClientError> {
+        let inner = &self.inner;
+        let timeout = inner.config.request_timeout;
+        let (mut send, mut recv, mut decoder, _caps) =
+            open_authenticated(&inner.conn, &inner.config).await?;
+        let request = SubscribeRequest {
+            namespace,
+            stream,
+            start,
+            shard,
+        };
+        let frame = subscribe_frame(&inner.config.tenant, &request)?;
+        send.write_chunk(frame).await.map_err(write_error)?;
+        // Like the reference client: nothing more goes on this stream.
+        let _ = send.finish();
+        let reply = read_frame(&mut recv, &mut decoder, timeout, "the subscribe answer")
+            .await?
+            .ok_or_else(|| {
+                ClientError::Connection("subscribe stream ended with no answer".into())
+            })?;
+        let subscribed = read_subscribe_reply(&reply)?;
+        // Dropping the receive side sends STOP_SENDING, as the reference client does; the
+        // subscription lives on the event stream.
+        drop(recv);
+        let events = tokio::time::timeout(timeout, inner.events.wait(subscribed.subscription_id))
+            .await
+            .map_err(|_| ClientError::Timeout("the subscription's event stream"))??;
+        Ok(Subscription {
+            subscription_id: subscribed.subscription_id,
+            start_offset: subscribed.start_offset,
+            recv: events.recv,
+            decoder: events.decoder,
+            reader: events.reader,
+            pending: VecDeque::new(),
+            end: None,
+            _client: self.inner.clone(),
+        })
+    }
+
+    /// Opens a new bidi stream for hand-made frames, authenticated first when asked.
+    /// For tests of the broker's edges (unknown requests, oversize frames...).
+    pub async fn open_raw_stream(&self, authenticate: bool) -> Result<RawStream, ClientError> {
+        let inner = &self.inner;
+        if authenticate {
+            let (send, recv, decoder, caps) =
+                open_authenticated(&inner.conn, &inner.config).await?;
+            Ok(RawStream {
+                send,
+                recv,
+                decoder,
+                caps: Some(caps),
+                timeout: inner.config.request_timeout,
+            })
+        } else {
+            let (send, recv) = inner.conn.open_bi().await.map_err(connection_error)?;
+            Ok(RawStream {
+                send,
+                recv,
+                decoder: FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES),
+                caps: None,
+                timeout: inner.config.request_timeout,
+            })
+        }
+    }
+
+    /// Opens and authenticates one more idle stream, returning its capabilities. The stream
+    /// stays open as long as the returned handle lives (the reference client keeps 40).
+    pub async fn open_idle_stream(&self) -> Result<RawStream, ClientError> {
+        self.open_raw_stream(true).await
+    }
+
+    /// Closes the connection (code 0) and waits briefly for the close to be sent.
+    pub async fn close(self) {
+        self.inner.conn.close(0u32.into(), b"client closed");
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+    }
+
+    async fn cache_call(
+        &self,
+        encode: impl FnOnce(&mut RequestStream) -> Result<Encoded, ClientError>,
+    ) -> Result<Answer, ClientError> {
+        let streams = &self.inner.request_streams;
+        let i = self
+            .inner
+            .next_request_stream
+            .fetch_add(1, Ordering::Relaxed)
+            % streams.len();
+        streams[i]
+            .call(false, self.inner.config.request_timeout, encode)
+            .await?
+            .ok_or_else(|| ClientError::protocol("cache request without a request id"))
+    }
+
+    async fn publish_stream(
+        &self,
+        namespace: &str,
+        stream: &str,
+    ) -> Result<Arc<RequestChannel>, ClientError> {
+        let cell = {
+            let mut map = self
+                .inner
+                .publish_streams
+                .lock()
+                .expect("publish stream map");
+            map.entry((namespace.to_owned(), stream.to_owned()))
+                .or_default()
+                .clone()
+        };
+        let inner = &self.inner;
+        let channel = cell
+            .get_or_try_init(|| async {
+                let (send, recv, decoder, caps) =
+                    open_authenticated(&inner.conn, &inner.config).await?;
+                Ok::<_, ClientError>(RequestChannel::start(
+                    send,
+                    recv,
+                    decoder,
+                    RequestStream::new(caps, inner.config.tenant.clone()),
+                    inner.connection_window.clone(),
+                ))
+            })
+            .await?;
+        Ok(channel.clone())
+    }
+}
+
+/// Opens a bidi stream and runs the `auth` exchange on it.
+async fn open_authenticated(
+    conn: &quinn::Connection,
+    config: &ClientConfig,
+) -> Result<
+    (
+        quinn::SendStream,
+        quinn::RecvStream,
+        FrameDecoder,
+        Capabilities,
+    ),
+    ClientError,
+> {
+    let (mut send, mut recv) = conn.open_bi().await.map_err(connection_error)?;
+    send.write_chunk(auth_frame(&config.tenant, &config.token, &config.offer))
+        .await
+        .map_err(write_error)?;
+    let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES);
+    let reply = read_frame(
+        &mut recv,
+        &mut decoder,
+        config.connect_timeout,
+        "the auth answer",
+    )
+    .await?
+    .ok_or_else(|| ClientError::Connection("auth response missing: stream ended".into()))?;
+    let caps = read_auth_reply(&config.offer, &reply)?;
+    Ok((send, recv, decoder, caps))
+}
+
+/// Reads the next whole frame; `None` when the stream finished cleanly between frames.
+async fn read_frame(
+    recv: &mut quinn::RecvStream,
+    decoder: &mut FrameDecoder,
+    timeout: Duration,
+    what: &'static str,
+) -> Result<Option<Frame>, ClientError> {
+    let read = async {
+        loop {
+            if let Some(frame) = decoder.next_frame()? {
+                return Ok(Some(frame));
+            }
+            match recv.read_chunk(usize::MAX, true).await {
+                Ok(Some(chunk)) => decoder.feed_bytes(chunk.bytes),
+                Ok(None) if decoder.buffered() == 0 => return Ok(None),
+                Ok(None) => {
+                    return Err(ClientError::protocol(
+                        "stream ended in the middle of a frame",
+                    ))
+                }
+                Err(e) => return Err(read_error(e)),
+            }
+        }
+    };
+    tokio::time::timeout(timeout, read)
+        .await
+        .map_err(|_| ClientError::Timeout(what))?
+}
+
+fn connection_error(e: quinn::ConnectionError) -> ClientError {
+    ClientError::Connection(e.to_string())
+}
+
+fn write_error(e: quinn::WriteError) -> ClientError {
+    ClientError::Connection(format!("write: {e}"))
+}
+
+fn read_error(e: quinn::ReadError) -> ClientError {
+    ClientError::Connection(format!("read: {e}"))
+}
+
+type Waiter = oneshot::Sender<Result<Answer, ClientError>>;
+
+/// One request stream: the core state, the writer, and the answers being waited for.
+struct RequestChannel {
+    writer: tokio::sync::Mutex<quinn::SendStream>,
+    state: Mutex<ChannelState>,
+    window: Arc<Semaphore>,
+}
+
+struct ChannelState {
+    core: RequestStream,
+    waiters: HashMap<u64, Waiter>,
+    failed: Option<ClientError>,
+}
+
+impl ChannelState {
+    fn fail(&mut self, error: ClientError) {
+        for (id, _) in self.core.drain_outstanding() {
+            if let Some(tx) = self.waiters.remove(&id) {
+                let _ = tx.send(Err(error.clone()));
+            }
+        }
+        self.waiters.clear();
+        self.failed.get_or_insert(error);
+    }
+}
+
+impl RequestChannel {
+    fn start(
+        send: quinn::SendStream,
+        recv: quinn::RecvStream,
+        decoder: FrameDecoder,
+        core: RequestStream,
+        connection_window: Option<Arc<Semaphore>>,
+    ) -> Arc<RequestChannel> {
+        let window =
+            connection_window.unwrap_or_else(|| Arc::new(Semaphore::new(core.publish_limit())));
+        let channel = Arc::new(RequestChannel {
+            writer: tokio::sync::Mutex::new(send),
+            state: Mutex::new(ChannelState {
+                core,
+                waiters: HashMap::new(),
+                failed: None,
+            }),
+            window,
+        });
+        tokio::spawn(channel.clone().read_answers(recv, decoder));
+        channel
+    }
+
+    /// Encodes a request under the writer lock (so ids go out in request order), writes
+    /// it, and waits for its answer. `windowed` requests hold a window slot until answered.
+    async fn call(
+        &self,
+        windowed: bool,
+        timeout: Duration,
+        encode: impl FnOnce(&mut RequestStream) -> Result<Encoded, ClientError>,
+    ) -> Result<Option<Answer>, ClientError> {
+        let exchange = async {
+            let permit = if windowed {
+                Some(
+                    self.window
+                        .acquire()
+                        .await
+                        .map_err(|_| ClientError::Connection("stream closed".into()))?,
+                )
+            } else {
+                None
+            };
+            let mut writer = self.writer.lock().await;
+            let (encoded, rx) = {
+                let mut state = self.state.lock().expect("request stream state");
+                if let Some(e) = &state.failed {
+                    return Err(e.clone());
+                }
+                let encoded = encode(&mut state.core)?;
+                let rx = encoded.request_id.map(|id| {
+                    let (tx, rx) = oneshot::channel();
+                    state.waiters.insert(id, tx);
+                    rx
+                });
+                (encoded, rx)
+            };
+            if encoded.request_id.is_some() {
+                if let Some(p) = permit {
+                    // Given back by the reader when the answer arrives.
+                    p.forget();
+                }
+            }
+            if let Err(e) = writer.write_chunk(encoded.frame).await {
+                let error = write_error(e);
+                self.state
+                    .lock()
+                    .expect("request stream state")
+                    .fail(error.clone());
+                return Err(error);
+            }
+            drop(writer);
+            match rx {
+                None => Ok(None),
+                Some(rx) => match rx.await {
+                    Ok(result) => result.map(Some),
+                    Err(_) => Err(ClientError::Connection("request stream closed".into())),
+                },
+            }
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| ClientError::Timeout("an answer"))?
+    }
+
+    async fn read_answers(self: Arc<Self>, mut recv: quinn::RecvStream, mut decoder: FrameDecoder) {
+        let error = loop {
+            match recv.read_chunk(usize::MAX, true).await {
+                Ok(Some(chunk)) => decoder.feed_bytes(chunk.bytes),
+                Ok(None) => break ClientError::Connection("the broker finished the stream".into()),
+                Err(e) => break read_error(e),
+            }
+            let mut fatal = None;
+            loop {
+                let frame = match decoder.next_frame() {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => break,
+                    Err(e) => {
+                        fatal = Some(ClientError::from(e));
+                        break;
+                    }
+                };
+                let mut state = self.state.lock().expect("request stream state");
+                match state.core.handle_frame(&frame) {
+                    Ok(done) => {
+                        if done.kind == RequestKind::Publish {
+                            self.window.add_permits(1);
+                        }
+                        if let Some(tx) = state.waiters.remove(&done.request_id) {
+                            let _ = tx.send(done.result);
+                        }
+                    }
+                    Err(e) => {
+                        fatal = Some(e);
+                        break;
+                    }
+                }
+            }
+            if let Some(e) = fatal {
+                break e;
+            }
+        };
+        self.state.lock().expect("request stream state").fail(error);
+        self.window.close();
+    }
+}
+
+/// A stream authenticated (or not) by hand, for tests.
+pub struct RawStream {
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    decoder: FrameDecoder,
+    caps: Option<Capabilities>,
+    timeout: Duration,
+}
+
+impl RawStream {
+    /// What the stream's `auth` negotiated, if it authenticated.
+    pub fn capabilities(&self) -> Option<&Capabilities> {
+        self.caps.as_ref()
+    }
+
+    /// Writes raw bytes.
+    pub async fn send(&mut self, bytes: Bytes) -> Result<(), ClientError> {
+        self.send.write_chunk(bytes).await.map_err(write_error)
+    }
+
+    /// Finishes our side.
+    pub fn finish(&mut self) {
+        let _ = self.send.finish();
+    }
+
+    /// The next frame; `None` when the broker finished the stream.
+    pub async fn recv_frame(&mut self) -> Result<Option<Frame>, ClientError> {
+        read_frame(&mut self.recv, &mut self.decoder, self.timeout, "a frame").await
+    }
+}
+
+/// One item from [`Subscription::next`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubscriptionItem {
+    /// An event.
+    Event(Event),
+    /// The subscription is over; every later call returns the same end.
+    End(SubscriptionEnd),
+}
+
+/// A live subscription: events from its event stream, in order.
+pub struct Subscription {
+    subscription_id: u64,
+    start_offset: Option<u64>,
+    recv: quinn::RecvStream,
+    decoder: FrameDecoder,
+    reader: EventStreamReader,
+    pending: VecDeque<Event>,
+    end: Option<SubscriptionEnd>,
+    _client: Arc<Inner>,
+}
+
+impl Subscription {
+    /// The broker's id for this subscription.
+    pub fn id(&self) -> u64 {
+        self.subscription_id
+    }
+
+    /// The first offset it delivers, when the broker said.
+    pub fn start_offset(&self) -> Option<u64> {
+        self.start_offset
+    }
+
+    /// The next event, or the end of the subscription. A broker `error` on the event stream
+    /// and a lost connection are errors.
+    pub async fn next(&mut self) -> Result<SubscriptionItem, ClientError> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Ok(SubscriptionItem::Event(event));
+            }
+            if let Some(end) = &self.end {
+                return Ok(SubscriptionItem::End(end.clone()));
+            }
+            if let Some(frame) = self.decoder.next_frame()? {
+                match self.reader.handle_frame(&frame)? {
+                    EventFrame::Batch(batch) => self.pending.extend(batch.into_events()),
+                    EventFrame::End(end) => self.end = Some(end),
+                    EventFrame::Hello { .. } => unreachable!("the reader refuses a second hello"),
+                }
+                continue;
+            }
+            match self.recv.read_chunk(usize::MAX, true).await {
+                Ok(Some(chunk)) => self.decoder.feed_bytes(chunk.bytes),
+                Ok(None) if self.decoder.buffered() == 0 => {
+                    self.end = Some(self.reader.handle_finish()?)
+                }
+                Ok(None) => return Err(ClientError::protocol("event stream ended mid-frame")),
+                Err(e) => return Err(read_error(e)),
+            }
+        }
+    }
+}
+
+/// An event stream whose hello arrived.
+struct ArrivedEvents {
+    recv: quinn::RecvStream,
+    decoder: FrameDecoder,
+    reader: EventStreamReader,
+}
+
+enum Slot {
+    Waiting(oneshot::Sender<Result<ArrivedEvents, ClientError>>),
+    Arrived(ArrivedEvents),
+}
+
+/// Matches broker-opened event streams to subscriptions by the hello's id. Either side can
+/// come first: the hello may overtake `subscribed`.
+#[derive(Default)]
+struct EventRouter {
+    state: Mutex<RouterState>,
+}
+
+#[derive(Default)]
+struct RouterState {
+    slots: HashMap<u64, Slot>,
+    closed: Option<ClientError>,
+}
+
+impl EventRouter {
+    async fn wait(&self, id: u64) -> Result<ArrivedEvents, ClientError> {
+        let rx = {
+            let mut state = self.state.lock().expect("event router");
+            match state.slots.remove(&id) {
+                Some(Slot::Arrived(events)) => return Ok(events),
+                Some(Slot::Waiting(_)) => {
+                    return Err(ClientError::protocol(format!(
+                        "subscription id {id} given twice"
+                    )))
+                }
+                None => {}
+            }
+            if let Some(e) = &state.closed {
+                return Err(e.clone());
+            }
+            let (tx, rx) = oneshot::channel();
+            state.slots.insert(id, Slot::Waiting(tx));
+            rx
+        };
+        rx.await
+            .map_err(|_| ClientError::Connection("connection closed".into()))?
+    }
+
+    fn arrived(&self, id: u64, events: ArrivedEvents) {
+        let mut state = self.state.lock().expect("event router");
+        match state.slots.remove(&id) {
+            Some(Slot::Waiting(tx)) => {
+                let _ = tx.send(Ok(events));
+            }
+            // A stray or duplicate: keep the newest, the old one is dropped (STOP_SENDING).
+            _ => {
+                state.slots.insert(id, Slot::Arrived(events));
+            }
+        }
+    }
+
+    fn close(&self, error: ClientError) {
+        let mut state = self.state.lock().expect("event router");
+        for (_, slot) in state.slots.drain() {
+            if let Slot::Waiting(tx) = slot {
+                let _ = tx.send(Err(error.clone()));
+            }
+        }
+        state.closed = Some(error);
+    }
+}
+
+async fn route_event_streams(
+    conn: quinn::Connection,
+    router: Arc<EventRouter>,
+    caps: Capabilities,
+    timeout: Duration,
+) {
+    loop {
+        let recv = match conn.accept_uni().await {
+            Ok(recv) => recv,
+            Err(e) => {
+                router.close(connection_error(e));
+                return;
+            }
+        };
+        let router = router.clone();
+        tokio::spawn(async move {
+            let mut recv = recv;
+            let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES);
+            let mut reader = EventStreamReader::new(&caps);
+            let Ok(Some(first)) =
+                read_frame(&mut recv, &mut decoder, timeout, "event_stream_hello").await
+            else {
+                return;
+            };
+            let Ok(EventFrame::Hello { subscription_id }) = reader.handle_frame(&first) else {
+                // Not an event stream we can use; dropping it stops the broker sending.
+                return;
+            };
+            router.arrived(
+                subscription_id,
+                ArrivedEvents {
+                    recv,
+                    decoder,
+                    reader,
+                },
+            );
+        });
+    }
+}

@@ -1,0 +1,344 @@
+//! Request/answer correlation on one client bidi stream: publishes (binary or JSON) and
+//! cache operations, each with a request id, answered on the same stream.
+
+use std::collections::{HashMap, VecDeque};
+
+use bytes::Bytes;
+use felix_proto::negotiate::PublishEncoding;
+use felix_proto::Frame;
+
+use super::auth::Capabilities;
+use super::codec::{self, Answered};
+use crate::error::ClientError;
+
+/// Outstanding acked publishes a stream allows when the broker granted no window. Answers
+/// then come back in completion order, matched by request id; the limit only bounds memory.
+pub const DEFAULT_UNWINDOWED_LIMIT: usize = 256;
+
+/// How a publish is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Ack {
+    /// Fire and forget: no request id, no answer.
+    None,
+    /// Acknowledged once the batch is accepted (`ack_mode` 1).
+    PerMessage,
+    /// Acknowledged once for the batch (`ack_mode` 2).
+    PerBatch,
+}
+
+/// Where a publish or cache operation goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target<'a> {
+    /// Namespace within the stream's tenant.
+    pub namespace: &'a str,
+    /// Stream or cache name.
+    pub name: &'a str,
+}
+
+/// A request ready for the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoded {
+    /// The id its answer will carry; `None` for a publish with [`Ack::None`].
+    pub request_id: Option<u64>,
+    /// The whole frame, header included.
+    pub frame: Bytes,
+}
+
+/// What kind of request an id belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RequestKind {
+    /// An acked publish.
+    Publish,
+    /// `cache_put`.
+    CachePut,
+    /// `cache_get`.
+    CacheGet,
+    /// `cache_delete`.
+    CacheDelete,
+}
+
+/// A successful answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// The publish was accepted; `offset` of its first record when the broker gave one.
+    Published { offset: Option<u64> },
+    /// `cache_ok`.
+    CacheStored,
+    /// `cache_value`: the value read, or removed by a delete (`None` = absent).
+    CacheValue(Option<Bytes>),
+}
+
+/// The answer to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The request's id.
+    pub request_id: u64,
+    /// What it was.
+    pub kind: RequestKind,
+    /// Its outcome.
+    pub result: Result<Answer, ClientError>,
+}
+
+/// Sans-IO state of one request stream.
+///
+/// Feed every frame the broker sends on the stream to [`RequestStream::handle_frame`]. An
+/// `Err` from it means the stream is finished for us (a protocol violation, or a refusal
+/// that names no request): fail everything [`RequestStream::drain_outstanding`] returns
+/// with that error.
+#[derive(Debug)]
+pub struct RequestStream {
+    caps: Capabilities,
+    tenant: String,
+    next_id: u64,
+    /// Acked publishes in the order they went out.
+    publishes: VecDeque<u64>,
+    /// Other requests by id.
+    others: HashMap<u64, RequestKind>,
+    publish_limit: usize,
+}
+
+impl RequestStream {
+    /// State for a stream authenticated as `tenant` with `caps`.
+    pub fn new(caps: Capabilities, tenant: impl Into<String>) -> RequestStream {
+        let publish_limit = caps
+            .publish_window()
+            .map(|w| w as usize)
+            .unwrap_or(DEFAULT_UNWINDOWED_LIMIT)
+            .max(1);
+        RequestStream {
+            caps,
+            tenant: tenant.into(),
+            // Per stream, from 1, like the reference client.
+            next_id: 1,
+            publishes: VecDeque::new(),
+            others: HashMap::new(),
+            publish_limit,
+        }
+    }
+
+    /// The stream's capabilities.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    /// How many acked publishes may be outstanding at once on this stream.
+    pub fn publish_limit(&self) -> usize {
+        self.publish_limit
+    }
+
+    /// True when another acked publish fits in the window.
+    pub fn can_publish_acked(&self) -> bool {
+        self.publishes.len() < self.publish_limit
+    }
+
+    /// Number of requests awaiting an answer.
+    pub fn outstanding(&self) -> usize {
+        self.publishes.len() + self.others.len()
+    }
+
+    fn take_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Encodes a publish of `payloads` to `target`, binary when the broker advertised the
+    /// layout and JSON `publish_batch` otherwise. An acked publish takes a window slot
+    /// until its answer arrives; check [`RequestStream::can_publish_acked`] first.
+    pub fn publish(
+        &mut self,
+        target: Target<'_>,
+        payloads: &[Bytes],
+        key: Option<&[u8]>,
+        ack: Ack,
+    ) -> Result<Encoded, ClientError> {
+        if payloads.is_empty() {
+            return Err(ClientError::Usage(
+                "a publish needs at least one payload".into(),
+            ));
+        }
+        let acked = ack != Ack::None;
+        if acked && !self.can_publish_acked() {
+            return Err(ClientError::Usage(format!(
+                "publish window of {} is full",
+                self.publish_limit
+            )));
+        }
+        let request_id = acked.then(|| self.take_id());
+        let frame = match self.caps.publish_encoding(acked, key.is_some()) {
+            PublishEncoding::Binary(flags) => {
+                codec::binary_publish(flags, &self.tenant, target, payloads, key, ack, request_id)?
+            }
+            PublishEncoding::Json => {
+                codec::json_publish(&self.tenant, target, payloads, key, ack, request_id)?
+            }
+        };
+        if let Some(id) = request_id {
+            self.publishes.push_back(id);
+        }
+        Ok(Encoded { request_id, frame })
+    }
+
+    /// Encodes `cache_put` (`ttl_ms` null when `None`).
+    pub fn cache_put(
+        &mut self,
+        target: Target<'_>,
+        key: &str,
+        value: &[u8],
+        ttl_ms: Option<u64>,
+    ) -> Result<Encoded, ClientError> {
+        let id = self.take_id();
+        let frame = codec::cache_put(&self.tenant, target, key, value, ttl_ms, id)?;
+        self.others.insert(id, RequestKind::CachePut);
+        Ok(Encoded {
+            request_id: Some(id),
+            frame,
+        })
+    }
+
+    /// Encodes `cache_get`.
+    pub fn cache_get(&mut self, target: Target<'_>, key: &str) -> Result<Encoded, ClientError> {
+        let id = self.take_id();
+        let frame = codec::cache_get(&self.tenant, target, key, id)?;
+        self.others.insert(id, RequestKind::CacheGet);
+        Ok(Encoded {
+            request_id: Some(id),
+            frame,
+        })
+    }
+
+    /// Encodes `cache_delete`; refused locally unless the broker advertised
+    /// `FEATURE_CACHE_DELETE` (an unknown request can cost the stream).
+    pub fn cache_delete(&mut self, target: Target<'_>, key: &str) -> Result<Encoded, ClientError> {
+        if !self.caps.broker_has(felix_proto::Features::CACHE_DELETE) {
+            return Err(ClientError::Usage(
+                "the broker did not advertise FEATURE_CACHE_DELETE".into(),
+            ));
+        }
+        let id = self.take_id();
+        let frame = codec::cache_delete(&self.tenant, target, key, id)?;
+        self.others.insert(id, RequestKind::CacheDelete);
+        Ok(Encoded {
+            request_id: Some(id),
+            frame,
+        })
+    }
+
+    /// Reads one frame the broker sent on this stream.
+    pub fn handle_frame(&mut self, frame: &Frame) -> Result<Completion, ClientError> {
+        let answered = codec::request_answer(&self.caps, frame)?;
+        match answered {
+            Answered::Publish { request_id, result } => {
+                let position = self.publishes.iter().position(|id| *id == request_id);
+                match position {
+                    None => Err(ClientError::protocol(format!(
+                        "publish answer for request {request_id}, which is not outstanding"
+                    ))),
+                    Some(i) if i != 0 && self.caps.ordered_publish_answers() => {
+                        Err(ClientError::protocol(format!(
+                            "publish answer for request {request_id} overtook request {} \
+                             although pipelining was negotiated",
+                            self.publishes[0]
+                        )))
+                    }
+                    Some(i) => {
+                        self.publishes.remove(i);
+                        Ok(Completion {
+                            request_id,
+                            kind: RequestKind::Publish,
+                            result,
+                        })
+                    }
+                }
+            }
+            Answered::Other { request_id, result } => {
+                let Some(kind) = self.others.remove(&request_id) else {
+                    return Err(ClientError::protocol(format!(
+                        "answer for request {request_id}, which is not outstanding"
+                    )));
+                };
+                let result = result.and_then(|answer| match (kind, &answer) {
+                    (RequestKind::CachePut, Answer::CacheStored)
+                    | (RequestKind::CacheGet | RequestKind::CacheDelete, Answer::CacheValue(_)) => {
+                        Ok(answer)
+                    }
+                    _ => Err(ClientError::protocol(format!(
+                        "{answer:?} does not answer a {kind:?} request"
+                    ))),
+                });
+                Ok(Completion {
+                    request_id,
+                    kind,
+                    result,
+                })
+            }
+            Answered::Refusal {
+                request_id: Some(id),
+                error,
+            } => {
+                if let Some(i) = self.publishes.iter().position(|p| *p == id) {
+                    self.publishes.remove(i);
+                    return Ok(Completion {
+                        request_id: id,
+                        kind: RequestKind::Publish,
+                        result: Err(error),
+                    });
+                }
+                match self.others.remove(&id) {
+                    Some(kind) => Ok(Completion {
+                        request_id: id,
+                        kind,
+                        result: Err(error),
+                    }),
+                    None => Err(ClientError::protocol(format!(
+                        "refusal for request {id}, which is not outstanding: {error}"
+                    ))),
+                }
+            }
+            // `error` names no request. The broker answers a stream's requests in order, so
+            // it refuses the oldest one still outstanding; with none, it is unsolicited and
+            // ends the stream for us.
+            Answered::Refusal {
+                request_id: None,
+                error,
+            } => {
+                let oldest_publish = self.publishes.front().copied();
+                let oldest_other = self.others.keys().min().copied();
+                match (oldest_publish, oldest_other) {
+                    (None, None) => Err(error),
+                    (Some(p), o) if o.is_none_or(|o| p < o) => {
+                        self.publishes.pop_front();
+                        Ok(Completion {
+                            request_id: p,
+                            kind: RequestKind::Publish,
+                            result: Err(error),
+                        })
+                    }
+                    (_, Some(o)) => {
+                        let kind = self.others.remove(&o).expect("present");
+                        Ok(Completion {
+                            request_id: o,
+                            kind,
+                            result: Err(error),
+                        })
+                    }
+                    (Some(_), None) => unreachable!("covered above"),
+                }
+            }
+        }
+    }
+
+    /// Removes and returns every outstanding request (publishes first, in request order),
+    /// for failing them when the stream ends.
+    pub fn drain_outstanding(&mut self) -> Vec<(u64, RequestKind)> {
+        let mut out: Vec<(u64, RequestKind)> = self
+            .publishes
+            .drain(..)
+            .map(|id| (id, RequestKind::Publish))
+            .collect();
+        let mut others: Vec<(u64, RequestKind)> = self.others.drain().collect();
+        others.sort_unstable_by_key(|(id, _)| *id);
+        out.extend(others);
+        out
+    }
+}
