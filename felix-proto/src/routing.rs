@@ -62,9 +62,11 @@ pub fn shard_for_key(key: Option<&[u8]>, shards: u32, mapping: RoutingMapping) -
 mod tests {
     use super::*;
 
-    /// Every row of the vector table in routing.md: key, finalized hash, shards for
-    /// 2, 3, 4, 8, 16 under modulo, then under jump hash.
-    const VECTORS: &[(&[u8], u64, [u32; 5], [u32; 5])] = &[
+    /// Key, finalized hash, shards for 2, 3, 4, 8, 16 under modulo, then under jump hash.
+    type VectorRow = (&'static [u8], u64, [u32; 5], [u32; 5]);
+
+    /// Every row of the vector table in routing.md.
+    const VECTORS: &[VectorRow] = &[
         (b"", 0xf52a15e9a9b5e89b, [1, 0, 3, 3, 11], [0, 0, 0, 5, 11]),
         (b"a", 0x02c0bdbf481420f8, [0, 1, 0, 0, 8], [1, 1, 1, 1, 9]),
         (
