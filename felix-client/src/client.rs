@@ -180,6 +180,14 @@ impl Client {
         &self.inner.caps
     }
 
+    /// The ALPN protocol the handshake selected, if any.
+    pub fn negotiated_alpn(&self) -> Option<Vec<u8>> {
+        let data = self.inner.conn.handshake_data()?;
+        data.downcast::<quinn::crypto::rustls::HandshakeData>()
+            .ok()?
+            .protocol
+    }
+
     /// The underlying QUIC connection (for statistics and tests).
     pub fn connection(&self) -> &quinn::Connection {
         &self.inner.conn
@@ -406,9 +414,16 @@ impl Client {
                 .publish_streams
                 .lock()
                 .expect("publish stream map");
-            map.entry((namespace.to_owned(), stream.to_owned()))
-                .or_default()
-                .clone()
+            let key = (namespace.to_owned(), stream.to_owned());
+            // A stream the broker ended is replaced by a fresh one on the next publish.
+            if map
+                .get(&key)
+                .and_then(|c| c.get())
+                .is_some_and(|c| c.is_failed())
+            {
+                map.remove(&key);
+            }
+            map.entry(key).or_default().clone()
         };
         let inner = &self.inner;
         let channel = cell
@@ -559,12 +574,11 @@ impl RequestChannel {
     ) -> Result<Option<Answer>, ClientError> {
         let exchange = async {
             let permit = if windowed {
-                Some(
-                    self.window
-                        .acquire()
-                        .await
-                        .map_err(|_| ClientError::Connection("stream closed".into()))?,
-                )
+                match self.window.acquire().await {
+                    Ok(permit) => Some(permit),
+                    // Closed by the reader when the stream failed.
+                    Err(_) => return Err(self.failure()),
+                }
             } else {
                 None
             };
@@ -601,13 +615,29 @@ impl RequestChannel {
                 None => Ok(None),
                 Some(rx) => match rx.await {
                     Ok(result) => result.map(Some),
-                    Err(_) => Err(ClientError::Connection("request stream closed".into())),
+                    Err(_) => Err(self.failure()),
                 },
             }
         };
         tokio::time::timeout(timeout, exchange)
             .await
             .map_err(|_| ClientError::Timeout("an answer"))?
+    }
+
+    fn failure(&self) -> ClientError {
+        let state = self.state.lock().expect("request stream state");
+        state
+            .failed
+            .clone()
+            .unwrap_or_else(|| ClientError::Connection("request stream closed".into()))
+    }
+
+    fn is_failed(&self) -> bool {
+        self.state
+            .lock()
+            .expect("request stream state")
+            .failed
+            .is_some()
     }
 
     async fn read_answers(self: Arc<Self>, mut recv: quinn::RecvStream, mut decoder: FrameDecoder) {
