@@ -1,4 +1,33 @@
-//! One Felix broker node as a Sans-IO state machine (under construction).
+//! # felix-engine
+//!
+//! One Felix broker node as a Sans-IO state machine: [`Engine`] takes UDP datagrams and
+//! timeouts (each with its `now`) and gives back datagrams to send and the next deadline. It
+//! owns a `quinn_proto::Endpoint` and its connections, maps QUIC streams to Felix sessions,
+//! and runs the broker (streams, subscriptions, cache) in memory. It reads no clock, draws no
+//! OS randomness and owns no socket, thread or file; `runtime-tokio` (or a simulator) drives it.
+//!
+//! Modules, outside in:
+//! - `engine`: [`Engine`], the endpoint, connection table, timers and transmit queue;
+//! - `conn`: one QUIC connection, its session streams and subscription event streams;
+//! - `session`: one client stream: `auth`, negotiated capabilities, requests and answers;
+//! - `broker`: streams, shards, subscriber queues, event batches and the cache;
+//! - `auth`: Felix tokens (Ed25519 JWTs) and permissions;
+//! - `tls`: rustls configs and per-connection ALPN selection;
+//! - `seed`: every random choice derived from [`EngineConfig::rng_seed`].
 
 pub(crate) mod auth;
 pub(crate) mod broker;
+mod config;
+mod conn;
+mod engine;
+mod seed;
+mod session;
+mod tls;
+
+pub use config::*;
+pub use engine::{
+    Datagram, EcnCodepoint, Engine, EngineError, Output, Stats, Transmit, SERVED_FEATURES,
+    SERVED_FLAGS,
+};
+pub use felix_proto::routing::RoutingMapping;
+pub use tls::{TlsConfigError, TlsIdentity, ALPN_FELIX_V1};

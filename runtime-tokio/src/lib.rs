@@ -1,1 +1,196 @@
-//! tokio runtime for the Felix engine (under construction).
+//! # felix-runtime-tokio
+//!
+//! Runs the Felix engine on tokio: one UDP socket (GSO/GRO through `quinn-udp`), one timer
+//! (the engine's deadline) and one task. The `felix-broker` binary is this library plus
+//! configuration from the environment ([`config`]).
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! let opts = felix_runtime_tokio::BrokerOptions::new("127.0.0.1:0".parse().unwrap());
+//! let broker = felix_runtime_tokio::start(opts).await?;
+//! println!("listening on {}, token {:?}", broker.local_addr(), broker.dev_token());
+//! broker.shutdown().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+mod driver;
+mod tls;
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use felix_engine::{AuthConfig, Engine, EngineConfig};
+use quinn_udp::UdpSocketState;
+use ring::rand::{SecureRandom, SystemRandom};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::info;
+
+pub use felix_engine;
+
+/// Socket buffer sizes asked for (the OS may grant less).
+const SOCKET_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+
+/// How to start a broker.
+pub struct BrokerOptions {
+    /// Where to listen; port 0 picks a free one.
+    pub bind: SocketAddr,
+    /// PEM certificate chain (leaf first) and PEM private key. Without them a development CA
+    /// and a leaf for `localhost`, 127.0.0.1 and ::1 are generated.
+    pub tls_pem: Option<(Vec<u8>, Vec<u8>)>,
+    /// A JWKS document. Without one the broker runs in dev mode with a fresh key and exposes
+    /// a full-permission token for tenant `t1` ([`RunningBroker::dev_token`]).
+    pub jwks: Option<Vec<u8>>,
+    /// Changes to the engine configuration (limits, windows, timeouts) before it starts.
+    pub configure_engine: Option<Box<dyn FnOnce(&mut EngineConfig) + Send>>,
+}
+
+impl BrokerOptions {
+    /// Defaults everywhere but the bind address.
+    pub fn new(bind: SocketAddr) -> BrokerOptions {
+        BrokerOptions {
+            bind,
+            tls_pem: None,
+            jwks: None,
+            configure_engine: None,
+        }
+    }
+
+    /// Adds a change to the engine configuration (applied after any earlier one).
+    pub fn configure_engine(mut self, f: impl FnOnce(&mut EngineConfig) + Send + 'static) -> Self {
+        let earlier = self.configure_engine.take();
+        self.configure_engine = Some(Box::new(move |c: &mut EngineConfig| {
+            if let Some(earlier) = earlier {
+                earlier(c);
+            }
+            f(c);
+        }));
+        self
+    }
+}
+
+impl fmt::Debug for BrokerOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BrokerOptions")
+            .field("bind", &self.bind)
+            .field("tls_pem", &self.tls_pem.is_some())
+            .field("jwks", &self.jwks.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A broker running on the current tokio runtime. Dropping it stops the broker too (without
+/// waiting); [`RunningBroker::shutdown`] stops it and waits until it has closed its
+/// connections.
+pub struct RunningBroker {
+    local_addr: SocketAddr,
+    ca_cert_pem: String,
+    dev_token: Option<String>,
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<io::Result<()>>>,
+}
+
+impl RunningBroker {
+    /// The bound address (with the real port when 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The PEM clients should trust: the generated CA, or the configured certificate chain.
+    pub fn ca_cert_pem(&self) -> &str {
+        &self.ca_cert_pem
+    }
+
+    /// The dev-mode token (tenant `t1`, every permission); `None` with a JWKS.
+    pub fn dev_token(&self) -> Option<&str> {
+        self.dev_token.as_deref()
+    }
+
+    /// Closes every connection with code 0, sends the closes, and waits for the task.
+    pub async fn shutdown(mut self) -> io::Result<()> {
+        let _ = self.stop.send(true);
+        match self.task.take() {
+            Some(task) => task.await.map_err(io::Error::other)?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RunningBroker {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+impl fmt::Debug for RunningBroker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunningBroker")
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn random_seed(rng: &SystemRandom) -> io::Result<[u8; 32]> {
+    let mut seed = [0u8; 32];
+    rng.fill(&mut seed)
+        .map_err(|_| io::Error::other("the OS random source failed"))?;
+    Ok(seed)
+}
+
+/// Binds the socket, builds the engine and spawns the drive loop on the current runtime.
+pub async fn start(opts: BrokerOptions) -> io::Result<RunningBroker> {
+    let (identity, ca_cert_pem) = match &opts.tls_pem {
+        Some((cert, key)) => (
+            tls::from_pem(cert, key)?,
+            String::from_utf8_lossy(cert).into_owned(),
+        ),
+        None => {
+            let generated = tls::generate(&[opts.bind.ip()])?;
+            (generated.identity, generated.ca_pem)
+        }
+    };
+    let rng = SystemRandom::new();
+    let auth = match opts.jwks {
+        Some(doc) => AuthConfig::Jwks(doc),
+        None => AuthConfig::Dev {
+            seed: random_seed(&rng)?,
+        },
+    };
+
+    let std_socket = std::net::UdpSocket::bind(opts.bind)?;
+    std_socket.set_nonblocking(true)?;
+    let state = UdpSocketState::new((&std_socket).into())?;
+    // Larger buffers absorb bursts (40 auths at connect, fan-out); best effort.
+    let _ = state.set_recv_buffer_size((&std_socket).into(), SOCKET_BUFFER_BYTES);
+    let _ = state.set_send_buffer_size((&std_socket).into(), SOCKET_BUFFER_BYTES);
+    let local_addr = std_socket.local_addr()?;
+    let socket = tokio::net::UdpSocket::from_std(std_socket)?;
+
+    let mut config = EngineConfig::new(identity, auth, random_seed(&rng)?);
+    if let Some(configure) = opts.configure_engine {
+        configure(&mut config);
+    }
+    config.max_gso_segments = config.max_gso_segments.min(state.max_gso_segments()).max(1);
+    let unix_micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let engine = Engine::new(config, Instant::now(), unix_micros)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let dev_token = engine.dev_token().map(str::to_owned);
+
+    let (stop, stop_rx) = watch::channel(false);
+    let driver = driver::Driver::new(engine, socket, state);
+    let task = tokio::spawn(driver.run(stop_rx));
+    info!(%local_addr, dev_mode = dev_token.is_some(), "felix broker listening");
+    Ok(RunningBroker {
+        local_addr,
+        ca_cert_pem,
+        dev_token,
+        stop,
+        task: Some(task),
+    })
+}

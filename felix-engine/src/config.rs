@@ -1,0 +1,209 @@
+//! Engine configuration: every limit with its name, its default and its field.
+//!
+//! The engine never reads the environment or files: the runtime builds an [`EngineConfig`]
+//! (from its own config layer) and hands it over whole.
+
+use std::time::Duration;
+
+use felix_proto::routing::RoutingMapping;
+
+use crate::tls::TlsIdentity;
+
+/// Acked publishes a stream may have unanswered before the broker stops reading it
+/// (`publish_window` in `auth_ok`).
+pub const DEFAULT_PUBLISH_WINDOW: u32 = 256;
+/// A connection that authenticates no stream within this time is closed (code 1).
+pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection with no Felix frame in either direction for this long, and no live
+/// subscription, is closed (code 0, "idle").
+pub const DEFAULT_IDLE_CONNECTION_REAP: Duration = Duration::from_secs(120);
+/// Concurrent client-opened bidirectional streams per connection (the real client opens 40 at
+/// connect plus one per subscription or one-off request).
+pub const DEFAULT_MAX_CONCURRENT_BIDI_STREAMS: u32 = 1024;
+/// Streams per connection that may be open and not yet authenticated.
+pub const DEFAULT_PREAUTH_MAX_STREAMS_PER_CONNECTION: usize = 16;
+/// Subscriptions (broker-opened uni streams) per connection.
+pub const DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 1024;
+/// Connections the endpoint holds at once; more are refused during the handshake.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Frame payload limit before a stream authenticates.
+pub const DEFAULT_PREAUTH_MAX_FRAME_BYTES: u32 =
+    felix_proto::frame::DEFAULT_PREAUTH_MAX_FRAME_BYTES;
+/// Frame payload limit after a stream authenticates.
+pub const DEFAULT_MAX_FRAME_BYTES: u32 = felix_proto::frame::DEFAULT_MAX_FRAME_BYTES;
+/// QUIC receive window per stream (bytes the client may send ahead of what we read).
+pub const DEFAULT_STREAM_RECEIVE_WINDOW: u32 = 1024 * 1024;
+/// QUIC receive window per connection.
+pub const DEFAULT_CONNECTION_RECEIVE_WINDOW: u32 = 16 * 1024 * 1024;
+/// Bytes quinn holds per connection written but not yet acknowledged by the peer.
+pub const DEFAULT_SEND_WINDOW: u64 = 16 * 1024 * 1024;
+/// QUIC idle timeout we advertise (the effective one is the smaller of both sides').
+pub const DEFAULT_QUIC_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest chunk read from a stream in one call, which bounds the frames decoded ahead of the
+/// window check.
+pub const DEFAULT_READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Datagrams in one GSO batch (the runtime lowers it to what its socket supports).
+pub const DEFAULT_MAX_GSO_SEGMENTS: usize = 10;
+/// Endpoint-level responses (version negotiation, refusals, stateless resets) queued before
+/// new ones are dropped.
+pub const DEFAULT_MAX_QUEUED_ENDPOINT_TRANSMITS: usize = 256;
+
+/// Streams are created on first use with this many shards.
+pub const DEFAULT_SHARDS: u32 = 1;
+/// Streams the broker holds; creating one more is refused `overloaded`.
+pub const DEFAULT_MAX_STREAMS: usize = 100_000;
+/// Sealed batches queued per subscriber before new ones are dropped for it.
+pub const DEFAULT_SUBSCRIBER_QUEUE_CAPACITY: usize = 512;
+/// Largest `queue_capacity` a subscribe may ask for.
+pub const DEFAULT_SUBSCRIBER_QUEUE_CAPACITY_MAX: usize = 8192;
+/// An open event batch is sealed early at this many records.
+pub const DEFAULT_EVENT_BATCH_MAX_RECORDS: usize = 1024;
+/// An open event batch is sealed early at this many payload bytes.
+pub const DEFAULT_EVENT_BATCH_MAX_BYTES: usize = 1024 * 1024;
+/// Largest cache key.
+pub const DEFAULT_CACHE_MAX_KEY_BYTES: usize = 1024;
+/// Largest cache value.
+pub const DEFAULT_CACHE_MAX_VALUE_BYTES: usize = 1024 * 1024;
+/// Cache memory (keys + values) before puts are refused `overloaded`.
+pub const DEFAULT_CACHE_MAX_TOTAL_BYTES: usize = 256 * 1024 * 1024;
+
+/// How stream tokens are verified.
+#[derive(Clone)]
+pub enum AuthConfig {
+    /// A JWKS document (the bytes of the file; the runtime reads it).
+    Jwks(Vec<u8>),
+    /// Development mode: a signing key derived from this seed; the engine mints a
+    /// full-permission token for tenant `t1`, readable through [`crate::Engine::dev_token`].
+    Dev {
+        /// Seed of the Ed25519 signing key.
+        seed: [u8; 32],
+    },
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AuthConfig::Jwks(doc) => write!(f, "Jwks({} bytes)", doc.len()),
+            AuthConfig::Dev { .. } => f.write_str("Dev"),
+        }
+    }
+}
+
+/// A stream declared with a fixed shard count (others are created on first use).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeclaredStream {
+    /// Tenant id.
+    pub tenant: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Stream name.
+    pub stream: String,
+    /// Number of shards.
+    pub shards: u32,
+}
+
+/// Everything the engine needs. Build one with [`EngineConfig::new`] and adjust fields.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The certificate and key the endpoint presents.
+    pub tls: TlsIdentity,
+    /// How tokens are verified.
+    pub auth: AuthConfig,
+    /// Seeds every random choice the engine and quinn-proto make (connection ids, reset and
+    /// token keys, packet-number skipping). TLS key material comes from rustls's provider.
+    pub rng_seed: [u8; 32],
+
+    /// See [`DEFAULT_PUBLISH_WINDOW`]. `0` withdraws the pipeline features.
+    pub publish_window: u32,
+    /// See [`DEFAULT_AUTH_TIMEOUT`].
+    pub auth_timeout: Duration,
+    /// See [`DEFAULT_IDLE_CONNECTION_REAP`].
+    pub idle_connection_reap: Duration,
+    /// See [`DEFAULT_MAX_CONCURRENT_BIDI_STREAMS`].
+    pub max_concurrent_bidi_streams: u32,
+    /// See [`DEFAULT_PREAUTH_MAX_STREAMS_PER_CONNECTION`].
+    pub preauth_max_streams_per_connection: usize,
+    /// See [`DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION`].
+    pub max_subscriptions_per_connection: usize,
+    /// See [`DEFAULT_MAX_CONNECTIONS`].
+    pub max_connections: usize,
+    /// See [`DEFAULT_PREAUTH_MAX_FRAME_BYTES`].
+    pub preauth_max_frame_bytes: u32,
+    /// See [`DEFAULT_MAX_FRAME_BYTES`].
+    pub max_frame_bytes: u32,
+    /// See [`DEFAULT_STREAM_RECEIVE_WINDOW`].
+    pub stream_receive_window: u32,
+    /// See [`DEFAULT_CONNECTION_RECEIVE_WINDOW`].
+    pub connection_receive_window: u32,
+    /// See [`DEFAULT_SEND_WINDOW`].
+    pub send_window: u64,
+    /// See [`DEFAULT_QUIC_IDLE_TIMEOUT`].
+    pub quic_idle_timeout: Duration,
+    /// See [`DEFAULT_READ_CHUNK_BYTES`].
+    pub read_chunk_bytes: usize,
+    /// See [`DEFAULT_MAX_GSO_SEGMENTS`]. At least 1.
+    pub max_gso_segments: usize,
+    /// See [`DEFAULT_MAX_QUEUED_ENDPOINT_TRANSMITS`].
+    pub max_queued_endpoint_transmits: usize,
+
+    /// See [`DEFAULT_SHARDS`].
+    pub default_shards: u32,
+    /// Streams with a fixed shard count.
+    pub declared_streams: Vec<DeclaredStream>,
+    /// How a routing key picks a shard.
+    pub routing_mapping: RoutingMapping,
+    /// See [`DEFAULT_MAX_STREAMS`].
+    pub max_streams: usize,
+    /// See [`DEFAULT_SUBSCRIBER_QUEUE_CAPACITY`].
+    pub subscriber_queue_capacity: usize,
+    /// See [`DEFAULT_SUBSCRIBER_QUEUE_CAPACITY_MAX`].
+    pub subscriber_queue_capacity_max: usize,
+    /// See [`DEFAULT_EVENT_BATCH_MAX_RECORDS`].
+    pub event_batch_max_records: usize,
+    /// See [`DEFAULT_EVENT_BATCH_MAX_BYTES`].
+    pub event_batch_max_bytes: usize,
+    /// See [`DEFAULT_CACHE_MAX_KEY_BYTES`].
+    pub cache_max_key_bytes: usize,
+    /// See [`DEFAULT_CACHE_MAX_VALUE_BYTES`].
+    pub cache_max_value_bytes: usize,
+    /// See [`DEFAULT_CACHE_MAX_TOTAL_BYTES`].
+    pub cache_max_total_bytes: usize,
+}
+
+impl EngineConfig {
+    /// A configuration with every limit at its default.
+    pub fn new(tls: TlsIdentity, auth: AuthConfig, rng_seed: [u8; 32]) -> EngineConfig {
+        EngineConfig {
+            tls,
+            auth,
+            rng_seed,
+            publish_window: DEFAULT_PUBLISH_WINDOW,
+            auth_timeout: DEFAULT_AUTH_TIMEOUT,
+            idle_connection_reap: DEFAULT_IDLE_CONNECTION_REAP,
+            max_concurrent_bidi_streams: DEFAULT_MAX_CONCURRENT_BIDI_STREAMS,
+            preauth_max_streams_per_connection: DEFAULT_PREAUTH_MAX_STREAMS_PER_CONNECTION,
+            max_subscriptions_per_connection: DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            preauth_max_frame_bytes: DEFAULT_PREAUTH_MAX_FRAME_BYTES,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            stream_receive_window: DEFAULT_STREAM_RECEIVE_WINDOW,
+            connection_receive_window: DEFAULT_CONNECTION_RECEIVE_WINDOW,
+            send_window: DEFAULT_SEND_WINDOW,
+            quic_idle_timeout: DEFAULT_QUIC_IDLE_TIMEOUT,
+            read_chunk_bytes: DEFAULT_READ_CHUNK_BYTES,
+            max_gso_segments: DEFAULT_MAX_GSO_SEGMENTS,
+            max_queued_endpoint_transmits: DEFAULT_MAX_QUEUED_ENDPOINT_TRANSMITS,
+            default_shards: DEFAULT_SHARDS,
+            declared_streams: Vec::new(),
+            routing_mapping: RoutingMapping::Modulo,
+            max_streams: DEFAULT_MAX_STREAMS,
+            subscriber_queue_capacity: DEFAULT_SUBSCRIBER_QUEUE_CAPACITY,
+            subscriber_queue_capacity_max: DEFAULT_SUBSCRIBER_QUEUE_CAPACITY_MAX,
+            event_batch_max_records: DEFAULT_EVENT_BATCH_MAX_RECORDS,
+            event_batch_max_bytes: DEFAULT_EVENT_BATCH_MAX_BYTES,
+            cache_max_key_bytes: DEFAULT_CACHE_MAX_KEY_BYTES,
+            cache_max_value_bytes: DEFAULT_CACHE_MAX_VALUE_BYTES,
+            cache_max_total_bytes: DEFAULT_CACHE_MAX_TOTAL_BYTES,
+        }
+    }
+}

@@ -1,0 +1,488 @@
+//! One QUIC connection: its quinn-proto state machine, the Felix session on each client
+//! bidirectional stream, and the event stream (broker-opened uni stream) of each subscription.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Instant;
+
+use bytes::Bytes;
+use quinn_proto::{
+    ConnectionHandle, Dir, Event, ReadError, StreamEvent, StreamId, VarInt, WriteError,
+};
+use tracing::{debug, trace};
+
+use crate::broker::{Delivery, SubscriberId};
+use crate::engine::Core;
+use crate::session::{FrameResult, NewSubscription, Session, SessionCx};
+
+/// Application error code on STOP_SENDING / RESET_STREAM when we are simply done.
+const STREAM_CODE_DONE: VarInt = VarInt::from_u32(0);
+/// Application error code on STOP_SENDING / RESET_STREAM after a protocol error.
+const STREAM_CODE_PROTOCOL: VarInt = VarInt::from_u32(1);
+
+/// QUIC application close code: broker shutting down, or an idle connection reaped.
+pub(crate) const CLOSE_CODE_NORMAL: VarInt = VarInt::from_u32(0);
+/// QUIC application close code: no stream authenticated in time.
+pub(crate) const CLOSE_CODE_AUTH_TIMEOUT: VarInt = VarInt::from_u32(1);
+
+/// Connection-wide state a session may read or change.
+pub(crate) struct ConnShared {
+    /// Some stream on this connection has authenticated.
+    pub(crate) authenticated: bool,
+    /// Last Felix frame in either direction.
+    pub(crate) last_activity: Instant,
+    /// Subscriptions granted on this connection (event stream open or waiting to open).
+    pub(crate) subscriptions: usize,
+    /// Subscriptions granted during this turn whose event stream is not open yet.
+    pub(crate) new_subscriptions: Vec<NewSubscription>,
+}
+
+/// A subscription's event stream.
+struct EventStream {
+    subscriber: SubscriberId,
+    /// One frame (or the unwritten rest of one) that the stream could not take yet. Frames
+    /// are popped from the broker only when this is empty, so none is ever lost.
+    pending: Option<Bytes>,
+    /// The broker handed over its last frame: finish the stream once it is written.
+    last: bool,
+    /// `finish()` was called; waiting for the peer to acknowledge.
+    finished: bool,
+}
+
+pub(crate) struct Conn {
+    pub(crate) quic: quinn_proto::Connection,
+    pub(crate) shared: ConnShared,
+    sessions: BTreeMap<StreamId, Session>,
+    events: BTreeMap<StreamId, EventStream>,
+    /// Granted subscriptions waiting for the peer to allow another uni stream.
+    waiting_for_stream: VecDeque<NewSubscription>,
+    pub(crate) created: Instant,
+    /// `close()` was called (by us) or the connection was lost.
+    pub(crate) closing: bool,
+    /// quinn-proto reported the connection drained; remove it.
+    pub(crate) drained: bool,
+    /// In the engine's `touched` list this turn.
+    pub(crate) touched: bool,
+    /// In the engine's transmit queue.
+    pub(crate) queued: bool,
+    /// The deadline registered in the engine's timer index.
+    pub(crate) deadline: Option<Instant>,
+}
+
+impl Conn {
+    pub(crate) fn new(quic: quinn_proto::Connection, now: Instant) -> Conn {
+        Conn {
+            quic,
+            shared: ConnShared {
+                authenticated: false,
+                last_activity: now,
+                subscriptions: 0,
+                new_subscriptions: Vec::new(),
+            },
+            sessions: BTreeMap::new(),
+            events: BTreeMap::new(),
+            waiting_for_stream: VecDeque::new(),
+            created: now,
+            closing: false,
+            drained: false,
+            touched: false,
+            queued: false,
+            deadline: None,
+        }
+    }
+
+    /// The next instant this connection needs a timeout: quinn's own timers, the
+    /// authentication deadline, and the idle reap.
+    pub(crate) fn next_deadline(&mut self, core: &Core) -> Option<Instant> {
+        let mut deadline = self.quic.poll_timeout();
+        if !self.closing {
+            let felix = if !self.shared.authenticated {
+                Some(self.created + core.limits.auth_timeout)
+            } else if self.shared.subscriptions == 0 {
+                Some(self.shared.last_activity + core.limits.idle_connection_reap)
+            } else {
+                None
+            };
+            deadline = match (deadline, felix) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        deadline
+    }
+
+    /// Runs quinn's timers and the Felix ones (authentication timeout, idle reap).
+    pub(crate) fn handle_timeout(&mut self, now: Instant, core: &Core) {
+        self.quic.handle_timeout(now);
+        if self.closing {
+            return;
+        }
+        if !self.shared.authenticated && now >= self.created + core.limits.auth_timeout {
+            debug!(remote = %self.quic.remote_address(), "no stream authenticated in time");
+            self.close(now, CLOSE_CODE_AUTH_TIMEOUT, "authentication timeout");
+        } else if self.shared.subscriptions == 0
+            && now >= self.shared.last_activity + core.limits.idle_connection_reap
+        {
+            debug!(remote = %self.quic.remote_address(), "reaping idle connection");
+            self.close(now, CLOSE_CODE_NORMAL, "idle");
+        }
+    }
+
+    pub(crate) fn close(&mut self, now: Instant, code: VarInt, reason: &'static str) {
+        if !self.closing {
+            self.closing = true;
+            self.quic
+                .close(now, code, Bytes::from_static(reason.as_bytes()));
+        }
+    }
+
+    /// Forgets every subscription on this connection (it closed or was lost).
+    pub(crate) fn release(&mut self, core: &mut Core) {
+        for (_, ev) in std::mem::take(&mut self.events) {
+            core.unsubscribe(ev.subscriber);
+        }
+        for sub in std::mem::take(&mut self.waiting_for_stream) {
+            core.unsubscribe(sub.subscriber);
+        }
+        for sub in std::mem::take(&mut self.shared.new_subscriptions) {
+            core.unsubscribe(sub.subscriber);
+        }
+        self.shared.subscriptions = 0;
+        self.sessions.clear();
+    }
+
+    /// Handles one application event from quinn. Returns nothing; all effects are on
+    /// streams (to transmit) and on `core` (the broker).
+    pub(crate) fn on_event(
+        &mut self,
+        now: Instant,
+        ch: ConnectionHandle,
+        ev: Event,
+        core: &mut Core,
+    ) {
+        match ev {
+            Event::HandshakeDataReady => {}
+            Event::Connected => {
+                debug!(remote = %self.quic.remote_address(), "connection established");
+            }
+            Event::ConnectionLost { reason } => {
+                debug!(remote = %self.quic.remote_address(), %reason, "connection lost");
+                self.closing = true;
+                self.release(core);
+            }
+            Event::Stream(StreamEvent::Opened { dir: Dir::Bi }) => {
+                while let Some(id) = self.quic.streams().accept(Dir::Bi) {
+                    core.stats.streams_accepted += 1;
+                    let unauthenticated = self
+                        .sessions
+                        .values()
+                        .filter(|s| !s.is_authenticated())
+                        .count();
+                    if unauthenticated >= core.limits.preauth_max_streams_per_connection {
+                        // Refuse the stream outright: each one costs a decoder until it
+                        // authenticates, and honest clients authenticate one at a time.
+                        debug!(%id, "too many unauthenticated streams; refusing one");
+                        let _ = self.quic.recv_stream(id).stop(STREAM_CODE_PROTOCOL);
+                        let _ = self.quic.send_stream(id).reset(STREAM_CODE_PROTOCOL);
+                        continue;
+                    }
+                    self.sessions
+                        .insert(id, Session::new(core.limits.preauth_max_frame_bytes));
+                    self.read_session(now, ch, id, core);
+                }
+            }
+            Event::Stream(StreamEvent::Opened { dir: Dir::Uni }) => {
+                // We grant no uni streams; refuse any that slip through.
+                while let Some(id) = self.quic.streams().accept(Dir::Uni) {
+                    let _ = self.quic.recv_stream(id).stop(STREAM_CODE_PROTOCOL);
+                }
+            }
+            Event::Stream(StreamEvent::Readable { id }) => self.read_session(now, ch, id, core),
+            Event::Stream(StreamEvent::Writable { id }) => {
+                if self.sessions.contains_key(&id) {
+                    self.flush_session(now, ch, id, core);
+                } else if self.events.contains_key(&id) {
+                    self.pump_events(now, id, core);
+                }
+            }
+            Event::Stream(StreamEvent::Finished { id }) => {
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    s.send_done = true;
+                    self.maybe_forget_session(id);
+                } else if let Some(ev) = self.events.remove(&id) {
+                    self.end_subscription(ev, core);
+                }
+            }
+            Event::Stream(StreamEvent::Stopped { id, error_code }) => {
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    // Nothing more can be answered on this stream, so read nothing more.
+                    trace!(%id, %error_code, "client stopped a session stream");
+                    s.send_done = true;
+                    s.outbox.clear();
+                    if !s.recv_done {
+                        s.recv_done = true;
+                        let _ = self.quic.recv_stream(id).stop(STREAM_CODE_DONE);
+                    }
+                    self.maybe_forget_session(id);
+                } else if let Some(ev) = self.events.remove(&id) {
+                    trace!(%id, %error_code, "client stopped an event stream");
+                    self.end_subscription(ev, core);
+                }
+            }
+            Event::Stream(StreamEvent::Available { dir: Dir::Uni }) => {
+                self.open_event_streams(now, ch, core);
+            }
+            Event::Stream(StreamEvent::Available { dir: Dir::Bi }) => {}
+            Event::DatagramReceived | Event::DatagramsUnblocked => {}
+        }
+    }
+
+    fn end_subscription(&mut self, ev: EventStream, core: &mut Core) {
+        core.unsubscribe(ev.subscriber);
+        self.shared.subscriptions = self.shared.subscriptions.saturating_sub(1);
+    }
+
+    fn maybe_forget_session(&mut self, id: StreamId) {
+        if self
+            .sessions
+            .get(&id)
+            .is_some_and(|s| s.recv_done && s.send_done)
+        {
+            self.sessions.remove(&id);
+        }
+    }
+
+    /// Decodes and handles what the stream holds, one chunk at a time, until it is drained,
+    /// finished, or its unwritten answers reach the window; writes the answers; and goes on
+    /// reading while writing makes room again.
+    pub(crate) fn read_session(
+        &mut self,
+        now: Instant,
+        ch: ConnectionHandle,
+        id: StreamId,
+        core: &mut Core,
+    ) {
+        loop {
+            self.read_until_blocked(now, id, core);
+            self.open_new_event_streams(now, ch, core);
+            if !self.write_answers(now, id, core) {
+                return;
+            }
+        }
+    }
+
+    /// Called when the stream can take more: writes answers, and resumes reading a stream
+    /// that was paused on its window.
+    pub(crate) fn flush_session(
+        &mut self,
+        now: Instant,
+        ch: ConnectionHandle,
+        id: StreamId,
+        core: &mut Core,
+    ) {
+        if self.write_answers(now, id, core) {
+            self.read_session(now, ch, id, core);
+        }
+    }
+
+    fn read_until_blocked(&mut self, now: Instant, id: StreamId, core: &mut Core) {
+        let window = core.limits.stream_answer_backlog;
+        let chunk_limit = core.limits.read_chunk_bytes;
+        let Some(session) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        while !session.recv_done {
+            // Frames already buffered first: they were read before the window filled.
+            let mut close = false;
+            loop {
+                if session.outbox.len() >= window {
+                    session.paused = true;
+                    break;
+                }
+                let frame = match session.decoder.next_frame() {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => break,
+                    Err(err) => {
+                        let mut cx = SessionCx {
+                            now,
+                            core,
+                            conn: &mut self.shared,
+                        };
+                        session.on_decode_error(err, &mut cx);
+                        close = true;
+                        break;
+                    }
+                };
+                self.shared.last_activity = now;
+                core.stats.frames_received += 1;
+                let mut cx = SessionCx {
+                    now,
+                    core,
+                    conn: &mut self.shared,
+                };
+                if session.on_frame(frame, &mut cx) == FrameResult::CloseStream {
+                    close = true;
+                    break;
+                }
+            }
+            if close {
+                session.recv_done = true;
+                session.finish_when_flushed = true;
+                let _ = self.quic.recv_stream(id).stop(STREAM_CODE_PROTOCOL);
+                return;
+            }
+            if session.paused {
+                return;
+            }
+            let mut recv = self.quic.recv_stream(id);
+            let mut chunks = match recv.read(true) {
+                Ok(chunks) => chunks,
+                Err(_) => {
+                    session.recv_done = true;
+                    return;
+                }
+            };
+            let outcome = chunks.next(chunk_limit);
+            let _ = chunks.finalize();
+            match outcome {
+                Ok(Some(chunk)) => session.decoder.feed_bytes(chunk.bytes),
+                Ok(None) => {
+                    // The client finished its side: once the answers are written, ours is
+                    // done too. A frame cut off by the FIN can never complete.
+                    session.recv_done = true;
+                    session.finish_when_flushed = true;
+                    if session.decoder.buffered() > 0 {
+                        trace!(%id, bytes = session.decoder.buffered(), "stream ended inside a frame");
+                    }
+                }
+                Err(ReadError::Blocked) => return,
+                Err(ReadError::Reset(code)) => {
+                    trace!(%id, %code, "client reset a session stream");
+                    session.recv_done = true;
+                    session.finish_when_flushed = true;
+                }
+            }
+        }
+    }
+
+    /// Writes queued answers and finishes the stream when it is done. Returns true when a
+    /// stream paused on its window has room again and should be read.
+    fn write_answers(&mut self, now: Instant, id: StreamId, core: &mut Core) -> bool {
+        let Some(session) = self.sessions.get_mut(&id) else {
+            return false;
+        };
+        if !session.send_done {
+            let mut send = self.quic.send_stream(id);
+            while !session.outbox.is_empty() {
+                let (front, _) = session.outbox.as_mut_slices();
+                match send.write_chunks(front) {
+                    Ok(written) => {
+                        core.stats.frames_sent += written.chunks as u64;
+                        session.outbox.drain(..written.chunks);
+                        if written.chunks > 0 {
+                            self.shared.last_activity = now;
+                        }
+                    }
+                    Err(WriteError::Blocked) => break,
+                    Err(WriteError::Stopped(_)) | Err(WriteError::ClosedStream) => {
+                        session.send_done = true;
+                        session.outbox.clear();
+                        break;
+                    }
+                }
+            }
+            if session.outbox.is_empty() && session.finish_when_flushed && !session.finished {
+                session.finished = true;
+                if send.finish().is_err() {
+                    session.send_done = true;
+                }
+            }
+        }
+        if session.paused && session.outbox.len() < core.limits.stream_answer_backlog {
+            session.paused = false;
+            return true;
+        }
+        self.maybe_forget_session(id);
+        false
+    }
+
+    /// Opens the event streams of subscriptions granted during this turn.
+    fn open_new_event_streams(&mut self, now: Instant, ch: ConnectionHandle, core: &mut Core) {
+        if self.shared.new_subscriptions.is_empty() {
+            return;
+        }
+        self.waiting_for_stream
+            .extend(self.shared.new_subscriptions.drain(..));
+        self.open_event_streams(now, ch, core);
+    }
+
+    /// Opens event streams for waiting subscriptions while the peer allows uni streams.
+    fn open_event_streams(&mut self, now: Instant, ch: ConnectionHandle, core: &mut Core) {
+        while !self.waiting_for_stream.is_empty() {
+            let Some(id) = self.quic.streams().open(Dir::Uni) else {
+                break;
+            };
+            let sub = self.waiting_for_stream.pop_front().expect("front exists");
+            core.routes.insert(sub.subscriber, (ch, id));
+            self.events.insert(
+                id,
+                EventStream {
+                    subscriber: sub.subscriber,
+                    pending: Some(sub.hello),
+                    last: false,
+                    finished: false,
+                },
+            );
+            self.pump_events(now, id, core);
+        }
+    }
+
+    /// Moves a subscription's frames from the broker onto its event stream while the stream
+    /// takes them.
+    pub(crate) fn pump_events(&mut self, now: Instant, id: StreamId, core: &mut Core) {
+        let Some(ev) = self.events.get_mut(&id) else {
+            return;
+        };
+        let mut send = self.quic.send_stream(id);
+        loop {
+            if let Some(frame) = ev.pending.as_mut() {
+                match send.write_chunks(std::slice::from_mut(frame)) {
+                    Ok(written) if written.chunks == 1 => {
+                        ev.pending = None;
+                        core.stats.frames_sent += 1;
+                        self.shared.last_activity = now;
+                    }
+                    // Partly written: the rest stays in `pending`; try again so a full
+                    // window registers for a `Writable` event.
+                    Ok(_) => continue,
+                    Err(WriteError::Blocked) => return,
+                    Err(WriteError::Stopped(_)) | Err(WriteError::ClosedStream) => {
+                        let ev = self.events.remove(&id).expect("present");
+                        self.end_subscription(ev, core);
+                        return;
+                    }
+                }
+            }
+            if ev.last {
+                if !ev.finished {
+                    ev.finished = true;
+                    let _ = send.finish();
+                }
+                return;
+            }
+            match core.broker.next_delivery(ev.subscriber) {
+                Some(Delivery::Frame(frame)) => ev.pending = Some(frame),
+                Some(Delivery::Final(frame)) => {
+                    ev.pending = Some(frame);
+                    ev.last = true;
+                    core.routes.remove(&ev.subscriber);
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// Routes a broker readiness notice to the event stream.
+    pub(crate) fn deliver(&mut self, now: Instant, id: StreamId, core: &mut Core) {
+        self.pump_events(now, id, core);
+    }
+}

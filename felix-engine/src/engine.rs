@@ -1,0 +1,711 @@
+//! [`Engine`]: the broker node. Owns the QUIC endpoint, its connections, the broker and the
+//! token verifier, and moves bytes between them.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::BytesMut;
+use felix_proto::negotiate::BrokerCapabilities;
+use felix_proto::routing::RoutingMapping;
+use felix_proto::{Features, Flags};
+use quinn_proto::{
+    ConnectionHandle, DatagramEvent, Endpoint, EndpointConfig, IdleTimeout, ServerConfig, StreamId,
+    TimeSource, TransportConfig, VarInt,
+};
+use tracing::{debug, warn};
+
+use crate::auth::Verifier;
+use crate::broker::{Broker, BrokerConfig, StreamKey, SubscriberId};
+use crate::config::{AuthConfig, EngineConfig};
+use crate::conn::{Conn, CLOSE_CODE_NORMAL};
+use crate::seed;
+use crate::tls::{AlpnSelector, TlsConfigError};
+
+pub use quinn_proto::EcnCodepoint;
+
+/// Frame flags this broker decodes and produces. Not 0x0080 (forwarded-ack owner), 0x0100
+/// (idempotent producer), 0x2000 (publisher) or 0x4000 (timestamps): not implemented.
+pub const SERVED_FLAGS: Flags = Flags(
+    0x0001
+        | 0x0002
+        | 0x0004
+        | 0x0008
+        | 0x0010
+        | 0x0020
+        | 0x0040
+        | 0x0200
+        | 0x0400
+        | 0x0800
+        | 0x1000,
+);
+
+/// Features this broker answers. Nothing is advertised that is not served: no TOPOLOGY, no
+/// REDIRECT (a single broker never redirects), no groups, watches or counters yet.
+pub const SERVED_FEATURES: Features = Features(
+    Features::ERROR_CODES.0
+        | Features::UNSUPPORTED.0
+        | Features::PUBLISH_PIPELINE.0
+        | Features::STREAM_PUBLISH_WINDOW.0
+        | Features::CACHE_DELETE.0
+        | Features::STREAM_SHARDS.0
+        | Features::CACHE_SHARDS.0
+        | Features::SHARD_OWNERS.0
+        | Features::SUBSCRIBE_QUEUE.0,
+);
+
+/// A UDP datagram (or a GRO batch of same-source datagrams) received by the runtime.
+#[derive(Debug)]
+pub struct Datagram {
+    /// Who sent it.
+    pub remote: SocketAddr,
+    /// The local address it arrived on, when the socket reports it.
+    pub local_ip: Option<IpAddr>,
+    /// ECN bits it carried.
+    pub ecn: Option<EcnCodepoint>,
+    /// The bytes: one datagram, or several of `segment_size` bytes each (the last may be
+    /// shorter) when the socket coalesced them.
+    pub data: BytesMut,
+    /// Size of each coalesced datagram; `None` for a single one.
+    pub segment_size: Option<usize>,
+}
+
+/// Datagrams to send: `size` bytes at the start of the buffer given to
+/// [`Engine::poll_output`]. With `segment_size`, the buffer holds several datagrams of that
+/// size (the last may be shorter) for one destination, to be sent with GSO or one by one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Where to send.
+    pub destination: SocketAddr,
+    /// ECN bits to set.
+    pub ecn: Option<EcnCodepoint>,
+    /// Bytes written to the buffer.
+    pub size: usize,
+    /// The datagram size when the buffer holds more than one.
+    pub segment_size: Option<usize>,
+    /// The local address to send from, when it matters.
+    pub src_ip: Option<IpAddr>,
+}
+
+/// What the engine asks its runtime to do. Durable storage adds file operations here; their
+/// completions come back through a `handle_*` input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// Send datagrams.
+    Transmit(Transmit),
+}
+
+/// Why an engine could not be built.
+#[derive(Debug)]
+pub enum EngineError {
+    /// The certificate or key was refused.
+    Tls(TlsConfigError),
+    /// The JWKS document could not be used.
+    Auth(String),
+    /// A configuration value is out of range.
+    Config(String),
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::Tls(e) => e.fmt(f),
+            EngineError::Auth(e) => write!(f, "auth configuration: {e}"),
+            EngineError::Config(e) => write!(f, "configuration: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl From<TlsConfigError> for EngineError {
+    fn from(e: TlsConfigError) -> Self {
+        EngineError::Tls(e)
+    }
+}
+
+/// Plain counters, for logs and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Connections open now (including closing ones not yet drained).
+    pub connections: u64,
+    /// Connections accepted since start.
+    pub connections_accepted: u64,
+    /// Connection attempts refused (limit reached or shutting down).
+    pub connections_refused: u64,
+    /// Client bidirectional streams accepted.
+    pub streams_accepted: u64,
+    /// Felix frames read from clients.
+    pub frames_received: u64,
+    /// Felix frames handed to QUIC (answers and deliveries).
+    pub frames_sent: u64,
+    /// Streams that authenticated.
+    pub auths_accepted: u64,
+    /// `auth` requests refused.
+    pub auths_refused: u64,
+    /// Publish requests (binary or JSON batches) accepted.
+    pub publishes: u64,
+    /// Publish requests refused.
+    pub publishes_refused: u64,
+    /// Records published.
+    pub published_records: u64,
+    /// Subscriptions granted.
+    pub subscriptions: u64,
+    /// Event batches a full subscriber queue dropped.
+    pub dropped_batches: u64,
+    /// Cache requests answered.
+    pub cache_requests: u64,
+    /// Requests answered `unsupported` or by closing the stream.
+    pub unsupported_requests: u64,
+}
+
+/// Limits the connection and session code reads on every turn.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) auth_timeout: Duration,
+    pub(crate) idle_connection_reap: Duration,
+    pub(crate) preauth_max_frame_bytes: u32,
+    pub(crate) max_frame_bytes: u32,
+    /// Unwritten answers per stream before it is no longer read (the publish window).
+    pub(crate) stream_answer_backlog: usize,
+    pub(crate) read_chunk_bytes: usize,
+    pub(crate) max_subscriptions_per_connection: usize,
+    pub(crate) preauth_max_streams_per_connection: usize,
+}
+
+/// What every connection shares: the broker, the verifier, the negotiated capabilities and
+/// the subscription routes.
+pub(crate) struct Core {
+    pub(crate) limits: Limits,
+    pub(crate) broker: Broker,
+    pub(crate) verifier: Verifier,
+    pub(crate) capabilities: BrokerCapabilities,
+    /// How keys route to shards, as `stream_shards_view` reports it.
+    pub(crate) routing_mapping: RoutingMapping,
+    /// Shards of a stream created on first use, as routing answers report it.
+    pub(crate) default_shards: u32,
+    /// `now` at construction and the Unix time it stood for, in microseconds.
+    anchor: (Instant, u64),
+    /// Where each subscriber's event stream is.
+    pub(crate) routes: BTreeMap<SubscriberId, (ConnectionHandle, StreamId)>,
+    next_subscription_id: u64,
+    pub(crate) stats: Stats,
+}
+
+impl Core {
+    /// Unix time at `now`, from the anchor the runtime gave at construction.
+    pub(crate) fn unix_micros(&self, now: Instant) -> u64 {
+        let (at, micros) = self.anchor;
+        match now.checked_duration_since(at) {
+            Some(d) => micros.saturating_add(d.as_micros() as u64),
+            None => micros.saturating_sub(at.duration_since(now).as_micros() as u64),
+        }
+    }
+
+    pub(crate) fn unix_secs(&self, now: Instant) -> u64 {
+        self.unix_micros(now) / 1_000_000
+    }
+
+    /// A fresh wire `subscription_id`.
+    pub(crate) fn next_subscription_id(&mut self) -> u64 {
+        self.next_subscription_id += 1;
+        self.next_subscription_id
+    }
+
+    pub(crate) fn unsubscribe(&mut self, id: SubscriberId) {
+        self.routes.remove(&id);
+        self.broker.unsubscribe(id);
+    }
+}
+
+/// Timestamps for quinn's address-validation tokens. The engine issues none (tokens are
+/// off), so the value only has to exist; it must not come from a clock read.
+struct FixedTime(SystemTime);
+
+impl TimeSource for FixedTime {
+    fn now(&self) -> SystemTime {
+        self.0
+    }
+}
+
+/// One Felix broker node as a state machine: QUIC datagrams and time in, datagrams and
+/// deadlines out. It reads no clock, draws no OS randomness, and owns no socket, thread or
+/// file; a runtime (or a simulator) does all of that around it.
+///
+/// # Methods
+///
+/// The methods fall into four families, after quinn-proto's `Connection`:
+///
+/// - **Inputs**, `handle_*`: [`handle_datagram`](Self::handle_datagram) for each datagram (or
+///   GRO batch) received, [`handle_timeout`](Self::handle_timeout) when the deadline from
+///   [`poll_timeout`](Self::poll_timeout) passes. Each call is one *turn*: it processes the
+///   input, lets every affected session answer, then seals the broker's open event batches
+///   once, so publishes that arrive in one turn go out to subscribers as one frame.
+/// - **Commands**, plain verbs: [`shutdown`](Self::shutdown).
+/// - **Outputs**, `poll_*`: [`poll_output`](Self::poll_output) hands out the next thing to do
+///   (today: datagrams to send, batched for GSO); [`poll_timeout`](Self::poll_timeout) the
+///   instant at which to call `handle_timeout`.
+/// - **Getters**, `&self`: [`dev_token`](Self::dev_token), [`stats`](Self::stats),
+///   [`connection_count`](Self::connection_count).
+///
+/// # Polling order
+///
+/// After every input or command, call [`poll_output`](Self::poll_output) until it returns
+/// `None` and act on each output, *then* read [`poll_timeout`](Self::poll_timeout): sending
+/// arms loss-detection timers, so the deadline is only final once the outputs are drained.
+/// Answers are produced in the same turn as the request that caused them; nothing waits for
+/// a timer.
+///
+/// ```text
+/// loop {
+///     wait for: a datagram, or the deadline
+///     engine.handle_datagram(now, dg)   |   engine.handle_timeout(now)
+///     while let Some(out) = engine.poll_output(now, &mut buf) { send(out, &buf) }
+///     deadline = engine.poll_timeout()
+/// }
+/// ```
+///
+/// # Time and randomness
+///
+/// Every input carries `now`. Unix time (token expiry, record timestamps) is derived from the
+/// `(now, unix_micros)` pair given to [`Engine::new`]. Connection ids, reset and token keys
+/// come from [`EngineConfig::rng_seed`]; only TLS key shares and nonces come from the crypto
+/// provider, which a simulator would replace.
+pub struct Engine {
+    endpoint: Endpoint,
+    conns: BTreeMap<ConnectionHandle, Conn>,
+    core: Core,
+    /// Connections touched this turn: processed and re-armed at the end of it.
+    touched: Vec<ConnectionHandle>,
+    /// Connections that may have datagrams to send, in round-robin order.
+    send_queue: VecDeque<ConnectionHandle>,
+    /// Each connection's next deadline.
+    timers: BTreeSet<(Instant, ConnectionHandle)>,
+    /// Answers the endpoint produced itself (refusals, version negotiation, resets).
+    endpoint_transmits: VecDeque<(Transmit, Vec<u8>)>,
+    scratch: Vec<u8>,
+    max_connections: usize,
+    max_gso_segments: usize,
+    max_queued_endpoint_transmits: usize,
+    dev_token: Option<String>,
+    shutting_down: bool,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("connections", &self.conns.len())
+            .field("shutting_down", &self.shutting_down)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Builds an engine. `now` and `unix_micros` name the same moment: the engine derives
+    /// Unix time from them for every later `now`.
+    pub fn new(
+        config: EngineConfig,
+        now: Instant,
+        unix_micros: u64,
+    ) -> Result<Engine, EngineError> {
+        if config.max_gso_segments == 0 {
+            return Err(EngineError::Config(
+                "max_gso_segments must be at least 1".into(),
+            ));
+        }
+        let unix_secs = unix_micros / 1_000_000;
+        let (verifier, dev_token) = match &config.auth {
+            AuthConfig::Jwks(doc) => {
+                let v = Verifier::from_jwks(doc).map_err(|e| EngineError::Auth(e.to_string()))?;
+                (v, None)
+            }
+            AuthConfig::Dev { seed } => {
+                let (v, token) = Verifier::dev(*seed, unix_secs);
+                (v, Some(token))
+            }
+        };
+
+        let seed = config.rng_seed;
+        let selector = Arc::new(AlpnSelector::new(&config.tls)?);
+        let mut transport = TransportConfig::default();
+        transport
+            .max_concurrent_bidi_streams(VarInt::from_u32(config.max_concurrent_bidi_streams))
+            // The client opens no uni streams; events flow on ones we open.
+            .max_concurrent_uni_streams(VarInt::from_u32(0))
+            .stream_receive_window(VarInt::from_u32(config.stream_receive_window))
+            .receive_window(VarInt::from_u32(config.connection_receive_window))
+            .send_window(config.send_window)
+            .max_idle_timeout(Some(
+                IdleTimeout::try_from(config.quic_idle_timeout)
+                    .map_err(|_| EngineError::Config("quic_idle_timeout is too large".into()))?,
+            ))
+            .keep_alive_interval(None)
+            .datagram_receive_buffer_size(None);
+        let mut server = ServerConfig::new(selector, seed::token_key(&seed));
+        server.transport_config(Arc::new(transport));
+        // No NEW_TOKEN tokens: they would be the engine's only use of wall-clock time.
+        server.validation_token.sent(0);
+        server.time_source(Arc::new(FixedTime(
+            UNIX_EPOCH + Duration::from_micros(unix_micros),
+        )));
+
+        let mut endpoint_config = EndpointConfig::new(seed::reset_key(&seed));
+        endpoint_config
+            .cid_generator(move || Box::new(seed::SeededCidGenerator::new(&seed)))
+            .rng_seed(Some(seed::endpoint_rng_seed(&seed)));
+        let endpoint = Endpoint::new(
+            Arc::new(endpoint_config),
+            Some(Arc::new(server)),
+            true,
+            None,
+        );
+
+        let broker = Broker::new(BrokerConfig {
+            default_shards: config.default_shards,
+            declared_streams: config
+                .declared_streams
+                .iter()
+                .map(|d| (StreamKey::new(&d.tenant, &d.namespace, &d.stream), d.shards))
+                .collect(),
+            routing_mapping: config.routing_mapping,
+            max_streams: config.max_streams,
+            subscriber_queue_capacity: config.subscriber_queue_capacity,
+            subscriber_queue_capacity_max: config.subscriber_queue_capacity_max,
+            event_batch_max_records: config.event_batch_max_records,
+            event_batch_max_bytes: config.event_batch_max_bytes,
+            cache_max_key_bytes: config.cache_max_key_bytes,
+            cache_max_value_bytes: config.cache_max_value_bytes,
+            cache_max_total_bytes: config.cache_max_total_bytes,
+        });
+
+        let core = Core {
+            limits: Limits {
+                auth_timeout: config.auth_timeout,
+                idle_connection_reap: config.idle_connection_reap,
+                preauth_max_frame_bytes: config.preauth_max_frame_bytes,
+                max_frame_bytes: config.max_frame_bytes,
+                stream_answer_backlog: config.publish_window.max(1) as usize,
+                read_chunk_bytes: config.read_chunk_bytes.max(1),
+                max_subscriptions_per_connection: config.max_subscriptions_per_connection,
+                preauth_max_streams_per_connection: config.preauth_max_streams_per_connection,
+            },
+            broker,
+            verifier,
+            capabilities: BrokerCapabilities {
+                flags: SERVED_FLAGS,
+                features: SERVED_FEATURES,
+                publish_window: config.publish_window,
+            },
+            routing_mapping: config.routing_mapping,
+            default_shards: config.default_shards.max(1),
+            anchor: (now, unix_micros),
+            routes: BTreeMap::new(),
+            next_subscription_id: 0,
+            stats: Stats::default(),
+        };
+
+        Ok(Engine {
+            endpoint,
+            conns: BTreeMap::new(),
+            core,
+            touched: Vec::new(),
+            send_queue: VecDeque::new(),
+            timers: BTreeSet::new(),
+            endpoint_transmits: VecDeque::new(),
+            scratch: Vec::new(),
+            max_connections: config.max_connections,
+            max_gso_segments: config.max_gso_segments,
+            max_queued_endpoint_transmits: config.max_queued_endpoint_transmits,
+            dev_token,
+            shutting_down: false,
+        })
+    }
+
+    // ---- inputs -------------------------------------------------------------------------
+
+    /// Feeds a received datagram (or a GRO batch of them). One turn.
+    pub fn handle_datagram(&mut self, now: Instant, datagram: Datagram) {
+        let Datagram {
+            remote,
+            local_ip,
+            ecn,
+            mut data,
+            segment_size,
+        } = datagram;
+        let segment = segment_size.unwrap_or(data.len()).max(1);
+        while !data.is_empty() {
+            let one = data.split_to(segment.min(data.len()));
+            self.scratch.clear();
+            match self
+                .endpoint
+                .handle(now, remote, local_ip, ecn, one, &mut self.scratch)
+            {
+                Some(DatagramEvent::ConnectionEvent(ch, event)) => {
+                    if let Some(conn) = self.conns.get_mut(&ch) {
+                        conn.quic.handle_event(event);
+                        self.touch(ch);
+                    }
+                }
+                Some(DatagramEvent::NewConnection(incoming)) => self.accept(now, incoming),
+                Some(DatagramEvent::Response(t)) => self.queue_endpoint_transmit(t),
+                None => {}
+            }
+        }
+        self.settle(now);
+    }
+
+    /// Runs every timer due at `now`. One turn.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&(at, ch)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.timers.pop_first();
+            let Some(conn) = self.conns.get_mut(&ch) else {
+                continue;
+            };
+            conn.deadline = None;
+            conn.handle_timeout(now, &self.core);
+            self.touch(ch);
+        }
+        if self.core.broker.poll_timeout().is_some_and(|at| at <= now) {
+            self.core.broker.handle_timeout(now);
+        }
+        self.settle(now);
+    }
+
+    // ---- commands -----------------------------------------------------------------------
+
+    /// Stops accepting connections and closes every open one with code 0. Keep polling
+    /// outputs so the closes go out; [`connection_count`](Self::connection_count) reaches 0
+    /// once every connection has drained.
+    pub fn shutdown(&mut self, now: Instant) {
+        self.shutting_down = true;
+        self.endpoint.set_server_config(None);
+        let handles: Vec<_> = self.conns.keys().copied().collect();
+        for ch in handles {
+            if let Some(conn) = self.conns.get_mut(&ch) {
+                conn.close(now, CLOSE_CODE_NORMAL, "shutdown");
+                conn.release(&mut self.core);
+            }
+            self.touch(ch);
+        }
+        self.settle(now);
+    }
+
+    // ---- outputs ------------------------------------------------------------------------
+
+    /// The next output, writing any datagram bytes into `buf` (cleared first).
+    #[must_use]
+    pub fn poll_output(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Output> {
+        buf.clear();
+        if let Some((t, bytes)) = self.endpoint_transmits.pop_front() {
+            buf.extend_from_slice(&bytes);
+            return Some(Output::Transmit(t));
+        }
+        while let Some(&ch) = self.send_queue.front() {
+            let Some(conn) = self.conns.get_mut(&ch) else {
+                self.send_queue.pop_front();
+                continue;
+            };
+            if let Some(t) = conn.quic.poll_transmit(now, self.max_gso_segments, buf) {
+                // Round-robin: the next call serves the next connection.
+                self.send_queue.pop_front();
+                self.send_queue.push_back(ch);
+                return Some(Output::Transmit(Transmit {
+                    destination: t.destination,
+                    ecn: t.ecn,
+                    size: t.size,
+                    segment_size: t.segment_size,
+                    src_ip: t.src_ip,
+                }));
+            }
+            self.send_queue.pop_front();
+            conn.queued = false;
+            // Sending may have armed timers or raised endpoint events (new connection ids,
+            // drained); settle them before moving on.
+            if self.process_conn(now, ch) {
+                self.touch(ch);
+                self.settle(now);
+            } else {
+                self.rearm(ch);
+            }
+        }
+        None
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) should next be called.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let conns = self.timers.first().map(|&(at, _)| at);
+        match (conns, self.core.broker.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    // ---- getters ------------------------------------------------------------------------
+
+    /// The development token minted at start in dev mode (full permissions, tenant `t1`).
+    pub fn dev_token(&self) -> Option<&str> {
+        self.dev_token.as_deref()
+    }
+
+    /// Connections open or still draining.
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        let b = self.core.broker.stats();
+        Stats {
+            connections: self.conns.len() as u64,
+            dropped_batches: b.dropped_batches,
+            published_records: b.published_records,
+            ..self.core.stats
+        }
+    }
+
+    // ---- internals ----------------------------------------------------------------------
+
+    fn accept(&mut self, now: Instant, incoming: quinn_proto::Incoming) {
+        if self.shutting_down || self.conns.len() >= self.max_connections {
+            self.core.stats.connections_refused += 1;
+            debug!(remote = %incoming.remote_address(), "refusing connection");
+            self.scratch.clear();
+            let t = self.endpoint.refuse(incoming, &mut self.scratch);
+            self.queue_endpoint_transmit(t);
+            return;
+        }
+        self.scratch.clear();
+        match self.endpoint.accept(incoming, now, &mut self.scratch, None) {
+            Ok((ch, quic)) => {
+                self.core.stats.connections_accepted += 1;
+                self.conns.insert(ch, Conn::new(quic, now));
+                self.touch(ch);
+            }
+            Err(err) => {
+                debug!(cause = %err.cause, "handshake refused");
+                if let Some(t) = err.response {
+                    self.queue_endpoint_transmit(t);
+                }
+            }
+        }
+    }
+
+    fn queue_endpoint_transmit(&mut self, t: quinn_proto::Transmit) {
+        if self.endpoint_transmits.len() >= self.max_queued_endpoint_transmits {
+            warn!("endpoint transmit queue full; dropping a response");
+            return;
+        }
+        let bytes = self.scratch[..t.size].to_vec();
+        let t = Transmit {
+            destination: t.destination,
+            ecn: t.ecn,
+            size: t.size,
+            segment_size: t.segment_size,
+            src_ip: t.src_ip,
+        };
+        self.endpoint_transmits.push_back((t, bytes));
+    }
+
+    fn touch(&mut self, ch: ConnectionHandle) {
+        if let Some(conn) = self.conns.get_mut(&ch) {
+            if !conn.touched {
+                conn.touched = true;
+                self.touched.push(ch);
+            }
+        }
+    }
+
+    /// Ends a turn: lets every touched connection handle its events, seals the broker's
+    /// batches once, hands deliveries to event streams, and re-arms timers and transmits.
+    fn settle(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.touched.len() {
+            let ch = self.touched[i];
+            self.process_conn(now, ch);
+            i += 1;
+        }
+        self.core.broker.flush(now);
+        while let Some(id) = self.core.broker.poll_ready() {
+            let Some(&(ch, stream)) = self.core.routes.get(&id) else {
+                continue;
+            };
+            if let Some(conn) = self.conns.get_mut(&ch) {
+                conn.deliver(now, stream, &mut self.core);
+                self.touch(ch);
+            }
+        }
+        for ch in std::mem::take(&mut self.touched) {
+            let Some(conn) = self.conns.get_mut(&ch) else {
+                continue;
+            };
+            conn.touched = false;
+            if !conn.queued {
+                conn.queued = true;
+                self.send_queue.push_back(ch);
+            }
+            self.rearm(ch);
+        }
+    }
+
+    /// Drains a connection's endpoint and application events. Returns true if there were
+    /// any. Removes the connection once quinn reports it drained.
+    fn process_conn(&mut self, now: Instant, ch: ConnectionHandle) -> bool {
+        let mut progressed = false;
+        loop {
+            let Some(conn) = self.conns.get_mut(&ch) else {
+                return progressed;
+            };
+            let mut any = false;
+            while let Some(event) = conn.quic.poll_endpoint_events() {
+                any = true;
+                let drained = event.is_drained();
+                if let Some(reply) = self.endpoint.handle_event(ch, event) {
+                    conn.quic.handle_event(reply);
+                }
+                if drained {
+                    conn.drained = true;
+                }
+            }
+            if conn.drained {
+                let mut conn = self.conns.remove(&ch).expect("present");
+                conn.release(&mut self.core);
+                if let Some(at) = conn.deadline {
+                    self.timers.remove(&(at, ch));
+                }
+                debug!(connection = ch.0, "connection drained");
+                return true;
+            }
+            while let Some(event) = conn.quic.poll() {
+                any = true;
+                conn.on_event(now, ch, event, &mut self.core);
+            }
+            if !any {
+                return progressed;
+            }
+            progressed = true;
+        }
+    }
+
+    /// Re-registers a connection's deadline in the timer index.
+    fn rearm(&mut self, ch: ConnectionHandle) {
+        let Some(conn) = self.conns.get_mut(&ch) else {
+            return;
+        };
+        let next = conn.next_deadline(&self.core);
+        if next != conn.deadline {
+            if let Some(old) = conn.deadline {
+                self.timers.remove(&(old, ch));
+            }
+            if let Some(new) = next {
+                self.timers.insert((new, ch));
+            }
+            conn.deadline = next;
+        }
+    }
+}

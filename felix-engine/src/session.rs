@@ -1,0 +1,797 @@
+//! One client bidirectional stream as a Felix session: the `auth` that opens it, the
+//! capabilities it negotiated, and every request after it, each answered in the encoding it
+//! arrived in and in the order the stream carried it.
+//!
+//! The session only decides what to answer. It writes answers to its outbox as whole encoded
+//! frames; the connection moves them onto the QUIC stream as flow control allows and stops
+//! reading the stream while the outbox holds a publish window's worth.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use felix_proto::binary::{AckResult, PublishAck, PublishBatchView};
+use felix_proto::frame::encode_frame_header;
+use felix_proto::message::{
+    self, CacheOk, CacheShardsView, CacheValue, ErrorMessage, EventStreamHello, Message,
+    PublishError, PublishOk, ShardKind, ShardOwner, ShardOwnersView, StreamShardsView,
+    Subscribed as SubscribedMsg, Unsupported,
+};
+use felix_proto::negotiate::{broker_answer, Negotiated};
+use felix_proto::routing::RoutingMapping;
+use felix_proto::{DecodeError, ErrorCode, Features, Flags, Frame, FrameDecoder};
+use tracing::{debug, trace};
+
+use crate::auth::{cache_object, stream_object, Action, Identity};
+use crate::broker::{
+    BrokerError, CacheKey, Start, StreamKey, SubscribeError, SubscribeOpts, SubscriberId,
+};
+use crate::conn::ConnShared;
+use crate::engine::Core;
+
+/// A subscription granted on this stream, whose event stream the connection opens.
+pub(crate) struct NewSubscription {
+    pub(crate) subscriber: SubscriberId,
+    /// The `event_stream_hello` frame that starts the event stream.
+    pub(crate) hello: Bytes,
+}
+
+/// What a session handler may touch besides its own stream.
+pub(crate) struct SessionCx<'a> {
+    pub(crate) now: Instant,
+    pub(crate) core: &'a mut Core,
+    pub(crate) conn: &'a mut ConnShared,
+}
+
+/// Whether the stream goes on after a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FrameResult {
+    Continue,
+    /// Stop reading; finish the stream once the answers are written.
+    CloseStream,
+}
+
+/// An authenticated stream's identity and negotiated capabilities.
+struct Authed {
+    identity: Identity,
+    negotiated: Negotiated,
+    /// The stream this session last published to and whether the identity may: a publish
+    /// stream carries one stream, so the check and the key are built once.
+    publish_target: Option<(StreamKey, bool)>,
+}
+
+pub(crate) struct Session {
+    pub(crate) decoder: FrameDecoder,
+    /// Encoded answers not yet taken by the QUIC stream.
+    pub(crate) outbox: VecDeque<Bytes>,
+    /// The client's side is done (FIN or reset read, or we stopped it).
+    pub(crate) recv_done: bool,
+    /// Our side is done (finished and acknowledged, stopped by the client, or failed).
+    pub(crate) send_done: bool,
+    /// Finish our side once the outbox is written.
+    pub(crate) finish_when_flushed: bool,
+    /// `finish()` was called.
+    pub(crate) finished: bool,
+    /// Not read because the outbox is at the window.
+    pub(crate) paused: bool,
+    auth: Option<Box<Authed>>,
+}
+
+impl Session {
+    pub(crate) fn new(preauth_max_frame_bytes: u32) -> Session {
+        Session {
+            decoder: FrameDecoder::new(preauth_max_frame_bytes),
+            outbox: VecDeque::new(),
+            recv_done: false,
+            send_done: false,
+            finish_when_flushed: false,
+            finished: false,
+            paused: false,
+            auth: None,
+        }
+    }
+
+    /// True once the stream has authenticated.
+    pub(crate) fn is_authenticated(&self) -> bool {
+        self.auth.is_some()
+    }
+
+    /// The frame stream is out of sync (bad magic, version, flags, or an oversize frame):
+    /// answer with an error if possible; the connection then closes the stream.
+    pub(crate) fn on_decode_error(&mut self, err: DecodeError, cx: &mut SessionCx<'_>) {
+        debug!(%err, "closing a stream whose frames cannot be read");
+        let code = if self.auth.is_none() && matches!(err, DecodeError::FrameTooLarge { .. }) {
+            ErrorCode::Unauthenticated
+        } else {
+            err.code()
+        };
+        self.push_error(code, err.to_string());
+        let _ = cx;
+    }
+
+    /// Handles one whole frame.
+    pub(crate) fn on_frame(&mut self, frame: Frame, cx: &mut SessionCx<'_>) -> FrameResult {
+        if self.auth.is_none() {
+            return self.on_first_frame(frame, cx);
+        }
+        if frame.flags.contains(Flags::BINARY_PUBLISH_BATCH) {
+            self.on_binary_publish(&frame, cx);
+            return FrameResult::Continue;
+        }
+        if !frame.flags.is_empty() {
+            // A layout only a broker sends (ack or event batch).
+            self.push_error(
+                ErrorCode::InvalidRequest,
+                format!("frame flags {:#06x} are not a request", frame.flags.bits()),
+            );
+            return FrameResult::Continue;
+        }
+        match Message::decode(&frame.payload) {
+            Ok(msg) => self.on_message(msg, cx),
+            Err(err) => {
+                // Frame boundaries are intact, so the stream goes on.
+                self.push_error(ErrorCode::InvalidRequest, err.to_string());
+                FrameResult::Continue
+            }
+        }
+    }
+
+    fn on_first_frame(&mut self, frame: Frame, cx: &mut SessionCx<'_>) -> FrameResult {
+        let auth = match frame
+            .flags
+            .is_empty()
+            .then(|| Message::decode(&frame.payload))
+        {
+            Some(Ok(Message::Auth(auth))) => auth,
+            Some(Err(err)) => {
+                self.push_error(ErrorCode::Unauthenticated, format!("expected auth: {err}"));
+                return FrameResult::CloseStream;
+            }
+            _ => {
+                self.push_error(
+                    ErrorCode::Unauthenticated,
+                    "the first frame on a stream must be auth".to_owned(),
+                );
+                return FrameResult::CloseStream;
+            }
+        };
+        let offer = auth.offer();
+        let coded = offer.features().contains(Features::ERROR_CODES);
+        let unix_secs = cx.core.unix_secs(cx.now);
+        match cx
+            .core
+            .verifier
+            .verify(&auth.token, &auth.tenant_id, unix_secs)
+        {
+            Ok(identity) => {
+                let (answer, negotiated) = broker_answer(&cx.core.capabilities, &offer);
+                self.push_message(&Message::from(answer));
+                self.decoder.set_max_payload(cx.core.limits.max_frame_bytes);
+                self.auth = Some(Box::new(Authed {
+                    identity,
+                    negotiated,
+                    publish_target: None,
+                }));
+                cx.conn.authenticated = true;
+                cx.core.stats.auths_accepted += 1;
+                FrameResult::Continue
+            }
+            Err(err) => {
+                debug!(tenant = %auth.tenant_id, %err, "auth refused");
+                cx.core.stats.auths_refused += 1;
+                let msg = if coded {
+                    ErrorMessage::coded(err.code(), err.to_string())
+                } else {
+                    ErrorMessage::plain(err.to_string())
+                };
+                self.push_message(&Message::Error(msg));
+                FrameResult::CloseStream
+            }
+        }
+    }
+
+    fn on_message(&mut self, msg: Message, cx: &mut SessionCx<'_>) -> FrameResult {
+        match msg {
+            Message::Auth(_) => {
+                self.push_error(
+                    ErrorCode::InvalidRequest,
+                    "this stream is already authenticated".into(),
+                );
+            }
+            Message::Publish(p) => {
+                let ack = p.ack.unwrap_or(message::AckMode::None);
+                self.on_json_publish(
+                    cx,
+                    (&p.tenant_id, &p.namespace, &p.stream),
+                    p.key,
+                    p.shard,
+                    vec![p.payload],
+                    p.request_id,
+                    ack,
+                );
+            }
+            Message::PublishBatch(p) => {
+                let ack = p.ack.unwrap_or(message::AckMode::None);
+                self.on_json_publish(
+                    cx,
+                    (&p.tenant_id, &p.namespace, &p.stream),
+                    p.key,
+                    p.shard,
+                    p.payloads,
+                    p.request_id,
+                    ack,
+                );
+            }
+            // Sent ahead of keyed publishes by clients that offer PUBLISH_WIDTH; never answered.
+            Message::PublishWidth(_) => {}
+            Message::Subscribe(s) => self.on_subscribe(s, cx),
+            Message::CachePut(p) => {
+                cx.core.stats.cache_requests += 1;
+                let Some(key) =
+                    self.cache_scope(&p.tenant_id, &p.namespace, &p.cache, Action::CacheWrite)
+                else {
+                    return FrameResult::Continue;
+                };
+                match cx
+                    .core
+                    .broker
+                    .cache_put(cx.now, &key, &p.key, p.value, p.ttl_ms)
+                {
+                    Ok(()) => match p.request_id {
+                        Some(request_id) => {
+                            self.push_message(&Message::CacheOk(CacheOk { request_id }))
+                        }
+                        None => self.push_message(&Message::Ok),
+                    },
+                    Err(e) => self.push_broker_error(e),
+                }
+            }
+            Message::CacheGet(g) => {
+                cx.core.stats.cache_requests += 1;
+                let Some(key) =
+                    self.cache_scope(&g.tenant_id, &g.namespace, &g.cache, Action::CacheRead)
+                else {
+                    return FrameResult::Continue;
+                };
+                match cx.core.broker.cache_get(cx.now, &key, &g.key) {
+                    Ok(value) => self.push_message(&Message::CacheValue(CacheValue {
+                        tenant_id: g.tenant_id,
+                        namespace: g.namespace,
+                        cache: g.cache,
+                        key: g.key,
+                        value,
+                        request_id: g.request_id,
+                        version: None,
+                    })),
+                    Err(e) => self.push_broker_error(e),
+                }
+            }
+            Message::CacheDelete(d) => {
+                cx.core.stats.cache_requests += 1;
+                let Some(key) =
+                    self.cache_scope(&d.tenant_id, &d.namespace, &d.cache, Action::CacheWrite)
+                else {
+                    return FrameResult::Continue;
+                };
+                match cx.core.broker.cache_delete(cx.now, &key, &d.key) {
+                    Ok(value) => self.push_message(&Message::CacheValue(CacheValue {
+                        tenant_id: d.tenant_id,
+                        namespace: d.namespace,
+                        cache: d.cache,
+                        key: d.key,
+                        value,
+                        request_id: d.request_id,
+                        version: None,
+                    })),
+                    Err(e) => self.push_broker_error(e),
+                }
+            }
+            Message::StreamShards(s) => {
+                let Some(shards) = self.stream_width(
+                    cx,
+                    &s.tenant_id,
+                    &s.namespace,
+                    &s.stream,
+                    Action::StreamSubscribe,
+                ) else {
+                    return FrameResult::Continue;
+                };
+                let routing = cx.core.routing_mapping;
+                self.push_message(&Message::StreamShardsView(StreamShardsView {
+                    shards: shards.into(),
+                    request_id: s.request_id,
+                    routing: (routing != RoutingMapping::Modulo).then_some(routing),
+                }));
+            }
+            Message::CacheShards(c) => {
+                if self
+                    .cache_scope(&c.tenant_id, &c.namespace, &c.cache, Action::CacheRead)
+                    .is_none()
+                {
+                    return FrameResult::Continue;
+                }
+                // The cache is one in-memory map per name: one shard.
+                self.push_message(&Message::CacheShardsView(CacheShardsView {
+                    shards: 1,
+                    request_id: c.request_id,
+                }));
+            }
+            Message::ShardOwners(o) => {
+                let shards = match o.kind {
+                    ShardKind::Stream => self.stream_width(
+                        cx,
+                        &o.tenant_id,
+                        &o.namespace,
+                        &o.name,
+                        Action::StreamSubscribe,
+                    ),
+                    ShardKind::Cache => self
+                        .cache_scope(&o.tenant_id, &o.namespace, &o.name, Action::CacheRead)
+                        .map(|_| 1),
+                };
+                let Some(shards) = shards else {
+                    return FrameResult::Continue;
+                };
+                // A broker outside a cluster serves every shard itself: no node_id, generation 0.
+                let owners = (0..u64::from(shards))
+                    .map(|shard| ShardOwner {
+                        shard,
+                        node_id: None,
+                        addr: None,
+                        generation: Some(0),
+                        unavailable: None,
+                    })
+                    .collect();
+                self.push_message(&Message::ShardOwnersView(ShardOwnersView {
+                    request_id: o.request_id,
+                    owners,
+                }));
+            }
+            other => return self.on_unsupported(&other, cx),
+        }
+        FrameResult::Continue
+    }
+
+    /// A request this broker does not serve: `unsupported` to a client that offered it,
+    /// else an error and the end of the stream.
+    fn on_unsupported(&mut self, msg: &Message, cx: &mut SessionCx<'_>) -> FrameResult {
+        cx.core.stats.unsupported_requests += 1;
+        trace!(request = msg.type_name(), "unsupported request");
+        if self.negotiated().features.contains(Features::UNSUPPORTED) {
+            let extension = match msg {
+                Message::Extension(e) => Some(e.name.clone()),
+                _ => None,
+            };
+            self.push_message(&Message::Unsupported(Unsupported {
+                request_type: msg.type_name().to_owned(),
+                extension,
+                request_id: msg.request_id(),
+            }));
+            FrameResult::Continue
+        } else {
+            self.push_error(
+                ErrorCode::InvalidRequest,
+                format!("unsupported request type {:?}", msg.type_name()),
+            );
+            FrameResult::CloseStream
+        }
+    }
+
+    fn on_subscribe(&mut self, s: message::Subscribe, cx: &mut SessionCx<'_>) {
+        let Some(key) = self.stream_scope(
+            &s.tenant_id,
+            &s.namespace,
+            &s.stream,
+            Action::StreamSubscribe,
+        ) else {
+            return;
+        };
+        if cx.conn.subscriptions >= cx.core.limits.max_subscriptions_per_connection {
+            self.push_error(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "too many subscriptions on one connection (max_subscriptions_per_connection {})",
+                    cx.core.limits.max_subscriptions_per_connection
+                ),
+            );
+            return;
+        }
+        let Ok(shard) = u32::try_from(s.shard.unwrap_or(0)) else {
+            self.push_error(ErrorCode::InvalidRequest, "shard is out of range".into());
+            return;
+        };
+        let start = match s.start {
+            None | Some(message::Start::Latest) => Start::Latest,
+            Some(message::Start::Earliest) => Start::Earliest,
+            Some(message::Start::Offset(n)) => Start::Offset(n),
+        };
+        let subscription_id = match s.subscription_id {
+            Some(id) => id,
+            None => cx.core.next_subscription_id(),
+        };
+        let negotiated = self.negotiated();
+        let queue_capacity = s
+            .queue_capacity
+            .map(|q| u32::try_from(q).unwrap_or(u32::MAX));
+        let opts = SubscribeOpts::negotiated(
+            subscription_id,
+            negotiated.flags,
+            negotiated.features,
+            queue_capacity,
+        );
+        match cx.core.broker.subscribe(cx.now, &key, shard, start, opts) {
+            Ok(granted) => {
+                cx.core.stats.subscriptions += 1;
+                self.push_message(&Message::Subscribed(SubscribedMsg {
+                    subscription_id,
+                    start_offset: granted.start_offset,
+                    live_offset: granted.live_offset,
+                    queue_capacity: granted.queue_capacity.map(u64::from),
+                }));
+                cx.conn.subscriptions += 1;
+                cx.conn.new_subscriptions.push(NewSubscription {
+                    subscriber: granted.id,
+                    hello: encode_message(&Message::EventStreamHello(EventStreamHello {
+                        subscription_id,
+                    })),
+                });
+            }
+            Err(SubscribeError::Broker(e)) => self.push_broker_error(e),
+            Err(SubscribeError::Cursor {
+                reason,
+                requested,
+                available,
+            }) => {
+                let reason = match reason {
+                    crate::broker::CursorReason::TooOld => message::CursorErrorReason::TooOld,
+                    crate::broker::CursorReason::InFuture => message::CursorErrorReason::InFuture,
+                };
+                self.push_message(&Message::SubscribeCursorError(
+                    message::SubscribeCursorError {
+                        reason,
+                        requested,
+                        available,
+                    },
+                ));
+            }
+        }
+    }
+
+    /// A binary publish (0x0001, optionally acked 0x0008 and keyed 0x0040), accepted
+    /// whatever was advertised. Acked ones are answered with a binary ack.
+    fn on_binary_publish(&mut self, frame: &Frame, cx: &mut SessionCx<'_>) {
+        let view = match PublishBatchView::parse(frame.flags, &frame.payload) {
+            Ok(view) => view,
+            Err(err) => {
+                cx.core.stats.publishes_refused += 1;
+                let acked = frame.flags.contains(Flags::BINARY_PUBLISH_ACKED);
+                match frame.payload.get(..8) {
+                    // The request id is readable: the publish is owed an ack.
+                    Some(id) if acked => {
+                        let request_id = u64::from_be_bytes(id.try_into().expect("8 bytes"));
+                        self.push_ack_error(
+                            request_id,
+                            ErrorCode::InvalidRequest,
+                            &err.to_string(),
+                        );
+                    }
+                    _ if acked => self.push_error(ErrorCode::InvalidRequest, err.to_string()),
+                    // Nobody waits for an unacked publish; it is dropped and counted.
+                    _ => debug!(%err, "dropping a malformed unacked publish"),
+                }
+                return;
+            }
+        };
+        let header = view.header;
+        let request_id = header.acked.map(|a| a.request_id);
+        if header.idempotent.is_some() {
+            cx.core.stats.publishes_refused += 1;
+            if let Some(id) = request_id {
+                self.push_ack_error(
+                    id,
+                    ErrorCode::InvalidRequest,
+                    "idempotent publishes are not served",
+                );
+            }
+            return;
+        }
+        if !self.publish_allowed(header.tenant_id, header.namespace, header.stream) {
+            cx.core.stats.publishes_refused += 1;
+            if let Some(id) = request_id {
+                let message = self.forbidden_publish_message(
+                    header.tenant_id,
+                    header.namespace,
+                    header.stream,
+                );
+                self.push_ack_error(id, ErrorCode::Forbidden, &message);
+            }
+            return;
+        }
+        let payloads: Vec<Bytes> = view.payloads().collect();
+        let key = view.key_bytes();
+        let unix = cx.core.unix_micros(cx.now);
+        let target = &self
+            .auth
+            .as_ref()
+            .expect("authenticated")
+            .publish_target
+            .as_ref()
+            .expect("set")
+            .0;
+        let result =
+            cx.core
+                .broker
+                .publish(cx.now, unix, target, key.as_deref(), None, payloads, None);
+        match result {
+            Ok(published) => {
+                cx.core.stats.publishes += 1;
+                if let Some(id) = request_id {
+                    let offset = published.first_offset.filter(|_| {
+                        self.negotiated()
+                            .flags
+                            .contains(Flags::BINARY_PUBLISH_ACK_OFFSET)
+                    });
+                    self.push_ack(&PublishAck::ok(id, offset));
+                }
+            }
+            Err(e) => {
+                cx.core.stats.publishes_refused += 1;
+                if let Some(id) = request_id {
+                    self.push_ack_error(id, e.code, &e.message);
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_json_publish(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        (tenant, namespace, stream): (&str, &str, &str),
+        key: Option<Bytes>,
+        shard: Option<u64>,
+        payloads: Vec<Bytes>,
+        request_id: Option<u64>,
+        ack: message::AckMode,
+    ) {
+        let answered = ack != message::AckMode::None;
+        let result = if !self.publish_allowed(tenant, namespace, stream) {
+            Err(BrokerError::new(
+                ErrorCode::Forbidden,
+                self.forbidden_publish_message(tenant, namespace, stream),
+            ))
+        } else {
+            match shard.map(u32::try_from) {
+                Some(Err(_)) => Err(BrokerError::new(
+                    ErrorCode::InvalidRequest,
+                    "shard is out of range",
+                )),
+                Some(Ok(s)) => Ok(Some(s)),
+                None => Ok(None),
+            }
+            .and_then(|explicit| {
+                let unix = cx.core.unix_micros(cx.now);
+                let target = &self
+                    .auth
+                    .as_ref()
+                    .expect("authenticated")
+                    .publish_target
+                    .as_ref()
+                    .expect("set")
+                    .0;
+                cx.core.broker.publish(
+                    cx.now,
+                    unix,
+                    target,
+                    key.as_deref(),
+                    explicit,
+                    payloads,
+                    None,
+                )
+            })
+        };
+        match &result {
+            Ok(_) => cx.core.stats.publishes += 1,
+            Err(_) => cx.core.stats.publishes_refused += 1,
+        }
+        if !answered {
+            return;
+        }
+        let coded = self.negotiated().error_codes();
+        let offset_ok = self
+            .negotiated()
+            .flags
+            .contains(Flags::BINARY_PUBLISH_ACK_OFFSET);
+        match (request_id, result) {
+            (Some(request_id), Ok(p)) => self.push_message(&Message::PublishOk(PublishOk {
+                request_id,
+                offset: p.first_offset.filter(|_| offset_ok),
+            })),
+            (Some(request_id), Err(e)) => {
+                let retry = e.code.default_retry();
+                self.push_message(&Message::PublishError(PublishError {
+                    request_id,
+                    message: e.message,
+                    code: coded.then_some(e.code),
+                    retry: coded.then_some(retry),
+                    detail: None,
+                }))
+            }
+            (None, Ok(_)) => self.push_message(&Message::Ok),
+            (None, Err(e)) => self.push_broker_error(e),
+        }
+    }
+
+    /// Whether this stream's identity may publish to the stream, remembering the stream's
+    /// key for the publish that follows.
+    fn publish_allowed(&mut self, tenant: &str, namespace: &str, stream: &str) -> bool {
+        let authed = self.auth.as_mut().expect("authenticated");
+        if let Some((key, allowed)) = &authed.publish_target {
+            if key.tenant == tenant && key.namespace == namespace && key.stream == stream {
+                return *allowed;
+            }
+        }
+        let allowed = stream_object(tenant, namespace, stream)
+            .is_some_and(|object| authed.identity.allows(Action::StreamPublish, &object));
+        authed.publish_target = Some((StreamKey::new(tenant, namespace, stream), allowed));
+        allowed
+    }
+
+    fn forbidden_publish_message(&self, tenant: &str, namespace: &str, stream: &str) -> String {
+        let identity = &self.auth.as_ref().expect("authenticated").identity;
+        if stream_object(tenant, namespace, stream).is_none() {
+            format!("invalid stream name {tenant}/{namespace}/{stream}")
+        } else {
+            format!(
+                "{} may not publish to {tenant}/{namespace}/{stream}",
+                if identity.subject.is_empty() {
+                    "this token"
+                } else {
+                    &identity.subject
+                }
+            )
+        }
+    }
+
+    /// Checks a stream permission; on refusal answers and returns `None`.
+    fn stream_scope(
+        &mut self,
+        tenant: &str,
+        namespace: &str,
+        stream: &str,
+        action: Action,
+    ) -> Option<StreamKey> {
+        let Some(object) = stream_object(tenant, namespace, stream) else {
+            self.push_error(
+                ErrorCode::InvalidRequest,
+                format!("invalid stream name {tenant}/{namespace}/{stream}"),
+            );
+            return None;
+        };
+        if !self
+            .auth
+            .as_ref()
+            .expect("authenticated")
+            .identity
+            .allows(action, &object)
+        {
+            self.push_error(
+                ErrorCode::Forbidden,
+                format!("{action} is not granted on {object}"),
+            );
+            return None;
+        }
+        Some(StreamKey::new(tenant, namespace, stream))
+    }
+
+    /// Checks a cache permission; on refusal answers and returns `None`.
+    fn cache_scope(
+        &mut self,
+        tenant: &str,
+        namespace: &str,
+        cache: &str,
+        action: Action,
+    ) -> Option<CacheKey> {
+        let Some(object) = cache_object(tenant, namespace, cache) else {
+            self.push_error(
+                ErrorCode::InvalidRequest,
+                format!("invalid cache name {tenant}/{namespace}/{cache}"),
+            );
+            return None;
+        };
+        if !self
+            .auth
+            .as_ref()
+            .expect("authenticated")
+            .identity
+            .allows(action, &object)
+        {
+            self.push_error(
+                ErrorCode::Forbidden,
+                format!("{action} is not granted on {object}"),
+            );
+            return None;
+        }
+        Some(CacheKey::new(tenant, namespace, cache))
+    }
+
+    /// A stream's shard count as routing answers give it: streams are created on first use,
+    /// so one not seen yet has the default width a publish would give it.
+    fn stream_width(
+        &mut self,
+        cx: &SessionCx<'_>,
+        tenant: &str,
+        namespace: &str,
+        stream: &str,
+        action: Action,
+    ) -> Option<u32> {
+        let key = self.stream_scope(tenant, namespace, stream, action)?;
+        Some(
+            cx.core
+                .broker
+                .shard_count(&key)
+                .unwrap_or(cx.core.default_shards),
+        )
+    }
+
+    fn negotiated(&self) -> &Negotiated {
+        &self.auth.as_ref().expect("authenticated").negotiated
+    }
+
+    // ---- answers ------------------------------------------------------------------------
+
+    fn push_message(&mut self, msg: &Message) {
+        self.outbox.push_back(encode_message(msg));
+    }
+
+    /// An `error`, coded when the stream negotiated error codes.
+    fn push_error(&mut self, code: ErrorCode, message: String) {
+        let coded = self
+            .auth
+            .as_ref()
+            .is_some_and(|a| a.negotiated.error_codes());
+        let msg = if coded {
+            ErrorMessage::coded(code, message)
+        } else {
+            ErrorMessage::plain(message)
+        };
+        self.push_message(&Message::Error(msg));
+    }
+
+    fn push_broker_error(&mut self, e: BrokerError) {
+        self.push_error(e.code, e.message);
+    }
+
+    fn push_ack(&mut self, ack: &PublishAck) {
+        let len = ack.encoded_len();
+        let mut out = BytesMut::with_capacity(felix_proto::frame::HEADER_LEN + len);
+        encode_frame_header(ack.flags(), len, &mut out);
+        ack.encode_into(&mut out);
+        self.outbox.push_back(out.freeze());
+    }
+
+    /// A failed binary ack; the code goes only to a client that offered 0x0200.
+    fn push_ack_error(&mut self, request_id: u64, code: ErrorCode, message: &str) {
+        let coded = self
+            .negotiated()
+            .flags
+            .contains(Flags::BINARY_PUBLISH_ACK_CODE);
+        let retry = code.default_retry();
+        self.push_ack(&PublishAck {
+            request_id,
+            result: AckResult::Err {
+                message: message.to_owned(),
+                code: coded.then_some((code, retry)),
+                detail: None,
+            },
+            owner: None,
+        });
+    }
+}
+
+/// A JSON message as a whole frame, header included.
+pub(crate) fn encode_message(msg: &Message) -> Bytes {
+    let mut out = Vec::new();
+    msg.encode_frame_into(&mut out);
+    Bytes::from(out)
+}
