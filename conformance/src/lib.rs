@@ -1,1 +1,12 @@
-//! Felix conformance (under construction).
+//! Felix conformance: the wire-vector runner and the invariant checks shared by the fuzz
+//! targets and the corpus replay test.
+//!
+//! - [`vectors`] loads a directory of reference vectors (`*.json` describing a message and its
+//!   exact bytes) and checks each one: decode, compare the decoded fields, re-encode byte for
+//!   byte, and compare the framed bytes.
+//! - [`checks`] holds one function per fuzz target. Each takes raw bytes and panics on a
+//!   violated invariant; `fuzz/` calls them from libFuzzer, `tests/fuzz_corpus.rs` replays the
+//!   saved corpus through them under `cargo test`.
+
+pub mod checks;
+pub mod vectors;

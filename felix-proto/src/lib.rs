@@ -29,3 +29,24 @@ pub use error::{DecodeError, ErrorCode, RetryClass};
 pub use features::Features;
 pub use flags::Flags;
 pub use frame::{Frame, FrameDecoder, FrameHeader};
+
+use binary::BinaryFrame;
+use message::Message;
+
+/// A frame's payload, interpreted by its flags.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decoded {
+    /// `flags == 0`: a JSON control message.
+    Json(Message),
+    /// A binary layout.
+    Binary(BinaryFrame),
+}
+
+/// Interprets a frame: JSON when no flag is set, else the binary layout its flags select.
+pub fn decode_frame(frame: &Frame) -> Result<Decoded, DecodeError> {
+    if frame.flags.is_empty() {
+        Message::decode(&frame.payload).map(Decoded::Json)
+    } else {
+        BinaryFrame::decode(frame.flags, &frame.payload).map(Decoded::Binary)
+    }
+}

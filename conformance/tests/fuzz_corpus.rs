@@ -1,0 +1,60 @@
+//! Replays every saved fuzz input (`fuzz/corpus/<target>/*`) through the same check the
+//! fuzz target runs, so a regression found once stays caught by `cargo test`.
+
+use std::fs;
+use std::path::PathBuf;
+
+fn replay(target: &str, check: fn(&[u8])) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(target);
+    let mut inputs: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{} has no corpus: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .collect();
+    inputs.sort();
+    assert!(!inputs.is_empty(), "{} is empty", dir.display());
+    for path in &inputs {
+        let data = fs::read(path).unwrap();
+        if let Err(panic) = std::panic::catch_unwind(|| check(&data)) {
+            std::panic::resume_unwind(Box::new(format!(
+                "{}: {:?}",
+                path.display(),
+                panic.downcast_ref::<String>()
+            )));
+        }
+    }
+    println!("{target}: replayed {} inputs", inputs.len());
+}
+
+#[test]
+fn frame_decoder_corpus() {
+    replay("frame_decoder", felix_conformance::checks::frame_decoder);
+}
+
+#[test]
+fn json_message_corpus() {
+    replay("json_message", felix_conformance::checks::json_message);
+}
+
+#[test]
+fn structured_message_corpus() {
+    replay(
+        "structured_message",
+        felix_conformance::checks::structured_message,
+    );
+}
+
+#[test]
+fn binary_layout_corpus() {
+    replay("binary_layout", felix_conformance::checks::binary_layout);
+}
+
+#[test]
+fn structured_binary_corpus() {
+    replay(
+        "structured_binary",
+        felix_conformance::checks::structured_binary,
+    );
+}
