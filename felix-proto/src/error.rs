@@ -203,7 +203,11 @@ pub enum DecodeError {
     /// The header announces a payload over the limit in force.
     FrameTooLarge { length: u32, limit: u32 },
     /// A field runs past the end of the payload.
-    Truncated { field: &'static str, needed: usize, available: usize },
+    Truncated {
+        field: &'static str,
+        needed: usize,
+        available: usize,
+    },
     /// Bytes are left over after the layout ended.
     TrailingBytes { layout: &'static str, extra: usize },
     /// A text field is not UTF-8.
@@ -232,9 +236,16 @@ impl fmt::Display for DecodeError {
             DecodeError::BadVersion { found } => write!(f, "unsupported frame version {found}"),
             DecodeError::Flags(e) => e.fmt(f),
             DecodeError::FrameTooLarge { length, limit } => {
-                write!(f, "frame payload of {length} bytes exceeds the limit of {limit}")
+                write!(
+                    f,
+                    "frame payload of {length} bytes exceeds the limit of {limit}"
+                )
             }
-            DecodeError::Truncated { field, needed, available } => write!(
+            DecodeError::Truncated {
+                field,
+                needed,
+                available,
+            } => write!(
                 f,
                 "truncated: {field} needs {needed} bytes, {available} remain"
             ),
@@ -277,7 +288,10 @@ mod tests {
 
     #[test]
     fn unknown_codes_are_carried() {
-        assert_eq!(ErrorCode::from_name("brand_new"), ErrorCode::Other("brand_new".into()));
+        assert_eq!(
+            ErrorCode::from_name("brand_new"),
+            ErrorCode::Other("brand_new".into())
+        );
         assert_eq!(ErrorCode::from_name("brand_new").as_str(), "brand_new");
         assert_eq!(ErrorCode::from_number(999).number(), 999);
     }

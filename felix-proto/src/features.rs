@@ -139,7 +139,11 @@ impl Features {
     /// their low 32 bits, as a peer that decodes them as `u32` would have to refuse them.
     pub fn from_words(lo: Option<u64>, hi: Option<u64>) -> Features {
         let lo = lo.unwrap_or(0) as u32;
-        let hi = if lo & FEATURE_EXTENDED_MARKER != 0 { hi.unwrap_or(0) as u32 } else { 0 };
+        let hi = if lo & FEATURE_EXTENDED_MARKER != 0 {
+            hi.unwrap_or(0) as u32
+        } else {
+            0
+        };
         Features(u64::from(lo & !FEATURE_EXTENDED_MARKER) | (u64::from(hi) << 32))
     }
 
@@ -203,7 +207,11 @@ mod tests {
         assert!(!f.contains(Features::ACK_ON_COMMIT));
         assert!(!f.contains(Features::RECORD_TIMESTAMPS));
         assert!(f.contains(Features::EXPLICIT_SHARD | Features::INSPECT));
-        assert_eq!(f.0 & u64::from(FEATURE_EXTENDED_MARKER), 0, "marker is not a feature");
+        assert_eq!(
+            f.0 & u64::from(FEATURE_EXTENDED_MARKER),
+            0,
+            "marker is not a feature"
+        );
         assert_eq!(f.to_words(), (4_218_945_535, Some(15)));
     }
 
@@ -211,7 +219,10 @@ mod tests {
     fn hi_word_without_marker_is_ignored() {
         assert_eq!(Features::from_words(Some(1), Some(1)), Features::TOPOLOGY);
         assert_eq!(Features::TOPOLOGY.to_words(), (1, None));
-        assert_eq!(Features::INSPECT.to_words(), (FEATURE_EXTENDED_MARKER, Some(1)));
+        assert_eq!(
+            Features::INSPECT.to_words(),
+            (FEATURE_EXTENDED_MARKER, Some(1))
+        );
     }
 
     #[test]

@@ -118,8 +118,7 @@ impl Flags {
             return Err(FlagError::Unknown { bits: unknown });
         }
         for spec in FLAG_TABLE {
-            if self.0 & spec.bit != 0 && spec.requires_any != 0 && self.0 & spec.requires_any == 0
-            {
+            if self.0 & spec.bit != 0 && spec.requires_any != 0 && self.0 & spec.requires_any == 0 {
                 return Err(FlagError::MissingBase {
                     modifier: spec.bit,
                     requires_any: spec.requires_any,
@@ -140,8 +139,7 @@ impl Flags {
         loop {
             let before = bits;
             for spec in FLAG_TABLE {
-                if bits & spec.bit != 0 && spec.requires_any != 0 && bits & spec.requires_any == 0
-                {
+                if bits & spec.bit != 0 && spec.requires_any != 0 && bits & spec.requires_any == 0 {
                     bits &= !spec.bit;
                 }
             }
@@ -203,7 +201,10 @@ impl fmt::Display for FlagError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FlagError::Unknown { bits } => write!(f, "unknown frame flag bits {bits:#06x}"),
-            FlagError::MissingBase { modifier, requires_any } => write!(
+            FlagError::MissingBase {
+                modifier,
+                requires_any,
+            } => write!(
                 f,
                 "frame flag {modifier:#06x} requires one of {requires_any:#06x}"
             ),
@@ -232,8 +233,9 @@ mod tests {
 
     #[test]
     fn the_client_frames_validate() {
-        for bits in [0x0000, 0x0001, 0x0009, 0x0041, 0x0049, 0x0149, 0x0010, 0x1010, 0x0210, 0x0610]
-        {
+        for bits in [
+            0x0000, 0x0001, 0x0009, 0x0041, 0x0049, 0x0149, 0x0010, 0x1010, 0x0210, 0x0610,
+        ] {
             assert!(Flags(bits).validate_frame().is_ok(), "{bits:#x}");
         }
         for bits in [0x0002, 0x0022, 0x0024, 0x0824, 0x6024, 0x2004] {

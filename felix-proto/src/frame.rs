@@ -118,7 +118,12 @@ pub struct FrameDecoder {
 impl FrameDecoder {
     /// A decoder refusing payloads above `max_payload` bytes.
     pub fn new(max_payload: u32) -> FrameDecoder {
-        FrameDecoder { buf: BytesMut::new(), max_payload, pending: None, poisoned: None }
+        FrameDecoder {
+            buf: BytesMut::new(),
+            max_payload,
+            pending: None,
+            poisoned: None,
+        }
     }
 
     /// Changes the payload limit for headers not yet decoded.
@@ -188,7 +193,10 @@ impl FrameDecoder {
         }
         self.pending = None;
         let payload = self.buf.split_to(len).freeze();
-        Ok(Some(Frame { flags: header.flags, payload }))
+        Ok(Some(Frame {
+            flags: header.flags,
+            payload,
+        }))
     }
 
     /// The header of the frame being assembled, if one has been read.
@@ -249,7 +257,10 @@ mod tests {
     #[test]
     fn oversize_is_refused_on_the_header_alone() {
         let mut d = FrameDecoder::new(DEFAULT_PREAUTH_MAX_FRAME_BYTES);
-        let header = FrameHeader { flags: Flags::NONE, length: DEFAULT_PREAUTH_MAX_FRAME_BYTES + 1 };
+        let header = FrameHeader {
+            flags: Flags::NONE,
+            length: DEFAULT_PREAUTH_MAX_FRAME_BYTES + 1,
+        };
         d.feed(&header.to_bytes());
         assert_eq!(
             d.next_frame(),

@@ -29,7 +29,8 @@ impl ClientOffer {
     /// The offered flags, restricted to bits this crate knows (an offer is a set of
     /// capabilities, not a layout, so unknown bits are simply not in common).
     pub fn flags(&self) -> Option<Flags> {
-        self.flags.map(|f| Flags((f & u64::from(Flags::KNOWN.0)) as u16))
+        self.flags
+            .map(|f| Flags((f & u64::from(Flags::KNOWN.0)) as u16))
     }
     /// The offered features (the extended word counts only behind the marker).
     pub fn features(&self) -> Features {
@@ -93,7 +94,9 @@ impl Negotiated {
 
 fn advertised_features(served: &BrokerCapabilities) -> Features {
     if served.publish_window == 0 {
-        served.features.without(Features::PUBLISH_PIPELINE | Features::STREAM_PUBLISH_WINDOW)
+        served
+            .features
+            .without(Features::PUBLISH_PIPELINE | Features::STREAM_PUBLISH_WINDOW)
     } else {
         served.features
     }
@@ -120,7 +123,11 @@ pub fn broker_answer(served: &BrokerCapabilities, offer: &ClientOffer) -> (AuthA
 
     let (lo, hi) = advertised.to_words();
     let hi = hi.filter(|_| offer.reads_extended_word());
-    let lo = if hi.is_some() { lo } else { lo & !FEATURE_EXTENDED_MARKER };
+    let lo = if hi.is_some() {
+        lo
+    } else {
+        lo & !FEATURE_EXTENDED_MARKER
+    };
     let answer = AuthAnswer::AuthOk {
         server_flags: served.flags.0,
         server_features: (lo != 0).then_some(lo),
@@ -235,20 +242,31 @@ mod tests {
 
     /// The real client's offer (peer-client-wire.md §3).
     fn real_client() -> ClientOffer {
-        ClientOffer { flags: Some(8191), features: Some(4_218_945_535), features_hi: Some(15) }
+        ClientOffer {
+            flags: Some(8191),
+            features: Some(4_218_945_535),
+            features_hi: Some(15),
+        }
     }
 
     #[test]
     fn real_client_gets_auth_ok_with_window() {
         let (answer, negotiated) = broker_answer(&broker(), &real_client());
-        let AuthAnswer::AuthOk { server_flags, server_features, server_features_hi, publish_window } =
-            answer
+        let AuthAnswer::AuthOk {
+            server_flags,
+            server_features,
+            server_features_hi,
+            publish_window,
+        } = answer
         else {
             panic!("expected auth_ok")
         };
         assert_eq!(server_flags, 0x1e7f);
         assert_eq!(server_features, Some(0x2_8804));
-        assert_eq!(server_features_hi, None, "broker serves no extended feature");
+        assert_eq!(
+            server_features_hi, None,
+            "broker serves no extended feature"
+        );
         assert_eq!(publish_window, Some(256));
         // The client did not offer 0x2000 or 0x4000; the broker serves 0x0200 and 0x1000.
         assert_eq!(negotiated.flags, Flags(0x1e7f & 0x1fff));
@@ -270,7 +288,11 @@ mod tests {
         b.publish_window = 0;
         let (answer, negotiated) = broker_answer(&b, &real_client());
         match answer {
-            AuthAnswer::AuthOk { server_features, publish_window, .. } => {
+            AuthAnswer::AuthOk {
+                server_features,
+                publish_window,
+                ..
+            } => {
                 assert_eq!(server_features, Some(0x0804));
                 assert_eq!(publish_window, None);
             }
@@ -284,13 +306,31 @@ mod tests {
         let mut b = broker();
         b.features = b.features | Features::INSPECT;
         let (answer, _) = broker_answer(&b, &real_client());
-        let AuthAnswer::AuthOk { server_features, server_features_hi, .. } = answer else { panic!() };
+        let AuthAnswer::AuthOk {
+            server_features,
+            server_features_hi,
+            ..
+        } = answer
+        else {
+            panic!()
+        };
         assert_eq!(server_features_hi, Some(1));
         assert_ne!(server_features.unwrap() & FEATURE_EXTENDED_MARKER, 0);
 
-        let plain = ClientOffer { flags: Some(25), features: Some(1), features_hi: None };
+        let plain = ClientOffer {
+            flags: Some(25),
+            features: Some(1),
+            features_hi: None,
+        };
         let (answer, negotiated) = broker_answer(&b, &plain);
-        let AuthAnswer::AuthOk { server_features, server_features_hi, .. } = answer else { panic!() };
+        let AuthAnswer::AuthOk {
+            server_features,
+            server_features_hi,
+            ..
+        } = answer
+        else {
+            panic!()
+        };
         assert_eq!(server_features_hi, None);
         assert_eq!(server_features.unwrap() & FEATURE_EXTENDED_MARKER, 0);
         assert!(!negotiated.features.contains(Features::INSPECT));
@@ -298,7 +338,11 @@ mod tests {
 
     #[test]
     fn features_the_client_did_not_offer_are_not_used() {
-        let offer = ClientOffer { flags: Some(25), features: None, features_hi: None };
+        let offer = ClientOffer {
+            flags: Some(25),
+            features: None,
+            features_hi: None,
+        };
         let (_, negotiated) = broker_answer(&broker(), &offer);
         assert!(!negotiated.error_codes());
         assert_eq!(negotiated.publish_window, None);
@@ -315,10 +359,20 @@ mod tests {
             PublishEncoding::Binary(Flags::BINARY_PUBLISH_BATCH)
         );
 
-        let ad = BrokerAdvertisement { server_flags: 0x19, ..Default::default() };
+        let ad = BrokerAdvertisement {
+            server_flags: 0x19,
+            ..Default::default()
+        };
         let v = client_view(offered, Features::PUBLISH_PIPELINE, Some(&ad));
-        assert_eq!(v.publish_encoding(true, false), PublishEncoding::Binary(Flags(0x0009)));
-        assert_eq!(v.publish_encoding(true, true), PublishEncoding::Json, "0x0040 not advertised");
+        assert_eq!(
+            v.publish_encoding(true, false),
+            PublishEncoding::Binary(Flags(0x0009))
+        );
+        assert_eq!(
+            v.publish_encoding(true, true),
+            PublishEncoding::Json,
+            "0x0040 not advertised"
+        );
         assert_eq!(v.publish_window, None, "pipeline not advertised");
 
         let ad = BrokerAdvertisement {
@@ -328,7 +382,10 @@ mod tests {
             publish_window: Some(64),
         };
         let v = client_view(offered, Features::PUBLISH_PIPELINE, Some(&ad));
-        assert_eq!(v.publish_encoding(true, true), PublishEncoding::Binary(Flags(0x0049)));
+        assert_eq!(
+            v.publish_encoding(true, true),
+            PublishEncoding::Binary(Flags(0x0049))
+        );
         assert_eq!(v.publish_window, Some(64));
     }
 }
