@@ -1,1 +1,189 @@
-//! Shared helpers for the integration tests live in tests/.
+//! Shared helpers for the end-to-end tests and the benchmark: a broker started in-process
+//! on 127.0.0.1:0 and clients configured to trust it.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use felix_client::{Client, ClientConfig, ClientError, Event, Subscription, SubscriptionItem};
+use felix_runtime_tokio::felix_engine::{DeclaredStream, EngineConfig};
+use felix_runtime_tokio::{BrokerOptions, RunningBroker};
+
+/// The tenant the dev token is minted for.
+pub const TENANT: &str = "t1";
+
+/// A broker running in this process.
+pub struct TestBroker {
+    broker: RunningBroker,
+}
+
+/// Starts a broker with default options on an ephemeral loopback port.
+pub async fn broker() -> TestBroker {
+    broker_with(|_| {}).await
+}
+
+/// Starts a broker on 127.0.0.1:0 after `configure` adjusted its engine configuration.
+pub async fn broker_with(configure: impl FnOnce(&mut EngineConfig) + Send + 'static) -> TestBroker {
+    let opts =
+        BrokerOptions::new("127.0.0.1:0".parse().expect("literal")).configure_engine(configure);
+    let broker = within(10, felix_runtime_tokio::start(opts))
+        .await
+        .expect("broker starts");
+    TestBroker { broker }
+}
+
+/// Declares `namespace/stream` of tenant [`TENANT`] with `shards` shards.
+pub fn declare_stream(config: &mut EngineConfig, namespace: &str, stream: &str, shards: u32) {
+    config.declared_streams.push(DeclaredStream {
+        tenant: TENANT.into(),
+        namespace: namespace.into(),
+        stream: stream.into(),
+        shards,
+    });
+}
+
+impl TestBroker {
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.broker.local_addr()
+    }
+
+    /// The dev token (full permissions for tenant [`TENANT`]).
+    pub fn token(&self) -> String {
+        self.broker.dev_token().expect("dev mode").to_owned()
+    }
+
+    /// A client configuration trusting this broker, authenticating with the dev token.
+    pub fn config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new(
+            self.addr(),
+            self.broker.ca_cert_pem().as_bytes().to_vec(),
+            TENANT,
+            &self.token(),
+        );
+        // Tests fail fast rather than wait out the production timeouts.
+        config.request_timeout = Duration::from_secs(10);
+        config.connect_timeout = Duration::from_secs(10);
+        config
+    }
+
+    /// A connected client with the default configuration.
+    pub async fn client(&self) -> Client {
+        self.client_with(|_| {}).await.expect("client connects")
+    }
+
+    /// Connects with an adjusted configuration.
+    pub async fn client_with(
+        &self,
+        adjust: impl FnOnce(&mut ClientConfig),
+    ) -> Result<Client, ClientError> {
+        let mut config = self.config();
+        adjust(&mut config);
+        within(15, Client::connect(config)).await
+    }
+
+    /// Stops the broker.
+    pub async fn shutdown(self) {
+        within(10, self.broker.shutdown())
+            .await
+            .expect("clean shutdown");
+    }
+}
+
+/// Picks a free loopback UDP port (for a broker process told where to bind).
+pub fn free_udp_port() -> u16 {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    socket.local_addr().expect("addr").port()
+}
+
+/// Starts the `felix-broker` binary at `path` on a free loopback port, in dev mode, and
+/// returns the child with the address, CA PEM and dev token it exported.
+pub async fn spawn_broker_binary(path: &str) -> (std::process::Child, SocketAddr, Vec<u8>, String) {
+    let dir = std::env::temp_dir().join(format!(
+        "felix-bench-{}-{}",
+        std::process::id(),
+        free_udp_port()
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let ca = dir.join("ca.pem");
+    let token = dir.join("token");
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_udp_port())
+        .parse()
+        .expect("addr");
+    let child = std::process::Command::new(path)
+        .env("FELIX_QUIC_BIND", addr.to_string())
+        .env("FELIX_TLS_CERT_EXPORT", &ca)
+        .env("FELIX_DEV_TOKEN_EXPORT", &token)
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {path}: {e} (build it with cargo build --release -p felix-runtime-tokio)"));
+    for _ in 0..100 {
+        if let (Ok(ca_pem), Ok(token)) = (std::fs::read(&ca), std::fs::read_to_string(&token)) {
+            return (child, addr, ca_pem, token.trim().to_owned());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{path} did not export its CA and token within 5 s");
+}
+
+/// Awaits `fut`, panicking if it takes longer than `secs` seconds: no test waits forever.
+pub async fn within<T>(secs: u64, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(secs), fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {secs}s"))
+}
+
+/// The next event of `sub`, panicking on an end, an error, or 10 s of silence.
+pub async fn next_event(sub: &mut Subscription) -> Event {
+    match within(10, sub.next()).await {
+        Ok(SubscriptionItem::Event(event)) => event,
+        other => panic!("expected an event, got {other:?}"),
+    }
+}
+
+/// Asserts that `sub` delivers nothing within `ms` milliseconds.
+pub async fn assert_quiet(sub: &mut Subscription, ms: u64) {
+    if let Ok(item) = tokio::time::timeout(Duration::from_millis(ms), sub.next()).await {
+        panic!("expected no delivery, got {item:?}");
+    }
+}
+
+/// A name no other test uses (tests share nothing, but names make failures readable).
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Polls every future in the order given (so they enter the client's queues in that order).
+pub async fn join_all<F: std::future::Future>(
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
+    let mut set = Vec::new();
+    for f in futures {
+        set.push(Box::pin(f));
+    }
+    let mut outputs: Vec<Option<F::Output>> = (0..set.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in set.iter_mut().enumerate() {
+            if outputs[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => outputs[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().map(|o| o.expect("ready")).collect()
+}

@@ -1,0 +1,240 @@
+//! Subscriptions: live delivery in order, fanout, independence from the control stream,
+//! subscribers on separate connections, and a lost connection reported as an error.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use felix_client::{Ack, ClientError, Start, SubscriptionItem};
+use felix_integration::{broker, next_event, unique, within};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_delivery_is_in_publish_order() {
+    let broker = broker().await;
+    let client = broker.client().await;
+    let stream = unique("order");
+    let mut sub = client
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    for batch in 0..20u32 {
+        let payloads = (0..5)
+            .map(|i| Bytes::from(format!("{batch}:{i}")))
+            .collect();
+        client
+            .publish("default", &stream, payloads, None, Ack::PerBatch)
+            .await
+            .unwrap();
+    }
+    for batch in 0..20u32 {
+        for i in 0..5 {
+            assert_eq!(
+                next_event(&mut sub).await.payload,
+                Bytes::from(format!("{batch}:{i}"))
+            );
+        }
+    }
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_published_before_a_latest_subscribe_is_delivered() {
+    let broker = broker().await;
+    let client = broker.client().await;
+    let stream = unique("latest");
+    client
+        .publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"before")],
+            None,
+            Ack::PerMessage,
+        )
+        .await
+        .unwrap();
+    let mut sub = client
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    client
+        .publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"after")],
+            None,
+            Ack::PerMessage,
+        )
+        .await
+        .unwrap();
+    assert_eq!(&next_event(&mut sub).await.payload[..], b"after");
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_reaches_every_subscriber() {
+    let broker = broker().await;
+    let client = broker.client().await;
+    let stream = unique("fanout");
+    let mut subs = Vec::new();
+    for _ in 0..4 {
+        subs.push(
+            client
+                .subscribe("default", &stream, Start::Latest)
+                .await
+                .unwrap(),
+        );
+    }
+    let ids: std::collections::HashSet<u64> = subs.iter().map(|s| s.id()).collect();
+    assert_eq!(ids.len(), 4, "each subscription has its own id");
+    for i in 0..10u8 {
+        client
+            .publish(
+                "default",
+                &stream,
+                vec![Bytes::from(vec![i])],
+                None,
+                Ack::PerMessage,
+            )
+            .await
+            .unwrap();
+    }
+    for sub in &mut subs {
+        for i in 0..10u8 {
+            assert_eq!(next_event(sub).await.payload, Bytes::from(vec![i]));
+        }
+    }
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_survives_the_control_stream_closing() {
+    // The client FINs its side of the subscribe stream and STOP_SENDINGs the broker's side
+    // as soon as `subscribed` arrives, like the reference client. Give the broker time to
+    // see both before publishing: the subscription must not go with the control stream.
+    let broker = broker().await;
+    let client = broker.client().await;
+    let stream = unique("control-closed");
+    let mut sub = client
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client
+        .publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"still here")],
+            None,
+            Ack::PerMessage,
+        )
+        .await
+        .unwrap();
+    assert_eq!(&next_event(&mut sub).await.payload[..], b"still here");
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_on_different_connections_both_receive() {
+    let broker = broker().await;
+    let publisher = broker.client().await;
+    let a = broker.client().await;
+    let b = broker.client().await;
+    let stream = unique("two-conns");
+    let mut sub_a = a
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    let mut sub_b = b
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    for i in 0..10u8 {
+        publisher
+            .publish(
+                "default",
+                &stream,
+                vec![Bytes::from(vec![i])],
+                None,
+                Ack::PerMessage,
+            )
+            .await
+            .unwrap();
+    }
+    for i in 0..10u8 {
+        assert_eq!(next_event(&mut sub_a).await.payload, Bytes::from(vec![i]));
+        assert_eq!(next_event(&mut sub_b).await.payload, Bytes::from(vec![i]));
+    }
+    // Dropping one subscriber's connection leaves the other's subscription alone.
+    drop(sub_a);
+    drop(a);
+    publisher
+        .publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"after")],
+            None,
+            Ack::PerMessage,
+        )
+        .await
+        .unwrap();
+    assert_eq!(&next_event(&mut sub_b).await.payload[..], b"after");
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_connection_is_an_error_not_silence() {
+    let broker = broker().await;
+    let client = broker.client().await;
+    let stream = unique("lost");
+    let mut sub = client
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    broker.shutdown().await;
+    match within(15, sub.next()).await {
+        Err(ClientError::Connection(_)) => {}
+        other => panic!("a subscription on a closed connection must fail, got {other:?}"),
+    }
+    let publish = within(
+        15,
+        client.publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"x")],
+            None,
+            Ack::PerMessage,
+        ),
+    )
+    .await;
+    assert!(
+        matches!(publish, Err(ClientError::Connection(_))),
+        "{publish:?}"
+    );
+    let get = within(15, client.cache_get("default", "c", "k")).await;
+    assert!(matches!(get, Err(ClientError::Connection(_))), "{get:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_items_are_events_until_an_end() {
+    let broker = broker().await;
+    let client = broker.client().await;
+    let stream = unique("items");
+    let mut sub = client
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    client
+        .publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"e")],
+            None,
+            Ack::PerMessage,
+        )
+        .await
+        .unwrap();
+    match within(10, sub.next()).await.unwrap() {
+        SubscriptionItem::Event(e) => assert_eq!(&e.payload[..], b"e"),
+        other => panic!("{other:?}"),
+    }
+    broker.shutdown().await;
+}
