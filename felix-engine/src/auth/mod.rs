@@ -6,9 +6,6 @@
 //! `tid` (must equal the tenant the client authenticates for), `exp`, `iat`, optional `nbf`,
 //! `sub`, and `perms`, strings like `"stream.publish:stream:t1/default/*"`.
 
-// Until the engine calls into this module (remove then).
-#![allow(dead_code, unused_imports)]
-
 mod jwt;
 mod perms;
 

@@ -13,9 +13,6 @@
 //! Publishes land in the shard's open batch and coalesce until the turn ends, so under load
 //! one frame carries many records and when idle each publish goes out at once.
 
-// Until the engine calls into this module (remove then).
-#![allow(dead_code)]
-
 mod cache;
 mod encode;
 #[cfg(test)]
@@ -158,6 +155,8 @@ pub(crate) enum CursorReason {
 }
 
 impl CursorReason {
+    /// The `reason` of `subscribe_cursor_error`.
+    #[allow(dead_code)] // no in-memory shard refuses a cursor; durable ones will
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             CursorReason::TooOld => "too_old",
@@ -620,6 +619,7 @@ impl Broker {
     }
 
     /// Batches a subscriber's full queue refused so far.
+    #[cfg(test)]
     pub(crate) fn subscriber_drops(&self, id: SubscriberId) -> Option<u64> {
         self.subscribers.get(&id).map(|s| s.drops)
     }
