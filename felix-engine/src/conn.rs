@@ -14,8 +14,6 @@ use crate::broker::{Delivery, SubscriberId};
 use crate::engine::Core;
 use crate::session::{FrameResult, NewSubscription, Session, SessionCx};
 
-/// Application error code on STOP_SENDING / RESET_STREAM when we are simply done.
-const STREAM_CODE_DONE: VarInt = VarInt::from_u32(0);
 /// Application error code on STOP_SENDING / RESET_STREAM after a protocol error.
 const STREAM_CODE_PROTOCOL: VarInt = VarInt::from_u32(1);
 
@@ -214,13 +212,16 @@ impl Conn {
             }
             Event::Stream(StreamEvent::Stopped { id, error_code }) => {
                 if let Some(s) = self.sessions.get_mut(&id) {
-                    // Nothing more can be answered on this stream, so read nothing more.
+                    // No answer can be written any more, but requests already sent still
+                    // count: a subscribe whose STOP_SENDING overtook it (quinn puts control
+                    // frames before stream data) must still open its event stream. So the
+                    // stream is read to its end; answers are dropped.
                     trace!(%id, %error_code, "client stopped a session stream");
                     s.send_done = true;
                     s.outbox.clear();
-                    if !s.recv_done {
-                        s.recv_done = true;
-                        let _ = self.quic.recv_stream(id).stop(STREAM_CODE_DONE);
+                    if s.paused {
+                        s.paused = false;
+                        self.read_session(now, ch, id, core);
                     }
                     self.maybe_forget_session(id);
                 } else if let Some(ev) = self.events.remove(&id) {
@@ -370,7 +371,10 @@ impl Conn {
         let Some(session) = self.sessions.get_mut(&id) else {
             return false;
         };
-        if !session.send_done {
+        if session.send_done {
+            // Stopped by the client: answers have nowhere to go.
+            session.outbox.clear();
+        } else {
             let mut send = self.quic.send_stream(id);
             while !session.outbox.is_empty() {
                 let (front, _) = session.outbox.as_mut_slices();
