@@ -124,7 +124,7 @@ impl crypto::ServerConfig for AlpnSelector {
             state: SessionState::AwaitingHello {
                 selector: self,
                 version,
-                params: *params,
+                params: Box::new(*params),
                 hello: Vec::new(),
             },
         })
@@ -140,7 +140,7 @@ enum SessionState {
     AwaitingHello {
         selector: Arc<AlpnSelector>,
         version: u32,
-        params: TransportParameters,
+        params: Box<TransportParameters>,
         hello: Vec<u8>,
     },
     Started(Box<dyn crypto::Session>),

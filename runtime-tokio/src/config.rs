@@ -62,8 +62,18 @@ fn to<T: TryFrom<u64>>(v: u64) -> Result<T, String> {
     T::try_from(v).map_err(|_| format!("{v} is out of range"))
 }
 
-fn ms(v: u64) -> Duration {
-    Duration::from_millis(v)
+fn ms(v: u64) -> Result<Duration, String> {
+    Ok(Duration::from_millis(v))
+}
+
+/// A setter for one field through a conversion.
+macro_rules! set {
+    ($field:ident, $conv:expr) => {
+        |c: &mut EngineConfig, v: u64| {
+            c.$field = $conv(v)?;
+            Ok(())
+        }
+    };
 }
 
 /// Engine limits settable from the environment: names (first is canonical, the rest are
@@ -71,72 +81,74 @@ fn ms(v: u64) -> Duration {
 pub const ENGINE_VARS: &[(&[&str], Setter)] = &[
     (
         &["FELIX_PUBLISH_WINDOW", "FELIX_BROKER_PUBLISH_WINDOW"],
-        |c, v| Ok(c.publish_window = to(v)?),
+        set!(publish_window, to),
+    ),
+    (&["FELIX_AUTH_TIMEOUT_MS"], set!(auth_timeout, ms)),
+    (
+        &["FELIX_IDLE_CONNECTION_REAP_MS"],
+        set!(idle_connection_reap, ms),
+    ),
+    (&["FELIX_QUIC_IDLE_TIMEOUT_MS"], set!(quic_idle_timeout, ms)),
+    (&["FELIX_MAX_CLIENT_CONNECTIONS"], set!(max_connections, to)),
+    (
+        &["FELIX_MAX_CONCURRENT_BIDI_STREAMS"],
+        set!(max_concurrent_bidi_streams, to),
     ),
     (
-        &["FELIX_AUTH_TIMEOUT_MS"],
-        |c, v| Ok(c.auth_timeout = ms(v)),
+        &["FELIX_PREAUTH_MAX_STREAMS_PER_CONN"],
+        set!(preauth_max_streams_per_connection, to),
     ),
-    (&["FELIX_IDLE_CONNECTION_REAP_MS"], |c, v| {
-        Ok(c.idle_connection_reap = ms(v))
-    }),
-    (&["FELIX_QUIC_IDLE_TIMEOUT_MS"], |c, v| {
-        Ok(c.quic_idle_timeout = ms(v))
-    }),
-    (&["FELIX_MAX_CLIENT_CONNECTIONS"], |c, v| {
-        Ok(c.max_connections = to(v)?)
-    }),
-    (&["FELIX_MAX_CONCURRENT_BIDI_STREAMS"], |c, v| {
-        Ok(c.max_concurrent_bidi_streams = to(v)?)
-    }),
-    (&["FELIX_PREAUTH_MAX_STREAMS_PER_CONN"], |c, v| {
-        Ok(c.preauth_max_streams_per_connection = to(v)?)
-    }),
-    (&["FELIX_MAX_SUBSCRIPTIONS_PER_CONNECTION"], |c, v| {
-        Ok(c.max_subscriptions_per_connection = to(v)?)
-    }),
-    (&["FELIX_MAX_FRAME_BYTES"], |c, v| {
-        Ok(c.max_frame_bytes = to(v)?)
-    }),
-    (&["FELIX_PREAUTH_MAX_FRAME_BYTES"], |c, v| {
-        Ok(c.preauth_max_frame_bytes = to(v)?)
-    }),
-    (&["FELIX_STREAM_RECV_WINDOW"], |c, v| {
-        Ok(c.stream_receive_window = to(v)?)
-    }),
-    (&["FELIX_CONN_RECV_WINDOW"], |c, v| {
-        Ok(c.connection_receive_window = to(v)?)
-    }),
-    (&["FELIX_SEND_WINDOW"], |c, v| Ok(c.send_window = v)),
-    (&["FELIX_DEFAULT_SHARDS"], |c, v| {
-        Ok(c.default_shards = to(v)?)
-    }),
-    (&["FELIX_MAX_STREAMS"], |c, v| Ok(c.max_streams = to(v)?)),
-    (&["FELIX_SUBSCRIBER_QUEUE_CAPACITY"], |c, v| {
-        Ok(c.subscriber_queue_capacity = to(v)?)
-    }),
-    (&["FELIX_SUBSCRIBER_QUEUE_CAPACITY_MAX"], |c, v| {
-        Ok(c.subscriber_queue_capacity_max = to(v)?)
-    }),
+    (
+        &["FELIX_MAX_SUBSCRIPTIONS_PER_CONNECTION"],
+        set!(max_subscriptions_per_connection, to),
+    ),
+    (&["FELIX_MAX_FRAME_BYTES"], set!(max_frame_bytes, to)),
+    (
+        &["FELIX_PREAUTH_MAX_FRAME_BYTES"],
+        set!(preauth_max_frame_bytes, to),
+    ),
+    (
+        &["FELIX_STREAM_RECV_WINDOW"],
+        set!(stream_receive_window, to),
+    ),
+    (
+        &["FELIX_CONN_RECV_WINDOW"],
+        set!(connection_receive_window, to),
+    ),
+    (&["FELIX_SEND_WINDOW"], set!(send_window, to)),
+    (&["FELIX_DEFAULT_SHARDS"], set!(default_shards, to)),
+    (&["FELIX_MAX_STREAMS"], set!(max_streams, to)),
+    (
+        &["FELIX_SUBSCRIBER_QUEUE_CAPACITY"],
+        set!(subscriber_queue_capacity, to),
+    ),
+    (
+        &["FELIX_SUBSCRIBER_QUEUE_CAPACITY_MAX"],
+        set!(subscriber_queue_capacity_max, to),
+    ),
     (
         &[
             "FELIX_EVENT_BATCH_MAX_RECORDS",
             "FELIX_EVENT_BATCH_MAX_EVENTS",
         ],
-        |c, v| Ok(c.event_batch_max_records = to(v)?),
+        set!(event_batch_max_records, to),
     ),
-    (&["FELIX_EVENT_BATCH_MAX_BYTES"], |c, v| {
-        Ok(c.event_batch_max_bytes = to(v)?)
-    }),
-    (&["FELIX_CACHE_MAX_KEY_BYTES"], |c, v| {
-        Ok(c.cache_max_key_bytes = to(v)?)
-    }),
-    (&["FELIX_CACHE_MAX_VALUE_BYTES"], |c, v| {
-        Ok(c.cache_max_value_bytes = to(v)?)
-    }),
-    (&["FELIX_CACHE_MAX_TOTAL_BYTES"], |c, v| {
-        Ok(c.cache_max_total_bytes = to(v)?)
-    }),
+    (
+        &["FELIX_EVENT_BATCH_MAX_BYTES"],
+        set!(event_batch_max_bytes, to),
+    ),
+    (
+        &["FELIX_CACHE_MAX_KEY_BYTES"],
+        set!(cache_max_key_bytes, to),
+    ),
+    (
+        &["FELIX_CACHE_MAX_VALUE_BYTES"],
+        set!(cache_max_value_bytes, to),
+    ),
+    (
+        &["FELIX_CACHE_MAX_TOTAL_BYTES"],
+        set!(cache_max_total_bytes, to),
+    ),
 ];
 
 /// Reads the process environment.

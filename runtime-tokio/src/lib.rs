@@ -34,6 +34,9 @@ pub use felix_engine;
 /// Socket buffer sizes asked for (the OS may grant less).
 const SOCKET_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 
+/// A change to the engine configuration, applied before the engine starts.
+pub type ConfigureEngine = Box<dyn FnOnce(&mut EngineConfig) + Send>;
+
 /// How to start a broker.
 pub struct BrokerOptions {
     /// Where to listen; port 0 picks a free one.
@@ -45,7 +48,7 @@ pub struct BrokerOptions {
     /// a full-permission token for tenant `t1` ([`RunningBroker::dev_token`]).
     pub jwks: Option<Vec<u8>>,
     /// Changes to the engine configuration (limits, windows, timeouts) before it starts.
-    pub configure_engine: Option<Box<dyn FnOnce(&mut EngineConfig) + Send>>,
+    pub configure_engine: Option<ConfigureEngine>,
 }
 
 impl BrokerOptions {
