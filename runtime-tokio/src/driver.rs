@@ -75,10 +75,8 @@ impl Driver {
     }
 
     async fn stop(mut self) -> io::Result<()> {
-        info!(
-            connections = self.engine.connection_count(),
-            "shutting down"
-        );
+        let stats = self.engine.stats();
+        info!(connections = self.engine.connection_count(), ?stats, "shutting down");
         self.engine.shutdown(Instant::now());
         self.flush().await?;
         let until = tokio::time::Instant::now() + SHUTDOWN_LINGER;
