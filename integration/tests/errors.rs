@@ -150,3 +150,190 @@ async fn a_frame_with_an_unknown_flag_is_refused() {
     }
     broker.shutdown().await;
 }
+
+fn acked_publish_frame(request_id: u64, tenant: &str, stream: &str, payloads: &[&[u8]]) -> Bytes {
+    use felix_proto::binary::{
+        encode_publish_batch_frame, AckMode, AckedPrefix, PublishBatchHeader,
+    };
+    let header = PublishBatchHeader {
+        acked: Some(AckedPrefix {
+            request_id,
+            ack_mode: AckMode::PerMessage,
+        }),
+        idempotent: None,
+        key: None,
+        tenant_id: tenant,
+        namespace: "default",
+        stream,
+    };
+    encode_publish_batch_frame(&header, payloads)
+}
+
+/// Reads the binary ack for one publish.
+async fn read_ack(raw: &mut felix_client::RawStream) -> felix_proto::binary::PublishAck {
+    let frame = within(10, raw.recv_frame()).await.unwrap().expect("an ack");
+    assert!(frame.flags.contains(Flags::BINARY_PUBLISH_ACK), "{frame:?}");
+    felix_proto::binary::PublishAck::decode(frame.flags, &frame.payload).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_into_another_tenant_is_forbidden() {
+    use felix_proto::binary::AckResult;
+    let broker = broker().await;
+    let client = broker.client().await;
+    let stream = unique("cross-tenant");
+    // A t2 subscriber cannot exist (the dev token is t1's), so check the ack and that t1's
+    // own stream of the same name receives nothing.
+    let mut sub = client
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    let mut raw = client.open_raw_stream(true).await.unwrap();
+    raw.send(acked_publish_frame(1, "t2", &stream, &[b"smuggled"]))
+        .await
+        .unwrap();
+    let ack = read_ack(&mut raw).await;
+    assert_eq!(ack.request_id, 1);
+    match ack.result {
+        AckResult::Err {
+            code: Some((code, _)),
+            ..
+        } => {
+            assert_eq!(
+                code,
+                ErrorCode::Forbidden,
+                "publishing as t2 on a t1 stream"
+            )
+        }
+        other => panic!("a publish into another tenant must be refused with a code, got {other:?}"),
+    }
+    felix_integration::assert_quiet(&mut sub, 200).await;
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribing_to_another_tenant_is_forbidden() {
+    let broker = broker().await;
+    let client = broker.client().await;
+    let mut raw = client.open_raw_stream(true).await.unwrap();
+    let subscribe = Message::Subscribe(message::Subscribe {
+        tenant_id: "t2".into(),
+        namespace: "default".into(),
+        stream: unique("other-tenant"),
+        subscription_id: None,
+        start: None,
+        shard: None,
+        queue_capacity: None,
+    });
+    raw.send(subscribe.to_frame().to_bytes()).await.unwrap();
+    let frame = within(10, raw.recv_frame())
+        .await
+        .unwrap()
+        .expect("an answer");
+    match Message::decode(&frame.payload).unwrap() {
+        Message::Error(e) => assert_eq!(e.code, Some(ErrorCode::Forbidden), "{e:?}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribing_to_a_shard_the_stream_lacks_is_refused() {
+    let broker = broker().await;
+    let client = broker.client().await;
+    let stream = unique("one-shard");
+    // Create the stream (default width 1).
+    client
+        .publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"x")],
+            None,
+            felix_client::Ack::PerMessage,
+        )
+        .await
+        .unwrap();
+    let err = within(
+        10,
+        client.subscribe_shard("default", &stream, Start::Latest, Some(7)),
+    )
+    .await
+    .err()
+    .expect("shard 7 of a one-shard stream must be refused");
+    assert_eq!(err.code(), Some(&ErrorCode::InvalidRequest), "{err:?}");
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_batch_is_answered_delivers_nothing_and_keeps_the_stream() {
+    // The protocol does not say whether an empty batch is an error (only `publish_if` is
+    // refused); either answer is fine, but it must be answered, deliver nothing, and leave
+    // the stream serving.
+    use felix_proto::binary::AckResult;
+    let broker = broker().await;
+    let client = broker.client().await;
+    let stream = unique("empty-batch");
+    let mut sub = client
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    let mut raw = client.open_raw_stream(true).await.unwrap();
+    raw.send(acked_publish_frame(1, TENANT, &stream, &[]))
+        .await
+        .unwrap();
+    let ack = read_ack(&mut raw).await;
+    assert_eq!(ack.request_id, 1);
+    match &ack.result {
+        AckResult::Ok { .. } => {}
+        AckResult::Err { code, .. } => {
+            assert_eq!(
+                code.as_ref().map(|c| &c.0),
+                Some(&ErrorCode::InvalidRequest),
+                "{ack:?}"
+            )
+        }
+    }
+    raw.send(acked_publish_frame(2, TENANT, &stream, &[b"ok"]))
+        .await
+        .unwrap();
+    let ack = read_ack(&mut raw).await;
+    assert_eq!(ack.request_id, 2);
+    assert!(matches!(ack.result, AckResult::Ok { .. }), "{ack:?}");
+    assert_eq!(
+        &felix_integration::next_event(&mut sub).await.payload[..],
+        b"ok"
+    );
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_cache_value_is_refused_with_a_code() {
+    let broker = broker().await;
+    let client = broker.client().await;
+    let cache = unique("big");
+    let too_big = Bytes::from(vec![0u8; 1024 * 1024 + 1]);
+    let err = within(10, client.cache_put("default", &cache, "k", too_big, None))
+        .await
+        .expect_err("a value over cache_max_value_bytes must be refused");
+    assert!(
+        matches!(
+            err.code(),
+            Some(ErrorCode::LimitExceeded | ErrorCode::InvalidRequest)
+        ),
+        "{err:?}"
+    );
+    // The client's cache stream still works afterwards.
+    client
+        .cache_put("default", &cache, "k", Bytes::from_static(b"small"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        client
+            .cache_get("default", &cache, "k")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"small"[..])
+    );
+    broker.shutdown().await;
+}

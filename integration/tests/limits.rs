@@ -1,0 +1,138 @@
+//! Limits at their edges, seen from a client: subscriptions per connection (and their
+//! release), the publish window setting, idle-connection reaping.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use felix_client::{Ack, ClientError, ErrorCode, Start};
+use felix_integration::{broker_with, next_event, unique, within};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_per_connection_are_capped_and_released_on_drop() {
+    let broker = broker_with(|c| c.max_subscriptions_per_connection = 3).await;
+    let client = broker.client().await;
+    let stream = unique("capped");
+    let mut subs = Vec::new();
+    for _ in 0..3 {
+        subs.push(
+            client
+                .subscribe("default", &stream, Start::Latest)
+                .await
+                .unwrap(),
+        );
+    }
+    let err = within(10, client.subscribe("default", &stream, Start::Latest))
+        .await
+        .err()
+        .expect("a fourth subscription must be refused");
+    assert_eq!(err.code(), Some(&ErrorCode::LimitExceeded), "{err:?}");
+
+    // Dropping one (STOP_SENDING on its event stream) frees its slot.
+    drop(subs.pop());
+    let mut replacement = None;
+    for _ in 0..50 {
+        match client.subscribe("default", &stream, Start::Latest).await {
+            Ok(sub) => {
+                replacement = Some(sub);
+                break;
+            }
+            Err(e) if e.code() == Some(&ErrorCode::LimitExceeded) => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    let mut replacement =
+        replacement.expect("a dropped subscription must release its slot within 1 s");
+    client
+        .publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"x")],
+            None,
+            Ack::PerMessage,
+        )
+        .await
+        .unwrap();
+    assert_eq!(&next_event(&mut replacement).await.payload[..], b"x");
+    for sub in &mut subs {
+        assert_eq!(&next_event(sub).await.payload[..], b"x");
+    }
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_window_setting_is_granted_and_zero_withdraws_pipelining() {
+    let broker = broker_with(|c| c.publish_window = 8).await;
+    let client = broker.client().await;
+    assert_eq!(client.capabilities().publish_window(), Some(8));
+    // 40 concurrent publishes through a window of 8 all complete.
+    let stream = unique("window8");
+    let publishes = (0..40u8).map(|i| {
+        client.publish(
+            "default",
+            &stream,
+            vec![Bytes::from(vec![i])],
+            None,
+            Ack::PerMessage,
+        )
+    });
+    for r in within(20, felix_integration::join_all(publishes)).await {
+        r.unwrap();
+    }
+    broker.shutdown().await;
+
+    let broker = broker_with(|c| c.publish_window = 0).await;
+    let client = broker.client().await;
+    assert_eq!(client.capabilities().publish_window(), None);
+    assert!(!client
+        .capabilities()
+        .broker_has(felix_proto::Features::PUBLISH_PIPELINE));
+    // Unordered answers still work, matched by request id.
+    let stream = unique("window0");
+    let publishes = (0..40u8).map(|i| {
+        client.publish(
+            "default",
+            &stream,
+            vec![Bytes::from(vec![i])],
+            None,
+            Ack::PerMessage,
+        )
+    });
+    for r in within(20, felix_integration::join_all(publishes)).await {
+        r.unwrap();
+    }
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_reaped_and_the_client_is_told() {
+    let broker = broker_with(|c| c.idle_connection_reap = Duration::from_millis(400)).await;
+    let idle = broker.client().await;
+    let subscribed = broker.client().await;
+    let stream = unique("reap");
+    let mut sub = subscribed
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The idle one was closed; the client reports it rather than hanging.
+    let err = within(10, idle.cache_get("default", "c", "k"))
+        .await
+        .expect_err("reaped");
+    assert!(matches!(err, ClientError::Connection(_)), "{err:?}");
+    // A connection with a live subscription is not idle.
+    let publisher = broker.client().await;
+    publisher
+        .publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"alive")],
+            None,
+            Ack::PerMessage,
+        )
+        .await
+        .unwrap();
+    assert_eq!(&next_event(&mut sub).await.payload[..], b"alive");
+    broker.shutdown().await;
+}
