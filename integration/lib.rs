@@ -118,12 +118,15 @@ pub async fn spawn_broker_binary(path: &str) -> (std::process::Child, SocketAddr
         .env("RUST_LOG", "warn")
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {path}: {e} (build it with cargo build --release -p felix-runtime-tokio)"));
+    let mut child = child;
     for _ in 0..100 {
         if let (Ok(ca_pem), Ok(token)) = (std::fs::read(&ca), std::fs::read_to_string(&token)) {
             return (child, addr, ca_pem, token.trim().to_owned());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("{path} did not export its CA and token within 5 s");
 }
 

@@ -77,6 +77,9 @@ pub struct Client {
     inner: Arc<Inner>,
 }
 
+/// A publish stream, opened once on first use.
+type PublishSlot = Arc<OnceCell<Arc<RequestChannel>>>;
+
 struct Inner {
     endpoint: quinn::Endpoint,
     conn: quinn::Connection,
@@ -84,7 +87,7 @@ struct Inner {
     caps: Capabilities,
     request_streams: Vec<Arc<RequestChannel>>,
     next_request_stream: AtomicUsize,
-    publish_streams: Mutex<HashMap<(String, String), Arc<OnceCell<Arc<RequestChannel>>>>>,
+    publish_streams: Mutex<HashMap<(String, String), PublishSlot>>,
     /// One window for every stream when the broker's window is per connection.
     connection_window: Option<Arc<Semaphore>>,
     events: Arc<EventRouter>,

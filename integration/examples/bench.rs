@@ -209,7 +209,7 @@ async fn throughput(target: &Target, args: &Args, fanout: usize) {
                 match tokio::time::timeout(Duration::from_millis(300), sub.next()).await {
                     Ok(Ok(SubscriptionItem::Event(_))) => {
                         local += 1;
-                        if local % 1024 == 0 {
+                        if local.is_multiple_of(1024) {
                             delivered.fetch_add(1024, Ordering::Relaxed);
                             last_event = Instant::now();
                         }
@@ -219,7 +219,7 @@ async fn throughput(target: &Target, args: &Args, fanout: usize) {
                     Err(_) => {}
                 }
             }
-            if local % 1024 != 0 {
+            if !local.is_multiple_of(1024) {
                 last_event = Instant::now() - Duration::from_millis(300);
             }
             delivered.fetch_add(local % 1024, Ordering::Relaxed);
