@@ -26,7 +26,7 @@ use crate::error::ClientError;
 use crate::transport::quic_client_config;
 
 /// How to reach and authenticate to a broker.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientConfig {
     /// The broker's client listener.
     pub addr: SocketAddr,
@@ -53,6 +53,21 @@ pub struct ClientConfig {
     pub idle_timeout: Duration,
 }
 
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a credential: never in logs.
+        f.debug_struct("ClientConfig")
+            .field("addr", &self.addr)
+            .field("server_name", &self.server_name)
+            .field("tenant", &self.tenant)
+            .field("token", &"<redacted>")
+            .field("offer_alpn", &self.offer_alpn)
+            .field("offer", &self.offer)
+            .field("connect_streams", &self.connect_streams)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ClientConfig {
     /// Defaults for everything but where to go and who we are.
     pub fn new(addr: SocketAddr, ca_pem: impl Into<Vec<u8>>, tenant: &str, token: &str) -> Self {
@@ -72,7 +87,8 @@ impl ClientConfig {
     }
 }
 
-/// A connection to one broker.
+/// A connection to one broker. Clones share the connection and its streams.
+#[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
 }
@@ -384,7 +400,8 @@ impl Client {
         self.open_raw_stream(true).await
     }
 
-    /// Closes the connection (code 0) and waits briefly for the close to be sent.
+    /// Closes the connection (code 0) for every clone and subscription, and waits briefly
+    /// for the close to be sent.
     pub async fn close(self) {
         self.inner.conn.close(0u32.into(), b"client closed");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
@@ -888,5 +905,22 @@ async fn route_event_streams(
                 },
             );
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+
+    #[test]
+    fn config_debug_hides_the_token() {
+        let config = super::ClientConfig::new(
+            "127.0.0.1:1".parse().unwrap(),
+            b"pem".to_vec(),
+            "t1",
+            "secret-token",
+        );
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("secret-token"), "{shown}");
+        assert!(shown.contains("t1"));
     }
 }
