@@ -51,6 +51,9 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// QUIC idle timeout; a keep-alive is sent at a third of it.
     pub idle_timeout: Duration,
+    /// QUIC receive window per stream: how far the broker may run ahead of a reader (an
+    /// event stream the application does not read stops the broker at this many bytes).
+    pub stream_receive_window: u32,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -83,6 +86,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(6),
+            stream_receive_window: 64 << 20,
         }
     }
 }
@@ -120,7 +124,12 @@ impl Client {
     /// Dials the broker, authenticates `connect_streams` streams one after another, and
     /// starts routing event streams.
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
-        let quic = quic_client_config(&config.ca_pem, config.offer_alpn, config.idle_timeout)?;
+        let quic = quic_client_config(
+            &config.ca_pem,
+            config.offer_alpn,
+            config.idle_timeout,
+            config.stream_receive_window,
+        )?;
         let bind: SocketAddr = if config.addr.is_ipv4() {
             "0.0.0.0:0".parse().expect("literal")
         } else {

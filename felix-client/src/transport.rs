@@ -15,12 +15,13 @@ pub const CLIENT_ALPN: &[u8] = b"felix/1";
 /// Builds the quinn client configuration.
 ///
 /// Transport parameters follow the reference client (peer-client-wire.md §1): 6 s idle
-/// timeout with a 2 s keep-alive, 64 MiB stream windows, 256 MiB connection window, and room
+/// timeout with a 2 s keep-alive, 64 MiB stream windows (configurable), 256 MiB connection window, and room
 /// for 1024 broker-opened uni streams (one per subscription).
 pub(crate) fn quic_client_config(
     ca_pem: &[u8],
     offer_alpn: bool,
     idle_timeout: Duration,
+    stream_receive_window: u32,
 ) -> Result<quinn::ClientConfig, ClientError> {
     let mut roots = rustls::RootCertStore::empty();
     let mut found = 0usize;
@@ -55,7 +56,7 @@ pub(crate) fn quic_client_config(
     transport
         .max_idle_timeout(Some(idle))
         .keep_alive_interval(Some(idle_timeout / 3))
-        .stream_receive_window(quinn::VarInt::from_u32(64 << 20))
+        .stream_receive_window(quinn::VarInt::from_u32(stream_receive_window))
         .receive_window(quinn::VarInt::from_u32(256 << 20))
         .send_window(256 << 20)
         .max_concurrent_uni_streams(quinn::VarInt::from_u32(1024))

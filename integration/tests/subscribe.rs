@@ -238,3 +238,80 @@ async fn subscription_items_are_events_until_an_end() {
     }
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_subscriber_drops_alone_and_blocks_nobody() {
+    // A subscriber that stops reading: its QUIC window (64 KiB here) fills, then its broker
+    // queue (4 batches); further batches are dropped for it alone. The publisher is acked
+    // throughout and a reading subscriber gets everything.
+    let broker = felix_integration::broker_with(|c| c.subscriber_queue_capacity = 4).await;
+    let publisher = broker.client().await;
+    let reader = broker.client().await;
+    let stalled_conn = broker
+        .client_with(|c| c.stream_receive_window = 64 * 1024)
+        .await
+        .unwrap();
+    let stream = unique("stalled");
+    let mut fast = reader
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    let mut stalled = stalled_conn
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+
+    const BATCHES: usize = 200;
+    let body = Bytes::from(vec![b'x'; 16 * 1024]);
+    let publishing = async {
+        for i in 0..BATCHES {
+            let mut payload = body.to_vec();
+            payload[..8].copy_from_slice(&(i as u64).to_be_bytes());
+            publisher
+                .publish(
+                    "default",
+                    &stream,
+                    vec![Bytes::from(payload)],
+                    None,
+                    Ack::PerMessage,
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let reading = async {
+        for i in 0..BATCHES {
+            let event = next_event(&mut fast).await;
+            assert_eq!(
+                &event.payload[..8],
+                &(i as u64).to_be_bytes(),
+                "the reading subscriber misses nothing"
+            );
+        }
+    };
+    within(30, async { tokio::join!(publishing, reading) }).await;
+
+    // The stalled one now reads what it was sent: a prefix in order, then a gap.
+    let mut seen = Vec::new();
+    while let Ok(item) = tokio::time::timeout(Duration::from_millis(300), stalled.next()).await {
+        match item.unwrap() {
+            SubscriptionItem::Event(e) => {
+                seen.push(u64::from_be_bytes(e.payload[..8].try_into().unwrap()))
+            }
+            SubscriptionItem::End(end) => panic!("in-memory subscription ended: {end:?}"),
+        }
+    }
+    assert!(
+        !seen.is_empty(),
+        "the stalled subscriber got what fit before it stalled"
+    );
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "in order, no duplicates: {seen:?}"
+    );
+    assert!(
+        seen.len() < BATCHES,
+        "its queue is bounded, so batches were dropped for it"
+    );
+    broker.shutdown().await;
+}
