@@ -31,6 +31,9 @@ pub const DEFAULT_PREAUTH_MAX_FRAME_BYTES: u32 =
     felix_proto::frame::DEFAULT_PREAUTH_MAX_FRAME_BYTES;
 /// Frame payload limit after a stream authenticates.
 pub const DEFAULT_MAX_FRAME_BYTES: u32 = felix_proto::frame::DEFAULT_MAX_FRAME_BYTES;
+/// Bytes of partly received frames a connection's streams may hold together; past it, a
+/// stream in the middle of a frame is not read until others complete theirs.
+pub const DEFAULT_MAX_CONNECTION_BUFFERED_BYTES: usize = 64 * 1024 * 1024;
 /// QUIC receive window per stream (bytes the client may send ahead of what we read).
 pub const DEFAULT_STREAM_RECEIVE_WINDOW: u32 = 1024 * 1024;
 /// QUIC receive window per connection.
@@ -131,6 +134,8 @@ pub struct EngineConfig {
     pub preauth_max_frame_bytes: u32,
     /// See [`DEFAULT_MAX_FRAME_BYTES`].
     pub max_frame_bytes: u32,
+    /// See [`DEFAULT_MAX_CONNECTION_BUFFERED_BYTES`].
+    pub max_connection_buffered_bytes: usize,
     /// See [`DEFAULT_STREAM_RECEIVE_WINDOW`].
     pub stream_receive_window: u32,
     /// See [`DEFAULT_CONNECTION_RECEIVE_WINDOW`].
@@ -186,6 +191,7 @@ impl EngineConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             preauth_max_frame_bytes: DEFAULT_PREAUTH_MAX_FRAME_BYTES,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            max_connection_buffered_bytes: DEFAULT_MAX_CONNECTION_BUFFERED_BYTES,
             stream_receive_window: DEFAULT_STREAM_RECEIVE_WINDOW,
             connection_receive_window: DEFAULT_CONNECTION_RECEIVE_WINDOW,
             send_window: DEFAULT_SEND_WINDOW,

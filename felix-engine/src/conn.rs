@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use bytes::Bytes;
+use felix_proto::FrameDecoder;
 use quinn_proto::{
     ConnectionHandle, Dir, Event, ReadError, StreamEvent, StreamId, VarInt, WriteError,
 };
@@ -53,6 +54,10 @@ pub(crate) struct Conn {
     events: BTreeMap<StreamId, EventStream>,
     /// Granted subscriptions waiting for the peer to allow another uni stream.
     waiting_for_stream: VecDeque<NewSubscription>,
+    /// Bytes of partial frames held in this connection's session decoders.
+    buffered_bytes: usize,
+    /// Streams not read because `buffered_bytes` is over budget; read again when it drops.
+    starved: Vec<StreamId>,
     pub(crate) created: Instant,
     /// `close()` was called (by us) or the connection was lost.
     pub(crate) closing: bool,
@@ -79,6 +84,8 @@ impl Conn {
             sessions: BTreeMap::new(),
             events: BTreeMap::new(),
             waiting_for_stream: VecDeque::new(),
+            buffered_bytes: 0,
+            starved: Vec::new(),
             created: now,
             closing: false,
             drained: false,
@@ -146,6 +153,8 @@ impl Conn {
         }
         self.shared.subscriptions = 0;
         self.sessions.clear();
+        self.buffered_bytes = 0;
+        self.starved.clear();
     }
 
     /// Handles one application event from quinn. Returns nothing; all effects are on
@@ -248,7 +257,22 @@ impl Conn {
             .get(&id)
             .is_some_and(|s| s.recv_done && s.send_done)
         {
-            self.sessions.remove(&id);
+            if let Some(s) = self.sessions.remove(&id) {
+                self.buffered_bytes -= s.decoder.buffered();
+            }
+        }
+    }
+
+    /// Reads streams that were held back by the connection's buffer budget, if it has room
+    /// again. Called once the connection's events of a turn are handled.
+    pub(crate) fn resume_starved(&mut self, now: Instant, ch: ConnectionHandle, core: &mut Core) {
+        if self.starved.is_empty()
+            || self.buffered_bytes >= core.limits.max_connection_buffered_bytes
+        {
+            return;
+        }
+        for id in std::mem::take(&mut self.starved) {
+            self.read_session(now, ch, id, core);
         }
     }
 
@@ -293,6 +317,7 @@ impl Conn {
         };
         while !session.recv_done {
             // Frames already buffered first: they were read before the window filled.
+            let held_before = session.decoder.buffered();
             let mut close = false;
             loop {
                 if session.outbox.len() >= window {
@@ -325,13 +350,37 @@ impl Conn {
                     break;
                 }
             }
+            self.buffered_bytes -= held_before - session.decoder.buffered();
             if close {
+                // Whatever follows the bad frame is never read.
+                self.buffered_bytes -= session.decoder.buffered();
+                session.decoder = FrameDecoder::new(0);
                 session.recv_done = true;
                 session.finish_when_flushed = true;
                 let _ = self.quic.recv_stream(id).stop(STREAM_CODE_PROTOCOL);
                 return;
             }
             if session.paused {
+                return;
+            }
+            // Over the connection's budget, a stream holding part of a frame waits: reading
+            // on would only grow it. Streams between frames still read, so small requests
+            // keep flowing.
+            if self.buffered_bytes >= core.limits.max_connection_buffered_bytes
+                && session.decoder.buffered() > 0
+            {
+                // A reset must still be seen, or its bytes would hold the budget forever.
+                if let Ok(Some(code)) = self.quic.recv_stream(id).received_reset() {
+                    trace!(%id, %code, "client reset a held-back stream");
+                    self.buffered_bytes -= session.decoder.buffered();
+                    session.decoder = FrameDecoder::new(0);
+                    session.recv_done = true;
+                    session.finish_when_flushed = true;
+                    return;
+                }
+                if !self.starved.contains(&id) {
+                    self.starved.push(id);
+                }
                 return;
             }
             let mut recv = self.quic.recv_stream(id);
@@ -345,7 +394,10 @@ impl Conn {
             let outcome = chunks.next(chunk_limit);
             let _ = chunks.finalize();
             match outcome {
-                Ok(Some(chunk)) => session.decoder.feed_bytes(chunk.bytes),
+                Ok(Some(chunk)) => {
+                    self.buffered_bytes += chunk.bytes.len();
+                    session.decoder.feed_bytes(chunk.bytes);
+                }
                 Ok(None) => {
                     // The client finished its side: once the answers are written, ours is
                     // done too. A frame cut off by the FIN can never complete.
@@ -354,12 +406,16 @@ impl Conn {
                     if session.decoder.buffered() > 0 {
                         trace!(%id, bytes = session.decoder.buffered(), "stream ended inside a frame");
                     }
+                    self.buffered_bytes -= session.decoder.buffered();
+                    session.decoder = FrameDecoder::new(0);
                 }
                 Err(ReadError::Blocked) => return,
                 Err(ReadError::Reset(code)) => {
                     trace!(%id, %code, "client reset a session stream");
                     session.recv_done = true;
                     session.finish_when_flushed = true;
+                    self.buffered_bytes -= session.decoder.buffered();
+                    session.decoder = FrameDecoder::new(0);
                 }
             }
         }

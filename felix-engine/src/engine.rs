@@ -173,6 +173,7 @@ pub(crate) struct Limits {
     pub(crate) read_chunk_bytes: usize,
     pub(crate) max_subscriptions_per_connection: usize,
     pub(crate) preauth_max_streams_per_connection: usize,
+    pub(crate) max_connection_buffered_bytes: usize,
 }
 
 /// What every connection shares: the broker, the verifier, the negotiated capabilities and
@@ -390,6 +391,7 @@ impl Engine {
                 read_chunk_bytes: config.read_chunk_bytes.max(1),
                 max_subscriptions_per_connection: config.max_subscriptions_per_connection,
                 preauth_max_streams_per_connection: config.preauth_max_streams_per_connection,
+                max_connection_buffered_bytes: config.max_connection_buffered_bytes,
             },
             broker,
             verifier,
@@ -688,6 +690,7 @@ impl Engine {
             if !any {
                 return progressed;
             }
+            conn.resume_starved(now, ch, &mut self.core);
             progressed = true;
         }
     }

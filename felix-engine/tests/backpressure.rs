@@ -155,3 +155,66 @@ fn a_publisher_that_reads_no_acks_is_not_read_past_its_window() {
     }
     assert_eq!(acked, (1..=TOTAL).collect::<Vec<_>>());
 }
+
+#[test]
+fn partial_frames_are_held_to_the_connection_budget() {
+    const BUDGET: usize = 64 * 1024;
+    let mut net = Net::new(|c| {
+        c.max_connection_buffered_bytes = BUDGET;
+        c.stream_receive_window = 16 * 1024;
+        c.read_chunk_bytes = 4 * 1024;
+    });
+    let p = net.connect(&[]);
+    // One stream sends a 1 MiB frame, slowly: header and 200 KiB of payload, never the rest.
+    let (big, _) = net.auth_stream(p);
+    let mut wire = b"FLX1\x00\x01\x00\x00".to_vec();
+    wire.extend_from_slice(&(1024 * 1024u32).to_be_bytes());
+    wire.extend(vec![b'{'; 200 * 1024]);
+    let mut written = 0;
+    for _ in 0..100 {
+        let n = net.send_some(p, big, &wire[written..]);
+        net.run();
+        written += n;
+        if n == 0 {
+            break;
+        }
+    }
+    // The broker read up to its budget (plus a chunk), then let flow control hold the rest.
+    let window_and_chunk = 16 * 1024 + 4 * 1024;
+    assert!(
+        written <= BUDGET + window_and_chunk + 12,
+        "client wrote {written} bytes"
+    );
+    assert!(written >= BUDGET, "client wrote {written} bytes");
+
+    // Small requests on other streams still flow.
+    let (other, _) = net.auth_stream(p);
+    let acks = net.exchange(p, other, &binary_publish(Some(1), None, "s", &[b"x"]));
+    assert_eq!(acks.len(), 1);
+
+    // A second big frame waits while the first holds the budget...
+    let (second, _) = net.auth_stream(p);
+    let frame = binary_publish(None, None, "s", &[&vec![b'z'; 40 * 1024]]);
+    let mut sent = 0;
+    for _ in 0..20 {
+        sent += net.send_some(p, second, &frame[sent..]);
+        net.run();
+    }
+    let before = net.engine.stats().published_records;
+    assert!(sent < frame.len(), "held back: {sent} of {}", frame.len());
+    // ...until the client abandons the first: its bytes are released and the second completes.
+    net.peers[p]
+        .conn
+        .send_stream(big)
+        .reset(quinn_proto::VarInt::from_u32(0))
+        .unwrap();
+    net.run();
+    for _ in 0..20 {
+        if sent < frame.len() {
+            sent += net.send_some(p, second, &frame[sent..]);
+        }
+        net.run();
+    }
+    assert_eq!(sent, frame.len());
+    assert_eq!(net.engine.stats().published_records, before + 1);
+}

@@ -78,77 +78,31 @@ macro_rules! set {
 
 /// Engine limits settable from the environment: names (first is canonical, the rest are
 /// aliases the reference broker uses), and what each sets. Values are unsigned integers.
+#[rustfmt::skip]
 pub const ENGINE_VARS: &[(&[&str], Setter)] = &[
-    (
-        &["FELIX_PUBLISH_WINDOW", "FELIX_BROKER_PUBLISH_WINDOW"],
-        set!(publish_window, to),
-    ),
+    (&["FELIX_PUBLISH_WINDOW", "FELIX_BROKER_PUBLISH_WINDOW"], set!(publish_window, to)),
     (&["FELIX_AUTH_TIMEOUT_MS"], set!(auth_timeout, ms)),
-    (
-        &["FELIX_IDLE_CONNECTION_REAP_MS"],
-        set!(idle_connection_reap, ms),
-    ),
+    (&["FELIX_IDLE_CONNECTION_REAP_MS"], set!(idle_connection_reap, ms)),
     (&["FELIX_QUIC_IDLE_TIMEOUT_MS"], set!(quic_idle_timeout, ms)),
     (&["FELIX_MAX_CLIENT_CONNECTIONS"], set!(max_connections, to)),
-    (
-        &["FELIX_MAX_CONCURRENT_BIDI_STREAMS"],
-        set!(max_concurrent_bidi_streams, to),
-    ),
-    (
-        &["FELIX_PREAUTH_MAX_STREAMS_PER_CONN"],
-        set!(preauth_max_streams_per_connection, to),
-    ),
-    (
-        &["FELIX_MAX_SUBSCRIPTIONS_PER_CONNECTION"],
-        set!(max_subscriptions_per_connection, to),
-    ),
+    (&["FELIX_MAX_CONCURRENT_BIDI_STREAMS"], set!(max_concurrent_bidi_streams, to)),
+    (&["FELIX_PREAUTH_MAX_STREAMS_PER_CONN"], set!(preauth_max_streams_per_connection, to)),
+    (&["FELIX_MAX_SUBSCRIPTIONS_PER_CONNECTION"], set!(max_subscriptions_per_connection, to)),
     (&["FELIX_MAX_FRAME_BYTES"], set!(max_frame_bytes, to)),
-    (
-        &["FELIX_PREAUTH_MAX_FRAME_BYTES"],
-        set!(preauth_max_frame_bytes, to),
-    ),
-    (
-        &["FELIX_STREAM_RECV_WINDOW"],
-        set!(stream_receive_window, to),
-    ),
-    (
-        &["FELIX_CONN_RECV_WINDOW"],
-        set!(connection_receive_window, to),
-    ),
+    (&["FELIX_PREAUTH_MAX_FRAME_BYTES"], set!(preauth_max_frame_bytes, to)),
+    (&["FELIX_MAX_CONNECTION_BUFFERED_BYTES"], set!(max_connection_buffered_bytes, to)),
+    (&["FELIX_STREAM_RECV_WINDOW"], set!(stream_receive_window, to)),
+    (&["FELIX_CONN_RECV_WINDOW"], set!(connection_receive_window, to)),
     (&["FELIX_SEND_WINDOW"], set!(send_window, to)),
     (&["FELIX_DEFAULT_SHARDS"], set!(default_shards, to)),
     (&["FELIX_MAX_STREAMS"], set!(max_streams, to)),
-    (
-        &["FELIX_SUBSCRIBER_QUEUE_CAPACITY"],
-        set!(subscriber_queue_capacity, to),
-    ),
-    (
-        &["FELIX_SUBSCRIBER_QUEUE_CAPACITY_MAX"],
-        set!(subscriber_queue_capacity_max, to),
-    ),
-    (
-        &[
-            "FELIX_EVENT_BATCH_MAX_RECORDS",
-            "FELIX_EVENT_BATCH_MAX_EVENTS",
-        ],
-        set!(event_batch_max_records, to),
-    ),
-    (
-        &["FELIX_EVENT_BATCH_MAX_BYTES"],
-        set!(event_batch_max_bytes, to),
-    ),
-    (
-        &["FELIX_CACHE_MAX_KEY_BYTES"],
-        set!(cache_max_key_bytes, to),
-    ),
-    (
-        &["FELIX_CACHE_MAX_VALUE_BYTES"],
-        set!(cache_max_value_bytes, to),
-    ),
-    (
-        &["FELIX_CACHE_MAX_TOTAL_BYTES"],
-        set!(cache_max_total_bytes, to),
-    ),
+    (&["FELIX_SUBSCRIBER_QUEUE_CAPACITY"], set!(subscriber_queue_capacity, to)),
+    (&["FELIX_SUBSCRIBER_QUEUE_CAPACITY_MAX"], set!(subscriber_queue_capacity_max, to)),
+    (&["FELIX_EVENT_BATCH_MAX_RECORDS", "FELIX_EVENT_BATCH_MAX_EVENTS"], set!(event_batch_max_records, to)),
+    (&["FELIX_EVENT_BATCH_MAX_BYTES"], set!(event_batch_max_bytes, to)),
+    (&["FELIX_CACHE_MAX_KEY_BYTES"], set!(cache_max_key_bytes, to)),
+    (&["FELIX_CACHE_MAX_VALUE_BYTES"], set!(cache_max_value_bytes, to)),
+    (&["FELIX_CACHE_MAX_TOTAL_BYTES"], set!(cache_max_total_bytes, to)),
 ];
 
 /// Reads the process environment.
