@@ -190,3 +190,22 @@ fn shutdown_closes_every_connection_with_code_zero() {
     net.advance(Duration::from_secs(1));
     assert!(!net.peers[late].connected);
 }
+
+#[test]
+fn connections_past_the_limit_are_refused_in_the_handshake() {
+    let mut net = Net::new(|c| c.max_connections = 1);
+    let first = net.connect(&[]);
+    let second = net.start_connect(&[]);
+    net.run();
+    assert!(net.peers[first].lost.is_none());
+    match &net.peers[second].lost {
+        Some(ConnectionError::ConnectionClosed(c)) => {
+            assert_eq!(
+                c.error_code,
+                quinn_proto::TransportErrorCode::CONNECTION_REFUSED
+            )
+        }
+        other => panic!("expected CONNECTION_REFUSED, got {other:?}"),
+    }
+    assert_eq!(net.engine.stats().connections_refused, 1);
+}

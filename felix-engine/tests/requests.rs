@@ -223,3 +223,44 @@ fn unreadable_frames_end_their_stream_only() {
     assert_eq!(f[0].flags.bits(), 0x0010);
     assert!(net.peers[p].lost.is_none());
 }
+
+#[test]
+fn subscriptions_are_checked_and_limited_per_connection() {
+    let mut net = Net::new(|c| c.max_subscriptions_per_connection = 2);
+    let p = net.connect(&[]);
+    let subscribe = |tenant: &str| {
+        json_frame(&format!(
+            r#"{{"type":"subscribe","tenant_id":"{tenant}","namespace":"default","stream":"s"}}"#
+        ))
+    };
+    let (id, _) = net.auth_stream(p);
+    let f = net.exchange(p, id, &subscribe("t2"));
+    let v: serde_json::Value = serde_json::from_str(text(&f[0])).unwrap();
+    assert_eq!(
+        (v["type"].as_str(), v["code"].as_str()),
+        (Some("error"), Some("forbidden"))
+    );
+    for expect in 1..=2 {
+        let (id, _) = net.auth_stream(p);
+        let f = net.exchange(p, id, &subscribe("t1"));
+        assert_eq!(
+            text(&f[0]),
+            format!(r#"{{"type":"subscribed","subscription_id":{expect}}}"#)
+        );
+    }
+    let (id, _) = net.auth_stream(p);
+    let f = net.exchange(p, id, &subscribe("t1"));
+    let v: serde_json::Value = serde_json::from_str(text(&f[0])).unwrap();
+    assert_eq!(
+        (v["code"].as_str(), v["retry"].as_str()),
+        (Some("limit_exceeded"), Some("fatal"))
+    );
+    assert_eq!(net.peers[p].incoming_uni.len(), 2);
+    // Ending one subscription frees its place.
+    let uni = net.take_uni(p);
+    net.stop(p, uni);
+    net.run();
+    let (id, _) = net.auth_stream(p);
+    let f = net.exchange(p, id, &subscribe("t1"));
+    assert!(text(&f[0]).starts_with(r#"{"type":"subscribed""#));
+}
