@@ -12,10 +12,11 @@ use crate::tls::TlsIdentity;
 /// Acked publishes a stream may have unanswered before the broker stops reading it
 /// (`publish_window` in `auth_ok`).
 pub const DEFAULT_PUBLISH_WINDOW: u32 = 256;
-/// A connection that authenticates no stream within this time is closed (code 1).
+/// A connection that authenticates no stream within this time is closed (code 1). Zero
+/// disables the deadline.
 pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection with no Felix frame in either direction for this long, and no live
-/// subscription, is closed (code 0, "idle").
+/// subscription, is closed (code 0, "idle"). Zero disables reaping.
 pub const DEFAULT_IDLE_CONNECTION_REAP: Duration = Duration::from_secs(120);
 /// Concurrent client-opened bidirectional streams per connection (the real client opens 40 at
 /// connect plus one per subscription or one-off request).

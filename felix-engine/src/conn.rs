@@ -98,45 +98,55 @@ impl Conn {
     /// The next instant this connection needs a timeout: quinn's own timers, the
     /// authentication deadline, and the idle reap.
     pub(crate) fn next_deadline(&mut self, core: &Core) -> Option<Instant> {
-        let mut deadline = self.quic.poll_timeout();
-        if !self.closing {
-            let felix = if !self.shared.authenticated {
-                Some(self.created + core.limits.auth_timeout)
-            } else if self.shared.subscriptions == 0 {
-                Some(self.shared.last_activity + core.limits.idle_connection_reap)
-            } else {
-                None
-            };
-            deadline = match (deadline, felix) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+        let quic = self.quic.poll_timeout();
+        if self.closing {
+            return quic;
         }
-        deadline
+        let limits = &core.limits;
+        let auth = (!self.shared.authenticated && !limits.auth_timeout.is_zero())
+            .then(|| self.created + limits.auth_timeout);
+        let reap = (self.shared.subscriptions == 0 && !limits.idle_connection_reap.is_zero())
+            .then(|| self.shared.last_activity + limits.idle_connection_reap);
+        [quic, auth, reap].into_iter().flatten().min()
     }
 
-    /// Runs quinn's timers and the Felix ones (authentication timeout, idle reap).
-    pub(crate) fn handle_timeout(&mut self, now: Instant, core: &Core) {
+    /// Runs quinn's timers and the Felix ones (authentication timeout, idle reap; a zero
+    /// duration disables either).
+    pub(crate) fn handle_timeout(&mut self, now: Instant, core: &mut Core) {
         self.quic.handle_timeout(now);
         if self.closing {
             return;
         }
-        if !self.shared.authenticated && now >= self.created + core.limits.auth_timeout {
+        let limits = core.limits;
+        if !self.shared.authenticated
+            && !limits.auth_timeout.is_zero()
+            && now >= self.created + limits.auth_timeout
+        {
             debug!(remote = %self.quic.remote_address(), "no stream authenticated in time");
-            self.close(now, CLOSE_CODE_AUTH_TIMEOUT, "authentication timeout");
+            self.close(now, CLOSE_CODE_AUTH_TIMEOUT, "authentication timeout", core);
         } else if self.shared.subscriptions == 0
-            && now >= self.shared.last_activity + core.limits.idle_connection_reap
+            && !limits.idle_connection_reap.is_zero()
+            && now >= self.shared.last_activity + limits.idle_connection_reap
         {
             debug!(remote = %self.quic.remote_address(), "reaping idle connection");
-            self.close(now, CLOSE_CODE_NORMAL, "idle");
+            self.close(now, CLOSE_CODE_NORMAL, "idle", core);
         }
     }
 
-    pub(crate) fn close(&mut self, now: Instant, code: VarInt, reason: &'static str) {
+    /// Closes the connection with an application code and forgets its sessions and
+    /// subscriptions (quinn reports no loss for a close of our own).
+    pub(crate) fn close(
+        &mut self,
+        now: Instant,
+        code: VarInt,
+        reason: &'static str,
+        core: &mut Core,
+    ) {
         if !self.closing {
             self.closing = true;
             self.quic
                 .close(now, code, Bytes::from_static(reason.as_bytes()));
+            self.release(core);
         }
     }
 

@@ -469,7 +469,7 @@ impl Engine {
                 continue;
             };
             conn.deadline = None;
-            conn.handle_timeout(now, &self.core);
+            conn.handle_timeout(now, &mut self.core);
             self.touch(ch);
         }
         if self.core.broker.poll_timeout().is_some_and(|at| at <= now) {
@@ -489,8 +489,7 @@ impl Engine {
         let handles: Vec<_> = self.conns.keys().copied().collect();
         for ch in handles {
             if let Some(conn) = self.conns.get_mut(&ch) {
-                conn.close(now, CLOSE_CODE_NORMAL, "shutdown");
-                conn.release(&mut self.core);
+                conn.close(now, CLOSE_CODE_NORMAL, "shutdown", &mut self.core);
             }
             self.touch(ch);
         }
