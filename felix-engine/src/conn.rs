@@ -338,12 +338,7 @@ impl Conn {
                     Ok(Some(frame)) => frame,
                     Ok(None) => break,
                     Err(err) => {
-                        let mut cx = SessionCx {
-                            now,
-                            core,
-                            conn: &mut self.shared,
-                        };
-                        session.on_decode_error(err, &mut cx);
+                        session.on_decode_error(err);
                         close = true;
                         break;
                     }

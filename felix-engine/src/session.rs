@@ -98,15 +98,16 @@ impl Session {
 
     /// The frame stream is out of sync (bad magic, version, flags, or an oversize frame):
     /// answer with an error if possible; the connection then closes the stream.
-    pub(crate) fn on_decode_error(&mut self, err: DecodeError, cx: &mut SessionCx<'_>) {
+    pub(crate) fn on_decode_error(&mut self, err: DecodeError) {
         debug!(%err, "closing a stream whose frames cannot be read");
-        let code = if self.auth.is_none() && matches!(err, DecodeError::FrameTooLarge { .. }) {
+        // Before auth only an oversize frame can be refused here; either way the code is
+        // sent only to a stream that negotiated error codes.
+        let code = if self.auth.is_none() {
             ErrorCode::Unauthenticated
         } else {
             err.code()
         };
         self.push_error(code, err.to_string());
-        let _ = cx;
     }
 
     /// Handles one whole frame.
