@@ -223,7 +223,13 @@ async fn throughput(target: &Target, args: &Args, fanout: usize) {
                 last_event = Instant::now() - Duration::from_millis(300);
             }
             delivered.fetch_add(local % 1024, Ordering::Relaxed);
-            (local, last_event)
+            let stats = _client.connection().stats();
+            (
+                local,
+                last_event,
+                stats.path.lost_packets,
+                stats.udp_rx.datagrams,
+            )
         }));
     }
 
@@ -257,11 +263,15 @@ async fn throughput(target: &Target, args: &Args, fanout: usize) {
     stop.store(true, Ordering::Relaxed);
     let mut per_sub = Vec::new();
     let mut last_delivery = started;
+    let (mut lost, mut datagrams) = (0u64, 0u64);
     for t in sub_tasks {
-        let (count, last) = t.await.expect("subscriber task");
+        let (count, last, sub_lost, sub_datagrams) = t.await.expect("subscriber task");
         per_sub.push(count);
         last_delivery = last_delivery.max(last);
+        lost += sub_lost;
+        datagrams += sub_datagrams;
     }
+    let publisher_stats = publisher.connection().stats();
     let delivery_elapsed = last_delivery.duration_since(started);
 
     let batches = published_batches.load(Ordering::Relaxed);
@@ -290,6 +300,10 @@ async fn throughput(target: &Target, args: &Args, fanout: usize) {
     println!(
         "  delivered_MBps_per_subscriber: {:.1}",
         (delivered * size as u64) as f64 / d_secs / 1e6 / fanout as f64
+    );
+    println!(
+        "  quic_packets_lost: publisher {} of {} sent; subscribers {} (broker to client, of {} datagrams received)",
+        publisher_stats.path.lost_packets, publisher_stats.udp_tx.datagrams, lost, datagrams
     );
 }
 
