@@ -337,3 +337,68 @@ async fn an_oversize_cache_value_is_refused_with_a_code() {
     );
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "broker bug: a binary publish to a malformed stream name is acked `forbidden` instead of \
+            `invalid_request` (felix-engine session.rs forbidden_publish_message); see \
+            /work/notes/client-findings.md §3. Remove this line once fixed."]
+async fn names_that_cannot_form_an_object_are_invalid_requests() {
+    // Permission objects are `stream:tenant/ns/name`: a name with '/' or ':' (or an empty
+    // one) could alias another object, so the broker refuses it as malformed.
+    let broker = broker().await;
+    let client = broker.client().await;
+    let mut wrong = Vec::new();
+    let mut check = |what: String, result: Option<ClientError>| match result {
+        Some(e) if e.code() == Some(&ErrorCode::InvalidRequest) => {}
+        other => wrong.push(format!("{what}: {other:?}")),
+    };
+    for bad in ["a/b", "x:y", ""] {
+        let publish = client.publish(
+            "default",
+            bad,
+            vec![Bytes::from_static(b"p")],
+            None,
+            felix_client::Ack::PerMessage,
+        );
+        check(
+            format!("publish to {bad:?}"),
+            within(10, publish).await.err(),
+        );
+        check(
+            format!("subscribe to {bad:?}"),
+            within(10, client.subscribe("default", bad, Start::Latest))
+                .await
+                .err(),
+        );
+        check(
+            format!("cache_get in {bad:?}"),
+            within(10, client.cache_get("default", bad, "k"))
+                .await
+                .err(),
+        );
+    }
+    check(
+        "cache_get in namespace \"ns/evil\"".into(),
+        within(10, client.cache_get("ns/evil", "c", "k"))
+            .await
+            .err(),
+    );
+    assert!(
+        wrong.is_empty(),
+        "expected invalid_request for each:\n{}",
+        wrong.join("\n")
+    );
+    // The client's streams keep working after the refusals.
+    client.cache_get("default", "c", "k").await.unwrap();
+    client
+        .publish(
+            "default",
+            &unique("fine"),
+            vec![Bytes::from_static(b"p")],
+            None,
+            felix_client::Ack::PerMessage,
+        )
+        .await
+        .unwrap();
+    broker.shutdown().await;
+}
