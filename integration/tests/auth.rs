@@ -141,3 +141,61 @@ async fn reference_offer_is_accepted() {
     assert!(!client.capabilities().legacy_ok);
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_auth_on_a_stream_is_refused() {
+    let broker = broker().await;
+    let client = broker.client().await;
+    let mut raw = client.open_raw_stream(true).await.unwrap();
+    raw.send(felix_client::core::auth_frame(
+        "t1",
+        &broker.token(),
+        &Offer::full(),
+    ))
+    .await
+    .unwrap();
+    let frame = within(10, raw.recv_frame())
+        .await
+        .unwrap()
+        .expect("an answer");
+    match felix_proto::message::Message::decode(&frame.payload).unwrap() {
+        felix_proto::message::Message::Error(e) => {
+            assert_eq!(e.code, Some(ErrorCode::InvalidRequest), "{e:?}")
+        }
+        other => panic!("a second auth must be refused, got {other:?}"),
+    }
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_is_per_stream() {
+    // One connection, one good stream; a stream on it with a bad token is refused, and the
+    // good one keeps working.
+    let broker = broker().await;
+    let client = broker.client().await;
+    let mut raw = client.open_raw_stream(false).await.unwrap();
+    raw.send(felix_client::core::auth_frame(
+        "t1",
+        "forged",
+        &Offer::full(),
+    ))
+    .await
+    .unwrap();
+    let frame = within(10, raw.recv_frame())
+        .await
+        .unwrap()
+        .expect("an answer");
+    match felix_proto::message::Message::decode(&frame.payload).unwrap() {
+        felix_proto::message::Message::Error(e) => {
+            assert_eq!(e.code, Some(ErrorCode::Unauthenticated), "{e:?}")
+        }
+        other => panic!("a forged token must be refused, got {other:?}"),
+    }
+    within(
+        10,
+        client.cache_put("default", "c", "k", Bytes::from_static(b"v"), None),
+    )
+    .await
+    .unwrap();
+    broker.shutdown().await;
+}

@@ -135,3 +135,36 @@ async fn pipelined_requests_on_one_stream_are_matched_by_request_id() {
     }
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_write_without_request_id_is_answered_plain_ok() {
+    use felix_proto::message::{self, Message};
+    let broker = broker().await;
+    let client = broker.client().await;
+    let cache = unique("no-id");
+    let mut raw = client.open_raw_stream(true).await.unwrap();
+    let put = Message::CachePut(message::CachePut {
+        tenant_id: "t1".into(),
+        namespace: "default".into(),
+        cache: cache.clone(),
+        key: "k".into(),
+        value: Bytes::from_static(b"v"),
+        request_id: None,
+        ttl_ms: None,
+    });
+    raw.send(put.to_frame().to_bytes()).await.unwrap();
+    let frame = within(10, raw.recv_frame())
+        .await
+        .unwrap()
+        .expect("an answer");
+    assert_eq!(Message::decode(&frame.payload).unwrap(), Message::Ok);
+    assert_eq!(
+        client
+            .cache_get("default", &cache, "k")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"v"[..])
+    );
+    broker.shutdown().await;
+}

@@ -205,3 +205,88 @@ async fn a_full_window_written_at_once_is_answered_in_order() {
     }
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_publish_forms_are_answered_like_the_protocol_says() {
+    use felix_proto::message::{self, Message};
+    let broker = broker().await;
+    let client = broker.client().await;
+    let stream = unique("json");
+    let mut sub = client
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    let mut raw = client.open_raw_stream(true).await.unwrap();
+    let single = |payload: &'static [u8], request_id, ack| {
+        Message::Publish(message::Publish {
+            tenant_id: TENANT.into(),
+            namespace: "default".into(),
+            stream: stream.clone(),
+            payload: Bytes::from_static(payload),
+            key: None,
+            shard: None,
+            request_id,
+            ack,
+        })
+        .to_frame()
+        .to_bytes()
+    };
+    // Acked single publish: publish_ok with its request id.
+    raw.send(single(b"one", Some(5), Some(message::AckMode::PerMessage)))
+        .await
+        .unwrap();
+    let frame = within(10, raw.recv_frame())
+        .await
+        .unwrap()
+        .expect("publish_ok");
+    match Message::decode(&frame.payload).unwrap() {
+        Message::PublishOk(ok) => assert_eq!(ok.request_id, 5),
+        other => panic!("{other:?}"),
+    }
+    // Unacked: no answer, but delivered (checked below, in order).
+    raw.send(single(b"two", None, Some(message::AckMode::None)))
+        .await
+        .unwrap();
+    raw.send(single(
+        b"three",
+        Some(6),
+        Some(message::AckMode::PerMessage),
+    ))
+    .await
+    .unwrap();
+    let frame = within(10, raw.recv_frame())
+        .await
+        .unwrap()
+        .expect("publish_ok");
+    match Message::decode(&frame.payload).unwrap() {
+        Message::PublishOk(ok) => assert_eq!(ok.request_id, 6, "the unacked publish got no answer"),
+        other => panic!("{other:?}"),
+    }
+    for expected in [&b"one"[..], b"two", b"three"] {
+        assert_eq!(&next_event(&mut sub).await.payload[..], expected);
+    }
+    // A refused JSON publish is a publish_error carrying the request id and a code.
+    let foreign = Message::PublishBatch(message::PublishBatch {
+        tenant_id: "t2".into(),
+        namespace: "default".into(),
+        stream: stream.clone(),
+        payloads: vec![Bytes::from_static(b"x")],
+        key: None,
+        shard: None,
+        request_id: Some(7),
+        ack: Some(message::AckMode::PerBatch),
+    });
+    raw.send(foreign.to_frame().to_bytes()).await.unwrap();
+    let frame = within(10, raw.recv_frame())
+        .await
+        .unwrap()
+        .expect("publish_error");
+    match Message::decode(&frame.payload).unwrap() {
+        Message::PublishError(e) => {
+            assert_eq!(e.request_id, 7);
+            assert_eq!(e.code, Some(felix_proto::ErrorCode::Forbidden), "{e:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    broker.shutdown().await;
+}

@@ -315,3 +315,35 @@ async fn a_stalled_subscriber_drops_alone_and_blocks_nobody() {
     );
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_event_stream_carries_only_its_subscription() {
+    // Several subscriptions on one connection, to different streams: the event streams are
+    // matched by their hello, and nothing crosses over.
+    let broker = broker().await;
+    let client = broker.client().await;
+    let streams: Vec<String> = (0..3).map(|_| unique("routed")).collect();
+    let mut subs = Vec::new();
+    for s in &streams {
+        subs.push(client.subscribe("default", s, Start::Latest).await.unwrap());
+    }
+    for round in 0..5 {
+        for (i, s) in streams.iter().enumerate().rev() {
+            let payload = Bytes::from(format!("{i}:{round}"));
+            client
+                .publish("default", s, vec![payload], None, Ack::PerMessage)
+                .await
+                .unwrap();
+        }
+    }
+    for (i, sub) in subs.iter_mut().enumerate() {
+        for round in 0..5 {
+            assert_eq!(
+                next_event(sub).await.payload,
+                Bytes::from(format!("{i}:{round}"))
+            );
+        }
+        felix_integration::assert_quiet(sub, 50).await;
+    }
+    broker.shutdown().await;
+}
