@@ -13,6 +13,95 @@ use felix_runtime_tokio::{BrokerOptions, RunningBroker};
 /// The tenant the dev token is minted for.
 pub const TENANT: &str = "t1";
 
+/// Mints Felix tokens (EdDSA JWTs) with a key whose public half is in [`TokenMinter::jwks`].
+pub struct TokenMinter {
+    key: ring::signature::Ed25519KeyPair,
+    kid: String,
+}
+
+/// What a minted token says; every field the broker checks can be made wrong on purpose.
+#[derive(Debug, Clone)]
+pub struct Claims {
+    pub tenant: String,
+    pub perms: Vec<String>,
+    pub iss: String,
+    pub aud: String,
+    /// Seconds from now until expiry (negative: already expired).
+    pub expires_in: i64,
+}
+
+impl Claims {
+    /// A valid token for `tenant` with `perms` (e.g. `"stream.publish:stream:t1/default/*"`).
+    pub fn new(tenant: &str, perms: &[&str]) -> Claims {
+        Claims {
+            tenant: tenant.into(),
+            perms: perms.iter().map(|p| p.to_string()).collect(),
+            iss: "felix-auth".into(),
+            aud: "felix-broker".into(),
+            expires_in: 3600,
+        }
+    }
+}
+
+impl TokenMinter {
+    /// A minter with a fixed test key.
+    pub fn new(kid: &str, seed: [u8; 32]) -> TokenMinter {
+        let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed).expect("seed");
+        TokenMinter {
+            key,
+            kid: kid.into(),
+        }
+    }
+
+    /// The JWKS document holding the public key.
+    pub fn jwks(&self) -> Vec<u8> {
+        use base64::Engine as _;
+        use ring::signature::KeyPair as _;
+        let x =
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(self.key.public_key().as_ref());
+        serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": self.kid, "x": x}]})
+            .to_string()
+            .into_bytes()
+    }
+
+    /// A compact JWS for `claims`, signed by this key under `kid`.
+    pub fn mint_as(&self, kid: &str, claims: &Claims) -> String {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs() as i64;
+        let header = serde_json::json!({"alg": "EdDSA", "typ": "JWT", "kid": kid});
+        let body = serde_json::json!({
+            "iss": claims.iss, "aud": claims.aud, "sub": "integration-test", "tid": claims.tenant,
+            "iat": now - 10, "exp": now + claims.expires_in, "perms": claims.perms,
+        });
+        let mut token = b64.encode(header.to_string());
+        token.push('.');
+        token.push_str(&b64.encode(body.to_string()));
+        let signature = self.key.sign(token.as_bytes());
+        token.push('.');
+        token.push_str(&b64.encode(signature.as_ref()));
+        token
+    }
+
+    /// A token signed under this minter's own `kid`.
+    pub fn mint(&self, claims: &Claims) -> String {
+        self.mint_as(&self.kid.clone(), claims)
+    }
+}
+
+/// Starts a broker on 127.0.0.1:0 that verifies tokens against `jwks` (no dev token).
+pub async fn broker_with_jwks(jwks: Vec<u8>) -> TestBroker {
+    let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
+    opts.jwks = Some(jwks);
+    let broker = within(10, felix_runtime_tokio::start(opts))
+        .await
+        .expect("broker starts");
+    TestBroker { broker }
+}
+
 /// A broker running in this process.
 pub struct TestBroker {
     broker: RunningBroker,
@@ -54,13 +143,15 @@ impl TestBroker {
         self.broker.dev_token().expect("dev mode").to_owned()
     }
 
-    /// A client configuration trusting this broker, authenticating with the dev token.
+    /// A client configuration trusting this broker, authenticating with the dev token (or
+    /// an empty one on a JWKS broker: set `token` yourself).
     pub fn config(&self) -> ClientConfig {
+        let token = self.broker.dev_token().unwrap_or_default().to_owned();
         let mut config = ClientConfig::new(
             self.addr(),
             self.broker.ca_cert_pem().as_bytes().to_vec(),
             TENANT,
-            &self.token(),
+            &token,
         );
         // Tests fail fast rather than wait out the production timeouts.
         config.request_timeout = Duration::from_secs(10);
