@@ -22,6 +22,7 @@ mod conn;
 mod engine;
 mod seed;
 mod session;
+pub(crate) mod storage;
 mod tls;
 
 pub use config::*;

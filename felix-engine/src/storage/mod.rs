@@ -1,0 +1,27 @@
+//! Durable storage as operations: segment logs for durable streams and caches.
+//!
+//! Nothing here touches a file. A [`log::ShardLog`] (or a [`cache_log::CacheLog`] over one)
+//! decides what to write, sync, read, rename and remove, and says so as [`ops::FileOp`]s
+//! carrying ids; the runtime performs them under `FELIX_DURABLE_STORAGE_DIR` and feeds each
+//! [`ops::FileCompletion`] back. `docs/storage-format.md` describes the bytes and the
+//! recovery rules.
+//!
+//! - `ops`: the file-op vocabulary shared with the runtime's executor;
+//! - `layout`: directory and file names under the storage root;
+//! - `record`: segment header, entry encoding with CRC32C, the entry scanner;
+//! - `segment`: one segment's offsets, byte counts and sparse index;
+//! - `log`: [`log::ShardLog`], recovery, appends, group commit, reads, retention, compaction;
+//! - `cache_log`: [`cache_log::CacheLog`], a key → offset index over a log, with TTL.
+
+// The engine does not drive storage yet (issue 4 wires it); until then nothing calls in.
+#![allow(dead_code)]
+
+pub(crate) mod cache_log;
+pub(crate) mod layout;
+pub(crate) mod log;
+pub(crate) mod ops;
+pub(crate) mod record;
+pub(crate) mod segment;
+
+#[cfg(test)]
+pub(crate) mod memfs;

@@ -1,0 +1,157 @@
+//! One segment file as the log sees it in memory: its offset range, how many of its bytes
+//! are assigned, written and synced, and its sparse index.
+//!
+//! The index is never stored: it is rebuilt from the data whenever a segment is scanned and
+//! extended as entries are appended, by the same rule both times, so the two can never
+//! disagree. It says where to start reading; the entries read from there say what is true.
+
+use super::layout;
+use super::record::{EntryMeta, SEGMENT_HEADER_LEN};
+
+/// One index point per this many bytes of entries (the first entry always has one). A read
+/// decodes at most about this much before it reaches the offset it wants.
+pub(crate) const INDEX_INTERVAL_BYTES: u64 = 4096;
+
+/// Where a segment is in its creation: each step is one file op, done in this order so a
+/// crash at any point leaves either no file, a file the recovery rules repair, or a
+/// durable empty segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// `Create` (or truncate) the file.
+    Create,
+    /// Append the header.
+    Header,
+    /// Sync the file, so the header is on the device before any record.
+    SyncFile,
+    /// Sync the directory, so the file's name is.
+    SyncDir,
+    /// Takes appends.
+    Ready,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Segment {
+    pub(crate) base: u64,
+    pub(crate) path: String,
+    /// Set on compaction output: the end of the range it covers, gaps allowed inside.
+    pub(crate) compacted_end: Option<u64>,
+    /// One past the last offset assigned to this segment (pending appends included).
+    pub(crate) end: u64,
+    /// Bytes assigned: header plus every entry, pending ones included.
+    pub(crate) len: u64,
+    /// Bytes whose write completed.
+    pub(crate) written_len: u64,
+    /// Bytes covered by a completed sync.
+    pub(crate) synced_len: u64,
+    /// `(first offset of an entry, file position of that entry)`, ascending.
+    index: Vec<(u64, u64)>,
+    last_indexed_pos: Option<u64>,
+    /// Append time of the newest record, for retention by age.
+    pub(crate) newest_time_us: u64,
+    pub(crate) stage: Stage,
+    /// Reads in flight against this file; it is not removed or renamed over while any are.
+    pub(crate) reads_in_flight: u32,
+}
+
+impl Segment {
+    /// A segment that does not exist on disk yet.
+    pub(crate) fn new_unborn(dir: &str, base: u64) -> Segment {
+        Segment {
+            base,
+            path: layout::join(dir, &layout::segment_name(base)),
+            compacted_end: None,
+            end: base,
+            len: SEGMENT_HEADER_LEN,
+            written_len: 0,
+            synced_len: 0,
+            index: Vec::new(),
+            last_indexed_pos: None,
+            newest_time_us: 0,
+            stage: Stage::Create,
+            reads_in_flight: 0,
+        }
+    }
+
+    /// A segment found on disk with a valid header; entries are added as they are scanned.
+    pub(crate) fn found(dir: &str, base: u64, compacted_end: Option<u64>) -> Segment {
+        Segment {
+            compacted_end,
+            end: compacted_end.unwrap_or(base),
+            written_len: SEGMENT_HEADER_LEN,
+            synced_len: SEGMENT_HEADER_LEN,
+            stage: Stage::Ready,
+            ..Segment::new_unborn(dir, base)
+        }
+    }
+
+    /// Records an entry at `pos` (scanned or just appended).
+    pub(crate) fn note_entry(&mut self, pos: u64, meta: &EntryMeta) {
+        let due = self
+            .last_indexed_pos
+            .is_none_or(|last| pos - last >= INDEX_INTERVAL_BYTES);
+        if due {
+            self.index.push((meta.base, pos));
+            self.last_indexed_pos = Some(pos);
+        }
+        self.newest_time_us = self.newest_time_us.max(meta.time_us);
+        if self.compacted_end.is_none() {
+            self.end = meta.end();
+        }
+        self.len = self.len.max(pos + u64::from(meta.len));
+    }
+
+    /// Where to start reading for `offset`: the last indexed entry at or before it.
+    pub(crate) fn seek(&self, offset: u64) -> u64 {
+        let i = self.index.partition_point(|&(first, _)| first <= offset);
+        if i == 0 {
+            SEGMENT_HEADER_LEN
+        } else {
+            self.index[i - 1].1
+        }
+    }
+
+    pub(crate) fn has_entries(&self) -> bool {
+        self.len > SEGMENT_HEADER_LEN
+    }
+
+    #[cfg(test)]
+    pub(crate) fn index_points(&self) -> &[(u64, u64)] {
+        &self.index
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(base: u64, count: u32, len: u32) -> EntryMeta {
+        EntryMeta {
+            base,
+            count,
+            time_us: base * 10,
+            len,
+        }
+    }
+
+    #[test]
+    fn the_index_is_sparse_and_seek_lands_at_or_before() {
+        let mut s = Segment::found("d", 100, None);
+        let mut pos = SEGMENT_HEADER_LEN;
+        for i in 0..100u64 {
+            s.note_entry(pos, &meta(100 + 2 * i, 2, 1000));
+            pos += 1000;
+        }
+        assert_eq!(s.end, 300);
+        assert_eq!(s.len, pos);
+        // One point per ≥ 4096 bytes: entries 0, 5, 10, ...
+        assert_eq!(s.index_points().len(), 20);
+        assert_eq!(s.seek(100), SEGMENT_HEADER_LEN);
+        assert_eq!(s.seek(99), SEGMENT_HEADER_LEN);
+        let p = s.seek(151);
+        // Entry 25 (offsets 150, 151) is indexed exactly.
+        assert_eq!(p, SEGMENT_HEADER_LEN + 25 * 1000);
+        let p = s.seek(159);
+        assert!(p <= SEGMENT_HEADER_LEN + 29 * 1000 && p >= SEGMENT_HEADER_LEN + 25 * 1000);
+        assert_eq!(s.newest_time_us, 298 * 10);
+    }
+}
