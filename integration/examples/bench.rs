@@ -7,6 +7,9 @@
 //!   connect    [--samples N]
 //!   memory     [--conns N] [--subs N] [--broker PATH]
 //!   all
+//! every scenario also takes --client-threads N (tokio workers for the clients, default 1:
+//! with the broker on its own thread that fills this 2-core machine without the cross-thread
+//! wake-ups a second client worker adds)
 //! ```
 //!
 //! `throughput` and `latency` run the broker in this process on its own tokio runtime (its
@@ -115,7 +118,7 @@ fn start_inprocess_broker() -> Target {
 fn main() {
     let args = Args::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(args.get("client-threads", 1usize))
         .enable_all()
         .build()
         .expect("client runtime");
