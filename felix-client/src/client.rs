@@ -775,7 +775,8 @@ impl Subscription {
     }
 
     /// The next event, or the end of the subscription. A broker `error` on the event stream
-    /// and a lost connection are errors.
+    /// and a lost connection are errors. Cancel-safe: dropping the future (say, in a
+    /// `select!` or a timeout) loses nothing; received bytes stay buffered here.
     pub async fn next(&mut self) -> Result<SubscriptionItem, ClientError> {
         loop {
             if let Some(event) = self.pending.pop_front() {
