@@ -324,6 +324,8 @@ struct ReadJob {
     max_bytes: usize,
     records: usize,
     bytes: usize,
+    /// A record was left out for the budget: the answer ends before it.
+    full: bool,
     out: Vec<StoredBatch>,
     /// Where the last chunk stopped, to continue without a new index lookup.
     resume: Option<(u64, u64)>,
@@ -661,6 +663,7 @@ impl ShardLog {
             max_bytes,
             records: 0,
             bytes: 0,
+            full: false,
             out: Vec::new(),
             resume: None,
             in_flight: None,
@@ -1034,6 +1037,9 @@ impl ShardLog {
             }
             let full = job.records >= job.max_records
                 || (job.records > 0 && job.bytes + payload.len() > job.max_bytes);
+            if full {
+                job.full = true;
+            }
             if offset >= job.limit || full {
                 break;
             }
@@ -1055,7 +1061,8 @@ impl ShardLog {
     }
 
     fn read_is_done(job: &ReadJob) -> bool {
-        job.next >= job.limit
+        job.full
+            || job.next >= job.limit
             || job.records >= job.max_records
             || (job.records > 0 && job.bytes >= job.max_bytes)
     }
@@ -1162,9 +1169,12 @@ impl ShardLog {
             match record::step(&data[at..]) {
                 Step::Entry(meta) => {
                     let entry = data.slice(at..at + meta.len as usize);
-                    at += meta.len as usize;
+                    let more = Self::take_entry(&mut job, &entry, &meta);
+                    if job.next >= meta.end() {
+                        at += meta.len as usize;
+                    }
                     job.resume = Some((base, pos + at as u64));
-                    if !Self::take_entry(&mut job, &entry, &meta) {
+                    if !more {
                         break;
                     }
                 }

@@ -1,1 +1,873 @@
+//! ShardLog against the fault-injecting memfs: recovery, group commit, crashes at every
+//! write step, corruption, retention and reads.
 
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::*;
+use crate::storage::memfs::{Crash, MemFs};
+use crate::storage::ops::FileErrorKind;
+
+pub(crate) const DIR: &str = "streams/t/ns/s/0";
+
+/// A log, its filesystem and an oracle of what was appended and acknowledged.
+pub(crate) struct Rig {
+    pub(crate) fs: MemFs,
+    pub(crate) log: ShardLog,
+    pub(crate) cfg: LogConfig,
+    pub(crate) t0: Instant,
+    /// Ops the log emitted that the "runtime" has not executed yet.
+    pub(crate) queue: VecDeque<FileOp>,
+    pub(crate) durable: u64,
+    pub(crate) opened: Option<(u64, u64, u64)>,
+    pub(crate) failed: Option<StorageError>,
+    pub(crate) reads: HashMap<ReadTicket, Result<ReadBatch, ReadError>>,
+    pub(crate) trimmed: Option<u64>,
+    pub(crate) compacted: usize,
+    /// Every payload appended, by offset.
+    pub(crate) appended: Vec<Bytes>,
+    pub(crate) ops_seen: Vec<FileOpKind>,
+}
+
+pub(crate) fn cfg(fsync: FsyncMode, segment_max_bytes: u64) -> LogConfig {
+    LogConfig {
+        fsync,
+        segment_max_bytes,
+        ..LogConfig::default()
+    }
+}
+
+impl Rig {
+    pub(crate) fn new(cfg: LogConfig) -> Rig {
+        Rig::on(MemFs::new(), cfg)
+    }
+
+    /// Opens a log over an existing filesystem and runs recovery to the end.
+    pub(crate) fn on(fs: MemFs, cfg: LogConfig) -> Rig {
+        let t0 = Instant::now();
+        let log = ShardLog::open(LogId(1), DIR.into(), cfg.clone(), t0);
+        let mut rig = Rig {
+            fs,
+            log,
+            cfg,
+            t0,
+            queue: VecDeque::new(),
+            durable: 0,
+            opened: None,
+            failed: None,
+            reads: HashMap::new(),
+            trimmed: None,
+            compacted: 0,
+            appended: Vec::new(),
+            ops_seen: Vec::new(),
+        };
+        rig.pump();
+        rig
+    }
+
+    pub(crate) fn collect(&mut self) {
+        while let Some(op) = self.log.poll_op() {
+            assert_eq!(op.id.log(), LogId(1));
+            self.ops_seen.push(op.kind.clone());
+            self.queue.push_back(op);
+        }
+        while let Some(e) = self.log.poll_event() {
+            match e {
+                LogEvent::Opened {
+                    start_offset,
+                    next_offset,
+                    truncated_bytes,
+                } => self.opened = Some((start_offset, next_offset, truncated_bytes)),
+                LogEvent::Durable { up_to } => {
+                    assert!(up_to > self.durable, "durable goes forward");
+                    self.durable = up_to;
+                }
+                LogEvent::Read { ticket, result } => {
+                    assert!(self.reads.insert(ticket, result).is_none());
+                }
+                LogEvent::Trimmed { start_offset } => self.trimmed = Some(start_offset),
+                LogEvent::Compacted { .. } => self.compacted += 1,
+                LogEvent::CompactionFailed(e) | LogEvent::Failed(e) => self.failed = Some(e),
+            }
+        }
+    }
+
+    /// Executes the oldest queued op. False when nothing is queued.
+    pub(crate) fn step(&mut self) -> bool {
+        self.collect();
+        let Some(op) = self.queue.pop_front() else {
+            return false;
+        };
+        if let Some(c) = self.fs.execute(op) {
+            self.log.handle_completion(c);
+        }
+        self.collect();
+        true
+    }
+
+    /// Runs every op to quiescence (bounded).
+    pub(crate) fn pump(&mut self) {
+        for _ in 0..100_000 {
+            if !self.step() {
+                return;
+            }
+        }
+        panic!("the log did not settle");
+    }
+
+    /// Completes queued ops in a seeded random order (the runtime may reorder freely).
+    pub(crate) fn pump_shuffled(&mut self, rng: &mut u64) {
+        for _ in 0..100_000 {
+            self.collect();
+            if self.queue.is_empty() {
+                return;
+            }
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            let i = (*rng % self.queue.len() as u64) as usize;
+            let op = self.queue.remove(i).expect("in range");
+            if let Some(c) = self.fs.execute(op) {
+                self.log.handle_completion(c);
+            }
+        }
+        panic!("the log did not settle");
+    }
+
+    pub(crate) fn append(&mut self, payloads: &[&[u8]]) -> u64 {
+        let payloads: Vec<Bytes> = payloads.iter().map(|p| Bytes::copy_from_slice(p)).collect();
+        let batch = Batch {
+            time_us: 1_000 + self.appended.len() as u64,
+            publisher: Some(b"pub"),
+            payloads: &payloads,
+        };
+        let first = self.log.append(self.t0, batch).expect("append");
+        assert_eq!(first, self.appended.len() as u64);
+        self.appended.extend(payloads);
+        self.collect();
+        first
+    }
+
+    pub(crate) fn read(&mut self, from: u64, max_records: usize, max_bytes: usize) -> ReadBatch {
+        let ticket = self.log.read(from, max_records, max_bytes).expect("read");
+        self.pump();
+        self.reads
+            .remove(&ticket)
+            .expect("read answered")
+            .expect("read ok")
+    }
+
+    /// Every durable record from the start, read page by page.
+    pub(crate) fn read_all(&mut self) -> Vec<(u64, Bytes)> {
+        let mut out = Vec::new();
+        let mut from = self.log.start_offset();
+        for _ in 0..10_000 {
+            let page = self.read(from, 7, 300);
+            if page.batches.is_empty() {
+                return out;
+            }
+            for b in page.batches {
+                assert_eq!(b.publisher.as_deref(), Some(&b"pub"[..]));
+                for (i, p) in b.payloads.into_iter().enumerate() {
+                    out.push((b.first_offset + i as u64, p));
+                }
+            }
+            assert!(page.next_offset > from);
+            from = page.next_offset;
+        }
+        panic!("read_all did not finish");
+    }
+
+    pub(crate) fn files(&self) -> Vec<String> {
+        self.fs.list(DIR)
+    }
+
+    pub(crate) fn seg_path(base: u64) -> String {
+        format!("{DIR}/{}", layout::segment_name(base))
+    }
+
+    pub(crate) fn reopen(self, crash: Crash) -> Rig {
+        let Rig { mut fs, cfg, .. } = self;
+        fs.crash(crash);
+        Rig::on(fs, cfg)
+    }
+}
+
+fn payload(i: usize) -> Vec<u8> {
+    // Varied sizes so entries straddle sectors and segment limits differently.
+    let len = (i * 37) % 90 + 1;
+    (0..len).map(|j| (i * 7 + j) as u8).collect()
+}
+
+#[test]
+fn a_new_log_creates_its_first_segment_durably() {
+    let rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
+    assert_eq!(rig.opened, Some((0, 0, 0)));
+    assert_eq!(rig.files(), vec![layout::segment_name(0)]);
+    let seg = rig.fs.file(&Rig::seg_path(0)).unwrap();
+    assert_eq!(seg.len(), SEGMENT_HEADER_LEN as usize);
+    // Directory first, then create, header, sync of the file, sync of the directory.
+    let kinds: Vec<&str> = rig.ops_seen.iter().map(|k| k.name()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "create_dir",
+            "list_dir",
+            "create",
+            "append",
+            "sync",
+            "sync_dir"
+        ]
+    );
+    let rig = rig.reopen(Crash::Power);
+    assert_eq!(rig.opened, Some((0, 0, 0)));
+}
+
+#[test]
+fn appends_read_back_from_memory_and_after_a_restart() {
+    let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
+    rig.append(&[b"a", b"bb"]);
+    rig.append(&[b"ccc"]);
+    rig.pump();
+    assert_eq!(rig.durable, 3);
+    let page = rig.read(1, 100, 1 << 20);
+    assert_eq!(page.next_offset, 3);
+    assert_eq!(page.batches.len(), 2);
+    assert_eq!(page.batches[0].first_offset, 1);
+    assert_eq!(page.batches[0].payloads, vec![Bytes::from_static(b"bb")]);
+    assert_eq!(page.batches[0].time_us, 1_000);
+    assert_eq!(page.batches[1].payloads, vec![Bytes::from_static(b"ccc")]);
+    let reads_before = rig.ops_seen.iter().filter(|k| k.name() == "read").count();
+    assert_eq!(reads_before, 0, "the tail cache answered");
+
+    let mut rig = rig.reopen(Crash::Power);
+    assert_eq!(rig.opened, Some((0, 3, 0)));
+    let all = rig.read_all();
+    assert_eq!(
+        all.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>(),
+        vec![&b"a"[..], b"bb", b"ccc"]
+    );
+    assert!(rig.ops_seen.iter().any(|k| k.name() == "read"));
+}
+
+#[test]
+fn group_commit_releases_everything_queued_behind_a_sync_with_one_more_sync() {
+    let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
+    rig.ops_seen.clear();
+    rig.append(&[b"first"]);
+    assert!(rig.step(), "the append goes out");
+    assert!(matches!(
+        rig.queue.front().map(|o| &o.kind),
+        Some(FileOpKind::Sync { .. })
+    ));
+    assert_eq!(rig.durable, 0, "written is not durable under on_commit");
+    // While that sync is in flight, five more appends arrive: none goes out.
+    for i in 0..5u8 {
+        rig.append(&[&[i]]);
+    }
+    assert_eq!(
+        rig.queue.len(),
+        1,
+        "appends queue behind the sync in flight"
+    );
+    assert!(rig.step(), "the sync lands");
+    assert_eq!(rig.durable, 1, "it covered the first append only");
+    rig.pump();
+    assert_eq!(rig.durable, 6);
+    let names: Vec<&str> = rig.ops_seen.iter().map(|k| k.name()).collect();
+    assert_eq!(names, ["append", "sync", "append", "sync"]);
+    let FileOpKind::Append { bytes, .. } = &rig.ops_seen[2] else {
+        unreachable!()
+    };
+    let one = record::entry_len(b"pub", &[[0u8]]);
+    assert_eq!(
+        bytes.len(),
+        5 * one,
+        "the five queued appends went out as one write"
+    );
+}
+
+#[test]
+fn periodic_mode_acknowledges_on_write_and_syncs_within_the_interval() {
+    let iv = Duration::from_millis(250);
+    let mut rig = Rig::new(cfg(FsyncMode::Periodic(iv), 1 << 20));
+    rig.ops_seen.clear();
+    rig.append(&[b"x"]);
+    rig.pump();
+    assert_eq!(rig.durable, 1, "durable once written under periodic");
+    assert_eq!(rig.log.synced_offset(), 0);
+    assert!(rig.ops_seen.iter().all(|k| k.name() != "sync"));
+    assert_eq!(rig.log.poll_timeout(), Some(rig.t0 + iv));
+    rig.log
+        .handle_timeout(rig.t0 + iv - Duration::from_millis(1), 0);
+    rig.pump();
+    assert_eq!(rig.log.synced_offset(), 0, "not before the interval");
+    rig.log.handle_timeout(rig.t0 + iv, 0);
+    rig.pump();
+    assert_eq!(rig.log.synced_offset(), 1);
+    assert_eq!(
+        rig.log.poll_timeout(),
+        None,
+        "nothing unsynced, no deadline"
+    );
+    assert!(rig.log.is_idle());
+}
+
+#[test]
+fn none_mode_syncs_only_to_seal_a_segment_or_on_request() {
+    let mut rig = Rig::new(cfg(FsyncMode::None, 200));
+    rig.ops_seen.clear();
+    for i in 0..3 {
+        rig.append(&[&payload(i)]);
+        rig.pump();
+    }
+    assert_eq!(rig.durable, 3);
+    let syncs = rig.ops_seen.iter().filter(|k| k.name() == "sync").count();
+    let rolls = rig.files().len() - 1;
+    // Each roll syncs the sealed segment and the new one's header.
+    assert_eq!(syncs, 2 * rolls);
+    assert!(rig.log.synced_offset() < 3);
+    assert_eq!(rig.log.poll_timeout(), None);
+    rig.log.sync_now();
+    rig.pump();
+    assert_eq!(rig.log.synced_offset(), 3);
+}
+
+#[test]
+fn segments_roll_at_the_size_limit_and_reads_cross_their_boundaries() {
+    let mut rig = Rig::new(LogConfig {
+        tail_cache_bytes: 0, // every read goes to the files
+        ..cfg(FsyncMode::OnCommit, 256)
+    });
+    for i in 0..40 {
+        rig.append(&[&payload(i)[..], &payload(i + 1)[..]]);
+        if i % 4 == 3 {
+            rig.pump();
+        }
+    }
+    rig.pump();
+    assert_eq!(rig.durable, 80);
+    let files = rig.files();
+    assert!(files.len() > 5, "{files:?}");
+    for name in &files {
+        let len = rig.fs.file(&format!("{DIR}/{name}")).unwrap().len();
+        assert!(len <= 256, "{name} is {len} bytes");
+    }
+    // One read from offset 0 with a large budget returns everything, across every file.
+    let page = rig.read(0, 10_000, 1 << 20);
+    assert_eq!(page.record_count(), 80);
+    assert_eq!(page.next_offset, 80);
+    let got: Vec<Bytes> = page
+        .batches
+        .iter()
+        .flat_map(|b| b.payloads.clone())
+        .collect();
+    assert_eq!(got, rig.appended);
+    // A read starting mid-segment and mid-batch.
+    let page = rig.read(33, 3, 1 << 20);
+    assert_eq!(page.batches[0].first_offset, 33);
+    assert_eq!(page.record_count(), 3);
+    assert_eq!(page.next_offset, 36);
+}
+
+#[test]
+fn the_rebuilt_index_is_the_one_built_while_appending() {
+    let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 64 << 10));
+    for i in 0..400 {
+        rig.append(&[&payload(i)]);
+    }
+    rig.pump();
+    let before: Vec<Vec<(u64, u64)>> = rig
+        .log
+        .segments
+        .iter()
+        .map(|s| s.index_points().to_vec())
+        .collect();
+    assert!(before.iter().map(Vec::len).sum::<usize>() > 4);
+    let rig = rig.reopen(Crash::Process);
+    let after: Vec<Vec<(u64, u64)>> = rig
+        .log
+        .segments
+        .iter()
+        .map(|s| s.index_points().to_vec())
+        .collect();
+    assert_eq!(before, after);
+}
+
+#[test]
+fn a_record_bigger_than_the_budget_is_still_returned_alone() {
+    let mut rig = Rig::new(LogConfig {
+        tail_cache_bytes: 0,
+        ..cfg(FsyncMode::OnCommit, 1 << 20)
+    });
+    let big = vec![5u8; 200_000];
+    rig.append(&[&big, b"small"]);
+    rig.pump();
+    let page = rig.read(0, 100, 10);
+    assert_eq!(page.record_count(), 1);
+    assert_eq!(page.batches[0].payloads[0].len(), 200_000);
+    assert_eq!(page.next_offset, 1);
+    let page = rig.read(1, 100, 10);
+    assert_eq!(page.batches[0].payloads, vec![Bytes::from_static(b"small")]);
+}
+
+#[test]
+fn reads_stop_at_the_durable_offset() {
+    let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
+    rig.append(&[b"a"]);
+    rig.pump();
+    rig.append(&[b"b"]);
+    assert!(rig.step(), "the write lands");
+    // The sync for "b" is in flight: "b" is written and cached but not durable.
+    let ticket = rig.log.read(0, 10, 1 << 20).unwrap();
+    rig.collect();
+    let page = rig.reads.remove(&ticket).unwrap().unwrap();
+    assert_eq!(page.record_count(), 1);
+    assert_eq!(page.next_offset, 1);
+}
+
+#[test]
+fn a_torn_tail_is_cut_back_and_the_log_goes_on() {
+    let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
+    rig.append(&[b"kept"]);
+    rig.pump();
+    let path = Rig::seg_path(0);
+    let mut bytes = rig.fs.file(&path).unwrap().to_vec();
+    let good = bytes.len();
+    let mut torn = BytesMut::new();
+    record::encode_entry(&mut torn, 1, 0, b"", &[b"lost record"]);
+    bytes.extend_from_slice(&torn[..torn.len() - 3]);
+    rig.fs.put_file(&path, bytes);
+
+    let mut rig = rig.reopen(Crash::Process);
+    let (_, next, cut) = rig.opened.unwrap();
+    assert_eq!((next, cut), (1, torn.len() as u64 - 3));
+    assert_eq!(rig.fs.file(&path).unwrap().len(), good);
+    rig.appended = vec![Bytes::from_static(b"kept")];
+    rig.append(&[b"after"]);
+    rig.pump();
+    let mut rig = rig.reopen(Crash::Power);
+    assert_eq!(rig.opened, Some((0, 2, 0)), "recovery is idempotent");
+    assert_eq!(rig.read_all().len(), 2);
+}
+
+fn corrupt_and_open(mutate: impl FnOnce(&mut MemFs)) -> StorageError {
+    let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 300));
+    for i in 0..30 {
+        rig.append(&[&payload(i)]);
+    }
+    rig.pump();
+    assert!(rig.files().len() >= 4);
+    let Rig { mut fs, cfg, .. } = rig;
+    mutate(&mut fs);
+    let rig = Rig::on(fs, cfg);
+    assert!(!rig.log.is_open());
+    rig.failed.expect("open refused")
+}
+
+#[test]
+fn interior_corruption_refuses_to_open_naming_file_and_byte() {
+    // A flipped byte inside the second entry of a sealed segment.
+    let mut target = String::new();
+    let mut at = 0;
+    let e = corrupt_and_open(|fs| {
+        let name = fs.list(DIR)[1].clone();
+        target = format!("{DIR}/{name}");
+        let mut b = fs.file(&target).unwrap().to_vec();
+        let first = record::u32_at(&b, SEGMENT_HEADER_LEN as usize) as usize + 8;
+        at = SEGMENT_HEADER_LEN as usize + first;
+        b[at + 20] ^= 0x40;
+        fs.put_file(&target, b);
+    });
+    match &e {
+        StorageError::Corrupt { path, pos, what } => {
+            assert_eq!(path, &target);
+            assert_eq!(*pos, at as u64);
+            assert!(what.contains("checksum"), "{what}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let shown = e.to_string();
+    assert!(
+        shown.contains(&target) && shown.contains(&format!("byte {at}")),
+        "{shown}"
+    );
+}
+
+#[test]
+fn damage_in_the_middle_of_the_newest_segment_is_not_a_torn_tail() {
+    let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
+    for i in 0..10 {
+        rig.append(&[&payload(i)]);
+    }
+    rig.pump();
+    let path = Rig::seg_path(0);
+    let mut b = rig.fs.file(&path).unwrap().to_vec();
+    b[SEGMENT_HEADER_LEN as usize + 12] ^= 1; // the first entry; nine follow
+    rig.fs.put_file(&path, b);
+    let rig = rig.reopen(Crash::Process);
+    let e = rig.failed.expect("refused");
+    assert!(matches!(e, StorageError::Corrupt { pos, .. } if pos == SEGMENT_HEADER_LEN));
+}
+
+#[test]
+fn a_complete_last_entry_with_a_bad_checksum_is_refused_not_repaired() {
+    // Under on_commit that record may have been acknowledged and then rotted.
+    let e = corrupt_and_open(|fs| {
+        let name = fs.list(DIR).last().unwrap().clone();
+        let path = format!("{DIR}/{name}");
+        let mut b = fs.file(&path).unwrap().to_vec();
+        let n = b.len();
+        b[n - 1] ^= 1;
+        fs.put_file(&path, b);
+    });
+    assert!(matches!(e, StorageError::Corrupt { ref what, .. } if what.contains("checksum")));
+}
+
+#[test]
+fn a_missing_segment_is_a_gap_and_refuses() {
+    let e = corrupt_and_open(|fs| {
+        let name = fs.list(DIR)[1].clone();
+        fs.delete(&format!("{DIR}/{name}"));
+    });
+    assert!(
+        matches!(e, StorageError::Corrupt { ref what, .. } if what.contains("missing")),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_damaged_header_refuses() {
+    let e = corrupt_and_open(|fs| {
+        let name = fs.list(DIR)[0].clone();
+        let path = format!("{DIR}/{name}");
+        let mut b = fs.file(&path).unwrap().to_vec();
+        b[10] ^= 1;
+        fs.put_file(&path, b);
+    });
+    assert!(matches!(e, StorageError::Corrupt { pos: 0, .. }), "{e}");
+}
+
+fn run_workload(rig: &mut Rig) {
+    for i in 0..14 {
+        if rig.fs.is_dead() || !rig.log.is_open() {
+            break;
+        }
+        let (a, b) = (payload(i), payload(i + 3));
+        rig.append(&[&a[..], &b[..]][..1 + i % 2]);
+        if i % 3 == 2 {
+            rig.pump();
+        }
+        if i == 9 {
+            rig.log.handle_timeout(rig.t0 + Duration::from_secs(1), 0);
+        }
+    }
+    rig.pump();
+}
+
+/// Runs the workload, crashing at write step `step` (tearing that append at `tear` bytes),
+/// reopens after `crash`, and checks the oracle: the log opens, holds a gap-free prefix of
+/// what was appended, and that prefix covers everything acknowledged. Returns whether the
+/// crash happened.
+fn crash_once(mode: FsyncMode, step: usize, tear: Option<usize>, crash: Crash) -> bool {
+    let mut fs = MemFs::new();
+    fs.crash_at_step(step, tear);
+    let mut rig = Rig::on(fs, cfg(mode, 300));
+    run_workload(&mut rig);
+    let crashed = rig.fs.is_dead();
+    // A process crash keeps every write, so everything acknowledged under any mode must
+    // come back; power loss keeps what a completed sync covered (all of it under on_commit).
+    let acked = match crash {
+        Crash::Process => rig.durable,
+        _ => rig.log.synced_offset(),
+    };
+    if mode == FsyncMode::OnCommit {
+        assert_eq!(rig.durable, rig.log.synced_offset());
+    }
+    let appended = rig.appended.clone();
+    let what = format!("{mode:?} step {step} tear {tear:?} {crash:?}");
+
+    let mut rig = rig.reopen(crash);
+    assert!(rig.failed.is_none(), "{what}: {:?}", rig.failed);
+    let (_, next, _) = rig.opened.unwrap_or_else(|| panic!("{what}: did not open"));
+    assert!(
+        next >= acked,
+        "{what}: acknowledged {acked}, recovered {next}"
+    );
+    let got = rig.read_all();
+    assert_eq!(got.len() as u64, next, "{what}");
+    for (offset, p) in &got {
+        assert_eq!(p, &appended[*offset as usize], "{what}: offset {offset}");
+    }
+    // The repaired log takes appends and reopens unchanged.
+    rig.appended = appended[..next as usize].to_vec();
+    rig.append(&[b"after"]);
+    rig.log.sync_now();
+    rig.pump();
+    let rig = rig.reopen(Crash::Power);
+    assert_eq!(rig.opened.map(|o| o.1), Some(next + 1), "{what}");
+    crashed
+}
+
+/// The workload's write steps, with the byte length of each one that is an append.
+fn workload_steps(mode: FsyncMode) -> Vec<Option<usize>> {
+    let mut rig = Rig::new(cfg(mode, 300));
+    run_workload(&mut rig);
+    rig.ops_seen
+        .iter()
+        .filter(|k| k.is_write())
+        .map(|k| match k {
+            FileOpKind::Append { bytes, .. } => Some(bytes.len()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Where to tear an append of `len` bytes: its edges, the entry header's edges, the
+/// middle, and a spread in between.
+fn tears(len: usize) -> Vec<Option<usize>> {
+    let mut t: Vec<usize> = [
+        0,
+        1,
+        7,
+        8,
+        9,
+        31,
+        32,
+        33,
+        len / 2,
+        len.saturating_sub(2),
+        len - 1,
+    ]
+    .into_iter()
+    .chain((0..len).step_by(23))
+    .filter(|&n| n < len)
+    .collect();
+    t.sort_unstable();
+    t.dedup();
+    t.into_iter().map(Some).chain([None]).collect()
+}
+
+#[test]
+fn a_crash_at_every_write_step_loses_only_unacknowledged_records() {
+    for mode in [
+        FsyncMode::OnCommit,
+        FsyncMode::Periodic(Duration::from_millis(250)),
+        FsyncMode::None,
+    ] {
+        let steps = workload_steps(mode);
+        let headers = steps.iter().filter(|s| **s == Some(32)).count();
+        assert!(headers >= 5, "the workload crosses several roll-overs");
+        let mut crashes = 0;
+        for (step, append_len) in steps.iter().enumerate() {
+            // Steps cover the open (before the first header), every header, every record
+            // write (torn at many bytes), every sync, and every roll-over in between.
+            let tear_at = match append_len {
+                Some(len) => tears(*len),
+                None => vec![None],
+            };
+            for tear in tear_at {
+                // A process crash: the page cache survives, so every write counts.
+                assert!(crash_once(mode, step, tear, Crash::Process));
+                // Power loss keeps synced bytes only, a prefix of the rest, or the rest's
+                // sectors zeroed.
+                crash_once(mode, step, tear, Crash::Power);
+                crash_once(mode, step, tear, Crash::PowerKeeping(tear.unwrap_or(7)));
+                crash_once(mode, step, tear, Crash::PowerZeroed);
+                crashes += 1;
+            }
+        }
+        assert!(crashes > 200, "{crashes}");
+        assert!(
+            !crash_once(mode, steps.len(), None, Crash::Power),
+            "past the end"
+        );
+        assert!(
+            !crash_once(mode, steps.len(), None, Crash::Process),
+            "past the end"
+        );
+    }
+}
+
+#[test]
+fn a_write_failure_stops_the_log_and_nothing_past_durable_is_acknowledged() {
+    let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
+    rig.append(&[b"ok"]);
+    rig.pump();
+    rig.fs
+        .inject(|k| matches!(k, FileOpKind::Sync { .. }).then_some(FileErrorKind::Other));
+    rig.append(&[b"never durable"]);
+    rig.pump();
+    assert_eq!(rig.durable, 1);
+    assert!(matches!(
+        rig.failed,
+        Some(StorageError::Io { op: "sync", .. })
+    ));
+    let err = rig
+        .log
+        .append(
+            rig.t0,
+            Batch {
+                time_us: 0,
+                publisher: None,
+                payloads: &[Bytes::from_static(b"x")],
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(err, AppendError::Failed(_)));
+    // Reads still serve what is durable.
+    assert_eq!(rig.read(0, 10, 100).record_count(), 1);
+}
+
+#[test]
+fn appends_are_refused_before_open_and_past_the_pending_limit() {
+    let t0 = Instant::now();
+    let mut log = ShardLog::open(LogId(1), DIR.into(), LogConfig::default(), t0);
+    let p = [Bytes::from_static(b"x")];
+    let b = Batch {
+        time_us: 0,
+        publisher: None,
+        payloads: &p,
+    };
+    assert_eq!(log.append(t0, b), Err(AppendError::NotOpen));
+    let mut rig = Rig::new(LogConfig {
+        max_pending_bytes: 100,
+        ..cfg(FsyncMode::OnCommit, 1 << 20)
+    });
+    let big = [Bytes::from(vec![0u8; 70])];
+    let b = Batch {
+        time_us: 0,
+        publisher: None,
+        payloads: &big,
+    };
+    assert!(rig.log.append(rig.t0, b).is_ok(), "one batch always fits");
+    assert_eq!(rig.log.append(rig.t0, b), Err(AppendError::Backpressure));
+    rig.pump();
+    assert!(rig.log.append(rig.t0, b).is_ok(), "room again once written");
+    let long = [0u8; 256];
+    let b = Batch {
+        publisher: Some(&long),
+        ..b
+    };
+    assert_eq!(
+        rig.log.append(rig.t0, b),
+        Err(AppendError::PublisherTooLong)
+    );
+    let b = Batch {
+        payloads: &[],
+        publisher: None,
+        time_us: 0,
+    };
+    assert_eq!(rig.log.append(rig.t0, b), Err(AppendError::Empty));
+}
+
+#[test]
+fn retention_by_bytes_removes_whole_segments_from_the_head_only() {
+    let mut rig = Rig::new(LogConfig {
+        retention_bytes: Some(1000),
+        tail_cache_bytes: 0,
+        ..cfg(FsyncMode::OnCommit, 300)
+    });
+    for i in 0..60 {
+        rig.append(&[&payload(i)]);
+    }
+    rig.pump();
+    let before = rig.files();
+    let total_before = rig.log.total_bytes();
+    assert!(total_before > 2000);
+    rig.log.enforce_retention(0);
+    rig.pump();
+    let after = rig.files();
+    assert!(after.len() < before.len());
+    assert_eq!(
+        &before[before.len() - after.len()..],
+        &after[..],
+        "a suffix survives"
+    );
+    assert!(rig.log.total_bytes() <= 1000 + 300);
+    let start = rig.log.start_offset();
+    assert_eq!(rig.trimmed, Some(start));
+    assert_eq!(
+        after[0],
+        layout::segment_name(start),
+        "the start is a segment base"
+    );
+    assert_eq!(
+        rig.log.read(0, 1, 1),
+        Err(ReadError::Trimmed {
+            requested: 0,
+            oldest: start
+        })
+    );
+    let got = rig.read_all();
+    assert_eq!(got.first().unwrap().0, start);
+    assert_eq!(got.len() as u64, 60 - start);
+    // A crash after the sweep keeps a gap-free log.
+    let rig = rig.reopen(Crash::Power);
+    assert_eq!(rig.opened, Some((start, 60, 0)));
+}
+
+#[test]
+fn retention_by_age_uses_record_times_and_keeps_the_active_segment() {
+    let mut rig = Rig::new(LogConfig {
+        retention_age: Some(Duration::from_micros(100)),
+        ..cfg(FsyncMode::OnCommit, 300)
+    });
+    for i in 0..30 {
+        rig.append(&[&payload(i)]);
+    }
+    rig.pump();
+    let n = rig.files().len();
+    // Record times are 1000..1030 µs. At 1110 µs, records older than 1010 have expired.
+    rig.log
+        .handle_timeout(rig.t0 + Duration::from_secs(61), 1_110);
+    rig.pump();
+    let start = rig.log.start_offset();
+    assert!(start > 0 && rig.files().len() < n);
+    for s in &rig.log.segments[..rig.log.segments.len() - 1] {
+        assert!(
+            s.newest_time_us + 100 >= 1_110,
+            "an expired segment survived"
+        );
+    }
+    // Far in the future everything sealed goes, the active segment stays.
+    rig.log.enforce_retention(u64::MAX);
+    rig.pump();
+    assert_eq!(rig.files().len(), 1);
+    let start = rig.log.start_offset();
+    let got = rig.read_all();
+    assert_eq!(got.first().map(|r| r.0), Some(start));
+    assert_eq!(got.last().map(|r| r.0), Some(29));
+}
+
+#[test]
+fn the_runtime_may_complete_ops_in_any_order() {
+    for seed in 1..40u64 {
+        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let mut rig = Rig::new(LogConfig {
+            tail_cache_bytes: 200,
+            ..cfg(FsyncMode::OnCommit, 400)
+        });
+        let mut tickets = Vec::new();
+        for i in 0..50 {
+            rig.append(&[&payload(i)]);
+            if i % 5 == 4 {
+                tickets.push((
+                    rig.log.durable_offset(),
+                    rig.log.read(0, 1000, 1 << 20).unwrap(),
+                ));
+                rig.pump_shuffled(&mut rng);
+            }
+        }
+        rig.pump_shuffled(&mut rng);
+        assert_eq!(rig.durable, 50, "seed {seed}");
+        for (limit, t) in tickets {
+            let page = rig.reads.remove(&t).unwrap().unwrap();
+            assert!(page.record_count() as u64 >= limit, "seed {seed}");
+        }
+        let rig = rig.reopen(Crash::Power);
+        assert_eq!(rig.opened.map(|o| o.1), Some(50), "seed {seed}");
+    }
+}
