@@ -1,1 +1,541 @@
+//! [`CacheLog`]: a cache as a projection of a [`ShardLog`].
+//!
+//! A put or a delete appends one record; an in-memory index maps each live key to the
+//! offset of its newest put and that put's absolute expiry. The index holds no values: a
+//! get reads the log (the log's tail cache answers recent keys without a file op). The
+//! index is rebuilt by replaying the log on open, so it cannot be stale in a way that
+//! matters. A write becomes visible (and may be acknowledged) once the log reports it
+//! durable; until then gets see the previous value.
+//!
+//! Expiry is an absolute Unix time in milliseconds stored in the record, so it means the
+//! same after a restart. Expired keys read as absent; compaction drops them.
+//!
+//! Compaction rewrites the sealed segments keeping only each live key's newest put, at its
+//! own offset: offsets are never renumbered, so the index needs no change beyond the keys
+//! it drops. The log's `compact` does the file work and owns the crash order.
 
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::log::{
+    AppendError, Batch, LogConfig, LogEvent, ReadError, ReadTicket, ShardLog, StorageError,
+};
+use super::ops::{FileCompletion, FileOp, LogId};
+use super::record::{self, DecodedEntry};
+
+/// Version byte at the start of every cache record.
+const CACHE_RECORD_VERSION: u8 = 1;
+const OP_PUT: u8 = 1;
+const OP_DELETE: u8 = 2;
+/// Fixed part of a cache record: version, op, key length, expiry.
+const CACHE_RECORD_FIXED: usize = 12;
+/// Longest key a record can carry.
+pub(crate) const MAX_CACHE_KEY_BYTES: usize = u16::MAX as usize;
+/// Below this many bytes of segments a cache log is never compacted.
+pub(crate) const COMPACT_MIN_BYTES: u64 = 1 << 20;
+/// Compaction is due when the log holds this many times its live bytes.
+pub(crate) const COMPACT_GARBAGE_RATIO: u64 = 4;
+
+/// One cache write as stored in a log record's payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CacheRecord {
+    Put {
+        key: Bytes,
+        value: Bytes,
+        /// Absolute Unix milliseconds; `None` never expires.
+        expiry_unix_ms: Option<u64>,
+    },
+    Delete {
+        key: Bytes,
+    },
+}
+
+impl CacheRecord {
+    pub(crate) fn encode(&self) -> Bytes {
+        let (op, key, value, expiry) = match self {
+            CacheRecord::Put {
+                key,
+                value,
+                expiry_unix_ms,
+            } => (OP_PUT, key, &value[..], expiry_unix_ms.unwrap_or(0)),
+            CacheRecord::Delete { key } => (OP_DELETE, key, &[][..], 0),
+        };
+        debug_assert!(key.len() <= MAX_CACHE_KEY_BYTES);
+        let mut b = BytesMut::with_capacity(CACHE_RECORD_FIXED + key.len() + value.len());
+        b.put_u8(CACHE_RECORD_VERSION);
+        b.put_u8(op);
+        b.put_u16_le(key.len() as u16);
+        b.put_u64_le(expiry);
+        b.put_slice(key);
+        b.put_slice(value);
+        b.freeze()
+    }
+
+    /// Parses a payload; key and value are slices of it.
+    pub(crate) fn decode(payload: &Bytes) -> Result<CacheRecord, &'static str> {
+        if payload.len() < CACHE_RECORD_FIXED {
+            return Err("a cache record shorter than its header");
+        }
+        if payload[0] != CACHE_RECORD_VERSION {
+            return Err("an unknown cache record version");
+        }
+        let key_len = u16::from_le_bytes([payload[2], payload[3]]) as usize;
+        let expiry = record::u64_at(payload, 4);
+        let rest = payload.len() - CACHE_RECORD_FIXED;
+        if key_len > rest {
+            return Err("a cache key longer than its record");
+        }
+        let key = payload.slice(CACHE_RECORD_FIXED..CACHE_RECORD_FIXED + key_len);
+        match payload[1] {
+            OP_PUT => Ok(CacheRecord::Put {
+                key,
+                value: payload.slice(CACHE_RECORD_FIXED + key_len..),
+                expiry_unix_ms: (expiry != 0).then_some(expiry),
+            }),
+            OP_DELETE if key_len == rest && expiry == 0 => Ok(CacheRecord::Delete { key }),
+            OP_DELETE => Err("a cache delete with a value or an expiry"),
+            _ => Err("an unknown cache op"),
+        }
+    }
+}
+
+/// Where a live key's value is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    offset: u64,
+    /// Absolute Unix milliseconds, 0 for never.
+    expiry_ms: u64,
+    /// Encoded size of the entry holding it, for the live-bytes estimate.
+    bytes: u32,
+}
+
+impl Slot {
+    fn expired(&self, unix_ms: u64) -> bool {
+        self.expiry_ms != 0 && self.expiry_ms <= unix_ms
+    }
+}
+
+#[derive(Debug)]
+struct Staged {
+    offset: u64,
+    key: Box<[u8]>,
+    /// `None` for a delete.
+    slot: Option<Slot>,
+}
+
+/// A value a get found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CachedValue {
+    pub(crate) value: Bytes,
+    pub(crate) expiry_unix_ms: Option<u64>,
+    /// The offset of the put that wrote it.
+    pub(crate) offset: u64,
+}
+
+/// What a get needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lookup {
+    /// The key is not there (or has expired): no read needed.
+    Absent,
+    /// The value is being read; [`CacheEvent::Value`] with this ticket answers.
+    Pending(ReadTicket),
+}
+
+/// What the cache log reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CacheEvent {
+    /// The index is rebuilt: `keys` live keys, appends go on from `next_offset`.
+    Opened {
+        keys: usize,
+        next_offset: u64,
+    },
+    /// Every write below `up_to` is durable and visible: acknowledge those puts and deletes.
+    Durable {
+        up_to: u64,
+    },
+    /// The answer to a [`Lookup::Pending`] get.
+    Value {
+        ticket: ReadTicket,
+        result: Result<Option<CachedValue>, ReadError>,
+    },
+    Compacted {
+        bytes_before: u64,
+        bytes_after: u64,
+    },
+    CompactionFailed(StorageError),
+    /// The cache's log stopped (see [`LogEvent::Failed`]): fail every write not yet durable.
+    Failed(StorageError),
+}
+
+/// One cache shard on a log. Driven like [`ShardLog`]: inputs `handle_completion` and
+/// `handle_timeout`, commands `put`, `delete`, `get`, `compact`, outputs `poll_op`,
+/// `poll_event` and `poll_timeout`, drained after every call.
+#[derive(Debug)]
+pub(crate) struct CacheLog {
+    log: ShardLog,
+    index: HashMap<Box<[u8]>, Slot>,
+    live_bytes: u64,
+    staged: VecDeque<Staged>,
+    gets: HashMap<ReadTicket, u64>,
+    events: VecDeque<CacheEvent>,
+    failed: bool,
+}
+
+impl CacheLog {
+    pub(crate) fn open(id: LogId, dir: String, cfg: LogConfig, now: Instant) -> CacheLog {
+        let mut c = CacheLog {
+            log: ShardLog::open_replaying(id, dir, cfg, now),
+            index: HashMap::new(),
+            live_bytes: 0,
+            staged: VecDeque::new(),
+            gets: HashMap::new(),
+            events: VecDeque::new(),
+            failed: false,
+        };
+        c.absorb();
+        c
+    }
+
+    // ---- getters ------------------------------------------------------------------------
+
+    pub(crate) fn log(&self) -> &ShardLog {
+        &self.log
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.log.is_open() && !self.failed
+    }
+
+    /// Live keys (expired ones not yet noticed included).
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Bytes of the entries live keys point at.
+    pub(crate) fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// True when the log holds [`COMPACT_GARBAGE_RATIO`] times its live bytes (and at least
+    /// [`COMPACT_MIN_BYTES`]) and no pass is running.
+    pub(crate) fn compaction_due(&self) -> bool {
+        let total = self.log.total_bytes();
+        self.is_open()
+            && !self.log.compacting()
+            && total >= COMPACT_MIN_BYTES
+            && total > COMPACT_GARBAGE_RATIO.saturating_mul(self.live_bytes)
+    }
+
+    // ---- outputs ------------------------------------------------------------------------
+
+    #[must_use]
+    pub(crate) fn poll_op(&mut self) -> Option<FileOp> {
+        self.log.poll_op()
+    }
+
+    #[must_use]
+    pub(crate) fn poll_event(&mut self) -> Option<CacheEvent> {
+        self.events.pop_front()
+    }
+
+    #[must_use]
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.log.poll_timeout()
+    }
+
+    // ---- inputs -------------------------------------------------------------------------
+
+    pub(crate) fn handle_completion(&mut self, c: FileCompletion) {
+        self.log.handle_completion(c);
+        self.absorb();
+    }
+
+    pub(crate) fn handle_timeout(&mut self, now: Instant, unix_micros: u64) {
+        self.log.handle_timeout(now, unix_micros);
+        self.absorb();
+    }
+
+    // ---- commands -----------------------------------------------------------------------
+
+    /// Appends a put and returns its offset; it is visible and may be acknowledged once
+    /// [`CacheEvent::Durable`] passes it. `unix_micros` is stored as the record's time.
+    pub(crate) fn put(
+        &mut self,
+        now: Instant,
+        unix_micros: u64,
+        key: &[u8],
+        value: Bytes,
+        expiry_unix_ms: Option<u64>,
+    ) -> Result<u64, AppendError> {
+        if key.len() > MAX_CACHE_KEY_BYTES {
+            return Err(AppendError::TooLarge(key.len()));
+        }
+        let payload = CacheRecord::Put {
+            key: Bytes::copy_from_slice(key),
+            value,
+            expiry_unix_ms,
+        }
+        .encode();
+        let bytes = record::entry_len(b"", &[&payload]) as u32;
+        let offset = self.append(now, unix_micros, payload)?;
+        self.staged.push_back(Staged {
+            offset,
+            key: key.into(),
+            slot: Some(Slot {
+                offset,
+                expiry_ms: expiry_unix_ms.unwrap_or(0),
+                bytes,
+            }),
+        });
+        self.absorb();
+        Ok(offset)
+    }
+
+    /// Appends a delete if the key is present (counting writes not yet durable) and returns
+    /// its offset; `None` if there was nothing to delete, and nothing is written.
+    pub(crate) fn delete(
+        &mut self,
+        now: Instant,
+        unix_micros: u64,
+        key: &[u8],
+    ) -> Result<Option<u64>, AppendError> {
+        let unix_ms = unix_micros / 1000;
+        let latest = match self.staged.iter().rev().find(|s| &*s.key == key) {
+            Some(s) => s.slot,
+            None => self.index.get(key).copied(),
+        };
+        if latest.is_none_or(|s| s.expired(unix_ms)) {
+            return Ok(None);
+        }
+        let payload = CacheRecord::Delete {
+            key: Bytes::copy_from_slice(key),
+        }
+        .encode();
+        let offset = self.append(now, unix_micros, payload)?;
+        self.staged.push_back(Staged {
+            offset,
+            key: key.into(),
+            slot: None,
+        });
+        self.absorb();
+        Ok(Some(offset))
+    }
+
+    /// Looks a key up at `unix_ms`. A present key is read from the log.
+    pub(crate) fn get(&mut self, key: &[u8], unix_ms: u64) -> Result<Lookup, ReadError> {
+        if !self.is_open() {
+            return Err(ReadError::NotOpen);
+        }
+        let Some(slot) = self.index.get(key).copied() else {
+            return Ok(Lookup::Absent);
+        };
+        if slot.expired(unix_ms) {
+            self.forget(key);
+            return Ok(Lookup::Absent);
+        }
+        let ticket = self.log.read(slot.offset, 1, 0)?;
+        self.gets.insert(ticket, slot.offset);
+        self.absorb();
+        Ok(Lookup::Pending(ticket))
+    }
+
+    /// Drops up to `max` expired keys from the index (lazy expiry covers the rest). Writes
+    /// nothing: the records stay expired after a restart and compaction drops them.
+    pub(crate) fn sweep_expired(&mut self, unix_ms: u64, max: usize) -> usize {
+        let dead: Vec<Box<[u8]>> = self
+            .index
+            .iter()
+            .filter(|(_, s)| s.expired(unix_ms))
+            .map(|(k, _)| k.clone())
+            .take(max)
+            .collect();
+        for k in &dead {
+            self.forget(k);
+        }
+        dead.len()
+    }
+
+    /// Starts a compaction pass at `unix_ms`: expired keys are dropped, and the sealed
+    /// segments are rewritten with only each live key's newest put. False if nothing is
+    /// sealed or a pass is running.
+    pub(crate) fn compact(&mut self, unix_ms: u64) -> bool {
+        if !self.is_open() {
+            return false;
+        }
+        self.sweep_expired(unix_ms, usize::MAX);
+        let mut keep: Vec<u64> = self.index.values().map(|s| s.offset).collect();
+        keep.sort_unstable();
+        let started = self.log.compact(keep);
+        self.absorb();
+        started
+    }
+
+    // ---- internals ----------------------------------------------------------------------
+
+    fn append(
+        &mut self,
+        now: Instant,
+        unix_micros: u64,
+        payload: Bytes,
+    ) -> Result<u64, AppendError> {
+        let payloads = [payload];
+        let batch = Batch {
+            time_us: unix_micros,
+            publisher: None,
+            payloads: &payloads,
+        };
+        let r = self.log.append(now, batch);
+        self.absorb();
+        r
+    }
+
+    fn forget(&mut self, key: &[u8]) {
+        if let Some(old) = self.index.remove(key) {
+            self.live_bytes -= u64::from(old.bytes);
+        }
+    }
+
+    fn set(&mut self, key: Box<[u8]>, slot: Option<Slot>) {
+        match slot {
+            Some(slot) => {
+                self.live_bytes += u64::from(slot.bytes);
+                if let Some(old) = self.index.insert(key, slot) {
+                    self.live_bytes -= u64::from(old.bytes);
+                }
+            }
+            None => self.forget(&key),
+        }
+    }
+
+    fn fail(&mut self, e: StorageError) {
+        if !self.failed {
+            self.failed = true;
+            self.events.push_back(CacheEvent::Failed(e));
+        }
+    }
+
+    /// Replays one recovered entry into the index.
+    fn replay(&mut self, entry: DecodedEntry) {
+        for (i, payload) in entry.payloads.iter().enumerate() {
+            let offset = entry.base + i as u64;
+            match CacheRecord::decode(payload) {
+                Ok(CacheRecord::Put {
+                    key,
+                    expiry_unix_ms,
+                    ..
+                }) => {
+                    let bytes = record::entry_len(b"", &[payload]) as u32;
+                    let slot = Slot {
+                        offset,
+                        expiry_ms: expiry_unix_ms.unwrap_or(0),
+                        bytes,
+                    };
+                    self.set(key[..].into(), Some(slot));
+                }
+                Ok(CacheRecord::Delete { key }) => self.forget(&key),
+                Err(why) => {
+                    let e = StorageError::Corrupt {
+                        path: self.log.dir().to_owned(),
+                        pos: 0,
+                        what: format!("record {offset} is {why}"),
+                    };
+                    self.fail(e);
+                }
+            }
+        }
+    }
+
+    /// Takes in whatever the log did.
+    fn absorb(&mut self) {
+        while let Some(entry) = self.log.take_replayed() {
+            self.replay(entry);
+        }
+        while let Some(ev) = self.log.poll_event() {
+            match ev {
+                LogEvent::Opened { next_offset, .. } => {
+                    if !self.failed {
+                        let keys = self.index.len();
+                        self.events
+                            .push_back(CacheEvent::Opened { keys, next_offset });
+                    }
+                }
+                LogEvent::Durable { up_to } => {
+                    while self.staged.front().is_some_and(|s| s.offset < up_to) {
+                        let s = self.staged.pop_front().expect("checked");
+                        self.set(s.key, s.slot);
+                    }
+                    self.events.push_back(CacheEvent::Durable { up_to });
+                }
+                LogEvent::Read { ticket, result } => {
+                    let Some(offset) = self.gets.remove(&ticket) else {
+                        continue;
+                    };
+                    let result = result.and_then(|batch| self.value_at(offset, batch));
+                    self.events.push_back(CacheEvent::Value { ticket, result });
+                }
+                LogEvent::Trimmed { start_offset } => {
+                    // Retention on a cache log forgets what it removed.
+                    let gone: Vec<Box<[u8]>> = self
+                        .index
+                        .iter()
+                        .filter(|(_, s)| s.offset < start_offset)
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for k in gone {
+                        self.forget(&k);
+                    }
+                }
+                LogEvent::Compacted {
+                    bytes_before,
+                    bytes_after,
+                } => self.events.push_back(CacheEvent::Compacted {
+                    bytes_before,
+                    bytes_after,
+                }),
+                LogEvent::CompactionFailed(e) => {
+                    self.events.push_back(CacheEvent::CompactionFailed(e))
+                }
+                LogEvent::Failed(e) => self.fail(e),
+            }
+        }
+    }
+
+    fn value_at(
+        &self,
+        offset: u64,
+        batch: super::log::ReadBatch,
+    ) -> Result<Option<CachedValue>, ReadError> {
+        let wrong = |what: String| {
+            ReadError::Failed(StorageError::Corrupt {
+                path: self.log.dir().to_owned(),
+                pos: 0,
+                what,
+            })
+        };
+        let Some(b) = batch.batches.first() else {
+            return Err(wrong(format!("record {offset} is missing")));
+        };
+        if b.first_offset != offset {
+            return Err(wrong(format!("record {offset} is missing")));
+        }
+        match CacheRecord::decode(&b.payloads[0]) {
+            Ok(CacheRecord::Put {
+                value,
+                expiry_unix_ms,
+                ..
+            }) => Ok(Some(CachedValue {
+                value,
+                expiry_unix_ms,
+                offset,
+            })),
+            Ok(CacheRecord::Delete { .. }) => Err(wrong(format!("record {offset} is a delete"))),
+            Err(why) => Err(wrong(format!("record {offset} is {why}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "cache_log_tests.rs"]
+mod tests;

@@ -1793,10 +1793,10 @@ impl ShardLog {
                 }
             }
             CStep::SyncDirRenamed => {
-                // Every rename is durable: the new files are the log now.
-                self.compaction_swap();
-                let c = self.compaction.as_mut().expect("still running");
+                // Every rename is durable: the new files are the log now, and parked reads
+                // go on against them.
                 c.step = CStep::Remove;
+                self.compaction_swap();
             }
             CStep::Remove => {
                 c.remove.pop();

@@ -676,6 +676,7 @@ fn a_crash_at_every_write_step_loses_only_unacknowledged_records() {
                 crash_once(mode, step, tear, Crash::Power);
                 crash_once(mode, step, tear, Crash::PowerKeeping(tear.unwrap_or(7)));
                 crash_once(mode, step, tear, Crash::PowerZeroed);
+                crash_once(mode, step, tear, Crash::PowerReordered(step as u64 + 1));
                 crashes += 1;
             }
         }
@@ -807,6 +808,50 @@ fn retention_by_bytes_removes_whole_segments_from_the_head_only() {
     // A crash after the sweep keeps a gap-free log.
     let rig = rig.reopen(Crash::Power);
     assert_eq!(rig.opened, Some((start, 60, 0)));
+}
+
+#[test]
+fn a_crash_anywhere_in_a_retention_sweep_leaves_a_longer_log_never_a_gap() {
+    let build = || {
+        let mut rig = Rig::new(LogConfig {
+            retention_bytes: Some(600),
+            ..cfg(FsyncMode::OnCommit, 300)
+        });
+        for i in 0..40 {
+            rig.append(&[&payload(i)]);
+        }
+        rig.pump();
+        rig
+    };
+    let mut rig = build();
+    let base = rig.fs.writes;
+    rig.log.enforce_retention(0);
+    rig.pump();
+    let steps = rig.fs.writes - base;
+    let final_start = rig.log.start_offset();
+    assert!(
+        steps >= 6,
+        "several segments go, each unlink then a directory sync"
+    );
+    for k in 0..steps {
+        for crash in [
+            Crash::Power,
+            Crash::PowerReordered(k as u64 + 1),
+            Crash::PowerReordered(k as u64 + 77),
+        ] {
+            let mut rig = build();
+            rig.fs.crash_at_step(base + k, None);
+            rig.log.enforce_retention(0);
+            rig.pump();
+            let what = format!("retention step {k} {crash:?}");
+            let mut rig = rig.reopen(crash);
+            assert!(rig.failed.is_none(), "{what}: {:?}", rig.failed);
+            let (start, next, _) = rig.opened.unwrap();
+            assert!(start <= final_start && next == 40, "{what}");
+            let got = rig.read_all();
+            assert_eq!(got.len() as u64, 40 - start, "{what}");
+        }
+    }
 }
 
 #[test]

@@ -40,6 +40,10 @@ pub(crate) enum Crash {
     /// Power loss after file sizes reached the disk but unsynced sectors did not: the file
     /// keeps its length, and every sector past the last synced one reads as zeros.
     PowerZeroed,
+    /// Power loss where the device kept an arbitrary subset of the unsynced directory
+    /// changes (chosen by the seed), each name independently: a later unlink may survive
+    /// while an earlier rename is lost. Only a directory sync between them orders them.
+    PowerReordered(u64),
 }
 
 type Fault = Box<dyn FnMut(&FileOpKind) -> Option<FileErrorKind>>;
@@ -106,8 +110,33 @@ impl MemFs {
         if how == Crash::Process {
             return;
         }
+        let mut seed = match how {
+            Crash::PowerReordered(seed) => seed | 1,
+            _ => 0,
+        };
         for d in self.dirs.values_mut() {
-            d.live = d.durable.clone();
+            if seed == 0 {
+                d.live = d.durable.clone();
+                continue;
+            }
+            let names: BTreeSet<String> = d.live.keys().chain(d.durable.keys()).cloned().collect();
+            let mut kept = BTreeMap::new();
+            for name in names {
+                let (live, durable) = (d.live.get(&name), d.durable.get(&name));
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let pick = if live != durable && seed % 2 == 0 {
+                    live
+                } else {
+                    durable
+                };
+                if let Some(&inode) = pick {
+                    kept.insert(name, inode);
+                }
+            }
+            d.live = kept;
+            d.durable = d.live.clone();
         }
         for f in self.files.values_mut() {
             let synced_prefix = f.data.starts_with(&f.durable);
