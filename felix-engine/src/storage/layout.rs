@@ -147,7 +147,7 @@ mod tests {
         let e = escape(&c);
         assert!(e.len() <= MAX_COMPONENT_BYTES);
         // The cut never leaves half an escape before the hash.
-        assert!(e.split('~').next().unwrap().len() % 3 == 0, "{e}");
+        assert_eq!(e.split('~').next().unwrap().len() % 3, 0, "{e}");
     }
 
     #[test]

@@ -1779,12 +1779,12 @@ impl ShardLog {
                     _ => Bytes::new(),
                 };
                 if let Err(e) = c.consume(&data, self.cfg.segment_max_bytes) {
-                    return self.compact_abort(e);
+                    self.compact_abort(e);
                 }
             }
             CStep::CreateTmp => c.step = CStep::WriteTmp,
             CStep::WriteTmp => c.step = CStep::SyncTmp,
-            CStep::SyncTmp => c.after_group_written(self.cfg.segment_max_bytes),
+            CStep::SyncTmp => c.after_group_written(),
             CStep::WaitReads => {}
             CStep::Rename => {
                 c.rename_at += 1;
@@ -2116,7 +2116,7 @@ impl Compaction {
         self.step = CStep::CreateTmp;
     }
 
-    fn after_group_written(&mut self, segment_max: u64) {
+    fn after_group_written(&mut self) {
         if self.cur >= self.old.len() {
             // That was the last group.
             self.step = CStep::WaitReads;
@@ -2124,7 +2124,6 @@ impl Compaction {
         }
         // The old segment that did not fit starts the next group.
         let base = self.old[self.cur].base;
-        let _ = segment_max;
         self.fill_group(base);
         self.next_old();
     }

@@ -151,7 +151,7 @@ mod tests {
         // Entry 25 (offsets 150, 151) is indexed exactly.
         assert_eq!(p, SEGMENT_HEADER_LEN + 25 * 1000);
         let p = s.seek(159);
-        assert!(p <= SEGMENT_HEADER_LEN + 29 * 1000 && p >= SEGMENT_HEADER_LEN + 25 * 1000);
+        assert!((SEGMENT_HEADER_LEN + 25 * 1000..=SEGMENT_HEADER_LEN + 29 * 1000).contains(&p));
         assert_eq!(s.newest_time_us, 298 * 10);
     }
 }
