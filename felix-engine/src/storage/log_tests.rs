@@ -692,6 +692,134 @@ fn a_crash_at_every_write_step_loses_only_unacknowledged_records() {
     }
 }
 
+/// The workload's write ops, in order.
+fn workload_ops(mode: FsyncMode) -> Vec<FileOpKind> {
+    let mut rig = Rig::new(cfg(mode, 300));
+    run_workload(&mut rig);
+    rig.ops_seen.into_iter().filter(|k| k.is_write()).collect()
+}
+
+fn is_header(k: &FileOpKind) -> bool {
+    matches!(k, FileOpKind::Append { bytes, .. } if bytes.len() == SEGMENT_HEADER_LEN as usize)
+}
+
+/// Step of the second segment's creation (the first roll-over), and of its header.
+fn first_roll(ops: &[FileOpKind]) -> (usize, usize) {
+    let creates: Vec<usize> = (0..ops.len())
+        .filter(|&i| matches!(ops[i], FileOpKind::Create { .. }))
+        .collect();
+    (creates[1], creates[1] + 1)
+}
+
+#[test]
+fn a_crash_before_the_header_is_written_leaves_the_log_openable() {
+    let ops = workload_ops(FsyncMode::OnCommit);
+    let (_, header) = first_roll(&ops);
+    assert!(is_header(&ops[header]));
+    for tear in [Some(0), Some(5), Some(31), None] {
+        for crash in [Crash::Process, Crash::Power, Crash::PowerZeroed] {
+            assert!(crash_once(FsyncMode::OnCommit, header, tear, crash));
+        }
+    }
+    // And the very first segment of a new log.
+    let first_header = ops.iter().position(is_header).unwrap();
+    assert!(crash_once(
+        FsyncMode::OnCommit,
+        first_header,
+        Some(3),
+        Crash::Process
+    ));
+}
+
+#[test]
+fn a_crash_mid_record_discards_only_the_torn_record() {
+    let ops = workload_ops(FsyncMode::OnCommit);
+    let i = ops
+        .iter()
+        .position(|k| matches!(k, FileOpKind::Append { bytes, .. } if bytes.len() > 64))
+        .unwrap();
+    let FileOpKind::Append { bytes, .. } = &ops[i] else {
+        unreachable!()
+    };
+    for tear in [1, 8, 9, bytes.len() / 2, bytes.len() - 1] {
+        assert!(crash_once(
+            FsyncMode::OnCommit,
+            i,
+            Some(tear),
+            Crash::Process
+        ));
+        assert!(crash_once(
+            FsyncMode::OnCommit,
+            i,
+            Some(tear),
+            Crash::PowerKeeping(tear)
+        ));
+    }
+}
+
+#[test]
+fn a_crash_before_fsync_loses_only_what_was_not_acknowledged() {
+    let ops = workload_ops(FsyncMode::OnCommit);
+    let syncs: Vec<usize> = (1..ops.len())
+        .filter(|&i| {
+            matches!(ops[i], FileOpKind::Sync { .. })
+                && matches!(ops[i - 1], FileOpKind::Append { .. })
+                && !is_header(&ops[i - 1])
+        })
+        .collect();
+    assert!(syncs.len() > 3);
+    for &i in &syncs {
+        assert!(crash_once(FsyncMode::OnCommit, i, None, Crash::Power));
+        assert!(crash_once(FsyncMode::OnCommit, i, None, Crash::PowerZeroed));
+    }
+}
+
+#[test]
+fn a_crash_mid_roll_over_leaves_the_log_openable() {
+    let ops = workload_ops(FsyncMode::OnCommit);
+    let (create, _) = first_roll(&ops);
+    // The seal before it, the create, header, file sync, directory sync, first records.
+    assert!(matches!(ops[create - 1], FileOpKind::Sync { .. }));
+    assert!(matches!(ops[create + 2], FileOpKind::Sync { .. }));
+    assert!(matches!(ops[create + 3], FileOpKind::SyncDir { .. }));
+    for step in create - 1..=create + 4 {
+        for crash in [
+            Crash::Process,
+            Crash::Power,
+            Crash::PowerReordered(step as u64),
+        ] {
+            assert!(crash_once(FsyncMode::OnCommit, step, None, crash));
+        }
+    }
+}
+
+#[test]
+fn oversized_batches_and_too_many_reads_are_refused_at_their_limits() {
+    let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
+    let fits = MAX_ENTRY_BYTES - record::entry_len(b"", &[[0u8; 0]]);
+    let big = [Bytes::from(vec![1u8; fits + 1])];
+    let b = Batch {
+        time_us: 0,
+        publisher: None,
+        payloads: &big,
+    };
+    assert_eq!(
+        rig.log.append(rig.t0, b),
+        Err(AppendError::TooLarge(MAX_ENTRY_BYTES + 1))
+    );
+    rig.append(&[b"x"]);
+    rig.pump();
+    rig.log.tail.clear(); // force file reads, which stay in flight below
+    rig.log.tail_bytes = 0;
+    for _ in 0..MAX_READS_IN_FLIGHT {
+        rig.log.read(0, 1, 1).unwrap();
+    }
+    assert_eq!(rig.log.read(0, 1, 1), Err(ReadError::Busy));
+    rig.pump();
+    assert_eq!(rig.reads.len(), MAX_READS_IN_FLIGHT);
+    assert!(rig.log.read(0, 1, 1).is_ok(), "room again once they land");
+}
+
 #[test]
 fn a_write_failure_stops_the_log_and_nothing_past_durable_is_acknowledged() {
     let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
