@@ -1306,7 +1306,7 @@ impl ShardLog {
                     return self.open_fail(e);
                 };
                 let o = self.opening();
-                for e in entries {
+                for e in entries.into_iter().filter(|e| !e.is_dir) {
                     match layout::parse_name(&e.name) {
                         FileName::Segment(base) => o.listing.push((base, e.len)),
                         FileName::CompactTemp(_) => o.cleanup.push(layout::join(&dir, &e.name)),

@@ -821,6 +821,23 @@ fn oversized_batches_and_too_many_reads_are_refused_at_their_limits() {
 }
 
 #[test]
+fn subdirectories_in_a_shard_directory_are_not_segments() {
+    let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
+    rig.append(&[b"a"]);
+    rig.pump();
+    let Rig { mut fs, cfg, .. } = rig;
+    let op = FileOp {
+        id: OpId(0),
+        kind: FileOpKind::CreateDir {
+            path: format!("{DIR}/{}", layout::segment_name(5)),
+        },
+    };
+    fs.execute(op).unwrap();
+    let rig = Rig::on(fs, cfg);
+    assert_eq!(rig.opened, Some((0, 1, 0)));
+}
+
+#[test]
 fn a_write_failure_stops_the_log_and_nothing_past_durable_is_acknowledged() {
     let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
     rig.append(&[b"ok"]);

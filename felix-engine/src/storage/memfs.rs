@@ -242,14 +242,31 @@ impl MemFs {
                     .dirs
                     .get(&path)
                     .ok_or_else(|| err(NotFound, "no dir", &path))?;
-                let entries = d
+                let mut entries: Vec<DirEntry> = d
                     .live
                     .iter()
                     .map(|(name, inode)| DirEntry {
                         name: name.clone(),
                         len: self.files[inode].data.len() as u64,
+                        is_dir: false,
                     })
                     .collect();
+                let prefix = if path.is_empty() {
+                    String::new()
+                } else {
+                    format!("{path}/")
+                };
+                for sub in &self.dir_set {
+                    if let Some(name) = sub.strip_prefix(&prefix) {
+                        if !name.is_empty() && !name.contains('/') {
+                            entries.push(DirEntry {
+                                name: name.to_owned(),
+                                len: 0,
+                                is_dir: true,
+                            });
+                        }
+                    }
+                }
                 Ok(FileOutput::Listing(entries))
             }
             FileOpKind::Create { path } => {

@@ -48,8 +48,9 @@ pub enum FileOpKind {
     /// parent of every component it created, so the new entries survive a power loss.
     /// Succeeds if the directory already exists.
     CreateDir { path: String },
-    /// List the regular files in a directory with their sizes. Answers
-    /// [`FileOutput::Listing`]; a missing directory is [`FileErrorKind::NotFound`].
+    /// List a directory: its regular files with their sizes, and its subdirectories
+    /// (`is_dir`). Answers [`FileOutput::Listing`]; a missing directory is
+    /// [`FileErrorKind::NotFound`]. Other kinds of entry (links, sockets) are left out.
     ListDir { path: String },
     /// Create the file, or truncate it to empty if it exists. The new directory entry is
     /// durable only after a later [`FileOpKind::SyncDir`] of its directory.
@@ -126,15 +127,18 @@ pub enum FileOutput {
     Done,
     /// Bytes from a [`FileOpKind::Read`].
     Data(Bytes),
-    /// Regular files from a [`FileOpKind::ListDir`], in any order.
+    /// Entries from a [`FileOpKind::ListDir`], in any order.
     Listing(Vec<DirEntry>),
 }
 
-/// One regular file in a directory listing.
+/// One entry of a directory listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
     pub name: String,
+    /// File size in bytes (0 for a directory).
     pub len: u64,
+    /// A subdirectory rather than a regular file.
+    pub is_dir: bool,
 }
 
 /// Why an op failed.
