@@ -71,6 +71,90 @@ pub const DEFAULT_CACHE_MAX_VALUE_BYTES: usize = 1024 * 1024;
 /// Cache memory (keys + values) before puts are refused `overloaded`.
 pub const DEFAULT_CACHE_MAX_TOTAL_BYTES: usize = 256 * 1024 * 1024;
 
+/// Fsync interval of [`FsyncPolicy::Periodic`] unless configured (`FELIX_DURABLE_FSYNC_INTERVAL_MS`).
+pub const DEFAULT_FSYNC_INTERVAL: Duration = Duration::from_millis(250);
+/// A shard's log rolls to a new segment file at this size.
+pub const DEFAULT_SEGMENT_MAX_BYTES: u64 = 64 << 20;
+/// File operations handed to the runtime and not yet completed; past it the engine keeps
+/// further ones queued (the runtime's executor never holds more).
+pub const DEFAULT_MAX_INFLIGHT_FILE_OPS: usize = 64;
+
+/// Newest written entries each log keeps in memory, so subscribers catching up at the tail
+/// and gets of fresh cache keys need no file read.
+pub const DEFAULT_TAIL_CACHE_BYTES: usize = 4 << 20;
+
+/// When appended records are forced to the device (`FELIX_DURABLE_FSYNC_MODE`), and so what
+/// an acknowledgement after the write means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// Only at segment roll-over and shutdown: a record survives a process crash once
+    /// written, not a machine crash.
+    None,
+    /// Within this interval of the first unsynced append (the default, 250 ms).
+    Periodic(Duration),
+    /// Before the record counts as durable; one fsync releases every waiter queued behind
+    /// it (group commit).
+    OnCommit,
+}
+
+impl FsyncPolicy {
+    /// `none` | `periodic` | `on_commit`, as `FELIX_DURABLE_FSYNC_MODE` spells them;
+    /// `interval` is the periodic one.
+    pub fn parse(name: &str, interval: Duration) -> Result<FsyncPolicy, String> {
+        match name.trim() {
+            "none" => Ok(FsyncPolicy::None),
+            "periodic" if interval.is_zero() => Err("the fsync interval must be above zero".into()),
+            "periodic" => Ok(FsyncPolicy::Periodic(interval)),
+            "on_commit" => Ok(FsyncPolicy::OnCommit),
+            other => Err(format!(
+                "unknown fsync mode {other:?}: expected none, periodic or on_commit"
+            )),
+        }
+    }
+}
+
+/// Durable storage: with it every stream and cache lives in segment logs under the runtime's
+/// storage directory; without it ([`EngineConfig::durable`] `None`) they stay in memory.
+/// The engine only names files relative to that directory; the runtime performs the
+/// operations ([`crate::Output::FileOp`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DurableConfig {
+    /// See [`FsyncPolicy`].
+    pub fsync: FsyncPolicy,
+    /// Answer every acknowledged publish after its write, with its offset, whatever the
+    /// client offered (`FELIX_ACK_ON_COMMIT`). Implied by [`FsyncPolicy::OnCommit`].
+    pub ack_on_commit: bool,
+    /// Delete a shard's oldest whole segments while its log is larger than this
+    /// (`FELIX_DURABLE_RETENTION_BYTES`).
+    pub retention_bytes: Option<u64>,
+    /// Delete whole segments whose newest record is older than this
+    /// (`FELIX_DURABLE_RETENTION_SECONDS`).
+    pub retention_age: Option<Duration>,
+    /// How often retention is checked, when a bound is set.
+    pub retention_check_interval: Duration,
+    /// See [`DEFAULT_SEGMENT_MAX_BYTES`].
+    pub segment_max_bytes: u64,
+    /// See [`DEFAULT_MAX_INFLIGHT_FILE_OPS`]. At least 1.
+    pub max_inflight_file_ops: usize,
+    /// See [`DEFAULT_TAIL_CACHE_BYTES`].
+    pub tail_cache_bytes: usize,
+}
+
+impl Default for DurableConfig {
+    fn default() -> Self {
+        DurableConfig {
+            fsync: FsyncPolicy::Periodic(DEFAULT_FSYNC_INTERVAL),
+            ack_on_commit: false,
+            retention_bytes: None,
+            retention_age: None,
+            retention_check_interval: Duration::from_secs(60),
+            segment_max_bytes: DEFAULT_SEGMENT_MAX_BYTES,
+            max_inflight_file_ops: DEFAULT_MAX_INFLIGHT_FILE_OPS,
+            tail_cache_bytes: DEFAULT_TAIL_CACHE_BYTES,
+        }
+    }
+}
+
 /// How stream tokens are verified.
 #[derive(Clone)]
 pub enum AuthConfig {
@@ -174,6 +258,9 @@ pub struct EngineConfig {
     pub cache_max_value_bytes: usize,
     /// See [`DEFAULT_CACHE_MAX_TOTAL_BYTES`].
     pub cache_max_total_bytes: usize,
+
+    /// Durable streams and caches; `None` keeps everything in memory.
+    pub durable: Option<DurableConfig>,
 }
 
 impl EngineConfig {
@@ -211,6 +298,7 @@ impl EngineConfig {
             cache_max_key_bytes: DEFAULT_CACHE_MAX_KEY_BYTES,
             cache_max_value_bytes: DEFAULT_CACHE_MAX_VALUE_BYTES,
             cache_max_total_bytes: DEFAULT_CACHE_MAX_TOTAL_BYTES,
+            durable: None,
         }
     }
 }

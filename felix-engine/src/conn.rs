@@ -237,7 +237,7 @@ impl Conn {
                     // stream is read to its end; answers are dropped.
                     trace!(%id, %error_code, "client stopped a session stream");
                     s.send_done = true;
-                    s.outbox.clear();
+                    s.drop_answers();
                     if s.paused {
                         s.paused = false;
                         self.read_session(now, ch, id, core);
@@ -297,7 +297,7 @@ impl Conn {
         core: &mut Core,
     ) {
         loop {
-            self.read_until_blocked(now, id, core);
+            self.read_until_blocked(now, ch, id, core);
             self.open_new_event_streams(now, ch, core);
             if !self.write_answers(now, id, core) {
                 return;
@@ -319,18 +319,84 @@ impl Conn {
         }
     }
 
-    fn read_until_blocked(&mut self, now: Instant, id: StreamId, core: &mut Core) {
+    /// Answers held for durability on this stream may go now: writes them, and reads on if
+    /// that reopened the window.
+    pub(crate) fn release_held(
+        &mut self,
+        now: Instant,
+        ch: ConnectionHandle,
+        id: StreamId,
+        core: &mut Core,
+    ) {
+        let Some(session) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        if session.release_held(core) {
+            self.flush_session(now, ch, id, core);
+        }
+    }
+
+    /// The log a stalled request waited for is open (or failed): runs the request again,
+    /// then reads on.
+    pub(crate) fn resume_stalled(
+        &mut self,
+        now: Instant,
+        ch: ConnectionHandle,
+        id: StreamId,
+        core: &mut Core,
+    ) {
+        let Some(session) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        let Some(frame) = session.take_stalled() else {
+            return;
+        };
+        let mut cx = SessionCx {
+            now,
+            core,
+            conn: &mut self.shared,
+            ch,
+            stream: id,
+        };
+        match session.on_frame(frame, &mut cx) {
+            FrameResult::Stall => return,
+            FrameResult::CloseStream => self.stop_reading(id),
+            FrameResult::Continue => {}
+        }
+        self.read_session(now, ch, id, core);
+    }
+
+    /// A request closed the stream: whatever follows it is never read.
+    fn stop_reading(&mut self, id: StreamId) {
+        let Some(session) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        self.buffered_bytes -= session.decoder.buffered();
+        session.decoder = FrameDecoder::new(0);
+        session.recv_done = true;
+        session.finish_when_flushed = true;
+        let _ = self.quic.recv_stream(id).stop(STREAM_CODE_PROTOCOL);
+    }
+
+    fn read_until_blocked(
+        &mut self,
+        now: Instant,
+        ch: ConnectionHandle,
+        id: StreamId,
+        core: &mut Core,
+    ) {
         let window = core.limits.stream_answer_backlog;
         let chunk_limit = core.limits.read_chunk_bytes;
         let Some(session) = self.sessions.get_mut(&id) else {
             return;
         };
-        while !session.recv_done {
+        while !session.recv_done && !session.is_stalled() {
             // Frames already buffered first: they were read before the window filled.
             let held_before = session.decoder.buffered();
             let mut close = false;
+            let mut stalled = false;
             loop {
-                if session.outbox.len() >= window {
+                if session.backlog() >= window {
                     session.paused = true;
                     break;
                 }
@@ -349,23 +415,28 @@ impl Conn {
                     now,
                     core,
                     conn: &mut self.shared,
+                    ch,
+                    stream: id,
                 };
-                if session.on_frame(frame, &mut cx) == FrameResult::CloseStream {
-                    close = true;
-                    break;
+                match session.on_frame(frame, &mut cx) {
+                    FrameResult::Continue => {}
+                    FrameResult::CloseStream => {
+                        close = true;
+                        break;
+                    }
+                    FrameResult::Stall => {
+                        stalled = true;
+                        break;
+                    }
                 }
             }
             self.buffered_bytes -= held_before - session.decoder.buffered();
             if close {
                 // Whatever follows the bad frame is never read.
-                self.buffered_bytes -= session.decoder.buffered();
-                session.decoder = FrameDecoder::new(0);
-                session.recv_done = true;
-                session.finish_when_flushed = true;
-                let _ = self.quic.recv_stream(id).stop(STREAM_CODE_PROTOCOL);
+                self.stop_reading(id);
                 return;
             }
-            if session.paused {
+            if session.paused || stalled {
                 return;
             }
             // Over the connection's budget, a stream holding part of a frame waits: reading
@@ -434,7 +505,7 @@ impl Conn {
         };
         if session.send_done {
             // Stopped by the client: answers have nowhere to go.
-            session.outbox.clear();
+            session.drop_answers();
         } else {
             let mut send = self.quic.send_stream(id);
             while !session.outbox.is_empty() {
@@ -455,14 +526,14 @@ impl Conn {
                     }
                 }
             }
-            if session.outbox.is_empty() && session.finish_when_flushed && !session.finished {
+            if session.all_answered() && session.finish_when_flushed && !session.finished {
                 session.finished = true;
                 if send.finish().is_err() {
                     session.send_done = true;
                 }
             }
         }
-        if session.paused && session.outbox.len() < core.limits.stream_answer_backlog {
+        if session.paused && session.backlog() < core.limits.stream_answer_backlog {
             session.paused = false;
             return true;
         }

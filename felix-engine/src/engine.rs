@@ -1,7 +1,7 @@
 //! [`Engine`]: the broker node. Owns the QUIC endpoint, its connections, the broker and the
 //! token verifier, and moves bytes between them.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -18,13 +18,18 @@ use quinn_proto::{
 use tracing::{debug, warn};
 
 use crate::auth::Verifier;
-use crate::broker::{Broker, BrokerConfig, StreamKey, SubscriberId};
-use crate::config::{AuthConfig, EngineConfig};
+use crate::broker::{Broker, BrokerConfig, DurableSettings, Notice, StreamKey, SubscriberId};
+use crate::config::{AuthConfig, DurableConfig, EngineConfig, FsyncPolicy};
 use crate::conn::{Conn, CLOSE_CODE_NORMAL};
 use crate::seed;
+use crate::storage::log::{FsyncMode, LogConfig};
+use crate::storage::ops::{FileCompletion, FileOp, LogId};
 use crate::tls::{AlpnSelector, TlsConfigError};
 
 pub use quinn_proto::EcnCodepoint;
+
+/// Rounds of storage work (log events, released answers, deliveries) within one turn.
+const MAX_SETTLE_ROUNDS: usize = 8;
 
 /// Frame flags this broker decodes and produces. Not 0x0080 (forwarded-ack owner), 0x0100
 /// (idempotent producer), 0x2000 (publisher) or 0x4000 (timestamps): not implemented.
@@ -89,12 +94,16 @@ pub struct Transmit {
     pub src_ip: Option<IpAddr>,
 }
 
-/// What the engine asks its runtime to do. Durable storage adds file operations here; their
-/// completions come back through a `handle_*` input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the engine asks its runtime to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
     /// Send datagrams.
     Transmit(Transmit),
+    /// Perform a file operation under the storage directory and hand its completion, with
+    /// the same id, to [`Engine::handle_file_completion`]. Operations may run concurrently
+    /// and complete in any order; at most [`DurableConfig::max_inflight_file_ops`] are out
+    /// at once.
+    FileOp(FileOp),
 }
 
 /// Why an engine could not be built.
@@ -159,6 +168,10 @@ pub struct Stats {
     pub cache_requests: u64,
     /// Requests answered `unsupported` or by closing the stream.
     pub unsupported_requests: u64,
+    /// File operations handed to the runtime.
+    pub file_ops: u64,
+    /// Answers held until the log made their records durable, then sent.
+    pub answers_after_write: u64,
 }
 
 /// Limits the connection and session code reads on every turn.
@@ -191,6 +204,11 @@ pub(crate) struct Core {
     anchor: (Instant, u64),
     /// Where each subscriber's event stream is.
     pub(crate) routes: BTreeMap<SubscriberId, (ConnectionHandle, StreamId)>,
+    /// Session streams holding an answer until a log is durable up to an offset, per log in
+    /// offset order (appends register in the order they take offsets).
+    waiters: HashMap<LogId, VecDeque<(u64, ConnectionHandle, StreamId)>>,
+    /// Session streams whose next request met a log still opening.
+    stalled: HashMap<LogId, Vec<(ConnectionHandle, StreamId)>>,
     next_subscription_id: u64,
     pub(crate) stats: Stats,
 }
@@ -219,6 +237,47 @@ impl Core {
         self.routes.remove(&id);
         self.broker.unsubscribe(id);
     }
+
+    /// Remembers that the session on `stream` holds an answer until `log` is durable below
+    /// `end`.
+    pub(crate) fn wait_durable(
+        &mut self,
+        log: LogId,
+        end: u64,
+        ch: ConnectionHandle,
+        stream: StreamId,
+    ) {
+        self.waiters
+            .entry(log)
+            .or_default()
+            .push_back((end, ch, stream));
+    }
+
+    /// Remembers that the session on `stream` stopped at a request for a log still opening.
+    pub(crate) fn wait_opened(&mut self, log: LogId, ch: ConnectionHandle, stream: StreamId) {
+        self.stalled.entry(log).or_default().push((ch, stream));
+    }
+}
+
+/// The storage settings a durable configuration gives the broker.
+fn durable_settings(d: &DurableConfig) -> DurableSettings {
+    let fsync = match d.fsync {
+        FsyncPolicy::None => FsyncMode::None,
+        FsyncPolicy::Periodic(iv) => FsyncMode::Periodic(iv),
+        FsyncPolicy::OnCommit => FsyncMode::OnCommit,
+    };
+    DurableSettings {
+        log: LogConfig {
+            fsync,
+            segment_max_bytes: d.segment_max_bytes,
+            retention_bytes: d.retention_bytes,
+            retention_age: d.retention_age,
+            retention_check_interval: d.retention_check_interval,
+            tail_cache_bytes: d.tail_cache_bytes,
+            ..LogConfig::default()
+        },
+        ack_after_write: d.ack_on_commit || d.fsync == FsyncPolicy::OnCommit,
+    }
 }
 
 /// Timestamps for quinn's address-validation tokens. The engine issues none (tokens are
@@ -241,15 +300,35 @@ impl TimeSource for FixedTime {
 ///
 /// - **Inputs**, `handle_*`: [`handle_datagram`](Self::handle_datagram) for each datagram (or
 ///   GRO batch) received, [`handle_timeout`](Self::handle_timeout) when the deadline from
-///   [`poll_timeout`](Self::poll_timeout) passes. Each call is one *turn*: it processes the
-///   input, lets every affected session answer, then seals the broker's open event batches
-///   once, so publishes that arrive in one turn go out to subscribers as one frame.
+///   [`poll_timeout`](Self::poll_timeout) passes, and
+///   [`handle_file_completion`](Self::handle_file_completion) when a file operation the
+///   engine asked for has finished. Each call is one *turn*: it processes the input, lets
+///   every affected session answer, then seals the broker's open event batches once, so
+///   publishes that arrive in one turn go out to subscribers as one frame.
 /// - **Commands**, plain verbs: [`shutdown`](Self::shutdown).
 /// - **Outputs**, `poll_*`: [`poll_output`](Self::poll_output) hands out the next thing to do
-///   (today: datagrams to send, batched for GSO); [`poll_timeout`](Self::poll_timeout) the
-///   instant at which to call `handle_timeout`.
+///   (datagrams to send, batched for GSO, and file operations); [`poll_timeout`](Self::poll_timeout)
+///   the instant at which to call `handle_timeout`.
 /// - **Getters**, `&self`: [`dev_token`](Self::dev_token), [`stats`](Self::stats),
-///   [`connection_count`](Self::connection_count).
+///   [`connection_count`](Self::connection_count), [`is_ready`](Self::is_ready),
+///   [`storage_error`](Self::storage_error), [`storage_idle`](Self::storage_idle).
+///
+/// # Durable storage
+///
+/// With [`EngineConfig::durable`] set, every stream shard (and cache) is a log of segment
+/// files under the runtime's storage directory. The engine never touches a file: it emits
+/// [`Output::FileOp`]s (create, append, sync, read, list...) carrying ids, and the runtime
+/// performs them — concurrently, in any order — and feeds each completion back through
+/// [`handle_file_completion`](Self::handle_file_completion). The logs order their own
+/// operations so that nothing in flight depends on another op in flight.
+///
+/// Startup recovery is file operations too: [`Engine::new`] begins a walk of the storage
+/// directory that opens (and repairs the torn tail of) every log found. Until
+/// [`is_ready`](Self::is_ready) the runtime should perform file operations only and not
+/// feed datagrams; if [`storage_error`](Self::storage_error) becomes `Some` (a log is
+/// corrupt in its interior, naming the file and byte), the broker must not start. A stream
+/// first used after startup opens its log then: requests that need it wait, in order on
+/// their stream, until it is open.
 ///
 /// # Polling order
 ///
@@ -292,6 +371,9 @@ pub struct Engine {
     max_queued_endpoint_transmits: usize,
     dev_token: Option<String>,
     shutting_down: bool,
+    /// File ops handed out and not completed, and the most that may be.
+    file_ops_in_flight: usize,
+    max_inflight_file_ops: usize,
 }
 
 impl fmt::Debug for Engine {
@@ -363,7 +445,7 @@ impl Engine {
             None,
         );
 
-        let broker = Broker::new(BrokerConfig {
+        let broker_config = BrokerConfig {
             default_shards: config.default_shards,
             declared_streams: config
                 .declared_streams
@@ -379,7 +461,29 @@ impl Engine {
             cache_max_key_bytes: config.cache_max_key_bytes,
             cache_max_value_bytes: config.cache_max_value_bytes,
             cache_max_total_bytes: config.cache_max_total_bytes,
-        });
+        };
+        let (broker, capabilities) = match &config.durable {
+            None => (
+                Broker::new(broker_config),
+                BrokerCapabilities {
+                    flags: SERVED_FLAGS,
+                    features: SERVED_FEATURES,
+                    publish_window: config.publish_window,
+                },
+            ),
+            // Durable shards have offsets and stored times: acks can wait for the write,
+            // subscriptions end with `subscription_lagged`, events carry their times.
+            Some(d) => (
+                Broker::with_storage(broker_config, durable_settings(d)),
+                BrokerCapabilities {
+                    flags: SERVED_FLAGS.union(Flags::EVENT_BATCH_TIMESTAMPS),
+                    features: SERVED_FEATURES
+                        .union(Features::ACK_ON_COMMIT)
+                        .union(Features::SUBSCRIPTION_LAGGED),
+                    publish_window: config.publish_window,
+                },
+            ),
+        };
 
         let core = Core {
             limits: Limits {
@@ -395,15 +499,13 @@ impl Engine {
             },
             broker,
             verifier,
-            capabilities: BrokerCapabilities {
-                flags: SERVED_FLAGS,
-                features: SERVED_FEATURES,
-                publish_window: config.publish_window,
-            },
+            capabilities,
             routing_mapping: config.routing_mapping,
             default_shards: config.default_shards.max(1),
             anchor: (now, unix_micros),
             routes: BTreeMap::new(),
+            waiters: HashMap::new(),
+            stalled: HashMap::new(),
             next_subscription_id: 0,
             stats: Stats::default(),
         };
@@ -422,6 +524,11 @@ impl Engine {
             max_queued_endpoint_transmits: config.max_queued_endpoint_transmits,
             dev_token,
             shutting_down: false,
+            file_ops_in_flight: 0,
+            max_inflight_file_ops: config
+                .durable
+                .as_ref()
+                .map_or(1, |d| d.max_inflight_file_ops.max(1)),
         })
     }
 
@@ -473,8 +580,17 @@ impl Engine {
             self.touch(ch);
         }
         if self.core.broker.poll_timeout().is_some_and(|at| at <= now) {
-            self.core.broker.handle_timeout(now);
+            let unix = self.core.unix_micros(now);
+            self.core.broker.handle_timeout(now, unix);
         }
+        self.settle(now);
+    }
+
+    /// Feeds the completion of a file operation from [`Output::FileOp`]. One turn: answers
+    /// held for durability go out, replayed events are delivered.
+    pub fn handle_file_completion(&mut self, now: Instant, completion: FileCompletion) {
+        self.file_ops_in_flight = self.file_ops_in_flight.saturating_sub(1);
+        self.core.broker.handle_file_completion(now, completion);
         self.settle(now);
     }
 
@@ -485,6 +601,8 @@ impl Engine {
     /// once every connection has drained.
     pub fn shutdown(&mut self, now: Instant) {
         self.shutting_down = true;
+        // Everything written is synced before the runtime stops (see `storage_idle`).
+        self.core.broker.begin_storage_shutdown();
         self.endpoint.set_server_config(None);
         let handles: Vec<_> = self.conns.keys().copied().collect();
         for ch in handles {
@@ -502,6 +620,14 @@ impl Engine {
     #[must_use]
     pub fn poll_output(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Output> {
         buf.clear();
+        // File work first: an fsync started now releases its waiters sooner.
+        if self.file_ops_in_flight < self.max_inflight_file_ops {
+            if let Some(op) = self.core.broker.poll_file_op() {
+                self.file_ops_in_flight += 1;
+                self.core.stats.file_ops += 1;
+                return Some(Output::FileOp(op));
+            }
+        }
         if let Some((t, bytes)) = self.endpoint_transmits.pop_front() {
             buf.extend_from_slice(&bytes);
             return Some(Output::Transmit(t));
@@ -557,6 +683,24 @@ impl Engine {
     /// Connections open or still draining.
     pub fn connection_count(&self) -> usize {
         self.conns.len()
+    }
+
+    /// Startup recovery is done: every log found in the storage directory is open (always
+    /// true without durable storage). Feed no datagrams before this.
+    pub fn is_ready(&self) -> bool {
+        self.core.broker.is_ready()
+    }
+
+    /// Why this broker must not start: a log found at startup could not be opened (for
+    /// corruption inside a segment, the message names the file and the byte).
+    pub fn storage_error(&self) -> Option<&str> {
+        self.core.broker.storage_fatal()
+    }
+
+    /// No file work is left: after [`shutdown`](Self::shutdown), every log has synced what
+    /// it wrote. Keep performing file operations until this holds (or a deadline passes).
+    pub fn storage_idle(&self) -> bool {
+        self.file_ops_in_flight == 0 && self.core.broker.storage_idle()
     }
 
     /// Counters.
@@ -631,14 +775,22 @@ impl Engine {
             self.process_conn(now, ch);
             i += 1;
         }
-        self.core.broker.flush(now);
-        while let Some(id) = self.core.broker.poll_ready() {
-            let Some(&(ch, stream)) = self.core.routes.get(&id) else {
-                continue;
-            };
-            if let Some(conn) = self.conns.get_mut(&ch) {
-                conn.deliver(now, stream, &mut self.core);
-                self.touch(ch);
+        // Storage work feeds on itself within a turn (a replay read answered from the tail
+        // cache, a request re-run once its log opened), so go round a bounded number of times.
+        for _ in 0..MAX_SETTLE_ROUNDS {
+            self.core.broker.flush(now);
+            self.handle_notices(now);
+            while let Some(id) = self.core.broker.poll_ready() {
+                let Some(&(ch, stream)) = self.core.routes.get(&id) else {
+                    continue;
+                };
+                if let Some(conn) = self.conns.get_mut(&ch) {
+                    conn.deliver(now, stream, &mut self.core);
+                    self.touch(ch);
+                }
+            }
+            if !self.core.broker.has_storage_work() {
+                break;
             }
         }
         for ch in std::mem::take(&mut self.touched) {
@@ -651,6 +803,61 @@ impl Engine {
                 self.send_queue.push_back(ch);
             }
             self.rearm(ch);
+        }
+    }
+
+    /// Acts on what the logs reported: releases answers held for durability, and re-runs
+    /// requests that waited for a log to open.
+    fn handle_notices(&mut self, now: Instant) {
+        while let Some(notice) = self.core.broker.poll_notice() {
+            match notice {
+                Notice::Durable { log, up_to } => {
+                    let mut ready = Vec::new();
+                    if let Some(q) = self.core.waiters.get_mut(&log) {
+                        while q.front().is_some_and(|&(end, _, _)| end <= up_to) {
+                            let (_, ch, stream) = q.pop_front().expect("front exists");
+                            if ready.last() != Some(&(ch, stream)) {
+                                ready.push((ch, stream));
+                            }
+                        }
+                        if q.is_empty() {
+                            self.core.waiters.remove(&log);
+                        }
+                    }
+                    self.release_answers(now, ready);
+                }
+                Notice::Failed { log } => {
+                    let ready: Vec<_> = self
+                        .core
+                        .waiters
+                        .remove(&log)
+                        .into_iter()
+                        .flatten()
+                        .map(|(_, ch, stream)| (ch, stream))
+                        .collect();
+                    self.release_answers(now, ready);
+                    self.resume_stalled(now, log);
+                }
+                Notice::Opened { log } => self.resume_stalled(now, log),
+            }
+        }
+    }
+
+    fn release_answers(&mut self, now: Instant, streams: Vec<(ConnectionHandle, StreamId)>) {
+        for (ch, stream) in streams {
+            if let Some(conn) = self.conns.get_mut(&ch) {
+                conn.release_held(now, ch, stream, &mut self.core);
+                self.touch(ch);
+            }
+        }
+    }
+
+    fn resume_stalled(&mut self, now: Instant, log: LogId) {
+        for (ch, stream) in self.core.stalled.remove(&log).unwrap_or_default() {
+            if let Some(conn) = self.conns.get_mut(&ch) {
+                conn.resume_stalled(now, ch, stream, &mut self.core);
+                self.touch(ch);
+            }
         }
     }
 

@@ -31,4 +31,7 @@ pub use engine::{
     SERVED_FLAGS,
 };
 pub use felix_proto::routing::RoutingMapping;
+pub use storage::ops::{
+    DirEntry, FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
+};
 pub use tls::{TlsConfigError, TlsIdentity, ALPN_FELIX_V1};

@@ -5,6 +5,12 @@
 //! The session only decides what to answer. It writes answers to its outbox as whole encoded
 //! frames; the connection moves them onto the QUIC stream as flow control allows and stops
 //! reading the stream while the outbox holds a publish window's worth.
+//!
+//! On durable shards two things can make a request wait, and both keep the stream's order:
+//! an answer that is only true once the log has written (an ack after the write, a cache
+//! write) is *held*, and every answer after it queues behind it until the log reports the
+//! offset durable; a request for a shard whose log is still opening *stalls* the stream,
+//! and is run again, from scratch, once the log is open.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -22,12 +28,15 @@ use felix_proto::routing::RoutingMapping;
 use felix_proto::{DecodeError, ErrorCode, Features, Flags, Frame, FrameDecoder};
 use tracing::{debug, trace};
 
+use quinn_proto::{ConnectionHandle, StreamId};
+
 use crate::auth::{cache_object, stream_object, Action, Identity};
 use crate::broker::{
     BrokerError, CacheKey, Start, StreamKey, SubscribeError, SubscribeOpts, SubscriberId,
 };
 use crate::conn::ConnShared;
 use crate::engine::Core;
+use crate::storage::ops::LogId;
 
 /// A subscription granted on this stream, whose event stream the connection opens.
 pub(crate) struct NewSubscription {
@@ -41,6 +50,9 @@ pub(crate) struct SessionCx<'a> {
     pub(crate) now: Instant,
     pub(crate) core: &'a mut Core,
     pub(crate) conn: &'a mut ConnShared,
+    /// Where this session lives, for answers and requests that wait on a log.
+    pub(crate) ch: ConnectionHandle,
+    pub(crate) stream: StreamId,
 }
 
 /// Whether the stream goes on after a frame.
@@ -49,6 +61,33 @@ pub(crate) enum FrameResult {
     Continue,
     /// Stop reading; finish the stream once the answers are written.
     CloseStream,
+    /// The frame needs a log that is still opening: it is kept, nothing was changed, and
+    /// nothing more is read until the engine re-runs it.
+    Stall,
+}
+
+/// An answer that waits for durability, or one queued behind such an answer.
+enum Held {
+    Ready(Bytes),
+    /// `ok` goes out once `log` is durable below `end`; if the log fails first, the
+    /// failure `fail` describes does.
+    Durable {
+        log: LogId,
+        end: u64,
+        ok: Bytes,
+        fail: FailAnswer,
+    },
+}
+
+/// How to answer a held request whose write failed.
+#[derive(Debug, Clone, Copy)]
+enum FailAnswer {
+    /// A binary ack error for this request id.
+    BinaryAck(u64),
+    /// `publish_error` for this request id.
+    JsonPublish(u64),
+    /// A plain `error`.
+    Error,
 }
 
 /// An authenticated stream's identity and negotiated capabilities.
@@ -74,6 +113,12 @@ pub(crate) struct Session {
     pub(crate) finished: bool,
     /// Not read because the outbox is at the window.
     pub(crate) paused: bool,
+    /// Answers behind one waiting for durability, in request order.
+    held: VecDeque<Held>,
+    /// A request that met a log still opening, to run again once it is open.
+    stalled: Option<Frame>,
+    /// Set by a handler that met an opening log; `on_frame` turns it into a stall.
+    stall_on: Option<LogId>,
     auth: Option<Box<Authed>>,
 }
 
@@ -87,8 +132,69 @@ impl Session {
             finish_when_flushed: false,
             finished: false,
             paused: false,
+            held: VecDeque::new(),
+            stalled: None,
+            stall_on: None,
             auth: None,
         }
+    }
+
+    /// Answers not yet handed to QUIC, held ones included (what the window counts).
+    pub(crate) fn backlog(&self) -> usize {
+        self.outbox.len() + self.held.len()
+    }
+
+    /// Every answer is written (none held).
+    pub(crate) fn all_answered(&self) -> bool {
+        self.outbox.is_empty() && self.held.is_empty()
+    }
+
+    /// The stream can take no answers any more.
+    pub(crate) fn drop_answers(&mut self) {
+        self.outbox.clear();
+        self.held.clear();
+    }
+
+    /// Waiting for a log to open before reading on.
+    pub(crate) fn is_stalled(&self) -> bool {
+        self.stalled.is_some()
+    }
+
+    /// The request that stalled, to run again.
+    pub(crate) fn take_stalled(&mut self) -> Option<Frame> {
+        self.stalled.take()
+    }
+
+    /// Moves held answers whose records are now durable (or whose log failed) to the
+    /// outbox, in order, stopping at the first that still waits. True if any moved.
+    pub(crate) fn release_held(&mut self, core: &Core) -> bool {
+        let mut moved = false;
+        while let Some(front) = self.held.front() {
+            let frame = match front {
+                Held::Ready(_) => match self.held.pop_front() {
+                    Some(Held::Ready(b)) => b,
+                    _ => unreachable!("front is ready"),
+                },
+                Held::Durable { log, end, fail, .. } => {
+                    let (log, end, fail) = (*log, *end, *fail);
+                    if core.broker.durable_offset(log) >= end {
+                        match self.held.pop_front() {
+                            Some(Held::Durable { ok, .. }) => ok,
+                            _ => unreachable!("front is durable"),
+                        }
+                    } else if let Some(why) = core.broker.log_failure(log) {
+                        let message = format!("the write did not become durable: {why}");
+                        self.held.pop_front();
+                        self.fail_frame(fail, &message)
+                    } else {
+                        break;
+                    }
+                }
+            };
+            self.outbox.push_back(frame);
+            moved = true;
+        }
+        moved
     }
 
     /// True once the stream has authenticated.
@@ -115,8 +221,18 @@ impl Session {
         if self.auth.is_none() {
             return self.on_first_frame(frame, cx);
         }
+        let result = self.on_request(&frame, cx);
+        if let Some(log) = self.stall_on.take() {
+            self.stalled = Some(frame);
+            cx.core.wait_opened(log, cx.ch, cx.stream);
+            return FrameResult::Stall;
+        }
+        result
+    }
+
+    fn on_request(&mut self, frame: &Frame, cx: &mut SessionCx<'_>) -> FrameResult {
         if frame.flags.contains(Flags::BINARY_PUBLISH_BATCH) {
-            self.on_binary_publish(&frame, cx);
+            self.on_binary_publish(frame, cx);
             return FrameResult::Continue;
         }
         if !frame.flags.is_empty() {
@@ -437,6 +553,7 @@ impl Session {
                     })),
                 });
             }
+            Err(SubscribeError::Broker(e)) if self.stalls(&e) => {}
             Err(SubscribeError::Broker(e)) => self.push_broker_error(e),
             Err(SubscribeError::Cursor {
                 reason,
@@ -527,14 +644,17 @@ impl Session {
             Ok(published) => {
                 cx.core.stats.publishes += 1;
                 if let Some(id) = request_id {
-                    let offset = published.first_offset.filter(|_| {
-                        self.negotiated()
-                            .flags
-                            .contains(Flags::BINARY_PUBLISH_ACK_OFFSET)
-                    });
-                    self.push_ack(&PublishAck::ok(id, offset));
+                    match self.ack_after_write(cx, &published) {
+                        Some((log, end, offset)) => {
+                            let ok = ack_frame(&PublishAck::ok(id, offset));
+                            self.push_after_durable(cx, log, end, ok, FailAnswer::BinaryAck(id));
+                        }
+                        // Acknowledged as accepted: no offset, which only a written batch has.
+                        None => self.push_ack(&PublishAck::ok(id, None)),
+                    }
                 }
             }
+            Err(e) if self.stalls(&e) => {}
             Err(e) => {
                 cx.core.stats.publishes_refused += 1;
                 if let Some(id) = request_id {
@@ -592,6 +712,7 @@ impl Session {
             })
         };
         match &result {
+            Err(e) if self.stalls(e) => return,
             Ok(_) => cx.core.stats.publishes += 1,
             Err(_) => cx.core.stats.publishes_refused += 1,
         }
@@ -599,15 +720,23 @@ impl Session {
             return;
         }
         let coded = self.negotiated().error_codes();
-        let offset_ok = self
-            .negotiated()
-            .flags
-            .contains(Flags::BINARY_PUBLISH_ACK_OFFSET);
         match (request_id, result) {
-            (Some(request_id), Ok(p)) => self.push_message(&Message::PublishOk(PublishOk {
-                request_id,
-                offset: p.first_offset.filter(|_| offset_ok),
-            })),
+            (request_id, Ok(p)) => match (self.ack_after_write(cx, &p), request_id) {
+                (Some((log, end, offset)), Some(request_id)) => {
+                    let ok = encode_message(&Message::PublishOk(PublishOk { request_id, offset }));
+                    let fail = FailAnswer::JsonPublish(request_id);
+                    self.push_after_durable(cx, log, end, ok, fail);
+                }
+                (Some((log, end, _)), None) => {
+                    let ok = encode_message(&Message::Ok);
+                    self.push_after_durable(cx, log, end, ok, FailAnswer::Error);
+                }
+                (None, Some(request_id)) => self.push_message(&Message::PublishOk(PublishOk {
+                    request_id,
+                    offset: None,
+                })),
+                (None, None) => self.push_message(&Message::Ok),
+            },
             (Some(request_id), Err(e)) => {
                 let retry = e.code.default_retry();
                 self.push_message(&Message::PublishError(PublishError {
@@ -618,7 +747,6 @@ impl Session {
                     detail: None,
                 }))
             }
-            (None, Ok(_)) => self.push_message(&Message::Ok),
             (None, Err(e)) => self.push_broker_error(e),
         }
     }
@@ -739,14 +867,91 @@ impl Session {
         &self.auth.as_ref().expect("authenticated").negotiated
     }
 
+    /// A refusal because the shard's log is still opening: the request will run again.
+    fn stalls(&mut self, e: &BrokerError) -> bool {
+        match e.opening {
+            Some(log) => {
+                self.stall_on = Some(log);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether this publish is answered after its write: on a durable shard, when the
+    /// broker acks every publish that way or this client offered FEATURE_ACK_ON_COMMIT.
+    /// Gives the log, the offset the batch must be durable below, and the offset to put in
+    /// the answer (for a client that offered 0x1000).
+    fn ack_after_write(
+        &self,
+        cx: &SessionCx<'_>,
+        published: &crate::broker::Published,
+    ) -> Option<(LogId, u64, Option<u64>)> {
+        let (log, end) = published.durable_at?;
+        let negotiated = self.negotiated();
+        let wanted = cx.core.broker.acks_after_write()
+            || negotiated.features.contains(Features::ACK_ON_COMMIT);
+        if !wanted {
+            return None;
+        }
+        let offset = published
+            .first_offset
+            .filter(|_| negotiated.flags.contains(Flags::BINARY_PUBLISH_ACK_OFFSET));
+        Some((log, end, offset))
+    }
+
     // ---- answers ------------------------------------------------------------------------
 
+    /// Queues an encoded answer behind every earlier one.
+    fn push_frame(&mut self, frame: Bytes) {
+        if self.held.is_empty() {
+            self.outbox.push_back(frame);
+        } else {
+            self.held.push_back(Held::Ready(frame));
+        }
+    }
+
+    /// Queues `ok` to go out once `log` is durable below `end`.
+    fn push_after_durable(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        log: LogId,
+        end: u64,
+        ok: Bytes,
+        fail: FailAnswer,
+    ) {
+        cx.core.stats.answers_after_write += 1;
+        if self.held.is_empty() && cx.core.broker.durable_offset(log) >= end {
+            self.outbox.push_back(ok);
+            return;
+        }
+        self.held.push_back(Held::Durable { log, end, ok, fail });
+        cx.core.wait_durable(log, end, cx.ch, cx.stream);
+    }
+
+    fn fail_frame(&self, fail: FailAnswer, message: &str) -> Bytes {
+        match fail {
+            FailAnswer::BinaryAck(id) => self.ack_error_frame(id, ErrorCode::Storage, message),
+            FailAnswer::JsonPublish(request_id) => {
+                let coded = self.negotiated().error_codes();
+                encode_message(&Message::PublishError(PublishError {
+                    request_id,
+                    message: message.to_owned(),
+                    code: coded.then_some(ErrorCode::Storage),
+                    retry: coded.then_some(ErrorCode::Storage.default_retry()),
+                    detail: None,
+                }))
+            }
+            FailAnswer::Error => self.error_frame(ErrorCode::Storage, message.to_owned()),
+        }
+    }
+
     fn push_message(&mut self, msg: &Message) {
-        self.outbox.push_back(encode_message(msg));
+        self.push_frame(encode_message(msg));
     }
 
     /// An `error`, coded when the stream negotiated error codes.
-    fn push_error(&mut self, code: ErrorCode, message: String) {
+    fn error_frame(&self, code: ErrorCode, message: String) -> Bytes {
         let coded = self
             .auth
             .as_ref()
@@ -756,7 +961,12 @@ impl Session {
         } else {
             ErrorMessage::plain(message)
         };
-        self.push_message(&Message::Error(msg));
+        encode_message(&Message::Error(msg))
+    }
+
+    fn push_error(&mut self, code: ErrorCode, message: String) {
+        let frame = self.error_frame(code, message);
+        self.push_frame(frame);
     }
 
     fn push_broker_error(&mut self, e: BrokerError) {
@@ -764,21 +974,17 @@ impl Session {
     }
 
     fn push_ack(&mut self, ack: &PublishAck) {
-        let len = ack.encoded_len();
-        let mut out = BytesMut::with_capacity(felix_proto::frame::HEADER_LEN + len);
-        encode_frame_header(ack.flags(), len, &mut out);
-        ack.encode_into(&mut out);
-        self.outbox.push_back(out.freeze());
+        self.push_frame(ack_frame(ack));
     }
 
     /// A failed binary ack; the code goes only to a client that offered 0x0200.
-    fn push_ack_error(&mut self, request_id: u64, code: ErrorCode, message: &str) {
+    fn ack_error_frame(&self, request_id: u64, code: ErrorCode, message: &str) -> Bytes {
         let coded = self
             .negotiated()
             .flags
             .contains(Flags::BINARY_PUBLISH_ACK_CODE);
         let retry = code.default_retry();
-        self.push_ack(&PublishAck {
+        ack_frame(&PublishAck {
             request_id,
             result: AckResult::Err {
                 message: message.to_owned(),
@@ -786,8 +992,22 @@ impl Session {
                 detail: None,
             },
             owner: None,
-        });
+        })
     }
+
+    fn push_ack_error(&mut self, request_id: u64, code: ErrorCode, message: &str) {
+        let frame = self.ack_error_frame(request_id, code, message);
+        self.push_frame(frame);
+    }
+}
+
+/// A binary ack as a whole frame.
+fn ack_frame(ack: &PublishAck) -> Bytes {
+    let len = ack.encoded_len();
+    let mut out = BytesMut::with_capacity(felix_proto::frame::HEADER_LEN + len);
+    encode_frame_header(ack.flags(), len, &mut out);
+    ack.encode_into(&mut out);
+    out.freeze()
 }
 
 /// A JSON message as a whole frame, header included.

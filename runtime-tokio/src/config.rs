@@ -7,6 +7,13 @@
 //! | `FELIX_TLS_CERT_EXPORT` | where to write the generated CA's PEM | not written |
 //! | `FELIX_AUTH_JWKS_FILE` | JWKS document verifying tokens | dev mode |
 //! | `FELIX_DEV_TOKEN_EXPORT` | where dev mode writes its token | not written |
+//! | `FELIX_DURABLE_STORAGE_DIR` | durable streams and caches live here | in memory |
+//! | `FELIX_DURABLE_FSYNC_MODE` | `none`, `periodic` or `on_commit` | `periodic` |
+//! | `FELIX_DURABLE_FSYNC_INTERVAL_MS` | the periodic fsync interval | 250 |
+//! | `FELIX_DURABLE_RETENTION_BYTES` | keep at most this much per shard (whole segments) | unbounded |
+//! | `FELIX_DURABLE_RETENTION_SECONDS` | drop segments whose newest record is older | unbounded |
+//! | `FELIX_DURABLE_SEGMENT_MAX_BYTES` | roll a shard's log to a new segment at this size | 64 MiB |
+//! | `FELIX_ACK_ON_COMMIT` | answer every acked publish after its write, with its offset | `false` |
 //!
 //! and one variable per engine limit, listed in [`ENGINE_VARS`] (for example
 //! `FELIX_PUBLISH_WINDOW`, `FELIX_AUTH_TIMEOUT_MS`, `FELIX_IDLE_CONNECTION_REAP_MS`).
@@ -17,7 +24,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use felix_engine::EngineConfig;
+use felix_engine::{EngineConfig, FsyncPolicy, DEFAULT_FSYNC_INTERVAL};
 
 use crate::BrokerOptions;
 
@@ -138,6 +145,8 @@ pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigE
         None => None,
     };
 
+    durable_from_vars(&get, &mut options)?;
+
     let mut settings: Vec<(Setter, u64)> = Vec::new();
     for (names, setter) in ENGINE_VARS {
         let Some((name, text)) = names.iter().find_map(|n| get(n).map(|v| (*n, v))) else {
@@ -165,6 +174,58 @@ pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigE
         tls_cert_export: get("FELIX_TLS_CERT_EXPORT").map(PathBuf::from),
         dev_token_export: get("FELIX_DEV_TOKEN_EXPORT").map(PathBuf::from),
     })
+}
+
+/// The `FELIX_DURABLE_*` variables and `FELIX_ACK_ON_COMMIT`.
+fn durable_from_vars(
+    get: &impl Fn(&str) -> Option<String>,
+    options: &mut BrokerOptions,
+) -> Result<(), ConfigError> {
+    let number = |name: &str| -> Result<Option<u64>, ConfigError> {
+        get(name)
+            .map(|text| {
+                text.trim()
+                    .parse::<u64>()
+                    .map_err(|_| ConfigError(format!("{name}={text:?} is not an unsigned integer")))
+            })
+            .transpose()
+    };
+    options.storage_dir = get("FELIX_DURABLE_STORAGE_DIR").map(PathBuf::from);
+    let interval = number("FELIX_DURABLE_FSYNC_INTERVAL_MS")?
+        .map_or(DEFAULT_FSYNC_INTERVAL, Duration::from_millis);
+    if let Some(mode) = get("FELIX_DURABLE_FSYNC_MODE") {
+        options.durable.fsync = FsyncPolicy::parse(&mode, interval)
+            .map_err(|e| ConfigError(format!("FELIX_DURABLE_FSYNC_MODE: {e}")))?;
+    } else if interval.is_zero() {
+        return Err(ConfigError(
+            "FELIX_DURABLE_FSYNC_INTERVAL_MS must be above zero".into(),
+        ));
+    } else {
+        options.durable.fsync = FsyncPolicy::Periodic(interval);
+    }
+    options.durable.retention_bytes = number("FELIX_DURABLE_RETENTION_BYTES")?;
+    options.durable.retention_age =
+        number("FELIX_DURABLE_RETENTION_SECONDS")?.map(Duration::from_secs);
+    if let Some(bytes) = number("FELIX_DURABLE_SEGMENT_MAX_BYTES")? {
+        if bytes == 0 {
+            return Err(ConfigError(
+                "FELIX_DURABLE_SEGMENT_MAX_BYTES must be above zero".into(),
+            ));
+        }
+        options.durable.segment_max_bytes = bytes;
+    }
+    if let Some(text) = get("FELIX_ACK_ON_COMMIT") {
+        options.durable.ack_on_commit = match text.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => true,
+            "false" | "0" | "no" | "off" => false,
+            _ => {
+                return Err(ConfigError(format!(
+                    "FELIX_ACK_ON_COMMIT={text:?}: expected true or false"
+                )))
+            }
+        };
+    }
+    Ok(())
 }
 
 /// A throwaway config to try setters on.
@@ -213,6 +274,51 @@ mod tests {
         assert_eq!(engine.publish_window, 64);
         assert_eq!(engine.idle_connection_reap, Duration::from_millis(1500));
         assert_eq!(c.dev_token_export, Some(PathBuf::from("/tmp/x")));
+    }
+
+    #[test]
+    fn durable_variables() {
+        let c = from_vars(vars(&[])).unwrap();
+        assert_eq!(c.options.storage_dir, None);
+        assert_eq!(
+            c.options.durable.fsync,
+            FsyncPolicy::Periodic(Duration::from_millis(250))
+        );
+        assert!(!c.options.durable.ack_on_commit);
+
+        let c = from_vars(vars(&[
+            ("FELIX_DURABLE_STORAGE_DIR", "/var/lib/felix"),
+            ("FELIX_DURABLE_FSYNC_MODE", "on_commit"),
+            ("FELIX_DURABLE_RETENTION_BYTES", "1048576"),
+            ("FELIX_DURABLE_RETENTION_SECONDS", "3600"),
+            ("FELIX_ACK_ON_COMMIT", "true"),
+        ]))
+        .unwrap();
+        let d = &c.options.durable;
+        assert_eq!(c.options.storage_dir, Some(PathBuf::from("/var/lib/felix")));
+        assert_eq!(d.fsync, FsyncPolicy::OnCommit);
+        assert_eq!(d.retention_bytes, Some(1 << 20));
+        assert_eq!(d.retention_age, Some(Duration::from_secs(3600)));
+        assert!(d.ack_on_commit);
+
+        let c = from_vars(vars(&[
+            ("FELIX_DURABLE_FSYNC_MODE", "periodic"),
+            ("FELIX_DURABLE_FSYNC_INTERVAL_MS", "40"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.options.durable.fsync,
+            FsyncPolicy::Periodic(Duration::from_millis(40))
+        );
+        for bad in [
+            ("FELIX_DURABLE_FSYNC_MODE", "sometimes"),
+            ("FELIX_DURABLE_FSYNC_INTERVAL_MS", "0"),
+            ("FELIX_DURABLE_RETENTION_BYTES", "-1"),
+            ("FELIX_ACK_ON_COMMIT", "maybe"),
+        ] {
+            let e = from_vars(vars(&[bad])).unwrap_err();
+            assert!(e.0.contains(bad.0), "{e}");
+        }
     }
 
     #[test]

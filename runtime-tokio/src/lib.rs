@@ -1,7 +1,8 @@
 //! # felix-runtime-tokio
 //!
 //! Runs the Felix engine on tokio: one UDP socket (GSO/GRO through `quinn-udp`), one timer
-//! (the engine's deadline) and one task. The `felix-broker` binary is this library plus
+//! (the engine's deadline), one task, and — with a storage directory — a file executor
+//! ([`files`]) on tokio's blocking pool. The `felix-broker` binary is this library plus
 //! configuration from the environment ([`config`]).
 //!
 //! ```no_run
@@ -15,14 +16,17 @@
 
 pub mod config;
 mod driver;
+pub mod files;
 mod tls;
 
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use felix_engine::{AuthConfig, Engine, EngineConfig};
+use felix_engine::{AuthConfig, DurableConfig, Engine, EngineConfig};
 use quinn_udp::UdpSocketState;
 use ring::rand::{SecureRandom, SystemRandom};
 use tokio::sync::watch;
@@ -49,6 +53,11 @@ pub struct BrokerOptions {
     pub jwks: Option<Vec<u8>>,
     /// Changes to the engine configuration (limits, windows, timeouts) before it starts.
     pub configure_engine: Option<ConfigureEngine>,
+    /// Durable storage: streams and caches live in logs under this directory (created if
+    /// missing). Without it they stay in memory.
+    pub storage_dir: Option<PathBuf>,
+    /// How durable storage behaves; used only with `storage_dir`.
+    pub durable: DurableConfig,
 }
 
 impl BrokerOptions {
@@ -59,6 +68,8 @@ impl BrokerOptions {
             tls_pem: None,
             jwks: None,
             configure_engine: None,
+            storage_dir: None,
+            durable: DurableConfig::default(),
         }
     }
 
@@ -81,6 +92,8 @@ impl fmt::Debug for BrokerOptions {
             .field("bind", &self.bind)
             .field("tls_pem", &self.tls_pem.is_some())
             .field("jwks", &self.jwks.is_some())
+            .field("storage_dir", &self.storage_dir)
+            .field("durable", &self.durable)
             .finish_non_exhaustive()
     }
 }
@@ -143,7 +156,9 @@ fn random_seed(rng: &SystemRandom) -> io::Result<[u8; 32]> {
     Ok(seed)
 }
 
-/// Binds the socket, builds the engine and spawns the drive loop on the current runtime.
+/// Binds the socket, builds the engine, recovers durable storage (performing file ops until
+/// every log on disk is open; a corrupt log fails the start, naming the file and byte), and
+/// spawns the drive loop on the current runtime. Datagrams are read only after recovery.
 pub async fn start(opts: BrokerOptions) -> io::Result<RunningBroker> {
     let (identity, ca_cert_pem) = match &opts.tls_pem {
         Some((cert, key)) => (
@@ -173,8 +188,22 @@ pub async fn start(opts: BrokerOptions) -> io::Result<RunningBroker> {
     let socket = tokio::net::UdpSocket::from_std(std_socket)?;
 
     let mut config = EngineConfig::new(identity, auth, random_seed(&rng)?);
+    let executor = match &opts.storage_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            config.durable = Some(opts.durable.clone());
+            Some(Arc::new(files::FileExecutor::new(dir.clone())))
+        }
+        None => None,
+    };
     if let Some(configure) = opts.configure_engine {
         configure(&mut config);
+    }
+    if config.durable.is_some() && executor.is_none() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "durable storage needs a storage directory",
+        ));
     }
     config.max_gso_segments = config.max_gso_segments.min(state.max_gso_segments()).max(1);
     let unix_micros = SystemTime::now()
@@ -186,7 +215,12 @@ pub async fn start(opts: BrokerOptions) -> io::Result<RunningBroker> {
     let dev_token = engine.dev_token().map(str::to_owned);
 
     let (stop, stop_rx) = watch::channel(false);
-    let driver = driver::Driver::new(engine, socket, state);
+    let mut driver = driver::Driver::new(engine, socket, state, executor);
+    if let Some(dir) = &opts.storage_dir {
+        let began = Instant::now();
+        driver.recover().await?;
+        info!(dir = %dir.display(), took = ?began.elapsed(), "durable storage recovered");
+    }
     let task = tokio::spawn(driver.run(stop_rx));
     info!(%local_addr, dev_mode = dev_token.is_some(), "felix broker listening");
     Ok(RunningBroker {

@@ -14,6 +14,7 @@
 //! one frame carries many records and when idle each publish goes out at once.
 
 mod cache;
+pub(crate) mod durable;
 mod encode;
 #[cfg(test)]
 mod tests;
@@ -27,7 +28,12 @@ use felix_proto::features::Features;
 use felix_proto::routing::{shard_for_key, RoutingMapping};
 use felix_proto::{ErrorCode, Flags};
 
+use crate::storage::layout;
+use crate::storage::log::{AppendError, Batch};
+use crate::storage::ops::LogId;
 use cache::{CacheLimits, CacheStore};
+pub(crate) use durable::{DurableSettings, Notice};
+use durable::{LogState, Logs, Owner, ShardStore, Unreleased};
 use encode::{encode_event_batch, encode_subscription_lagged, BatchView, MAX_PUBLISHER_LEN};
 
 use cache::CACHE_SWEEP_MAX_ENTRIES;
@@ -120,6 +126,9 @@ pub(crate) struct SubscriberId(pub(crate) u64);
 pub(crate) struct BrokerError {
     pub(crate) code: ErrorCode,
     pub(crate) message: String,
+    /// The request needs a log that is still opening: re-run it once this log reports
+    /// [`Notice::Opened`] (nothing was changed).
+    pub(crate) opening: Option<LogId>,
 }
 
 impl BrokerError {
@@ -127,7 +136,20 @@ impl BrokerError {
         BrokerError {
             code,
             message: message.into(),
+            opening: None,
         }
+    }
+
+    fn opening(log: LogId) -> BrokerError {
+        BrokerError {
+            code: ErrorCode::ShardUnavailable,
+            message: "the shard's log is opening".into(),
+            opening: Some(log),
+        }
+    }
+
+    fn storage(message: impl Into<String>) -> BrokerError {
+        BrokerError::new(ErrorCode::Storage, message)
     }
     fn invalid(message: impl Into<String>) -> BrokerError {
         BrokerError::new(ErrorCode::InvalidRequest, message)
@@ -228,6 +250,9 @@ pub(crate) struct Subscribed {
 pub(crate) struct Published {
     pub(crate) shard: u32,
     pub(crate) first_offset: Option<u64>,
+    /// On a durable shard: the log, and the offset below which the batch lies. It is
+    /// durable once the log's durable offset reaches it ([`Notice::Durable`]).
+    pub(crate) durable_at: Option<(LogId, u64)>,
 }
 
 /// One frame for a subscriber's event stream (header and payload, ready to write).
@@ -291,6 +316,8 @@ struct OpenBatch {
 struct Shard {
     /// Offsets (and stored record times) go on the wire: durable storage turns this on.
     has_offsets: bool,
+    /// Durable shards: the log and the records waiting to be durable before they fan out.
+    store: Option<ShardStore>,
     /// Sequence number the next record gets; its offset where offsets are on.
     next_seq: u64,
     subscribers: Vec<SubscriberId>,
@@ -303,6 +330,7 @@ impl Shard {
     fn new() -> Shard {
         Shard {
             has_offsets: false,
+            store: None,
             next_seq: 0,
             subscribers: Vec::new(),
             open: OpenBatch::default(),
@@ -331,6 +359,21 @@ struct Subscriber {
     /// Already in `Broker::ready`.
     ready: bool,
     drops: u64,
+    /// Reading stored history before joining live delivery (not on the shard's list yet).
+    catch_up: Option<CatchUp>,
+}
+
+/// A subscriber replaying the log from `next` until it reaches the shard's released tail,
+/// where it joins live delivery in the same turn: no gap and no duplicate.
+struct CatchUp {
+    log: LogId,
+    next: u64,
+    reading: bool,
+    /// On the shard's list: live frames queue behind the replay frames still held.
+    joined: bool,
+    frames: VecDeque<Bytes>,
+    /// The replay failed: this frame ends the subscription.
+    failed: Option<Bytes>,
 }
 
 /// Counters and queues `seal` touches besides the shard.
@@ -353,6 +396,10 @@ pub(crate) struct Broker {
     dirty: Vec<(usize, u32)>,
     cache: CacheStore,
     stats: BrokerStats,
+    /// Durable storage; `None` keeps every stream in memory.
+    logs: Option<Logs>,
+    /// `now` of the last flush: when log events are left over, the next turn is due then.
+    last_flush: Option<Instant>,
 }
 
 impl Broker {
@@ -384,7 +431,18 @@ impl Broker {
             dirty: Vec::new(),
             cache,
             stats: BrokerStats::default(),
+            logs: None,
+            last_flush: None,
         }
+    }
+
+    /// A broker whose streams are durable: each shard has a log under the storage root.
+    /// Startup begins at once: logs already on disk are found and opened through file ops,
+    /// and [`Broker::is_ready`] says when that is done.
+    pub(crate) fn with_storage(cfg: BrokerConfig, settings: DurableSettings) -> Broker {
+        let mut b = Broker::new(cfg);
+        b.logs = Some(Logs::new(settings));
+        b
     }
 
     /// Shards of a stream that exists (was used or declared); `None` for an unknown one.
@@ -401,7 +459,7 @@ impl Broker {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn publish(
         &mut self,
-        _now: Instant,
+        now: Instant,
         unix_micros: u64,
         key: &StreamKey,
         routing_key: Option<&[u8]>,
@@ -419,59 +477,90 @@ impl Broker {
             Some(s) => s,
             None => shard_for_key(routing_key, shards, self.cfg.routing_mapping),
         };
-        let stream = self.stream_or_create(key)?;
-
-        self.stats.published_records += payloads.len() as u64;
-        self.stats.published_bytes += payloads.iter().map(|p| p.len() as u64).sum::<u64>();
-
-        let max_records = self.cfg.event_batch_max_records;
-        let max_bytes = self.cfg.event_batch_max_bytes;
+        let stream = self.stream_or_create(now, key)?;
         let publisher = publisher.filter(|p| p.len() <= MAX_PUBLISHER_LEN);
+        let count = payloads.len() as u64;
+        let bytes = payloads.iter().map(|p| p.len() as u64).sum::<u64>();
+
         let sh = &mut self.streams[stream].shards[shard as usize];
-        let first_seq = sh.next_seq;
-        sh.next_seq += payloads.len() as u64;
-        let first_offset = sh.has_offsets.then_some(first_seq);
-        if sh.subscribers.is_empty() {
-            // Nobody to deliver to, and a later subscriber starts after these records.
+        if let Some(store) = &mut sh.store {
+            // Durable: the records take their offsets in the log now and fan out once the
+            // log reports them durable (`release`), so no subscriber sees a record that a
+            // crash could still take back.
+            let logs = self.logs.as_mut().expect("durable shards have logs");
+            let log = store.log;
+            let slot = logs.slot_mut(log).expect("a shard's log exists");
+            match &slot.state {
+                LogState::Opening => return Err(BrokerError::opening(log)),
+                LogState::Failed(e) => {
+                    return Err(BrokerError::storage(format!("the shard's log failed: {e}")))
+                }
+                LogState::Open => {}
+            }
+            if payloads.is_empty() {
+                let at = slot.log.next_offset();
+                return Ok(Published {
+                    shard,
+                    first_offset: Some(at),
+                    durable_at: Some((log, at)),
+                });
+            }
+            let batch = Batch {
+                time_us: unix_micros,
+                publisher: publisher.map(str::as_bytes),
+                payloads: &payloads,
+            };
+            let first = slot.log.append(now, batch).map_err(append_error)?;
+            logs.mark_dirty(log);
+            self.stats.published_records += count;
+            self.stats.published_bytes += bytes;
+            store.unreleased.push_back(Unreleased {
+                first,
+                time_us: unix_micros,
+                publisher: publisher.map(Box::from),
+                payloads,
+            });
             return Ok(Published {
                 shard,
-                first_offset,
+                first_offset: Some(first),
+                durable_at: Some((log, first + count)),
             });
         }
 
-        let mut fan = FanOut {
-            subscribers: &mut self.subscribers,
-            ready: &mut self.ready,
-            stats: &mut self.stats,
-        };
-        for (i, payload) in payloads.into_iter().enumerate() {
-            let open = &sh.open;
-            let breaks = !open.payloads.is_empty()
-                && (open.bytes + payload.len() > max_bytes
-                    || open.publisher.as_deref() != publisher);
-            if breaks {
-                seal(sh, &mut fan);
-            }
-            if sh.open.payloads.is_empty() {
-                sh.open.base_seq = first_seq + i as u64;
-                sh.open.publisher = publisher.map(Box::from);
-            }
-            sh.open.bytes += payload.len();
-            sh.open.payloads.push(payload);
-            if sh.has_offsets {
-                sh.open.times.push(unix_micros);
-            }
-            if sh.open.payloads.len() >= max_records || sh.open.bytes >= max_bytes {
-                seal(sh, &mut fan);
+        self.stats.published_records += count;
+        self.stats.published_bytes += bytes;
+        let first_seq = sh.next_seq;
+        sh.next_seq += count;
+        let first_offset = sh.has_offsets.then_some(first_seq);
+        if !sh.subscribers.is_empty() {
+            let mut fan = FanOut {
+                subscribers: &mut self.subscribers,
+                ready: &mut self.ready,
+                stats: &mut self.stats,
+            };
+            let limits = (
+                self.cfg.event_batch_max_records,
+                self.cfg.event_batch_max_bytes,
+            );
+            fan_in(
+                sh,
+                first_seq,
+                payloads,
+                unix_micros,
+                publisher,
+                limits,
+                &mut fan,
+            );
+            if !sh.open.payloads.is_empty() && !sh.dirty {
+                sh.dirty = true;
+                self.dirty.push((stream, shard));
             }
         }
-        if !sh.open.payloads.is_empty() && !sh.dirty {
-            sh.dirty = true;
-            self.dirty.push((stream, shard));
-        }
+        // Else nobody to deliver to, and a later subscriber starts after these records.
         Ok(Published {
             shard,
             first_offset,
+            durable_at: None,
         })
     }
 
@@ -479,7 +568,7 @@ impl Broker {
     /// `Offset` need stored history, which in-memory shards do not have.
     pub(crate) fn subscribe(
         &mut self,
-        _now: Instant,
+        now: Instant,
         key: &StreamKey,
         shard: u32,
         start: Start,
@@ -492,33 +581,63 @@ impl Broker {
             ))
             .into());
         }
-        let stream = self.stream_or_create(key)?;
+        let stream = self.stream_or_create(now, key)?;
         let sh = &self.streams[stream].shards[shard as usize];
-        let tail = sh.next_seq;
-        if !sh.has_offsets && start != Start::Latest {
-            return Err(BrokerError::invalid(
-                "replay needs durable storage: this stream is in memory, subscribe from latest",
-            )
-            .into());
-        }
-        // With offsets but no stored history yet, the oldest retained offset is the tail.
-        match start {
-            Start::Offset(n) if n > tail => {
-                return Err(SubscribeError::Cursor {
-                    reason: CursorReason::InFuture,
-                    requested: n,
-                    available: tail,
-                })
+        let cursor = |reason, requested, available| SubscribeError::Cursor {
+            reason,
+            requested,
+            available,
+        };
+        // `from` is the first offset delivered, `tail` where live delivery takes over.
+        let (from, tail, log) = match &sh.store {
+            Some(store) => {
+                let logs = self.logs.as_ref().expect("durable shards have logs");
+                let slot = logs.slot(store.log).expect("a shard's log exists");
+                match &slot.state {
+                    LogState::Opening => return Err(BrokerError::opening(store.log).into()),
+                    LogState::Failed(e) => {
+                        return Err(
+                            BrokerError::storage(format!("the shard's log failed: {e}")).into()
+                        )
+                    }
+                    LogState::Open => {}
+                }
+                let tail = store.released;
+                let oldest = slot.log.start_offset().min(tail);
+                let from = match start {
+                    Start::Latest => tail,
+                    Start::Earliest => oldest,
+                    Start::Offset(n) if n > tail => {
+                        return Err(cursor(CursorReason::InFuture, n, tail))
+                    }
+                    Start::Offset(n) if n < oldest => {
+                        return Err(cursor(CursorReason::TooOld, n, oldest))
+                    }
+                    Start::Offset(n) => n,
+                };
+                (from, tail, Some(store.log))
             }
-            Start::Offset(n) if n < tail => {
-                return Err(SubscribeError::Cursor {
-                    reason: CursorReason::TooOld,
-                    requested: n,
-                    available: tail,
-                })
+            None => {
+                let tail = sh.next_seq;
+                if !sh.has_offsets && start != Start::Latest {
+                    return Err(BrokerError::invalid(
+                        "replay needs durable storage: this stream is in memory, subscribe from latest",
+                    )
+                    .into());
+                }
+                // With offsets but no stored history, the oldest retained offset is the tail.
+                match start {
+                    Start::Offset(n) if n > tail => {
+                        return Err(cursor(CursorReason::InFuture, n, tail))
+                    }
+                    Start::Offset(n) if n < tail => {
+                        return Err(cursor(CursorReason::TooOld, n, tail))
+                    }
+                    _ => {}
+                }
+                (tail, tail, None)
             }
-            _ => {}
-        }
+        };
 
         let max = self.cfg.subscriber_queue_capacity_max;
         let capacity = match opts.queue_capacity {
@@ -527,19 +646,33 @@ impl Broker {
         };
         let wants = opts.event_flags.intersection(EVENT_MODIFIERS);
         let offsets_on_wire = sh.has_offsets && wants.contains(Flags::EVENT_BATCH_OFFSETS);
-
-        // Records already in the open batch were published before this subscriber joined.
-        let mut fan = FanOut {
-            subscribers: &mut self.subscribers,
-            ready: &mut self.ready,
-            stats: &mut self.stats,
+        // History below the tail is replayed from the log before live delivery takes over.
+        let catch_up = match log {
+            Some(log) if from < tail => Some(CatchUp {
+                log,
+                next: from,
+                reading: false,
+                joined: false,
+                frames: VecDeque::new(),
+                failed: None,
+            }),
+            _ => None,
         };
-        let sh = &mut self.streams[stream].shards[shard as usize];
-        seal(sh, &mut fan);
 
         let id = SubscriberId(self.next_subscriber);
         self.next_subscriber += 1;
-        sh.subscribers.push(id);
+        let joins_now = catch_up.is_none();
+        if joins_now {
+            // Records already in the open batch were published before this subscriber joined.
+            let mut fan = FanOut {
+                subscribers: &mut self.subscribers,
+                ready: &mut self.ready,
+                stats: &mut self.stats,
+            };
+            let sh = &mut self.streams[stream].shards[shard as usize];
+            seal(sh, &mut fan);
+            sh.subscribers.push(id);
+        }
         self.subscribers.insert(
             id,
             Subscriber {
@@ -551,15 +684,19 @@ impl Broker {
                 capacity,
                 queue: VecDeque::new(),
                 final_frame: None,
-                detached: false,
+                detached: !joins_now,
                 ready: false,
                 drops: 0,
+                catch_up,
             },
         );
         self.stats.subscribers_open += 1;
+        if !joins_now {
+            self.advance_catch_up(id);
+        }
         Ok(Subscribed {
             id,
-            start_offset: offsets_on_wire.then_some(tail),
+            start_offset: offsets_on_wire.then_some(from),
             live_offset: offsets_on_wire.then_some(tail),
             queue_capacity: opts.queue_capacity.map(|_| capacity as u32),
         })
@@ -579,8 +716,12 @@ impl Broker {
         }
     }
 
-    /// Seals every open batch and queues it to its subscribers. Call once per turn.
-    pub(crate) fn flush(&mut self, _now: Instant) {
+    /// Collects the logs' file ops and acts on their events (durable records fan out,
+    /// catch-up reads land), then seals every open batch and queues it to its subscribers.
+    /// Call once per turn, and again while [`Broker::has_storage_work`] says so.
+    pub(crate) fn flush(&mut self, now: Instant) {
+        self.last_flush = Some(now);
+        self.process_logs(now);
         let mut fan = FanOut {
             subscribers: &mut self.subscribers,
             ready: &mut self.ready,
@@ -608,6 +749,28 @@ impl Broker {
     /// Pops the subscriber's next frame. Call only when its stream can take the frame.
     #[must_use]
     pub(crate) fn next_delivery(&mut self, id: SubscriberId) -> Option<Delivery> {
+        let sub = self.subscribers.get_mut(&id)?;
+        if let Some(cu) = sub.catch_up.as_mut() {
+            if let Some(frame) = cu.frames.pop_front() {
+                // Read ahead while this frame is written.
+                self.advance_catch_up(id);
+                return Some(Delivery::Frame(frame));
+            }
+            if let Some(last) = cu.failed.take() {
+                self.unsubscribe(id);
+                return Some(Delivery::Final(last));
+            }
+            if !cu.joined {
+                self.advance_catch_up(id);
+                let sub = self.subscribers.get_mut(&id)?;
+                let cu = sub.catch_up.as_mut()?;
+                if !cu.joined || !cu.frames.is_empty() {
+                    return cu.frames.pop_front().map(Delivery::Frame);
+                }
+            }
+            let sub = self.subscribers.get_mut(&id)?;
+            sub.catch_up = None;
+        }
         let sub = self.subscribers.get_mut(&id)?;
         if let Some(frame) = sub.queue.pop_front() {
             return Some(Delivery::Frame(frame));
@@ -654,15 +817,27 @@ impl Broker {
         Ok(self.cache.delete(now, key, k))
     }
 
-    /// The next instant [`Broker::handle_timeout`] has work (the cache sweep).
+    /// The next instant [`Broker::handle_timeout`] has work: the cache sweep, a log's
+    /// periodic fsync or retention check, or log events a busy turn left unhandled.
     #[must_use]
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        self.cache.poll_timeout()
+        let leftover = self.has_storage_work().then_some(self.last_flush).flatten();
+        let logs = self.logs.as_ref().and_then(Logs::poll_timeout);
+        [self.cache.poll_timeout(), logs, leftover]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
-    /// Removes a bounded number of expired cache entries.
-    pub(crate) fn handle_timeout(&mut self, now: Instant) {
-        self.cache.sweep(now, CACHE_SWEEP_MAX_ENTRIES);
+    /// Runs what is due: a bounded cache sweep and the logs' timers. `unix_micros` is `now`
+    /// on the wall clock (retention by age compares it with stored append times).
+    pub(crate) fn handle_timeout(&mut self, now: Instant, unix_micros: u64) {
+        if self.cache.poll_timeout().is_some_and(|at| at <= now) {
+            self.cache.sweep(now, CACHE_SWEEP_MAX_ENTRIES);
+        }
+        if let Some(logs) = self.logs.as_mut() {
+            logs.handle_timeout(now, unix_micros);
+        }
     }
 
     pub(crate) fn stats(&self) -> BrokerStats {
@@ -680,7 +855,7 @@ impl Broker {
         }
     }
 
-    fn stream_or_create(&mut self, key: &StreamKey) -> Result<usize, BrokerError> {
+    fn stream_or_create(&mut self, now: Instant, key: &StreamKey) -> Result<usize, BrokerError> {
         if let Some(&i) = self.stream_index.get(key) {
             return Ok(i);
         }
@@ -698,20 +873,97 @@ impl Broker {
             .get(key)
             .copied()
             .unwrap_or(self.cfg.default_shards);
-        self.streams.push(Stream {
+        let index = self.streams.len();
+        let mut stream = Stream {
             shards: (0..shards).map(|_| Shard::new()).collect(),
-        });
-        self.stream_index
-            .insert(key.clone(), self.streams.len() - 1);
-        Ok(self.streams.len() - 1)
+        };
+        if let Some(logs) = self.logs.as_mut() {
+            for (i, sh) in stream.shards.iter_mut().enumerate() {
+                let shard = i as u32;
+                let dir = layout::stream_shard_dir(&key.tenant, &key.namespace, &key.stream, shard);
+                let log = logs.claim(
+                    dir,
+                    Owner::Stream {
+                        stream: index,
+                        shard,
+                    },
+                    now,
+                );
+                let slot = logs.slot(log).expect("just claimed");
+                // A log found at startup is open already; a new one sets this when it opens.
+                let released = match slot.state {
+                    LogState::Open => slot.log.durable_offset(),
+                    _ => 0,
+                };
+                sh.has_offsets = true;
+                sh.store = Some(ShardStore {
+                    log,
+                    unreleased: VecDeque::new(),
+                    released,
+                });
+            }
+        }
+        self.streams.push(stream);
+        self.stream_index.insert(key.clone(), index);
+        Ok(index)
     }
 
     #[cfg(test)]
     fn set_offsets_for_test(&mut self, key: &StreamKey, on: bool) {
-        let i = self.stream_or_create(key).unwrap();
+        let i = self.stream_or_create(Instant::now(), key).unwrap();
         for sh in &mut self.streams[i].shards {
             sh.has_offsets = on;
         }
+    }
+}
+
+/// Adds records (offsets from `first`) to the shard's open batch, sealing it whenever it
+/// reaches a limit or the publisher changes.
+fn fan_in(
+    sh: &mut Shard,
+    first: u64,
+    payloads: Vec<Bytes>,
+    unix_micros: u64,
+    publisher: Option<&str>,
+    (max_records, max_bytes): (usize, usize),
+    fan: &mut FanOut<'_>,
+) {
+    for (i, payload) in payloads.into_iter().enumerate() {
+        let open = &sh.open;
+        let breaks = !open.payloads.is_empty()
+            && (open.bytes + payload.len() > max_bytes || open.publisher.as_deref() != publisher);
+        if breaks {
+            seal(sh, fan);
+        }
+        if sh.open.payloads.is_empty() {
+            sh.open.base_seq = first + i as u64;
+            sh.open.publisher = publisher.map(Box::from);
+        }
+        sh.open.bytes += payload.len();
+        sh.open.payloads.push(payload);
+        if sh.has_offsets {
+            sh.open.times.push(unix_micros);
+        }
+        if sh.open.payloads.len() >= max_records || sh.open.bytes >= max_bytes {
+            seal(sh, fan);
+        }
+    }
+}
+
+fn append_error(e: AppendError) -> BrokerError {
+    match e {
+        AppendError::NotOpen => BrokerError::storage("the shard's log is not open"),
+        AppendError::Failed(e) => BrokerError::storage(format!("the shard's log failed: {e}")),
+        AppendError::Empty => BrokerError::invalid("an empty batch"),
+        AppendError::PublisherTooLong => BrokerError::invalid("the publisher name is too long"),
+        AppendError::TooLarge(n) => BrokerError::new(
+            ErrorCode::LimitExceeded,
+            format!("a batch of {n} bytes is larger than one log entry may be"),
+        ),
+        AppendError::Backpressure => BrokerError::new(
+            ErrorCode::Overloaded,
+            "the shard's log has too many bytes waiting to be written",
+        ),
     }
 }
 

@@ -282,7 +282,8 @@ fn shard_counts_unknown_declared_and_created() {
         p,
         Published {
             shard: 3,
-            first_offset: None
+            first_offset: None,
+            durable_at: None,
         }
     );
     // No key: shard 0. Explicit shard wins over the key.
@@ -671,7 +672,7 @@ fn cache_through_the_broker_with_stats_and_sweep_timer() {
             .code,
         ErrorCode::LimitExceeded
     );
-    b.handle_timeout(t0 + Duration::from_secs(1));
+    b.handle_timeout(t0 + Duration::from_secs(1), 0);
     assert_eq!(b.poll_timeout(), None);
     let s = b.stats();
     assert_eq!((s.cache_puts, s.cache_hits, s.cache_misses), (1, 1, 1));

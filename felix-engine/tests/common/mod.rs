@@ -4,14 +4,20 @@
 
 #![allow(dead_code)]
 
+pub mod memdisk;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use felix_engine::{AuthConfig, Datagram, Engine, EngineConfig, Output, TlsIdentity};
+use felix_engine::{
+    AuthConfig, Datagram, DurableConfig, Engine, EngineConfig, FileOp, FileOpKind, Output,
+    TlsIdentity,
+};
 use felix_proto::{Frame, FrameDecoder};
+use memdisk::MemDisk;
 use quinn_proto::crypto::rustls::QuicClientConfig;
 use quinn_proto::{
     ClientConfig, Connection, ConnectionError, ConnectionHandle, DatagramEvent, Dir, Endpoint,
@@ -84,6 +90,12 @@ pub struct Net {
     buf: Vec<u8>,
     /// Datagrams the engine sent, for tests that look at GSO batches.
     pub engine_transmits: Vec<felix_engine::Transmit>,
+    /// Where the engine's file ops run.
+    pub disk: MemDisk,
+    /// File ops handed out and not yet performed (held ones wait here).
+    pub pending_ops: Vec<FileOp>,
+    /// Ops of these kinds wait until [`Net::release_held_ops`].
+    pub hold: fn(&FileOpKind) -> bool,
 }
 
 impl Net {
@@ -108,7 +120,59 @@ impl Net {
             client_keep_alive: None,
             buf: Vec::new(),
             engine_transmits: Vec::new(),
+            disk: MemDisk::default(),
+            pending_ops: Vec::new(),
+            hold: |_| false,
         }
+    }
+
+    /// An engine with durable storage on an in-memory disk, recovered and ready.
+    pub fn durable(durable: DurableConfig, tweak: impl FnOnce(&mut EngineConfig)) -> Net {
+        Net::durable_on(MemDisk::default(), durable, tweak)
+    }
+
+    /// Like [`Net::durable`], over a disk with files already on it (a restart).
+    pub fn durable_on(
+        disk: MemDisk,
+        durable: DurableConfig,
+        tweak: impl FnOnce(&mut EngineConfig),
+    ) -> Net {
+        let mut net = Net::new(|c| {
+            c.durable = Some(durable);
+            tweak(c);
+        });
+        net.disk = disk;
+        net.run();
+        assert!(
+            net.engine.is_ready(),
+            "recovery did not finish: {:?}",
+            net.engine.storage_error()
+        );
+        net
+    }
+
+    /// Performs every held file op (and whatever follows), then settles.
+    pub fn release_held_ops(&mut self) {
+        let hold = std::mem::replace(&mut self.hold, |_| false);
+        self.run();
+        self.hold = hold;
+    }
+
+    /// Performs pending file ops that are not held. True if any ran.
+    fn perform_file_ops(&mut self) -> bool {
+        let mut ran = false;
+        let mut i = 0;
+        while i < self.pending_ops.len() {
+            if (self.hold)(&self.pending_ops[i].kind) {
+                i += 1;
+                continue;
+            }
+            let op = self.pending_ops.remove(i);
+            let c = self.disk.execute(op);
+            self.engine.handle_file_completion(self.now, c);
+            ran = true;
+        }
+        ran
     }
 
     pub fn token(&self) -> String {
@@ -192,10 +256,17 @@ impl Net {
                 );
             }
         }
-        // Engine → client.
+        // Engine → client (and → disk).
         let mut out = Vec::new();
-        while let Some(Output::Transmit(t)) = self.engine.poll_output(self.now, &mut out) {
+        while let Some(output) = self.engine.poll_output(self.now, &mut out) {
             moved = true;
+            let t = match output {
+                Output::Transmit(t) => t,
+                Output::FileOp(op) => {
+                    self.pending_ops.push(op);
+                    continue;
+                }
+            };
             self.engine_transmits.push(t);
             assert_eq!(t.destination, self.client_addr);
             let segment = t.segment_size.unwrap_or(t.size);
@@ -220,6 +291,9 @@ impl Net {
             }
         }
         self.process_client_events();
+        if self.perform_file_ops() {
+            moved = true;
+        }
         moved
     }
 

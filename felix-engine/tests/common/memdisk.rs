@@ -1,0 +1,126 @@
+//! An in-memory disk for engine tests: performs the engine's file ops on maps, and lets a
+//! test hold ops of some kinds (syncs, say) to see what waits for them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use felix_engine::{
+    DirEntry, FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput,
+};
+
+#[derive(Default)]
+pub struct MemDisk {
+    pub files: BTreeMap<String, Vec<u8>>,
+    pub dirs: BTreeSet<String>,
+    /// Ops performed, by kind name.
+    pub counts: BTreeMap<&'static str, usize>,
+}
+
+fn parent(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(p, _)| p)
+}
+
+fn name(kind: &FileOpKind) -> &'static str {
+    match kind {
+        FileOpKind::CreateDir { .. } => "create_dir",
+        FileOpKind::ListDir { .. } => "list_dir",
+        FileOpKind::Create { .. } => "create",
+        FileOpKind::Append { .. } => "append",
+        FileOpKind::Read { .. } => "read",
+        FileOpKind::Sync { .. } => "sync",
+        FileOpKind::SyncDir { .. } => "sync_dir",
+        FileOpKind::Truncate { .. } => "truncate",
+        FileOpKind::Rename { .. } => "rename",
+        FileOpKind::Remove { .. } => "remove",
+    }
+}
+
+impl MemDisk {
+    pub fn count(&self, kind: &str) -> usize {
+        self.counts.get(kind).copied().unwrap_or(0)
+    }
+
+    pub fn execute(&mut self, op: FileOp) -> FileCompletion {
+        *self.counts.entry(name(&op.kind)).or_default() += 1;
+        let not_found = |p: &str| FileError::new(FileErrorKind::NotFound, format!("{p}: missing"));
+        let result = match op.kind {
+            FileOpKind::CreateDir { path } => {
+                let mut at = path.as_str();
+                while !at.is_empty() {
+                    self.dirs.insert(at.to_owned());
+                    at = parent(at);
+                }
+                Ok(FileOutput::Done)
+            }
+            FileOpKind::ListDir { path } => {
+                if !path.is_empty() && !self.dirs.contains(&path) {
+                    Err(not_found(&path))
+                } else {
+                    let leaf = |p: &str| p.rsplit('/').next().unwrap().to_owned();
+                    let files =
+                        self.files
+                            .iter()
+                            .filter(|(p, _)| parent(p) == path)
+                            .map(|(p, d)| DirEntry {
+                                name: leaf(p),
+                                len: d.len() as u64,
+                                is_dir: false,
+                            });
+                    let dirs = self
+                        .dirs
+                        .iter()
+                        .filter(|d| parent(d) == path)
+                        .map(|d| DirEntry {
+                            name: leaf(d),
+                            len: 0,
+                            is_dir: true,
+                        });
+                    Ok(FileOutput::Listing(files.chain(dirs).collect()))
+                }
+            }
+            FileOpKind::Create { path } => {
+                self.files.insert(path, Vec::new());
+                Ok(FileOutput::Done)
+            }
+            FileOpKind::Append { path, bytes } => match self.files.get_mut(&path) {
+                Some(f) => {
+                    f.extend_from_slice(&bytes);
+                    Ok(FileOutput::Done)
+                }
+                None => Err(not_found(&path)),
+            },
+            FileOpKind::Read { path, pos, len } => match self.files.get(&path) {
+                Some(f) => {
+                    let start = (pos as usize).min(f.len());
+                    let end = (start + len as usize).min(f.len());
+                    Ok(FileOutput::Data(Bytes::copy_from_slice(&f[start..end])))
+                }
+                None => Err(not_found(&path)),
+            },
+            FileOpKind::Sync { path } => match self.files.contains_key(&path) {
+                true => Ok(FileOutput::Done),
+                false => Err(not_found(&path)),
+            },
+            FileOpKind::SyncDir { .. } => Ok(FileOutput::Done),
+            FileOpKind::Truncate { path, len } => match self.files.get_mut(&path) {
+                Some(f) => {
+                    f.truncate(len as usize);
+                    Ok(FileOutput::Done)
+                }
+                None => Err(not_found(&path)),
+            },
+            FileOpKind::Rename { from, to } => match self.files.remove(&from) {
+                Some(f) => {
+                    self.files.insert(to, f);
+                    Ok(FileOutput::Done)
+                }
+                None => Err(not_found(&from)),
+            },
+            FileOpKind::Remove { path } => match self.files.remove(&path) {
+                Some(_) => Ok(FileOutput::Done),
+                None => Err(not_found(&path)),
+            },
+        };
+        FileCompletion { id: op.id, result }
+    }
+}

@@ -1,0 +1,416 @@
+//! Durable streams through the engine, with the file ops performed on an in-memory disk:
+//! acks that wait for the write (and under `on_commit` for the fsync, one fsync releasing
+//! many), offsets on acks and events, replay from the log joined with live delivery, cursor
+//! errors, and records surviving a restart.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use felix_engine::{DurableConfig, FileOpKind, FsyncPolicy};
+use felix_proto::binary::{AckResult, EventBatch, PublishAck};
+use felix_proto::{Flags, Frame};
+use quinn_proto::StreamId;
+use serde_json::Value;
+
+fn on_commit() -> DurableConfig {
+    DurableConfig {
+        fsync: FsyncPolicy::OnCommit,
+        ..DurableConfig::default()
+    }
+}
+
+fn periodic() -> DurableConfig {
+    DurableConfig {
+        fsync: FsyncPolicy::Periodic(Duration::from_millis(250)),
+        ..DurableConfig::default()
+    }
+}
+
+fn is_sync(kind: &FileOpKind) -> bool {
+    matches!(kind, FileOpKind::Sync { .. })
+}
+
+fn json(frame: &Frame) -> Value {
+    serde_json::from_str(text(frame)).unwrap()
+}
+
+/// The ok acks in `frames`: (request id, offset).
+fn acks(frames: &[Frame]) -> Vec<(u64, Option<u64>)> {
+    frames
+        .iter()
+        .map(|f| {
+            let ack = PublishAck::decode(f.flags, &f.payload).expect("a binary ack");
+            match ack.result {
+                AckResult::Ok { offset } => (ack.request_id, offset),
+                AckResult::Err { message, .. } => panic!("publish refused: {message}"),
+            }
+        })
+        .collect()
+}
+
+/// Events on an event stream: (offset, payload).
+fn events(frames: &[Frame]) -> Vec<(Option<u64>, Vec<u8>)> {
+    let mut out = Vec::new();
+    for f in frames {
+        let batch = EventBatch::decode(f.flags, &f.payload).expect("an event batch");
+        for (i, e) in batch.events.iter().enumerate() {
+            out.push((batch.base_offset.map(|b| b + i as u64), e.payload.to_vec()));
+        }
+    }
+    out
+}
+
+/// Subscribes with `start` (a JSON value or none); returns the `subscribed` answer, the
+/// event stream and the frames that came after its hello, or the refusal.
+fn subscribe(
+    net: &mut Net,
+    p: usize,
+    stream: &str,
+    start: Option<&str>,
+) -> Result<(Value, StreamId, Vec<Frame>), Value> {
+    let (id, _) = net.auth_stream(p);
+    let start = start.map_or(String::new(), |s| format!(r#","start":{s}"#));
+    net.send(
+        p,
+        id,
+        &json_frame(&format!(
+            r#"{{"type":"subscribe","tenant_id":"t1","namespace":"default","stream":"{stream}"{start}}}"#
+        )),
+    );
+    net.finish(p, id);
+    net.run();
+    let frames = net.read_frames(p, id);
+    assert_eq!(frames.len(), 1, "one answer to subscribe");
+    let answer = json(&frames[0]);
+    if answer["type"] != "subscribed" {
+        return Err(answer);
+    }
+    net.stop(p, id);
+    net.run();
+    let uni = net.take_uni(p);
+    let mut frames = net.read_frames(p, uni);
+    assert_eq!(json(&frames.remove(0))["type"], "event_stream_hello");
+    Ok((answer, uni, frames))
+}
+
+fn payloads(prefix: &str, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| format!("{prefix}{i}").into_bytes())
+        .collect()
+}
+
+/// Publishes each payload as its own acked batch (request ids from `first_id`) in one write.
+fn publish_each(net: &mut Net, p: usize, sid: StreamId, first_id: u64, items: &[Vec<u8>]) {
+    let mut wire = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        wire.extend(binary_publish(
+            Some(first_id + i as u64),
+            None,
+            "orders",
+            &[item],
+        ));
+    }
+    net.send(p, sid, &wire);
+    net.run();
+}
+
+#[test]
+fn under_on_commit_acks_wait_for_the_fsync_and_carry_offsets() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (sid, auth_ok) = net.auth_stream(p);
+    let features = json(&auth_ok)["server_features"].as_u64().unwrap();
+    assert_ne!(
+        features & 0x8_0000,
+        0,
+        "FEATURE_ACK_ON_COMMIT is advertised"
+    );
+    assert_ne!(
+        features & 0x20_0000,
+        0,
+        "FEATURE_SUBSCRIPTION_LAGGED is advertised"
+    );
+
+    // The first publish opens the shard's log; let that finish before holding syncs.
+    publish_each(&mut net, p, sid, 1, &[b"warm".to_vec()]);
+    assert_eq!(acks(&net.read_frames(p, sid)), [(1, Some(0))]);
+
+    net.hold = is_sync;
+    publish_each(&mut net, p, sid, 2, &[b"a".to_vec(), b"b".to_vec()]);
+    assert!(
+        net.read_frames(p, sid).is_empty(),
+        "no ack before the fsync completes"
+    );
+    assert!(net.pending_ops.iter().any(|op| is_sync(&op.kind)));
+    net.release_held_ops();
+    let got = acks(&net.read_frames(p, sid));
+    assert_eq!(
+        got,
+        [(2, Some(1)), (3, Some(2))],
+        "acked after the fsync, with offsets"
+    );
+    assert!(net.disk.files.values().any(|f| !f.is_empty()));
+}
+
+#[test]
+fn one_fsync_releases_every_waiter_queued_behind_it() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (sid, _) = net.auth_stream(p);
+    publish_each(&mut net, p, sid, 1, &[b"warm".to_vec()]);
+    assert_eq!(acks(&net.read_frames(p, sid)).len(), 1);
+
+    // One publish whose sync is held; forty more arrive while it is in flight.
+    net.hold = is_sync;
+    publish_each(&mut net, p, sid, 2, &[b"first".to_vec()]);
+    publish_each(&mut net, p, sid, 3, &payloads("queued-", 40));
+    assert!(net.read_frames(p, sid).is_empty());
+    let syncs_before = net.disk.count("sync");
+    let appends_before = net.disk.count("append");
+    net.release_held_ops();
+
+    let got = acks(&net.read_frames(p, sid));
+    let ids: Vec<u64> = got.iter().map(|a| a.0).collect();
+    assert_eq!(
+        ids,
+        (2..=42).collect::<Vec<_>>(),
+        "every waiter answered, in order"
+    );
+    let offsets: Vec<u64> = got.iter().map(|a| a.1.unwrap()).collect();
+    assert_eq!(offsets, (1..=41).collect::<Vec<_>>(), "contiguous offsets");
+    // The held sync, then one write and one sync for all forty that queued behind it.
+    assert_eq!(net.disk.count("sync") - syncs_before, 2, "group commit");
+    assert_eq!(net.disk.count("append") - appends_before, 1);
+}
+
+#[test]
+fn periodic_acks_at_once_without_offsets_unless_the_client_asks_for_commit_acks() {
+    let mut net = Net::durable(periodic(), |_| {});
+    let p = net.connect(&[]);
+    let (sid, _) = net.auth_stream(p);
+    publish_each(&mut net, p, sid, 1, &[b"warm".to_vec()]);
+    net.read_frames(p, sid);
+
+    net.hold = |_| true;
+    publish_each(&mut net, p, sid, 2, &[b"x".to_vec()]);
+    assert_eq!(
+        acks(&net.read_frames(p, sid)),
+        [(2, None)],
+        "acked before the write, so without an offset"
+    );
+    net.release_held_ops();
+
+    // A client that offers FEATURE_ACK_ON_COMMIT gets its acks after the write.
+    let token = net.token();
+    let sid2 = net.open_bi(p);
+    let auth = json_frame(&format!(
+        r#"{{"type":"auth","tenant_id":"t1","token":"{token}","client_flags":8191,"client_features":{}}}"#,
+        0x8_0000u64 | 0x8000
+    ));
+    let answer = net.exchange(p, sid2, &auth);
+    assert_eq!(json(&answer[0])["type"], "auth_ok");
+    net.hold = |k| matches!(k, FileOpKind::Append { .. });
+    publish_each(&mut net, p, sid2, 7, &[b"y".to_vec()]);
+    assert!(net.read_frames(p, sid2).is_empty(), "waits for the write");
+    net.release_held_ops();
+    assert_eq!(acks(&net.read_frames(p, sid2)), [(7, Some(2))]);
+}
+
+#[test]
+fn live_events_carry_offsets_and_wait_for_durability() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let (s, p) = (net.connect(&[]), net.connect(&[]));
+    let (answer, uni, _) = subscribe(&mut net, s, "orders", None).unwrap();
+    assert_eq!(answer["start_offset"], 0);
+    assert_eq!(answer["live_offset"], 0);
+
+    let (sid, _) = net.auth_stream(p);
+    net.hold = is_sync;
+    publish_each(&mut net, p, sid, 1, &payloads("e", 3));
+    assert!(
+        net.read_frames(s, uni).is_empty(),
+        "no subscriber sees a record before it is durable"
+    );
+    net.release_held_ops();
+    let frames = net.read_frames(s, uni);
+    assert!(frames
+        .iter()
+        .all(|f| f.flags.contains(Flags::EVENT_BATCH_OFFSETS)));
+    let got = events(&frames);
+    let want: Vec<_> = payloads("e", 3)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (Some(i as u64), p))
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn replay_from_earliest_and_from_an_offset_joins_live_with_no_gap_or_duplicate() {
+    let mut net = Net::durable(periodic(), |c| {
+        // Small replay frames, so the catch-up takes several reads and frames.
+        c.event_batch_max_records = 7;
+    });
+    let (s1, s2, p) = (net.connect(&[]), net.connect(&[]), net.connect(&[]));
+    let (sid, _) = net.auth_stream(p);
+    let history = payloads("h", 50);
+    publish_each(&mut net, p, sid, 1, &history);
+    assert_eq!(net.read_frames(p, sid).len(), 50);
+
+    let (a1, u1, f1) = subscribe(&mut net, s1, "orders", Some(r#""earliest""#)).unwrap();
+    assert_eq!(
+        (a1["start_offset"].as_u64(), a1["live_offset"].as_u64()),
+        (Some(0), Some(50))
+    );
+    let (a2, u2, f2) = subscribe(&mut net, s2, "orders", Some(r#"{"offset":45}"#)).unwrap();
+    assert_eq!(
+        (a2["start_offset"].as_u64(), a2["live_offset"].as_u64()),
+        (Some(45), Some(50))
+    );
+
+    // Live publishes while (and after) the replays run.
+    let live = payloads("l", 10);
+    publish_each(&mut net, p, sid, 100, &live);
+    net.run();
+
+    let all: Vec<Vec<u8>> = history.iter().chain(&live).cloned().collect();
+    for (peer, uni, mut frames, from) in [(s1, u1, f1, 0usize), (s2, u2, f2, 45)] {
+        frames.extend(net.read_frames(peer, uni));
+        let got = events(&frames);
+        let want: Vec<_> = all
+            .iter()
+            .enumerate()
+            .skip(from)
+            .map(|(i, p)| (Some(i as u64), p.clone()))
+            .collect();
+        assert_eq!(got, want, "subscriber from {from}");
+    }
+}
+
+#[test]
+fn records_appended_while_a_replay_reads_the_disk_arrive_once_and_in_order() {
+    // No tail cache: every replay read is a file read, which the test holds.
+    let durable = DurableConfig {
+        tail_cache_bytes: 0,
+        ..periodic()
+    };
+    let mut net = Net::durable(durable, |c| c.event_batch_max_records = 5);
+    let (s, p) = (net.connect(&[]), net.connect(&[]));
+    let (sid, _) = net.auth_stream(p);
+    publish_each(&mut net, p, sid, 1, &payloads("h", 12));
+    assert_eq!(net.read_frames(p, sid).len(), 12);
+
+    net.hold = |k| matches!(k, FileOpKind::Read { .. });
+    let (a, uni, mut frames) = subscribe(&mut net, s, "orders", Some(r#""earliest""#)).unwrap();
+    assert_eq!(a["live_offset"], 12);
+    assert!(frames.is_empty(), "the replay waits for its read");
+    // Written and released to live subscribers while the replay has not read anything.
+    net.hold = |k| matches!(k, FileOpKind::Read { .. });
+    publish_each(&mut net, p, sid, 100, &payloads("m", 6));
+    assert_eq!(net.read_frames(p, sid).len(), 6);
+    net.release_held_ops();
+    publish_each(&mut net, p, sid, 200, &payloads("z", 3));
+    frames.extend(net.read_frames(s, uni));
+
+    let all: Vec<Vec<u8>> = [payloads("h", 12), payloads("m", 6), payloads("z", 3)].concat();
+    let want: Vec<_> = all
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (Some(i as u64), p))
+        .collect();
+    assert_eq!(events(&frames), want);
+    assert!(net.disk.count("read") >= 1, "the replay read the disk");
+}
+
+#[test]
+fn cursor_errors_name_what_is_available() {
+    let mut net = Net::durable(periodic(), |_| {});
+    let (s, p) = (net.connect(&[]), net.connect(&[]));
+    let (sid, _) = net.auth_stream(p);
+    publish_each(&mut net, p, sid, 1, &payloads("x", 5));
+    net.read_frames(p, sid);
+
+    let e = subscribe(&mut net, s, "orders", Some(r#"{"offset":6}"#)).unwrap_err();
+    assert_eq!(e["type"], "subscribe_cursor_error");
+    assert_eq!(e["reason"], "in_future");
+    assert_eq!(
+        (e["requested"].as_u64(), e["available"].as_u64()),
+        (Some(6), Some(5))
+    );
+    // The tail itself is fine: nothing to replay, live from there.
+    let (a, _, _) = subscribe(&mut net, s, "orders", Some(r#"{"offset":5}"#)).unwrap();
+    assert_eq!(a["start_offset"], 5);
+}
+
+#[test]
+fn records_survive_a_restart_and_offsets_go_on() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (sid, _) = net.auth_stream(p);
+    publish_each(&mut net, p, sid, 1, &payloads("r", 20));
+    assert_eq!(acks(&net.read_frames(p, sid)).len(), 20);
+    let disk = std::mem::take(&mut net.disk);
+    drop(net);
+
+    let mut net = Net::durable_on(disk, on_commit(), |_| {});
+    let (s, p) = (net.connect(&[]), net.connect(&[]));
+    let (a, uni, mut frames) = subscribe(&mut net, s, "orders", Some(r#""earliest""#)).unwrap();
+    assert_eq!(
+        (a["start_offset"].as_u64(), a["live_offset"].as_u64()),
+        (Some(0), Some(20))
+    );
+    let (sid, _) = net.auth_stream(p);
+    publish_each(&mut net, p, sid, 1, &[b"after".to_vec()]);
+    assert_eq!(acks(&net.read_frames(p, sid)), [(1, Some(20))]);
+    frames.extend(net.read_frames(s, uni));
+    let got = events(&frames);
+    let mut want: Vec<_> = payloads("r", 20)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (Some(i as u64), p))
+        .collect();
+    want.push((Some(20), b"after".to_vec()));
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_corrupt_log_stops_the_engine_from_becoming_ready() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (sid, _) = net.auth_stream(p);
+    publish_each(&mut net, p, sid, 1, &payloads("c", 3));
+    assert_eq!(acks(&net.read_frames(p, sid)).len(), 3);
+    let mut disk = std::mem::take(&mut net.disk);
+    drop(net);
+    // Flip a byte inside the first record (past the 32-byte segment header).
+    let (path, bytes) = disk
+        .files
+        .iter_mut()
+        .find(|(p, _)| p.ends_with(".seg"))
+        .unwrap();
+    let path = path.clone();
+    bytes[40] ^= 0xff;
+
+    let mut net = Net::new(|c| c.durable = Some(on_commit()));
+    net.disk = disk;
+    net.run();
+    assert!(!net.engine.is_ready());
+    let e = net.engine.storage_error().expect("refuses to start");
+    assert!(e.contains(&path), "names the file: {e}");
+}
+
+#[test]
+fn a_publish_to_a_new_stream_waits_for_its_log_to_open() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (sid, _) = net.auth_stream(p);
+    // Hold everything: the log cannot even create its directory.
+    net.hold = |_| true;
+    publish_each(&mut net, p, sid, 1, &[b"one".to_vec()]);
+    publish_each(&mut net, p, sid, 2, &[b"two".to_vec()]);
+    assert!(net.read_frames(p, sid).is_empty());
+    net.release_held_ops();
+    assert_eq!(acks(&net.read_frames(p, sid)), [(1, Some(0)), (2, Some(1))]);
+}
