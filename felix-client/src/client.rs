@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use felix_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use felix_proto::{Features, Frame, FrameDecoder};
-use tokio::sync::{oneshot, OnceCell, Semaphore};
+use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
 
 use crate::core::{
     auth_frame, read_auth_reply, read_subscribe_reply, subscribe_frame, Ack, Answer, Capabilities,
@@ -545,9 +545,19 @@ fn read_error(e: quinn::ReadError) -> ClientError {
 
 type Waiter = oneshot::Sender<Result<Answer, ClientError>>;
 
-/// One request stream: the core state, the writer, and the answers being waited for.
+/// Frames queued for a stream's writer task beyond the one being written. The real bound
+/// on bytes in flight is QUIC flow control (and the publish window); this only keeps a
+/// burst of fire-and-forget publishes from queueing without limit.
+const WRITE_QUEUE_FRAMES: usize = 64;
+
+/// One request stream: the core state, the queue to its writer task, and the answers being
+/// waited for.
+///
+/// Frames are written by a task of their own, never by the caller: a caller whose future is
+/// dropped mid-write (a timeout, a `select!`) would otherwise leave half a frame on the
+/// stream, and every later frame would be misread.
 struct RequestChannel {
-    writer: tokio::sync::Mutex<quinn::SendStream>,
+    frames: mpsc::Sender<Bytes>,
     state: Mutex<ChannelState>,
     window: Arc<Semaphore>,
 }
@@ -580,8 +590,9 @@ impl RequestChannel {
     ) -> Arc<RequestChannel> {
         let window =
             connection_window.unwrap_or_else(|| Arc::new(Semaphore::new(core.publish_limit())));
+        let (frames, queued) = mpsc::channel(WRITE_QUEUE_FRAMES);
         let channel = Arc::new(RequestChannel {
-            writer: tokio::sync::Mutex::new(send),
+            frames,
             state: Mutex::new(ChannelState {
                 core,
                 waiters: HashMap::new(),
@@ -590,11 +601,14 @@ impl RequestChannel {
             window,
         });
         tokio::spawn(channel.clone().read_answers(recv, decoder));
+        tokio::spawn(write_frames(Arc::downgrade(&channel), send, queued));
         channel
     }
 
-    /// Encodes a request under the writer lock (so ids go out in request order), writes
-    /// it, and waits for its answer. `windowed` requests hold a window slot until answered.
+    /// Queues a request and waits for its answer. Cancel-safe: nothing is encoded until the
+    /// queue has room, and encoding and queueing happen together under one lock, so request
+    /// ids reach the wire in order and a queued frame is always written whole.
+    /// `windowed` requests hold a window slot until answered.
     async fn call(
         &self,
         windowed: bool,
@@ -605,14 +619,16 @@ impl RequestChannel {
             let permit = if windowed {
                 match self.window.acquire().await {
                     Ok(permit) => Some(permit),
-                    // Closed by the reader when the stream failed.
+                    // Closed when the stream failed.
                     Err(_) => return Err(self.failure()),
                 }
             } else {
                 None
             };
-            let mut writer = self.writer.lock().await;
-            let (encoded, rx) = {
+            let Ok(slot) = self.frames.reserve().await else {
+                return Err(self.failure());
+            };
+            let rx = {
                 let mut state = self.state.lock().expect("request stream state");
                 if let Some(e) = &state.failed {
                     return Err(e.clone());
@@ -623,34 +639,27 @@ impl RequestChannel {
                     state.waiters.insert(id, tx);
                     rx
                 });
-                (encoded, rx)
+                slot.send(encoded.frame);
+                rx
             };
-            if encoded.request_id.is_some() {
-                if let Some(p) = permit {
-                    // Given back by the reader when the answer arrives.
-                    p.forget();
-                }
+            let Some(rx) = rx else { return Ok(None) };
+            if let Some(p) = permit {
+                // Given back by the reader when the answer arrives.
+                p.forget();
             }
-            if let Err(e) = writer.write_chunk(encoded.frame).await {
-                let error = write_error(e);
-                self.state
-                    .lock()
-                    .expect("request stream state")
-                    .fail(error.clone());
-                return Err(error);
-            }
-            drop(writer);
-            match rx {
-                None => Ok(None),
-                Some(rx) => match rx.await {
-                    Ok(result) => result.map(Some),
-                    Err(_) => Err(self.failure()),
-                },
+            match rx.await {
+                Ok(result) => result.map(Some),
+                Err(_) => Err(self.failure()),
             }
         };
         tokio::time::timeout(timeout, exchange)
             .await
             .map_err(|_| ClientError::Timeout("an answer"))?
+    }
+
+    fn fail(&self, error: ClientError) {
+        self.state.lock().expect("request stream state").fail(error);
+        self.window.close();
     }
 
     fn failure(&self) -> ClientError {
@@ -706,8 +715,26 @@ impl RequestChannel {
                 break e;
             }
         };
-        self.state.lock().expect("request stream state").fail(error);
-        self.window.close();
+        self.fail(error);
+    }
+}
+
+/// Writes queued frames in order, several per call when they are waiting. Ends when the
+/// channel is gone or a write fails (which fails the channel).
+async fn write_frames(
+    channel: std::sync::Weak<RequestChannel>,
+    mut send: quinn::SendStream,
+    mut queued: mpsc::Receiver<Bytes>,
+) {
+    let mut batch = Vec::with_capacity(WRITE_QUEUE_FRAMES);
+    while queued.recv_many(&mut batch, WRITE_QUEUE_FRAMES).await > 0 {
+        if let Err(e) = send.write_all_chunks(&mut batch).await {
+            if let Some(channel) = channel.upgrade() {
+                channel.fail(write_error(e));
+            }
+            return;
+        }
+        batch.clear();
     }
 }
 

@@ -290,3 +290,60 @@ async fn json_publish_forms_are_answered_like_the_protocol_says() {
     }
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_publish_never_leaves_half_a_frame() {
+    // The broker reads slowly relative to a 1 MiB batch (64 KiB stream window), so the
+    // frame is still being written when the caller gives up after the first poll. It must
+    // go out whole anyway: the next publish on the same stream works and both arrive intact.
+    let broker = broker_with(|c| c.stream_receive_window = 64 * 1024).await;
+    let client = broker.client().await;
+    let stream = unique("cancelled");
+    let mut sub = client
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    // Open the publish stream first, so the cancelled call gets as far as queueing its frame.
+    client
+        .publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"warm")],
+            None,
+            Ack::PerMessage,
+        )
+        .await
+        .unwrap();
+    assert_eq!(&next_event(&mut sub).await.payload[..], b"warm");
+
+    let big = Bytes::from(vec![b'b'; 1024 * 1024]);
+    let cancelled = tokio::time::timeout(
+        std::time::Duration::from_micros(1),
+        client.publish("default", &stream, vec![big.clone()], None, Ack::PerMessage),
+    )
+    .await;
+    assert!(
+        cancelled.is_err(),
+        "the publish should still have been in flight"
+    );
+    within(
+        10,
+        client.publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"after")],
+            None,
+            Ack::PerMessage,
+        ),
+    )
+    .await
+    .expect("the stream is intact");
+    let first = next_event(&mut sub).await;
+    assert!(
+        first.payload == big,
+        "expected the 1 MiB batch first, got {} bytes",
+        first.payload.len()
+    );
+    assert_eq!(&next_event(&mut sub).await.payload[..], b"after");
+    broker.shutdown().await;
+}
