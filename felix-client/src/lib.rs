@@ -6,6 +6,22 @@
 //!   sockets, no async, no clock; a smol (or any) front end reuses it unchanged.
 //! - [`Client`]: a tokio front end over quinn (rustls 0.23, `ring`), one QUIC connection per
 //!   client.
+//!
+//! ```no_run
+//! # async fn demo(addr: std::net::SocketAddr, ca_pem: Vec<u8>, token: &str) -> Result<(), felix_client::ClientError> {
+//! use bytes::Bytes;
+//! use felix_client::{Ack, Client, ClientConfig, Start, SubscriptionItem};
+//!
+//! let client = Client::connect(ClientConfig::new(addr, ca_pem, "t1", token)).await?;
+//! let mut sub = client.subscribe("default", "orders", Start::Latest).await?;
+//! client.publish("default", "orders", vec![Bytes::from_static(b"hello")], None, Ack::PerMessage).await?;
+//! if let SubscriptionItem::Event(event) = sub.next().await? {
+//!     assert_eq!(&event.payload[..], b"hello");
+//! }
+//! client.cache_put("default", "sessions", "k", Bytes::from_static(b"v"), None).await?;
+//! assert_eq!(client.cache_get("default", "sessions", "k").await?.as_deref(), Some(&b"v"[..]));
+//! # Ok(()) }
+//! ```
 
 mod client;
 pub mod core;
