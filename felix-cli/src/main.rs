@@ -1,1 +1,80 @@
-fn main() {}
+//! `felix`: the Felix command line. Publish, subscribe, use the cache, mint tokens and
+//! benchmark a broker. Every command but `token` talks to a broker through `felix-client`.
+//!
+//! Exit codes (see docs/cli.md): 0 done, 1 cache miss, 2 usage, 3 refused by the broker,
+//! 4 connection/timeout/protocol failure, 5 subscription ended by the broker.
+
+mod bench;
+mod cache;
+mod conn;
+mod duration;
+mod failure;
+mod pubsub;
+mod token;
+
+use std::future::Future;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::failure::Failure;
+
+#[derive(Parser)]
+#[command(name = "felix", version, about = "The Felix command line", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Publish messages (arguments, or lines from stdin) to a stream.
+    Pub(pubsub::PubArgs),
+    /// Subscribe to a stream and print its events.
+    Sub(pubsub::SubArgs),
+    /// Read, write or delete cache entries.
+    Cache(cache::CacheArgs),
+    /// Mint a Felix token (Ed25519 JWT), or generate a signing key and its JWKS.
+    Token(token::TokenArgs),
+    /// Load-generate against a broker: publish→deliver throughput and latency, or cache ops.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        // Minting is local and synchronous: no runtime needed.
+        Command::Token(args) => token::run(args),
+        Command::Pub(args) => block_on(None, pubsub::publish(args)),
+        Command::Sub(args) => block_on(None, pubsub::subscribe(args)),
+        Command::Cache(args) => block_on(None, cache::run(args)),
+        Command::Bench(args) => {
+            let threads = args.threads;
+            block_on(threads, bench::run(args))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            if let Some(message) = failure.message() {
+                eprintln!("felix: {message}");
+            }
+            ExitCode::from(failure.exit_code())
+        }
+    }
+}
+
+fn block_on(
+    threads: Option<usize>,
+    command: impl Future<Output = Result<(), Failure>>,
+) -> Result<(), Failure> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        builder.worker_threads(n.max(1));
+    }
+    let rt = builder
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::io("cannot start the async runtime", e))?;
+    rt.block_on(command)
+}
