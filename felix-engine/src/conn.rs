@@ -336,6 +336,19 @@ impl Conn {
         }
     }
 
+    /// A cache read a held answer on `id` waited for has its value.
+    pub(crate) fn fill_value(
+        &mut self,
+        id: StreamId,
+        log: crate::storage::ops::LogId,
+        ticket: crate::storage::log::ReadTicket,
+        value: Result<Option<Bytes>, String>,
+    ) {
+        if let Some(session) = self.sessions.get_mut(&id) {
+            session.fill_value(log, ticket, value);
+        }
+    }
+
     /// The log a stalled request waited for is open (or failed): runs the request again,
     /// then reads on.
     pub(crate) fn resume_stalled(

@@ -22,7 +22,7 @@ use crate::broker::{Broker, BrokerConfig, DurableSettings, Notice, StreamKey, Su
 use crate::config::{AuthConfig, DurableConfig, EngineConfig, FsyncPolicy};
 use crate::conn::{Conn, CLOSE_CODE_NORMAL};
 use crate::seed;
-use crate::storage::log::{FsyncMode, LogConfig};
+use crate::storage::log::{FsyncMode, LogConfig, ReadTicket};
 use crate::storage::ops::{FileCompletion, FileOp, LogId};
 use crate::tls::{AlpnSelector, TlsConfigError};
 
@@ -209,6 +209,8 @@ pub(crate) struct Core {
     waiters: HashMap<LogId, VecDeque<(u64, ConnectionHandle, StreamId)>>,
     /// Session streams whose next request met a log still opening.
     stalled: HashMap<LogId, Vec<(ConnectionHandle, StreamId)>>,
+    /// Session streams holding a `cache_value` until a log read answers.
+    value_waiters: HashMap<(LogId, ReadTicket), (ConnectionHandle, StreamId)>,
     next_subscription_id: u64,
     pub(crate) stats: Stats,
 }
@@ -251,6 +253,18 @@ impl Core {
             .entry(log)
             .or_default()
             .push_back((end, ch, stream));
+    }
+
+    /// Remembers that the session on `stream` holds a `cache_value` until `log` answers the
+    /// read `ticket`.
+    pub(crate) fn wait_value(
+        &mut self,
+        log: LogId,
+        ticket: ReadTicket,
+        ch: ConnectionHandle,
+        stream: StreamId,
+    ) {
+        self.value_waiters.insert((log, ticket), (ch, stream));
     }
 
     /// Remembers that the session on `stream` stopped at a request for a log still opening.
@@ -474,7 +488,7 @@ impl Engine {
             // Durable shards have offsets and stored times: acks can wait for the write,
             // subscriptions end with `subscription_lagged`, events carry their times.
             Some(d) => (
-                Broker::with_storage(broker_config, durable_settings(d)),
+                Broker::with_storage(broker_config, durable_settings(d), (now, unix_micros)),
                 BrokerCapabilities {
                     flags: SERVED_FLAGS.union(Flags::EVENT_BATCH_TIMESTAMPS),
                     features: SERVED_FEATURES
@@ -506,6 +520,7 @@ impl Engine {
             routes: BTreeMap::new(),
             waiters: HashMap::new(),
             stalled: HashMap::new(),
+            value_waiters: HashMap::new(),
             next_subscription_id: 0,
             stats: Stats::default(),
         };
@@ -826,8 +841,16 @@ impl Engine {
                     }
                     self.release_answers(now, ready);
                 }
+                Notice::Value { log, ticket, value } => {
+                    if let Some((ch, stream)) = self.core.value_waiters.remove(&(log, ticket)) {
+                        if let Some(conn) = self.conns.get_mut(&ch) {
+                            conn.fill_value(stream, log, ticket, value);
+                        }
+                        self.release_answers(now, vec![(ch, stream)]);
+                    }
+                }
                 Notice::Failed { log } => {
-                    let ready: Vec<_> = self
+                    let mut ready: Vec<_> = self
                         .core
                         .waiters
                         .remove(&log)
@@ -835,6 +858,16 @@ impl Engine {
                         .flatten()
                         .map(|(_, ch, stream)| (ch, stream))
                         .collect();
+                    let reads: Vec<_> = self
+                        .core
+                        .value_waiters
+                        .keys()
+                        .filter(|(l, _)| *l == log)
+                        .copied()
+                        .collect();
+                    for key in reads {
+                        ready.extend(self.core.value_waiters.remove(&key));
+                    }
                     self.release_answers(now, ready);
                     self.resume_stalled(now, log);
                 }

@@ -31,11 +31,13 @@ use tracing::{debug, trace};
 use quinn_proto::{ConnectionHandle, StreamId};
 
 use crate::auth::{cache_object, stream_object, Action, Identity};
+use crate::broker::CacheAnswer;
 use crate::broker::{
     BrokerError, CacheKey, Start, StreamKey, SubscribeError, SubscribeOpts, SubscriberId,
 };
 use crate::conn::ConnShared;
 use crate::engine::Core;
+use crate::storage::log::ReadTicket;
 use crate::storage::ops::LogId;
 
 /// A subscription granted on this stream, whose event stream the connection opens.
@@ -77,6 +79,18 @@ enum Held {
         ok: Bytes,
         fail: FailAnswer,
     },
+    Value(Box<HeldValue>),
+}
+
+/// A held `cache_value`: the value comes from a log read, and a delete's answer also
+/// waits for the delete to be durable.
+struct HeldValue {
+    log: LogId,
+    ticket: Option<ReadTicket>,
+    /// `None` until the read answers.
+    value: Option<Result<Option<Bytes>, String>>,
+    durable_at: Option<u64>,
+    answer: CacheValue,
 }
 
 /// How to answer a held request whose write failed.
@@ -155,6 +169,23 @@ impl Session {
         self.held.clear();
     }
 
+    /// The value a held cache read waited for has arrived.
+    pub(crate) fn fill_value(
+        &mut self,
+        log: LogId,
+        ticket: ReadTicket,
+        value: Result<Option<Bytes>, String>,
+    ) {
+        for held in &mut self.held {
+            if let Held::Value(v) = held {
+                if v.log == log && v.ticket == Some(ticket) && v.value.is_none() {
+                    v.value = Some(value);
+                    return;
+                }
+            }
+        }
+    }
+
     /// Waiting for a log to open before reading on.
     pub(crate) fn is_stalled(&self) -> bool {
         self.stalled.is_some()
@@ -188,6 +219,34 @@ impl Session {
                         self.fail_frame(fail, &message)
                     } else {
                         break;
+                    }
+                }
+                Held::Value(v) => {
+                    let durable = v
+                        .durable_at
+                        .is_none_or(|end| core.broker.durable_offset(v.log) >= end);
+                    match (&v.value, durable) {
+                        (Some(_), true) => {
+                            let Some(Held::Value(v)) = self.held.pop_front() else {
+                                unreachable!("front is a value");
+                            };
+                            let HeldValue { value, answer, .. } = *v;
+                            match value.expect("checked") {
+                                Ok(value) => encode_message(&Message::CacheValue(CacheValue {
+                                    value,
+                                    ..answer
+                                })),
+                                Err(why) => self.error_frame(ErrorCode::Storage, why),
+                            }
+                        }
+                        _ => match core.broker.log_failure(v.log) {
+                            Some(why) => {
+                                let message = format!("the cache's log failed: {why}");
+                                self.held.pop_front();
+                                self.error_frame(ErrorCode::Storage, message)
+                            }
+                            None => break,
+                        },
                     }
                 }
             };
@@ -349,17 +408,28 @@ impl Session {
                 else {
                     return FrameResult::Continue;
                 };
+                let unix = cx.core.unix_micros(cx.now);
                 match cx
                     .core
                     .broker
-                    .cache_put(cx.now, &key, &p.key, p.value, p.ttl_ms)
+                    .cache_put(cx.now, unix, &key, &p.key, p.value, p.ttl_ms)
                 {
-                    Ok(()) => match p.request_id {
-                        Some(request_id) => {
-                            self.push_message(&Message::CacheOk(CacheOk { request_id }))
+                    Ok(durable_at) => {
+                        let ok = match p.request_id {
+                            Some(request_id) => {
+                                encode_message(&Message::CacheOk(CacheOk { request_id }))
+                            }
+                            None => encode_message(&Message::Ok),
+                        };
+                        // A durable cache acknowledges a write once the log has it.
+                        match durable_at {
+                            Some((log, end)) => {
+                                self.push_after_durable(cx, log, end, ok, FailAnswer::Error)
+                            }
+                            None => self.push_frame(ok),
                         }
-                        None => self.push_message(&Message::Ok),
-                    },
+                    }
+                    Err(e) if self.stalls(&e) => {}
                     Err(e) => self.push_broker_error(e),
                 }
             }
@@ -370,16 +440,19 @@ impl Session {
                 else {
                     return FrameResult::Continue;
                 };
-                match cx.core.broker.cache_get(cx.now, &key, &g.key) {
-                    Ok(value) => self.push_message(&Message::CacheValue(CacheValue {
-                        tenant_id: g.tenant_id,
-                        namespace: g.namespace,
-                        cache: g.cache,
-                        key: g.key,
-                        value,
-                        request_id: g.request_id,
-                        version: None,
-                    })),
+                let unix = cx.core.unix_micros(cx.now);
+                let answer = CacheValue {
+                    tenant_id: g.tenant_id,
+                    namespace: g.namespace,
+                    cache: g.cache,
+                    key: g.key,
+                    value: None,
+                    request_id: g.request_id,
+                    version: None,
+                };
+                match cx.core.broker.cache_get(cx.now, unix, &key, &answer.key) {
+                    Ok(found) => self.push_cache_value(cx, found, answer),
+                    Err(e) if self.stalls(&e) => {}
                     Err(e) => self.push_broker_error(e),
                 }
             }
@@ -390,16 +463,19 @@ impl Session {
                 else {
                     return FrameResult::Continue;
                 };
-                match cx.core.broker.cache_delete(cx.now, &key, &d.key) {
-                    Ok(value) => self.push_message(&Message::CacheValue(CacheValue {
-                        tenant_id: d.tenant_id,
-                        namespace: d.namespace,
-                        cache: d.cache,
-                        key: d.key,
-                        value,
-                        request_id: d.request_id,
-                        version: None,
-                    })),
+                let unix = cx.core.unix_micros(cx.now);
+                let answer = CacheValue {
+                    tenant_id: d.tenant_id,
+                    namespace: d.namespace,
+                    cache: d.cache,
+                    key: d.key,
+                    value: None,
+                    request_id: d.request_id,
+                    version: None,
+                };
+                match cx.core.broker.cache_delete(cx.now, unix, &key, &answer.key) {
+                    Ok(removed) => self.push_cache_value(cx, removed, answer),
+                    Err(e) if self.stalls(&e) => {}
                     Err(e) => self.push_broker_error(e),
                 }
             }
@@ -927,6 +1003,35 @@ impl Session {
         }
         self.held.push_back(Held::Durable { log, end, ok, fail });
         cx.core.wait_durable(log, end, cx.ch, cx.stream);
+    }
+
+    /// Queues a `cache_value`: now, or once the log has read the value (and made a delete
+    /// durable).
+    fn push_cache_value(&mut self, cx: &mut SessionCx<'_>, found: CacheAnswer, answer: CacheValue) {
+        match found {
+            CacheAnswer::Now(value) => {
+                self.push_message(&Message::CacheValue(CacheValue { value, ..answer }))
+            }
+            CacheAnswer::Later {
+                log,
+                ticket,
+                durable_at,
+            } => {
+                if let Some(ticket) = ticket {
+                    cx.core.wait_value(log, ticket, cx.ch, cx.stream);
+                }
+                if let Some(end) = durable_at {
+                    cx.core.wait_durable(log, end, cx.ch, cx.stream);
+                }
+                self.held.push_back(Held::Value(Box::new(HeldValue {
+                    log,
+                    ticket,
+                    value: ticket.is_none().then_some(Ok(None)),
+                    durable_at,
+                    answer,
+                })));
+            }
+        }
     }
 
     fn fail_frame(&self, fail: FailAnswer, message: &str) -> Bytes {

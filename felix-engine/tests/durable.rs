@@ -414,3 +414,169 @@ fn a_publish_to_a_new_stream_waits_for_its_log_to_open() {
     net.release_held_ops();
     assert_eq!(acks(&net.read_frames(p, sid)), [(1, Some(0)), (2, Some(1))]);
 }
+
+/// Sends one JSON request on `sid` and returns the single answer.
+fn ask(net: &mut Net, p: usize, sid: StreamId, json_text: &str) -> Value {
+    let frames = net.exchange(p, sid, &json_frame(json_text));
+    assert_eq!(frames.len(), 1, "one answer to {json_text}");
+    json(&frames[0])
+}
+
+fn put(net: &mut Net, p: usize, sid: StreamId, key: &str, value: &str, ttl_ms: Option<u64>) {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(value);
+    let ttl = ttl_ms.map_or("null".to_owned(), |t| t.to_string());
+    let answer = ask(
+        net,
+        p,
+        sid,
+        &format!(
+            r#"{{"type":"cache_put","tenant_id":"t1","namespace":"default","cache":"c","key":"{key}","value":"{b64}","request_id":1,"ttl_ms":{ttl}}}"#
+        ),
+    );
+    assert_eq!(answer["type"], "cache_ok", "{answer}");
+}
+
+fn get(net: &mut Net, p: usize, sid: StreamId, kind: &str, key: &str) -> Option<String> {
+    use base64::Engine as _;
+    let answer = ask(
+        net,
+        p,
+        sid,
+        &format!(
+            r#"{{"type":"{kind}","tenant_id":"t1","namespace":"default","cache":"c","key":"{key}","request_id":2}}"#
+        ),
+    );
+    assert_eq!(answer["type"], "cache_value", "{answer}");
+    answer["value"].as_str().map(|v| {
+        String::from_utf8(base64::engine::general_purpose::STANDARD.decode(v).unwrap()).unwrap()
+    })
+}
+
+#[test]
+fn cache_writes_wait_for_durability_and_reads_come_from_the_log() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (sid, _) = net.auth_stream(p);
+    assert_eq!(
+        get(&mut net, p, sid, "cache_get", "k"),
+        None,
+        "no such cache yet"
+    );
+    put(&mut net, p, sid, "k", "v1", None);
+
+    net.hold = is_sync;
+    let frames = net.exchange(
+        p,
+        sid,
+        &json_frame(r#"{"type":"cache_put","tenant_id":"t1","namespace":"default","cache":"c","key":"k","value":"djI=","request_id":9,"ttl_ms":null}"#),
+    );
+    assert!(
+        frames.is_empty(),
+        "a cache write is acknowledged once durable"
+    );
+    net.release_held_ops();
+    assert_eq!(json(&net.read_frames(p, sid)[0])["type"], "cache_ok");
+
+    assert_eq!(
+        get(&mut net, p, sid, "cache_get", "k").as_deref(),
+        Some("v2")
+    );
+    assert_eq!(
+        get(&mut net, p, sid, "cache_delete", "k").as_deref(),
+        Some("v2")
+    );
+    assert_eq!(get(&mut net, p, sid, "cache_get", "k"), None);
+    assert_eq!(get(&mut net, p, sid, "cache_delete", "k"), None);
+}
+
+#[test]
+fn cache_values_and_absolute_expiries_survive_a_restart() {
+    let t0 = 1_767_225_600_000_000u64;
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (sid, _) = net.auth_stream(p);
+    put(&mut net, p, sid, "forever", "a", None);
+    put(&mut net, p, sid, "minute", "b", Some(60_000));
+    put(&mut net, p, sid, "brief", "c", Some(10_000));
+    put(&mut net, p, sid, "gone", "d", None);
+    assert_eq!(
+        get(&mut net, p, sid, "cache_delete", "gone").as_deref(),
+        Some("d")
+    );
+    put(&mut net, p, sid, "forever", "a2", None);
+    let disk = std::mem::take(&mut net.disk);
+    drop(net);
+
+    // Thirty seconds later by the wall clock.
+    let mut net = Net::durable_on_at(t0 + 30_000_000, disk, on_commit(), |_| {});
+    net.client_keep_alive = Some(Duration::from_secs(2));
+    let p = net.connect(&[]);
+    let (sid, _) = net.auth_stream(p);
+    assert_eq!(
+        get(&mut net, p, sid, "cache_get", "forever").as_deref(),
+        Some("a2")
+    );
+    assert_eq!(
+        get(&mut net, p, sid, "cache_get", "minute").as_deref(),
+        Some("b")
+    );
+    assert_eq!(
+        get(&mut net, p, sid, "cache_get", "brief"),
+        None,
+        "expired at +10 s"
+    );
+    assert_eq!(
+        get(&mut net, p, sid, "cache_get", "gone"),
+        None,
+        "the delete held"
+    );
+    // Past the minute: the expiry was absolute, not restarted by the restart.
+    net.advance(Duration::from_secs(31));
+    assert_eq!(get(&mut net, p, sid, "cache_get", "minute"), None);
+    assert_eq!(
+        get(&mut net, p, sid, "cache_get", "forever").as_deref(),
+        Some("a2")
+    );
+}
+
+#[test]
+fn retention_removes_whole_old_segments_and_moves_earliest() {
+    let durable = DurableConfig {
+        segment_max_bytes: 256,
+        retention_bytes: Some(600),
+        retention_check_interval: Duration::from_secs(1),
+        ..periodic()
+    };
+    let mut net = Net::durable(durable, |_| {});
+    net.client_keep_alive = Some(Duration::from_secs(2));
+    let (s, p) = (net.connect(&[]), net.connect(&[]));
+    let (sid, _) = net.auth_stream(p);
+    publish_each(&mut net, p, sid, 1, &payloads("retained-record-", 40));
+    assert_eq!(net.read_frames(p, sid).len(), 40);
+    let segments = |net: &Net| {
+        net.disk
+            .files
+            .keys()
+            .filter(|k| k.ends_with(".seg"))
+            .count()
+    };
+    let before = segments(&net);
+    assert!(before > 3, "small segments roll over: {before}");
+    net.advance(Duration::from_secs(2));
+    let after = segments(&net);
+    assert!(
+        after < before,
+        "whole segments removed: {before} -> {after}"
+    );
+
+    let (a, _, frames) = subscribe(&mut net, s, "orders", Some(r#""earliest""#)).unwrap();
+    let earliest = a["start_offset"].as_u64().unwrap();
+    assert!(earliest > 0, "earliest is the oldest retained record");
+    let got = events(&frames);
+    assert_eq!(got.first().map(|e| e.0), Some(Some(earliest)));
+    assert_eq!(got.last().map(|e| e.0), Some(Some(39)));
+    let e = subscribe(&mut net, s, "orders", Some(r#"{"offset":0}"#)).unwrap_err();
+    assert_eq!(e["reason"], "too_old");
+    assert_eq!(e["available"].as_u64(), Some(earliest));
+}

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use crate::storage::cache_log::{CacheEvent, CacheLog};
 use crate::storage::layout;
 use crate::storage::log::{LogConfig, ReadTicket, ShardLog};
 use crate::storage::ops::{
@@ -31,6 +32,103 @@ const DISCOVERY: LogId = LogId(0);
 const SHARD_DEPTH: usize = 4;
 /// Top-level directory of stream logs under the storage root.
 pub(crate) const STREAMS_DIR: &str = "streams";
+/// Top-level directory of cache logs under the storage root.
+pub(crate) const CACHES_DIR: &str = "caches";
+
+/// What kind of log a directory holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Stream,
+    Cache,
+}
+
+/// A stream shard's log or a cache's.
+pub(crate) enum AnyLog {
+    Stream(ShardLog),
+    Cache(CacheLog),
+}
+
+impl AnyLog {
+    /// The underlying segment log (for a cache, the one under its index).
+    pub(crate) fn shard(&self) -> &ShardLog {
+        match self {
+            AnyLog::Stream(l) => l,
+            AnyLog::Cache(c) => c.log(),
+        }
+    }
+
+    /// A stream shard's log; `None` for a cache.
+    pub(crate) fn stream_mut(&mut self) -> Option<&mut ShardLog> {
+        match self {
+            AnyLog::Stream(l) => Some(l),
+            AnyLog::Cache(_) => None,
+        }
+    }
+
+    pub(crate) fn cache_mut(&mut self) -> Option<&mut CacheLog> {
+        match self {
+            AnyLog::Cache(c) => Some(c),
+            AnyLog::Stream(_) => None,
+        }
+    }
+
+    pub(crate) fn durable_offset(&self) -> u64 {
+        self.shard().durable_offset()
+    }
+
+    fn poll_op(&mut self) -> Option<FileOp> {
+        match self {
+            AnyLog::Stream(l) => l.poll_op(),
+            AnyLog::Cache(c) => c.poll_op(),
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        match self {
+            AnyLog::Stream(l) => l.poll_timeout(),
+            AnyLog::Cache(c) => c.poll_timeout(),
+        }
+    }
+
+    fn handle_completion(&mut self, c: FileCompletion) {
+        match self {
+            AnyLog::Stream(l) => l.handle_completion(c),
+            AnyLog::Cache(cl) => cl.handle_completion(c),
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Instant, unix_micros: u64) {
+        match self {
+            AnyLog::Stream(l) => l.handle_timeout(now, unix_micros),
+            AnyLog::Cache(c) => c.handle_timeout(now, unix_micros),
+        }
+    }
+
+    fn sync_now(&mut self) {
+        match self {
+            AnyLog::Stream(l) => l.sync_now(),
+            // A cache log syncs under its fsync mode; nothing forces it at a stop yet.
+            AnyLog::Cache(_) => {}
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.shard().is_idle()
+    }
+
+    pub(crate) fn poll_event(&mut self) -> Option<AnyEvent> {
+        match self {
+            AnyLog::Stream(l) => l.poll_event().map(AnyEvent::Stream),
+            AnyLog::Cache(c) => c.poll_event().map(AnyEvent::Cache),
+        }
+    }
+}
+
+/// An event from either kind of log.
+pub(crate) enum AnyEvent {
+    Stream(LogEvent),
+    Cache(CacheEvent),
+}
 
 /// How the broker runs its durable shards.
 #[derive(Debug, Clone)]
@@ -57,12 +155,20 @@ pub(crate) enum Owner {
     Unclaimed,
     /// Shard `shard` of stream number `stream`.
     Stream { stream: usize, shard: u32 },
+    /// A cache (its one shard).
+    Cache,
 }
 
-/// What the engine learns from the logs: when to release answers held for durability and
-/// when to re-run requests that met a log still opening.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the engine learns from the logs: when to release answers held for durability, when
+/// to re-run requests that met a log still opening, and the values of cache reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Notice {
+    /// The value a cache get (or delete) waited for: `None` if absent or expired.
+    Value {
+        log: LogId,
+        ticket: ReadTicket,
+        value: Result<Option<Bytes>, String>,
+    },
     /// Every record of this log below `up_to` is durable.
     Durable { log: LogId, up_to: u64 },
     /// The log finished opening (or failed to: then it is also failed).
@@ -72,7 +178,7 @@ pub(crate) enum Notice {
 }
 
 pub(crate) struct LogSlot {
-    pub(crate) log: ShardLog,
+    pub(crate) log: AnyLog,
     pub(crate) owner: Owner,
     pub(crate) state: LogState,
     /// Opened by the startup walk: failing to open stops the broker from starting.
@@ -107,6 +213,7 @@ pub(crate) struct ShardStore {
 /// Every log, routed by id, and the queues between them and the engine.
 pub(crate) struct Logs {
     pub(crate) settings: DurableSettings,
+    anchor: (Instant, u64),
     slots: Vec<Option<LogSlot>>,
     /// Logs by directory: a stream created on first use claims the one found at startup.
     by_dir: HashMap<String, LogId>,
@@ -126,9 +233,12 @@ pub(crate) struct Logs {
 
 impl Logs {
     /// Starts the walk over the storage root that opens every log already on disk.
-    pub(crate) fn new(settings: DurableSettings) -> Logs {
+    /// `anchor` is an instant and the Unix microseconds it stood for (cache expiry and
+    /// compaction compare stored wall-clock times).
+    pub(crate) fn new(settings: DurableSettings, anchor: (Instant, u64)) -> Logs {
         let mut logs = Logs {
             settings,
+            anchor,
             slots: Vec::new(),
             by_dir: HashMap::new(),
             dirty: Vec::new(),
@@ -141,9 +251,16 @@ impl Logs {
             fatal: None,
             shutting_down: false,
         };
-        let op = logs.discovery.list(STREAMS_DIR.to_owned(), 0);
-        logs.ops.push_back(op);
+        for root in [STREAMS_DIR, CACHES_DIR] {
+            let op = logs.discovery.list(root.to_owned(), 0);
+            logs.ops.push_back(op);
+        }
         logs
+    }
+
+    /// The log already open (or opening) for a directory, if any.
+    pub(crate) fn find(&self, dir: &str) -> Option<LogId> {
+        self.by_dir.get(dir).copied()
     }
 
     /// Startup is over: every log on disk is open. Until then the engine takes no requests.
@@ -166,12 +283,40 @@ impl Logs {
             slot.owner = owner;
             return id;
         }
-        self.open(dir, owner, now, false)
+        let kind = match owner {
+            Owner::Cache => Kind::Cache,
+            _ => Kind::Stream,
+        };
+        self.open(dir, kind, owner, now, false)
     }
 
-    fn open(&mut self, dir: String, owner: Owner, now: Instant, startup: bool) -> LogId {
+    fn open(
+        &mut self,
+        dir: String,
+        kind: Kind,
+        owner: Owner,
+        now: Instant,
+        startup: bool,
+    ) -> LogId {
         let id = LogId(self.slots.len() as u32 + 1);
-        let log = ShardLog::open(id, dir.clone(), self.settings.log.clone(), now);
+        let log = match kind {
+            Kind::Stream => AnyLog::Stream(ShardLog::open(
+                id,
+                dir.clone(),
+                self.settings.log.clone(),
+                now,
+            )),
+            // Retention is a stream bound: on a cache it would forget live keys. A cache is
+            // bounded by compaction instead.
+            Kind::Cache => {
+                let cfg = LogConfig {
+                    retention_bytes: None,
+                    retention_age: None,
+                    ..self.settings.log.clone()
+                };
+                AnyLog::Cache(CacheLog::open(id, dir.clone(), cfg, now))
+            }
+        };
         self.slots.push(Some(LogSlot {
             log,
             owner,
@@ -230,6 +375,27 @@ impl Logs {
             }
             slot.timer = next;
         }
+    }
+
+    /// A log stopped: while opening that is a failed open, else its writes fail from here.
+    pub(crate) fn failed(&mut self, id: LogId, message: String) {
+        let opening = self.slot(id).is_some_and(|s| s.state == LogState::Opening);
+        if opening {
+            self.opened(id, Err(message));
+        } else if let Some(slot) = self.slot_mut(id) {
+            slot.state = LogState::Failed(message);
+        }
+        self.notices.push_back(Notice::Failed { log: id });
+    }
+
+    /// Unix milliseconds at `now`, from the anchor the engine gave.
+    pub(crate) fn unix_ms(&self, now: Instant) -> u64 {
+        let (at, micros) = self.anchor;
+        let micros = match now.checked_duration_since(at) {
+            Some(d) => micros.saturating_add(d.as_micros() as u64),
+            None => micros.saturating_sub(at.duration_since(now).as_micros() as u64),
+        };
+        micros / 1000
     }
 
     /// A log finished opening (or failed to); keeps the startup count.
@@ -308,7 +474,11 @@ impl Logs {
                 self.ops.push_back(op);
             } else if entry.name.parse::<u32>().is_ok() {
                 if !self.by_dir.contains_key(&child) {
-                    self.open(child, Owner::Unclaimed, now, true);
+                    let kind = match child.starts_with(CACHES_DIR) {
+                        true => Kind::Cache,
+                        false => Kind::Stream,
+                    };
+                    self.open(child, kind, Owner::Unclaimed, now, true);
                 }
             } else {
                 tracing::warn!(dir = %child, "ignoring a directory that is not a shard");
@@ -374,6 +544,8 @@ use super::encode::{encode_event_batch, BatchView};
 use felix_proto::ErrorCode;
 
 use super::{fan_in, mark_ready, seal, Broker, FanOut};
+use super::{BrokerError, CacheKey};
+use crate::storage::cache_log::{Lookup, MAX_CACHE_KEY_BYTES};
 use crate::storage::log::{LogEvent, ReadBatch, ReadError};
 
 /// Rounds of log events handled in one flush; anything left waits for the next turn (and
@@ -475,7 +647,11 @@ impl Broker {
         }
     }
 
-    fn on_log_event(&mut self, _now: Now, id: LogId, ev: LogEvent) {
+    fn on_log_event(&mut self, now: Now, id: LogId, ev: AnyEvent) {
+        let ev = match ev {
+            AnyEvent::Stream(ev) => ev,
+            AnyEvent::Cache(ev) => return self.on_cache_event(now, id, ev),
+        };
         let logs = self.logs.as_mut().expect("called with logs");
         match ev {
             LogEvent::Opened { .. } => {
@@ -518,14 +694,7 @@ impl Broker {
                 tracing::warn!(log = id.0, error = %e, "compaction failed; the log goes on")
             }
             LogEvent::Failed(e) => {
-                let message = e.to_string();
-                let opening = logs.slot(id).is_some_and(|s| s.state == LogState::Opening);
-                if opening {
-                    logs.opened(id, Err(message));
-                } else if let Some(slot) = logs.slot_mut(id) {
-                    slot.state = LogState::Failed(message);
-                }
-                logs.notices.push_back(Notice::Failed { log: id });
+                logs.failed(id, e.to_string());
                 // What was waiting to be durable never will be: it never fans out.
                 if let Some(Owner::Stream { stream, shard }) = logs.slot(id).map(|s| s.owner) {
                     if let Some(store) = self.streams[stream].shards[shard as usize].store.as_mut()
@@ -645,10 +814,10 @@ impl Broker {
             let Some(slot) = logs.slot_mut(log) else {
                 return;
             };
-            match slot
-                .log
-                .read(next, CATCH_UP_READ_RECORDS, CATCH_UP_READ_BYTES)
-            {
+            let Some(shard_log) = slot.log.stream_mut() else {
+                return;
+            };
+            match shard_log.read(next, CATCH_UP_READ_RECORDS, CATCH_UP_READ_BYTES) {
                 Ok(ticket) => {
                     logs.reads.insert((log, ticket), id);
                     logs.mark_dirty(log);
@@ -780,4 +949,211 @@ fn error_frame(message: &str) -> Bytes {
     let mut out = Vec::new();
     Message::Error(ErrorMessage::coded(ErrorCode::Storage, message)).encode_frame_into(&mut out);
     Bytes::from(out)
+}
+
+/// The answer to a cache get or delete: known now, or once the log has read the value
+/// (`ticket`) and, for a delete, made the delete durable (`durable_at`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CacheAnswer {
+    Now(Option<Bytes>),
+    Later {
+        log: LogId,
+        ticket: Option<ReadTicket>,
+        durable_at: Option<u64>,
+    },
+}
+
+impl CacheAnswer {
+    /// The value of an answer known now (tests of the in-memory cache).
+    #[cfg(test)]
+    pub(crate) fn now(self) -> Option<Bytes> {
+        match self {
+            CacheAnswer::Now(v) => v,
+            CacheAnswer::Later { .. } => panic!("answer not known yet"),
+        }
+    }
+}
+
+fn read_failure(e: &ReadError) -> String {
+    match e {
+        ReadError::Failed(e) => format!("reading the cache log failed: {e}"),
+        ReadError::NotOpen => "the cache log is not open".into(),
+        ReadError::Busy => "too many cache reads are in flight".into(),
+        ReadError::Trimmed { .. } => "the value was removed from the log".into(),
+    }
+}
+
+impl Broker {
+    fn cache_sizes(&self, k: &str, value: &Bytes) -> Result<(), BrokerError> {
+        let limit = |what: &str, n: usize, max: usize, name: &str| {
+            BrokerError::new(
+                ErrorCode::LimitExceeded,
+                format!("cache {what} of {n} bytes exceeds {name} ({max})"),
+            )
+        };
+        let max_key = self.cfg.cache_max_key_bytes.min(MAX_CACHE_KEY_BYTES);
+        if k.len() > max_key {
+            return Err(limit("key", k.len(), max_key, "cache_max_key_bytes"));
+        }
+        if value.len() > self.cfg.cache_max_value_bytes {
+            let max = self.cfg.cache_max_value_bytes;
+            return Err(limit("value", value.len(), max, "cache_max_value_bytes"));
+        }
+        Ok(())
+    }
+
+    /// The cache's log, open; `None` when no such cache was ever written (and `create` is
+    /// false). A log still opening stalls the request.
+    fn cache_log(
+        &mut self,
+        now: Now,
+        key: &CacheKey,
+        create: bool,
+    ) -> Result<Option<LogId>, BrokerError> {
+        let logs = self.logs.as_mut().expect("durable");
+        let dir = layout::cache_shard_dir(&key.tenant, &key.namespace, &key.cache, 0);
+        let log = match (logs.find(&dir), create) {
+            (Some(log), _) => log,
+            (None, true) => logs.claim(dir, Owner::Cache, now),
+            (None, false) => return Ok(None),
+        };
+        match &logs.slot(log).expect("live").state {
+            LogState::Opening => Err(BrokerError::opening(log)),
+            LogState::Failed(e) => {
+                Err(BrokerError::storage(format!("the cache's log failed: {e}")))
+            }
+            LogState::Open => Ok(Some(log)),
+        }
+    }
+
+    fn cache_of(&mut self, log: LogId) -> Result<&mut CacheLog, BrokerError> {
+        let logs = self.logs.as_mut().expect("durable");
+        logs.mark_dirty(log);
+        logs.slot_mut(log)
+            .and_then(|s| s.log.cache_mut())
+            .ok_or_else(|| BrokerError::storage("not a cache log"))
+    }
+
+    pub(super) fn log_cache_put(
+        &mut self,
+        now: Now,
+        unix_micros: u64,
+        key: &CacheKey,
+        k: &str,
+        value: Bytes,
+        ttl_ms: Option<u64>,
+    ) -> Result<(LogId, u64), BrokerError> {
+        self.cache_sizes(k, &value)?;
+        let log = self.cache_log(now, key, true)?.expect("created");
+        // TTL is an absolute Unix time in the record: it means the same after a restart.
+        let expiry = ttl_ms.and_then(|ms| (unix_micros / 1000).checked_add(ms));
+        let offset = self
+            .cache_of(log)?
+            .put(now, unix_micros, k.as_bytes(), value, expiry)
+            .map_err(super::append_error)?;
+        self.stats.cache_puts += 1;
+        Ok((log, offset + 1))
+    }
+
+    pub(super) fn log_cache_get(
+        &mut self,
+        now: Now,
+        unix_micros: u64,
+        key: &CacheKey,
+        k: &str,
+    ) -> Result<CacheAnswer, BrokerError> {
+        let Some(log) = self.cache_log(now, key, false)? else {
+            self.stats.cache_misses += 1;
+            return Ok(CacheAnswer::Now(None));
+        };
+        let lookup = self
+            .cache_of(log)?
+            .get(k.as_bytes(), unix_micros / 1000)
+            .map_err(|e| BrokerError::storage(read_failure(&e)))?;
+        Ok(match lookup {
+            Lookup::Absent => {
+                self.stats.cache_misses += 1;
+                CacheAnswer::Now(None)
+            }
+            Lookup::Pending(ticket) => {
+                self.stats.cache_hits += 1;
+                CacheAnswer::Later {
+                    log,
+                    ticket: Some(ticket),
+                    durable_at: None,
+                }
+            }
+        })
+    }
+
+    pub(super) fn log_cache_delete(
+        &mut self,
+        now: Now,
+        unix_micros: u64,
+        key: &CacheKey,
+        k: &str,
+    ) -> Result<CacheAnswer, BrokerError> {
+        self.stats.cache_deletes += 1;
+        let Some(log) = self.cache_log(now, key, false)? else {
+            return Ok(CacheAnswer::Now(None));
+        };
+        let cache = self.cache_of(log)?;
+        // The value it held is read first; the delete is answered with it once durable.
+        let lookup = cache
+            .get(k.as_bytes(), unix_micros / 1000)
+            .map_err(|e| BrokerError::storage(read_failure(&e)))?;
+        let deleted = cache
+            .delete(now, unix_micros, k.as_bytes())
+            .map_err(super::append_error)?;
+        Ok(match (lookup, deleted) {
+            (_, None) => CacheAnswer::Now(None),
+            (Lookup::Absent, Some(offset)) => CacheAnswer::Later {
+                log,
+                ticket: None,
+                durable_at: Some(offset + 1),
+            },
+            (Lookup::Pending(ticket), Some(offset)) => CacheAnswer::Later {
+                log,
+                ticket: Some(ticket),
+                durable_at: Some(offset + 1),
+            },
+        })
+    }
+
+    fn on_cache_event(&mut self, now: Now, id: LogId, ev: CacheEvent) {
+        let logs = self.logs.as_mut().expect("called with logs");
+        match ev {
+            CacheEvent::Opened { keys, next_offset } => {
+                tracing::debug!(log = id.0, keys, next_offset, "cache log open");
+                logs.opened(id, Ok(()));
+            }
+            CacheEvent::Durable { up_to } => {
+                logs.notices.push_back(Notice::Durable { log: id, up_to });
+                let unix_ms = logs.unix_ms(now);
+                if let Some(c) = logs.slot_mut(id).and_then(|s| s.log.cache_mut()) {
+                    if c.compaction_due() && c.compact(unix_ms) {
+                        logs.mark_dirty(id);
+                    }
+                }
+            }
+            CacheEvent::Value { ticket, result } => {
+                let value = result
+                    .map(|v| v.map(|v| v.value))
+                    .map_err(|e| read_failure(&e));
+                logs.notices.push_back(Notice::Value {
+                    log: id,
+                    ticket,
+                    value,
+                });
+            }
+            CacheEvent::Compacted {
+                bytes_before,
+                bytes_after,
+            } => tracing::debug!(log = id.0, bytes_before, bytes_after, "cache compacted"),
+            CacheEvent::CompactionFailed(e) => {
+                tracing::warn!(log = id.0, error = %e, "cache compaction failed; the log goes on")
+            }
+            CacheEvent::Failed(e) => logs.failed(id, e.to_string()),
+        }
+    }
 }

@@ -32,7 +32,7 @@ use crate::storage::layout;
 use crate::storage::log::{AppendError, Batch};
 use crate::storage::ops::LogId;
 use cache::{CacheLimits, CacheStore};
-pub(crate) use durable::{DurableSettings, Notice};
+pub(crate) use durable::{CacheAnswer, DurableSettings, Notice};
 use durable::{LogState, Logs, Owner, ShardStore, Unreleased};
 use encode::{encode_event_batch, encode_subscription_lagged, BatchView, MAX_PUBLISHER_LEN};
 
@@ -439,9 +439,13 @@ impl Broker {
     /// A broker whose streams are durable: each shard has a log under the storage root.
     /// Startup begins at once: logs already on disk are found and opened through file ops,
     /// and [`Broker::is_ready`] says when that is done.
-    pub(crate) fn with_storage(cfg: BrokerConfig, settings: DurableSettings) -> Broker {
+    pub(crate) fn with_storage(
+        cfg: BrokerConfig,
+        settings: DurableSettings,
+        anchor: (Instant, u64),
+    ) -> Broker {
         let mut b = Broker::new(cfg);
-        b.logs = Some(Logs::new(settings));
+        b.logs = Some(Logs::new(settings, anchor));
         b
     }
 
@@ -498,7 +502,7 @@ impl Broker {
                 LogState::Open => {}
             }
             if payloads.is_empty() {
-                let at = slot.log.next_offset();
+                let at = slot.log.shard().next_offset();
                 return Ok(Published {
                     shard,
                     first_offset: Some(at),
@@ -510,7 +514,12 @@ impl Broker {
                 publisher: publisher.map(str::as_bytes),
                 payloads: &payloads,
             };
-            let first = slot.log.append(now, batch).map_err(append_error)?;
+            let first = slot
+                .log
+                .stream_mut()
+                .expect("a stream's log")
+                .append(now, batch)
+                .map_err(append_error)?;
             logs.mark_dirty(log);
             self.stats.published_records += count;
             self.stats.published_bytes += bytes;
@@ -603,7 +612,7 @@ impl Broker {
                     LogState::Open => {}
                 }
                 let tail = store.released;
-                let oldest = slot.log.start_offset().min(tail);
+                let oldest = slot.log.shard().start_offset().min(tail);
                 let from = match start {
                     Start::Latest => tail,
                     Start::Earliest => oldest,
@@ -787,34 +796,50 @@ impl Broker {
         self.subscribers.get(&id).map(|s| s.drops)
     }
 
+    /// Stores a value. In memory it is done; on a durable cache the answer waits until the
+    /// log is durable below the returned offset (the write is visible from then on too).
     pub(crate) fn cache_put(
         &mut self,
         now: Instant,
+        unix_micros: u64,
         key: &CacheKey,
         k: &str,
         value: Bytes,
         ttl_ms: Option<u64>,
-    ) -> Result<(), BrokerError> {
-        self.cache.put(now, key, k, value, ttl_ms)
+    ) -> Result<Option<(LogId, u64)>, BrokerError> {
+        if self.logs.is_some() {
+            return self
+                .log_cache_put(now, unix_micros, key, k, value, ttl_ms)
+                .map(Some);
+        }
+        self.cache.put(now, key, k, value, ttl_ms).map(|()| None)
     }
 
     pub(crate) fn cache_get(
         &mut self,
         now: Instant,
+        unix_micros: u64,
         key: &CacheKey,
         k: &str,
-    ) -> Result<Option<Bytes>, BrokerError> {
-        Ok(self.cache.get(now, key, k))
+    ) -> Result<CacheAnswer, BrokerError> {
+        if self.logs.is_some() {
+            return self.log_cache_get(now, unix_micros, key, k);
+        }
+        Ok(CacheAnswer::Now(self.cache.get(now, key, k)))
     }
 
-    /// Removes a key, returning the value it held (`None` if absent or expired).
+    /// Removes a key; the answer is the value it held (`None` if absent or expired).
     pub(crate) fn cache_delete(
         &mut self,
         now: Instant,
+        unix_micros: u64,
         key: &CacheKey,
         k: &str,
-    ) -> Result<Option<Bytes>, BrokerError> {
-        Ok(self.cache.delete(now, key, k))
+    ) -> Result<CacheAnswer, BrokerError> {
+        if self.logs.is_some() {
+            return self.log_cache_delete(now, unix_micros, key, k);
+        }
+        Ok(CacheAnswer::Now(self.cache.delete(now, key, k)))
     }
 
     /// The next instant [`Broker::handle_timeout`] has work: the cache sweep, a log's
@@ -950,7 +975,7 @@ fn fan_in(
     }
 }
 
-fn append_error(e: AppendError) -> BrokerError {
+pub(crate) fn append_error(e: AppendError) -> BrokerError {
     match e {
         AppendError::NotOpen => BrokerError::storage("the shard's log is not open"),
         AppendError::Failed(e) => BrokerError::storage(format!("the shard's log failed: {e}")),

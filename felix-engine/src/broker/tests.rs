@@ -658,16 +658,16 @@ fn cache_through_the_broker_with_stats_and_sweep_timer() {
     });
     let c = CacheKey::new("t1", "default", "c1");
     assert_eq!(b.poll_timeout(), None);
-    b.cache_put(t0, &c, "k", Bytes::from_static(b"v1"), Some(1000))
+    b.cache_put(t0, 0, &c, "k", Bytes::from_static(b"v1"), Some(1000))
         .unwrap();
     assert_eq!(b.poll_timeout(), Some(t0 + Duration::from_secs(1)));
     assert_eq!(
-        b.cache_get(t0, &c, "k").unwrap().as_deref(),
+        b.cache_get(t0, 0, &c, "k").unwrap().now().as_deref(),
         Some(&b"v1"[..])
     );
-    assert_eq!(b.cache_get(t0, &c, "nope").unwrap(), None);
+    assert_eq!(b.cache_get(t0, 0, &c, "nope").unwrap().now(), None);
     assert_eq!(
-        b.cache_put(t0, &c, "long", Bytes::new(), None)
+        b.cache_put(t0, 0, &c, "long", Bytes::new(), None)
             .unwrap_err()
             .code,
         ErrorCode::LimitExceeded
@@ -677,10 +677,10 @@ fn cache_through_the_broker_with_stats_and_sweep_timer() {
     let s = b.stats();
     assert_eq!((s.cache_puts, s.cache_hits, s.cache_misses), (1, 1, 1));
     assert_eq!((s.cache_expired, s.cache_entries, s.cache_bytes), (1, 0, 0));
-    b.cache_put(t0, &c, "k", Bytes::from_static(b"v2"), None)
+    b.cache_put(t0, 0, &c, "k", Bytes::from_static(b"v2"), None)
         .unwrap();
     assert_eq!(
-        b.cache_delete(t0, &c, "k").unwrap().as_deref(),
+        b.cache_delete(t0, 0, &c, "k").unwrap().now().as_deref(),
         Some(&b"v2"[..])
     );
     assert_eq!(b.stats().cache_deletes, 1);

@@ -101,13 +101,18 @@ pub struct Net {
 impl Net {
     /// An engine with every default but `tweak`, in dev mode with a fixed seed.
     pub fn new(tweak: impl FnOnce(&mut EngineConfig)) -> Net {
+        // 2026-01-01T00:00:00Z, far from any token's edges.
+        Net::new_at(1_767_225_600_000_000, tweak)
+    }
+
+    /// Like [`Net::new`], with the engine started at this Unix time (µs).
+    pub fn new_at(unix_micros: u64, tweak: impl FnOnce(&mut EngineConfig)) -> Net {
         let tls = tls();
         let mut config =
             EngineConfig::new(tls.identity, AuthConfig::Dev { seed: [7; 32] }, [9; 32]);
         tweak(&mut config);
         let now = Instant::now();
-        // 2026-01-01T00:00:00Z, far from any token's edges.
-        let engine = Engine::new(config, now, 1_767_225_600_000_000).expect("engine");
+        let engine = Engine::new(config, now, unix_micros).expect("engine");
         Net {
             now,
             engine,
@@ -137,7 +142,17 @@ impl Net {
         durable: DurableConfig,
         tweak: impl FnOnce(&mut EngineConfig),
     ) -> Net {
-        let mut net = Net::new(|c| {
+        Net::durable_on_at(1_767_225_600_000_000, disk, durable, tweak)
+    }
+
+    /// Like [`Net::durable_on`], started at this Unix time (µs).
+    pub fn durable_on_at(
+        unix_micros: u64,
+        disk: MemDisk,
+        durable: DurableConfig,
+        tweak: impl FnOnce(&mut EngineConfig),
+    ) -> Net {
+        let mut net = Net::new_at(unix_micros, |c| {
             c.durable = Some(durable);
             tweak(c);
         });
@@ -151,11 +166,10 @@ impl Net {
         net
     }
 
-    /// Performs every held file op (and whatever follows), then settles.
+    /// Stops holding file ops: performs the held ones and whatever follows, then settles.
     pub fn release_held_ops(&mut self) {
-        let hold = std::mem::replace(&mut self.hold, |_| false);
+        self.hold = |_| false;
         self.run();
-        self.hold = hold;
     }
 
     /// Performs pending file ops that are not held. True if any ran.
