@@ -136,3 +136,130 @@ async fn an_idle_connection_is_reaped_and_the_client_is_told() {
     assert_eq!(&next_event(&mut sub).await.payload[..], b"alive");
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_credit_comes_back_from_subscribe_streams() {
+    // Many more subscribe streams than the broker allows at once, one after another on one
+    // connection: each finished stream must give its credit back.
+    let broker = broker_with(|c| c.max_concurrent_bidi_streams = 64).await;
+    let client = broker.client().await;
+    let stream = unique("one-off-sub");
+    for i in 0..200 {
+        let sub = within(10, client.subscribe("default", &stream, Start::Latest)).await;
+        drop(sub.unwrap_or_else(|e| panic!("subscribe #{i}: {e}")));
+    }
+    let mut sub = client
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    client
+        .publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"end")],
+            None,
+            Ack::PerMessage,
+        )
+        .await
+        .unwrap();
+    assert_eq!(&next_event(&mut sub).await.payload[..], b"end");
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "broker bug: a stream the client FINs and STOP_SENDINGs at once (what felix-client \
+            0.6.2 does to every stream it lets go) never gives its stream credit back; see \
+            /work/notes/client-findings.md §4. Remove this line once fixed."]
+async fn stream_credit_comes_back_from_abandoned_streams() {
+    let broker = broker_with(|c| c.max_concurrent_bidi_streams = 64).await;
+    let client = broker.client().await;
+    for i in 0..200 {
+        let opened =
+            tokio::time::timeout(Duration::from_secs(3), client.open_raw_stream(true)).await;
+        let mut raw = match opened {
+            Ok(raw) => raw.unwrap(),
+            Err(_) => panic!("stream #{i} could not be opened: the broker granted no more streams"),
+        };
+        // FIN our side and (on drop) STOP_SENDING theirs, in one packet.
+        raw.finish();
+        drop(raw);
+    }
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_records_are_delivered_whole() {
+    let broker = felix_integration::broker().await;
+    let client = broker.client().await;
+    let stream = unique("large");
+    let mut sub = client
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .unwrap();
+    // Over the event batch's 1 MiB seal size, under the 16 MiB frame limit.
+    let big = Bytes::from(
+        (0..8 * 1024 * 1024)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    let small = Bytes::from_static(b"small");
+    within(
+        20,
+        client.publish(
+            "default",
+            &stream,
+            vec![big.clone(), small.clone()],
+            None,
+            Ack::PerBatch,
+        ),
+    )
+    .await
+    .unwrap();
+    let first = next_event(&mut sub).await;
+    assert!(
+        first.payload == big,
+        "8 MiB record came back as {} bytes",
+        first.payload.len()
+    );
+    assert_eq!(next_event(&mut sub).await.payload, small);
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_the_frame_limit_fails_without_hanging() {
+    let broker = broker_with(|c| c.max_frame_bytes = 1024 * 1024).await;
+    let client = broker.client().await;
+    let stream = unique("too-big");
+    let too_big = Bytes::from(vec![0u8; 2 * 1024 * 1024]);
+    let result = within(
+        20,
+        client.publish("default", &stream, vec![too_big], None, Ack::PerMessage),
+    )
+    .await;
+    match result {
+        Err(ClientError::Server { code, .. }) => {
+            assert!(
+                matches!(
+                    code,
+                    Some(ErrorCode::LimitExceeded | ErrorCode::InvalidRequest)
+                ),
+                "{code:?}"
+            )
+        }
+        // The broker may end the stream on the header alone, as before auth.
+        Err(ClientError::Connection(_)) => {}
+        other => panic!("an oversize batch must fail, got {other:?}"),
+    }
+    // The connection (and a fresh publish stream) still works.
+    client
+        .publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"fits")],
+            None,
+            Ack::PerMessage,
+        )
+        .await
+        .unwrap();
+    broker.shutdown().await;
+}

@@ -1,0 +1,288 @@
+//! The real `felix-broker` process under `kill -9`: started with `on_commit`, publishers push
+//! acked records, the process is killed at a random moment, restarted on the same storage
+//! directory, and every record ever acknowledged must be readable, in order, at contiguous
+//! offsets. At least [`MIN_KILLS`] kills, within [`TIME_BUDGET`].
+//!
+//! The broker binary is `FELIX_BROKER_BIN` if set, else the newest of
+//! `target/{release,debug}/felix-broker` that is not older than the sources, else one built
+//! here into `target/crash-test`. The random schedule comes from `FELIX_CRASH_SEED` (printed
+//! on every run, so a failure can be replayed).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use felix_client::{Ack, Client, ClientConfig, Start, SubscriptionItem};
+use felix_integration::{free_udp_port, unique, within, TENANT};
+
+const MIN_KILLS: usize = 20;
+const MAX_KILLS: usize = 30;
+/// Kills stop being scheduled past this; the test as a whole stays under a minute.
+const TIME_BUDGET: Duration = Duration::from_secs(45);
+const PUBLISHERS: usize = 4;
+const RECORDS_PER_BATCH: usize = 4;
+
+/// splitmix64: the schedule's only source of randomness.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+}
+
+fn newest_source(dirs: &[PathBuf]) -> SystemTime {
+    let mut newest = SystemTime::UNIX_EPOCH;
+    let mut stack: Vec<PathBuf> = dirs.to_vec();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
+                    newest = newest.max(m);
+                }
+            }
+        }
+    }
+    newest
+}
+
+/// The broker binary to run (see the module docs).
+fn broker_binary() -> PathBuf {
+    if let Ok(path) = std::env::var("FELIX_BROKER_BIN") {
+        return PathBuf::from(path);
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| workspace.join("target"));
+    let sources = newest_source(&[
+        workspace.join("felix-engine/src"),
+        workspace.join("runtime-tokio/src"),
+        workspace.join("felix-proto/src"),
+    ]);
+    let fresh = |p: &Path| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .ok()
+            .filter(|m| *m >= sources)
+    };
+    let candidates = [
+        target.join("release/felix-broker"),
+        target.join("debug/felix-broker"),
+        target.join("crash-test/debug/felix-broker"),
+    ];
+    if let Some(best) = candidates
+        .iter()
+        .filter_map(|p| fresh(p).map(|m| (m, p)))
+        .max()
+    {
+        return best.1.clone();
+    }
+    // A separate target directory: the one this test runs from may be locked by cargo.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "-p",
+            "felix-runtime-tokio",
+            "--bin",
+            "felix-broker",
+        ])
+        .env("CARGO_TARGET_DIR", target.join("crash-test"))
+        .current_dir(&workspace)
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "building felix-broker failed");
+    target.join("crash-test/debug/felix-broker")
+}
+
+/// One run of the broker process.
+struct Broker {
+    child: Child,
+    config: ClientConfig,
+}
+
+async fn start_broker(bin: &Path, storage: &Path, work: &Path, round: usize) -> Broker {
+    let ca = work.join("ca.pem");
+    let token = work.join("token");
+    let _ = std::fs::remove_file(&ca);
+    let _ = std::fs::remove_file(&token);
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse().unwrap();
+    let log = std::fs::File::create(work.join(format!("broker-{round}.log"))).unwrap();
+    let mut child = Command::new(bin)
+        .env("FELIX_QUIC_BIND", addr.to_string())
+        .env("FELIX_TLS_CERT_EXPORT", &ca)
+        .env("FELIX_DEV_TOKEN_EXPORT", &token)
+        .env("FELIX_DURABLE_STORAGE_DIR", storage)
+        .env("FELIX_DURABLE_FSYNC_MODE", "on_commit")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+    // The exports appear once recovery is done and the socket is served.
+    for _ in 0..400 {
+        if let (Ok(ca_pem), Ok(token)) = (std::fs::read(&ca), std::fs::read_to_string(&token)) {
+            let mut config = ClientConfig::new(addr, ca_pem, TENANT, token.trim());
+            config.request_timeout = Duration::from_secs(10);
+            return Broker { child, config };
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read_to_string(work.join(format!("broker-{round}.log")));
+            panic!("broker exited with {status} in round {round}: {log:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let _ = child.kill();
+    panic!("broker did not start in round {round}");
+}
+
+type Acked = Arc<Mutex<BTreeMap<u64, Bytes>>>;
+
+/// Every acknowledged record is readable from `earliest`, in order, at contiguous offsets.
+async fn verify(client: &Client, stream: &str, acked: &Acked, round: usize) -> u64 {
+    let expected: BTreeMap<u64, Bytes> = acked.lock().unwrap().clone();
+    let Some((&last, _)) = expected.last_key_value() else {
+        return 0;
+    };
+    let mut sub = within(10, client.subscribe("default", stream, Start::Earliest))
+        .await
+        .unwrap_or_else(|e| panic!("round {round}: subscribe from earliest: {e}"));
+    assert_eq!(
+        sub.start_offset(),
+        Some(0),
+        "round {round}: nothing was trimmed"
+    );
+    let mut next = 0u64;
+    while next <= last {
+        let item = within(10, sub.next())
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: reading offset {next}: {e}"));
+        let SubscriptionItem::Event(event) = item else {
+            panic!("round {round}: subscription ended at {next}: {item:?}");
+        };
+        assert_eq!(
+            event.offset,
+            Some(next),
+            "round {round}: offsets are contiguous"
+        );
+        if let Some(payload) = expected.get(&next) {
+            assert_eq!(
+                &event.payload, payload,
+                "round {round}: acked record {next}"
+            );
+        }
+        next += 1;
+    }
+    expected.len() as u64
+}
+
+async fn publisher(client: Client, stream: String, acked: Acked, round: usize, task: usize) {
+    for n in 0.. {
+        let payloads: Vec<Bytes> = (0..RECORDS_PER_BATCH)
+            .map(|j| Bytes::from(format!("r{round}-t{task}-n{n}-{j}")))
+            .collect();
+        match client
+            .publish("default", &stream, payloads.clone(), None, Ack::PerBatch)
+            .await
+        {
+            Ok(Some(offset)) => {
+                let mut acked = acked.lock().unwrap();
+                for (j, p) in payloads.into_iter().enumerate() {
+                    acked.insert(offset + j as u64, p);
+                }
+            }
+            Ok(None) => panic!("an on_commit ack carries its offset"),
+            // The broker died under us: this batch is not acknowledged.
+            Err(_) => return,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_records_survive_kill_9_at_random_moments() {
+    let bin = broker_binary();
+    let seed = std::env::var("FELIX_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!(
+        "crash_recovery: seed {seed} (replay: FELIX_CRASH_SEED={seed} cargo test -p felix-integration --test crash_recovery), broker {}",
+        bin.display()
+    );
+    let mut rng = Rng(seed);
+    let work = std::env::temp_dir().join(unique("felix-crash"));
+    let storage = work.join("storage");
+    std::fs::create_dir_all(&storage).unwrap();
+    let stream = "crash-orders".to_owned();
+    let acked: Acked = Arc::new(Mutex::new(BTreeMap::new()));
+
+    let began = Instant::now();
+    let mut kills = 0;
+    while kills < MAX_KILLS && (kills < MIN_KILLS || began.elapsed() < TIME_BUDGET) {
+        let mut broker = start_broker(&bin, &storage, &work, kills).await;
+        let client = within(15, Client::connect(broker.config.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("round {kills}: connect: {e}"));
+        verify(&client, &stream, &acked, kills).await;
+
+        let tasks: Vec<_> = (0..PUBLISHERS)
+            .map(|t| {
+                tokio::spawn(publisher(
+                    client.clone(),
+                    stream.clone(),
+                    acked.clone(),
+                    kills,
+                    t,
+                ))
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(rng.between(20, 300))).await;
+        broker.child.kill().expect("kill -9");
+        broker.child.wait().expect("reap");
+        kills += 1;
+        for t in tasks {
+            let _ = within(20, t).await;
+        }
+        drop(client);
+    }
+
+    let mut broker = start_broker(&bin, &storage, &work, kills).await;
+    let client = within(15, Client::connect(broker.config.clone()))
+        .await
+        .expect("final connect");
+    let checked = verify(&client, &stream, &acked, kills).await;
+    eprintln!(
+        "crash_recovery: {kills} kills in {:.1?}, {checked} acknowledged records all readable",
+        began.elapsed()
+    );
+    assert!(kills >= MIN_KILLS);
+    assert!(checked > 0, "publishers got acknowledgements");
+    client.close().await;
+    let _ = broker.child.kill();
+    let _ = broker.child.wait();
+    let _ = std::fs::remove_dir_all(&work);
+}
