@@ -126,6 +126,22 @@ async fn keyed_publish_lands_on_the_key_shard() {
         .await
         .unwrap();
     assert_eq!(&next_event(&mut subs[0]).await.payload[..], b"nokey");
+    // Keyed fire-and-forget (0x0041) routes the same way.
+    let expected = shard_for_key(Some(b"user-42"), SHARDS, RoutingMapping::Modulo) as usize;
+    client
+        .publish(
+            "default",
+            &stream,
+            vec![Bytes::from_static(b"unacked keyed")],
+            Some(Bytes::from_static(b"user-42")),
+            Ack::None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        &next_event(&mut subs[expected]).await.payload[..],
+        b"unacked keyed"
+    );
     broker.shutdown().await;
 }
 
