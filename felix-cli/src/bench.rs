@@ -30,8 +30,6 @@ use crate::failure::Failure;
 
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
-    #[command(flatten)]
-    conn: ConnectArgs,
     /// What to measure.
     #[arg(long, value_enum, default_value_t = Scenario::Pubsub)]
     scenario: Scenario,
@@ -84,6 +82,8 @@ pub(crate) struct BenchArgs {
     /// Tokio worker threads for the bench's clients (default: one per core).
     #[arg(long)]
     pub(crate) threads: Option<usize>,
+    #[command(flatten)]
+    conn: ConnectArgs,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,31 +19,38 @@ pub(crate) struct CacheArgs {
 enum CacheOp {
     /// Print the value of a key (exit 1 when absent or expired).
     Get {
-        #[command(flatten)]
-        conn: ConnectArgs,
+        /// Cache name.
         cache: String,
+        /// Key.
         key: String,
         /// Print the value as hex.
         #[arg(long)]
         hex: bool,
+        #[command(flatten)]
+        conn: ConnectArgs,
     },
     /// Store a value (the argument, or all of stdin without it).
     Put {
-        #[command(flatten)]
-        conn: ConnectArgs,
+        /// Cache name.
         cache: String,
+        /// Key.
         key: String,
+        /// Value (default: all of stdin, byte for byte).
         value: Option<String>,
         /// Expire the entry after this long (e.g. 1.5s, 10m).
         #[arg(long, value_parser = crate::duration::parse)]
         ttl: Option<Duration>,
+        #[command(flatten)]
+        conn: ConnectArgs,
     },
     /// Delete a key (exit 1 when it was absent).
     Del {
+        /// Cache name.
+        cache: String,
+        /// Key.
+        key: String,
         #[command(flatten)]
         conn: ConnectArgs,
-        cache: String,
-        key: String,
     },
 }
 

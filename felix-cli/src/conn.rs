@@ -11,6 +11,7 @@ use crate::failure::Failure;
 
 /// Where the broker is and who we are. Each flag falls back to an environment variable.
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Connection")]
 pub(crate) struct ConnectArgs {
     /// Broker address (host:port).
     #[arg(long, env = "FELIX_ADDR", default_value = "127.0.0.1:5000")]

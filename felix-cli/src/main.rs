@@ -20,7 +20,13 @@ use clap::{Parser, Subcommand};
 use crate::failure::Failure;
 
 #[derive(Parser)]
-#[command(name = "felix", version, about = "The Felix command line", long_about = None)]
+#[command(
+    name = "felix",
+    version,
+    about = "The Felix command line",
+    after_help = "Exit codes: 0 done, 1 cache miss, 2 usage, 3 refused by the broker, \
+                  4 connection/timeout/protocol failure, 5 subscription ended by the broker."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

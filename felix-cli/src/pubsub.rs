@@ -14,8 +14,6 @@ use crate::failure::Failure;
 
 #[derive(Args, Debug)]
 pub(crate) struct PubArgs {
-    #[command(flatten)]
-    conn: ConnectArgs,
     /// Stream to publish to.
     stream: String,
     /// Messages to publish, as one batch. Without any, each line of stdin is one message.
@@ -31,6 +29,8 @@ pub(crate) struct PubArgs {
     /// writer gets one publish per line).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     batch: u32,
+    #[command(flatten)]
+    conn: ConnectArgs,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,8 +154,6 @@ async fn settle_unacked(client: &Client, namespace: &str) {
 
 #[derive(Args, Debug)]
 pub(crate) struct SubArgs {
-    #[command(flatten)]
-    conn: ConnectArgs,
     /// Stream to subscribe to.
     stream: String,
     /// Where to start: earliest, latest, or an offset.
@@ -170,6 +168,8 @@ pub(crate) struct SubArgs {
     /// Print payloads as hex instead of text.
     #[arg(long)]
     hex: bool,
+    #[command(flatten)]
+    conn: ConnectArgs,
 }
 
 fn parse_start(text: &str) -> Result<Start, String> {
@@ -224,8 +224,13 @@ async fn print_events(client: &Client, args: &SubArgs) -> Result<(), Failure> {
         let item = item.map_err(|e| Failure::client("subscription", e))?;
         match item {
             SubscriptionItem::Event(event) => {
-                write_event(&mut out, &event, args.hex)
-                    .map_err(|e| Failure::io("writing stdout", e))?;
+                if let Err(e) = write_event(&mut out, &event, args.hex) {
+                    // `felix sub | head -3`: the reader has what it wanted.
+                    if e.kind() == std::io::ErrorKind::BrokenPipe {
+                        return Ok(());
+                    }
+                    return Err(Failure::io("writing stdout", e));
+                }
                 received += 1;
                 if args.count.is_some_and(|n| received >= n) {
                     return Ok(());

@@ -249,6 +249,25 @@ fn a_subscription_cut_off_by_the_broker_exits_non_zero() {
 }
 
 #[test]
+fn a_subscriber_whose_reader_goes_away_exits_cleanly() {
+    let broker = Broker::start(None);
+    let mut sub = Subscriber::start(broker.felix().args(["sub", "orders"]));
+    let out = run(broker.felix().args(["pub", "orders", "first"]));
+    assert!(out.status.success(), "pub: {}", text(&out.stderr));
+    // Like `felix sub orders | head -1`: read one line, then close the pipe.
+    let mut reader = BufReader::new(sub.child.stdout.take().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert_eq!(line, "first\n");
+    drop(reader);
+    let out = run(broker.felix().args(["pub", "orders", "second"]));
+    assert!(out.status.success(), "pub: {}", text(&out.stderr));
+    let status = wait_bounded(&mut sub.child, Duration::from_secs(10));
+    let stderr: Vec<String> = sub.stderr.try_iter().collect();
+    assert_eq!(status.code(), Some(0), "{stderr:?}");
+}
+
+#[test]
 fn cache_commands_exit_by_outcome() {
     let broker = Broker::start(None);
     let cache = |args: &[&str]| run(broker.felix().arg("cache").args(args));
