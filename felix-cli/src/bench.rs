@@ -679,9 +679,18 @@ impl Progress {
                 ticker: None,
             };
         }
+        // The cache scenario runs two phases, each up to --count and --duration.
+        let phases = if args.scenario == Scenario::Cache {
+            2
+        } else {
+            1
+        };
         let (len, by_count) = match args.count {
-            Some(n) => (n, true),
-            None => (args.duration.as_millis() as u64, false),
+            Some(n) => (n.saturating_mul(phases), true),
+            None => (
+                (args.duration.as_millis() as u64).saturating_mul(phases),
+                false,
+            ),
         };
         let bar = ProgressBar::new(len.max(1));
         bar.set_style(
