@@ -3,6 +3,7 @@
 //! The engine never reads the environment or files: the runtime builds an [`EngineConfig`]
 //! (from its own config layer) and hands it over whole.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use felix_proto::routing::RoutingMapping;
@@ -200,6 +201,9 @@ pub struct EngineConfig {
     /// Seeds every random choice the engine and quinn-proto make (connection ids, reset and
     /// token keys, packet-number skipping). TLS key material comes from rustls's provider.
     pub rng_seed: [u8; 32],
+    /// The rustls crypto provider for the endpoint's TLS; `None` is ring's default. A
+    /// simulator installs a seeded one so key shares and randoms repeat with the seed.
+    pub crypto_provider: Option<Arc<rustls::crypto::CryptoProvider>>,
 
     /// See [`DEFAULT_PUBLISH_WINDOW`]. `0` withdraws the pipeline features.
     pub publish_window: u32,
@@ -270,6 +274,7 @@ impl EngineConfig {
             tls,
             auth,
             rng_seed,
+            crypto_provider: None,
             publish_window: DEFAULT_PUBLISH_WINDOW,
             auth_timeout: DEFAULT_AUTH_TIMEOUT,
             idle_connection_reap: DEFAULT_IDLE_CONNECTION_REAP,

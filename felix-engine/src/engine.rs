@@ -425,7 +425,10 @@ impl Engine {
         };
 
         let seed = config.rng_seed;
-        let selector = Arc::new(AlpnSelector::new(&config.tls)?);
+        let selector = Arc::new(AlpnSelector::new(
+            &config.tls,
+            config.crypto_provider.clone(),
+        )?);
         let mut transport = TransportConfig::default();
         transport
             .max_concurrent_bidi_streams(VarInt::from_u32(config.max_concurrent_bidi_streams))

@@ -31,6 +31,8 @@ pub use engine::{
     SERVED_FLAGS,
 };
 pub use felix_proto::routing::RoutingMapping;
+/// The rustls the engine builds its TLS with, for [`EngineConfig::crypto_provider`].
+pub use rustls;
 pub use storage::ops::{
     DirEntry, FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
 };

@@ -69,8 +69,9 @@ impl std::error::Error for TlsConfigError {}
 fn rustls_config(
     identity: &TlsIdentity,
     alpn: Option<&[u8]>,
+    provider: Option<Arc<rustls::crypto::CryptoProvider>>,
 ) -> Result<Arc<QuicServerConfig>, TlsConfigError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = provider.unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| TlsConfigError(e.to_string()))?
@@ -93,10 +94,14 @@ pub(crate) struct AlpnSelector {
 }
 
 impl AlpnSelector {
-    pub(crate) fn new(identity: &TlsIdentity) -> Result<AlpnSelector, TlsConfigError> {
+    /// `provider` `None` is ring's default provider.
+    pub(crate) fn new(
+        identity: &TlsIdentity,
+        provider: Option<Arc<rustls::crypto::CryptoProvider>>,
+    ) -> Result<AlpnSelector, TlsConfigError> {
         Ok(AlpnSelector {
-            with_alpn: rustls_config(identity, Some(ALPN_FELIX_V1))?,
-            without_alpn: rustls_config(identity, None)?,
+            with_alpn: rustls_config(identity, Some(ALPN_FELIX_V1), provider.clone())?,
+            without_alpn: rustls_config(identity, None, provider)?,
         })
     }
 }
