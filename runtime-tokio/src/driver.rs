@@ -164,6 +164,9 @@ impl Driver {
             ?stats,
             "shutting down"
         );
+        if let Some(files) = &self.files.executor {
+            info!(stats = ?files.stats(), "file executor");
+        }
         self.engine.shutdown(Instant::now());
         self.flush().await?;
         let until = tokio::time::Instant::now() + SHUTDOWN_LINGER;

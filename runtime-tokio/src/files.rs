@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
@@ -26,6 +27,34 @@ pub const MAX_OPEN_FILES: usize = 512;
 pub struct FileExecutor {
     root: PathBuf,
     handles: Mutex<HashMap<String, Arc<File>>>,
+    counters: Counters,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    ops: AtomicU64,
+    appends: AtomicU64,
+    appended_bytes: AtomicU64,
+    syncs: AtomicU64,
+    sync_micros: AtomicU64,
+    reads: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// What an executor has done since it was made (for logs and benchmarks).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileStats {
+    /// Ops performed, of every kind.
+    pub ops: u64,
+    pub appends: u64,
+    pub appended_bytes: u64,
+    /// File syncs (`fdatasync`); directory syncs are not counted.
+    pub syncs: u64,
+    /// Time spent in those syncs.
+    pub sync_micros: u64,
+    pub reads: u64,
+    /// Ops that failed.
+    pub failures: u64,
 }
 
 impl FileExecutor {
@@ -34,6 +63,22 @@ impl FileExecutor {
         FileExecutor {
             root: root.into(),
             handles: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Counters since the executor was made.
+    pub fn stats(&self) -> FileStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        FileStats {
+            ops: get(&c.ops),
+            appends: get(&c.appends),
+            appended_bytes: get(&c.appended_bytes),
+            syncs: get(&c.syncs),
+            sync_micros: get(&c.sync_micros),
+            reads: get(&c.reads),
+            failures: get(&c.failures),
         }
     }
 
@@ -45,7 +90,29 @@ impl FileExecutor {
     /// Performs one op, blocking, and answers it.
     pub fn execute(&self, op: FileOp) -> FileCompletion {
         let FileOp { id, kind } = op;
+        let c = &self.counters;
+        c.ops.fetch_add(1, Ordering::Relaxed);
+        let began = std::time::Instant::now();
         let result = self.run(&kind).map_err(|e| file_error(&kind, e));
+        match &kind {
+            FileOpKind::Append { bytes, .. } => {
+                c.appends.fetch_add(1, Ordering::Relaxed);
+                c.appended_bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+            FileOpKind::Sync { .. } => {
+                c.syncs.fetch_add(1, Ordering::Relaxed);
+                c.sync_micros
+                    .fetch_add(began.elapsed().as_micros() as u64, Ordering::Relaxed);
+            }
+            FileOpKind::Read { .. } => {
+                c.reads.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        if result.is_err() {
+            c.failures.fetch_add(1, Ordering::Relaxed);
+        }
         FileCompletion { id, result }
     }
 

@@ -103,6 +103,7 @@ impl fmt::Debug for BrokerOptions {
 /// connections.
 pub struct RunningBroker {
     local_addr: SocketAddr,
+    files: Option<Arc<files::FileExecutor>>,
     ca_cert_pem: String,
     dev_token: Option<String>,
     stop: watch::Sender<bool>,
@@ -123,6 +124,17 @@ impl RunningBroker {
     /// The dev-mode token (tenant `t1`, every permission); `None` with a JWKS.
     pub fn dev_token(&self) -> Option<&str> {
         self.dev_token.as_deref()
+    }
+
+    /// What the file executor has done (with a storage directory), readable from any thread
+    /// while the broker runs.
+    pub fn file_stats(&self) -> Option<files::FileStats> {
+        self.files.as_ref().map(|f| f.stats())
+    }
+
+    /// A handle on the file executor's counters that outlives this value.
+    pub fn file_executor(&self) -> Option<Arc<files::FileExecutor>> {
+        self.files.clone()
     }
 
     /// Closes every connection with code 0, sends the closes, and waits for the task.
@@ -215,7 +227,7 @@ pub async fn start(opts: BrokerOptions) -> io::Result<RunningBroker> {
     let dev_token = engine.dev_token().map(str::to_owned);
 
     let (stop, stop_rx) = watch::channel(false);
-    let mut driver = driver::Driver::new(engine, socket, state, executor);
+    let mut driver = driver::Driver::new(engine, socket, state, executor.clone());
     if let Some(dir) = &opts.storage_dir {
         let began = Instant::now();
         driver.recover().await?;
@@ -225,6 +237,7 @@ pub async fn start(opts: BrokerOptions) -> io::Result<RunningBroker> {
     info!(%local_addr, dev_mode = dev_token.is_some(), "felix broker listening");
     Ok(RunningBroker {
         local_addr,
+        files: executor,
         ca_cert_pem,
         dev_token,
         stop,

@@ -1,0 +1,343 @@
+//! Durable throughput: acked publishes of `batch` × `size` bytes under each storage mode,
+//! against the same broker in memory, and how many records one fsync carries.
+//!
+//! ```text
+//! cargo run --release -p felix-integration --example bench_durable -- \
+//!     [--secs S] [--batch B] [--size BYTES] [--inflight K[,K...]] [--fanout N] \
+//!     [--modes memory,on_commit,periodic,none] [--dir PATH]
+//! ```
+//!
+//! Each (mode, inflight) run gets a fresh broker (in this process, on a runtime and thread
+//! of its own) and, for the durable modes, a fresh storage directory under `--dir` (default:
+//! the system temp directory). `inflight` publishes are kept in flight on one connection
+//! (group commit needs several waiting behind each fsync); `fanout` subscribers read
+//! everything. A mode's throughput is its best over the inflight values: records delivered
+//! per subscriber per second with subscribers (what a consumer gets; an in-memory broker
+//! that acks faster than it delivers drops the rest), acked records per second without.
+//! Output is plain `name: value` lines, then one ratio line per durable mode.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use felix_client::{Ack, Client, ClientConfig, Start, SubscriptionItem};
+use felix_runtime_tokio::felix_engine::{DurableConfig, FsyncPolicy};
+use felix_runtime_tokio::files::{FileExecutor, FileStats};
+use felix_runtime_tokio::BrokerOptions;
+
+struct Args(Vec<(String, String)>);
+
+impl Args {
+    fn parse() -> Args {
+        let mut it = std::env::args().skip(1);
+        let mut opts = Vec::new();
+        while let Some(k) = it.next() {
+            let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
+            opts.push((k.trim_start_matches("--").to_owned(), v));
+        }
+        Args(opts)
+    }
+    fn get<T: std::str::FromStr>(&self, key: &str, default: T) -> T {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| {
+                v.parse()
+                    .unwrap_or_else(|_| panic!("bad value for --{key}"))
+            })
+            .unwrap_or(default)
+    }
+    fn get_str(&self, key: &str, default: &str) -> String {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map_or_else(|| default.to_owned(), |(_, v)| v.clone())
+    }
+}
+
+struct Broker {
+    addr: SocketAddr,
+    ca_pem: Vec<u8>,
+    token: String,
+    files: Option<Arc<FileExecutor>>,
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// A broker on a runtime and thread of its own, durable under `storage` when given.
+fn start_broker(storage: Option<(PathBuf, DurableConfig)>) -> Broker {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("broker".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("broker runtime");
+            rt.block_on(async move {
+                let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
+                if let Some((dir, durable)) = storage {
+                    opts.storage_dir = Some(dir);
+                    opts.durable = durable;
+                }
+                let broker = felix_runtime_tokio::start(opts)
+                    .await
+                    .expect("broker starts");
+                tx.send((
+                    broker.local_addr(),
+                    broker.ca_cert_pem().as_bytes().to_vec(),
+                    broker.dev_token().expect("dev mode").to_owned(),
+                    broker.file_executor(),
+                ))
+                .expect("main thread waits");
+                tokio::task::spawn_blocking(move || stopped.recv())
+                    .await
+                    .expect("stop wait")
+                    .ok();
+                broker.shutdown().await.expect("clean shutdown");
+            });
+        })
+        .expect("broker thread");
+    let (addr, ca_pem, token, files) = rx.recv().expect("broker started");
+    Broker {
+        addr,
+        ca_pem,
+        token,
+        files,
+        stop,
+        thread,
+    }
+}
+
+impl Broker {
+    async fn connect(&self) -> Client {
+        let mut c = ClientConfig::new(self.addr, self.ca_pem.clone(), "t1", &self.token);
+        c.request_timeout = Duration::from_secs(30);
+        Client::connect(c).await.expect("connect")
+    }
+
+    fn file_stats(&self) -> FileStats {
+        self.files.as_ref().map(|f| f.stats()).unwrap_or_default()
+    }
+
+    fn stop(self) {
+        let _ = self.stop.send(());
+        self.thread.join().expect("broker thread");
+    }
+}
+
+struct Outcome {
+    records_per_sec: f64,
+    mb_per_sec: f64,
+    delivered_per_sec: f64,
+    files: FileStats,
+    secs: f64,
+}
+
+async fn run(broker: &Broker, args: &Args, inflight: usize) -> Outcome {
+    let secs: u64 = args.get("secs", 5);
+    let batch: usize = args.get("batch", 64);
+    let size: usize = args.get("size", 1024);
+    let fanout: usize = args.get("fanout", 1);
+    let stream = format!("bench-durable-{}", std::process::id());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let delivered = Arc::new(AtomicU64::new(0));
+    let mut readers = Vec::new();
+    for _ in 0..fanout {
+        let client = broker.connect().await;
+        let mut sub = client
+            .subscribe("default", &stream, Start::Latest)
+            .await
+            .expect("subscribe");
+        let (stop, delivered) = (stop.clone(), delivered.clone());
+        readers.push(tokio::spawn(async move {
+            let _client = client;
+            loop {
+                match tokio::time::timeout(Duration::from_millis(300), sub.next()).await {
+                    Ok(Ok(SubscriptionItem::Event(_))) => {
+                        delivered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(other) => panic!("subscription ended: {other:?}"),
+                    Err(_) if stop.load(Ordering::Relaxed) => break,
+                    Err(_) => {}
+                }
+            }
+        }));
+    }
+
+    let publisher = Arc::new(broker.connect().await);
+    let payloads: Vec<Bytes> = (0..batch)
+        .map(|i| Bytes::from(vec![i as u8; size]))
+        .collect();
+    // Warm up: the first publish opens the shard's log.
+    publisher
+        .publish("default", &stream, payloads.clone(), None, Ack::PerBatch)
+        .await
+        .expect("publish");
+    let files_before = broker.file_stats();
+    let delivered_before = delivered.load(Ordering::Relaxed);
+    let acked = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for _ in 0..inflight {
+        let (publisher, payloads, stream, acked) = (
+            publisher.clone(),
+            payloads.clone(),
+            stream.clone(),
+            acked.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                publisher
+                    .publish("default", &stream, payloads.clone(), None, Ack::PerBatch)
+                    .await
+                    .expect("publish");
+                acked.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("publisher");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let files_after = broker.file_stats();
+    let delivered_count = delivered.load(Ordering::Relaxed) - delivered_before;
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        r.await.expect("reader");
+    }
+    let records = acked.load(Ordering::Relaxed) * batch as u64;
+    Outcome {
+        records_per_sec: records as f64 / elapsed,
+        mb_per_sec: (records * size as u64) as f64 / elapsed / 1e6,
+        delivered_per_sec: delivered_count as f64 / elapsed / fanout.max(1) as f64,
+        files: FileStats {
+            ops: files_after.ops - files_before.ops,
+            appends: files_after.appends - files_before.appends,
+            appended_bytes: files_after.appended_bytes - files_before.appended_bytes,
+            syncs: files_after.syncs - files_before.syncs,
+            sync_micros: files_after.sync_micros - files_before.sync_micros,
+            reads: files_after.reads - files_before.reads,
+            failures: files_after.failures - files_before.failures,
+        },
+        secs: elapsed,
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    let base = PathBuf::from(args.get_str("dir", &std::env::temp_dir().to_string_lossy()));
+    let modes = args.get_str("modes", "memory,on_commit");
+    let inflights: Vec<usize> = args
+        .get_str("inflight", "2,8,32")
+        .split(',')
+        .map(|k| k.parse().expect("--inflight takes numbers"))
+        .collect();
+    let fanout: usize = args.get("fanout", 1);
+    println!(
+        "config: batch {} x {} B, inflight {inflights:?}, fanout {fanout}, {} s per run",
+        args.get("batch", 64usize),
+        args.get("size", 1024usize),
+        args.get("secs", 5u64)
+    );
+    let mut memory_rate = None;
+    let mut results = Vec::new();
+    for mode in modes.split(',') {
+        let fsync = match mode {
+            "memory" => None,
+            "on_commit" => Some(FsyncPolicy::OnCommit),
+            "periodic" => Some(FsyncPolicy::Periodic(Duration::from_millis(250))),
+            "none" => Some(FsyncPolicy::None),
+            other => panic!("unknown mode {other:?}: memory | on_commit | periodic | none"),
+        };
+        let mut best = 0f64;
+        for &inflight in &inflights {
+            let best_here = run_one(&rt, &args, &base, mode, fsync, inflight, fanout);
+            best = best.max(best_here);
+        }
+        println!("{mode}.best_records_per_sec: {best:.0}");
+        if mode == "memory" {
+            memory_rate = Some(best);
+        } else {
+            results.push((mode.to_owned(), best));
+        }
+    }
+    if let Some(memory) = memory_rate {
+        for (mode, rate) in results {
+            println!("ratio.{mode}_vs_memory: {:.2}", rate / memory);
+        }
+    }
+}
+
+/// One (mode, inflight) run; prints its lines and returns its throughput.
+fn run_one(
+    rt: &tokio::runtime::Runtime,
+    args: &Args,
+    base: &std::path::Path,
+    mode: &str,
+    fsync: Option<FsyncPolicy>,
+    inflight: usize,
+    fanout: usize,
+) -> f64 {
+    let dir = base.join(format!("felix-bench-durable-{}-{mode}", std::process::id()));
+    let storage = fsync.map(|fsync| {
+        let _ = std::fs::remove_dir_all(&dir);
+        // Acks after the write in every durable mode, so each is measured doing the same
+        // thing: answering with an offset once its mode calls the record durable.
+        let durable = DurableConfig {
+            fsync,
+            ack_on_commit: true,
+            ..DurableConfig::default()
+        };
+        (dir.clone(), durable)
+    });
+    let broker = start_broker(storage);
+    let o = rt.block_on(run(&broker, args, inflight));
+    broker.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+    let name = format!("{mode}.inflight_{inflight}");
+    println!("{name}.acked_records_per_sec: {:.0}", o.records_per_sec);
+    println!("{name}.acked_mb_per_sec: {:.1}", o.mb_per_sec);
+    if fanout > 0 {
+        println!(
+            "{name}.delivered_records_per_sec: {:.0}",
+            o.delivered_per_sec
+        );
+    }
+    let f = &o.files;
+    if f.ops > 0 {
+        let syncs_per_sec = f.syncs as f64 / o.secs;
+        println!("{name}.fsyncs_per_sec: {syncs_per_sec:.0}");
+        println!("{name}.appends_per_sec: {:.0}", f.appends as f64 / o.secs);
+        if f.syncs > 0 {
+            println!(
+                "{name}.records_per_fsync: {:.0}",
+                o.records_per_sec / syncs_per_sec
+            );
+            println!(
+                "{name}.mean_fsync_ms: {:.2}",
+                f.sync_micros as f64 / f.syncs as f64 / 1000.0
+            );
+        }
+        println!("{name}.file_ops_failed: {}", f.failures);
+    }
+    if fanout > 0 {
+        o.delivered_per_sec
+    } else {
+        o.records_per_sec
+    }
+}
