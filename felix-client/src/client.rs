@@ -557,6 +557,10 @@ const WRITE_QUEUE_FRAMES: usize = 64;
 /// dropped mid-write (a timeout, a `select!`) would otherwise leave half a frame on the
 /// stream, and every later frame would be misread.
 struct RequestChannel {
+    /// The queue every call waits in, in arrival order, for its window slot and its place
+    /// in `frames`: calls cannot overtake one another, so concurrent calls reach the wire
+    /// in the order they first got in line.
+    turn: tokio::sync::Mutex<()>,
     frames: mpsc::Sender<Bytes>,
     state: Mutex<ChannelState>,
     window: Arc<Semaphore>,
@@ -592,6 +596,7 @@ impl RequestChannel {
             connection_window.unwrap_or_else(|| Arc::new(Semaphore::new(core.publish_limit())));
         let (frames, queued) = mpsc::channel(WRITE_QUEUE_FRAMES);
         let channel = Arc::new(RequestChannel {
+            turn: tokio::sync::Mutex::new(()),
             frames,
             state: Mutex::new(ChannelState {
                 core,
@@ -607,7 +612,8 @@ impl RequestChannel {
 
     /// Queues a request and waits for its answer. Cancel-safe: nothing is encoded until the
     /// queue has room, and encoding and queueing happen together under one lock, so request
-    /// ids reach the wire in order and a queued frame is always written whole.
+    /// ids reach the wire in order and a queued frame is always written whole. Calls are
+    /// served first come, first served (see `turn`).
     /// `windowed` requests hold a window slot until answered.
     async fn call(
         &self,
@@ -616,6 +622,9 @@ impl RequestChannel {
         encode: impl FnOnce(&mut RequestStream) -> Result<Encoded, ClientError>,
     ) -> Result<Option<Answer>, ClientError> {
         let exchange = async {
+            // Two separate waits (window, then queue) would let a later call that gets
+            // polled sooner slip past an earlier one between them.
+            let turn = self.turn.lock().await;
             let permit = if windowed {
                 match self.window.acquire().await {
                     Ok(permit) => Some(permit),
@@ -642,6 +651,7 @@ impl RequestChannel {
                 slot.send(encoded.frame);
                 rx
             };
+            drop(turn);
             let Some(rx) = rx else { return Ok(None) };
             if let Some(p) = permit {
                 // Given back by the reader when the answer arrives.

@@ -24,7 +24,6 @@ impl Offer {
         Offer {
             flags: Some(Flags(0x1FFF)),
             features: Features::CACHE_DELETE
-                | Features::STREAM_SHARDS
                 | Features::ERROR_CODES
                 | Features::UNSUPPORTED
                 | Features::PUBLISH_PIPELINE
