@@ -692,12 +692,8 @@ impl Session {
         if !self.publish_allowed(header.tenant_id, header.namespace, header.stream) {
             cx.core.stats.publishes_refused += 1;
             if let Some(id) = request_id {
-                let message = self.forbidden_publish_message(
-                    header.tenant_id,
-                    header.namespace,
-                    header.stream,
-                );
-                self.push_ack_error(id, ErrorCode::Forbidden, &message);
+                let e = self.publish_refusal(header.tenant_id, header.namespace, header.stream);
+                self.push_ack_error(id, e.code, &e.message);
             }
             return;
         }
@@ -753,10 +749,7 @@ impl Session {
     ) {
         let answered = ack != message::AckMode::None;
         let result = if !self.publish_allowed(tenant, namespace, stream) {
-            Err(BrokerError::new(
-                ErrorCode::Forbidden,
-                self.forbidden_publish_message(tenant, namespace, stream),
-            ))
+            Err(self.publish_refusal(tenant, namespace, stream))
         } else {
             match shard.map(u32::try_from) {
                 Some(Err(_)) => Err(BrokerError::new(
@@ -842,19 +835,25 @@ impl Session {
         allowed
     }
 
-    fn forbidden_publish_message(&self, tenant: &str, namespace: &str, stream: &str) -> String {
+    /// Why a publish was not allowed: a name that cannot form an object is a malformed
+    /// request (`invalid_request`); a missing permission is `forbidden`.
+    fn publish_refusal(&self, tenant: &str, namespace: &str, stream: &str) -> BrokerError {
         let identity = &self.auth.as_ref().expect("authenticated").identity;
         if stream_object(tenant, namespace, stream).is_none() {
-            format!("invalid stream name {tenant}/{namespace}/{stream}")
+            BrokerError::new(
+                ErrorCode::InvalidRequest,
+                format!("invalid stream name {tenant}/{namespace}/{stream}"),
+            )
         } else {
-            format!(
+            let message = format!(
                 "{} may not publish to {tenant}/{namespace}/{stream}",
                 if identity.subject.is_empty() {
                     "this token"
                 } else {
                     &identity.subject
                 }
-            )
+            );
+            BrokerError::new(ErrorCode::Forbidden, message)
         }
     }
 
