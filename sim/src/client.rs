@@ -1,0 +1,1174 @@
+//! A simulated client: a real quinn-proto client connection carrying the felix-client Sans-IO
+//! core (auth, request correlation, event-stream decoding), with a seeded workload that
+//! publishes (acked, unacked, keyed), subscribes, and uses the cache, and tells the oracle
+//! everything it was promised and everything it saw.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use felix_client::core::{
+    auth_frame, read_auth_reply, read_subscribe_reply, subscribe_frame, Ack, Answer, Capabilities,
+    EventFrame, EventStreamReader, Offer, RequestKind, RequestStream, Start, SubscribeRequest,
+    SubscriptionEnd, Target,
+};
+use felix_engine::RoutingMapping;
+use felix_proto::routing::shard_for_key;
+use felix_proto::{Frame, FrameDecoder};
+use quinn_proto::{
+    ClientConfig, Connection, ConnectionHandle, DatagramEvent, Dir, Endpoint, Event, StreamEvent,
+    StreamId, TransportConfig, VarInt,
+};
+
+use crate::invariants::{cache_reads, offsets, subscriber_order::SubscriberView};
+use crate::oracle::{Oracle, Promise, Violation, WriteOutcome};
+use crate::rng::SimRng;
+use crate::trace::Trace;
+
+pub(crate) const TENANT: &str = "t1";
+pub(crate) const NAMESPACE: &str = "default";
+pub(crate) const STREAM: &str = "orders";
+pub(crate) const CACHE: &str = "sessions";
+/// Cache keys each client owns (it is their only writer).
+const KEYS_PER_CLIENT: usize = 3;
+/// Datagrams a stuck client's socket buffers before dropping more.
+const STUCK_SOCKET_BUFFER: usize = 256;
+/// Frames held on an event stream whose `subscribed` answer has not arrived yet.
+const MAX_HELD_FRAMES: usize = 4096;
+
+/// What the run does to the world around the clients, shared by every client call.
+pub(crate) struct Ctx<'a> {
+    pub(crate) start: Instant,
+    pub(crate) oracle: &'a mut Oracle,
+    pub(crate) trace: &'a mut Trace,
+    pub(crate) token: &'a str,
+    pub(crate) broker_addr: SocketAddr,
+    pub(crate) client_count: usize,
+    /// Canary: drop one event batch for a subscriber without telling anyone.
+    pub(crate) drop_one_event_frame: &'a mut bool,
+    /// True once the fault phase is over: no new work, only reading and reconnecting.
+    pub(crate) quiet: bool,
+}
+
+impl Ctx<'_> {
+    fn log(&mut self, now: Instant, what: std::fmt::Arguments<'_>) {
+        let at = now.saturating_duration_since(self.start);
+        self.trace.event(at, what);
+    }
+}
+
+/// What this client does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Publishes, subscribes and uses the cache.
+    Worker,
+    /// The end-of-run auditor: reads every shard from the earliest offset, nothing else.
+    Auditor,
+}
+
+/// A subscription the client keeps up across reconnects and lags.
+#[derive(Debug, Clone)]
+struct SubSpec {
+    shard: u32,
+    start: Start,
+    /// Durable: the next offset to ask for after a reconnect or a lag.
+    resume: Option<u64>,
+}
+
+#[derive(Debug)]
+enum ReqMeta {
+    Publish { shard: u32, payloads: Vec<Bytes> },
+    CacheWrite { key: String, index: usize },
+    CacheGet { key: String, sent: Instant },
+}
+
+#[derive(Debug)]
+enum Phase {
+    Authing,
+    Ready(RequestStream),
+    /// `subscribe` sent, waiting for `subscribed`.
+    Subscribing(Capabilities),
+    Subscribed,
+    Dead,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Publish,
+    Cache,
+    Subscribe(usize),
+}
+
+struct BiStream {
+    no: u64,
+    purpose: Purpose,
+    phase: Phase,
+    decoder: FrameDecoder,
+    out: VecDeque<Bytes>,
+    reqs: BTreeMap<u64, ReqMeta>,
+}
+
+struct UniStream {
+    decoder: FrameDecoder,
+    reader: Option<EventStreamReader>,
+    subscription: Option<u64>,
+    held: Vec<Frame>,
+    done: bool,
+}
+
+struct Conn {
+    gen: u64,
+    ch: ConnectionHandle,
+    quic: Connection,
+    connected: bool,
+    caps: Option<Capabilities>,
+    next_stream_no: u64,
+    bi: BTreeMap<StreamId, BiStream>,
+    uni: BTreeMap<StreamId, UniStream>,
+    /// Subscription id -> (spec index, the subscriber's view).
+    views: BTreeMap<u64, (usize, SubscriberView)>,
+    publish_stream: Option<StreamId>,
+    cache_stream: Option<StreamId>,
+}
+
+pub(crate) struct SimClient {
+    pub(crate) id: usize,
+    pub(crate) addr: SocketAddr,
+    pub(crate) role: Role,
+    /// What the client offers on `auth` (some offer FEATURE_ACK_ON_COMMIT).
+    offer: Offer,
+    endpoint: Endpoint,
+    config: ClientConfig,
+    conn: Option<Conn>,
+    gen: u64,
+    /// How far this client's clock runs ahead of true time (clock jumps move it forward).
+    pub(crate) skew: Duration,
+    pub(crate) stuck_until: Option<Instant>,
+    stuck_inbox: Vec<(SocketAddr, Bytes)>,
+    /// Slow clients read their event streams only every `read_every`.
+    read_every: Option<Duration>,
+    next_read: Instant,
+    reconnect_at: Option<Instant>,
+    next_action: Instant,
+    action_gap: (Duration, Duration),
+    subs: Vec<SubSpec>,
+    rng: SimRng,
+    seq: u64,
+    cache_busy: BTreeSet<String>,
+    cache_values: u64,
+    pub(crate) shards: u32,
+    /// The auditor's reading: per shard, start offset and records by offset.
+    pub(crate) audit: BTreeMap<u32, (u64, BTreeMap<u64, Bytes>)>,
+    pub(crate) stats: ClientStats,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct ClientStats {
+    pub(crate) connects: u64,
+    pub(crate) publishes: u64,
+    pub(crate) acks: u64,
+    pub(crate) refusals: u64,
+    pub(crate) events: u64,
+    pub(crate) cache_ops: u64,
+}
+
+pub(crate) struct Setup {
+    pub(crate) id: usize,
+    pub(crate) role: Role,
+    pub(crate) shards: u32,
+    pub(crate) durable: bool,
+    pub(crate) slow: bool,
+    pub(crate) crypto: Arc<quinn_proto::crypto::rustls::QuicClientConfig>,
+    pub(crate) rng: SimRng,
+    pub(crate) now: Instant,
+}
+
+impl SimClient {
+    pub(crate) fn new(s: Setup) -> SimClient {
+        let mut rng = s.rng;
+        let endpoint = crate::crypto::client_endpoint(rng.fork("endpoint"));
+        let mut config = ClientConfig::new(s.crypto);
+        config
+            .initial_dst_cid_provider(crate::crypto::initial_cid_provider(rng.fork("initial cid")));
+        let mut transport = TransportConfig::default();
+        let window: u32 = if s.slow { 16 * 1024 } else { 1024 * 1024 };
+        transport
+            .stream_receive_window(VarInt::from_u32(window))
+            .max_concurrent_uni_streams(VarInt::from_u32(64))
+            .max_concurrent_bidi_streams(VarInt::from_u32(0))
+            .keep_alive_interval(Some(Duration::from_millis(1000)))
+            .max_idle_timeout(Some(VarInt::from_u32(5_000).into()));
+        config.transport_config(Arc::new(transport));
+        let subs = match s.role {
+            Role::Auditor => (0..s.shards)
+                .map(|shard| SubSpec {
+                    shard,
+                    start: Start::Earliest,
+                    resume: None,
+                })
+                .collect(),
+            Role::Worker => {
+                let n = rng.below(3);
+                (0..n)
+                    .map(|_| SubSpec {
+                        shard: rng.below(u64::from(s.shards)) as u32,
+                        start: if s.durable {
+                            *rng.pick(&[Start::Latest, Start::Earliest, Start::Offset(0)])
+                        } else {
+                            Start::Latest
+                        },
+                        resume: None,
+                    })
+                    .collect()
+            }
+        };
+        let lo = rng.duration(Duration::from_millis(5), Duration::from_millis(100));
+        let mut offer = Offer::full();
+        if rng.chance(0.5) {
+            offer.features = offer.features.union(felix_proto::Features::ACK_ON_COMMIT);
+        }
+        SimClient {
+            id: s.id,
+            addr: SocketAddr::from(([127, 0, 1, (s.id % 250) as u8 + 1], 40_000 + s.id as u16)),
+            role: s.role,
+            offer,
+            endpoint,
+            config,
+            conn: None,
+            gen: 0,
+            skew: Duration::ZERO,
+            stuck_until: None,
+            stuck_inbox: Vec::new(),
+            read_every: s
+                .slow
+                .then(|| rng.duration(Duration::from_millis(100), Duration::from_millis(800))),
+            next_read: s.now,
+            reconnect_at: Some(s.now),
+            next_action: s.now + lo,
+            action_gap: (lo, lo * 4),
+            subs,
+            rng,
+            seq: 0,
+            cache_busy: BTreeSet::new(),
+            cache_values: 0,
+            shards: s.shards,
+            audit: BTreeMap::new(),
+            stats: ClientStats::default(),
+        }
+    }
+
+    fn local(&self, now: Instant) -> Instant {
+        now + self.skew
+    }
+
+    pub(crate) fn is_connected(&self) -> bool {
+        self.conn.as_ref().is_some_and(|c| c.connected)
+    }
+
+    pub(crate) fn is_stuck(&self, now: Instant) -> bool {
+        self.stuck_until.is_some_and(|t| now < t)
+    }
+
+    /// The next true instant at which this client has something to do.
+    pub(crate) fn next_deadline(&mut self, quiet: bool) -> Option<Instant> {
+        if let Some(t) = self.stuck_until {
+            return Some(t);
+        }
+        let mut next = self.reconnect_at;
+        let mut consider = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        if let Some(conn) = &mut self.conn {
+            if let Some(t) = conn.quic.poll_timeout() {
+                consider(t.checked_sub(self.skew).unwrap_or(t));
+            }
+            if conn.connected && !quiet && self.role == Role::Worker {
+                consider(self.next_action);
+            }
+            if self.read_every.is_some() && !conn.uni.is_empty() {
+                consider(self.next_read);
+            }
+        }
+        next
+    }
+
+    /// Moves the client's clock forward by `by`.
+    pub(crate) fn jump_clock(&mut self, by: Duration) {
+        self.skew += by;
+    }
+
+    /// Freezes the client (no timers, no reading) until `until`.
+    pub(crate) fn freeze(&mut self, until: Instant) {
+        self.stuck_until = Some(until);
+    }
+
+    /// A datagram arrived from `from`. Returns datagrams to send.
+    pub(crate) fn handle_datagram(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        data: Bytes,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<Vec<(SocketAddr, Bytes)>, Violation> {
+        if self.is_stuck(now) {
+            if self.stuck_inbox.len() < STUCK_SOCKET_BUFFER {
+                self.stuck_inbox.push((from, data));
+            }
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        self.feed(now, from, data, &mut out);
+        let read_events = self.read_every.is_none();
+        self.process(now, ctx, &mut out, read_events)?;
+        Ok(out)
+    }
+
+    fn feed(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        data: Bytes,
+        out: &mut Vec<(SocketAddr, Bytes)>,
+    ) {
+        let local = self.local(now);
+        let mut resp = Vec::new();
+        match self.endpoint.handle(
+            local,
+            from,
+            None,
+            None,
+            BytesMut::from(&data[..]),
+            &mut resp,
+        ) {
+            Some(DatagramEvent::ConnectionEvent(ch, ev)) => {
+                if let Some(conn) = self.conn.as_mut().filter(|c| c.ch == ch) {
+                    conn.quic.handle_event(ev);
+                }
+            }
+            Some(DatagramEvent::Response(t)) => {
+                out.push((t.destination, Bytes::copy_from_slice(&resp[..t.size])));
+            }
+            Some(DatagramEvent::NewConnection(_)) | None => {}
+        }
+    }
+
+    /// Runs whatever is due at `now`: unfreezing, reconnecting, timers, reads, the workload.
+    pub(crate) fn tick(
+        &mut self,
+        now: Instant,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<Vec<(SocketAddr, Bytes)>, Violation> {
+        let mut out = Vec::new();
+        if let Some(t) = self.stuck_until {
+            if now < t {
+                return Ok(out);
+            }
+            self.stuck_until = None;
+            ctx.log(
+                now,
+                format_args!(
+                    "c{} unstuck, {} datagrams buffered",
+                    self.id,
+                    self.stuck_inbox.len()
+                ),
+            );
+            for (from, data) in std::mem::take(&mut self.stuck_inbox) {
+                self.feed(now, from, data, &mut out);
+            }
+        }
+        if self.reconnect_at.is_some_and(|t| t <= now) {
+            self.reconnect_at = None;
+            self.connect(now, ctx);
+        }
+        let local = self.local(now);
+        if let Some(conn) = &mut self.conn {
+            if conn.quic.poll_timeout().is_some_and(|t| t <= local) {
+                conn.quic.handle_timeout(local);
+            }
+        }
+        let mut read_events = self.read_every.is_none();
+        if let Some(every) = self.read_every {
+            if self.next_read <= now {
+                self.next_read = now + every;
+                read_events = true;
+            }
+        }
+        let connected = self.is_connected();
+        if connected && !ctx.quiet && self.role == Role::Worker && self.next_action <= now {
+            let (lo, hi) = self.action_gap;
+            self.next_action = now + self.rng.duration(lo, hi);
+            self.act(now, ctx)?;
+        }
+        self.process(now, ctx, &mut out, read_events)?;
+        Ok(out)
+    }
+
+    fn connect(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
+        self.gen += 1;
+        self.stats.connects += 1;
+        let local = self.local(now);
+        match self
+            .endpoint
+            .connect(local, self.config.clone(), ctx.broker_addr, "localhost")
+        {
+            Ok((ch, quic)) => {
+                ctx.log(now, format_args!("c{} connect gen {}", self.id, self.gen));
+                self.conn = Some(Conn {
+                    gen: self.gen,
+                    ch,
+                    quic,
+                    connected: false,
+                    caps: None,
+                    next_stream_no: 0,
+                    bi: BTreeMap::new(),
+                    uni: BTreeMap::new(),
+                    views: BTreeMap::new(),
+                    publish_stream: None,
+                    cache_stream: None,
+                });
+            }
+            Err(e) => {
+                ctx.log(now, format_args!("c{} connect failed: {e}", self.id));
+                self.reconnect_at = Some(now + Duration::from_millis(500));
+            }
+        }
+    }
+
+    /// Drains the connection: endpoint events, connection events, stream reads, writes and
+    /// transmits, until nothing moves. `read_events` is false for a slow client between its
+    /// read ticks.
+    fn process(
+        &mut self,
+        now: Instant,
+        ctx: &mut Ctx<'_>,
+        out: &mut Vec<(SocketAddr, Bytes)>,
+        read_events: bool,
+    ) -> Result<(), Violation> {
+        let local = self.local(now);
+        for _round in 0..64 {
+            let Some(conn) = &mut self.conn else {
+                return Ok(());
+            };
+            let mut moved = false;
+            while let Some(ev) = conn.quic.poll_endpoint_events() {
+                moved = true;
+                if let Some(reply) = self.endpoint.handle_event(conn.ch, ev) {
+                    conn.quic.handle_event(reply);
+                }
+            }
+            let mut events = Vec::new();
+            while let Some(ev) = conn.quic.poll() {
+                events.push(ev);
+            }
+            for ev in events {
+                moved = true;
+                match ev {
+                    Event::Connected => {
+                        let conn = self.conn.as_mut().expect("conn");
+                        conn.connected = true;
+                        ctx.log(now, format_args!("c{} connected gen {}", self.id, conn.gen));
+                        self.open_streams(now, ctx);
+                    }
+                    Event::ConnectionLost { reason } => {
+                        self.connection_lost(now, &reason.to_string(), ctx);
+                        return Ok(());
+                    }
+                    Event::Stream(StreamEvent::Opened { dir: Dir::Uni }) => {
+                        let conn = self.conn.as_mut().expect("conn");
+                        while let Some(id) = conn.quic.streams().accept(Dir::Uni) {
+                            conn.uni.insert(
+                                id,
+                                UniStream {
+                                    decoder: FrameDecoder::new(64 << 20),
+                                    reader: conn.caps.as_ref().map(EventStreamReader::new),
+                                    subscription: None,
+                                    held: Vec::new(),
+                                    done: false,
+                                },
+                            );
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if self.read_streams(now, ctx, read_events)? {
+                moved = true;
+            }
+            if self.flush_writes() {
+                moved = true;
+            }
+            let Some(conn) = self.conn.as_mut() else {
+                return Ok(());
+            };
+            let mut buf = Vec::new();
+            while let Some(t) = conn.quic.poll_transmit(local, 1, &mut buf) {
+                moved = true;
+                out.push((t.destination, Bytes::copy_from_slice(&buf[..t.size])));
+                buf.clear();
+            }
+            if !moved {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn connection_lost(&mut self, now: Instant, reason: &str, ctx: &mut Ctx<'_>) {
+        let Some(conn) = self.conn.take() else { return };
+        ctx.log(
+            now,
+            format_args!("c{} lost gen {}: {reason}", self.id, conn.gen),
+        );
+        for s in conn.bi.values() {
+            for meta in s.reqs.values() {
+                if let ReqMeta::CacheWrite { key, index } = meta {
+                    ctx.oracle
+                        .cache_write_done(key, *index, WriteOutcome::Unknown);
+                    self.cache_busy.remove(key);
+                }
+            }
+        }
+        ctx.oracle.connection_closed(self.id, conn.gen);
+        let backoff = self
+            .rng
+            .duration(Duration::from_millis(50), Duration::from_millis(1000));
+        self.reconnect_at = Some(now + backoff);
+    }
+
+    fn open_bi(&mut self, now: Instant, purpose: Purpose, ctx: &mut Ctx<'_>) -> Option<StreamId> {
+        let conn = self.conn.as_mut()?;
+        let id = conn.quic.streams().open(Dir::Bi)?;
+        let no = conn.next_stream_no;
+        conn.next_stream_no += 1;
+        let mut s = BiStream {
+            no,
+            purpose,
+            phase: Phase::Authing,
+            decoder: FrameDecoder::new(64 << 20),
+            out: VecDeque::new(),
+            reqs: BTreeMap::new(),
+        };
+        s.out.push_back(auth_frame(TENANT, ctx.token, &self.offer));
+        ctx.oracle
+            .request_sent((self.id, conn.gen, no, 0), now, "auth".into());
+        conn.bi.insert(id, s);
+        Some(id)
+    }
+
+    fn open_streams(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
+        if self.role == Role::Worker {
+            let p = self.open_bi(now, Purpose::Publish, ctx);
+            let c = self.open_bi(now, Purpose::Cache, ctx);
+            if let Some(conn) = &mut self.conn {
+                conn.publish_stream = p;
+                conn.cache_stream = c;
+            }
+        }
+        for i in 0..self.subs.len() {
+            self.open_bi(now, Purpose::Subscribe(i), ctx);
+        }
+    }
+
+    fn flush_writes(&mut self) -> bool {
+        let Some(conn) = &mut self.conn else {
+            return false;
+        };
+        let mut moved = false;
+        for (id, s) in conn.bi.iter_mut() {
+            while let Some(front) = s.out.front_mut() {
+                match conn.quic.send_stream(*id).write(front) {
+                    Ok(n) if n == front.len() => {
+                        s.out.pop_front();
+                        moved = true;
+                    }
+                    Ok(n) => {
+                        let _ = front.split_to(n);
+                        moved |= n > 0;
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        moved
+    }
+
+    /// Reads every stream that has data. True if anything was read.
+    fn read_streams(
+        &mut self,
+        now: Instant,
+        ctx: &mut Ctx<'_>,
+        read_events: bool,
+    ) -> Result<bool, Violation> {
+        let mut moved = false;
+        let ids: Vec<StreamId> = match &self.conn {
+            Some(c) => c.bi.keys().copied().collect(),
+            None => return Ok(false),
+        };
+        for id in ids {
+            let frames = {
+                let conn = self.conn.as_mut().expect("conn");
+                let s = conn.bi.get_mut(&id).expect("stream");
+                let (got, ended) = read_into(&mut conn.quic, id, &mut s.decoder);
+                moved |= got;
+                let mut frames = Vec::new();
+                loop {
+                    match s.decoder.next_frame() {
+                        Ok(Some(f)) => frames.push(f),
+                        Ok(None) => break,
+                        Err(e) => {
+                            return Err(protocol(self.id, format!("undecodable frame: {e}")));
+                        }
+                    }
+                }
+                if ended && !matches!(s.phase, Phase::Dead) {
+                    // The broker ended the stream: its requests will not be answered here.
+                    let gen = conn.gen;
+                    let no = s.no;
+                    for (rid, meta) in std::mem::take(&mut s.reqs) {
+                        ctx.oracle.request_answered((self.id, gen, no, rid));
+                        if let ReqMeta::CacheWrite { key, index } = meta {
+                            ctx.oracle
+                                .cache_write_done(&key, index, WriteOutcome::Unknown);
+                            self.cache_busy.remove(&key);
+                        }
+                    }
+                    ctx.oracle.request_answered((self.id, gen, no, 0));
+                    ctx.oracle.request_answered((self.id, gen, no, u64::MAX));
+                    ctx.log(
+                        now,
+                        format_args!("c{} stream {no} ended by the broker", self.id),
+                    );
+                    s.phase = Phase::Dead;
+                }
+                frames
+            };
+            for f in frames {
+                self.on_bi_frame(now, id, &f, ctx)?;
+            }
+        }
+        let reading = read_events;
+        if reading {
+            let ids: Vec<StreamId> = self
+                .conn
+                .as_ref()
+                .map(|c| c.uni.keys().copied().collect())
+                .unwrap_or_default();
+            for id in ids {
+                if self.read_uni(now, id, ctx)? {
+                    moved = true;
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    fn on_bi_frame(
+        &mut self,
+        now: Instant,
+        id: StreamId,
+        frame: &Frame,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Violation> {
+        let me = self.id;
+        let conn = self.conn.as_mut().expect("conn");
+        let gen = conn.gen;
+        let s = conn.bi.get_mut(&id).expect("stream");
+        let no = s.no;
+        match std::mem::replace(&mut s.phase, Phase::Dead) {
+            Phase::Authing => {
+                ctx.oracle.request_answered((me, gen, no, 0));
+                let caps = read_auth_reply(&self.offer, frame)
+                    .map_err(|e| protocol(me, format!("auth refused: {e}")))?;
+                if conn.caps.is_none() {
+                    conn.caps = Some(caps);
+                    for u in conn.uni.values_mut() {
+                        u.reader
+                            .get_or_insert_with(|| EventStreamReader::new(&caps));
+                    }
+                }
+                match s.purpose {
+                    Purpose::Publish | Purpose::Cache => {
+                        s.phase = Phase::Ready(RequestStream::new(caps, TENANT));
+                    }
+                    Purpose::Subscribe(i) => {
+                        let spec = &self.subs[i];
+                        let start = match spec.resume {
+                            Some(o) => Start::Offset(o),
+                            None => match spec.start {
+                                Start::Offset(_) => {
+                                    let tail = ctx.oracle.known_tail(spec.shard);
+                                    Start::Offset(self.rng.below(tail + 1))
+                                }
+                                other => other,
+                            },
+                        };
+                        let req = SubscribeRequest {
+                            namespace: NAMESPACE,
+                            stream: STREAM,
+                            start,
+                            shard: Some(spec.shard),
+                        };
+                        let f = subscribe_frame(TENANT, &req)
+                            .map_err(|e| protocol(me, format!("subscribe encode: {e}")))?;
+                        s.out.push_back(f);
+                        ctx.oracle.request_sent(
+                            (me, gen, no, u64::MAX),
+                            now,
+                            format!("subscribe shard {} {start:?}", spec.shard),
+                        );
+                        ctx.trace.event(
+                            now.saturating_duration_since(ctx.start),
+                            format_args!("c{me} subscribe shard {} {start:?}", spec.shard),
+                        );
+                        s.phase = Phase::Subscribing(caps);
+                    }
+                }
+            }
+            Phase::Subscribing(_caps) => {
+                ctx.oracle.request_answered((me, gen, no, u64::MAX));
+                let Purpose::Subscribe(i) = s.purpose else {
+                    unreachable!()
+                };
+                match read_subscribe_reply(frame) {
+                    Ok(sub) => {
+                        let shard = self.subs[i].shard;
+                        ctx.log(
+                            now,
+                            format_args!(
+                                "c{me} subscribed {} shard {shard} start {:?} live {:?}",
+                                sub.subscription_id, sub.start_offset, sub.live_offset
+                            ),
+                        );
+                        if ctx.oracle.promise == Promise::Durable && sub.start_offset.is_none() {
+                            return Err(protocol(
+                                me,
+                                "a durable subscription without start_offset".into(),
+                            ));
+                        }
+                        conn.views.insert(
+                            sub.subscription_id,
+                            (i, SubscriberView::new(shard, sub.start_offset)),
+                        );
+                        if self.role == Role::Auditor {
+                            self.audit
+                                .entry(shard)
+                                .or_insert((sub.start_offset.unwrap_or(0), BTreeMap::new()));
+                        }
+                        s.phase = Phase::Subscribed;
+                    }
+                    Err(e) => {
+                        ctx.log(now, format_args!("c{me} subscribe refused: {e}"));
+                        self.stats.refusals += 1;
+                        // Start over from the live end next time.
+                        self.subs[i].resume = None;
+                        self.subs[i].start = Start::Latest;
+                    }
+                }
+            }
+            Phase::Subscribed => {
+                return Err(protocol(
+                    me,
+                    "a frame on a subscribe stream after `subscribed`".into(),
+                ));
+            }
+            Phase::Dead => {}
+            Phase::Ready(mut rs) => {
+                let done = rs
+                    .handle_frame(frame)
+                    .map_err(|e| protocol(me, format!("stream {no}: {e}")))?;
+                s.phase = Phase::Ready(rs);
+                ctx.oracle.request_answered((me, gen, no, done.request_id));
+                let meta = s.reqs.remove(&done.request_id);
+                self.on_completion(now, done.kind, done.result, meta, ctx)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn on_completion(
+        &mut self,
+        now: Instant,
+        kind: RequestKind,
+        result: Result<Answer, felix_client::ClientError>,
+        meta: Option<ReqMeta>,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Violation> {
+        let me = self.id;
+        match (meta, result) {
+            (Some(ReqMeta::Publish { shard, payloads }), Ok(Answer::Published { offset })) => {
+                self.stats.acks += 1;
+                ctx.oracle.acked_count += 1;
+                ctx.log(
+                    now,
+                    format_args!(
+                        "c{me} ack {} shard {shard} offset {offset:?}",
+                        crate::oracle::show(&payloads[0])
+                    ),
+                );
+                match offset {
+                    Some(base) => {
+                        for (i, p) in payloads.iter().enumerate() {
+                            let o = base + i as u64;
+                            offsets::observe(ctx.oracle, shard, o, p, "ack")?;
+                            ctx.oracle
+                                .acked
+                                .entry(shard)
+                                .or_default()
+                                .insert(o, p.clone());
+                        }
+                    }
+                    // Acked at accept time (no ack-on-commit): the audit looks for the payload.
+                    None if ctx.oracle.promise == Promise::Durable => {
+                        for p in payloads {
+                            ctx.oracle.acked_unplaced.push((shard, p));
+                        }
+                    }
+                    None => {}
+                }
+            }
+            (Some(ReqMeta::CacheWrite { key, index }), result) => {
+                self.cache_busy.remove(&key);
+                let outcome = match &result {
+                    Ok(_) => WriteOutcome::Acked(now),
+                    Err(_) => WriteOutcome::Refused,
+                };
+                let ok = matches!(outcome, WriteOutcome::Acked(_));
+                ctx.log(
+                    now,
+                    format_args!("c{me} cache write {key} #{index} ok={ok}"),
+                );
+                ctx.oracle.cache_write_done(&key, index, outcome);
+            }
+            (Some(ReqMeta::CacheGet { key, sent }), Ok(Answer::CacheValue(v))) => {
+                ctx.log(
+                    now,
+                    format_args!(
+                        "c{me} cache get {key} = {}",
+                        v.as_ref()
+                            .map_or("<absent>".to_owned(), |v| crate::oracle::show(v))
+                    ),
+                );
+                cache_reads::check_get(ctx.oracle, &key, v.as_ref(), sent, now, ctx.start)?;
+            }
+            (meta, Err(e)) => {
+                self.stats.refusals += 1;
+                ctx.log(now, format_args!("c{me} {kind:?} refused: {e} ({meta:?})"));
+            }
+            (meta, Ok(answer)) => {
+                return Err(protocol(me, format!("{answer:?} answers {meta:?}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one event stream. True if anything was read.
+    fn read_uni(
+        &mut self,
+        now: Instant,
+        id: StreamId,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<bool, Violation> {
+        let me = self.id;
+        let conn = self.conn.as_mut().expect("conn");
+        let u = conn.uni.get_mut(&id).expect("uni");
+        if u.done {
+            return Ok(false);
+        }
+        let (got, ended) = read_into(&mut conn.quic, id, &mut u.decoder);
+        loop {
+            match u.decoder.next_frame() {
+                Ok(Some(f)) => u.held.push(f),
+                Ok(None) => break,
+                Err(e) => return Err(protocol(me, format!("undecodable event frame: {e}"))),
+            }
+            if u.held.len() > MAX_HELD_FRAMES {
+                return Err(protocol(
+                    me,
+                    "event frames pile up before `subscribed`".into(),
+                ));
+            }
+        }
+        let Some(reader) = u.reader.as_mut() else {
+            return Ok(got);
+        };
+        let mut finished = None;
+        let mut i = 0;
+        while i < u.held.len() {
+            let frame = &u.held[i];
+            let decoded = reader
+                .handle_frame(frame)
+                .map_err(|e| protocol(me, format!("event stream: {e}")))?;
+            match decoded {
+                EventFrame::Hello { subscription_id } => {
+                    u.subscription = Some(subscription_id);
+                    i += 1;
+                }
+                EventFrame::Batch(batch) => {
+                    let Some(sub) = u.subscription else {
+                        unreachable!("hello comes first")
+                    };
+                    let Some((spec_i, view)) = conn.views.get_mut(&sub) else {
+                        // `subscribed` not read yet: keep the frame, and its successors.
+                        break;
+                    };
+                    i += 1;
+                    if *ctx.drop_one_event_frame && view.seen >= 3 {
+                        *ctx.drop_one_event_frame = false;
+                        ctx.log(now, format_args!("c{me} (canary: an event frame vanished)"));
+                        continue;
+                    }
+                    let who = format!("c{me} sub {sub}");
+                    for ev in batch.into_events() {
+                        self.stats.events += 1;
+                        ctx.oracle.events_seen += 1;
+                        view.on_event(&who, ev.offset, &ev.payload)?;
+                        if let Some(o) = ev.offset {
+                            offsets::observe(ctx.oracle, view.shard, o, &ev.payload, "event")?;
+                            self.subs[*spec_i].resume = Some(o + 1);
+                            if self.role == Role::Auditor {
+                                let e =
+                                    self.audit.entry(view.shard).or_insert((o, BTreeMap::new()));
+                                e.1.insert(o, ev.payload.clone());
+                            }
+                        }
+                    }
+                }
+                EventFrame::End(end) => {
+                    i += 1;
+                    finished = Some(end);
+                }
+            }
+        }
+        u.held.drain(..i);
+        if ended && finished.is_none() && u.held.is_empty() {
+            finished = Some(
+                reader
+                    .handle_finish()
+                    .map_err(|e| protocol(me, format!("event stream: {e}")))?,
+            );
+        }
+        if let Some(end) = finished {
+            u.done = true;
+            let sub = u.subscription;
+            ctx.log(
+                now,
+                format_args!("c{me} subscription {sub:?} ended: {end:?}"),
+            );
+            if let Some((spec_i, mut view)) = sub.and_then(|s| conn.views.remove(&s)) {
+                if let SubscriptionEnd::Lagged { resume_from } = end {
+                    ctx.oracle.lagged += 1;
+                    view.on_lagged(&format!("c{me} sub {sub:?}"), resume_from)?;
+                    self.subs[spec_i].resume = Some(resume_from);
+                }
+                if ctx.oracle.promise == Promise::Memory {
+                    self.subs[spec_i].resume = None;
+                }
+                self.open_bi(now, Purpose::Subscribe(spec_i), ctx);
+            }
+        }
+        Ok(got)
+    }
+
+    /// One workload step: a publish, a cache write or a cache read.
+    fn act(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
+        let roll = self.rng.below(10);
+        if roll < 6 {
+            self.publish(now, ctx)
+        } else {
+            self.cache_op(now, ctx)
+        }
+    }
+
+    fn publish(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
+        let me = self.id;
+        let ack = *self
+            .rng
+            .pick(&[Ack::None, Ack::PerMessage, Ack::PerMessage, Ack::PerBatch]);
+        let key = self
+            .rng
+            .chance(0.5)
+            .then(|| format!("key{}", self.rng.below(16)).into_bytes());
+        let n = 1 + self.rng.below(3) as usize;
+        let pad = self.rng.below(300) as usize;
+        let Some(conn) = &mut self.conn else {
+            return Ok(());
+        };
+        let Some(id) = conn.publish_stream else {
+            return Ok(());
+        };
+        let gen = conn.gen;
+        let s = conn.bi.get_mut(&id).expect("stream");
+        let Phase::Ready(rs) = &mut s.phase else {
+            return Ok(());
+        };
+        if ack != Ack::None && !rs.can_publish_acked() {
+            return Ok(());
+        }
+        let publisher = format!("c{me}g{gen}");
+        let payloads: Vec<Bytes> = (0..n)
+            .map(|_| {
+                self.seq += 1;
+                let mut p = format!("{publisher}:{}|", self.seq).into_bytes();
+                p.resize(p.len() + pad, b'.');
+                Bytes::from(p)
+            })
+            .collect();
+        let shard = shard_for_key(key.as_deref(), self.shards, RoutingMapping::Modulo);
+        let enc = rs
+            .publish(
+                Target {
+                    namespace: NAMESPACE,
+                    name: STREAM,
+                },
+                &payloads,
+                key.as_deref(),
+                ack,
+            )
+            .map_err(|e| protocol(me, format!("publish encode: {e}")))?;
+        s.out.push_back(enc.frame);
+        self.stats.publishes += 1;
+        ctx.log(
+            now,
+            format_args!(
+                "c{me} publish {}..+{n} shard {shard} {ack:?} req {:?}",
+                crate::oracle::show(&payloads[0]),
+                enc.request_id
+            ),
+        );
+        if let Some(rid) = enc.request_id {
+            ctx.oracle.request_sent(
+                (me, gen, s.no, rid),
+                now,
+                format!("publish {}", crate::oracle::show(&payloads[0])),
+            );
+            s.reqs.insert(rid, ReqMeta::Publish { shard, payloads });
+        }
+        Ok(())
+    }
+
+    fn cache_op(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
+        let me = self.id;
+        let roll = self.rng.below(10);
+        let own = format!("c{me}.k{}", self.rng.below(KEYS_PER_CLIENT as u64));
+        let any = format!(
+            "c{}.k{}",
+            self.rng.below(ctx.client_count as u64),
+            self.rng.below(KEYS_PER_CLIENT as u64)
+        );
+        let ttl = self
+            .rng
+            .chance(0.4)
+            .then(|| Duration::from_millis(self.rng.range(20..3000)));
+        self.cache_values += 1;
+        let value = Bytes::from(format!(
+            "c{me}v{}:{}|",
+            self.cache_values, self.cache_values
+        ));
+        let Some(conn) = &mut self.conn else {
+            return Ok(());
+        };
+        let Some(id) = conn.cache_stream else {
+            return Ok(());
+        };
+        let gen = conn.gen;
+        let s = conn.bi.get_mut(&id).expect("stream");
+        let Phase::Ready(rs) = &mut s.phase else {
+            return Ok(());
+        };
+        let target = Target {
+            namespace: NAMESPACE,
+            name: CACHE,
+        };
+        let (enc, meta, what) = if roll < 5 {
+            let enc = rs
+                .cache_get(target, &any)
+                .map_err(|e| protocol(me, e.to_string()))?;
+            (
+                enc,
+                ReqMeta::CacheGet {
+                    key: any.clone(),
+                    sent: now,
+                },
+                format!("get {any}"),
+            )
+        } else {
+            if self.cache_busy.contains(&own) {
+                return Ok(());
+            }
+            let (enc, value, what) = if roll < 9 {
+                let ttl_ms = ttl.map(|t| t.as_millis() as u64);
+                let enc = rs
+                    .cache_put(target, &own, &value, ttl_ms)
+                    .map_err(|e| protocol(me, e.to_string()))?;
+                let what = format!("put {own}={} ttl {ttl_ms:?}", crate::oracle::show(&value));
+                (enc, Some(value), what)
+            } else {
+                let enc = rs
+                    .cache_delete(target, &own)
+                    .map_err(|e| protocol(me, e.to_string()))?;
+                (enc, None, format!("delete {own}"))
+            };
+            let ttl = if value.is_some() { ttl } else { None };
+            let index = ctx.oracle.cache_write_sent(&own, value, ttl, now);
+            self.cache_busy.insert(own.clone());
+            (enc, ReqMeta::CacheWrite { key: own, index }, what)
+        };
+        let rid = enc.request_id.expect("cache requests carry ids");
+        s.out.push_back(enc.frame);
+        s.reqs.insert(rid, meta);
+        self.stats.cache_ops += 1;
+        ctx.oracle
+            .request_sent((me, gen, s.no, rid), now, what.clone());
+        ctx.log(now, format_args!("c{me} cache {what} req {rid}"));
+        Ok(())
+    }
+
+    /// Outstanding work, for the end-of-run summary.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "c{} {:?} gen {} connected {} {:?}",
+            self.id,
+            self.role,
+            self.gen,
+            self.is_connected(),
+            self.stats
+        )
+    }
+}
+
+fn protocol(client: usize, detail: String) -> Violation {
+    Violation {
+        invariant: "broker_protocol",
+        detail: format!("c{client}: {detail}"),
+    }
+}
+
+/// Reads what the stream has into `decoder`. Returns (read anything, stream ended).
+fn read_into(quic: &mut Connection, id: StreamId, decoder: &mut FrameDecoder) -> (bool, bool) {
+    let mut got = false;
+    let mut ended = false;
+    let mut recv = quic.recv_stream(id);
+    let Ok(mut chunks) = recv.read(true) else {
+        return (false, false);
+    };
+    loop {
+        match chunks.next(usize::MAX) {
+            Ok(Some(chunk)) => {
+                got = true;
+                decoder.feed_bytes(chunk.bytes);
+            }
+            Ok(None) => {
+                ended = true;
+                break;
+            }
+            Err(quinn_proto::ReadError::Blocked) => break,
+            Err(quinn_proto::ReadError::Reset(_)) => {
+                ended = true;
+                break;
+            }
+        }
+    }
+    let _ = chunks.finalize();
+    (got, ended)
+}

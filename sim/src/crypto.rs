@@ -1,0 +1,230 @@
+//! Deterministic TLS, for the simulator only.
+//!
+//! rustls draws its randoms and key shares from its crypto provider, so two runs of one seed
+//! would differ in every handshake byte. Here ring's provider keeps its ciphers and
+//! signatures but gets `secure_random` from the run's seeded RNG and one key-exchange group,
+//! X25519 implemented with `x25519-dalek` on secrets drawn from that RNG. The certificate is
+//! Ed25519 with a key derived from the seed, and Ed25519 signatures are deterministic. None of
+//! this is secure, and none of it is used outside the simulator.
+
+use std::sync::{Arc, Mutex};
+
+use felix_engine::TlsIdentity;
+use quinn_proto::{ConnectionId, ConnectionIdGenerator};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{
+    ActiveKeyExchange, CryptoProvider, GetRandomFailed, SecureRandom, SharedSecret,
+    SupportedKxGroup,
+};
+use rustls::{DigitallySignedStruct, NamedGroup, SignatureScheme};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+
+use crate::rng::SimRng;
+
+/// The run's TLS randomness. Shared by every endpoint of one run (the simulation is one
+/// thread, so the draw order is the event order); leaked because rustls wants `&'static`.
+#[derive(Debug)]
+struct SeededRandom(Mutex<SimRng>);
+
+impl SecureRandom for SeededRandom {
+    fn fill(&self, buf: &mut [u8]) -> Result<(), GetRandomFailed> {
+        self.0.lock().map_err(|_| GetRandomFailed)?.fill(buf);
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct SeededX25519(&'static SeededRandom);
+
+impl SupportedKxGroup for SeededX25519 {
+    fn start(&self) -> Result<Box<dyn ActiveKeyExchange>, rustls::Error> {
+        let mut secret = [0u8; 32];
+        self.0
+            .fill(&mut secret)
+            .map_err(|_| rustls::Error::FailedToGetRandomBytes)?;
+        let secret = x25519_dalek::StaticSecret::from(secret);
+        let public = x25519_dalek::PublicKey::from(&secret).to_bytes();
+        Ok(Box::new(X25519Exchange { secret, public }))
+    }
+
+    fn name(&self) -> NamedGroup {
+        NamedGroup::X25519
+    }
+}
+
+struct X25519Exchange {
+    secret: x25519_dalek::StaticSecret,
+    public: [u8; 32],
+}
+
+impl ActiveKeyExchange for X25519Exchange {
+    fn complete(self: Box<Self>, peer: &[u8]) -> Result<SharedSecret, rustls::Error> {
+        let peer: [u8; 32] = peer
+            .try_into()
+            .map_err(|_| rustls::Error::from(rustls::PeerMisbehaved::InvalidKeyShare))?;
+        let shared = self
+            .secret
+            .diffie_hellman(&x25519_dalek::PublicKey::from(peer));
+        if !shared.was_contributory() {
+            return Err(rustls::PeerMisbehaved::InvalidKeyShare.into());
+        }
+        Ok(SharedSecret::from(&shared.as_bytes()[..]))
+    }
+
+    fn pub_key(&self) -> &[u8] {
+        &self.public
+    }
+
+    fn group(&self) -> NamedGroup {
+        NamedGroup::X25519
+    }
+}
+
+/// ring's provider with the seeded randomness and key exchange.
+pub(crate) fn seeded_provider(rng: SimRng) -> Arc<CryptoProvider> {
+    let random: &'static SeededRandom = Box::leak(Box::new(SeededRandom(Mutex::new(rng))));
+    let group: &'static SeededX25519 = Box::leak(Box::new(SeededX25519(random)));
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.secure_random = random;
+    provider.kx_groups = vec![group];
+    Arc::new(provider)
+}
+
+/// A self-signed Ed25519 certificate for `localhost`, the key derived from `seed`.
+pub(crate) fn identity(seed: [u8; 32]) -> TlsIdentity {
+    let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed).expect("ed25519 seed");
+    let public = ring::signature::KeyPair::public_key(&pair)
+        .as_ref()
+        .to_vec();
+    // PKCS#8 v2 (RFC 5958) with the public key, the form ring and rcgen both read.
+    let mut der = vec![
+        0x30, 0x53, 0x02, 0x01, 0x01, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04,
+        0x20,
+    ];
+    der.extend_from_slice(&seed);
+    der.extend_from_slice(&[0xa1, 0x23, 0x03, 0x21, 0x00]);
+    der.extend_from_slice(&public);
+    let pkcs8 = PrivatePkcs8KeyDer::from(der);
+    let key = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&pkcs8, &rcgen::PKCS_ED25519)
+        .expect("rcgen reads the key");
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+    let cert = params.self_signed(&key).expect("self-signed certificate");
+    TlsIdentity {
+        cert_chain: vec![cert.der().clone()],
+        key: PrivateKeyDer::Pkcs8(pkcs8),
+    }
+}
+
+/// Accepts the broker's certificate without a chain (the simulated clients know whom they
+/// talk to) but still checks the handshake signature with the provider's algorithms.
+#[derive(Debug)]
+struct TrustTheBroker(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for TrustTheBroker {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The clients' QUIC crypto: TLS 1.3 on the seeded provider, no resumption (a resumed
+/// handshake would put real ticket ages on the wire).
+pub(crate) fn client_crypto(
+    provider: Arc<CryptoProvider>,
+) -> Arc<quinn_proto::crypto::rustls::QuicClientConfig> {
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(TrustTheBroker(provider)))
+        .with_no_client_auth();
+    tls.resumption = rustls::client::Resumption::disabled();
+    tls.enable_early_data = false;
+    Arc::new(
+        quinn_proto::crypto::rustls::QuicClientConfig::try_from(tls).expect("QUIC client config"),
+    )
+}
+
+/// Connection ids drawn from a seeded RNG (quinn's default draws from the OS).
+pub(crate) struct SeededCids(pub(crate) SimRng);
+
+impl ConnectionIdGenerator for SeededCids {
+    fn generate_cid(&mut self) -> ConnectionId {
+        let mut b = [0u8; 8];
+        self.0.fill(&mut b);
+        ConnectionId::new(&b)
+    }
+
+    fn cid_len(&self) -> usize {
+        8
+    }
+
+    fn cid_lifetime(&self) -> Option<std::time::Duration> {
+        None
+    }
+}
+
+/// A quinn endpoint for one simulated client whose every random choice comes from `rng`.
+pub(crate) fn client_endpoint(mut rng: SimRng) -> quinn_proto::Endpoint {
+    let reset = rng.seed32();
+    let seed = rng.seed32();
+    let cids = rng.fork("cids");
+    let mut config = quinn_proto::EndpointConfig::new(Arc::new(ring::hmac::Key::new(
+        ring::hmac::HMAC_SHA256,
+        &reset,
+    )));
+    let cids = Mutex::new(cids);
+    config.cid_generator(move || {
+        let next = cids.lock().expect("cid rng").fork("generator");
+        Box::new(SeededCids(next))
+    });
+    quinn_proto::Endpoint::new(Arc::new(config), None, false, Some(seed))
+}
+
+/// The first destination connection id a client picks, from a seeded RNG.
+pub(crate) fn initial_cid_provider(rng: SimRng) -> Arc<dyn Fn() -> ConnectionId + Send + Sync> {
+    let rng = Mutex::new(rng);
+    Arc::new(move || {
+        let mut b = [0u8; 16];
+        rng.lock().expect("cid rng").fill(&mut b);
+        ConnectionId::new(&b)
+    })
+}

@@ -1,0 +1,9 @@
+//! The invariants, one per file (after openraft's `tests-turmoil/src/invariants/`). Each is a
+//! function over the [`Oracle`](crate::oracle::Oracle) and what was just observed; safety
+//! ones run as events happen, the liveness ones once the run has healed and gone quiet.
+
+pub(crate) mod cache_reads;
+pub(crate) mod no_acked_loss;
+pub(crate) mod offsets;
+pub(crate) mod requests_answered;
+pub(crate) mod subscriber_order;

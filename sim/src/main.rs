@@ -1,0 +1,99 @@
+//! `felix-sim`: runs seeds of the deterministic simulator.
+//!
+//! ```text
+//! felix-sim --seeds 0..100          # run seeds 0 to 99
+//! felix-sim --seed 42 --verbose     # replay one seed, printing its event trace
+//! felix-sim --seeds 0..20 --canary lying-sync   # the canary must be caught
+//! ```
+//! Exits 1 on the first violation (printing the seed, the invariant and the replay command),
+//! 2 on bad arguments.
+
+use std::process::ExitCode;
+
+use felix_sim::{run, Canary, RunOptions};
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: felix-sim (--seeds A..B | --seed S) [--verbose] [--canary drop-event-frame|lying-sync] [--quiet]"
+    );
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let mut seeds: Option<(u64, u64)> = None;
+    let mut verbose = false;
+    let mut quiet = false;
+    let mut canary: Option<Canary> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--seeds" => {
+                let Some(range) = args.next() else {
+                    return usage();
+                };
+                let Some((a, b)) = range.split_once("..") else {
+                    return usage();
+                };
+                match (a.parse(), b.parse()) {
+                    (Ok(a), Ok(b)) if a < b => seeds = Some((a, b)),
+                    _ => return usage(),
+                }
+            }
+            "--seed" => {
+                let Some(Ok(s)) = args.next().map(|s| s.parse::<u64>()) else {
+                    return usage();
+                };
+                seeds = Some((s, s + 1));
+            }
+            "--verbose" => verbose = true,
+            "--quiet" => quiet = true,
+            "--canary" => match args.next().map(|c| c.parse()) {
+                Some(Ok(c)) => canary = Some(c),
+                Some(Err(e)) => {
+                    eprintln!("{e}");
+                    return usage();
+                }
+                None => return usage(),
+            },
+            _ => return usage(),
+        }
+    }
+    let Some((first, end)) = seeds else {
+        return usage();
+    };
+    let started = std::time::Instant::now();
+    let canary_flag = match canary {
+        Some(Canary::DropEventFrame) => " --canary drop-event-frame",
+        Some(Canary::LyingSync) => " --canary lying-sync",
+        None => "",
+    };
+    for seed in first..end {
+        let outcome = run(&RunOptions {
+            seed,
+            verbose,
+            canary,
+        });
+        for line in &outcome.trace {
+            println!("{line}");
+        }
+        if !quiet || outcome.violation.is_some() {
+            println!("seed {seed} hash {} | {}", outcome.hash, outcome.summary);
+        }
+        if let Some(v) = outcome.violation {
+            println!();
+            println!("VIOLATION at seed {seed}: {}", v.invariant);
+            println!("  {}", v.detail);
+            println!(
+                "replay: cargo run --release -p felix-sim -- --seed {seed}{canary_flag} --verbose"
+            );
+            return ExitCode::from(1);
+        }
+    }
+    let n = end - first;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "{n} seeds passed in {secs:.1} s ({:.2} seeds/s)",
+        n as f64 / secs.max(1e-9)
+    );
+    ExitCode::SUCCESS
+}
