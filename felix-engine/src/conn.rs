@@ -238,6 +238,9 @@ impl Conn {
                     trace!(%id, %error_code, "client stopped a session stream");
                     s.send_done = true;
                     s.drop_answers();
+                    // quinn frees a stopped send half (and the peer's stream credit) only
+                    // once the application resets it.
+                    let _ = self.quic.send_stream(id).reset(error_code);
                     if s.paused {
                         s.paused = false;
                         self.read_session(now, ch, id, core);
@@ -245,6 +248,7 @@ impl Conn {
                     self.maybe_forget_session(id);
                 } else if let Some(ev) = self.events.remove(&id) {
                     trace!(%id, %error_code, "client stopped an event stream");
+                    let _ = self.quic.send_stream(id).reset(error_code);
                     self.end_subscription(ev, core);
                 }
             }
@@ -532,9 +536,15 @@ impl Conn {
                         }
                     }
                     Err(WriteError::Blocked) => break,
-                    Err(WriteError::Stopped(_)) | Err(WriteError::ClosedStream) => {
+                    Err(WriteError::Stopped(code)) => {
+                        let _ = send.reset(code);
                         session.send_done = true;
-                        session.outbox.clear();
+                        session.drop_answers();
+                        break;
+                    }
+                    Err(WriteError::ClosedStream) => {
+                        session.send_done = true;
+                        session.drop_answers();
                         break;
                     }
                 }
@@ -604,7 +614,13 @@ impl Conn {
                     // window registers for a `Writable` event.
                     Ok(_) => continue,
                     Err(WriteError::Blocked) => return,
-                    Err(WriteError::Stopped(_)) | Err(WriteError::ClosedStream) => {
+                    Err(WriteError::Stopped(code)) => {
+                        let _ = send.reset(code);
+                        let ev = self.events.remove(&id).expect("present");
+                        self.end_subscription(ev, core);
+                        return;
+                    }
+                    Err(WriteError::ClosedStream) => {
                         let ev = self.events.remove(&id).expect("present");
                         self.end_subscription(ev, core);
                         return;

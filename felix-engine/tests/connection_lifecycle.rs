@@ -209,3 +209,19 @@ fn connections_past_the_limit_are_refused_in_the_handshake() {
     }
     assert_eq!(net.engine.stats().connections_refused, 1);
 }
+
+#[test]
+fn a_stream_the_client_finishes_and_stops_gives_its_credit_back() {
+    // felix-client 0.6.2 lets a stream go with FIN and STOP_SENDING in one packet; the
+    // broker must reset its stopped half, or quinn never frees the stream.
+    let mut net = Net::new(|c| c.max_concurrent_bidi_streams = 4);
+    let p = net.connect(&[]);
+    for _ in 0..20 {
+        let (id, _) = net.auth_stream(p);
+        net.finish(p, id);
+        net.stop(p, id);
+        net.run();
+    }
+    let (_, answer) = net.auth_stream(p);
+    assert!(text(&answer).contains("auth_ok"));
+}
