@@ -4,10 +4,12 @@
 //! - [`core`]: the protocol per stream as Sans-IO state machines — the `auth` offer and what
 //!   it negotiates, request encoding and answer correlation, event-stream decoding. No
 //!   sockets, no async, no clock; a smol (or any) front end reuses it unchanged.
-//! - [`Client`]: a tokio front end over quinn (rustls 0.23, `ring`), one QUIC connection per
-//!   client.
+//! - `Client` (feature `tokio`, on by default): a tokio front end over quinn (rustls 0.23,
+//!   `ring`), one QUIC connection per client. Build with `default-features = false` for the
+//!   core alone.
 //!
 //! ```no_run
+//! # #[cfg(feature = "tokio")]
 //! # async fn demo(addr: std::net::SocketAddr, ca_pem: Vec<u8>, token: &str) -> Result<(), felix_client::ClientError> {
 //! use bytes::Bytes;
 //! use felix_client::{Ack, Client, ClientConfig, Start, SubscriptionItem};
@@ -23,13 +25,17 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "tokio")]
 mod client;
 pub mod core;
 mod error;
+#[cfg(feature = "tokio")]
 mod transport;
 
+#[cfg(feature = "tokio")]
 pub use crate::client::{Client, ClientConfig, RawStream, Subscription, SubscriptionItem};
 pub use crate::core::{Ack, Event, Offer, Start, SubscriptionEnd};
 pub use crate::error::ClientError;
+#[cfg(feature = "tokio")]
 pub use crate::transport::CLIENT_ALPN;
 pub use felix_proto::{ErrorCode, RetryClass};
