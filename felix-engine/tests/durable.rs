@@ -580,3 +580,109 @@ fn retention_removes_whole_old_segments_and_moves_earliest() {
     assert_eq!(e["reason"], "too_old");
     assert_eq!(e["available"].as_u64(), Some(earliest));
 }
+
+#[test]
+fn an_overwritten_cache_is_compacted_and_keeps_its_values() {
+    use base64::Engine as _;
+    let durable = DurableConfig {
+        segment_max_bytes: 16 * 1024,
+        ..on_commit()
+    };
+    let mut net = Net::durable(durable.clone(), |_| {});
+    let p = net.connect(&[]);
+    let (sid, _) = net.auth_stream(p);
+    let cache_bytes = |net: &Net| -> usize {
+        net.disk
+            .files
+            .iter()
+            .filter(|(k, _)| k.starts_with("caches/"))
+            .map(|(_, v)| v.len())
+            .sum()
+    };
+    put(&mut net, p, sid, "stable", "kept", None);
+    let mut peak = 0;
+    for i in 0..400 {
+        let value = format!("{i:04}{}", "x".repeat(4000));
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&value);
+        let answer = ask(
+            &mut net,
+            p,
+            sid,
+            &format!(
+                r#"{{"type":"cache_put","tenant_id":"t1","namespace":"default","cache":"c","key":"hot","value":"{b64}","request_id":1,"ttl_ms":null}}"#
+            ),
+        );
+        assert_eq!(answer["type"], "cache_ok");
+        peak = peak.max(cache_bytes(&net));
+    }
+    let now = cache_bytes(&net);
+    let written = 400 * 4000;
+    // Without compaction the log would hold all of it; it saws between ~0 and the 1 MiB
+    // threshold instead.
+    assert!(
+        peak <= (1 << 20) + 16 * 1024 && now < written / 2,
+        "compaction dropped superseded puts: {written} written, at most {peak} held, {now} now"
+    );
+    let last = get(&mut net, p, sid, "cache_get", "hot").unwrap();
+    assert!(last.starts_with("0399"));
+    assert_eq!(
+        get(&mut net, p, sid, "cache_get", "stable").as_deref(),
+        Some("kept")
+    );
+
+    let disk = std::mem::take(&mut net.disk);
+    drop(net);
+    let mut net = Net::durable_on(disk, durable, |_| {});
+    let p = net.connect(&[]);
+    let (sid, _) = net.auth_stream(p);
+    assert!(get(&mut net, p, sid, "cache_get", "hot")
+        .unwrap()
+        .starts_with("0399"));
+    assert_eq!(
+        get(&mut net, p, sid, "cache_get", "stable").as_deref(),
+        Some("kept")
+    );
+}
+
+#[test]
+fn a_lagging_subscriber_that_asked_for_it_ends_with_subscription_lagged() {
+    let mut net = Net::durable(periodic(), |c| c.subscriber_queue_capacity = 4);
+    net.client_stream_window = 4 * 1024;
+    let slow = net.connect(&[]);
+    net.client_stream_window = 1024 * 1024;
+    let p = net.connect(&[]);
+    // The real client's offer includes FEATURE_SUBSCRIPTION_LAGGED and 0x0020.
+    let (_, uni, _) = subscribe(&mut net, slow, "orders", None).unwrap();
+    let (sid, _) = net.auth_stream(p);
+    for i in 0..40u64 {
+        publish_each(&mut net, p, sid, i + 1, &[vec![b'.'; 1024]]);
+    }
+    let mut frames = Vec::new();
+    for _ in 0..100 {
+        let got = net.read_frames(slow, uni);
+        net.run();
+        if got.is_empty() {
+            break;
+        }
+        frames.extend(got);
+    }
+    let last = frames.pop().expect("frames");
+    let lagged = json(&last);
+    assert_eq!(lagged["type"], "subscription_lagged");
+    let delivered = events(&frames);
+    let offsets: Vec<u64> = delivered.iter().map(|e| e.0.unwrap()).collect();
+    assert_eq!(
+        offsets,
+        (0..offsets.len() as u64).collect::<Vec<_>>(),
+        "no gap before it"
+    );
+    assert_eq!(
+        lagged["resume_from"].as_u64(),
+        Some(offsets.len() as u64),
+        "resume from the first record not delivered"
+    );
+    assert!(
+        net.peers[slow].finished.contains(&uni),
+        "the stream ends after it"
+    );
+}
