@@ -339,9 +339,6 @@ async fn an_oversize_cache_value_is_refused_with_a_code() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "broker bug: a binary publish to a malformed stream name is acked `forbidden` instead of \
-            `invalid_request` (felix-engine session.rs forbidden_publish_message); see \
-            /work/notes/client-findings.md §3. Remove this line once fixed."]
 async fn names_that_cannot_form_an_object_are_invalid_requests() {
     // Permission objects are `stream:tenant/ns/name`: a name with '/' or ':' (or an empty
     // one) could alias another object, so the broker refuses it as malformed.

@@ -167,9 +167,6 @@ async fn stream_credit_comes_back_from_subscribe_streams() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "broker bug: a stream the client FINs and STOP_SENDINGs at once (what felix-client \
-            0.6.2 does to every stream it lets go) never gives its stream credit back; see \
-            /work/notes/client-findings.md §4. Remove this line once fixed."]
 async fn stream_credit_comes_back_from_abandoned_streams() {
     let broker = broker_with(|c| c.max_concurrent_bidi_streams = 64).await;
     let client = broker.client().await;
