@@ -242,3 +242,53 @@ async fn the_binary_exports_ca_and_token_and_exits_zero_on_sigterm() {
     assert!(code.success(), "exit status {code:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn temp_storage(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("felix-rt-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[tokio::test]
+async fn a_durable_broker_recovers_before_serving_and_refuses_a_corrupt_log() {
+    let dir = temp_storage("recover");
+    let mut opts = BrokerOptions::new("127.0.0.1:0".parse().unwrap());
+    opts.storage_dir = Some(dir.clone());
+    let broker = start(opts).await.unwrap();
+    assert!(broker.file_stats().is_some(), "a file executor runs");
+    let (conn, answer) = connect_and_auth(
+        broker.local_addr(),
+        broker.ca_cert_pem(),
+        None,
+        broker.dev_token().unwrap(),
+    )
+    .await;
+    let features = answer["server_features"].as_u64().unwrap();
+    assert_ne!(
+        features & 0x8_0000,
+        0,
+        "a durable broker advertises ack-on-commit"
+    );
+    conn.close(0u32.into(), b"done");
+    broker.shutdown().await.unwrap();
+
+    // A damaged segment with a newer one after it is not a torn tail but corruption: the
+    // broker must not start, and says which file.
+    let shard = dir.join("streams/t1/default/orders/0");
+    std::fs::create_dir_all(&shard).unwrap();
+    std::fs::write(
+        shard.join("00000000000000000000.seg"),
+        b"not a segment header",
+    )
+    .unwrap();
+    std::fs::write(shard.join("00000000000000000007.seg"), b"nor this").unwrap();
+    let mut opts = BrokerOptions::new("127.0.0.1:0".parse().unwrap());
+    opts.storage_dir = Some(dir.clone());
+    let err = start(opts).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    assert!(
+        err.to_string().contains("00000000000000000000.seg"),
+        "names the file: {err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
