@@ -662,9 +662,29 @@ impl Broker {
         };
         let logs = self.logs.as_mut().expect("called with logs");
         match ev {
-            LogEvent::Opened { .. } => {
+            LogEvent::Opened {
+                start_offset,
+                next_offset,
+                truncated_bytes,
+            } => {
                 logs.opened(id, Ok(()));
                 let slot = logs.slot(id).expect("live");
+                if truncated_bytes > 0 {
+                    // A crash cut an append short; that record was never acknowledged.
+                    tracing::warn!(
+                        dir = slot.log.shard().dir(),
+                        truncated_bytes,
+                        next_offset,
+                        "recovery cut a torn tail"
+                    );
+                } else {
+                    tracing::debug!(
+                        dir = slot.log.shard().dir(),
+                        start_offset,
+                        next_offset,
+                        "log open"
+                    );
+                }
                 let durable = slot.log.durable_offset();
                 if let Owner::Stream { stream, shard } = slot.owner {
                     if let Some(store) = self.streams[stream].shards[shard as usize].store.as_mut()
