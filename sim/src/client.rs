@@ -131,6 +131,10 @@ struct Conn {
     views: BTreeMap<u64, (usize, SubscriberView)>,
     publish_stream: Option<StreamId>,
     cache_stream: Option<StreamId>,
+    /// Frames decrypted from the broker so far, and when that count last moved: proof that
+    /// the broker still holds this connection.
+    frames_heard: u64,
+    last_heard: Instant,
 }
 
 pub(crate) struct SimClient {
@@ -425,6 +429,8 @@ impl SimClient {
                     views: BTreeMap::new(),
                     publish_stream: None,
                     cache_stream: None,
+                    frames_heard: 0,
+                    last_heard: now,
                 });
             }
             Err(e) => {
@@ -500,6 +506,12 @@ impl SimClient {
             let Some(conn) = self.conn.as_mut() else {
                 return Ok(());
             };
+            let rx = conn.quic.stats().frame_rx;
+            let heard = rx.acks + rx.stream + rx.ping + rx.max_data + rx.max_stream_data;
+            if heard != conn.frames_heard {
+                conn.frames_heard = heard;
+                conn.last_heard = now;
+            }
             let mut buf = Vec::new();
             while let Some(t) = conn.quic.poll_transmit(local, 1, &mut buf) {
                 moved = true;
@@ -1122,6 +1134,11 @@ impl SimClient {
             .request_sent((me, gen, s.no, rid), now, what.clone());
         ctx.log(now, format_args!("c{me} cache {what} req {rid}"));
         Ok(())
+    }
+
+    /// The current connection's generation and when the broker was last heard on it.
+    pub(crate) fn last_heard(&self) -> Option<(u64, Instant)> {
+        self.conn.as_ref().map(|c| (c.gen, c.last_heard))
     }
 
     /// Outstanding work, for the end-of-run summary.

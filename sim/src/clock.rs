@@ -27,10 +27,6 @@ impl VirtualClock {
         self.offset
     }
 
-    pub(crate) fn since_start(&self, at: Instant) -> Duration {
-        at.saturating_duration_since(self.base)
-    }
-
     pub(crate) fn at(&self, offset: Duration) -> Instant {
         self.base + offset
     }

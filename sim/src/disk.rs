@@ -286,11 +286,6 @@ impl SimDisk {
             .collect();
         self.files.retain(|ino, _| live.contains(ino));
     }
-
-    /// Bytes stored, for the summary.
-    pub(crate) fn bytes(&self) -> usize {
-        self.files.values().map(|f| f.data.len()).sum()
-    }
 }
 
 #[cfg(test)]

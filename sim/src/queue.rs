@@ -54,15 +54,6 @@ impl<E> EventQueue<E> {
         }
         self.heap.pop().map(|Reverse((_, _, Slot(e)))| e)
     }
-
-    pub(crate) fn len(&self) -> usize {
-        self.heap.len()
-    }
-
-    /// Removes every event `keep` refuses.
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&E) -> bool) {
-        self.heap.retain(|Reverse((_, _, Slot(e)))| keep(e));
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,31 @@
+//! The invariants can fail: with a piece of the simulator broken on purpose, a run must report
+//! a violation within a few seeds (well inside the CI budget).
+
+use felix_sim::{run, Canary, RunOptions};
+
+fn first_caught(canary: Canary, budget: u64) -> Option<(u64, felix_sim::Violation)> {
+    (0..budget).find_map(|seed| {
+        let outcome = run(&RunOptions {
+            seed,
+            verbose: false,
+            canary: Some(canary),
+        });
+        outcome.violation.map(|v| (seed, v))
+    })
+}
+
+#[test]
+fn a_silently_dropped_event_frame_is_caught() {
+    let (seed, v) = first_caught(Canary::DropEventFrame, 8).expect("the canary went unnoticed");
+    assert_eq!(v.invariant, "subscriber_order", "seed {seed}: {v}");
+}
+
+#[test]
+fn a_sync_that_persists_nothing_is_caught() {
+    let (seed, v) = first_caught(Canary::LyingSync, 8).expect("the canary went unnoticed");
+    // Lost acknowledged records, or a log the lie left unrecoverable.
+    assert!(
+        ["no_acked_loss", "recovery", "offsets_unique_and_contiguous"].contains(&v.invariant),
+        "seed {seed}: {v}"
+    );
+}
