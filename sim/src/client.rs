@@ -228,7 +228,7 @@ impl SimClient {
                     .collect()
             }
         };
-        let lo = rng.duration(Duration::from_millis(5), Duration::from_millis(100));
+        let lo = rng.duration(Duration::from_millis(2), Duration::from_millis(60));
         let mut offer = Offer::full();
         if rng.chance(0.5) {
             offer.features = offer.features.union(felix_proto::Features::ACK_ON_COMMIT);

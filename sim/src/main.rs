@@ -8,6 +8,7 @@
 //! Exits 1 on the first violation (printing the seed, the invariant and the replay command),
 //! 2 on bad arguments.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use felix_sim::{run, Canary, RunOptions};
@@ -67,6 +68,15 @@ fn main() -> ExitCode {
         Some(Canary::LyingSync) => " --canary lying-sync",
         None => "",
     };
+    let mut out = std::io::stdout().lock();
+    // A reader that went away (`| head`) ends the sweep quietly.
+    macro_rules! say {
+        ($($arg:tt)*) => {
+            if writeln!(out, $($arg)*).is_err() {
+                return ExitCode::SUCCESS;
+            }
+        };
+    }
     for seed in first..end {
         let outcome = run(&RunOptions {
             seed,
@@ -74,16 +84,16 @@ fn main() -> ExitCode {
             canary,
         });
         for line in &outcome.trace {
-            println!("{line}");
+            say!("{line}");
         }
         if !quiet || outcome.violation.is_some() {
-            println!("seed {seed} hash {} | {}", outcome.hash, outcome.summary);
+            say!("seed {seed} hash {} | {}", outcome.hash, outcome.summary);
         }
         if let Some(v) = outcome.violation {
-            println!();
-            println!("VIOLATION at seed {seed}: {}", v.invariant);
-            println!("  {}", v.detail);
-            println!(
+            say!();
+            say!("VIOLATION at seed {seed}: {}", v.invariant);
+            say!("  {}", v.detail);
+            say!(
                 "replay: cargo run --release -p felix-sim -- --seed {seed}{canary_flag} --verbose"
             );
             return ExitCode::from(1);
@@ -91,7 +101,7 @@ fn main() -> ExitCode {
     }
     let n = end - first;
     let secs = started.elapsed().as_secs_f64();
-    println!(
+    say!(
         "{n} seeds passed in {secs:.1} s ({:.2} seeds/s)",
         n as f64 / secs.max(1e-9)
     );

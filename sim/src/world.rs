@@ -33,6 +33,9 @@ const QUIET_PHASE: Duration = Duration::from_secs(30);
 /// enough for a connection whose RTT estimate a clock jump inflated to reach its idle
 /// timeout (at least three PTOs, RFC 9000 §10.1).
 const ANSWER_GRACE: Duration = Duration::from_secs(20);
+/// Extra quiet time, granted while the broker's backlog of unanswered requests shrinks.
+const EXTENSION: Duration = Duration::from_secs(5);
+const MAX_EXTENSIONS: u32 = 12;
 /// Steps (events, timer firings) one run may take before it is declared stuck.
 const MAX_STEPS: u64 = 5_000_000;
 /// Shards of the simulated stream.
@@ -186,7 +189,7 @@ impl World {
         let net = Network::new(NetConfig::draw(&mut net_rng), net_rng.fork("route"));
         let mut disk = SimDisk::new();
         disk.sync_lies = opts.canary == Some(Canary::LyingSync);
-        let workers = plan.range(2..6) as usize;
+        let workers = plan.range(2..7) as usize;
         let clock = VirtualClock::new();
         let mut world = World {
             seed: opts.seed,
@@ -325,7 +328,28 @@ impl World {
         for i in 0..self.workers {
             self.add_client(Role::Worker, i);
         }
-        let end = self.clock.at(FAULT_PHASE + QUIET_PHASE);
+        let mut end = self.clock.at(FAULT_PHASE + QUIET_PHASE);
+        // A broker still working off a backlog (a slow disk under load) gets more time, in
+        // steps, for as long as its backlog shrinks; one that stopped answering does not.
+        let mut extensions = 0;
+        let mut backlog = usize::MAX;
+        loop {
+            self.run_until(end)?;
+            let waiting = self.oracle.outstanding.len();
+            if waiting == 0 || waiting >= backlog || extensions >= MAX_EXTENSIONS {
+                break;
+            }
+            self.log(format_args!(
+                "drain: {waiting} requests still waiting, extending"
+            ));
+            backlog = waiting;
+            extensions += 1;
+            end += EXTENSION;
+        }
+        self.final_checks()
+    }
+
+    fn run_until(&mut self, end: Instant) -> Result<(), Violation> {
         while self.steps < MAX_STEPS {
             self.steps += 1;
             let Some(next) = self.next_time() else { break };
@@ -359,7 +383,7 @@ impl World {
             });
         }
         self.clock.advance_to(end);
-        self.final_checks()
+        Ok(())
     }
 
     fn next_time(&mut self) -> Option<Instant> {
