@@ -329,20 +329,27 @@ impl World {
             self.add_client(Role::Worker, i);
         }
         let mut end = self.clock.at(FAULT_PHASE + QUIET_PHASE);
-        // A broker still working off a backlog (a slow disk under load) gets more time, in
-        // steps, for as long as its backlog shrinks; one that stopped answering does not.
+        // A broker still working off a backlog (a slow disk under load: unanswered requests,
+        // or records accepted and not yet written) gets more time, in steps, for as long as
+        // it makes progress; one that stopped does not.
         let mut extensions = 0;
-        let mut backlog = usize::MAX;
+        let mut backlog = (usize::MAX, 0);
         loop {
             self.run_until(end)?;
             let waiting = self.oracle.outstanding.len();
-            if waiting == 0 || waiting >= backlog || extensions >= MAX_EXTENSIONS {
+            let writing = self
+                .broker
+                .as_ref()
+                .is_some_and(|b| !b.engine.storage_idle());
+            let answering = waiting > 0 && waiting < backlog.0;
+            let progressing = writing && self.disk.ops > backlog.1;
+            if !(answering || progressing) || extensions >= MAX_EXTENSIONS {
                 break;
             }
             self.log(format_args!(
-                "drain: {waiting} requests still waiting, extending"
+                "drain: {waiting} requests waiting, storage busy {writing}: extending"
             ));
-            backlog = waiting;
+            backlog = (waiting, self.disk.ops);
             extensions += 1;
             end += EXTENSION;
         }

@@ -19,7 +19,7 @@ fn a_small_sweep_passes() {
 /// Seeds that once found something, kept so it stays fixed (see docs/simulator.md).
 #[test]
 fn regression_seeds_pass() {
-    for seed in [135, 832] {
+    for seed in [135, 375, 832, 3322] {
         let outcome = run(&RunOptions::seed(seed));
         assert_eq!(outcome.violation, None, "seed {seed}: {}", outcome.summary);
     }

@@ -90,3 +90,60 @@ pub(crate) fn check_get(
         ),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oracle::Promise;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn stale_and_expired_reads_fail_fresh_ones_pass() {
+        let t0 = Instant::now();
+        let mut o = Oracle::new(Promise::Memory, 1);
+        let v1 = Bytes::from_static(b"v1");
+        let v2 = Bytes::from_static(b"v2");
+        let i = o.cache_write_sent("k", Some(v1.clone()), None, t0);
+        o.cache_write_done("k", i, WriteOutcome::Acked(t0 + ms(5)));
+        let j = o.cache_write_sent("k", Some(v2.clone()), Some(ms(100)), t0 + ms(10));
+        // In flight: either value may be read.
+        assert!(check_get(&mut o, "k", Some(&v1), t0 + ms(11), t0 + ms(12), t0).is_ok());
+        assert!(check_get(&mut o, "k", Some(&v2), t0 + ms(11), t0 + ms(12), t0).is_ok());
+        o.cache_write_done("k", j, WriteOutcome::Acked(t0 + ms(20)));
+        // After v2's ack, v1 is stale.
+        let stale = check_get(&mut o, "k", Some(&v1), t0 + ms(30), t0 + ms(31), t0);
+        assert_eq!(stale.unwrap_err().invariant, NAME);
+        // Past v2's TTL counted from its ack, v2 is expired; absent is right.
+        let expired = check_get(&mut o, "k", Some(&v2), t0 + ms(200), t0 + ms(201), t0);
+        assert!(expired.is_err());
+        assert!(check_get(&mut o, "k", None, t0 + ms(200), t0 + ms(201), t0).is_ok());
+        // Before it could have expired, absent is a lost write.
+        assert!(check_get(&mut o, "k", None, t0 + ms(30), t0 + ms(31), t0).is_err());
+    }
+
+    #[test]
+    fn a_write_with_unknown_outcome_may_surface_later() {
+        let t0 = Instant::now();
+        let mut o = Oracle::new(Promise::Memory, 1);
+        let lost = Bytes::from_static(b"lost");
+        let i = o.cache_write_sent("k", Some(lost.clone()), None, t0);
+        o.cache_write_done("k", i, WriteOutcome::Unknown);
+        let j = o.cache_write_sent("k", Some(Bytes::from_static(b"next")), None, t0 + ms(10));
+        o.cache_write_done("k", j, WriteOutcome::Acked(t0 + ms(20)));
+        assert!(check_get(&mut o, "k", Some(&lost), t0 + ms(30), t0 + ms(31), t0).is_ok());
+        let refused = o.cache_write_sent("k", Some(Bytes::from_static(b"no")), None, t0 + ms(40));
+        o.cache_write_done("k", refused, WriteOutcome::Refused);
+        let read = check_get(
+            &mut o,
+            "k",
+            Some(&Bytes::from_static(b"no")),
+            t0 + ms(50),
+            t0 + ms(51),
+            t0,
+        );
+        assert!(read.is_err());
+    }
+}

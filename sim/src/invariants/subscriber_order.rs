@@ -101,3 +101,28 @@ impl SubscriberView {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_duplicates_and_reordering_fail_a_signalled_lag_passes() {
+        let p = |s: &str| Bytes::from(s.to_owned());
+        let mut v = SubscriberView::new(0, Some(10));
+        assert!(v.on_event("s", Some(10), &p("a:1|")).is_ok());
+        assert!(v.on_event("s", Some(12), &p("a:2|")).is_err());
+        let mut v = SubscriberView::new(0, Some(10));
+        v.on_event("s", Some(10), &p("a:1|")).unwrap();
+        assert!(v.on_event("s", Some(10), &p("a:1|")).is_err());
+        // A lag may resume at or before the next undelivered offset, never after it.
+        assert!(v.on_lagged("s", 11).is_ok());
+        assert!(v.on_lagged("s", 12).is_err());
+        // Without offsets, each publisher's numbers must rise.
+        let mut m = SubscriberView::new(0, None);
+        m.on_event("s", None, &p("a:1|")).unwrap();
+        m.on_event("s", None, &p("b:7|")).unwrap();
+        m.on_event("s", None, &p("a:3|")).unwrap();
+        assert!(m.on_event("s", None, &p("a:2|")).is_err());
+    }
+}
