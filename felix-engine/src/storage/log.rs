@@ -8,15 +8,19 @@
 //! - commands: [`ShardLog::append`], [`ShardLog::read`], [`ShardLog::sync_now`],
 //!   [`ShardLog::enforce_retention`] and (for caches) `compact`;
 //! - outputs, drained after every input or command until `None`: [`ShardLog::poll_op`]
-//!   (file ops for the runtime) then [`ShardLog::poll_event`] (what happened);
+//!   (file ops for the runtime; appends made since the last poll share one write) then
+//!   [`ShardLog::poll_event`] (what happened);
 //!   [`ShardLog::poll_timeout`] is the next deadline;
 //! - getters: offsets, sizes, state.
 //!
-//! Writes go out one at a time (one lane), so the runtime may execute ops in any order: a
-//! new append never waits for a sync in flight to finish in memory, it queues, and when
-//! the sync completes one more sync covers everything queued behind it (group commit).
-//! Compaction has a lane of its own so a long rewrite never delays an append. Reads go out
-//! concurrently, only ever for bytes whose write has completed.
+//! Writes go out one at a time (the write lane), and one sync of written records may run
+//! beside the write in flight (the sync lane): a sync vouches only for writes that had
+//! completed when it was issued, so the runtime may execute the two in either order. Appends
+//! made meanwhile queue in memory and go out as one write when the lane frees; when a sync
+//! completes, the next one covers every write finished since (group commit). Segment
+//! creation and housekeeping take both lanes. Compaction has a lane of its own so a long
+//! rewrite never delays an append. Reads go out concurrently, only ever for bytes whose
+//! write has completed.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -349,12 +353,20 @@ pub(crate) struct ShardLog {
     pending_bytes: usize,
     /// The oldest append not covered by an issued sync (periodic mode's clock).
     dirty_since: Option<Instant>,
+    /// An append is waiting for [`ShardLog::poll_op`] to consider the write lane.
+    write_due: bool,
     /// A sync of everything was asked for (`sync_now`); holds until nothing is pending.
     sync_requested: bool,
     /// The periodic interval ran out; the next sync clears it.
     periodic_due: bool,
     next_retention_check: Instant,
+    /// The write lane: an append, a segment-creation step or a housekeeping task.
     lane: Option<OpId>,
+    /// The lane holds an append; `appending_since` is when its oldest entry was appended.
+    appending: bool,
+    appending_since: Option<Instant>,
+    /// A sync in flight. One of written records may run beside an append on `lane`.
+    sync_lane: Option<OpId>,
     tasks: VecDeque<Task>,
     inflight: HashMap<OpId, Inflight>,
     tail: VecDeque<TailEntry>,
@@ -388,9 +400,13 @@ impl ShardLog {
             pending: VecDeque::new(),
             pending_bytes: 0,
             dirty_since: None,
+            write_due: false,
             sync_requested: false,
             periodic_due: false,
             lane: None,
+            appending: false,
+            appending_since: None,
+            sync_lane: None,
             tasks: VecDeque::new(),
             inflight: HashMap::new(),
             tail: VecDeque::new(),
@@ -482,6 +498,9 @@ impl ShardLog {
     /// The next file op for the runtime.
     #[must_use]
     pub(crate) fn poll_op(&mut self) -> Option<FileOp> {
+        if std::mem::take(&mut self.write_due) {
+            self.drive();
+        }
         self.ops.pop_front()
     }
 
@@ -547,7 +566,14 @@ impl ShardLog {
                 }
             }
             Inflight::Write(job) => {
-                self.lane = None;
+                if self.lane == Some(c.id) {
+                    self.lane = None;
+                    self.appending = false;
+                    self.appending_since = None;
+                }
+                if self.sync_lane == Some(c.id) {
+                    self.sync_lane = None;
+                }
                 self.write_complete(job, c.result);
             }
             Inflight::Read(ticket) => self.read_complete(ticket, c.result),
@@ -620,7 +646,9 @@ impl ShardLog {
         self.next_offset = meta.end();
         p.since.get_or_insert(now);
         self.dirty_since.get_or_insert(now);
-        self.drive();
+        // The write goes out when the ops are next polled, so every append of one turn
+        // shares it (one write per turn rather than one per append).
+        self.write_due = true;
         Ok(first)
     }
 
@@ -785,17 +813,22 @@ impl ShardLog {
     }
 
     fn drive_writes(&mut self) {
-        if self.lane.is_some() || self.poison.is_some() {
+        if self.poison.is_some() {
             return;
         }
-        if let Some(task) = self.tasks.pop_front() {
-            let kind = match &task {
-                Task::Remove(path) => FileOpKind::Remove { path: path.clone() },
-                Task::SyncDir => FileOpKind::SyncDir {
-                    path: self.dir.clone(),
-                },
-            };
-            self.lane = Some(self.issue(kind, Inflight::Write(WriteJob::Task(task))));
+        let lanes_idle = self.lane.is_none() && self.sync_lane.is_none();
+        if let Some(task) = self.tasks.front() {
+            // Housekeeping has both lanes to itself, in order.
+            if lanes_idle {
+                let kind = match task {
+                    Task::Remove(path) => FileOpKind::Remove { path: path.clone() },
+                    Task::SyncDir => FileOpKind::SyncDir {
+                        path: self.dir.clone(),
+                    },
+                };
+                let task = self.tasks.pop_front().expect("peeked");
+                self.lane = Some(self.issue(kind, Inflight::Write(WriteJob::Task(task))));
+            }
             return;
         }
         while self.pending.len() > 1 && self.pending[0].buf.is_empty() {
@@ -804,10 +837,14 @@ impl ShardLog {
         // A segment being born. Its predecessor is sealed first: every byte written, then
         // synced. So a segment file exists only once every older one is complete on the
         // device, which is what lets recovery treat damage in any older file as corruption.
+        // Sealing and creation take both lanes: nothing else is in flight meanwhile.
         if let Some(i) = self.segments.iter().position(|s| s.stage != Stage::Ready) {
             let prev_unwritten =
                 i > 0 && self.segments[i - 1].written_len < self.segments[i - 1].len;
             if !prev_unwritten {
+                if !lanes_idle {
+                    return;
+                }
                 if i > 0 && self.segments[i - 1].synced_len < self.segments[i - 1].written_len {
                     self.issue_sync(i - 1);
                     return;
@@ -836,22 +873,27 @@ impl ShardLog {
                 return;
             }
         }
-        // Written but unsynced bytes and a reason to sync them. Group commit happens here:
-        // appends made while this sync is in flight queue in `pending`, and when it lands
-        // they go out as one write and are covered by one more sync.
-        if self.sync_wanted() {
+        // Written but unsynced bytes and a reason to sync them. The sync may overlap the
+        // append in flight: it covers only the writes already complete, and the bytes of
+        // that append wait for the next one. Group commit happens here: appends made while
+        // a sync is in flight go out as one write and the next sync covers all of it.
+        let sync_may_go = self.sync_lane.is_none() && (self.lane.is_none() || self.appending);
+        if sync_may_go && self.sync_wanted() {
             let unsynced = self
                 .segments
                 .iter()
                 .rposition(|s| s.stage == Stage::Ready && s.synced_len < s.written_len);
             if let Some(i) = unsynced {
                 self.issue_sync(i);
-                return;
-            }
-            self.periodic_due = false;
-            if self.pending_is_empty() {
+            } else if !self.appending && self.pending_is_empty() {
+                // Nothing to sync and nothing on its way to being written: the reasons lapse.
+                // (Bytes pending or being written keep them: they get a sync once written.)
+                self.periodic_due = false;
                 self.sync_requested = false;
             }
+        }
+        if self.lane.is_some() {
+            return;
         }
         let Some(front) = self.pending.front_mut() else {
             return;
@@ -865,7 +907,7 @@ impl ShardLog {
         let bytes = front.buf.split().freeze();
         let entries = std::mem::take(&mut front.entries);
         let (end, base) = (front.end, front.base);
-        front.since = None;
+        let since = front.since.take();
         if self.pending.len() > 1 {
             self.pending.pop_front();
         }
@@ -880,14 +922,16 @@ impl ShardLog {
             end,
         };
         self.lane = Some(self.issue(kind, Inflight::Write(job)));
+        self.appending = true;
+        self.appending_since = since;
     }
 
     fn pending_is_empty(&self) -> bool {
         self.pending.iter().all(|p| p.buf.is_empty())
     }
 
-    /// Syncs segment `i`, covering every byte written so far (the lane is serial, so no
-    /// write is in flight).
+    /// Syncs segment `i`, covering every byte whose write has completed. An append in
+    /// flight is not covered, whichever of the two the runtime finishes first.
     fn issue_sync(&mut self, i: usize) {
         let seg = &self.segments[i];
         let job = WriteJob::Sync {
@@ -899,12 +943,17 @@ impl ShardLog {
             path: seg.path.clone(),
         };
         self.periodic_due = false;
-        if self.pending_is_empty() {
+        if !self.appending && self.pending_is_empty() {
             self.sync_requested = false;
         }
         // What is not written yet is not covered: its clock keeps running.
-        self.dirty_since = self.pending.iter().filter_map(|p| p.since).min();
-        self.lane = Some(self.issue(kind, Inflight::Write(job)));
+        self.dirty_since = self
+            .pending
+            .iter()
+            .filter_map(|p| p.since)
+            .chain(self.appending_since)
+            .min();
+        self.sync_lane = Some(self.issue(kind, Inflight::Write(job)));
     }
 
     fn write_complete(&mut self, job: WriteJob, result: Result<FileOutput, FileError>) {

@@ -6,8 +6,9 @@
 //! runtime joins them onto `FELIX_DURABLE_STORAGE_DIR`.
 //!
 //! Ordering contract: the runtime may run ops in any order and concurrently. A log never has
-//! two ops in flight whose relative order matters (its writes, syncs, renames and removals go
-//! out one at a time per lane, and it never reads bytes it has not seen written, nor removes
+//! two ops in flight whose relative order matters (its writes go out one at a time; a sync
+//! may run beside a write, and vouches only for writes that completed before it was issued;
+//! renames and removals run alone; it never reads bytes it has not seen written, nor removes
 //! or renames over a file it is reading), so the executor needs no queue of its own.
 
 use bytes::Bytes;
@@ -61,8 +62,8 @@ pub enum FileOpKind {
     /// Read up to `len` bytes starting at `pos`. Answers [`FileOutput::Data`], shorter than
     /// `len` only at end of file.
     Read { path: String, pos: u64, len: u32 },
-    /// `fdatasync` the file: every byte written to it before this op was issued is on the
-    /// device when it completes.
+    /// `fdatasync` the file: every byte whose write completed before this op was issued is
+    /// on the device when it completes. (A write still running beside it may or may not be.)
     Sync { path: String },
     /// `fsync` the directory, making creates, renames and removals in it durable.
     SyncDir { path: String },
