@@ -687,3 +687,33 @@ fn a_lagging_subscriber_that_asked_for_it_ends_with_subscription_lagged() {
         "the stream ends after it"
     );
 }
+
+#[test]
+fn a_graceful_stop_syncs_stream_and_cache_logs_whatever_the_mode() {
+    for fsync in [
+        FsyncPolicy::None,
+        FsyncPolicy::Periodic(Duration::from_secs(3600)),
+    ] {
+        let mut net = Net::durable(
+            DurableConfig {
+                fsync,
+                ..DurableConfig::default()
+            },
+            |_| {},
+        );
+        let p = net.connect(&[]);
+        let (sid, _) = net.auth_stream(p);
+        publish_each(&mut net, p, sid, 1, &[b"record".to_vec()]);
+        assert_eq!(acks(&net.read_frames(p, sid)).len(), 1);
+        put(&mut net, p, sid, "k", "v", None);
+        let syncs_before = net.disk.count("sync");
+        net.engine.shutdown(net.now);
+        net.run();
+        assert!(net.engine.storage_idle(), "{fsync:?}: every log synced");
+        assert_eq!(
+            net.disk.count("sync") - syncs_before,
+            2,
+            "{fsync:?}: one sync for the stream's log, one for the cache's"
+        );
+    }
+}

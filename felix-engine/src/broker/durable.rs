@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use crate::storage::cache_log::{CacheEvent, CacheLog};
 use crate::storage::layout;
-use crate::storage::log::{FsyncMode, LogConfig, ReadTicket, ShardLog};
+use crate::storage::log::{LogConfig, ReadTicket, ShardLog};
 use crate::storage::ops::{
     FileCompletion, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
 };
@@ -107,8 +107,7 @@ impl AnyLog {
     fn sync_now(&mut self) {
         match self {
             AnyLog::Stream(l) => l.sync_now(),
-            // A cache log syncs under its fsync mode; nothing forces it at a stop yet.
-            AnyLog::Cache(_) => {}
+            AnyLog::Cache(c) => c.sync_now(),
         }
     }
 
@@ -502,15 +501,7 @@ impl Logs {
     pub(crate) fn is_idle(&self) -> bool {
         self.ops.is_empty()
             && self.discovery.in_flight.is_empty()
-            && self.slots.iter().flatten().all(|s| match &s.log {
-                // A cache log cannot be told to sync (the storage layer has no `sync_now`
-                // for it): under `none` it is done once every write is written; under
-                // `periodic` its timer syncs it.
-                AnyLog::Cache(c) if self.settings.log.fsync == FsyncMode::None => {
-                    c.log().durable_offset() == c.log().next_offset()
-                }
-                log => log.is_idle(),
-            })
+            && self.slots.iter().flatten().all(|s| s.log.is_idle())
     }
 
     fn live_ids(&self) -> impl Iterator<Item = LogId> + '_ {

@@ -259,6 +259,13 @@ impl CacheLog {
 
     // ---- commands -----------------------------------------------------------------------
 
+    /// Asks for a sync of everything written so far, whatever the fsync mode (a graceful
+    /// stop drives the cache until [`ShardLog::is_idle`] holds for [`CacheLog::log`]).
+    pub(crate) fn sync_now(&mut self) {
+        self.log.sync_now();
+        self.absorb();
+    }
+
     /// Appends a put and returns its offset; it is visible and may be acknowledged once
     /// [`CacheEvent::Durable`] passes it. `unix_micros` is stored as the record's time.
     pub(crate) fn put(
