@@ -1,25 +1,27 @@
-//! The drive loop: one UDP socket, one timer, one engine, one task, and a file executor on
-//! tokio's blocking pool.
+//! The drive loop, written once for every runtime: one UDP socket, one timer, one engine, one
+//! task, and a file executor on the runtime's blocking pool.
 //!
 //! Each wake-up does a bounded amount of work: at most [`MAX_RECV_BATCHES_PER_WAKE`] receive
 //! calls, or [`MAX_COMPLETIONS_PER_WAKE`] file completions, before the timer and the stop
 //! signal get a look in. Outputs are drained after every receive batch, every batch of
 //! completions and every timeout, so answers leave in the turn that produced them.
 
-use std::future::pending;
+use std::future::{poll_fn, Future};
 use std::io::{self, IoSliceMut};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use felix_engine::{Datagram, EcnCodepoint, Engine, FileCompletion, FileOp, Output, Transmit};
+use futures_channel::{mpsc, oneshot};
+use futures_core::Stream;
 use quinn_udp::{RecvMeta, UdpSocketState, BATCH_SIZE};
-use tokio::io::Interest;
-use tokio::net::UdpSocket;
-use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::files::FileExecutor;
+use crate::runtime::{Interest, Runtime, Timer, UdpSocket};
 
 /// Receive calls per wake-up before yielding to the timer and the stop signal.
 const MAX_RECV_BATCHES_PER_WAKE: usize = 64;
@@ -33,45 +35,56 @@ const STORAGE_DRAIN: Duration = Duration::from_secs(10);
 /// File completions handled per wake-up before the socket and the timer get a look in.
 const MAX_COMPLETIONS_PER_WAKE: usize = 256;
 
-/// Where file ops run and how their completions come back. The engine bounds how many are
-/// out at once (`DurableConfig::max_inflight_file_ops`), which bounds this channel too.
-struct Files {
+/// What ended a wait.
+enum Wake {
+    Stop,
+    Received(io::Result<usize>),
+    Completed(FileCompletion),
+    Timer,
+}
+
+pub(crate) struct Driver<R: Runtime> {
+    runtime: R,
+    engine: Engine,
+    socket: R::Socket,
+    state: UdpSocketState,
+    timer: R::Timer,
+    /// The deadline `timer` is set to.
+    armed: Option<Instant>,
+    out: Vec<u8>,
+    recv_bufs: Vec<Vec<u8>>,
+    metas: Vec<RecvMeta>,
     executor: Option<Arc<FileExecutor>>,
+    /// Completions come back from the blocking pool on this channel. The engine bounds how
+    /// many ops are out at once (`DurableConfig::max_inflight_file_ops`), which bounds it too.
     done_tx: mpsc::UnboundedSender<FileCompletion>,
     done_rx: mpsc::UnboundedReceiver<FileCompletion>,
 }
 
-pub(crate) struct Driver {
-    pub(crate) engine: Engine,
-    pub(crate) socket: UdpSocket,
-    pub(crate) state: UdpSocketState,
-    out: Vec<u8>,
-    recv_bufs: Vec<Vec<u8>>,
-    metas: Vec<RecvMeta>,
-    files: Files,
-}
-
-impl Driver {
+impl<R: Runtime> Driver<R> {
     pub(crate) fn new(
+        runtime: R,
         engine: Engine,
-        socket: UdpSocket,
+        socket: R::Socket,
         state: UdpSocketState,
         executor: Option<Arc<FileExecutor>>,
-    ) -> Driver {
+    ) -> Driver<R> {
         let slot = (MAX_DATAGRAM * state.gro_segments()).max(u16::MAX as usize);
-        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let (done_tx, done_rx) = mpsc::unbounded();
+        let timer = runtime.new_timer(Instant::now());
         Driver {
+            runtime,
             engine,
             socket,
             state,
+            timer,
+            armed: None,
             out: Vec::with_capacity(64 * 1024),
             recv_bufs: (0..BATCH_SIZE).map(|_| vec![0u8; slot]).collect(),
             metas: vec![RecvMeta::default(); BATCH_SIZE],
-            files: Files {
-                executor,
-                done_tx,
-                done_rx,
-            },
+            executor,
+            done_tx,
+            done_rx,
         }
     }
 
@@ -79,17 +92,173 @@ impl Driver {
     /// the file, if one is corrupt.
     pub(crate) async fn recover(&mut self) -> io::Result<()> {
         loop {
-            self.flush().await?;
+            self.flush().await;
             if let Some(e) = self.engine.storage_error() {
                 return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_owned()));
             }
             if self.engine.is_ready() {
                 return Ok(());
             }
-            match self.files.done_rx.recv().await {
+            match poll_fn(|cx| Pin::new(&mut self.done_rx).poll_next(cx)).await {
                 Some(c) => self.completed(c),
                 None => return Err(io::Error::other("the file executor stopped")),
             }
+        }
+    }
+
+    /// Runs until `stop` fires (or its sender is dropped), then closes every connection
+    /// and flushes.
+    pub(crate) async fn run(mut self, mut stop: oneshot::Receiver<()>) {
+        loop {
+            self.flush().await;
+            match self.wait(Some(&mut stop), true, None).await {
+                Wake::Stop => break,
+                Wake::Received(result) => self.received(result).await,
+                Wake::Completed(c) => self.completed(c),
+                Wake::Timer => self.engine.handle_timeout(Instant::now()),
+            }
+        }
+        self.stop().await
+    }
+
+    async fn stop(mut self) {
+        let stats = self.engine.stats();
+        info!(
+            runtime = R::NAME,
+            connections = self.engine.connection_count(),
+            ?stats,
+            "shutting down"
+        );
+        if let Some(files) = &self.executor {
+            info!(stats = ?files.stats(), "file executor");
+        }
+        self.engine.shutdown(Instant::now());
+        self.flush().await;
+        let until = Instant::now() + SHUTDOWN_LINGER;
+        while self.engine.connection_count() > 0 {
+            match self.wait(None, true, Some(until)).await {
+                Wake::Timer if Instant::now() >= until => break,
+                Wake::Timer => self.engine.handle_timeout(Instant::now()),
+                Wake::Received(result) => self.received(result).await,
+                Wake::Completed(c) => self.completed(c),
+                Wake::Stop => {}
+            }
+            self.flush().await;
+        }
+        // What the logs wrote is synced before the process goes.
+        let until = Instant::now() + STORAGE_DRAIN;
+        while !self.engine.storage_idle() {
+            match self.wait(None, false, Some(until)).await {
+                Wake::Timer if Instant::now() >= until => {
+                    warn!("stopping before the logs finished syncing");
+                    break;
+                }
+                Wake::Timer => self.engine.handle_timeout(Instant::now()),
+                Wake::Completed(c) => self.completed(c),
+                Wake::Received(_) | Wake::Stop => {}
+            }
+            self.flush().await;
+        }
+    }
+
+    /// Waits for the first of: `stop`, a received datagram batch (when `socket`), a file
+    /// completion, the engine's deadline or `until`. One timer serves both deadlines.
+    async fn wait(
+        &mut self,
+        mut stop: Option<&mut oneshot::Receiver<()>>,
+        socket: bool,
+        until: Option<Instant>,
+    ) -> Wake {
+        let deadline = match (self.engine.poll_timeout(), until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(at) = deadline {
+            if self.armed != Some(at) {
+                self.timer.reset(at);
+                self.armed = Some(at);
+            }
+        }
+        poll_fn(|cx| {
+            if let Some(stop) = stop.as_deref_mut() {
+                // A value or a dropped sender: either way, stop.
+                if Pin::new(stop).poll(cx).is_ready() {
+                    return Poll::Ready(Wake::Stop);
+                }
+            }
+            if socket {
+                if let Poll::Ready(result) = self.poll_recv(cx) {
+                    return Poll::Ready(Wake::Received(result));
+                }
+            }
+            if let Poll::Ready(Some(c)) = Pin::new(&mut self.done_rx).poll_next(cx) {
+                return Poll::Ready(Wake::Completed(c));
+            }
+            if deadline.is_some() && self.timer.poll_expired(cx).is_ready() {
+                return Poll::Ready(Wake::Timer);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// One `recvmmsg` (or `recvmsg` with GRO) into the receive buffers, when readable.
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let Driver {
+            socket,
+            state,
+            recv_bufs,
+            metas,
+            ..
+        } = self;
+        socket.poll_io(cx, Interest::Read, || {
+            let mut bufs = recv_bufs.iter_mut();
+            let mut iovs: [IoSliceMut<'_>; BATCH_SIZE] =
+                std::array::from_fn(|_| IoSliceMut::new(bufs.next().expect("BATCH_SIZE buffers")));
+            state.recv(socket.sock_ref(), &mut iovs, metas)
+        })
+    }
+
+    /// Feeds a received batch and whatever else the socket holds, up to the per-wake bound,
+    /// sending the answers to each batch before reading on.
+    async fn received(&mut self, first: io::Result<usize>) {
+        let mut result = first;
+        for _ in 0..MAX_RECV_BATCHES_PER_WAKE {
+            match result {
+                Ok(n) => {
+                    self.feed(n);
+                    self.flush().await;
+                }
+                // ICMP errors surfacing on an unconnected socket concern one peer only.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
+                Err(e) => {
+                    warn!(error = %e, "UDP receive failed");
+                    return;
+                }
+            }
+            // Read on only while the socket has more; `Pending` leaves the reactor armed.
+            match poll_fn(|cx| Poll::Ready(self.poll_recv(cx))).await {
+                Poll::Ready(next) => result = next,
+                Poll::Pending => return,
+            }
+        }
+    }
+
+    fn feed(&mut self, n: usize) {
+        let now = Instant::now();
+        for i in 0..n {
+            let meta = self.metas[i];
+            let data = BytesMut::from(&self.recv_bufs[i][..meta.len]);
+            self.engine.handle_datagram(
+                now,
+                Datagram {
+                    remote: meta.addr,
+                    local_ip: meta.dst_ip,
+                    ecn: meta.ecn.and_then(|e| EcnCodepoint::from_bits(e as u8)),
+                    data,
+                    segment_size: (meta.stride < meta.len).then_some(meta.stride),
+                },
+            );
         }
     }
 
@@ -97,7 +266,7 @@ impl Driver {
     fn completed(&mut self, first: FileCompletion) {
         self.engine.handle_file_completion(Instant::now(), first);
         for _ in 1..MAX_COMPLETIONS_PER_WAKE {
-            match self.files.done_rx.try_recv() {
+            match self.done_rx.try_recv() {
                 Ok(c) => self.engine.handle_file_completion(Instant::now(), c),
                 Err(_) => break,
             }
@@ -106,12 +275,12 @@ impl Driver {
 
     /// Runs a file op on the blocking pool; its completion comes back on the channel.
     fn submit(&self, op: FileOp) {
-        let done = self.files.done_tx.clone();
-        match &self.files.executor {
+        let done = self.done_tx.clone();
+        match &self.executor {
             Some(executor) => {
                 let executor = executor.clone();
-                tokio::task::spawn_blocking(move || {
-                    let _ = done.send(executor.execute(op));
+                self.runtime.spawn_blocking(move || {
+                    let _ = done.unbounded_send(executor.execute(op));
                 });
             }
             None => {
@@ -120,7 +289,7 @@ impl Driver {
                     felix_engine::FileErrorKind::Other,
                     "no storage directory is configured",
                 );
-                let _ = done.send(FileCompletion {
+                let _ = done.unbounded_send(FileCompletion {
                     id: op.id,
                     result: Err(error),
                 });
@@ -128,157 +297,32 @@ impl Driver {
         }
     }
 
-    /// Runs until `stop` flips to true, then closes every connection and flushes.
-    pub(crate) async fn run(mut self, mut stop: watch::Receiver<bool>) -> io::Result<()> {
-        loop {
-            self.flush().await?;
-            if *stop.borrow() {
-                break;
-            }
-            let deadline = self.engine.poll_timeout();
-            tokio::select! {
-                biased;
-                changed = stop.changed() => {
-                    // A dropped sender means the handle is gone: stop as well.
-                    if changed.is_err() || *stop.borrow() {
-                        break;
-                    }
-                }
-                ready = self.socket.readable() => {
-                    ready?;
-                    self.receive().await?;
-                }
-                Some(c) = self.files.done_rx.recv() => self.completed(c),
-                _ = sleep_until(deadline) => {
-                    self.engine.handle_timeout(Instant::now());
-                }
-            }
-        }
-        self.stop().await
-    }
-
-    async fn stop(mut self) -> io::Result<()> {
-        let stats = self.engine.stats();
-        info!(
-            connections = self.engine.connection_count(),
-            ?stats,
-            "shutting down"
-        );
-        if let Some(files) = &self.files.executor {
-            info!(stats = ?files.stats(), "file executor");
-        }
-        self.engine.shutdown(Instant::now());
-        self.flush().await?;
-        let until = tokio::time::Instant::now() + SHUTDOWN_LINGER;
-        while self.engine.connection_count() > 0 {
-            let deadline = self.engine.poll_timeout();
-            tokio::select! {
-                biased;
-                _ = tokio::time::sleep_until(until) => break,
-                ready = self.socket.readable() => {
-                    ready?;
-                    self.receive().await?;
-                }
-                Some(c) = self.files.done_rx.recv() => self.completed(c),
-                _ = sleep_until(deadline) => self.engine.handle_timeout(Instant::now()),
-            }
-            self.flush().await?;
-        }
-        // What the logs wrote is synced before the process goes.
-        let until = tokio::time::Instant::now() + STORAGE_DRAIN;
-        while !self.engine.storage_idle() {
-            let deadline = self.engine.poll_timeout();
-            tokio::select! {
-                biased;
-                _ = tokio::time::sleep_until(until) => {
-                    warn!("stopping before the logs finished syncing");
-                    break;
-                }
-                Some(c) = self.files.done_rx.recv() => self.completed(c),
-                _ = sleep_until(deadline) => self.engine.handle_timeout(Instant::now()),
-            }
-            self.flush().await?;
-        }
-        Ok(())
-    }
-
-    /// Reads whatever the socket holds, feeding each datagram batch to the engine and
-    /// sending its answers before reading on.
-    async fn receive(&mut self) -> io::Result<()> {
-        for _ in 0..MAX_RECV_BATCHES_PER_WAKE {
-            let mut iovs: Vec<IoSliceMut<'_>> = self
-                .recv_bufs
-                .iter_mut()
-                .map(|b| IoSliceMut::new(b))
-                .collect();
-            let (socket, state, metas) = (&self.socket, &self.state, &mut self.metas);
-            let result = socket.try_io(Interest::READABLE, || {
-                state.recv(socket.into(), &mut iovs, metas)
-            });
-            drop(iovs);
-            let n = match result {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                // ICMP errors surfacing on an unconnected socket concern one peer only.
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => continue,
-                Err(e) => {
-                    warn!(error = %e, "UDP receive failed");
-                    return Ok(());
-                }
-            };
-            let now = Instant::now();
-            for i in 0..n {
-                let meta = self.metas[i];
-                let data = BytesMut::from(&self.recv_bufs[i][..meta.len]);
-                self.engine.handle_datagram(
-                    now,
-                    Datagram {
-                        remote: meta.addr,
-                        local_ip: meta.dst_ip,
-                        ecn: meta.ecn.and_then(|e| EcnCodepoint::from_bits(e as u8)),
-                        data,
-                        segment_size: (meta.stride < meta.len).then_some(meta.stride),
-                    },
-                );
-            }
-            self.flush().await?;
-        }
-        Ok(())
-    }
-
-    /// Sends every output the engine has.
-    async fn flush(&mut self) -> io::Result<()> {
-        loop {
-            let Some(output) = self.engine.poll_output(Instant::now(), &mut self.out) else {
-                return Ok(());
-            };
+    /// Sends every output the engine has. A failed send is not an error: UDP is lossy
+    /// anyway and QUIC retransmits.
+    async fn flush(&mut self) {
+        while let Some(output) = self.engine.poll_output(Instant::now(), &mut self.out) {
             match output {
-                Output::Transmit(t) => self.send(t).await?,
+                Output::Transmit(t) => self.send(&t).await,
                 Output::FileOp(op) => self.submit(op),
             }
         }
     }
 
-    async fn send(&self, t: Transmit) -> io::Result<()> {
+    async fn send(&self, t: &Transmit) {
         let contents = &self.out[..t.size];
         // GSO can be found broken at run time; then send the segments one by one.
         match t.segment_size {
             Some(segment) if self.state.max_gso_segments() < 2 => {
                 for one in contents.chunks(segment) {
-                    self.send_one(&t, one, None).await?;
+                    self.send_one(t, one, None).await;
                 }
-                Ok(())
             }
-            segment => self.send_one(&t, contents, segment).await,
+            segment => self.send_one(t, contents, segment).await,
         }
     }
 
-    async fn send_one(
-        &self,
-        t: &Transmit,
-        contents: &[u8],
-        segment_size: Option<usize>,
-    ) -> io::Result<()> {
+    /// Sends one datagram (or one GSO train), waiting while the socket buffer is full.
+    async fn send_one(&self, t: &Transmit, contents: &[u8], segment_size: Option<usize>) {
         let transmit = quinn_udp::Transmit {
             destination: t.destination,
             ecn: t
@@ -288,24 +332,16 @@ impl Driver {
             segment_size,
             src_ip: t.src_ip,
         };
-        loop {
-            let (socket, state) = (&self.socket, &self.state);
-            match socket.try_io(Interest::WRITABLE, || state.send(socket.into(), &transmit)) {
-                Ok(()) => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.socket.writable().await?,
-                Err(e) => {
-                    // UDP is lossy anyway; QUIC retransmits.
-                    debug!(error = %e, destination = %t.destination, "UDP send failed");
-                    return Ok(());
-                }
-            }
+        let (socket, state) = (&self.socket, &self.state);
+        let sent = poll_fn(|cx| {
+            socket.poll_io(cx, Interest::Write, || {
+                state.send(socket.sock_ref(), &transmit)
+            })
+        })
+        .await;
+        if let Err(e) = sent {
+            // UDP is lossy anyway; QUIC retransmits.
+            debug!(error = %e, destination = %t.destination, "UDP send failed");
         }
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-        None => pending().await,
     }
 }

@@ -1,9 +1,10 @@
 //! # felix-runtime-tokio
 //!
-//! Runs the Felix engine on tokio: one UDP socket (GSO/GRO through `quinn-udp`), one timer
-//! (the engine's deadline), one task, and — with a storage directory — a file executor
-//! ([`files`]) on tokio's blocking pool. The `felix-broker` binary is this library plus
-//! configuration from the environment ([`config`]).
+//! Runs the Felix engine on tokio. This crate is only the adapter — a UDP socket registered
+//! with tokio's reactor, a `tokio::time::Sleep` as the one timer, `spawn` and
+//! `spawn_blocking` — for the drive loop written once in `felix-runtime-common`. The
+//! `felix-broker` binary lives here too and runs on tokio (default) or smol
+//! (`--runtime smol`).
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -14,233 +15,113 @@
 //! # Ok(()) }
 //! ```
 
-pub mod config;
-mod driver;
-pub mod files;
-mod tls;
-
-use std::fmt;
+use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Instant;
 
-use felix_engine::{AuthConfig, DurableConfig, Engine, EngineConfig};
-use quinn_udp::UdpSocketState;
-use ring::rand::{SecureRandom, SystemRandom};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tracing::info;
+use felix_runtime_common::{quinn_udp, Interest, Runtime, Timer, UdpSocket};
+use tokio::runtime::Handle;
 
-pub use felix_engine;
+pub use felix_runtime_common::{
+    config, felix_engine, files, BrokerOptions, ConfigureEngine, RunningBroker,
+};
 
-/// Socket buffer sizes asked for (the OS may grant less).
-const SOCKET_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+/// The tokio adapter: spawns on the runtime it was made in.
+#[derive(Debug, Clone)]
+pub struct Tokio(Handle);
 
-/// A change to the engine configuration, applied before the engine starts.
-pub type ConfigureEngine = Box<dyn FnOnce(&mut EngineConfig) + Send>;
-
-/// How to start a broker.
-pub struct BrokerOptions {
-    /// Where to listen; port 0 picks a free one.
-    pub bind: SocketAddr,
-    /// PEM certificate chain (leaf first) and PEM private key. Without them a development CA
-    /// and a leaf for `localhost`, 127.0.0.1 and ::1 are generated.
-    pub tls_pem: Option<(Vec<u8>, Vec<u8>)>,
-    /// A JWKS document. Without one the broker runs in dev mode with a fresh key and exposes
-    /// a full-permission token for tenant `t1` ([`RunningBroker::dev_token`]).
-    pub jwks: Option<Vec<u8>>,
-    /// Changes to the engine configuration (limits, windows, timeouts) before it starts.
-    pub configure_engine: Option<ConfigureEngine>,
-    /// Durable storage: streams and caches live in logs under this directory (created if
-    /// missing). Without it they stay in memory.
-    pub storage_dir: Option<PathBuf>,
-    /// How durable storage behaves; used only with `storage_dir`.
-    pub durable: DurableConfig,
+impl Tokio {
+    /// The adapter for the current tokio runtime. Panics outside one.
+    pub fn current() -> Tokio {
+        Tokio(Handle::current())
+    }
 }
 
-impl BrokerOptions {
-    /// Defaults everywhere but the bind address.
-    pub fn new(bind: SocketAddr) -> BrokerOptions {
-        BrokerOptions {
-            bind,
-            tls_pem: None,
-            jwks: None,
-            configure_engine: None,
-            storage_dir: None,
-            durable: DurableConfig::default(),
-        }
+impl Runtime for Tokio {
+    const NAME: &'static str = "tokio";
+    type Socket = Socket;
+    type Timer = Sleep;
+
+    fn wrap_udp_socket(&self, socket: std::net::UdpSocket) -> io::Result<Socket> {
+        let _entered = self.0.enter();
+        tokio::net::UdpSocket::from_std(socket).map(Socket)
     }
 
-    /// Adds a change to the engine configuration (applied after any earlier one).
-    pub fn configure_engine(mut self, f: impl FnOnce(&mut EngineConfig) + Send + 'static) -> Self {
-        let earlier = self.configure_engine.take();
-        self.configure_engine = Some(Box::new(move |c: &mut EngineConfig| {
-            if let Some(earlier) = earlier {
-                earlier(c);
+    fn new_timer(&self, deadline: Instant) -> Sleep {
+        let _entered = self.0.enter();
+        Sleep(Box::pin(tokio::time::sleep_until(deadline.into())))
+    }
+
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.0.spawn(task);
+    }
+
+    fn spawn_blocking(&self, work: impl FnOnce() + Send + 'static) {
+        self.0.spawn_blocking(work);
+    }
+}
+
+/// A UDP socket on tokio's reactor.
+#[derive(Debug)]
+pub struct Socket(tokio::net::UdpSocket);
+
+impl UdpSocket for Socket {
+    fn sock_ref(&self) -> quinn_udp::UdpSockRef<'_> {
+        (&self.0).into()
+    }
+
+    fn poll_io<T>(
+        &self,
+        cx: &mut Context<'_>,
+        interest: Interest,
+        mut op: impl FnMut() -> io::Result<T>,
+    ) -> Poll<io::Result<T>> {
+        // Readiness first, then the call; `try_io` clears readiness on `WouldBlock`.
+        loop {
+            let tokio_interest = match interest {
+                Interest::Read => {
+                    ready!(self.0.poll_recv_ready(cx))?;
+                    tokio::io::Interest::READABLE
+                }
+                Interest::Write => {
+                    ready!(self.0.poll_send_ready(cx))?;
+                    tokio::io::Interest::WRITABLE
+                }
+            };
+            match self.0.try_io(tokio_interest, &mut op) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                result => return Poll::Ready(result),
             }
-            f(c);
-        }));
-        self
-    }
-}
-
-impl fmt::Debug for BrokerOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BrokerOptions")
-            .field("bind", &self.bind)
-            .field("tls_pem", &self.tls_pem.is_some())
-            .field("jwks", &self.jwks.is_some())
-            .field("storage_dir", &self.storage_dir)
-            .field("durable", &self.durable)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A broker running on the current tokio runtime. Dropping it stops the broker too (without
-/// waiting); [`RunningBroker::shutdown`] stops it and waits until it has closed its
-/// connections.
-pub struct RunningBroker {
-    local_addr: SocketAddr,
-    files: Option<Arc<files::FileExecutor>>,
-    ca_cert_pem: String,
-    dev_token: Option<String>,
-    stop: watch::Sender<bool>,
-    task: Option<JoinHandle<io::Result<()>>>,
-}
-
-impl RunningBroker {
-    /// The bound address (with the real port when 0 was asked for).
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
-    }
-
-    /// The PEM clients should trust: the generated CA, or the configured certificate chain.
-    pub fn ca_cert_pem(&self) -> &str {
-        &self.ca_cert_pem
-    }
-
-    /// The dev-mode token (tenant `t1`, every permission); `None` with a JWKS.
-    pub fn dev_token(&self) -> Option<&str> {
-        self.dev_token.as_deref()
-    }
-
-    /// What the file executor has done (with a storage directory), readable from any thread
-    /// while the broker runs.
-    pub fn file_stats(&self) -> Option<files::FileStats> {
-        self.files.as_ref().map(|f| f.stats())
-    }
-
-    /// A handle on the file executor's counters that outlives this value.
-    pub fn file_executor(&self) -> Option<Arc<files::FileExecutor>> {
-        self.files.clone()
-    }
-
-    /// Closes every connection with code 0, sends the closes, and waits for the task.
-    pub async fn shutdown(mut self) -> io::Result<()> {
-        let _ = self.stop.send(true);
-        match self.task.take() {
-            Some(task) => task.await.map_err(io::Error::other)?,
-            None => Ok(()),
         }
     }
 }
 
-impl Drop for RunningBroker {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
+/// The one timer.
+#[derive(Debug)]
+pub struct Sleep(Pin<Box<tokio::time::Sleep>>);
+
+impl Timer for Sleep {
+    fn reset(&mut self, deadline: Instant) {
+        self.0.as_mut().reset(deadline.into());
+    }
+
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.0.as_mut().poll(cx)
     }
 }
 
-impl fmt::Debug for RunningBroker {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RunningBroker")
-            .field("local_addr", &self.local_addr)
-            .finish_non_exhaustive()
-    }
-}
-
-fn random_seed(rng: &SystemRandom) -> io::Result<[u8; 32]> {
-    let mut seed = [0u8; 32];
-    rng.fill(&mut seed)
-        .map_err(|_| io::Error::other("the OS random source failed"))?;
-    Ok(seed)
-}
-
-/// Binds the socket, builds the engine, recovers durable storage (performing file ops until
-/// every log on disk is open; a corrupt log fails the start, naming the file and byte), and
-/// spawns the drive loop on the current runtime. Datagrams are read only after recovery.
+/// Starts a broker on the current tokio runtime (see [`felix_runtime_common::start`]).
 pub async fn start(opts: BrokerOptions) -> io::Result<RunningBroker> {
-    let (identity, ca_cert_pem) = match &opts.tls_pem {
-        Some((cert, key)) => (
-            tls::from_pem(cert, key)?,
-            String::from_utf8_lossy(cert).into_owned(),
-        ),
-        None => {
-            let generated = tls::generate(&[opts.bind.ip()])?;
-            (generated.identity, generated.ca_pem)
-        }
-    };
-    let rng = SystemRandom::new();
-    let auth = match opts.jwks {
-        Some(doc) => AuthConfig::Jwks(doc),
-        None => AuthConfig::Dev {
-            seed: random_seed(&rng)?,
-        },
-    };
+    felix_runtime_common::start(Tokio::current(), opts).await
+}
 
-    let std_socket = std::net::UdpSocket::bind(opts.bind)?;
-    std_socket.set_nonblocking(true)?;
-    let state = UdpSocketState::new((&std_socket).into())?;
-    // Larger buffers absorb bursts (40 auths at connect, fan-out); best effort.
-    let _ = state.set_recv_buffer_size((&std_socket).into(), SOCKET_BUFFER_BYTES);
-    let _ = state.set_send_buffer_size((&std_socket).into(), SOCKET_BUFFER_BYTES);
-    let local_addr = std_socket.local_addr()?;
-    let socket = tokio::net::UdpSocket::from_std(std_socket)?;
-
-    let mut config = EngineConfig::new(identity, auth, random_seed(&rng)?);
-    let executor = match &opts.storage_dir {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            config.durable = Some(opts.durable.clone());
-            Some(Arc::new(files::FileExecutor::new(dir.clone())))
-        }
-        None => None,
-    };
-    if let Some(configure) = opts.configure_engine {
-        configure(&mut config);
-    }
-    if config.durable.is_some() && executor.is_none() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "durable storage needs a storage directory",
-        ));
-    }
-    config.max_gso_segments = config.max_gso_segments.min(state.max_gso_segments()).max(1);
-    let unix_micros = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0);
-    let engine = Engine::new(config, Instant::now(), unix_micros)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-    let dev_token = engine.dev_token().map(str::to_owned);
-
-    let (stop, stop_rx) = watch::channel(false);
-    let mut driver = driver::Driver::new(engine, socket, state, executor.clone());
-    if let Some(dir) = &opts.storage_dir {
-        let began = Instant::now();
-        driver.recover().await?;
-        info!(dir = %dir.display(), took = ?began.elapsed(), "durable storage recovered");
-    }
-    let task = tokio::spawn(driver.run(stop_rx));
-    info!(%local_addr, dev_mode = dev_token.is_some(), "felix broker listening");
-    Ok(RunningBroker {
-        local_addr,
-        files: executor,
-        ca_cert_pem,
-        dev_token,
-        stop,
-        task: Some(task),
-    })
+/// The `felix-broker` process on a single-threaded tokio runtime, until SIGINT or SIGTERM.
+pub fn run_process(config: config::Config) -> io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let adapter = Tokio(runtime.handle().clone());
+    runtime.block_on(felix_runtime_common::process::serve(adapter, config))
 }

@@ -1,5 +1,6 @@
-//! The runtime end to end on loopback: the library API (`start`, `RunningBroker`) and the
-//! `felix-broker` binary, driven by a real QUIC client (quinn), with and without ALPN.
+//! The runtimes end to end on loopback: the library API (`start`, `RunningBroker`) of both
+//! adapters and the `felix-broker` binary on both (`--runtime`, `FELIX_RUNTIME`), driven by a
+//! real QUIC client (quinn), with and without ALPN.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -7,11 +8,24 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use felix_runtime_tokio::{start, BrokerOptions};
+use felix_runtime_tokio::{BrokerOptions, RunningBroker};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Every test runs on each of these.
+const RUNTIMES: [&str; 2] = ["tokio", "smol"];
+
+async fn start(runtime: &str, opts: BrokerOptions) -> std::io::Result<RunningBroker> {
+    let broker = match runtime {
+        "tokio" => felix_runtime_tokio::start(opts).await?,
+        "smol" => felix_runtime_smol::start(opts).await?,
+        other => panic!("no runtime {other}"),
+    };
+    assert_eq!(broker.runtime(), runtime);
+    Ok(broker)
+}
 
 fn client_endpoint(ca_pem: &str, alpn: Option<&[u8]>) -> quinn::Endpoint {
     let mut roots = rustls::RootCertStore::empty();
@@ -76,7 +90,13 @@ async fn connect_and_auth(
 
 #[tokio::test]
 async fn in_process_broker_serves_both_alpn_modes_and_shuts_down_with_code_zero() {
-    let broker = start(BrokerOptions::new("127.0.0.1:0".parse().unwrap()))
+    for runtime in RUNTIMES {
+        serves_both_alpn_modes_and_shuts_down_with_code_zero(runtime).await;
+    }
+}
+
+async fn serves_both_alpn_modes_and_shuts_down_with_code_zero(runtime: &str) {
+    let broker = start(runtime, BrokerOptions::new("127.0.0.1:0".parse().unwrap()))
         .await
         .unwrap();
     let addr = broker.local_addr();
@@ -123,7 +143,7 @@ async fn in_process_broker_serves_both_alpn_modes_and_shuts_down_with_code_zero(
     let elapsed = started.elapsed();
     assert!(
         elapsed < Duration::from_secs(2),
-        "40 auths took {elapsed:?}"
+        "40 auths took {elapsed:?} on {runtime}"
     );
 
     broker.shutdown().await.unwrap();
@@ -140,11 +160,17 @@ async fn in_process_broker_serves_both_alpn_modes_and_shuts_down_with_code_zero(
 
 #[tokio::test]
 async fn jwks_mode_has_no_dev_token_and_a_bad_jwks_fails_to_start() {
+    for runtime in RUNTIMES {
+        jwks_mode(runtime).await;
+    }
+}
+
+async fn jwks_mode(runtime: &str) {
     // RFC 8037 A.2's Ed25519 public key.
     let jwks = br#"{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"k1","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}"#;
     let mut opts = BrokerOptions::new("127.0.0.1:0".parse().unwrap());
     opts.jwks = Some(jwks.to_vec());
-    let broker = start(opts).await.unwrap();
+    let broker = start(runtime, opts).await.unwrap();
     assert!(broker.dev_token().is_none());
     let (_conn, answer) =
         connect_and_auth(broker.local_addr(), broker.ca_cert_pem(), None, "a.b.c").await;
@@ -154,19 +180,27 @@ async fn jwks_mode_has_no_dev_token_and_a_bad_jwks_fails_to_start() {
 
     let mut opts = BrokerOptions::new("127.0.0.1:0".parse().unwrap());
     opts.jwks = Some(b"{}".to_vec());
-    assert!(start(opts).await.is_err());
+    assert!(start(runtime, opts).await.is_err());
 }
 
 #[tokio::test]
-async fn engine_overrides_apply() {
-    let opts = BrokerOptions::new("127.0.0.1:0".parse().unwrap())
-        .configure_engine(|c| c.publish_window = 7);
-    let broker = start(opts).await.unwrap();
-    let token = broker.dev_token().unwrap().to_owned();
-    let (_conn, answer) =
-        connect_and_auth(broker.local_addr(), broker.ca_cert_pem(), None, &token).await;
-    assert_eq!(answer["publish_window"], 7);
-    drop(broker); // dropping stops it too
+async fn engine_overrides_apply_and_dropping_the_handle_stops_the_broker() {
+    for runtime in RUNTIMES {
+        let opts = BrokerOptions::new("127.0.0.1:0".parse().unwrap())
+            .configure_engine(|c| c.publish_window = 7);
+        let broker = start(runtime, opts).await.unwrap();
+        let token = broker.dev_token().unwrap().to_owned();
+        let (conn, answer) =
+            connect_and_auth(broker.local_addr(), broker.ca_cert_pem(), None, &token).await;
+        assert_eq!(answer["publish_window"], 7);
+        drop(broker);
+        match tokio::time::timeout(TIMEOUT, conn.closed()).await {
+            Ok(quinn::ConnectionError::ApplicationClosed(close)) => {
+                assert_eq!(close.error_code, quinn::VarInt::from_u32(0), "{runtime}")
+            }
+            other => panic!("{runtime}: expected a close after the drop, got {other:?}"),
+        }
+    }
 }
 
 fn wait_for_file(path: &Path, child: &mut std::process::Child) -> String {
@@ -192,7 +226,30 @@ fn wait_for_file(path: &Path, child: &mut std::process::Child) -> String {
 
 #[tokio::test]
 async fn the_binary_exports_ca_and_token_and_exits_zero_on_sigterm() {
-    let dir = std::env::temp_dir().join(format!("felix-runtime-test-{}", std::process::id()));
+    // The flag, and the variable, pick the runtime; the log line names it.
+    binary_on(&["--runtime", "smol"], &[], "smol").await;
+    binary_on(&[], &[("FELIX_RUNTIME", "smol")], "smol").await;
+    binary_on(&[], &[], "tokio").await;
+}
+
+#[test]
+fn the_binary_refuses_an_unknown_runtime_with_exit_code_two() {
+    let output = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
+        .args(["--runtime", "async-std"])
+        .env("FELIX_QUIC_BIND", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("unknown runtime \"async-std\""), "{stderr}");
+}
+
+async fn binary_on(args: &[&str], vars: &[(&str, &str)], runtime: &str) {
+    let dir = std::env::temp_dir().join(format!(
+        "felix-runtime-test-{}-{runtime}-{}",
+        std::process::id(),
+        args.len()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let (ca_path, token_path) = (dir.join("ca.pem"), dir.join("token"));
     let port = std::net::UdpSocket::bind("127.0.0.1:0")
@@ -201,13 +258,17 @@ async fn the_binary_exports_ca_and_token_and_exits_zero_on_sigterm() {
         .unwrap()
         .port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let log = dir.join("log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_felix-broker"))
+        .args(args)
+        .envs(vars.iter().copied())
         .env("FELIX_QUIC_BIND", addr.to_string())
         .env("FELIX_TLS_CERT_EXPORT", &ca_path)
         .env("FELIX_DEV_TOKEN_EXPORT", &token_path)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let ca = wait_for_file(&ca_path, &mut child);
@@ -240,6 +301,12 @@ async fn the_binary_exports_ca_and_token_and_exits_zero_on_sigterm() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(code.success(), "exit status {code:?}");
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains(&format!("runtime=\"{runtime}\""))
+            || log.contains(&format!("runtime={runtime}")),
+        "the log names the runtime {runtime}: {log}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -251,10 +318,16 @@ fn temp_storage(name: &str) -> std::path::PathBuf {
 
 #[tokio::test]
 async fn a_durable_broker_recovers_before_serving_and_refuses_a_corrupt_log() {
-    let dir = temp_storage("recover");
+    for runtime in RUNTIMES {
+        durable_recovery(runtime).await;
+    }
+}
+
+async fn durable_recovery(runtime: &str) {
+    let dir = temp_storage(&format!("recover-{runtime}"));
     let mut opts = BrokerOptions::new("127.0.0.1:0".parse().unwrap());
     opts.storage_dir = Some(dir.clone());
-    let broker = start(opts).await.unwrap();
+    let broker = start(runtime, opts).await.unwrap();
     assert!(broker.file_stats().is_some(), "a file executor runs");
     let (conn, answer) = connect_and_auth(
         broker.local_addr(),
@@ -284,7 +357,7 @@ async fn a_durable_broker_recovers_before_serving_and_refuses_a_corrupt_log() {
     std::fs::write(shard.join("00000000000000000007.seg"), b"nor this").unwrap();
     let mut opts = BrokerOptions::new("127.0.0.1:0".parse().unwrap());
     opts.storage_dir = Some(dir.clone());
-    let err = start(opts).await.unwrap_err();
+    let err = start(runtime, opts).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
     assert!(
         err.to_string().contains("00000000000000000000.seg"),

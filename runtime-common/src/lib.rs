@@ -1,0 +1,264 @@
+//! # felix-runtime-common
+//!
+//! Everything the Felix runtime adapters share, written once: the drive loop over the
+//! Sans-IO engine ([`start`]), the options and the running-broker handle, configuration
+//! from the environment ([`config`]), TLS loading and generation, the file executor
+//! ([`files`]) and the `felix-broker` process ([`process`]).
+//!
+//! An adapter implements [`Runtime`] — register a UDP socket, make a timer, spawn a task,
+//! run blocking work — and nothing else. `felix-runtime-tokio` and `felix-runtime-smol` are
+//! the two there are; `docs/runtimes.md` says how to add a third.
+
+pub mod config;
+mod driver;
+// The executor is shared by every runtime; it still lives beside the tokio adapter, where it
+// was written (and is maintained), and is compiled here so no adapter depends on another.
+#[path = "../../runtime-tokio/src/files.rs"]
+pub mod files;
+pub mod process;
+mod runtime;
+mod tls;
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use felix_engine::{AuthConfig, DurableConfig, Engine, EngineConfig};
+use futures_channel::oneshot;
+use quinn_udp::UdpSocketState;
+use ring::rand::{SecureRandom, SystemRandom};
+use tracing::info;
+
+pub use crate::runtime::{Interest, Runtime, Timer, UdpSocket};
+pub use felix_engine;
+/// The `quinn-udp` the adapters' [`UdpSocket::sock_ref`] speaks.
+pub use quinn_udp;
+
+/// Socket buffer sizes asked for (the OS may grant less).
+const SOCKET_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+
+/// A change to the engine configuration, applied before the engine starts.
+pub type ConfigureEngine = Box<dyn FnOnce(&mut EngineConfig) + Send>;
+
+/// How to start a broker.
+pub struct BrokerOptions {
+    /// Where to listen; port 0 picks a free one.
+    pub bind: SocketAddr,
+    /// PEM certificate chain (leaf first) and PEM private key. Without them a development CA
+    /// and a leaf for `localhost`, 127.0.0.1 and ::1 are generated.
+    pub tls_pem: Option<(Vec<u8>, Vec<u8>)>,
+    /// A JWKS document. Without one the broker runs in dev mode with a fresh key and exposes
+    /// a full-permission token for tenant `t1` ([`RunningBroker::dev_token`]).
+    pub jwks: Option<Vec<u8>>,
+    /// Changes to the engine configuration (limits, windows, timeouts) before it starts.
+    pub configure_engine: Option<ConfigureEngine>,
+    /// Durable storage: streams and caches live in logs under this directory (created if
+    /// missing). Without it they stay in memory.
+    pub storage_dir: Option<PathBuf>,
+    /// How durable storage behaves; used only with `storage_dir`.
+    pub durable: DurableConfig,
+}
+
+impl BrokerOptions {
+    /// Defaults everywhere but the bind address.
+    pub fn new(bind: SocketAddr) -> BrokerOptions {
+        BrokerOptions {
+            bind,
+            tls_pem: None,
+            jwks: None,
+            configure_engine: None,
+            storage_dir: None,
+            durable: DurableConfig::default(),
+        }
+    }
+
+    /// Adds a change to the engine configuration (applied after any earlier one).
+    pub fn configure_engine(mut self, f: impl FnOnce(&mut EngineConfig) + Send + 'static) -> Self {
+        let earlier = self.configure_engine.take();
+        self.configure_engine = Some(Box::new(move |c: &mut EngineConfig| {
+            if let Some(earlier) = earlier {
+                earlier(c);
+            }
+            f(c);
+        }));
+        self
+    }
+}
+
+impl fmt::Debug for BrokerOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BrokerOptions")
+            .field("bind", &self.bind)
+            .field("tls_pem", &self.tls_pem.is_some())
+            .field("jwks", &self.jwks.is_some())
+            .field("storage_dir", &self.storage_dir)
+            .field("durable", &self.durable)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A broker running in the background on some runtime. Dropping it stops the broker too
+/// (without waiting); [`RunningBroker::shutdown`] stops it and waits until it has closed its
+/// connections and synced its logs.
+pub struct RunningBroker {
+    runtime: &'static str,
+    local_addr: SocketAddr,
+    files: Option<Arc<files::FileExecutor>>,
+    ca_cert_pem: String,
+    dev_token: Option<String>,
+    stop: Option<oneshot::Sender<()>>,
+    stopped: Option<oneshot::Receiver<()>>,
+}
+
+impl RunningBroker {
+    /// The runtime it runs on (`"tokio"`, `"smol"`).
+    pub fn runtime(&self) -> &'static str {
+        self.runtime
+    }
+
+    /// The bound address (with the real port when 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The PEM clients should trust: the generated CA, or the configured certificate chain.
+    pub fn ca_cert_pem(&self) -> &str {
+        &self.ca_cert_pem
+    }
+
+    /// The dev-mode token (tenant `t1`, every permission); `None` with a JWKS.
+    pub fn dev_token(&self) -> Option<&str> {
+        self.dev_token.as_deref()
+    }
+
+    /// What the file executor has done (with a storage directory), readable from any thread
+    /// while the broker runs.
+    pub fn file_stats(&self) -> Option<files::FileStats> {
+        self.files.as_ref().map(|f| f.stats())
+    }
+
+    /// A handle on the file executor's counters that outlives this value.
+    pub fn file_executor(&self) -> Option<Arc<files::FileExecutor>> {
+        self.files.clone()
+    }
+
+    /// Closes every connection with code 0, sends the closes, syncs the logs, and waits for
+    /// the drive loop to end.
+    pub async fn shutdown(mut self) -> io::Result<()> {
+        drop(self.stop.take());
+        match self.stopped.take() {
+            Some(stopped) => stopped
+                .await
+                .map_err(|_| io::Error::other("the broker task ended without stopping")),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RunningBroker {
+    fn drop(&mut self) {
+        // Dropping the sender is the stop signal.
+        drop(self.stop.take());
+    }
+}
+
+impl fmt::Debug for RunningBroker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunningBroker")
+            .field("runtime", &self.runtime)
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn random_seed(rng: &SystemRandom) -> io::Result<[u8; 32]> {
+    let mut seed = [0u8; 32];
+    rng.fill(&mut seed)
+        .map_err(|_| io::Error::other("the OS random source failed"))?;
+    Ok(seed)
+}
+
+/// Binds the socket, builds the engine, recovers durable storage (performing file ops until
+/// every log on disk is open; a corrupt log fails the start, naming the file and byte), and
+/// spawns the drive loop on `runtime`. Datagrams are read only after recovery.
+pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<RunningBroker> {
+    let (identity, ca_cert_pem) = match &opts.tls_pem {
+        Some((cert, key)) => (
+            tls::from_pem(cert, key)?,
+            String::from_utf8_lossy(cert).into_owned(),
+        ),
+        None => {
+            let generated = tls::generate(&[opts.bind.ip()])?;
+            (generated.identity, generated.ca_pem)
+        }
+    };
+    let rng = SystemRandom::new();
+    let auth = match opts.jwks {
+        Some(doc) => AuthConfig::Jwks(doc),
+        None => AuthConfig::Dev {
+            seed: random_seed(&rng)?,
+        },
+    };
+
+    let std_socket = std::net::UdpSocket::bind(opts.bind)?;
+    std_socket.set_nonblocking(true)?;
+    let state = UdpSocketState::new((&std_socket).into())?;
+    // Larger buffers absorb bursts (40 auths at connect, fan-out); best effort.
+    let _ = state.set_recv_buffer_size((&std_socket).into(), SOCKET_BUFFER_BYTES);
+    let _ = state.set_send_buffer_size((&std_socket).into(), SOCKET_BUFFER_BYTES);
+    let local_addr = std_socket.local_addr()?;
+    let socket = runtime.wrap_udp_socket(std_socket)?;
+
+    let mut config = EngineConfig::new(identity, auth, random_seed(&rng)?);
+    let executor = match &opts.storage_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            config.durable = Some(opts.durable.clone());
+            Some(Arc::new(files::FileExecutor::new(dir.clone())))
+        }
+        None => None,
+    };
+    if let Some(configure) = opts.configure_engine {
+        configure(&mut config);
+    }
+    if config.durable.is_some() && executor.is_none() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "durable storage needs a storage directory",
+        ));
+    }
+    config.max_gso_segments = config.max_gso_segments.min(state.max_gso_segments()).max(1);
+    let unix_micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let engine = Engine::new(config, Instant::now(), unix_micros)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let dev_token = engine.dev_token().map(str::to_owned);
+
+    let mut driver = driver::Driver::new(runtime.clone(), engine, socket, state, executor.clone());
+    if let Some(dir) = &opts.storage_dir {
+        let began = Instant::now();
+        driver.recover().await?;
+        info!(dir = %dir.display(), took = ?began.elapsed(), "durable storage recovered");
+    }
+    let (stop, stop_rx) = oneshot::channel();
+    let (stopped_tx, stopped) = oneshot::channel();
+    runtime.spawn(async move {
+        driver.run(stop_rx).await;
+        let _ = stopped_tx.send(());
+    });
+    info!(%local_addr, runtime = R::NAME, dev_mode = dev_token.is_some(), "felix broker listening");
+    Ok(RunningBroker {
+        runtime: R::NAME,
+        local_addr,
+        files: executor,
+        ca_cert_pem,
+        dev_token,
+        stop: Some(stop),
+        stopped: Some(stopped),
+    })
+}
