@@ -9,7 +9,7 @@ fn a_small_sweep_passes() {
         let outcome = run(&RunOptions::seed(seed));
         if let Some(v) = &outcome.violation {
             panic!(
-                "seed {seed}: {v}\nreplay: cargo run --release -p felix-sim -- --seed {seed} --verbose\n{}",
+                "seed {seed}: {v}\nreplay (same build profile as this test): cargo run -p felix-sim -- --seed {seed} --verbose\n{}",
                 outcome.summary
             );
         }
