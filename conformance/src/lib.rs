@@ -7,6 +7,9 @@
 //! - [`checks`] holds one function per fuzz target. Each takes raw bytes and panics on a
 //!   violated invariant; `fuzz/` calls them from libFuzzer, `tests/fuzz_corpus.rs` replays the
 //!   saved corpus through them under `cargo test`.
+//! - [`engine_fuzz`] drives a whole broker engine with `arbitrary` client actions over real
+//!   QUIC (the `engine` fuzz target).
 
 pub mod checks;
+pub mod engine_fuzz;
 pub mod vectors;

@@ -58,3 +58,27 @@ fn structured_binary_corpus() {
         felix_conformance::checks::structured_binary,
     );
 }
+
+#[test]
+fn engine_corpus() {
+    replay("engine", felix_conformance::engine_fuzz::engine);
+}
+
+/// Inputs the fuzzer has not seen: bytes from a fixed LCG, so new engine paths get some
+/// coverage under `cargo test` even before the corpus holds them.
+#[test]
+fn engine_pseudo_random_inputs() {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..48 {
+        let len = 64 + (state % 3000) as usize;
+        let input: Vec<u8> = (0..len)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (state >> 33) as u8
+            })
+            .collect();
+        felix_conformance::engine_fuzz::engine(&input);
+    }
+}

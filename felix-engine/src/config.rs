@@ -28,6 +28,8 @@ pub const DEFAULT_PREAUTH_MAX_STREAMS_PER_CONNECTION: usize = 16;
 pub const DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 1024;
 /// Connections the endpoint holds at once; more are refused during the handshake.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Connections from one source IP address; more are refused during the handshake.
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1024;
 /// Frame payload limit before a stream authenticates.
 pub const DEFAULT_PREAUTH_MAX_FRAME_BYTES: u32 =
     felix_proto::frame::DEFAULT_PREAUTH_MAX_FRAME_BYTES;
@@ -36,6 +38,10 @@ pub const DEFAULT_MAX_FRAME_BYTES: u32 = felix_proto::frame::DEFAULT_MAX_FRAME_B
 /// Bytes of partly received frames a connection's streams may hold together; past it, a
 /// stream in the middle of a frame is not read until others complete theirs.
 pub const DEFAULT_MAX_CONNECTION_BUFFERED_BYTES: usize = 64 * 1024 * 1024;
+/// Bytes of partly received frames every connection together may hold. While the broker is
+/// over it, a connection holding more than its fair share (this over the connections open)
+/// reads no stream that is in the middle of a frame; connections under their share go on.
+pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 512 * 1024 * 1024;
 /// QUIC receive window per stream (bytes the client may send ahead of what we read).
 pub const DEFAULT_STREAM_RECEIVE_WINDOW: u32 = 1024 * 1024;
 /// QUIC receive window per connection.
@@ -219,12 +225,16 @@ pub struct EngineConfig {
     pub max_subscriptions_per_connection: usize,
     /// See [`DEFAULT_MAX_CONNECTIONS`].
     pub max_connections: usize,
+    /// See [`DEFAULT_MAX_CONNECTIONS_PER_IP`].
+    pub max_connections_per_ip: usize,
     /// See [`DEFAULT_PREAUTH_MAX_FRAME_BYTES`].
     pub preauth_max_frame_bytes: u32,
     /// See [`DEFAULT_MAX_FRAME_BYTES`].
     pub max_frame_bytes: u32,
     /// See [`DEFAULT_MAX_CONNECTION_BUFFERED_BYTES`].
     pub max_connection_buffered_bytes: usize,
+    /// See [`DEFAULT_MAX_BUFFERED_BYTES`].
+    pub max_buffered_bytes: usize,
     /// See [`DEFAULT_STREAM_RECEIVE_WINDOW`].
     pub stream_receive_window: u32,
     /// See [`DEFAULT_CONNECTION_RECEIVE_WINDOW`].
@@ -282,9 +292,11 @@ impl EngineConfig {
             preauth_max_streams_per_connection: DEFAULT_PREAUTH_MAX_STREAMS_PER_CONNECTION,
             max_subscriptions_per_connection: DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_ip: DEFAULT_MAX_CONNECTIONS_PER_IP,
             preauth_max_frame_bytes: DEFAULT_PREAUTH_MAX_FRAME_BYTES,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             max_connection_buffered_bytes: DEFAULT_MAX_CONNECTION_BUFFERED_BYTES,
+            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
             stream_receive_window: DEFAULT_STREAM_RECEIVE_WINDOW,
             connection_receive_window: DEFAULT_CONNECTION_RECEIVE_WINDOW,
             send_window: DEFAULT_SEND_WINDOW,

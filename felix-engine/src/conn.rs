@@ -2,6 +2,7 @@
 //! bidirectional stream, and the event stream (broker-opened uni stream) of each subscription.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::net::IpAddr;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -56,8 +57,12 @@ pub(crate) struct Conn {
     waiting_for_stream: VecDeque<NewSubscription>,
     /// Bytes of partial frames held in this connection's session decoders.
     buffered_bytes: usize,
+    /// The part of `buffered_bytes` already counted in the broker-wide total.
+    reported_bytes: usize,
     /// Streams not read because `buffered_bytes` is over budget; read again when it drops.
     starved: Vec<StreamId>,
+    /// The address the connection was accepted from (its per-IP slot).
+    pub(crate) peer_ip: IpAddr,
     pub(crate) created: Instant,
     /// `close()` was called (by us) or the connection was lost.
     pub(crate) closing: bool,
@@ -72,7 +77,7 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub(crate) fn new(quic: quinn_proto::Connection, now: Instant) -> Conn {
+    pub(crate) fn new(quic: quinn_proto::Connection, now: Instant, peer_ip: IpAddr) -> Conn {
         Conn {
             quic,
             shared: ConnShared {
@@ -85,7 +90,9 @@ impl Conn {
             events: BTreeMap::new(),
             waiting_for_stream: VecDeque::new(),
             buffered_bytes: 0,
+            reported_bytes: 0,
             starved: Vec::new(),
+            peer_ip,
             created: now,
             closing: false,
             drained: false,
@@ -164,6 +171,7 @@ impl Conn {
         self.shared.subscriptions = 0;
         self.sessions.clear();
         self.buffered_bytes = 0;
+        self.sync_buffered(core);
         self.starved.clear();
     }
 
@@ -277,12 +285,24 @@ impl Conn {
         }
     }
 
-    /// Reads streams that were held back by the connection's buffer budget, if it has room
-    /// again. Called once the connection's events of a turn are handled.
+    /// Brings the broker-wide total of partly received bytes up to date with this
+    /// connection's.
+    pub(crate) fn sync_buffered(&mut self, core: &mut Core) {
+        core.buffered_bytes = core.buffered_bytes + self.buffered_bytes - self.reported_bytes;
+        self.reported_bytes = self.buffered_bytes;
+    }
+
+    /// Streams are held back for the buffer budget.
+    pub(crate) fn has_starved(&self) -> bool {
+        !self.starved.is_empty()
+    }
+
+    /// Reads streams that were held back by the buffer budgets, if there is room again.
+    /// Called once the connection's events of a turn are handled, and by the engine when
+    /// the broker-wide total drops.
     pub(crate) fn resume_starved(&mut self, now: Instant, ch: ConnectionHandle, core: &mut Core) {
-        if self.starved.is_empty()
-            || self.buffered_bytes >= core.limits.max_connection_buffered_bytes
-        {
+        self.sync_buffered(core);
+        if self.starved.is_empty() || over_budget(self.buffered_bytes, core) {
             return;
         }
         for id in std::mem::take(&mut self.starved) {
@@ -448,6 +468,8 @@ impl Conn {
                 }
             }
             self.buffered_bytes -= held_before - session.decoder.buffered();
+            core.buffered_bytes = core.buffered_bytes + self.buffered_bytes - self.reported_bytes;
+            self.reported_bytes = self.buffered_bytes;
             if close {
                 // Whatever follows the bad frame is never read.
                 self.stop_reading(id);
@@ -459,9 +481,7 @@ impl Conn {
             // Over the connection's budget, a stream holding part of a frame waits: reading
             // on would only grow it. Streams between frames still read, so small requests
             // keep flowing.
-            if self.buffered_bytes >= core.limits.max_connection_buffered_bytes
-                && session.decoder.buffered() > 0
-            {
+            if session.decoder.buffered() > 0 && over_budget(self.buffered_bytes, core) {
                 // A reset must still be seen, or its bytes would hold the budget forever.
                 if let Ok(Some(code)) = self.quic.recv_stream(id).received_reset() {
                     trace!(%id, %code, "client reset a held-back stream");
@@ -474,6 +494,7 @@ impl Conn {
                 if !self.starved.contains(&id) {
                     self.starved.push(id);
                 }
+                core.starved_conns.insert(ch);
                 return;
             }
             let mut recv = self.quic.recv_stream(id);
@@ -646,8 +667,48 @@ impl Conn {
         }
     }
 
+    /// Adds what this connection holds to `usage`.
+    pub(crate) fn add_usage(&self, usage: &mut crate::engine::Usage) {
+        usage.connections += 1;
+        usage.sessions += self.sessions.len();
+        let unauthenticated = self
+            .sessions
+            .values()
+            .filter(|s| !s.is_authenticated())
+            .count();
+        usage.max_unauthenticated_per_connection = usage
+            .max_unauthenticated_per_connection
+            .max(unauthenticated);
+        for s in self.sessions.values() {
+            usage.max_session_backlog = usage.max_session_backlog.max(s.backlog());
+        }
+        usage.buffered_bytes += self.buffered_bytes;
+        usage.max_connection_buffered_bytes =
+            usage.max_connection_buffered_bytes.max(self.buffered_bytes);
+        usage.subscriptions += self.shared.subscriptions;
+        usage.max_connection_subscriptions = usage
+            .max_connection_subscriptions
+            .max(self.shared.subscriptions);
+    }
+
     /// Routes a broker readiness notice to the event stream.
     pub(crate) fn deliver(&mut self, now: Instant, id: StreamId, core: &mut Core) {
         self.pump_events(now, id, core);
     }
+}
+
+/// Whether a connection holding `conn_bytes` of partial frames must stop reading streams that
+/// are in the middle of one: over its own budget, or — while the broker as a whole is over
+/// its budget — over its fair share of it. A connection under its share keeps reading, so
+/// connections that hoard partial frames cannot stall the others; and the share is never
+/// less than one largest frame, so every connection can always complete one (were it less,
+/// honest connections each midway through a large frame could wait on one another forever).
+fn over_budget(conn_bytes: usize, core: &Core) -> bool {
+    let limits = &core.limits;
+    if conn_bytes >= limits.max_connection_buffered_bytes {
+        return true;
+    }
+    let one_frame = limits.max_frame_bytes as usize + felix_proto::frame::HEADER_LEN;
+    let share = (limits.max_buffered_bytes / core.open_connections.max(1)).max(one_frame);
+    core.buffered_bytes >= limits.max_buffered_bytes && conn_bytes >= share
 }

@@ -174,6 +174,32 @@ pub struct Stats {
     pub answers_after_write: u64,
 }
 
+/// What the engine holds right now: the quantities its limits bound. Walked on demand by
+/// [`Engine::usage`], for tests, fuzzing and diagnostics; not for a hot path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Connections open or draining.
+    pub connections: usize,
+    /// Session (client bidirectional) streams over every connection.
+    pub sessions: usize,
+    /// The most session streams one connection has open and not authenticated.
+    pub max_unauthenticated_per_connection: usize,
+    /// The most answers one session holds unwritten (queued or waiting for durability).
+    pub max_session_backlog: usize,
+    /// Bytes of partly received frames over every connection.
+    pub buffered_bytes: usize,
+    /// The most such bytes on one connection.
+    pub max_connection_buffered_bytes: usize,
+    /// Subscriptions over every connection.
+    pub subscriptions: usize,
+    /// The most subscriptions on one connection.
+    pub max_connection_subscriptions: usize,
+    /// The most frames one subscriber has queued.
+    pub max_subscriber_queue: usize,
+    /// Streams the broker holds.
+    pub streams: usize,
+}
+
 /// Limits the connection and session code reads on every turn.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
@@ -187,6 +213,7 @@ pub(crate) struct Limits {
     pub(crate) max_subscriptions_per_connection: usize,
     pub(crate) preauth_max_streams_per_connection: usize,
     pub(crate) max_connection_buffered_bytes: usize,
+    pub(crate) max_buffered_bytes: usize,
 }
 
 /// What every connection shares: the broker, the verifier, the negotiated capabilities and
@@ -213,6 +240,12 @@ pub(crate) struct Core {
     value_waiters: HashMap<(LogId, ReadTicket), (ConnectionHandle, StreamId)>,
     next_subscription_id: u64,
     pub(crate) stats: Stats,
+    /// Bytes of partly received frames over every connection (see `Conn::sync_buffered`).
+    pub(crate) buffered_bytes: usize,
+    /// Connections holding streams back for a buffer budget.
+    pub(crate) starved_conns: BTreeSet<ConnectionHandle>,
+    /// Connections open (each one's fair share of the broker's buffer budget).
+    pub(crate) open_connections: usize,
 }
 
 impl Core {
@@ -324,7 +357,8 @@ impl TimeSource for FixedTime {
 ///   (datagrams to send, batched for GSO, and file operations); [`poll_timeout`](Self::poll_timeout)
 ///   the instant at which to call `handle_timeout`.
 /// - **Getters**, `&self`: [`dev_token`](Self::dev_token), [`stats`](Self::stats),
-///   [`connection_count`](Self::connection_count), [`is_ready`](Self::is_ready),
+///   [`usage`](Self::usage), [`connection_count`](Self::connection_count),
+///   [`is_ready`](Self::is_ready),
 ///   [`storage_error`](Self::storage_error), [`storage_idle`](Self::storage_idle).
 ///
 /// # Durable storage
@@ -381,6 +415,9 @@ pub struct Engine {
     endpoint_transmits: VecDeque<(Transmit, Vec<u8>)>,
     scratch: Vec<u8>,
     max_connections: usize,
+    max_connections_per_ip: usize,
+    /// Connections per source IP.
+    per_ip: HashMap<IpAddr, usize>,
     max_gso_segments: usize,
     max_queued_endpoint_transmits: usize,
     dev_token: Option<String>,
@@ -513,6 +550,7 @@ impl Engine {
                 max_subscriptions_per_connection: config.max_subscriptions_per_connection,
                 preauth_max_streams_per_connection: config.preauth_max_streams_per_connection,
                 max_connection_buffered_bytes: config.max_connection_buffered_bytes,
+                max_buffered_bytes: config.max_buffered_bytes,
             },
             broker,
             verifier,
@@ -526,6 +564,9 @@ impl Engine {
             value_waiters: HashMap::new(),
             next_subscription_id: 0,
             stats: Stats::default(),
+            buffered_bytes: 0,
+            starved_conns: BTreeSet::new(),
+            open_connections: 0,
         };
 
         Ok(Engine {
@@ -538,6 +579,8 @@ impl Engine {
             endpoint_transmits: VecDeque::new(),
             scratch: Vec::new(),
             max_connections: config.max_connections,
+            max_connections_per_ip: config.max_connections_per_ip,
+            per_ip: HashMap::new(),
             max_gso_segments: config.max_gso_segments,
             max_queued_endpoint_transmits: config.max_queued_endpoint_transmits,
             dev_token,
@@ -721,6 +764,16 @@ impl Engine {
         self.file_ops_in_flight == 0 && self.core.broker.storage_idle()
     }
 
+    /// What the engine holds now, against its limits (walks every connection).
+    pub fn usage(&self) -> Usage {
+        let mut usage = Usage::default();
+        for conn in self.conns.values() {
+            conn.add_usage(&mut usage);
+        }
+        (usage.max_subscriber_queue, usage.streams) = self.core.broker.queue_usage();
+        usage
+    }
+
     /// Counters.
     pub fn stats(&self) -> Stats {
         let b = self.core.broker.stats();
@@ -735,9 +788,14 @@ impl Engine {
     // ---- internals ----------------------------------------------------------------------
 
     fn accept(&mut self, now: Instant, incoming: quinn_proto::Incoming) {
-        if self.shutting_down || self.conns.len() >= self.max_connections {
+        let ip = incoming.remote_address().ip();
+        let from_ip = self.per_ip.get(&ip).copied().unwrap_or(0);
+        if self.shutting_down
+            || self.conns.len() >= self.max_connections
+            || from_ip >= self.max_connections_per_ip
+        {
             self.core.stats.connections_refused += 1;
-            debug!(remote = %incoming.remote_address(), "refusing connection");
+            debug!(remote = %incoming.remote_address(), from_ip, "refusing connection");
             self.scratch.clear();
             let t = self.endpoint.refuse(incoming, &mut self.scratch);
             self.queue_endpoint_transmit(t);
@@ -747,7 +805,9 @@ impl Engine {
         match self.endpoint.accept(incoming, now, &mut self.scratch, None) {
             Ok((ch, quic)) => {
                 self.core.stats.connections_accepted += 1;
-                self.conns.insert(ch, Conn::new(quic, now));
+                *self.per_ip.entry(ip).or_default() += 1;
+                self.core.open_connections += 1;
+                self.conns.insert(ch, Conn::new(quic, now, ip));
                 self.touch(ch);
             }
             Err(err) => {
@@ -792,6 +852,9 @@ impl Engine {
             let ch = self.touched[i];
             self.process_conn(now, ch);
             i += 1;
+            if i == self.touched.len() {
+                self.wake_starved(now);
+            }
         }
         // Storage work feeds on itself within a turn (a replay read answered from the tail
         // cache, a request re-run once its log opened), so go round a bounded number of times.
@@ -821,6 +884,25 @@ impl Engine {
                 self.send_queue.push_back(ch);
             }
             self.rearm(ch);
+        }
+    }
+
+    /// Lets connections that held streams back for the broker-wide buffer budget read again
+    /// once it has room (each checks its own budget too).
+    fn wake_starved(&mut self, now: Instant) {
+        if self.core.starved_conns.is_empty()
+            || self.core.buffered_bytes >= self.core.limits.max_buffered_bytes
+        {
+            return;
+        }
+        for ch in std::mem::take(&mut self.core.starved_conns) {
+            if let Some(conn) = self.conns.get_mut(&ch) {
+                conn.resume_starved(now, ch, &mut self.core);
+                if conn.has_starved() {
+                    self.core.starved_conns.insert(ch);
+                }
+                self.touch(ch);
+            }
         }
     }
 
@@ -919,6 +1001,14 @@ impl Engine {
             if conn.drained {
                 let mut conn = self.conns.remove(&ch).expect("present");
                 conn.release(&mut self.core);
+                self.core.open_connections -= 1;
+                self.core.starved_conns.remove(&ch);
+                if let Some(n) = self.per_ip.get_mut(&conn.peer_ip) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.per_ip.remove(&conn.peer_ip);
+                    }
+                }
                 if let Some(at) = conn.deadline {
                     self.timers.remove(&(at, ch));
                 }
@@ -929,6 +1019,7 @@ impl Engine {
                 any = true;
                 conn.on_event(now, ch, event, &mut self.core);
             }
+            conn.sync_buffered(&mut self.core);
             if !any {
                 return progressed;
             }

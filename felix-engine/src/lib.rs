@@ -27,7 +27,7 @@ mod tls;
 
 pub use config::*;
 pub use engine::{
-    Datagram, EcnCodepoint, Engine, EngineError, Output, Stats, Transmit, SERVED_FEATURES,
+    Datagram, EcnCodepoint, Engine, EngineError, Output, Stats, Transmit, Usage, SERVED_FEATURES,
     SERVED_FLAGS,
 };
 pub use felix_proto::routing::RoutingMapping;

@@ -30,7 +30,7 @@ use tracing::{debug, trace};
 
 use quinn_proto::{ConnectionHandle, StreamId};
 
-use crate::auth::{cache_object, stream_object, Action, Identity};
+use crate::auth::{cache_object, name_charset_ok, stream_object, Action, Identity, NAME_MAX_BYTES};
 use crate::broker::CacheAnswer;
 use crate::broker::{
     BrokerError, CacheKey, Start, StreamKey, SubscribeError, SubscribeOpts, SubscriberId,
@@ -267,10 +267,11 @@ impl Session {
         debug!(%err, "closing a stream whose frames cannot be read");
         // Before auth only an oversize frame can be refused here; either way the code is
         // sent only to a stream that negotiated error codes.
-        let code = if self.auth.is_none() {
-            ErrorCode::Unauthenticated
-        } else {
-            err.code()
+        let code = match err {
+            _ if self.auth.is_none() => ErrorCode::Unauthenticated,
+            // The frame may be fine; it is over a configured limit.
+            DecodeError::FrameTooLarge { .. } => ErrorCode::LimitExceeded,
+            _ => err.code(),
         };
         self.push_error(code, err.to_string());
     }
@@ -539,6 +540,14 @@ impl Session {
                     request_id: o.request_id,
                     owners,
                 }));
+            }
+            other if sent_only_by_brokers(&other) => {
+                // An answer or an event-stream frame on a request stream: the client has its
+                // streams mixed up, but the frame boundaries are intact, so the stream goes on.
+                self.push_error(
+                    ErrorCode::InvalidRequest,
+                    format!("{} is sent by brokers, not a request", other.type_name()),
+                );
             }
             other => return self.on_unsupported(&other, cx),
         }
@@ -840,10 +849,7 @@ impl Session {
     fn publish_refusal(&self, tenant: &str, namespace: &str, stream: &str) -> BrokerError {
         let identity = &self.auth.as_ref().expect("authenticated").identity;
         if stream_object(tenant, namespace, stream).is_none() {
-            BrokerError::new(
-                ErrorCode::InvalidRequest,
-                format!("invalid stream name {tenant}/{namespace}/{stream}"),
-            )
+            name_refusal("stream", [tenant, namespace, stream])
         } else {
             let message = format!(
                 "{} may not publish to {tenant}/{namespace}/{stream}",
@@ -866,10 +872,7 @@ impl Session {
         action: Action,
     ) -> Option<StreamKey> {
         let Some(object) = stream_object(tenant, namespace, stream) else {
-            self.push_error(
-                ErrorCode::InvalidRequest,
-                format!("invalid stream name {tenant}/{namespace}/{stream}"),
-            );
+            self.push_broker_error(name_refusal("stream", [tenant, namespace, stream]));
             return None;
         };
         if !self
@@ -897,10 +900,7 @@ impl Session {
         action: Action,
     ) -> Option<CacheKey> {
         let Some(object) = cache_object(tenant, namespace, cache) else {
-            self.push_error(
-                ErrorCode::InvalidRequest,
-                format!("invalid cache name {tenant}/{namespace}/{cache}"),
-            );
+            self.push_broker_error(name_refusal("cache", [tenant, namespace, cache]));
             return None;
         };
         if !self
@@ -1103,6 +1103,73 @@ impl Session {
         let frame = self.ack_error_frame(request_id, code, message);
         self.push_frame(frame);
     }
+}
+
+/// Why names cannot form an object: a name longer than [`NAME_MAX_BYTES`] (otherwise of
+/// the allowed characters) is `limit_exceeded`; anything else is `invalid_request`.
+fn name_refusal(kind: &str, names: [&str; 3]) -> BrokerError {
+    let path = names.join("/");
+    let shown: String = path.chars().take(96).collect();
+    let too_long = names.iter().any(|n| n.len() > NAME_MAX_BYTES);
+    if too_long && names.iter().all(|n| !n.is_empty() && name_charset_ok(n)) {
+        return BrokerError::new(
+            ErrorCode::LimitExceeded,
+            format!("a {kind} name in {shown}... is longer than {NAME_MAX_BYTES} bytes"),
+        );
+    }
+    BrokerError::new(
+        ErrorCode::InvalidRequest,
+        format!(
+            "invalid {kind} name {shown:?}: tenant, namespace and {kind} names are 1 to \
+             {NAME_MAX_BYTES} bytes of A-Z a-z 0-9 . _ -"
+        ),
+    )
+}
+
+/// Messages only a broker sends: answers, and what travels on event streams.
+fn sent_only_by_brokers(msg: &Message) -> bool {
+    matches!(
+        msg,
+        Message::Ok
+            | Message::AuthOk(_)
+            | Message::Error(_)
+            | Message::NotLeader(_)
+            | Message::Unsupported(_)
+            | Message::PublishOk(_)
+            | Message::PublishError(_)
+            | Message::PublishRefused(_)
+            | Message::ProducerInitOk(_)
+            | Message::CommitOk(_)
+            | Message::StateValue(_)
+            | Message::Subscribed(_)
+            | Message::SubscribeCursorError(_)
+            | Message::EventStreamHello(_)
+            | Message::Event(_)
+            | Message::EventBatch(_)
+            | Message::SubscriptionLagged(_)
+            | Message::ShardMoved(_)
+            | Message::StreamDeleted(_)
+            | Message::CacheValue(_)
+            | Message::CacheOk(_)
+            | Message::CacheConditionResult(_)
+            | Message::CacheWatchStarted(_)
+            | Message::CacheEvent(_)
+            | Message::CacheWatchLagged(_)
+            | Message::CounterValue(_)
+            | Message::GroupRecords(_)
+            | Message::GroupExtended(_)
+            | Message::GroupPosition(_)
+            | Message::GroupInfo(_)
+            | Message::GroupDeleted(_)
+            | Message::StreamRecords(_)
+            | Message::OffsetValue(_)
+            | Message::StreamShardsView(_)
+            | Message::CacheShardsView(_)
+            | Message::ShardOwnersView(_)
+            | Message::TopologyView(_)
+            | Message::ShardInspectInfo(_)
+            | Message::SubscriptionsListInfo(_)
+    )
 }
 
 /// A binary ack as a whole frame.

@@ -20,7 +20,8 @@ use serde::Deserialize;
 
 pub(crate) use jwt::{mint_token, Audience, Claims};
 pub(crate) use perms::{
-    cache_object, glob_match, object_tenant, stream_object, Action, Permission,
+    cache_object, glob_match, name_charset_ok, object_tenant, stream_object, Action, Permission,
+    NAME_MAX_BYTES,
 };
 
 pub(crate) const EXPECTED_ISSUER: &str = "felix-auth";

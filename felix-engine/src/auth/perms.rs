@@ -129,8 +129,25 @@ pub(crate) fn glob_match(pattern: &str, text: &str) -> bool {
     p[pi..].iter().all(|&c| c == b'*')
 }
 
-/// The object a stream's operations are checked against, or `None` when a name would make
-/// the object ambiguous (empty, or containing `/`, which separates the segments).
+/// Longest tenant, namespace, stream or cache name, in bytes. Names are persisted (storage
+/// paths, object strings), so this is a rule of the broker rather than a knob.
+pub(crate) const NAME_MAX_BYTES: usize = 255;
+
+/// A tenant, namespace, stream or cache name: 1..=[`NAME_MAX_BYTES`] bytes of
+/// `[A-Za-z0-9._-]`. Nothing else can appear in one, so an object string built from names
+/// can never be ambiguous (`/` and `:` separate its parts, `*` is a wildcard).
+pub(crate) fn valid_name(name: &str) -> bool {
+    (1..=NAME_MAX_BYTES).contains(&name.len()) && name_charset_ok(name)
+}
+
+/// Every byte of `name` is one a name may hold (whatever its length).
+pub(crate) fn name_charset_ok(name: &str) -> bool {
+    name.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The object a stream's operations are checked against, or `None` when a name breaks the
+/// naming rule ([`valid_name`]).
 pub(crate) fn stream_object(tenant: &str, namespace: &str, stream: &str) -> Option<String> {
     scoped_object("stream", tenant, namespace, stream)
 }
@@ -141,8 +158,8 @@ pub(crate) fn cache_object(tenant: &str, namespace: &str, cache: &str) -> Option
 }
 
 fn scoped_object(kind: &str, tenant: &str, namespace: &str, name: &str) -> Option<String> {
-    let ok = |s: &str| !s.is_empty() && !s.contains('/') && !s.contains(':');
-    (ok(tenant) && ok(namespace) && ok(name)).then(|| format!("{kind}:{tenant}/{namespace}/{name}"))
+    (valid_name(tenant) && valid_name(namespace) && valid_name(name))
+        .then(|| format!("{kind}:{tenant}/{namespace}/{name}"))
 }
 
 #[cfg(test)]
@@ -218,5 +235,25 @@ mod tests {
         assert_eq!(stream_object("t1", "a/b", "c"), None);
         assert_eq!(stream_object("t1", "", "c"), None);
         assert_eq!(cache_object("t1:x", "ns", "c"), None);
+    }
+
+    #[test]
+    fn names_are_1_to_255_bytes_of_a_small_charset() {
+        let longest = "a".repeat(NAME_MAX_BYTES);
+        assert!(valid_name(&longest));
+        assert!(!valid_name(&(longest.clone() + "a")), "one past the limit");
+        assert!(valid_name("Orders_v1.eu-west-2"));
+        assert!(
+            valid_name("."),
+            "dots are plain characters (storage escapes them)"
+        );
+        for bad in [
+            "", "a b", "a/b", "a:b", "a*", "ä", "a\0", "a\n", "a%2F", "t1,t2",
+        ] {
+            assert!(!valid_name(bad), "{bad:?}");
+        }
+        assert!(stream_object("t1", "default", &longest).is_some());
+        assert_eq!(stream_object("t1", "default", &(longest + "x")), None);
+        assert_eq!(cache_object("t1", "default", "c*"), None);
     }
 }

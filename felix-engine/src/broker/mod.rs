@@ -865,6 +865,18 @@ impl Broker {
         }
     }
 
+    /// The most frames one subscriber has queued (live batches and replayed ones), and the
+    /// number of streams held.
+    pub(crate) fn queue_usage(&self) -> (usize, usize) {
+        let deepest = self
+            .subscribers
+            .values()
+            .map(|s| s.queue.len() + s.catch_up.as_ref().map_or(0, |c| c.frames.len()))
+            .max()
+            .unwrap_or(0);
+        (deepest, self.streams.len())
+    }
+
     pub(crate) fn stats(&self) -> BrokerStats {
         let c = self.cache.counters;
         BrokerStats {
