@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use felix_proto::routing::RoutingMapping;
 
+use rustls_pki_types::CertificateDer;
+
 use crate::tls::TlsIdentity;
 
 /// Acked publishes a stream may have unanswered before the broker stops reading it
@@ -200,8 +202,16 @@ pub struct DeclaredStream {
 /// Everything the engine needs. Build one with [`EngineConfig::new`] and adjust fields.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// The certificate and key the endpoint presents.
+    /// The certificate and key the endpoint presents (replace it on a running engine with
+    /// [`crate::Engine::set_tls_identity`]).
     pub tls: TlsIdentity,
+    /// CA certificates (DER) a client certificate must chain to. `None` (the default) asks
+    /// clients for no certificate; with CAs set, a client without a valid one fails the
+    /// handshake. Tokens are checked on every stream either way.
+    pub client_ca: Option<Vec<CertificateDer<'static>>>,
+    /// Refuse a client that offers no ALPN (the real client offers none unless asked to).
+    /// Default `false`; with it, only clients offering `felix/1` complete the handshake.
+    pub require_alpn: bool,
     /// How tokens are verified.
     pub auth: AuthConfig,
     /// Seeds every random choice the engine and quinn-proto make (connection ids, reset and
@@ -282,6 +292,8 @@ impl EngineConfig {
     pub fn new(tls: TlsIdentity, auth: AuthConfig, rng_seed: [u8; 32]) -> EngineConfig {
         EngineConfig {
             tls,
+            client_ca: None,
+            require_alpn: false,
             auth,
             rng_seed,
             crypto_provider: None,

@@ -24,7 +24,7 @@ use crate::conn::{Conn, CLOSE_CODE_NORMAL};
 use crate::seed;
 use crate::storage::log::{FsyncMode, LogConfig, ReadTicket};
 use crate::storage::ops::{FileCompletion, FileOp, LogId};
-use crate::tls::{AlpnSelector, TlsConfigError};
+use crate::tls::{AlpnSelector, TlsConfigError, TlsIdentity, TlsSettings};
 
 pub use quinn_proto::EcnCodepoint;
 
@@ -352,7 +352,9 @@ impl TimeSource for FixedTime {
 ///   engine asked for has finished. Each call is one *turn*: it processes the input, lets
 ///   every affected session answer, then seals the broker's open event batches once, so
 ///   publishes that arrive in one turn go out to subscribers as one frame.
-/// - **Commands**, plain verbs: [`shutdown`](Self::shutdown).
+/// - **Commands**, plain verbs: [`shutdown`](Self::shutdown),
+///   [`set_tls_identity`](Self::set_tls_identity) (certificate rotation),
+///   [`set_jwks`](Self::set_jwks) (token key rotation).
 /// - **Outputs**, `poll_*`: [`poll_output`](Self::poll_output) hands out the next thing to do
 ///   (datagrams to send, batched for GSO, and file operations); [`poll_timeout`](Self::poll_timeout)
 ///   the instant at which to call `handle_timeout`.
@@ -421,6 +423,10 @@ pub struct Engine {
     max_gso_segments: usize,
     max_queued_endpoint_transmits: usize,
     dev_token: Option<String>,
+    /// What new handshakes are configured from; the identity is replaced on rotation.
+    tls: TlsSettings,
+    /// The endpoint's server config, whose crypto is swapped on rotation.
+    server_config: ServerConfig,
     shutting_down: bool,
     /// File ops handed out and not completed, and the most that may be.
     file_ops_in_flight: usize,
@@ -462,10 +468,13 @@ impl Engine {
         };
 
         let seed = config.rng_seed;
-        let selector = Arc::new(AlpnSelector::new(
-            &config.tls,
-            config.crypto_provider.clone(),
-        )?);
+        let tls = TlsSettings {
+            identity: config.tls.clone(),
+            client_ca: config.client_ca.clone(),
+            require_alpn: config.require_alpn,
+            provider: config.crypto_provider.clone(),
+        };
+        let selector = Arc::new(AlpnSelector::new(&tls)?);
         let mut transport = TransportConfig::default();
         transport
             .max_concurrent_bidi_streams(VarInt::from_u32(config.max_concurrent_bidi_streams))
@@ -494,7 +503,7 @@ impl Engine {
             .rng_seed(Some(seed::endpoint_rng_seed(&seed)));
         let endpoint = Endpoint::new(
             Arc::new(endpoint_config),
-            Some(Arc::new(server)),
+            Some(Arc::new(server.clone())),
             true,
             None,
         );
@@ -584,6 +593,8 @@ impl Engine {
             max_gso_segments: config.max_gso_segments,
             max_queued_endpoint_transmits: config.max_queued_endpoint_transmits,
             dev_token,
+            tls,
+            server_config: server,
             shutting_down: false,
             file_ops_in_flight: 0,
             max_inflight_file_ops: config
@@ -673,6 +684,39 @@ impl Engine {
             self.touch(ch);
         }
         self.settle(now);
+    }
+
+    /// Serves `identity` (a rotated certificate and key) to every handshake from now on.
+    /// Connections already established keep the session they negotiated. On error the
+    /// identity in use stays.
+    pub fn set_tls_identity(&mut self, identity: TlsIdentity) -> Result<(), EngineError> {
+        let settings = TlsSettings {
+            identity,
+            ..self.tls.clone()
+        };
+        let selector = AlpnSelector::new(&settings)?;
+        self.tls = settings;
+        self.server_config.crypto = Arc::new(selector);
+        if !self.shutting_down {
+            self.endpoint
+                .set_server_config(Some(Arc::new(self.server_config.clone())));
+        }
+        Ok(())
+    }
+
+    /// Verifies tokens against this JWKS document from now on (the runtime re-read its
+    /// file). Streams already authenticated keep the identity they proved; every later
+    /// `auth` is checked against the new keys. Only for an engine configured with
+    /// [`AuthConfig::Jwks`]; on error the keys in use stay.
+    pub fn set_jwks(&mut self, jwks: &[u8]) -> Result<(), EngineError> {
+        if self.dev_token.is_some() {
+            return Err(EngineError::Config(
+                "this engine runs in dev mode; it has no JWKS to replace".into(),
+            ));
+        }
+        self.core.verifier =
+            Verifier::from_jwks(jwks).map_err(|e| EngineError::Auth(e.to_string()))?;
+        Ok(())
     }
 
     // ---- outputs ------------------------------------------------------------------------

@@ -66,16 +66,48 @@ impl fmt::Display for TlsConfigError {
 
 impl std::error::Error for TlsConfigError {}
 
+/// How the endpoint runs TLS: who it is, and what it asks of clients.
+#[derive(Clone, Debug)]
+pub(crate) struct TlsSettings {
+    pub(crate) identity: TlsIdentity,
+    /// CA certificates client certificates must chain to; `None` asks for none.
+    pub(crate) client_ca: Option<Vec<CertificateDer<'static>>>,
+    /// Refuse a ClientHello that offers no ALPN.
+    pub(crate) require_alpn: bool,
+    pub(crate) provider: Option<Arc<rustls::crypto::CryptoProvider>>,
+}
+
 fn rustls_config(
-    identity: &TlsIdentity,
+    settings: &TlsSettings,
     alpn: Option<&[u8]>,
-    provider: Option<Arc<rustls::crypto::CryptoProvider>>,
 ) -> Result<Arc<QuicServerConfig>, TlsConfigError> {
-    let provider = provider.unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let provider = settings
+        .provider
+        .clone()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| TlsConfigError(e.to_string()))?
-        .with_no_client_auth()
+        .map_err(|e| TlsConfigError(e.to_string()))?;
+    let builder = match &settings.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(cas) => {
+            // Mutual TLS: a client without a certificate chaining to one of these CAs fails
+            // the handshake (TLS alert certificate_required / unknown_ca).
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in cas {
+                roots
+                    .add(ca.clone())
+                    .map_err(|e| TlsConfigError(format!("client CA: {e}")))?;
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .map_err(|e| TlsConfigError(format!("client CA: {e}")))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let identity = &settings.identity;
+    let mut config = builder
         .with_single_cert(identity.cert_chain.clone(), identity.key.clone_key())
         .map_err(|e| TlsConfigError(e.to_string()))?;
     config.alpn_protocols = alpn.map(|p| vec![p.to_vec()]).unwrap_or_default();
@@ -91,17 +123,16 @@ fn rustls_config(
 pub(crate) struct AlpnSelector {
     with_alpn: Arc<QuicServerConfig>,
     without_alpn: Arc<QuicServerConfig>,
+    /// A hello without ALPN gets the `felix/1` config, which refuses it.
+    require_alpn: bool,
 }
 
 impl AlpnSelector {
-    /// `provider` `None` is ring's default provider.
-    pub(crate) fn new(
-        identity: &TlsIdentity,
-        provider: Option<Arc<rustls::crypto::CryptoProvider>>,
-    ) -> Result<AlpnSelector, TlsConfigError> {
+    pub(crate) fn new(settings: &TlsSettings) -> Result<AlpnSelector, TlsConfigError> {
         Ok(AlpnSelector {
-            with_alpn: rustls_config(identity, Some(ALPN_FELIX_V1), provider.clone())?,
-            without_alpn: rustls_config(identity, None, provider)?,
+            with_alpn: rustls_config(settings, Some(ALPN_FELIX_V1))?,
+            without_alpn: rustls_config(settings, None)?,
+            require_alpn: settings.require_alpn,
         })
     }
 }
@@ -313,8 +344,9 @@ impl crypto::Session for SelectingSession {
             Err(reason) => return Err(hello_error(reason)),
         };
         let config = match offer {
-            AlpnOffer::None => selector.without_alpn.clone(),
-            AlpnOffer::Felix | AlpnOffer::Other => selector.with_alpn.clone(),
+            AlpnOffer::None if !selector.require_alpn => selector.without_alpn.clone(),
+            // rustls refuses these unless they offer felix/1 (no_application_protocol).
+            AlpnOffer::None | AlpnOffer::Felix | AlpnOffer::Other => selector.with_alpn.clone(),
         };
         let mut session = crypto::ServerConfig::start_session(config, *version, params);
         let hello = std::mem::take(hello);
