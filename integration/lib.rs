@@ -1,14 +1,65 @@
 //! Shared helpers for the end-to-end tests and the benchmark: a broker started in-process
 //! on 127.0.0.1:0 and clients configured to trust it.
+//!
+//! **Runtimes.** One run of the suite tests one broker runtime, named by `FELIX_RUNTIME`
+//! (`tokio`, the default, or `smol`); its clients run on `FELIX_CLIENT_RUNTIME`, by default
+//! the same. Every broker a test starts goes through [`start_broker`] (and the binary reads
+//! the same variable), so the suite is written once and `scripts/test` runs it per runtime.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use felix_client::{Client, ClientConfig, ClientError, Event, Subscription, SubscriptionItem};
 use felix_runtime_tokio::felix_engine::{DeclaredStream, EngineConfig};
 use felix_runtime_tokio::{BrokerOptions, RunningBroker};
+
+/// The broker runtimes there are, as `FELIX_RUNTIME` names them.
+pub const RUNTIMES: [&str; 2] = ["tokio", "smol"];
+
+fn runtime_var(name: &str) -> Option<&'static str> {
+    let value = std::env::var(name).ok().filter(|v| !v.is_empty())?;
+    match RUNTIMES.iter().find(|r| **r == value) {
+        Some(r) => Some(r),
+        None => panic!("{name}={value:?}: expected one of {RUNTIMES:?}"),
+    }
+}
+
+/// The broker runtime this run tests (`FELIX_RUNTIME`, default `tokio`).
+pub fn broker_runtime() -> &'static str {
+    runtime_var("FELIX_RUNTIME").unwrap_or("tokio")
+}
+
+/// The client runtime this run uses (`FELIX_CLIENT_RUNTIME`, default the broker's).
+pub fn client_runtime() -> felix_client::Runtime {
+    match runtime_var("FELIX_CLIENT_RUNTIME").unwrap_or_else(broker_runtime) {
+        "smol" => felix_client::Runtime::Smol,
+        _ => felix_client::Runtime::Tokio,
+    }
+}
+
+/// Starts a broker in this process on [`broker_runtime`].
+pub async fn start_broker(opts: BrokerOptions) -> std::io::Result<RunningBroker> {
+    let broker = match broker_runtime() {
+        "smol" => felix_runtime_smol::start(opts).await?,
+        _ => felix_runtime_tokio::start(opts).await?,
+    };
+    assert_eq!(broker.runtime(), broker_runtime());
+    Ok(broker)
+}
+
+/// A client configuration on [`client_runtime`] with test-sized timeouts.
+pub fn client_config(addr: SocketAddr, ca_pem: Vec<u8>, token: &str) -> ClientConfig {
+    let mut config = ClientConfig::new(addr, ca_pem, TENANT, token);
+    config.runtime = client_runtime();
+    // Tests fail fast rather than wait out the production timeouts.
+    config.request_timeout = Duration::from_secs(10);
+    config.connect_timeout = Duration::from_secs(10);
+    config
+}
 
 /// The tenant the dev token is minted for.
 pub const TENANT: &str = "t1";
@@ -96,9 +147,7 @@ impl TokenMinter {
 pub async fn broker_with_jwks(jwks: Vec<u8>) -> TestBroker {
     let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
     opts.jwks = Some(jwks);
-    let broker = within(10, felix_runtime_tokio::start(opts))
-        .await
-        .expect("broker starts");
+    let broker = within(10, start_broker(opts)).await.expect("broker starts");
     TestBroker { broker }
 }
 
@@ -116,9 +165,7 @@ pub async fn broker() -> TestBroker {
 pub async fn broker_with(configure: impl FnOnce(&mut EngineConfig) + Send + 'static) -> TestBroker {
     let opts =
         BrokerOptions::new("127.0.0.1:0".parse().expect("literal")).configure_engine(configure);
-    let broker = within(10, felix_runtime_tokio::start(opts))
-        .await
-        .expect("broker starts");
+    let broker = within(10, start_broker(opts)).await.expect("broker starts");
     TestBroker { broker }
 }
 
@@ -146,17 +193,11 @@ impl TestBroker {
     /// A client configuration trusting this broker, authenticating with the dev token (or
     /// an empty one on a JWKS broker: set `token` yourself).
     pub fn config(&self) -> ClientConfig {
-        let token = self.broker.dev_token().unwrap_or_default().to_owned();
-        let mut config = ClientConfig::new(
+        client_config(
             self.addr(),
             self.broker.ca_cert_pem().as_bytes().to_vec(),
-            TENANT,
-            &token,
-        );
-        // Tests fail fast rather than wait out the production timeouts.
-        config.request_timeout = Duration::from_secs(10);
-        config.connect_timeout = Duration::from_secs(10);
-        config
+            self.broker.dev_token().unwrap_or_default(),
+        )
     }
 
     /// A connected client with the default configuration.
@@ -280,4 +321,79 @@ pub async fn join_all<F: std::future::Future>(
     })
     .await;
     outputs.into_iter().map(|o| o.expect("ready")).collect()
+}
+
+fn newest_source(dirs: &[PathBuf]) -> SystemTime {
+    let mut newest = SystemTime::UNIX_EPOCH;
+    let mut stack: Vec<PathBuf> = dirs.to_vec();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
+                    newest = newest.max(m);
+                }
+            }
+        }
+    }
+    newest
+}
+
+/// The `felix-broker` binary for tests that run the real process: `FELIX_BROKER_BIN` if set,
+/// else the newest of `target/{release,debug}/felix-broker` that is not older than the
+/// broker's sources, else one built here into `target/crash-test`.
+pub fn broker_binary() -> PathBuf {
+    if let Ok(path) = std::env::var("FELIX_BROKER_BIN") {
+        return PathBuf::from(path);
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| workspace.join("target"));
+    let sources = newest_source(&[
+        workspace.join("felix-engine/src"),
+        workspace.join("runtime-common/src"),
+        workspace.join("runtime-tokio/src"),
+        workspace.join("runtime-smol/src"),
+        workspace.join("felix-proto/src"),
+    ]);
+    let fresh = |p: &Path| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .ok()
+            .filter(|m| *m >= sources)
+    };
+    let candidates = [
+        target.join("release/felix-broker"),
+        target.join("debug/felix-broker"),
+        target.join("crash-test/debug/felix-broker"),
+    ];
+    if let Some(best) = candidates
+        .iter()
+        .filter_map(|p| fresh(p).map(|m| (m, p)))
+        .max()
+    {
+        return best.1.clone();
+    }
+    // A separate target directory: the one this test runs from may be locked by cargo.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "-p",
+            "felix-runtime-tokio",
+            "--bin",
+            "felix-broker",
+        ])
+        .env("CARGO_TARGET_DIR", target.join("crash-test"))
+        .current_dir(&workspace)
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "building felix-broker failed");
+    target.join("crash-test/debug/felix-broker")
 }

@@ -1,6 +1,7 @@
-//! The tokio front end: one QUIC connection (quinn), authenticated bidi streams driven by the
-//! Sans-IO [`crate::core`] types, and a task that routes broker-opened event streams to
-//! their subscriptions.
+//! The async front end, on tokio or smol ([`Runtime`]): one QUIC connection (quinn),
+//! authenticated bidi streams driven by the Sans-IO [`crate::core`] types, and a task that
+//! routes broker-opened event streams to their subscriptions. Tasks and timers go through
+//! quinn's runtime trait, so this file is the one front end for every runtime.
 //!
 //! Streams, like the reference client: `connect_streams` request streams opened one after
 //! another at connect (cache operations go round-robin over them); one dedicated publish
@@ -16,6 +17,8 @@ use bytes::Bytes;
 use felix_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use felix_proto::{Features, Frame, FrameDecoder};
 use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
+
+use crate::runtime::{timeout, Runtime};
 
 use crate::core::{
     auth_frame, read_auth_reply, read_subscribe_reply, subscribe_frame, Ack, Answer, Capabilities,
@@ -54,6 +57,8 @@ pub struct ClientConfig {
     /// QUIC receive window per stream: how far the broker may run ahead of a reader (an
     /// event stream the application does not read stops the broker at this many bytes).
     pub stream_receive_window: u32,
+    /// The async runtime the connection runs on (tokio by default when built in).
+    pub runtime: Runtime,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -67,6 +72,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("offer_alpn", &self.offer_alpn)
             .field("offer", &self.offer)
             .field("connect_streams", &self.connect_streams)
+            .field("runtime", &self.runtime)
             .finish_non_exhaustive()
     }
 }
@@ -87,6 +93,7 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(6),
             stream_receive_window: 64 << 20,
+            runtime: Runtime::default(),
         }
     }
 }
@@ -101,6 +108,7 @@ pub struct Client {
 type PublishSlot = Arc<OnceCell<Arc<RequestChannel>>>;
 
 struct Inner {
+    runtime: Arc<dyn quinn::Runtime>,
     endpoint: quinn::Endpoint,
     conn: quinn::Connection,
     config: ClientConfig,
@@ -121,9 +129,10 @@ impl Drop for Inner {
 }
 
 impl Client {
-    /// Dials the broker, authenticates `connect_streams` streams one after another, and
-    /// starts routing event streams.
+    /// Dials the broker on `config.runtime`, authenticates `connect_streams` streams one
+    /// after another, and starts routing event streams. On tokio, call it inside the runtime.
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+        let runtime = config.runtime.quinn();
         let quic = quic_client_config(
             &config.ca_pem,
             config.offer_alpn,
@@ -135,12 +144,20 @@ impl Client {
         } else {
             "[::]:0".parse().expect("literal")
         };
-        let endpoint = quinn::Endpoint::client(bind)
+        let endpoint = std::net::UdpSocket::bind(bind)
+            .and_then(|socket| {
+                quinn::Endpoint::new(
+                    quinn::EndpointConfig::default(),
+                    None,
+                    socket,
+                    runtime.clone(),
+                )
+            })
             .map_err(|e| ClientError::Connection(format!("cannot bind a UDP socket: {e}")))?;
         let connecting = endpoint
             .connect_with(quic, config.addr, &config.server_name)
             .map_err(|e| ClientError::Usage(format!("cannot dial {}: {e}", config.addr)))?;
-        let conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
+        let conn = match timeout(&*runtime, config.connect_timeout, connecting).await {
             Err(_) => return Err(ClientError::Timeout("the QUIC handshake")),
             Ok(Err(e)) => return Err(ClientError::Connection(format!("handshake: {e}"))),
             Ok(Ok(conn)) => conn,
@@ -149,7 +166,7 @@ impl Client {
         let mut streams = Vec::with_capacity(config.connect_streams.max(1));
         let mut caps = None;
         for _ in 0..config.connect_streams.max(1) {
-            match open_authenticated(&conn, &config).await {
+            match open_authenticated(&*runtime, &conn, &config).await {
                 Ok((send, recv, decoder, stream_caps)) => {
                     caps.get_or_insert(stream_caps);
                     streams.push((send, recv, decoder, stream_caps));
@@ -171,6 +188,7 @@ impl Client {
             .into_iter()
             .map(|(send, recv, decoder, stream_caps)| {
                 RequestChannel::start(
+                    &runtime,
                     send,
                     recv,
                     decoder,
@@ -181,15 +199,17 @@ impl Client {
             .collect();
 
         let events = Arc::new(EventRouter::default());
-        tokio::spawn(route_event_streams(
+        runtime.spawn(Box::pin(route_event_streams(
+            runtime.clone(),
             conn.clone(),
             events.clone(),
             caps,
             config.request_timeout,
-        ));
+        )));
 
         Ok(Client {
             inner: Arc::new(Inner {
+                runtime,
                 endpoint,
                 conn,
                 config,
@@ -342,7 +362,7 @@ impl Client {
         let inner = &self.inner;
         let timeout = inner.config.request_timeout;
         let (mut send, mut recv, mut decoder, _caps) =
-            open_authenticated(&inner.conn, &inner.config).await?;
+            open_authenticated(&*inner.runtime, &inner.conn, &inner.config).await?;
         let request = SubscribeRequest {
             namespace,
             stream,
@@ -353,18 +373,26 @@ impl Client {
         send.write_chunk(frame).await.map_err(write_error)?;
         // Like the reference client: nothing more goes on this stream.
         let _ = send.finish();
-        let reply = read_frame(&mut recv, &mut decoder, timeout, "the subscribe answer")
-            .await?
-            .ok_or_else(|| {
-                ClientError::Connection("subscribe stream ended with no answer".into())
-            })?;
+        let reply = read_frame(
+            &*inner.runtime,
+            &mut recv,
+            &mut decoder,
+            timeout,
+            "the subscribe answer",
+        )
+        .await?
+        .ok_or_else(|| ClientError::Connection("subscribe stream ended with no answer".into()))?;
         let subscribed = read_subscribe_reply(&reply)?;
         // Dropping the receive side sends STOP_SENDING, as the reference client does; the
         // subscription lives on the event stream.
         drop(recv);
-        let events = tokio::time::timeout(timeout, inner.events.wait(subscribed.subscription_id))
-            .await
-            .map_err(|_| ClientError::Timeout("the subscription's event stream"))??;
+        let events = crate::runtime::timeout(
+            &*inner.runtime,
+            timeout,
+            inner.events.wait(subscribed.subscription_id),
+        )
+        .await
+        .map_err(|_| ClientError::Timeout("the subscription's event stream"))??;
         Ok(Subscription {
             subscription_id: subscribed.subscription_id,
             start_offset: subscribed.start_offset,
@@ -383,8 +411,9 @@ impl Client {
         let inner = &self.inner;
         if authenticate {
             let (send, recv, decoder, caps) =
-                open_authenticated(&inner.conn, &inner.config).await?;
+                open_authenticated(&*inner.runtime, &inner.conn, &inner.config).await?;
             Ok(RawStream {
+                runtime: inner.runtime.clone(),
                 send,
                 recv,
                 decoder,
@@ -394,6 +423,7 @@ impl Client {
         } else {
             let (send, recv) = inner.conn.open_bi().await.map_err(connection_error)?;
             Ok(RawStream {
+                runtime: inner.runtime.clone(),
                 send,
                 recv,
                 decoder: FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES),
@@ -413,7 +443,13 @@ impl Client {
     /// for the close to be sent.
     pub async fn close(self) {
         self.inner.conn.close(0u32.into(), b"client closed");
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+        let inner = &self.inner;
+        let _ = timeout(
+            &*inner.runtime,
+            Duration::from_secs(1),
+            inner.endpoint.wait_idle(),
+        )
+        .await;
     }
 
     async fn cache_call(
@@ -458,8 +494,9 @@ impl Client {
         let channel = cell
             .get_or_try_init(|| async {
                 let (send, recv, decoder, caps) =
-                    open_authenticated(&inner.conn, &inner.config).await?;
+                    open_authenticated(&*inner.runtime, &inner.conn, &inner.config).await?;
                 Ok::<_, ClientError>(RequestChannel::start(
+                    &inner.runtime,
                     send,
                     recv,
                     decoder,
@@ -474,6 +511,7 @@ impl Client {
 
 /// Opens a bidi stream and runs the `auth` exchange on it.
 async fn open_authenticated(
+    runtime: &dyn quinn::Runtime,
     conn: &quinn::Connection,
     config: &ClientConfig,
 ) -> Result<
@@ -491,6 +529,7 @@ async fn open_authenticated(
         .map_err(write_error)?;
     let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES);
     let reply = read_frame(
+        runtime,
         &mut recv,
         &mut decoder,
         config.connect_timeout,
@@ -504,9 +543,10 @@ async fn open_authenticated(
 
 /// Reads the next whole frame; `None` when the stream finished cleanly between frames.
 async fn read_frame(
+    runtime: &dyn quinn::Runtime,
     recv: &mut quinn::RecvStream,
     decoder: &mut FrameDecoder,
-    timeout: Duration,
+    limit: Duration,
     what: &'static str,
 ) -> Result<Option<Frame>, ClientError> {
     let read = async {
@@ -526,7 +566,7 @@ async fn read_frame(
             }
         }
     };
-    tokio::time::timeout(timeout, read)
+    timeout(runtime, limit, read)
         .await
         .map_err(|_| ClientError::Timeout(what))?
 }
@@ -557,6 +597,7 @@ const WRITE_QUEUE_FRAMES: usize = 64;
 /// dropped mid-write (a timeout, a `select!`) would otherwise leave half a frame on the
 /// stream, and every later frame would be misread.
 struct RequestChannel {
+    runtime: Arc<dyn quinn::Runtime>,
     /// The queue every call waits in, in arrival order, for its window slot and its place
     /// in `frames`: calls cannot overtake one another, so concurrent calls reach the wire
     /// in the order they first got in line.
@@ -586,6 +627,7 @@ impl ChannelState {
 
 impl RequestChannel {
     fn start(
+        runtime: &Arc<dyn quinn::Runtime>,
         send: quinn::SendStream,
         recv: quinn::RecvStream,
         decoder: FrameDecoder,
@@ -596,6 +638,7 @@ impl RequestChannel {
             connection_window.unwrap_or_else(|| Arc::new(Semaphore::new(core.publish_limit())));
         let (frames, queued) = mpsc::channel(WRITE_QUEUE_FRAMES);
         let channel = Arc::new(RequestChannel {
+            runtime: runtime.clone(),
             turn: tokio::sync::Mutex::new(()),
             frames,
             state: Mutex::new(ChannelState {
@@ -605,8 +648,12 @@ impl RequestChannel {
             }),
             window,
         });
-        tokio::spawn(channel.clone().read_answers(recv, decoder));
-        tokio::spawn(write_frames(Arc::downgrade(&channel), send, queued));
+        runtime.spawn(Box::pin(channel.clone().read_answers(recv, decoder)));
+        runtime.spawn(Box::pin(write_frames(
+            Arc::downgrade(&channel),
+            send,
+            queued,
+        )));
         channel
     }
 
@@ -618,7 +665,7 @@ impl RequestChannel {
     async fn call(
         &self,
         windowed: bool,
-        timeout: Duration,
+        limit: Duration,
         encode: impl FnOnce(&mut RequestStream) -> Result<Encoded, ClientError>,
     ) -> Result<Option<Answer>, ClientError> {
         let exchange = async {
@@ -662,7 +709,7 @@ impl RequestChannel {
                 Err(_) => Err(self.failure()),
             }
         };
-        tokio::time::timeout(timeout, exchange)
+        timeout(&*self.runtime, limit, exchange)
             .await
             .map_err(|_| ClientError::Timeout("an answer"))?
     }
@@ -750,6 +797,7 @@ async fn write_frames(
 
 /// A stream authenticated (or not) by hand, for tests.
 pub struct RawStream {
+    runtime: Arc<dyn quinn::Runtime>,
     send: quinn::SendStream,
     recv: quinn::RecvStream,
     decoder: FrameDecoder,
@@ -775,7 +823,14 @@ impl RawStream {
 
     /// The next frame; `None` when the broker finished the stream.
     pub async fn recv_frame(&mut self) -> Result<Option<Frame>, ClientError> {
-        read_frame(&mut self.recv, &mut self.decoder, self.timeout, "a frame").await
+        read_frame(
+            &*self.runtime,
+            &mut self.recv,
+            &mut self.decoder,
+            self.timeout,
+            "a frame",
+        )
+        .await
     }
 }
 
@@ -916,10 +971,11 @@ impl EventRouter {
 }
 
 async fn route_event_streams(
+    runtime: Arc<dyn quinn::Runtime>,
     conn: quinn::Connection,
     router: Arc<EventRouter>,
     caps: Capabilities,
-    timeout: Duration,
+    limit: Duration,
 ) {
     loop {
         let recv = match conn.accept_uni().await {
@@ -930,12 +986,19 @@ async fn route_event_streams(
             }
         };
         let router = router.clone();
-        tokio::spawn(async move {
+        let task_runtime = runtime.clone();
+        runtime.spawn(Box::pin(async move {
             let mut recv = recv;
             let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES);
             let mut reader = EventStreamReader::new(&caps);
-            let Ok(Some(first)) =
-                read_frame(&mut recv, &mut decoder, timeout, "event_stream_hello").await
+            let Ok(Some(first)) = read_frame(
+                &*task_runtime,
+                &mut recv,
+                &mut decoder,
+                limit,
+                "event_stream_hello",
+            )
+            .await
             else {
                 return;
             };
@@ -951,7 +1014,7 @@ async fn route_event_streams(
                     reader,
                 },
             );
-        });
+        }));
     }
 }
 

@@ -1,4 +1,4 @@
-//! The client's error type, shared by the Sans-IO core and the tokio front end.
+//! The client's error type, shared by the Sans-IO core and the async front end.
 
 use std::fmt;
 

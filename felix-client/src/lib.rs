@@ -3,13 +3,14 @@
 //! A Felix client in two layers:
 //! - [`core`]: the protocol per stream as Sans-IO state machines — the `auth` offer and what
 //!   it negotiates, request encoding and answer correlation, event-stream decoding. No
-//!   sockets, no async, no clock; a smol (or any) front end reuses it unchanged.
-//! - `Client` (feature `tokio`, on by default): a tokio front end over quinn (rustls 0.23,
-//!   `ring`), one QUIC connection per client. Build with `default-features = false` for the
-//!   core alone.
+//!   sockets, no async, no clock; the front end below and the simulator both drive it.
+//! - `Client`: the async front end over quinn (rustls 0.23, `ring`), one QUIC connection
+//!   per client, written once and run on tokio (feature `tokio`, on by default) or smol
+//!   (feature `smol`), chosen by [`ClientConfig::runtime`](crate::ClientConfig). Build with
+//!   `default-features = false` for the core alone.
 //!
 //! ```no_run
-//! # #[cfg(feature = "tokio")]
+//! # #[cfg(feature = "front-end")]
 //! # async fn demo(addr: std::net::SocketAddr, ca_pem: Vec<u8>, token: &str) -> Result<(), felix_client::ClientError> {
 //! use bytes::Bytes;
 //! use felix_client::{Ack, Client, ClientConfig, Start, SubscriptionItem};
@@ -25,17 +26,21 @@
 //! # Ok(()) }
 //! ```
 
-#[cfg(feature = "tokio")]
+#[cfg(feature = "front-end")]
 mod client;
 pub mod core;
 mod error;
-#[cfg(feature = "tokio")]
+#[cfg(feature = "front-end")]
+mod runtime;
+#[cfg(feature = "front-end")]
 mod transport;
 
-#[cfg(feature = "tokio")]
+#[cfg(feature = "front-end")]
 pub use crate::client::{Client, ClientConfig, RawStream, Subscription, SubscriptionItem};
 pub use crate::core::{Ack, Event, Offer, Start, SubscriptionEnd};
 pub use crate::error::ClientError;
-#[cfg(feature = "tokio")]
+#[cfg(feature = "front-end")]
+pub use crate::runtime::Runtime;
+#[cfg(feature = "front-end")]
 pub use crate::transport::CLIENT_ALPN;
 pub use felix_proto::{ErrorCode, RetryClass};

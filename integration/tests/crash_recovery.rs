@@ -3,21 +3,22 @@
 //! directory, and every record ever acknowledged must be readable, in order, at contiguous
 //! offsets. At least [`MIN_KILLS`] kills, within [`TIME_BUDGET`].
 //!
-//! The broker binary is `FELIX_BROKER_BIN` if set, else the newest of
-//! `target/{release,debug}/felix-broker` that is not older than the sources, else one built
-//! here into `target/crash-test`. The random schedule comes from `FELIX_CRASH_SEED` (printed
+//! The broker binary is [`felix_integration::broker_binary`], run on the suite's runtime
+//! (`FELIX_RUNTIME`). The random schedule comes from `FELIX_CRASH_SEED` (printed
 //! on every run, so a failure can be replayed).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use felix_client::{Ack, Client, ClientConfig, Start, SubscriptionItem};
-use felix_integration::{free_udp_port, unique, within, TENANT};
+use felix_integration::{
+    broker_binary, broker_runtime, client_config, free_udp_port, unique, within,
+};
 
 const MIN_KILLS: usize = 20;
 const MAX_KILLS: usize = 30;
@@ -47,77 +48,6 @@ impl Rng {
     }
 }
 
-fn newest_source(dirs: &[PathBuf]) -> SystemTime {
-    let mut newest = SystemTime::UNIX_EPOCH;
-    let mut stack: Vec<PathBuf> = dirs.to_vec();
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|x| x == "rs") {
-                if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
-                    newest = newest.max(m);
-                }
-            }
-        }
-    }
-    newest
-}
-
-/// The broker binary to run (see the module docs).
-fn broker_binary() -> PathBuf {
-    if let Ok(path) = std::env::var("FELIX_BROKER_BIN") {
-        return PathBuf::from(path);
-    }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| workspace.join("target"));
-    let sources = newest_source(&[
-        workspace.join("felix-engine/src"),
-        workspace.join("runtime-tokio/src"),
-        workspace.join("felix-proto/src"),
-    ]);
-    let fresh = |p: &Path| {
-        std::fs::metadata(p)
-            .and_then(|m| m.modified())
-            .ok()
-            .filter(|m| *m >= sources)
-    };
-    let candidates = [
-        target.join("release/felix-broker"),
-        target.join("debug/felix-broker"),
-        target.join("crash-test/debug/felix-broker"),
-    ];
-    if let Some(best) = candidates
-        .iter()
-        .filter_map(|p| fresh(p).map(|m| (m, p)))
-        .max()
-    {
-        return best.1.clone();
-    }
-    // A separate target directory: the one this test runs from may be locked by cargo.
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "-p",
-            "felix-runtime-tokio",
-            "--bin",
-            "felix-broker",
-        ])
-        .env("CARGO_TARGET_DIR", target.join("crash-test"))
-        .current_dir(&workspace)
-        .status()
-        .expect("run cargo build");
-    assert!(status.success(), "building felix-broker failed");
-    target.join("crash-test/debug/felix-broker")
-}
-
 /// One run of the broker process.
 struct Broker {
     child: Child,
@@ -132,6 +62,7 @@ async fn start_broker(bin: &Path, storage: &Path, work: &Path, round: usize) -> 
     let addr: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse().unwrap();
     let log = std::fs::File::create(work.join(format!("broker-{round}.log"))).unwrap();
     let mut child = Command::new(bin)
+        .env("FELIX_RUNTIME", broker_runtime())
         .env("FELIX_QUIC_BIND", addr.to_string())
         .env("FELIX_TLS_CERT_EXPORT", &ca)
         .env("FELIX_DEV_TOKEN_EXPORT", &token)
@@ -145,8 +76,7 @@ async fn start_broker(bin: &Path, storage: &Path, work: &Path, round: usize) -> 
     // The exports appear once recovery is done and the socket is served.
     for _ in 0..400 {
         if let (Ok(ca_pem), Ok(token)) = (std::fs::read(&ca), std::fs::read_to_string(&token)) {
-            let mut config = ClientConfig::new(addr, ca_pem, TENANT, token.trim());
-            config.request_timeout = Duration::from_secs(10);
+            let config = client_config(addr, ca_pem, token.trim());
             return Broker { child, config };
         }
         if let Ok(Some(status)) = child.try_wait() {

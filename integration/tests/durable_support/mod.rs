@@ -4,10 +4,9 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use felix_client::{Client, ClientConfig};
-use felix_integration::{unique, within, TENANT};
+use felix_integration::{client_config, start_broker, unique, within};
 use felix_runtime_tokio::felix_engine::{DurableConfig, FsyncPolicy};
 use felix_runtime_tokio::{BrokerOptions, RunningBroker};
 
@@ -49,22 +48,18 @@ pub async fn start(dir: &Path, durable: DurableConfig) -> RunningBroker {
     let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
     opts.storage_dir = Some(dir.to_path_buf());
     opts.durable = durable;
-    within(20, felix_runtime_tokio::start(opts))
+    within(20, start_broker(opts))
         .await
         .expect("durable broker starts")
 }
 
 /// A client configuration for `broker` with its dev token.
 pub fn config(broker: &RunningBroker) -> ClientConfig {
-    let mut config = ClientConfig::new(
+    client_config(
         broker.local_addr(),
         broker.ca_cert_pem().as_bytes().to_vec(),
-        TENANT,
         broker.dev_token().expect("dev mode"),
-    );
-    config.request_timeout = Duration::from_secs(10);
-    config.connect_timeout = Duration::from_secs(10);
-    config
+    )
 }
 
 pub async fn client(broker: &RunningBroker) -> Client {
