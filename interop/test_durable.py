@@ -3,7 +3,7 @@ FELIX_DURABLE_STORAGE_DIR on a temporary directory and FELIX_DURABLE_FSYNC_MODE=
 
 Publishes return their offsets, events carry them, `start="earliest"` and `start=<offset>`
 replay the log and join live delivery, and records and cache values (with their TTL) survive
-a restart of the broker on the same directory.
+a restart of the broker on the same directory. Each test runs once per broker runtime (conftest.py).
 """
 
 import os
@@ -31,8 +31,9 @@ def free_udp_port():
 class DurableBroker:
     """One broker process on `storage`; `restart()` stops it (SIGTERM) and starts another."""
 
-    def __init__(self, storage, fsync_mode="on_commit"):
+    def __init__(self, storage, runtime, fsync_mode="on_commit"):
         self.storage = storage
+        self.runtime = runtime
         self.fsync_mode = fsync_mode
         self.dir = tempfile.TemporaryDirectory(prefix="felix-interop-durable-")
         self.runs = 0
@@ -48,13 +49,14 @@ class DurableBroker:
         env.update(
             FELIX_QUIC_BIND=self.addr,
             FELIX_TLS_CERT_EXPORT=str(self.ca),
+            NO_COLOR="1",
             FELIX_DEV_TOKEN_EXPORT=str(self.token_file),
             FELIX_DURABLE_STORAGE_DIR=str(self.storage),
             FELIX_DURABLE_FSYNC_MODE=self.fsync_mode,
         )
         self.log_path = d / f"broker-{self.runs}.log"
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([BROKER_BIN], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([BROKER_BIN, "--runtime", self.runtime], env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not (self.ca.exists() and self.token_file.exists() and self.token_file.stat().st_size > 0):
             if self.proc.poll() is not None:
@@ -97,8 +99,8 @@ def storage():
 
 
 @pytest.fixture
-def broker(storage):
-    b = DurableBroker(storage)
+def broker(storage, runtime):
+    b = DurableBroker(storage, runtime)
     yield b
     b.stop()
 

@@ -1,8 +1,9 @@
 """Interop: the field's client, felix-client 0.6.2 from PyPI, against our `felix-broker` binary.
 
 Each test talks to one broker process started from the release binary with embedded defaults
-(dev-mode token, self-signed CA exported to a file). Set FELIX_BROKER_BIN to test another build,
-and FELIX_RUNTIME to pick the broker's runtime once there are several.
+(dev-mode token, self-signed CA exported to a file), once per broker runtime (`--runtime tokio`
+and `--runtime smol`, see conftest.py). Set FELIX_BROKER_BIN to test another build, and
+FELIX_RUNTIME to run one runtime only.
 """
 
 import os
@@ -14,6 +15,7 @@ import time
 
 import felix
 import pytest
+from conftest import runs_on
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 BROKER_BIN = os.environ.get("FELIX_BROKER_BIN", str(REPO / "target" / "release" / "felix-broker"))
@@ -28,7 +30,8 @@ def free_udp_port():
 
 
 class Broker:
-    def __init__(self):
+    def __init__(self, runtime):
+        self.runtime = runtime
         self.dir = tempfile.TemporaryDirectory(prefix="felix-interop-")
         d = pathlib.Path(self.dir.name)
         self.ca = d / "ca.pem"
@@ -39,11 +42,12 @@ class Broker:
         env.update(
             FELIX_QUIC_BIND=self.addr,
             FELIX_TLS_CERT_EXPORT=str(self.ca),
+            NO_COLOR="1",
             FELIX_DEV_TOKEN_EXPORT=str(self.token_file),
             FELIX_METRICS_BIND="127.0.0.1:0",
         )
         self.log = open(d / "broker.log", "wb")
-        self.proc = subprocess.Popen([BROKER_BIN], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([BROKER_BIN, "--runtime", self.runtime], env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not (self.ca.exists() and self.token_file.exists() and self.token_file.stat().st_size > 0):
             if self.proc.poll() is not None:
@@ -73,8 +77,8 @@ class Broker:
 
 
 @pytest.fixture(scope="module")
-def broker():
-    b = Broker()
+def broker(runtime):
+    b = Broker(runtime)
     yield b
     assert b.stop() == 0, "broker must exit 0 on SIGTERM"
 
@@ -86,6 +90,10 @@ def collect(sub, n):
         assert ev is not None, f"subscription ended after {len(got)} of {n} events"
         got.append(ev)
     return got
+
+
+def test_the_broker_runs_on_the_runtime_asked_for(broker):
+    assert runs_on(broker.read_log(), broker.runtime), broker.read_log()
 
 
 def test_connect_is_fast(broker):
