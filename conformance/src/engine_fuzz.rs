@@ -71,15 +71,24 @@ pub fn engine(data: &[u8]) {
         let Ok(action) = Action::arbitrary(&mut u) else {
             break;
         };
+        if debug() {
+            eprintln!("{action:?}");
+        }
         world.apply(action);
         world.settle();
         world.check_usage();
     }
     world.settle();
     world.check_answers();
-    if std::env::var_os("FELIX_FUZZ_DEBUG").is_some() {
+    if debug() {
         eprintln!("{:?}\n{:?}", world.engine.stats(), world.engine.usage());
     }
+}
+
+/// `FELIX_FUZZ_DEBUG` set: print each action and the engine's counters (to replay a finding).
+fn debug() -> bool {
+    static DEBUG: OnceLock<bool> = OnceLock::new();
+    *DEBUG.get_or_init(|| std::env::var_os("FELIX_FUZZ_DEBUG").is_some())
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -410,6 +419,9 @@ struct ClientStream {
     /// The client finished, reset or stopped its side, or the broker ended the stream.
     done_sending: bool,
     stopped: bool,
+    /// The broker refused the stream (STOP_SENDING or a reset), as it does past the
+    /// unauthenticated-streams limit: nothing on it reached a handler.
+    refused: bool,
     decoder: FrameDecoder,
     ended: bool,
 }
@@ -702,6 +714,7 @@ impl World {
                         answers: 0,
                         done_sending: false,
                         stopped: false,
+                        refused: false,
                         decoder: FrameDecoder::new(64 << 20),
                         ended: false,
                     });
@@ -1016,6 +1029,11 @@ impl World {
                     any = true;
                     match ev {
                         Event::ConnectionLost { .. } => client.lost = true,
+                        Event::Stream(StreamEvent::Stopped { id, .. }) => {
+                            if let Some(st) = client.streams.iter_mut().find(|s| s.id == id) {
+                                st.refused = true;
+                            }
+                        }
                         Event::Stream(StreamEvent::Opened { dir: Dir::Uni }) => {
                             while let Some(id) = client.conn.streams().accept(Dir::Uni) {
                                 client
@@ -1111,7 +1129,12 @@ impl World {
                 continue;
             }
             for st in &client.streams {
-                if !st.clean || !st.auth_sent || st.stopped || !st.unsent.is_empty() {
+                if !st.clean
+                    || !st.auth_sent
+                    || st.stopped
+                    || st.refused
+                    || !st.unsent.is_empty()
+                {
                     continue;
                 }
                 assert_eq!(
@@ -1131,9 +1154,10 @@ fn read_all(client: &mut Client) -> bool {
         if st.ended {
             continue;
         }
-        let (read, ended) = read_stream(&mut client.conn, st.id, &mut st.decoder);
+        let (read, ended, reset) = read_stream(&mut client.conn, st.id, &mut st.decoder);
         any |= read;
         st.ended = ended;
+        st.refused |= reset;
         while let Some(frame) = st.decoder.next_frame().expect("broker frames decode") {
             felix_proto::decode_frame(&frame).expect("broker answers decode");
             st.answers += 1;
@@ -1143,7 +1167,7 @@ fn read_all(client: &mut Client) -> bool {
         if *ended {
             continue;
         }
-        let (read, end) = read_stream(&mut client.conn, *id, decoder);
+        let (read, end, _) = read_stream(&mut client.conn, *id, decoder);
         any |= read;
         *ended = end;
         while let Some(frame) = decoder.next_frame().expect("event frames decode") {
@@ -1153,10 +1177,16 @@ fn read_all(client: &mut Client) -> bool {
     any
 }
 
-/// Reads what the stream holds into `decoder`: (anything read, the stream ended).
-fn read_stream(conn: &mut Connection, id: StreamId, decoder: &mut FrameDecoder) -> (bool, bool) {
+/// Reads what the stream holds into `decoder`: (anything read, the stream ended, it was
+/// reset).
+fn read_stream(
+    conn: &mut Connection,
+    id: StreamId,
+    decoder: &mut FrameDecoder,
+) -> (bool, bool, bool) {
     let mut any = false;
     let mut ended = false;
+    let mut reset = false;
     if let Ok(mut chunks) = conn.recv_stream(id).read(true) {
         loop {
             match chunks.next(usize::MAX) {
@@ -1171,6 +1201,7 @@ fn read_stream(conn: &mut Connection, id: StreamId, decoder: &mut FrameDecoder) 
                 Err(quinn_proto::ReadError::Blocked) => break,
                 Err(quinn_proto::ReadError::Reset(_)) => {
                     ended = true;
+                    reset = true;
                     break;
                 }
             }
@@ -1179,5 +1210,5 @@ fn read_stream(conn: &mut Connection, id: StreamId, decoder: &mut FrameDecoder) 
     } else {
         ended = true;
     }
-    (any, ended)
+    (any, ended, reset)
 }

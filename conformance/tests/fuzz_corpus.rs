@@ -82,3 +82,15 @@ fn engine_pseudo_random_inputs() {
         felix_conformance::engine_fuzz::engine(&input);
     }
 }
+
+/// Replays the inputs in `FELIX_FUZZ_REPLAY` (a directory), for a finding under a debugger.
+#[test]
+fn engine_replay_dir() {
+    let Some(dir) = std::env::var_os("FELIX_FUZZ_REPLAY") else {
+        return;
+    };
+    for entry in fs::read_dir(dir).unwrap() {
+        let data = fs::read(entry.unwrap().path()).unwrap();
+        felix_conformance::engine_fuzz::engine(&data);
+    }
+}
