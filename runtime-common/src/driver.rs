@@ -115,7 +115,7 @@ impl<R: Runtime> Driver<R> {
                 Wake::Stop => break,
                 Wake::Received(result) => self.received(result).await,
                 Wake::Completed(c) => self.completed(c),
-                Wake::Timer => self.engine.handle_timeout(Instant::now()),
+                Wake::Timer => self.timer_fired(),
             }
         }
         self.stop().await
@@ -138,7 +138,7 @@ impl<R: Runtime> Driver<R> {
         while self.engine.connection_count() > 0 {
             match self.wait(None, true, Some(until)).await {
                 Wake::Timer if Instant::now() >= until => break,
-                Wake::Timer => self.engine.handle_timeout(Instant::now()),
+                Wake::Timer => self.timer_fired(),
                 Wake::Received(result) => self.received(result).await,
                 Wake::Completed(c) => self.completed(c),
                 Wake::Stop => {}
@@ -153,7 +153,7 @@ impl<R: Runtime> Driver<R> {
                     warn!("stopping before the logs finished syncing");
                     break;
                 }
-                Wake::Timer => self.engine.handle_timeout(Instant::now()),
+                Wake::Timer => self.timer_fired(),
                 Wake::Completed(c) => self.completed(c),
                 Wake::Received(_) | Wake::Stop => {}
             }
@@ -174,7 +174,10 @@ impl<R: Runtime> Driver<R> {
             (a, b) => a.or(b),
         };
         if let Some(at) = deadline {
-            if self.armed != Some(at) {
+            // Re-arming is not free (async-io wakes its reactor thread for every insert), and
+            // while traffic flows the engine's deadline mostly moves later. So an earlier
+            // timer stays armed and fires early; that wake re-arms for the real deadline.
+            if self.armed.is_none_or(|armed| at < armed) {
                 self.timer.reset(at);
                 self.armed = Some(at);
             }
@@ -194,12 +197,21 @@ impl<R: Runtime> Driver<R> {
             if let Poll::Ready(Some(c)) = Pin::new(&mut self.done_rx).poll_next(cx) {
                 return Poll::Ready(Wake::Completed(c));
             }
-            if deadline.is_some() && self.timer.poll_expired(cx).is_ready() {
+            if self.armed.is_some() && self.timer.poll_expired(cx).is_ready() {
+                self.armed = None;
                 return Poll::Ready(Wake::Timer);
             }
             Poll::Pending
         })
         .await
+    }
+
+    /// The timer may have been armed for an earlier deadline than the engine's current one.
+    fn timer_fired(&mut self) {
+        let now = Instant::now();
+        if self.engine.poll_timeout().is_some_and(|at| at <= now) {
+            self.engine.handle_timeout(now);
+        }
     }
 
     /// One `recvmmsg` (or `recvmsg` with GRO) into the receive buffers, when readable.
