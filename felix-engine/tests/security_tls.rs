@@ -141,3 +141,175 @@ fn dev_mode_has_no_jwks_to_replace() {
         Err(EngineError::Config(_))
     ));
 }
+
+/// A handshake with a client that presents `client_cert` (chain, key) to an engine that
+/// requires certificates from `ca`; then one `auth` on one stream. Returns the answer's
+/// `type`, or why the connection was lost. (The shared test network's client presents no
+/// certificate, so this drives its own.)
+fn mtls_session(
+    server: felix_engine::TlsIdentity,
+    trust: rustls_pki_types::CertificateDer<'static>,
+    client_ca: rustls_pki_types::CertificateDer<'static>,
+    client_cert: Option<(
+        Vec<rustls_pki_types::CertificateDer<'static>>,
+        rustls_pki_types::PrivateKeyDer<'static>,
+    )>,
+) -> Result<String, String> {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use bytes::BytesMut;
+    use felix_engine::{Datagram, Engine, EngineConfig, Output};
+    use quinn_proto::{DatagramEvent, Dir, Endpoint, EndpointConfig, Event};
+
+    let mut config = EngineConfig::new(server, AuthConfig::Dev { seed: [7; 32] }, [9; 32]);
+    config.client_ca = Some(vec![client_ca]);
+    let now = Instant::now();
+    let mut engine = Engine::new(config, now, 1_767_225_600_000_000).unwrap();
+    let token = engine.dev_token().unwrap().to_owned();
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(trust).unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots);
+    let tls = match client_cert {
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key).unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    let client_config = quinn_proto::ClientConfig::new(Arc::new(
+        quinn_proto::crypto::rustls::QuicClientConfig::try_from(tls).unwrap(),
+    ));
+    let mut client = Endpoint::new(Arc::new(EndpointConfig::default()), None, true, None);
+    let server_addr: std::net::SocketAddr = "127.0.0.1:5000".parse().unwrap();
+    let client_addr: std::net::SocketAddr = "127.0.0.1:40000".parse().unwrap();
+    let (ch, mut conn) = client
+        .connect(now, client_config, server_addr, "localhost")
+        .unwrap();
+    let mut stream = None;
+    let mut answer = felix_proto::FrameDecoder::new(1 << 20);
+    let mut buf = Vec::new();
+    for _ in 0..200 {
+        while let Some(t) = conn.poll_transmit(now, 10, &mut buf) {
+            let data = BytesMut::from(&buf[..t.size]);
+            engine.handle_datagram(
+                now,
+                Datagram {
+                    remote: client_addr,
+                    local_ip: None,
+                    ecn: None,
+                    data,
+                    segment_size: t.segment_size,
+                },
+            );
+            buf.clear();
+        }
+        let mut out = Vec::new();
+        while let Some(Output::Transmit(t)) = engine.poll_output(now, &mut out) {
+            let segment = t.segment_size.unwrap_or(t.size);
+            for d in out[..t.size].chunks(segment) {
+                let mut resp = Vec::new();
+                if let Some(DatagramEvent::ConnectionEvent(_, ev)) =
+                    client.handle(now, server_addr, None, None, BytesMut::from(d), &mut resp)
+                {
+                    conn.handle_event(ev);
+                }
+            }
+        }
+        while let Some(ev) = conn.poll_endpoint_events() {
+            if let Some(reply) = client.handle_event(ch, ev) {
+                conn.handle_event(reply);
+            }
+        }
+        while let Some(ev) = conn.poll() {
+            match ev {
+                Event::Connected => {
+                    let id = conn.streams().open(Dir::Bi).unwrap();
+                    conn.send_stream(id)
+                        .write(&real_client_auth("t1", &token))
+                        .unwrap();
+                    stream = Some(id);
+                }
+                Event::ConnectionLost { reason } => return Err(reason.to_string()),
+                _ => {}
+            }
+        }
+        if let Some(id) = stream {
+            if let Ok(mut chunks) = conn.recv_stream(id).read(true) {
+                while let Ok(Some(chunk)) = chunks.next(usize::MAX) {
+                    answer.feed_bytes(chunk.bytes);
+                }
+                let _ = chunks.finalize();
+            }
+            if let Some(frame) = answer.next_frame().unwrap() {
+                let v: serde_json::Value = serde_json::from_slice(&frame.payload).unwrap();
+                return Ok(v["type"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    Err("no answer".into())
+}
+
+#[test]
+fn a_client_certificate_from_the_trusted_ca_is_accepted_and_others_are_not() {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use rustls_pki_types::PrivateKeyDer;
+    let ca = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).unwrap();
+        (cert.der().clone(), Issuer::new(params, key))
+    };
+    let leaf = |issuer: &Issuer<'_, KeyPair>, name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_owned()])
+            .unwrap()
+            .signed_by(&key, issuer)
+            .unwrap();
+        (
+            vec![cert.der().clone()],
+            PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+        )
+    };
+    let (server_ca, server_issuer) = ca("server CA");
+    let (client_ca, client_issuer) = ca("client CA");
+    let (_, stranger_issuer) = ca("stranger CA");
+    let (chain, key) = leaf(&server_issuer, "localhost");
+    let server = felix_engine::TlsIdentity {
+        cert_chain: chain,
+        key,
+    };
+
+    let trusted = leaf(&client_issuer, "client-1");
+    assert_eq!(
+        mtls_session(
+            server.clone(),
+            server_ca.clone(),
+            client_ca.clone(),
+            Some(trusted)
+        ),
+        Ok("auth_ok".to_owned())
+    );
+    let stranger = leaf(&stranger_issuer, "client-2");
+    let refused = mtls_session(
+        server.clone(),
+        server_ca.clone(),
+        client_ca.clone(),
+        Some(stranger),
+    );
+    let why = refused.unwrap_err();
+    assert!(
+        why.contains("crypto") || why.contains("certificate"),
+        "{why}"
+    );
+    let refused = mtls_session(server, server_ca, client_ca, None);
+    let why = refused.unwrap_err();
+    assert!(why.contains("no certificates"), "{why}");
+}
