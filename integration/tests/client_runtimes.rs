@@ -257,6 +257,8 @@ async fn clean_restart(runtime: Runtime) {
 
 /// Runs the broker binary on the suite's runtime at `addr`; returns once it exported its CA
 /// and token (read from `dir`).
+// The child is returned to the caller, which reaps it.
+#[allow(clippy::zombie_processes)]
 fn spawn_binary(dir: &std::path::Path, addr: SocketAddr) -> (Child, Vec<u8>, String) {
     let (ca, token) = (dir.join("ca.pem"), dir.join("token"));
     let _ = std::fs::remove_file(&ca);
@@ -278,6 +280,7 @@ fn spawn_binary(dir: &std::path::Path, addr: SocketAddr) -> (Child, Vec<u8>, Str
         }
         if Instant::now() > deadline {
             let _ = child.kill();
+            let _ = child.wait();
             panic!("felix-broker did not export its CA and token within 10 s");
         }
         std::thread::sleep(Duration::from_millis(20));
