@@ -12,6 +12,7 @@ fn main() -> ExitCode {
             name: "tokio",
             run: felix_runtime_tokio::run_process,
         },
+        #[cfg(feature = "smol")]
         ProcessRuntime {
             name: "smol",
             run: felix_runtime_smol::run_process,
