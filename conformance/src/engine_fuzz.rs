@@ -56,6 +56,7 @@ const QUEUE_CAPACITY: usize = 4;
 const QUEUE_CAPACITY_MAX: usize = 8;
 const MAX_BROKER_STREAMS: usize = 6;
 const MAX_BIDI: u32 = 16;
+const MAX_UNWRITTEN: usize = 16 * 1024;
 
 /// The real client's offer (peer-client-wire.md §3): error codes, `unsupported`, coded acks.
 const OFFER: &str = r#""client_flags":8191,"client_features":4218945535,"client_features_hi":15"#;
@@ -578,6 +579,7 @@ impl World {
         config.max_subscriptions_per_connection = MAX_SUBSCRIPTIONS;
         config.publish_window = PUBLISH_WINDOW;
         config.max_connection_buffered_bytes = MAX_BUFFERED;
+        config.max_connection_unwritten_bytes = MAX_UNWRITTEN;
         config.read_chunk_bytes = READ_CHUNK;
         config.subscriber_queue_capacity = QUEUE_CAPACITY;
         config.subscriber_queue_capacity_max = QUEUE_CAPACITY_MAX;
@@ -1111,6 +1113,11 @@ impl World {
             u.max_connection_buffered_bytes <= MAX_BUFFERED + MAX_BIDI as usize * READ_CHUNK,
             "buffered bytes: {u:?}"
         );
+        // One answer may cross the budget; the largest is a cache value (1 KiB here).
+        assert!(
+            u.max_connection_unwritten_bytes <= MAX_UNWRITTEN + 4096,
+            "unwritten answer bytes: {u:?}"
+        );
         assert!(
             u.max_connection_subscriptions <= MAX_SUBSCRIPTIONS,
             "subscriptions: {u:?}"
@@ -1129,12 +1136,7 @@ impl World {
                 continue;
             }
             for st in &client.streams {
-                if !st.clean
-                    || !st.auth_sent
-                    || st.stopped
-                    || st.refused
-                    || !st.unsent.is_empty()
-                {
+                if !st.clean || !st.auth_sent || st.stopped || st.refused || !st.unsent.is_empty() {
                     continue;
                 }
                 assert_eq!(

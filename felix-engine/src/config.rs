@@ -44,6 +44,11 @@ pub const DEFAULT_MAX_CONNECTION_BUFFERED_BYTES: usize = 64 * 1024 * 1024;
 /// over it, a connection holding more than its fair share (this over the connections open)
 /// reads no stream that is in the middle of a frame; connections under their share go on.
 pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 512 * 1024 * 1024;
+/// Bytes of answers a connection's streams may hold unwritten together (a client that does
+/// not read its answers, or reads them slowly); past it no stream of the connection is read
+/// until answers drain. Answer counts alone do not bound this: a `cache_value` can be as
+/// large as a cache value.
+pub const DEFAULT_MAX_CONNECTION_UNWRITTEN_BYTES: usize = 32 * 1024 * 1024;
 /// QUIC receive window per stream (bytes the client may send ahead of what we read).
 pub const DEFAULT_STREAM_RECEIVE_WINDOW: u32 = 1024 * 1024;
 /// QUIC receive window per connection.
@@ -245,6 +250,8 @@ pub struct EngineConfig {
     pub max_connection_buffered_bytes: usize,
     /// See [`DEFAULT_MAX_BUFFERED_BYTES`].
     pub max_buffered_bytes: usize,
+    /// See [`DEFAULT_MAX_CONNECTION_UNWRITTEN_BYTES`].
+    pub max_connection_unwritten_bytes: usize,
     /// See [`DEFAULT_STREAM_RECEIVE_WINDOW`].
     pub stream_receive_window: u32,
     /// See [`DEFAULT_CONNECTION_RECEIVE_WINDOW`].
@@ -309,6 +316,7 @@ impl EngineConfig {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             max_connection_buffered_bytes: DEFAULT_MAX_CONNECTION_BUFFERED_BYTES,
             max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
+            max_connection_unwritten_bytes: DEFAULT_MAX_CONNECTION_UNWRITTEN_BYTES,
             stream_receive_window: DEFAULT_STREAM_RECEIVE_WINDOW,
             connection_receive_window: DEFAULT_CONNECTION_RECEIVE_WINDOW,
             send_window: DEFAULT_SEND_WINDOW,

@@ -63,6 +63,10 @@ pub(crate) struct Conn {
     starved: Vec<StreamId>,
     /// The address the connection was accepted from (its per-IP slot).
     pub(crate) peer_ip: IpAddr,
+    /// Bytes of answers every session holds unwritten (`Session::unwritten_bytes`, summed).
+    unwritten_bytes: usize,
+    /// Sessions not read because `unwritten_bytes` reached its budget.
+    paused_for_answers: Vec<StreamId>,
     pub(crate) created: Instant,
     /// `close()` was called (by us) or the connection was lost.
     pub(crate) closing: bool,
@@ -93,6 +97,8 @@ impl Conn {
             reported_bytes: 0,
             starved: Vec::new(),
             peer_ip,
+            unwritten_bytes: 0,
+            paused_for_answers: Vec::new(),
             created: now,
             closing: false,
             drained: false,
@@ -173,6 +179,8 @@ impl Conn {
         self.buffered_bytes = 0;
         self.sync_buffered(core);
         self.starved.clear();
+        self.unwritten_bytes = 0;
+        self.paused_for_answers.clear();
     }
 
     /// Handles one application event from quinn. Returns nothing; all effects are on
@@ -232,7 +240,7 @@ impl Conn {
             Event::Stream(StreamEvent::Finished { id }) => {
                 if let Some(s) = self.sessions.get_mut(&id) {
                     s.send_done = true;
-                    self.maybe_forget_session(id);
+                    self.maybe_forget_session(id, core.limits.value_reserve);
                 } else if let Some(ev) = self.events.remove(&id) {
                     self.end_subscription(ev, core);
                 }
@@ -245,6 +253,7 @@ impl Conn {
                     // stream is read to its end; answers are dropped.
                     trace!(%id, %error_code, "client stopped a session stream");
                     s.send_done = true;
+                    self.unwritten_bytes -= s.unwritten_bytes(core.limits.value_reserve);
                     s.drop_answers();
                     // quinn frees a stopped send half (and the peer's stream credit) only
                     // once the application resets it.
@@ -253,7 +262,7 @@ impl Conn {
                         s.paused = false;
                         self.read_session(now, ch, id, core);
                     }
-                    self.maybe_forget_session(id);
+                    self.maybe_forget_session(id, core.limits.value_reserve);
                 } else if let Some(ev) = self.events.remove(&id) {
                     trace!(%id, %error_code, "client stopped an event stream");
                     let _ = self.quic.send_stream(id).reset(error_code);
@@ -273,7 +282,7 @@ impl Conn {
         self.shared.subscriptions = self.shared.subscriptions.saturating_sub(1);
     }
 
-    fn maybe_forget_session(&mut self, id: StreamId) {
+    fn maybe_forget_session(&mut self, id: StreamId, value_reserve: usize) {
         if self
             .sessions
             .get(&id)
@@ -281,6 +290,32 @@ impl Conn {
         {
             if let Some(s) = self.sessions.remove(&id) {
                 self.buffered_bytes -= s.decoder.buffered();
+                // Whatever it still held (nothing, normally) goes with it.
+                self.unwritten_bytes -= s.unwritten_bytes(value_reserve);
+            }
+        }
+    }
+
+    /// Reads sessions paused for the connection's answer budget once it has room again
+    /// (answers written on any stream free it).
+    pub(crate) fn resume_paused_for_answers(
+        &mut self,
+        now: Instant,
+        ch: ConnectionHandle,
+        core: &mut Core,
+    ) {
+        if self.paused_for_answers.is_empty()
+            || self.unwritten_bytes >= core.limits.max_connection_unwritten_bytes
+        {
+            return;
+        }
+        for id in std::mem::take(&mut self.paused_for_answers) {
+            let Some(session) = self.sessions.get_mut(&id) else {
+                continue;
+            };
+            if session.paused && session.backlog() < core.limits.stream_answer_backlog {
+                session.paused = false;
+                self.read_session(now, ch, id, core);
             }
         }
     }
@@ -355,7 +390,11 @@ impl Conn {
         let Some(session) = self.sessions.get_mut(&id) else {
             return;
         };
-        if session.release_held(core) {
+        let reserve = core.limits.value_reserve;
+        let before = session.unwritten_bytes(reserve);
+        let moved = session.release_held(core);
+        self.unwritten_bytes = self.unwritten_bytes + session.unwritten_bytes(reserve) - before;
+        if moved {
             self.flush_session(now, ch, id, core);
         }
     }
@@ -367,9 +406,13 @@ impl Conn {
         log: crate::storage::ops::LogId,
         ticket: crate::storage::log::ReadTicket,
         value: Result<Option<Bytes>, String>,
+        value_reserve: usize,
     ) {
         if let Some(session) = self.sessions.get_mut(&id) {
+            let before = session.unwritten_bytes(value_reserve);
             session.fill_value(log, ticket, value);
+            self.unwritten_bytes =
+                self.unwritten_bytes + session.unwritten_bytes(value_reserve) - before;
         }
     }
 
@@ -388,6 +431,8 @@ impl Conn {
         let Some(frame) = session.take_stalled() else {
             return;
         };
+        let reserve = core.limits.value_reserve;
+        let before = session.unwritten_bytes(reserve);
         let mut cx = SessionCx {
             now,
             core,
@@ -395,7 +440,9 @@ impl Conn {
             ch,
             stream: id,
         };
-        match session.on_frame(frame, &mut cx) {
+        let result = session.on_frame(frame, &mut cx);
+        self.unwritten_bytes = self.unwritten_bytes + session.unwritten_bytes(reserve) - before;
+        match result {
             FrameResult::Stall => return,
             FrameResult::CloseStream => self.stop_reading(id),
             FrameResult::Continue => {}
@@ -424,6 +471,8 @@ impl Conn {
     ) {
         let window = core.limits.stream_answer_backlog;
         let chunk_limit = core.limits.read_chunk_bytes;
+        let answer_budget = core.limits.max_connection_unwritten_bytes;
+        let reserve = core.limits.value_reserve;
         let Some(session) = self.sessions.get_mut(&id) else {
             return;
         };
@@ -437,17 +486,30 @@ impl Conn {
                     session.paused = true;
                     break;
                 }
+                if self.unwritten_bytes >= answer_budget {
+                    // The connection holds its budget of unwritten answers: read on only
+                    // once they drain (whichever stream's they are).
+                    session.paused = true;
+                    if !self.paused_for_answers.contains(&id) {
+                        self.paused_for_answers.push(id);
+                    }
+                    break;
+                }
                 let frame = match session.decoder.next_frame() {
                     Ok(Some(frame)) => frame,
                     Ok(None) => break,
                     Err(err) => {
+                        let before = session.unwritten_bytes(reserve);
                         session.on_decode_error(err);
+                        self.unwritten_bytes =
+                            self.unwritten_bytes + session.unwritten_bytes(reserve) - before;
                         close = true;
                         break;
                     }
                 };
                 self.shared.last_activity = now;
                 core.stats.frames_received += 1;
+                let before = session.unwritten_bytes(reserve);
                 let mut cx = SessionCx {
                     now,
                     core,
@@ -455,7 +517,10 @@ impl Conn {
                     ch,
                     stream: id,
                 };
-                match session.on_frame(frame, &mut cx) {
+                let result = session.on_frame(frame, &mut cx);
+                self.unwritten_bytes =
+                    self.unwritten_bytes + session.unwritten_bytes(reserve) - before;
+                match result {
                     FrameResult::Continue => {}
                     FrameResult::CloseStream => {
                         close = true;
@@ -541,6 +606,8 @@ impl Conn {
         let Some(session) = self.sessions.get_mut(&id) else {
             return false;
         };
+        let reserve = core.limits.value_reserve;
+        let before = session.unwritten_bytes(reserve);
         if session.send_done {
             // Stopped by the client: answers have nowhere to go.
             session.drop_answers();
@@ -577,11 +644,15 @@ impl Conn {
                 }
             }
         }
-        if session.paused && session.backlog() < core.limits.stream_answer_backlog {
+        self.unwritten_bytes = self.unwritten_bytes + session.unwritten_bytes(reserve) - before;
+        if session.paused
+            && session.backlog() < core.limits.stream_answer_backlog
+            && self.unwritten_bytes < core.limits.max_connection_unwritten_bytes
+        {
             session.paused = false;
             return true;
         }
-        self.maybe_forget_session(id);
+        self.maybe_forget_session(id, core.limits.value_reserve);
         false
     }
 
@@ -668,7 +739,8 @@ impl Conn {
     }
 
     /// Adds what this connection holds to `usage`.
-    pub(crate) fn add_usage(&self, usage: &mut crate::engine::Usage) {
+    pub(crate) fn add_usage(&self, usage: &mut crate::engine::Usage, value_reserve: usize) {
+        let _ = value_reserve; // only the debug recount reads it
         usage.connections += 1;
         usage.sessions += self.sessions.len();
         let unauthenticated = self
@@ -685,6 +757,22 @@ impl Conn {
         usage.buffered_bytes += self.buffered_bytes;
         usage.max_connection_buffered_bytes =
             usage.max_connection_buffered_bytes.max(self.buffered_bytes);
+        usage.max_connection_unwritten_bytes = usage
+            .max_connection_unwritten_bytes
+            .max(self.unwritten_bytes);
+        #[cfg(debug_assertions)]
+        {
+            // The running total must match a recount.
+            let recount: usize = self
+                .sessions
+                .values()
+                .map(|s| s.unwritten_bytes(value_reserve))
+                .sum();
+            debug_assert_eq!(
+                recount, self.unwritten_bytes,
+                "unwritten answer bytes drifted"
+            );
+        }
         usage.subscriptions += self.shared.subscriptions;
         usage.max_connection_subscriptions = usage
             .max_connection_subscriptions

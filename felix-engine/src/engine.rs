@@ -190,6 +190,8 @@ pub struct Usage {
     pub buffered_bytes: usize,
     /// The most such bytes on one connection.
     pub max_connection_buffered_bytes: usize,
+    /// The most bytes of answers one connection holds unwritten (queued or held).
+    pub max_connection_unwritten_bytes: usize,
     /// Subscriptions over every connection.
     pub subscriptions: usize,
     /// The most subscriptions on one connection.
@@ -214,6 +216,9 @@ pub(crate) struct Limits {
     pub(crate) preauth_max_streams_per_connection: usize,
     pub(crate) max_connection_buffered_bytes: usize,
     pub(crate) max_buffered_bytes: usize,
+    pub(crate) max_connection_unwritten_bytes: usize,
+    /// What a cache value not yet read from its log counts for against the above.
+    pub(crate) value_reserve: usize,
 }
 
 /// What every connection shares: the broker, the verifier, the negotiated capabilities and
@@ -560,6 +565,8 @@ impl Engine {
                 preauth_max_streams_per_connection: config.preauth_max_streams_per_connection,
                 max_connection_buffered_bytes: config.max_connection_buffered_bytes,
                 max_buffered_bytes: config.max_buffered_bytes,
+                max_connection_unwritten_bytes: config.max_connection_unwritten_bytes,
+                value_reserve: config.cache_max_value_bytes / 3 * 4 + 4 + 256,
             },
             broker,
             verifier,
@@ -812,7 +819,7 @@ impl Engine {
     pub fn usage(&self) -> Usage {
         let mut usage = Usage::default();
         for conn in self.conns.values() {
-            conn.add_usage(&mut usage);
+            conn.add_usage(&mut usage, self.core.limits.value_reserve);
         }
         (usage.max_subscriber_queue, usage.streams) = self.core.broker.queue_usage();
         usage
@@ -973,7 +980,8 @@ impl Engine {
                 Notice::Value { log, ticket, value } => {
                     if let Some((ch, stream)) = self.core.value_waiters.remove(&(log, ticket)) {
                         if let Some(conn) = self.conns.get_mut(&ch) {
-                            conn.fill_value(stream, log, ticket, value);
+                            let reserve = self.core.limits.value_reserve;
+                            conn.fill_value(stream, log, ticket, value, reserve);
                         }
                         self.release_answers(now, vec![(ch, stream)]);
                     }
@@ -1068,6 +1076,7 @@ impl Engine {
                 return progressed;
             }
             conn.resume_starved(now, ch, &mut self.core);
+            conn.resume_paused_for_answers(now, ch, &mut self.core);
             progressed = true;
         }
     }

@@ -158,6 +158,27 @@ impl Session {
         self.outbox.len() + self.held.len()
     }
 
+    /// Bytes of answers not yet handed to QUIC, held ones included; a held cache value not
+    /// read from its log yet counts as `value_reserve` (what the largest would take).
+    pub(crate) fn unwritten_bytes(&self, value_reserve: usize) -> usize {
+        let queued: usize = self.outbox.iter().map(Bytes::len).sum();
+        let held: usize = self
+            .held
+            .iter()
+            .map(|h| match h {
+                Held::Ready(b) => b.len(),
+                Held::Durable { ok, .. } => ok.len(),
+                Held::Value(v) => match &v.value {
+                    // base64 grows a value by a third; the rest of the answer is small.
+                    Some(Ok(Some(value))) => value.len() / 3 * 4 + 4 + 256 + v.answer.key.len(),
+                    Some(_) => 256 + v.answer.key.len(),
+                    None => value_reserve,
+                },
+            })
+            .sum();
+        queued + held
+    }
+
     /// Every answer is written (none held).
     pub(crate) fn all_answered(&self) -> bool {
         self.outbox.is_empty() && self.held.is_empty()

@@ -378,3 +378,61 @@ fn subscriber_queue_capacity_is_granted_up_to_its_ceiling() {
     assert_eq!(v["queue_capacity"], 16, "clamped to the ceiling: {v}");
     assert!(net.engine.usage().max_subscriber_queue <= 16);
 }
+
+#[test]
+fn unwritten_answer_bytes_per_connection_are_bounded() {
+    const BUDGET: usize = 64 * 1024;
+    const VALUE: usize = 30_000;
+    let mut net = Net::new(|c| {
+        c.max_connection_unwritten_bytes = BUDGET;
+        c.cache_max_value_bytes = VALUE;
+    });
+    // A client that reads slowly: 16 KiB of window per stream.
+    net.client_stream_window = 16 * 1024;
+    let p = net.connect(&[]);
+    let (s0, _) = net.auth_stream(p);
+    let value = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(vec![b'v'; VALUE])
+    };
+    let put = format!(
+        r#"{{"type":"cache_put","tenant_id":"t1","namespace":"default","cache":"c","key":"k","value":"{value}","request_id":1}}"#
+    );
+    assert_eq!(request(&mut net, p, s0, &put)["type"], "cache_ok");
+    let get = json_frame(
+        r#"{"type":"cache_get","tenant_id":"t1","namespace":"default","cache":"c","key":"k"}"#,
+    );
+    // Forty gets of a 30 KB value (40 KB answered) on four streams, none read yet: 1.6 MB
+    // of answers if the broker answered them all at once.
+    let streams: Vec<_> = (0..4).map(|_| net.auth_stream(p).0).collect();
+    for id in &streams {
+        for _ in 0..10 {
+            net.send(p, *id, &get);
+        }
+    }
+    net.run();
+    let held = net.engine.usage().max_connection_unwritten_bytes;
+    assert!(held >= BUDGET, "answered up to the budget: {held}");
+    assert!(
+        held <= BUDGET + 41_000,
+        "and one answer past it at most: {held}"
+    );
+    // Reading frees the budget; every get is answered in the end.
+    let mut answers = 0;
+    for _ in 0..200 {
+        for id in &streams {
+            for frame in net.read_frames(p, *id) {
+                let v = json(&frame);
+                assert_eq!(v["type"], "cache_value");
+                assert_eq!(v["value"].as_str().unwrap(), value);
+                answers += 1;
+            }
+        }
+        net.run();
+        if answers == 40 {
+            break;
+        }
+    }
+    assert_eq!(answers, 40);
+    assert_eq!(net.engine.usage().max_connection_unwritten_bytes, 0);
+}

@@ -45,6 +45,9 @@ pub(crate) const DEFAULT_FSYNC_INTERVAL: Duration = Duration::from_millis(250);
 pub(crate) const DEFAULT_TAIL_CACHE_BYTES: usize = 4 << 20;
 /// Encoded bytes accepted but not yet written; past this, `append` refuses (backpressure).
 pub(crate) const DEFAULT_MAX_PENDING_BYTES: usize = 64 << 20;
+/// The most buffer space an append reserves ahead for the writes after it (a spare buffer
+/// stays with an idle log, so this bounds what each log can hold unused).
+pub(crate) const WRITE_BUFFER_MAX_BYTES: usize = 1 << 20;
 /// How often retention bounds are checked when any is set.
 pub(crate) const DEFAULT_RETENTION_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 /// Chunk size for recovery scans and compaction reads: memory per open stays bounded.
@@ -355,6 +358,8 @@ pub(crate) struct ShardLog {
     dirty_since: Option<Instant>,
     /// An append is waiting for [`ShardLog::poll_op`] to consider the write lane.
     write_due: bool,
+    /// The size of the last record write, to size the next buffer.
+    last_write_bytes: usize,
     /// A sync of everything was asked for (`sync_now`); holds until nothing is pending.
     sync_requested: bool,
     /// The periodic interval ran out; the next sync clears it.
@@ -401,6 +406,7 @@ impl ShardLog {
             pending_bytes: 0,
             dirty_since: None,
             write_due: false,
+            last_write_bytes: 0,
             sync_requested: false,
             periodic_due: false,
             lane: None,
@@ -624,6 +630,14 @@ impl ShardLog {
             });
         }
         let p = self.pending.back_mut().expect("pushed above");
+        if p.buf.capacity() - p.buf.len() < len {
+            // Room for about one more write like the last, so a busy log fills one buffer
+            // per write instead of regrowing (and copying) it append by append.
+            let room = self
+                .last_write_bytes
+                .clamp(len, WRITE_BUFFER_MAX_BYTES.max(len));
+            p.buf.reserve(room);
+        }
         let rel = p.buf.len();
         record::encode_entry(&mut p.buf, first, batch.time_us, publisher, batch.payloads);
         let count = batch.payloads.len() as u32;
@@ -905,6 +919,7 @@ impl ShardLog {
             return;
         }
         let bytes = front.buf.split().freeze();
+        let bytes_len = bytes.len();
         let entries = std::mem::take(&mut front.entries);
         let (end, base) = (front.end, front.base);
         let since = front.since.take();
@@ -921,6 +936,7 @@ impl ShardLog {
             entries,
             end,
         };
+        self.last_write_bytes = bytes_len;
         self.lane = Some(self.issue(kind, Inflight::Write(job)));
         self.appending = true;
         self.appending_since = since;
