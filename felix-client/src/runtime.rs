@@ -63,3 +63,43 @@ pub(crate) async fn timeout<F: Future>(
     })
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use std::future::pending;
+
+    use super::*;
+
+    /// A ready future wins; a pending one loses to the runtime's timer, after its time.
+    async fn check(runtime: Runtime) {
+        let rt = runtime.quinn();
+        assert!(matches!(
+            timeout(&*rt, Duration::from_secs(5), async { 7 }).await,
+            Ok(7)
+        ));
+        let began = Instant::now();
+        let lost = timeout(&*rt, Duration::from_millis(30), pending::<()>()).await;
+        assert!(lost.is_err(), "{runtime:?}");
+        let waited = began.elapsed();
+        assert!(
+            waited >= Duration::from_millis(30) && waited < Duration::from_secs(5),
+            "{runtime:?}: {waited:?}"
+        );
+    }
+
+    #[cfg(feature = "tokio")]
+    #[test]
+    fn timeout_on_tokio() {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(check(Runtime::Tokio));
+    }
+
+    #[cfg(feature = "smol")]
+    #[test]
+    fn timeout_on_smol() {
+        smol::block_on(check(Runtime::Smol));
+    }
+}
