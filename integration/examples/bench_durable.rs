@@ -78,6 +78,9 @@ fn start_broker(storage: Option<(PathBuf, DurableConfig)>) -> Broker {
         .spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
+                // Named apart from the client's, so a profile tells the two sides apart
+                // (the broker's file ops run on this runtime's blocking pool).
+                .thread_name("broker-rt")
                 .enable_all()
                 .build()
                 .expect("broker runtime");
@@ -237,6 +240,7 @@ fn main() {
     let args = Args::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
+        .thread_name("client-rt")
         .enable_all()
         .build()
         .expect("client runtime");
