@@ -57,6 +57,7 @@ const QUEUE_CAPACITY_MAX: usize = 8;
 const MAX_BROKER_STREAMS: usize = 6;
 const MAX_BIDI: u32 = 16;
 const MAX_UNWRITTEN: usize = 16 * 1024;
+const MAX_EVENT_BYTES: usize = 24 * 1024;
 
 /// The real client's offer (peer-client-wire.md §3): error codes, `unsupported`, coded acks.
 const OFFER: &str = r#""client_flags":8191,"client_features":4218945535,"client_features_hi":15"#;
@@ -580,6 +581,7 @@ impl World {
         config.publish_window = PUBLISH_WINDOW;
         config.max_connection_buffered_bytes = MAX_BUFFERED;
         config.max_connection_unwritten_bytes = MAX_UNWRITTEN;
+        config.max_connection_event_bytes = MAX_EVENT_BYTES;
         config.read_chunk_bytes = READ_CHUNK;
         config.subscriber_queue_capacity = QUEUE_CAPACITY;
         config.subscriber_queue_capacity_max = QUEUE_CAPACITY_MAX;
@@ -1127,6 +1129,10 @@ impl World {
             "subscriber queue: {u:?}"
         );
         assert!(u.streams <= MAX_BROKER_STREAMS, "streams: {u:?}");
+        assert!(
+            u.max_connection_event_bytes <= MAX_EVENT_BYTES,
+            "queued event bytes: {u:?}"
+        );
     }
 
     /// Every clean stream on a live connection got one answer per request that asks for one.

@@ -78,6 +78,11 @@ pub const DEFAULT_SUBSCRIBER_QUEUE_CAPACITY_MAX: usize = 8192;
 pub const DEFAULT_EVENT_BATCH_MAX_RECORDS: usize = 1024;
 /// An open event batch is sealed early at this many payload bytes.
 pub const DEFAULT_EVENT_BATCH_MAX_BYTES: usize = 1024 * 1024;
+/// Event bytes queued for one connection's subscribers together (a client that subscribes to
+/// many busy streams and reads none). A batch that would go past it is dropped for that
+/// subscriber as if its queue were full (or ends it with `subscription_lagged` where it asked
+/// for that). Subscribers on other connections are not affected.
+pub const DEFAULT_MAX_CONNECTION_EVENT_BYTES: usize = 256 * 1024 * 1024;
 /// Largest cache key.
 pub const DEFAULT_CACHE_MAX_KEY_BYTES: usize = 1024;
 /// Largest cache value.
@@ -283,6 +288,8 @@ pub struct EngineConfig {
     pub event_batch_max_records: usize,
     /// See [`DEFAULT_EVENT_BATCH_MAX_BYTES`].
     pub event_batch_max_bytes: usize,
+    /// See [`DEFAULT_MAX_CONNECTION_EVENT_BYTES`].
+    pub max_connection_event_bytes: usize,
     /// See [`DEFAULT_CACHE_MAX_KEY_BYTES`].
     pub cache_max_key_bytes: usize,
     /// See [`DEFAULT_CACHE_MAX_VALUE_BYTES`].
@@ -332,6 +339,7 @@ impl EngineConfig {
             subscriber_queue_capacity_max: DEFAULT_SUBSCRIBER_QUEUE_CAPACITY_MAX,
             event_batch_max_records: DEFAULT_EVENT_BATCH_MAX_RECORDS,
             event_batch_max_bytes: DEFAULT_EVENT_BATCH_MAX_BYTES,
+            max_connection_event_bytes: DEFAULT_MAX_CONNECTION_EVENT_BYTES,
             cache_max_key_bytes: DEFAULT_CACHE_MAX_KEY_BYTES,
             cache_max_value_bytes: DEFAULT_CACHE_MAX_VALUE_BYTES,
             cache_max_total_bytes: DEFAULT_CACHE_MAX_TOTAL_BYTES,

@@ -198,6 +198,8 @@ pub struct Usage {
     pub max_connection_subscriptions: usize,
     /// The most frames one subscriber has queued.
     pub max_subscriber_queue: usize,
+    /// The most event bytes queued for one connection's subscribers.
+    pub max_connection_event_bytes: usize,
     /// Streams the broker holds.
     pub streams: usize,
 }
@@ -529,6 +531,7 @@ impl Engine {
             cache_max_key_bytes: config.cache_max_key_bytes,
             cache_max_value_bytes: config.cache_max_value_bytes,
             cache_max_total_bytes: config.cache_max_total_bytes,
+            max_owner_event_bytes: config.max_connection_event_bytes,
         };
         let (broker, capabilities) = match &config.durable {
             None => (
@@ -822,6 +825,7 @@ impl Engine {
             conn.add_usage(&mut usage, self.core.limits.value_reserve);
         }
         (usage.max_subscriber_queue, usage.streams) = self.core.broker.queue_usage();
+        usage.max_connection_event_bytes = self.core.broker.max_owner_event_bytes();
         usage
     }
 

@@ -636,12 +636,14 @@ impl Session {
         let queue_capacity = s
             .queue_capacity
             .map(|q| u32::try_from(q).unwrap_or(u32::MAX));
-        let opts = SubscribeOpts::negotiated(
+        let mut opts = SubscribeOpts::negotiated(
             subscription_id,
             negotiated.flags,
             negotiated.features,
             queue_capacity,
         );
+        // Its queue counts against this connection's event budget.
+        opts.owner = cx.ch.0 as u64;
         match cx.core.broker.subscribe(cx.now, &key, shard, start, opts) {
             Ok(granted) => {
                 cx.core.stats.subscriptions += 1;

@@ -436,3 +436,59 @@ fn unwritten_answer_bytes_per_connection_are_bounded() {
     assert_eq!(answers, 40);
     assert_eq!(net.engine.usage().max_connection_unwritten_bytes, 0);
 }
+
+#[test]
+fn event_bytes_queued_per_connection_are_bounded_and_others_unaffected() {
+    const BUDGET: usize = 64 * 1024;
+    let mut net = Net::new(|c| c.max_connection_event_bytes = BUDGET);
+    // The slow connection grants 16 KiB of window per stream and never reads.
+    net.client_stream_window = 16 * 1024;
+    let slow = net.connect(&[]);
+    net.client_stream_window = 1024 * 1024;
+    let reader = net.connect(&[]);
+    let publisher = net.connect(&[]);
+    let subscribe = json_frame(
+        r#"{"type":"subscribe","tenant_id":"t1","namespace":"default","stream":"busy"}"#,
+    );
+    // Three subscriptions on the slow connection, one on the reader.
+    for _ in 0..3 {
+        let (s, _) = net.auth_stream(slow);
+        assert_eq!(net.exchange(slow, s, &subscribe).len(), 1);
+    }
+    let (s, _) = net.auth_stream(reader);
+    assert_eq!(net.exchange(reader, s, &subscribe).len(), 1);
+    let events = net.take_uni(reader);
+    let (p, _) = net.auth_stream(publisher);
+    // Twenty 8 KB batches, one per turn.
+    for i in 0..20u64 {
+        let acks = net.exchange(
+            publisher,
+            p,
+            &binary_publish(Some(i), None, "busy", &[&vec![b'e'; 8000]]),
+        );
+        assert_eq!(acks.len(), 1);
+    }
+    let u = net.engine.usage();
+    assert!(
+        u.max_connection_event_bytes <= BUDGET,
+        "queued for the slow connection: {u:?}"
+    );
+    assert!(
+        u.max_connection_event_bytes >= BUDGET - 8100,
+        "it filled up: {u:?}"
+    );
+    assert!(net.engine.stats().dropped_batches > 0);
+    // The reader on another connection got all twenty.
+    let frames = net.read_frames(reader, events);
+    let records: usize = frames
+        .iter()
+        .filter(|f| !f.flags.is_empty())
+        .map(|f| {
+            felix_proto::binary::EventBatch::decode(f.flags, &f.payload)
+                .unwrap()
+                .events
+                .len()
+        })
+        .sum();
+    assert_eq!(records, 20);
+}

@@ -750,6 +750,7 @@ impl Broker {
             subscribers: &mut self.subscribers,
             ready: &mut self.ready,
             stats: &mut self.stats,
+            budget: &mut self.event_budget,
         };
         while let Some(front) = unreleased.front_mut() {
             if front.first >= up_to {
@@ -822,6 +823,7 @@ impl Broker {
                     subscribers: &mut self.subscribers,
                     ready: &mut self.ready,
                     stats: &mut self.stats,
+                    budget: &mut self.event_budget,
                 };
                 let sh = &mut self.streams[stream].shards[shard as usize];
                 seal(sh, &mut fan);

@@ -61,6 +61,9 @@ pub(crate) struct BrokerConfig {
     pub(crate) cache_max_value_bytes: usize,
     /// Key plus value bytes across every cache; a put past it is refused `overloaded`.
     pub(crate) cache_max_total_bytes: usize,
+    /// Event bytes queued for one owner's (connection's) subscribers together; a batch that
+    /// would go past it is dropped for that subscriber, as if its queue were full.
+    pub(crate) max_owner_event_bytes: usize,
 }
 
 impl Default for BrokerConfig {
@@ -77,6 +80,7 @@ impl Default for BrokerConfig {
             cache_max_key_bytes: 1024,
             cache_max_value_bytes: 1024 * 1024,
             cache_max_total_bytes: 256 * 1024 * 1024,
+            max_owner_event_bytes: usize::MAX,
         }
     }
 }
@@ -216,6 +220,8 @@ pub(crate) struct SubscribeOpts {
     pub(crate) lagged_signal: bool,
     /// The subscribe's `queue_capacity`, if it sent one.
     pub(crate) queue_capacity: Option<u32>,
+    /// Whose event budget its queue counts against (the engine's connection).
+    pub(crate) owner: u64,
 }
 
 impl SubscribeOpts {
@@ -231,6 +237,7 @@ impl SubscribeOpts {
             event_flags: flags,
             lagged_signal: features.contains(Features::SUBSCRIPTION_LAGGED),
             queue_capacity,
+            owner: 0,
         }
     }
 }
@@ -353,6 +360,9 @@ struct Subscriber {
     ends_on_lag: bool,
     capacity: usize,
     queue: VecDeque<Bytes>,
+    /// Bytes in `queue`, counted against its owner's event budget.
+    queued_bytes: usize,
+    owner: u64,
     final_frame: Option<Bytes>,
     /// No longer on its shard's list (ended by lag); only draining remains.
     detached: bool,
@@ -381,6 +391,32 @@ struct FanOut<'a> {
     subscribers: &'a mut HashMap<SubscriberId, Subscriber>,
     ready: &'a mut VecDeque<SubscriberId>,
     stats: &'a mut BrokerStats,
+    budget: &'a mut EventBudget,
+}
+
+/// Event bytes queued per owner (connection), against one limit for each.
+struct EventBudget {
+    max: usize,
+    by_owner: HashMap<u64, usize>,
+}
+
+impl EventBudget {
+    fn fits(&self, owner: u64, bytes: usize) -> bool {
+        self.by_owner.get(&owner).copied().unwrap_or(0) + bytes <= self.max
+    }
+
+    fn add(&mut self, owner: u64, bytes: usize) {
+        *self.by_owner.entry(owner).or_default() += bytes;
+    }
+
+    fn sub(&mut self, owner: u64, bytes: usize) {
+        if let Some(n) = self.by_owner.get_mut(&owner) {
+            *n -= bytes;
+            if *n == 0 {
+                self.by_owner.remove(&owner);
+            }
+        }
+    }
 }
 
 pub(crate) struct Broker {
@@ -400,6 +436,7 @@ pub(crate) struct Broker {
     logs: Option<Logs>,
     /// `now` of the last flush: when log events are left over, the next turn is due then.
     last_flush: Option<Instant>,
+    event_budget: EventBudget,
 }
 
 impl Broker {
@@ -415,6 +452,7 @@ impl Broker {
             .iter()
             .map(|(k, n)| (k.clone(), (*n).max(1)))
             .collect();
+        let cfg_max_owner = cfg.max_owner_event_bytes;
         let cache = CacheStore::new(CacheLimits {
             max_key_bytes: cfg.cache_max_key_bytes,
             max_value_bytes: cfg.cache_max_value_bytes,
@@ -433,6 +471,10 @@ impl Broker {
             stats: BrokerStats::default(),
             logs: None,
             last_flush: None,
+            event_budget: EventBudget {
+                max: cfg_max_owner,
+                by_owner: HashMap::new(),
+            },
         }
     }
 
@@ -546,6 +588,7 @@ impl Broker {
                 subscribers: &mut self.subscribers,
                 ready: &mut self.ready,
                 stats: &mut self.stats,
+                budget: &mut self.event_budget,
             };
             let limits = (
                 self.cfg.event_batch_max_records,
@@ -677,6 +720,7 @@ impl Broker {
                 subscribers: &mut self.subscribers,
                 ready: &mut self.ready,
                 stats: &mut self.stats,
+                budget: &mut self.event_budget,
             };
             let sh = &mut self.streams[stream].shards[shard as usize];
             seal(sh, &mut fan);
@@ -692,6 +736,8 @@ impl Broker {
                 ends_on_lag: offsets_on_wire && opts.lagged_signal,
                 capacity,
                 queue: VecDeque::new(),
+                queued_bytes: 0,
+                owner: opts.owner,
                 final_frame: None,
                 detached: !joins_now,
                 ready: false,
@@ -716,6 +762,7 @@ impl Broker {
         let Some(sub) = self.subscribers.remove(&id) else {
             return;
         };
+        self.event_budget.sub(sub.owner, sub.queued_bytes);
         self.stats.subscribers_open -= 1;
         if !sub.detached {
             let list = &mut self.streams[sub.stream].shards[sub.shard as usize].subscribers;
@@ -735,6 +782,7 @@ impl Broker {
             subscribers: &mut self.subscribers,
             ready: &mut self.ready,
             stats: &mut self.stats,
+            budget: &mut self.event_budget,
         };
         for (stream, shard) in self.dirty.drain(..) {
             let sh = &mut self.streams[stream].shards[shard as usize];
@@ -782,6 +830,8 @@ impl Broker {
         }
         let sub = self.subscribers.get_mut(&id)?;
         if let Some(frame) = sub.queue.pop_front() {
+            sub.queued_bytes -= frame.len();
+            self.event_budget.sub(sub.owner, frame.len());
             return Some(Delivery::Frame(frame));
         }
         let last = sub.final_frame.take()?;
@@ -863,6 +913,16 @@ impl Broker {
         if let Some(logs) = self.logs.as_mut() {
             logs.handle_timeout(now, unix_micros);
         }
+    }
+
+    /// The most event bytes queued for one owner's subscribers.
+    pub(crate) fn max_owner_event_bytes(&self) -> usize {
+        self.event_budget
+            .by_owner
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(0)
     }
 
     /// The most frames one subscriber has queued (live batches and replayed ones), and the
@@ -1036,7 +1096,13 @@ fn seal(sh: &mut Shard, fan: &mut FanOut<'_>) {
             .subscribers
             .get_mut(id)
             .expect("shard lists only live subscribers");
-        if sub.queue.len() >= sub.capacity {
+        let flags = sub.wants.intersection(available);
+        let slot = &mut encoded[variant_index(flags)];
+        let frame = slot.get_or_insert_with(|| {
+            fan.stats.frames_encoded += 1;
+            encode_event_batch(flags, &view)
+        });
+        if sub.queue.len() >= sub.capacity || !fan.budget.fits(sub.owner, frame.len()) {
             sub.drops += 1;
             fan.stats.dropped_batches += 1;
             fan.stats.dropped_records += batch.payloads.len() as u64;
@@ -1053,12 +1119,8 @@ fn seal(sh: &mut Shard, fan: &mut FanOut<'_>) {
             }
             continue;
         }
-        let flags = sub.wants.intersection(available);
-        let slot = &mut encoded[variant_index(flags)];
-        let frame = slot.get_or_insert_with(|| {
-            fan.stats.frames_encoded += 1;
-            encode_event_batch(flags, &view)
-        });
+        sub.queued_bytes += frame.len();
+        fan.budget.add(sub.owner, frame.len());
         sub.queue.push_back(frame.clone());
         fan.stats.deliveries += 1;
         mark_ready(*id, sub, fan.ready);
