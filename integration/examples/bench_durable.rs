@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_client::{Ack, Client, ClientConfig, Start, SubscriptionItem};
+use felix_client::{Ack, Client, ClientConfig, Start, SubscriptionEnd, SubscriptionItem};
 use felix_runtime_tokio::felix_engine::{DurableConfig, FsyncPolicy};
 use felix_runtime_tokio::files::{FileExecutor, FileStats};
 use felix_runtime_tokio::BrokerOptions;
@@ -137,6 +137,10 @@ impl Broker {
 }
 
 struct Outcome {
+    /// CPU seconds the broker's and the client's threads used during the run.
+    cpu: Option<(f64, f64)>,
+    /// Times a subscriber was ended as lagging and resumed from the log.
+    lagged: u64,
     records_per_sec: f64,
     mb_per_sec: f64,
     delivered_per_sec: f64,
@@ -153,6 +157,7 @@ async fn run(broker: &Broker, args: &Args, inflight: usize) -> Outcome {
 
     let stop = Arc::new(AtomicBool::new(false));
     let delivered = Arc::new(AtomicU64::new(0));
+    let lagged = Arc::new(AtomicU64::new(0));
     let mut readers = Vec::new();
     for _ in 0..fanout {
         let client = broker.connect().await;
@@ -160,13 +165,22 @@ async fn run(broker: &Broker, args: &Args, inflight: usize) -> Outcome {
             .subscribe("default", &stream, Start::Latest)
             .await
             .expect("subscribe");
-        let (stop, delivered) = (stop.clone(), delivered.clone());
+        let (stop, delivered, lagged) = (stop.clone(), delivered.clone(), lagged.clone());
+        let stream = stream.clone();
         readers.push(tokio::spawn(async move {
-            let _client = client;
             loop {
                 match tokio::time::timeout(Duration::from_millis(300), sub.next()).await {
                     Ok(Ok(SubscriptionItem::Event(_))) => {
                         delivered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // A durable broker ends a subscriber that fell behind its queue; it
+                    // resumes from the log where the drop began, as a real consumer would.
+                    Ok(Ok(SubscriptionItem::End(SubscriptionEnd::Lagged { resume_from }))) => {
+                        lagged.fetch_add(1, Ordering::Relaxed);
+                        sub = client
+                            .subscribe("default", &stream, Start::Offset(resume_from))
+                            .await
+                            .expect("resubscribe");
                     }
                     Ok(other) => panic!("subscription ended: {other:?}"),
                     Err(_) if stop.load(Ordering::Relaxed) => break,
@@ -186,6 +200,7 @@ async fn run(broker: &Broker, args: &Args, inflight: usize) -> Outcome {
         .await
         .expect("publish");
     let files_before = broker.file_stats();
+    let cpu_before = thread_cpu();
     let delivered_before = delivered.load(Ordering::Relaxed);
     let acked = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -212,6 +227,9 @@ async fn run(broker: &Broker, args: &Args, inflight: usize) -> Outcome {
         t.await.expect("publisher");
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = thread_cpu()
+        .zip(cpu_before)
+        .map(|(a, b)| (a.0 - b.0, a.1 - b.1));
     let files_after = broker.file_stats();
     let delivered_count = delivered.load(Ordering::Relaxed) - delivered_before;
     stop.store(true, Ordering::Relaxed);
@@ -220,6 +238,7 @@ async fn run(broker: &Broker, args: &Args, inflight: usize) -> Outcome {
     }
     let records = acked.load(Ordering::Relaxed) * batch as u64;
     Outcome {
+        lagged: lagged.load(Ordering::Relaxed),
         records_per_sec: records as f64 / elapsed,
         mb_per_sec: (records * size as u64) as f64 / elapsed / 1e6,
         delivered_per_sec: delivered_count as f64 / elapsed / fanout.max(1) as f64,
@@ -227,13 +246,48 @@ async fn run(broker: &Broker, args: &Args, inflight: usize) -> Outcome {
             ops: files_after.ops - files_before.ops,
             appends: files_after.appends - files_before.appends,
             appended_bytes: files_after.appended_bytes - files_before.appended_bytes,
+            append_micros: files_after.append_micros - files_before.append_micros,
             syncs: files_after.syncs - files_before.syncs,
             sync_micros: files_after.sync_micros - files_before.sync_micros,
             reads: files_after.reads - files_before.reads,
             failures: files_after.failures - files_before.failures,
         },
         secs: elapsed,
+        cpu,
     }
+}
+
+/// CPU seconds used so far by the broker's runtime threads (its file ops included) and by
+/// the client's, from `/proc/self/task/*/stat` (Linux; `None` elsewhere). A thread that
+/// exited is not counted, so runs stay short of tokio's 10 s idle-thread timeout.
+fn thread_cpu() -> Option<(f64, f64)> {
+    let ticks_per_sec = 100.0; // USER_HZ, 100 on every Linux this runs on
+    let (mut broker, mut client) = (0u64, 0u64);
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(stat) = std::fs::read_to_string(task.ok()?.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ...`: utime and stime are fields 14 and 15.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let used = fields
+            .get(11)
+            .and_then(|u| u.parse::<u64>().ok())
+            .unwrap_or(0)
+            + fields
+                .get(12)
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(0);
+        if comm.starts_with("broker") {
+            broker += used;
+        } else if comm.starts_with("client") {
+            client += used;
+        }
+    }
+    Some((broker as f64 / ticks_per_sec, client as f64 / ticks_per_sec))
 }
 
 fn main() {
@@ -322,11 +376,32 @@ fn run_one(
             o.delivered_per_sec
         );
     }
+    if o.lagged > 0 {
+        println!("{name}.subscriber_lagged_and_resumed: {}", o.lagged);
+    }
+    if let Some((broker_cpu, client_cpu)) = o.cpu {
+        let records = o.records_per_sec * o.secs;
+        println!("{name}.broker_cpu_cores: {:.2}", broker_cpu / o.secs);
+        println!("{name}.client_cpu_cores: {:.2}", client_cpu / o.secs);
+        if records > 0.0 {
+            println!(
+                "{name}.broker_cpu_us_per_record: {:.2}",
+                broker_cpu * 1e6 / records
+            );
+        }
+    }
     let f = &o.files;
     if f.ops > 0 {
         let syncs_per_sec = f.syncs as f64 / o.secs;
         println!("{name}.fsyncs_per_sec: {syncs_per_sec:.0}");
         println!("{name}.appends_per_sec: {:.0}", f.appends as f64 / o.secs);
+        if f.appends > 0 {
+            println!(
+                "{name}.mean_append_ms: {:.2} ({:.0} KiB)",
+                f.append_micros as f64 / f.appends as f64 / 1000.0,
+                f.appended_bytes as f64 / f.appends as f64 / 1024.0
+            );
+        }
         if f.syncs > 0 {
             println!(
                 "{name}.records_per_fsync: {:.0}",
