@@ -22,7 +22,7 @@ use felix_client::{Ack, Client, ClientConfig};
 use felix_integration::{spawn_broker_binary, unique};
 
 /// The broker's resident memory must stay under this.
-const RSS_BOUND_BYTES: u64 = 2 << 30;
+const RSS_BOUND_BYTES: u64 = 512 << 20;
 /// The well-behaved client's p99 publish round trip must stay under this.
 const P99_BOUND: Duration = Duration::from_millis(10);
 
