@@ -59,9 +59,38 @@ fn structured_binary_corpus() {
     );
 }
 
+/// The engine corpus is the slow one (a TLS handshake per input), so it replays on every core.
 #[test]
 fn engine_corpus() {
-    replay("engine", felix_conformance::engine_fuzz::engine);
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/engine");
+    let mut inputs: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{} has no corpus: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .collect();
+    inputs.sort();
+    assert!(!inputs.is_empty(), "{} is empty", dir.display());
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let chunk = inputs.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        for part in inputs.chunks(chunk) {
+            scope.spawn(move || {
+                for path in part {
+                    let data = fs::read(path).unwrap();
+                    if let Err(panic) =
+                        std::panic::catch_unwind(|| felix_conformance::engine_fuzz::engine(&data))
+                    {
+                        std::panic::resume_unwind(Box::new(format!(
+                            "{}: {:?}",
+                            path.display(),
+                            panic.downcast_ref::<String>()
+                        )));
+                    }
+                }
+            });
+        }
+    });
+    println!("engine: replayed {} inputs", inputs.len());
 }
 
 /// Inputs the fuzzer has not seen: bytes from a fixed LCG, so new engine paths get some
