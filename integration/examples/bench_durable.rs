@@ -139,6 +139,8 @@ impl Broker {
 struct Outcome {
     /// CPU seconds the broker's and the client's threads used during the run.
     cpu: Option<(f64, f64)>,
+    /// CPU seconds the whole machine used (every process and the kernel's own threads).
+    machine_cpu: Option<f64>,
     /// Times a subscriber was ended as lagging and resumed from the log.
     lagged: u64,
     records_per_sec: f64,
@@ -201,6 +203,7 @@ async fn run(broker: &Broker, args: &Args, inflight: usize) -> Outcome {
         .expect("publish");
     let files_before = broker.file_stats();
     let cpu_before = thread_cpu();
+    let machine_before = machine_cpu();
     let delivered_before = delivered.load(Ordering::Relaxed);
     let acked = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -230,6 +233,7 @@ async fn run(broker: &Broker, args: &Args, inflight: usize) -> Outcome {
     let cpu = thread_cpu()
         .zip(cpu_before)
         .map(|(a, b)| (a.0 - b.0, a.1 - b.1));
+    let machine_cpu = machine_cpu().zip(machine_before).map(|(a, b)| a - b);
     let files_after = broker.file_stats();
     let delivered_count = delivered.load(Ordering::Relaxed) - delivered_before;
     stop.store(true, Ordering::Relaxed);
@@ -239,6 +243,7 @@ async fn run(broker: &Broker, args: &Args, inflight: usize) -> Outcome {
     let records = acked.load(Ordering::Relaxed) * batch as u64;
     Outcome {
         lagged: lagged.load(Ordering::Relaxed),
+        machine_cpu,
         records_per_sec: records as f64 / elapsed,
         mb_per_sec: (records * size as u64) as f64 / elapsed / 1e6,
         delivered_per_sec: delivered_count as f64 / elapsed / fanout.max(1) as f64,
@@ -255,6 +260,21 @@ async fn run(broker: &Broker, args: &Args, inflight: usize) -> Outcome {
         secs: elapsed,
         cpu,
     }
+}
+
+/// Busy CPU seconds of the whole machine so far, from `/proc/stat` (Linux). Minus the
+/// broker's and client's threads it is the kernel's writeback and journal threads, plus
+/// whatever else runs (so only meaningful on a quiet machine).
+fn machine_cpu() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let busy = v.iter().take(8).sum::<u64>() - v.get(3)? - v.get(4)?;
+    Some(busy as f64 / 100.0)
 }
 
 /// CPU seconds used so far by the broker's runtime threads (its file ops included) and by
@@ -383,6 +403,10 @@ fn run_one(
         let records = o.records_per_sec * o.secs;
         println!("{name}.broker_cpu_cores: {:.2}", broker_cpu / o.secs);
         println!("{name}.client_cpu_cores: {:.2}", client_cpu / o.secs);
+        if let Some(m) = o.machine_cpu {
+            let rest = (m - broker_cpu - client_cpu).max(0.0);
+            println!("{name}.other_cpu_cores: {:.2}", rest / o.secs);
+        }
         if records > 0.0 {
             println!(
                 "{name}.broker_cpu_us_per_record: {:.2}",
