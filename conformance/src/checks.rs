@@ -143,7 +143,11 @@ pub fn binary_layout(data: &[u8]) {
     let empty_timed = matches!(&frame, BinaryFrame::Events(b) if b.events.is_empty())
         && flags.contains(Flags::EVENT_BATCH_TIMESTAMPS);
     if !matches!(frame, BinaryFrame::Ack(_)) && !empty_timed {
-        assert_eq!(frame.flags(), flags, "the value does not reproduce its flags");
+        assert_eq!(
+            frame.flags(),
+            flags,
+            "the value does not reproduce its flags"
+        );
         assert_eq!(encoded.payload, payload, "re-encoding changed the bytes");
     }
     match &frame {

@@ -7,15 +7,23 @@ use felix_proto::{DecodeError, Flags, Frame};
 use proptest::prelude::*;
 
 /// Flag words that are valid layouts, so the stream decodes to the end.
-const VALID_FLAGS: [u16; 10] =
-    [0x0000, 0x0001, 0x0009, 0x0041, 0x0049, 0x0010, 0x1010, 0x0210, 0x0024, 0x0824];
+const VALID_FLAGS: [u16; 10] = [
+    0x0000, 0x0001, 0x0009, 0x0041, 0x0049, 0x0010, 0x1010, 0x0210, 0x0024, 0x0824,
+];
 
 fn frames() -> impl Strategy<Value = Vec<Frame>> {
     prop::collection::vec(
-        (prop::sample::select(&VALID_FLAGS[..]), prop::collection::vec(any::<u8>(), 0..300)),
+        (
+            prop::sample::select(&VALID_FLAGS[..]),
+            prop::collection::vec(any::<u8>(), 0..300),
+        ),
         0..12,
     )
-    .prop_map(|v| v.into_iter().map(|(f, p)| Frame::new(Flags(f), Bytes::from(p))).collect())
+    .prop_map(|v| {
+        v.into_iter()
+            .map(|(f, p)| Frame::new(Flags(f), Bytes::from(p)))
+            .collect()
+    })
 }
 
 fn decode_chunked(wire: &[u8], sizes: &[usize], limit: u32) -> (Vec<Frame>, Option<DecodeError>) {
@@ -24,7 +32,11 @@ fn decode_chunked(wire: &[u8], sizes: &[usize], limit: u32) -> (Vec<Frame>, Opti
     let mut rest = wire;
     let mut i = 0;
     while !rest.is_empty() {
-        let n = sizes.get(i % sizes.len().max(1)).copied().unwrap_or(1).clamp(1, rest.len());
+        let n = sizes
+            .get(i % sizes.len().max(1))
+            .copied()
+            .unwrap_or(1)
+            .clamp(1, rest.len());
         i += 1;
         let (chunk, tail) = rest.split_at(n);
         rest = tail;
