@@ -58,6 +58,13 @@ pub(crate) struct SessionCx<'a> {
 }
 
 /// Whether the stream goes on after a frame.
+/// The two cache requests answered with `cache_value`.
+#[derive(Clone, Copy)]
+enum CacheRead {
+    Get,
+    Delete,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FrameResult {
     Continue,
@@ -456,13 +463,6 @@ impl Session {
                 }
             }
             Message::CacheGet(g) => {
-                cx.core.stats.cache_requests += 1;
-                let Some(key) =
-                    self.cache_scope(&g.tenant_id, &g.namespace, &g.cache, Action::CacheRead)
-                else {
-                    return FrameResult::Continue;
-                };
-                let unix = cx.core.unix_micros(cx.now);
                 let answer = CacheValue {
                     tenant_id: g.tenant_id,
                     namespace: g.namespace,
@@ -472,20 +472,9 @@ impl Session {
                     request_id: g.request_id,
                     version: None,
                 };
-                match cx.core.broker.cache_get(cx.now, unix, &key, &answer.key) {
-                    Ok(found) => self.push_cache_value(cx, found, answer),
-                    Err(e) if self.stalls(&e) => {}
-                    Err(e) => self.push_broker_error(e),
-                }
+                self.answer_cache_read(cx, CacheRead::Get, answer);
             }
             Message::CacheDelete(d) => {
-                cx.core.stats.cache_requests += 1;
-                let Some(key) =
-                    self.cache_scope(&d.tenant_id, &d.namespace, &d.cache, Action::CacheWrite)
-                else {
-                    return FrameResult::Continue;
-                };
-                let unix = cx.core.unix_micros(cx.now);
                 let answer = CacheValue {
                     tenant_id: d.tenant_id,
                     namespace: d.namespace,
@@ -495,11 +484,7 @@ impl Session {
                     request_id: d.request_id,
                     version: None,
                 };
-                match cx.core.broker.cache_delete(cx.now, unix, &key, &answer.key) {
-                    Ok(removed) => self.push_cache_value(cx, removed, answer),
-                    Err(e) if self.stalls(&e) => {}
-                    Err(e) => self.push_broker_error(e),
-                }
+                self.answer_cache_read(cx, CacheRead::Delete, answer);
             }
             Message::StreamShards(s) => {
                 let Some(shards) = self.stream_width(
@@ -1029,6 +1014,31 @@ impl Session {
 
     /// Queues a `cache_value`: now, or once the log has read the value (and made a delete
     /// durable).
+    /// `cache_get` and `cache_delete`: both answer `cache_value` with the value found (or
+    /// removed), so they differ only in the broker call and the permission it needs.
+    fn answer_cache_read(&mut self, cx: &mut SessionCx<'_>, op: CacheRead, answer: CacheValue) {
+        cx.core.stats.cache_requests += 1;
+        let action = match op {
+            CacheRead::Get => Action::CacheRead,
+            CacheRead::Delete => Action::CacheWrite,
+        };
+        let Some(key) =
+            self.cache_scope(&answer.tenant_id, &answer.namespace, &answer.cache, action)
+        else {
+            return;
+        };
+        let unix = cx.core.unix_micros(cx.now);
+        let result = match op {
+            CacheRead::Get => cx.core.broker.cache_get(cx.now, unix, &key, &answer.key),
+            CacheRead::Delete => cx.core.broker.cache_delete(cx.now, unix, &key, &answer.key),
+        };
+        match result {
+            Ok(found) => self.push_cache_value(cx, found, answer),
+            Err(e) if self.stalls(&e) => {}
+            Err(e) => self.push_broker_error(e),
+        }
+    }
+
     fn push_cache_value(&mut self, cx: &mut SessionCx<'_>, found: CacheAnswer, answer: CacheValue) {
         match found {
             CacheAnswer::Now(value) => {
