@@ -17,16 +17,16 @@
 //!
 //! Durable storage runs on an in-memory disk that performs every file op at once.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use arbitrary::{Arbitrary, Unstructured};
 use bytes::{Bytes, BytesMut};
+use felix_engine::testing::MemDisk;
 use felix_engine::{
-    AuthConfig, Datagram, DirEntry, DurableConfig, Engine, EngineConfig, FileCompletion, FileError,
-    FileErrorKind, FileOp, FileOpKind, FileOutput, FsyncPolicy, Output, TlsIdentity,
+    AuthConfig, Datagram, DurableConfig, Engine, EngineConfig, FsyncPolicy, Output, TlsIdentity,
 };
 use felix_proto::{Flags, Frame, FrameDecoder};
 use quinn_proto::crypto::rustls::QuicClientConfig;
@@ -437,100 +437,6 @@ struct Client {
     events: BTreeMap<StreamId, (FrameDecoder, bool)>,
 }
 
-struct MemDisk {
-    files: BTreeMap<String, Vec<u8>>,
-    dirs: BTreeSet<String>,
-}
-
-fn parent(path: &str) -> &str {
-    path.rsplit_once('/').map_or("", |(p, _)| p)
-}
-
-impl MemDisk {
-    fn execute(&mut self, op: FileOp) -> FileCompletion {
-        let missing = |p: &str| FileError::new(FileErrorKind::NotFound, format!("{p}: missing"));
-        let result = match op.kind {
-            FileOpKind::CreateDir { path } => {
-                let mut at = path.as_str();
-                while !at.is_empty() {
-                    self.dirs.insert(at.to_owned());
-                    at = parent(at);
-                }
-                Ok(FileOutput::Done)
-            }
-            FileOpKind::ListDir { path } => {
-                if !path.is_empty() && !self.dirs.contains(&path) {
-                    Err(missing(&path))
-                } else {
-                    let leaf = |p: &str| p.rsplit('/').next().unwrap_or_default().to_owned();
-                    let files =
-                        self.files
-                            .iter()
-                            .filter(|(p, _)| parent(p) == path)
-                            .map(|(p, d)| DirEntry {
-                                name: leaf(p),
-                                len: d.len() as u64,
-                                is_dir: false,
-                            });
-                    let dirs = self
-                        .dirs
-                        .iter()
-                        .filter(|d| parent(d) == path)
-                        .map(|d| DirEntry {
-                            name: leaf(d),
-                            len: 0,
-                            is_dir: true,
-                        });
-                    Ok(FileOutput::Listing(files.chain(dirs).collect()))
-                }
-            }
-            FileOpKind::Create { path } => {
-                self.files.insert(path, Vec::new());
-                Ok(FileOutput::Done)
-            }
-            FileOpKind::Append { path, bytes } => match self.files.get_mut(&path) {
-                Some(f) => {
-                    f.extend_from_slice(&bytes);
-                    Ok(FileOutput::Done)
-                }
-                None => Err(missing(&path)),
-            },
-            FileOpKind::Read { path, pos, len } => match self.files.get(&path) {
-                Some(f) => {
-                    let start = (pos as usize).min(f.len());
-                    let end = (start + len as usize).min(f.len());
-                    Ok(FileOutput::Data(Bytes::copy_from_slice(&f[start..end])))
-                }
-                None => Err(missing(&path)),
-            },
-            FileOpKind::Sync { path } => match self.files.contains_key(&path) {
-                true => Ok(FileOutput::Done),
-                false => Err(missing(&path)),
-            },
-            FileOpKind::SyncDir { .. } => Ok(FileOutput::Done),
-            FileOpKind::Truncate { path, len } => match self.files.get_mut(&path) {
-                Some(f) => {
-                    f.truncate(len as usize);
-                    Ok(FileOutput::Done)
-                }
-                None => Err(missing(&path)),
-            },
-            FileOpKind::Rename { from, to } => match self.files.remove(&from) {
-                Some(f) => {
-                    self.files.insert(to, f);
-                    Ok(FileOutput::Done)
-                }
-                None => Err(missing(&from)),
-            },
-            FileOpKind::Remove { path } => match self.files.remove(&path) {
-                Some(_) => Ok(FileOutput::Done),
-                None => Err(missing(&path)),
-            },
-        };
-        FileCompletion { id: op.id, result }
-    }
-}
-
 /// A CA and a `localhost` leaf, made once per process (key generation is the slow part).
 fn tls() -> &'static (TlsIdentity, CertificateDer<'static>) {
     static TLS: OnceLock<(TlsIdentity, CertificateDer<'static>)> = OnceLock::new();
@@ -637,10 +543,7 @@ impl World {
         let mut world = World {
             now,
             engine,
-            disk: MemDisk {
-                files: BTreeMap::new(),
-                dirs: BTreeSet::new(),
-            },
+            disk: MemDisk::default(),
             client: Endpoint::new(Arc::new(endpoint_config), None, true, None),
             client_config,
             clients: Vec::new(),

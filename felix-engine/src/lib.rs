@@ -37,3 +37,7 @@ pub use storage::ops::{
     DirEntry, FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
 };
 pub use tls::{TlsConfigError, TlsIdentity, ALPN_FELIX_V1};
+
+#[cfg(feature = "test-support")]
+#[doc(hidden)]
+pub mod testing;

@@ -4,20 +4,18 @@
 
 #![allow(dead_code)]
 
-pub mod memdisk;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+pub use felix_engine::testing::MemDisk;
 use felix_engine::{
     AuthConfig, Datagram, DurableConfig, Engine, EngineConfig, FileOp, FileOpKind, Output,
     TlsIdentity,
 };
 use felix_proto::{Frame, FrameDecoder};
-use memdisk::MemDisk;
 use quinn_proto::crypto::rustls::QuicClientConfig;
 use quinn_proto::{
     ClientConfig, Connection, ConnectionError, ConnectionHandle, DatagramEvent, Dir, Endpoint,

@@ -1,12 +1,11 @@
-//! An in-memory disk for engine tests: performs the engine's file ops on maps, and lets a
-//! test hold ops of some kinds (syncs, say) to see what waits for them.
+//! Test support, behind the `test-support` feature: an in-memory disk that performs the
+//! engine's file ops on maps and counts them by kind. Engine tests and the engine fuzz target
+//! (felix-conformance) share it; the product path always runs the real file executor.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::{DirEntry, FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput};
 use bytes::Bytes;
-use felix_engine::{
-    DirEntry, FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput,
-};
 
 #[derive(Default)]
 pub struct MemDisk {
