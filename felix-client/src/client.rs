@@ -439,6 +439,11 @@ impl Client {
         self.open_raw_stream(true).await
     }
 
+    /// The tenant every stream authenticates as.
+    pub(crate) fn tenant(&self) -> &str {
+        &self.inner.config.tenant
+    }
+
     /// Closes the connection (code 0) for every clone and subscription, and waits briefly
     /// for the close to be sent.
     pub async fn close(self) {

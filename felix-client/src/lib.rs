@@ -33,6 +33,8 @@ mod error;
 #[cfg(feature = "front-end")]
 mod runtime;
 #[cfg(feature = "front-end")]
+mod stream_ops;
+#[cfg(feature = "front-end")]
 mod transport;
 
 #[cfg(feature = "front-end")]
@@ -42,5 +44,8 @@ pub use crate::error::ClientError;
 #[cfg(feature = "front-end")]
 pub use crate::runtime::Runtime;
 #[cfg(feature = "front-end")]
+pub use crate::stream_ops::{Guarded, IdempotentBatch, IdempotentEncoding, StateValue, StreamPage};
+#[cfg(feature = "front-end")]
 pub use crate::transport::CLIENT_ALPN;
+pub use felix_proto::message::{PublishRefusalReason, StateChange};
 pub use felix_proto::{ErrorCode, RetryClass};

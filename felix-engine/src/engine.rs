@@ -31,8 +31,8 @@ pub use quinn_proto::EcnCodepoint;
 /// Rounds of storage work (log events, released answers, deliveries) within one turn.
 const MAX_SETTLE_ROUNDS: usize = 8;
 
-/// Frame flags this broker decodes and produces. Not 0x0080 (forwarded-ack owner), 0x0100
-/// (idempotent producer), 0x2000 (publisher) or 0x4000 (timestamps): not implemented.
+/// Frame flags this broker decodes and produces. Not 0x0080 (forwarded-ack owner), 0x2000
+/// (publisher) or 0x4000 (timestamps, added with durable storage): not implemented.
 pub const SERVED_FLAGS: Flags = Flags(
     0x0001
         | 0x0002
@@ -41,14 +41,15 @@ pub const SERVED_FLAGS: Flags = Flags(
         | 0x0010
         | 0x0020
         | 0x0040
+        | 0x0100
         | 0x0200
         | 0x0400
         | 0x0800
         | 0x1000,
 );
 
-/// Features this broker answers. Nothing is advertised that is not served: no TOPOLOGY, no
-/// REDIRECT (a single broker never redirects), no groups, watches or counters yet.
+/// Features this broker answers. Nothing is advertised that is not served: no REDIRECT (a
+/// single broker never redirects), no groups, watches or counters yet.
 pub const SERVED_FEATURES: Features = Features(
     Features::ERROR_CODES.0
         | Features::UNSUPPORTED.0
@@ -58,7 +59,18 @@ pub const SERVED_FEATURES: Features = Features(
         | Features::STREAM_SHARDS.0
         | Features::CACHE_SHARDS.0
         | Features::SHARD_OWNERS.0
-        | Features::SUBSCRIBE_QUEUE.0,
+        | Features::SUBSCRIBE_QUEUE.0
+        | Features::TOPOLOGY.0
+        | Features::IDEMPOTENT_PRODUCER.0
+        | Features::SEQUENCE_REUSED.0,
+);
+
+/// Features served only with durable storage: they read or check a shard's log.
+pub const DURABLE_FEATURES: Features = Features(
+    Features::PUBLISH_CONDITIONAL.0
+        | Features::ATOMIC_COMMIT.0
+        | Features::STREAM_READ.0
+        | Features::RECORD_TIMESTAMPS.0,
 );
 
 /// A UDP datagram (or a GRO batch of same-source datagrams) received by the runtime.
@@ -549,6 +561,7 @@ impl Engine {
                 BrokerCapabilities {
                     flags: SERVED_FLAGS.union(Flags::EVENT_BATCH_TIMESTAMPS),
                     features: SERVED_FEATURES
+                        .union(DURABLE_FEATURES)
                         .union(Features::ACK_ON_COMMIT)
                         .union(Features::SUBSCRIPTION_LAGGED),
                     publish_window: config.publish_window,

@@ -40,6 +40,8 @@ use crate::engine::Core;
 use crate::storage::log::ReadTicket;
 use crate::storage::ops::LogId;
 
+mod stream_ops;
+
 /// A subscription granted on this stream, whose event stream the connection opens.
 pub(crate) struct NewSubscription {
     pub(crate) subscriber: SubscriberId,
@@ -98,6 +100,9 @@ struct HeldValue {
     value: Option<Result<Option<Bytes>, String>>,
     durable_at: Option<u64>,
     answer: CacheValue,
+    /// The value is a whole answer frame the broker encoded (a `stream_read` page or an
+    /// `offset_value`), sent as it is.
+    raw: bool,
 }
 
 /// How to answer a held request whose write failed.
@@ -258,8 +263,11 @@ impl Session {
                             let Some(Held::Value(v)) = self.held.pop_front() else {
                                 unreachable!("front is a value");
                             };
-                            let HeldValue { value, answer, .. } = *v;
+                            let HeldValue {
+                                value, answer, raw, ..
+                            } = *v;
                             match value.expect("checked") {
+                                Ok(frame) if raw => frame.unwrap_or_default(),
                                 Ok(value) => encode_message(&Message::CacheValue(CacheValue {
                                     value,
                                     ..answer
@@ -547,6 +555,37 @@ impl Session {
                     owners,
                 }));
             }
+            Message::ProducerInit(p) => self.on_producer_init(p, cx),
+            Message::PublishIdempotent(p) => {
+                let publish = stream_ops::GuardedPublish {
+                    names: (&p.tenant_id, &p.namespace, &p.stream),
+                    key: p.key,
+                    shard: p.shard,
+                    payloads: p.payloads,
+                    request_id: p.request_id,
+                    guard: crate::broker::Guard::Sequence {
+                        producer: p.producer_id,
+                        sequence: p.sequence,
+                    },
+                };
+                self.on_guarded_publish(publish, cx);
+            }
+            Message::PublishIf(p) => {
+                let publish = stream_ops::GuardedPublish {
+                    names: (&p.tenant_id, &p.namespace, &p.stream),
+                    key: p.key,
+                    shard: p.shard,
+                    payloads: p.payloads,
+                    request_id: p.request_id,
+                    guard: crate::broker::Guard::Offset(p.expected_offset),
+                };
+                self.on_guarded_publish(publish, cx);
+            }
+            Message::Commit(c) => self.on_commit(c, cx),
+            Message::StateGet(g) => self.on_state_get(g, cx),
+            Message::StreamRead(r) => self.on_stream_read(r, cx),
+            Message::OffsetForTime(o) => self.on_offset_for_time(o, cx),
+            Message::Topology => self.on_topology(),
             other if sent_only_by_brokers(&other) => {
                 // An answer or an event-stream frame on a request stream: the client has its
                 // streams mixed up, but the frame boundaries are intact, so the stream goes on.
@@ -695,15 +734,8 @@ impl Session {
         };
         let header = view.header;
         let request_id = header.acked.map(|a| a.request_id);
-        if header.idempotent.is_some() {
-            cx.core.stats.publishes_refused += 1;
-            if let Some(id) = request_id {
-                self.push_ack_error(
-                    id,
-                    ErrorCode::InvalidRequest,
-                    "idempotent publishes are not served",
-                );
-            }
+        if let (Some(seq), Some(id)) = (header.idempotent, request_id) {
+            self.on_binary_idempotent(&view, seq, id, cx);
             return;
         }
         if !self.publish_allowed(header.tenant_id, header.namespace, header.stream) {
@@ -1061,6 +1093,7 @@ impl Session {
                     value: ticket.is_none().then_some(Ok(None)),
                     durable_at,
                     answer,
+                    raw: false,
                 })));
             }
         }

@@ -5,9 +5,9 @@ mod common;
 
 use common::*;
 
-/// Frame flags served (0x1E7F) and features served, as the real client's offer is answered.
+/// Frame flags served (0x1F7F) and features served, as the real client's offer is answered.
 const AUTH_OK_FOR_REAL_CLIENT: &str =
-    r#"{"type":"auth_ok","server_flags":7807,"server_features":1074179108,"publish_window":256}"#;
+    r#"{"type":"auth_ok","server_flags":8063,"server_features":1074196005,"publish_window":256}"#;
 
 #[test]
 fn real_client_offer_gets_exact_auth_ok() {
@@ -18,7 +18,11 @@ fn real_client_offer_gets_exact_auth_ok() {
     // Feature bits by name: served and nothing else.
     let v: serde_json::Value = serde_json::from_str(text(&answer)).unwrap();
     let features = v["server_features"].as_u64().unwrap();
-    assert_eq!(features & 0x1, 0, "no TOPOLOGY");
+    assert_eq!(
+        features & 0x1,
+        0x1,
+        "TOPOLOGY: a lone broker answers it (no other brokers)"
+    );
     assert_eq!(features & 0x2, 0, "no REDIRECT");
     assert_eq!(features, felix_engine::SERVED_FEATURES.0);
 }

@@ -147,12 +147,10 @@ fn unknown_requests_are_unsupported_or_close_the_stream() {
         text(&f[0]),
         r#"{"type":"unsupported","request_type":"frobnicate","request_id":5}"#
     );
-    // Known but not served here.
+    // A lone broker answers `topology` naming no other broker.
     let f = net.exchange(p, id, &json_frame(r#"{"type":"topology"}"#));
-    assert_eq!(
-        text(&f[0]),
-        r#"{"type":"unsupported","request_type":"topology"}"#
-    );
+    assert_eq!(text(&f[0]), r#"{"type":"topology_view","brokers":[]}"#);
+    // Known but not served here.
     let f = net.exchange(
         p,
         id,

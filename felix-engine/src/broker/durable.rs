@@ -689,13 +689,16 @@ impl Broker {
                 self.release(id, up_to);
             }
             LogEvent::Read { ticket, result } => {
+                // A `stream_read` or `offset_for_time` page (`reads.rs`) takes its own.
+                let result = self.on_page_read(id, ticket, result);
+                let logs = self.logs.as_mut().expect("called with logs");
                 let reader = logs.reads.remove(&(id, ticket));
                 // A read landed: readers refused `Busy` may go now.
                 let blocked = logs
                     .slot_mut(id)
                     .map(|s| std::mem::take(&mut s.blocked_readers))
                     .unwrap_or_default();
-                if let Some(reader) = reader {
+                if let (Some(reader), Some(result)) = (reader, result) {
                     self.on_catch_up_read(reader, result);
                 }
                 for b in blocked {

@@ -14,8 +14,13 @@
 //! one frame carries many records and when idle each publish goes out at once.
 
 mod cache;
+mod commit;
 pub(crate) mod durable;
 mod encode;
+mod producers;
+mod reads;
+#[cfg(test)]
+mod stream_ops_tests;
 #[cfg(test)]
 mod tests;
 
@@ -31,10 +36,14 @@ use felix_proto::{ErrorCode, Flags};
 use crate::storage::layout;
 use crate::storage::log::{AppendError, Batch};
 use crate::storage::ops::LogId;
+use crate::storage::record::EntryExt;
 use cache::{CacheLimits, CacheStore};
+pub(crate) use commit::Committed;
 pub(crate) use durable::{CacheAnswer, DurableSettings, Notice};
 use durable::{LogState, Logs, Owner, ShardStore, Unreleased};
 use encode::{encode_event_batch, encode_subscription_lagged, BatchView, MAX_PUBLISHER_LEN};
+pub(crate) use producers::{Guard, Guarded};
+pub(crate) use reads::{PageRequest, ReadAnswer};
 
 use cache::CACHE_SWEEP_MAX_ENTRIES;
 
@@ -331,6 +340,10 @@ struct Shard {
     open: OpenBatch,
     /// Listed in `Broker::dirty` (its open batch is non-empty).
     dirty: bool,
+    /// Idempotent producers' places on this shard (`producers.rs`).
+    producers: producers::ProducerTable,
+    /// The state atomic commits wrote on this shard (`commit.rs`).
+    state: commit::StateTable,
 }
 
 impl Shard {
@@ -342,6 +355,8 @@ impl Shard {
             subscribers: Vec::new(),
             open: OpenBatch::default(),
             dirty: false,
+            producers: producers::ProducerTable::default(),
+            state: commit::StateTable::default(),
         }
     }
 }
@@ -437,6 +452,10 @@ pub(crate) struct Broker {
     /// `now` of the last flush: when log events are left over, the next turn is due then.
     last_flush: Option<Instant>,
     event_budget: EventBudget,
+    /// `stream_read` and `offset_for_time` reads in flight (`reads.rs`).
+    page_reads: reads::PageReads,
+    /// Producer ids handed out so far (`producers.rs`).
+    producer_ids: u64,
 }
 
 impl Broker {
@@ -475,6 +494,8 @@ impl Broker {
                 max: cfg_max_owner,
                 by_owner: HashMap::new(),
             },
+            page_reads: reads::PageReads::default(),
+            producer_ids: 0,
         }
     }
 
@@ -512,6 +533,24 @@ impl Broker {
         explicit_shard: Option<u32>,
         payloads: Vec<Bytes>,
         publisher: Option<&str>,
+    ) -> Result<Published, BrokerError> {
+        let ext = EntryExt::NONE;
+        let routing = (routing_key, explicit_shard);
+        self.publish_ext(now, unix_micros, key, routing, payloads, publisher, &ext)
+    }
+
+    /// [`Broker::publish`] of an entry that carries an extension on a durable shard (a
+    /// producer mark or a commit's state); `routing` is the routing key and explicit shard.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn publish_ext(
+        &mut self,
+        now: Instant,
+        unix_micros: u64,
+        key: &StreamKey,
+        (routing_key, explicit_shard): (Option<&[u8]>, Option<u32>),
+        payloads: Vec<Bytes>,
+        publisher: Option<&str>,
+        ext: &EntryExt<'_>,
     ) -> Result<Published, BrokerError> {
         let shards = self.shard_count(key).unwrap_or(self.cfg.default_shards);
         let shard = match explicit_shard {
@@ -560,7 +599,7 @@ impl Broker {
                 .log
                 .stream_mut()
                 .expect("a stream's log")
-                .append(now, batch)
+                .append_ext(now, batch, ext)
                 .map_err(append_error)?;
             logs.mark_dirty(log);
             self.stats.published_records += count;

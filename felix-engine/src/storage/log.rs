@@ -347,6 +347,9 @@ pub(crate) struct ShardLog {
     cfg: LogConfig,
     phase: Phase,
     replay: Option<VecDeque<DecodedEntry>>,
+    /// Extensions (producer marks, commit state) of the entries recovery scanned, for the
+    /// broker to rebuild producers and state from (`take_scanned_ext`).
+    scanned_ext: VecDeque<record::ScannedExt>,
     segments: Vec<Segment>,
     next_offset: u64,
     written_offset: u64,
@@ -397,6 +400,7 @@ impl ShardLog {
             cfg,
             phase: Phase::Opening(Box::default()),
             replay: None,
+            scanned_ext: VecDeque::new(),
             segments: Vec::new(),
             next_offset: 0,
             written_offset: 0,
@@ -535,6 +539,22 @@ impl ShardLog {
         }
     }
 
+    /// The next extension recovery scanned, oldest first.
+    pub(crate) fn take_scanned_ext(&mut self) -> Option<record::ScannedExt> {
+        self.scanned_ext.pop_front()
+    }
+
+    /// The offset of the first entry appended at or after `at_micros`, as far as the
+    /// sparse index can tell: a read from the returned offset finds it within a few
+    /// entries. `None` when every record is older.
+    pub(crate) fn seek_time(&self, at_micros: u64) -> Option<u64> {
+        let i = self
+            .segments
+            .iter()
+            .position(|s| s.has_entries() && s.newest_time_us >= at_micros)?;
+        Some(self.segments[i].seek_time(at_micros))
+    }
+
     /// Entries recovery scanned, for a log opened with [`ShardLog::open_replaying`].
     pub(crate) fn take_replayed(&mut self) -> Option<DecodedEntry> {
         self.replay.as_mut()?.pop_front()
@@ -593,6 +613,16 @@ impl ShardLog {
     /// Appends one batch and returns the offset of its first record. The batch becomes
     /// durable later: watch for [`LogEvent::Durable`] covering it before acknowledging.
     pub(crate) fn append(&mut self, now: Instant, batch: Batch<'_>) -> Result<u64, AppendError> {
+        self.append_ext(now, batch, &record::EntryExt::NONE)
+    }
+
+    /// [`ShardLog::append`] of an entry that also carries a producer mark or commit state.
+    pub(crate) fn append_ext(
+        &mut self,
+        now: Instant,
+        batch: Batch<'_>,
+        ext: &record::EntryExt<'_>,
+    ) -> Result<u64, AppendError> {
         if let Some(e) = &self.poison {
             return Err(AppendError::Failed(e.clone()));
         }
@@ -606,7 +636,7 @@ impl ShardLog {
         if publisher.len() > MAX_PUBLISHER_BYTES {
             return Err(AppendError::PublisherTooLong);
         }
-        let len = record::entry_len(publisher, batch.payloads);
+        let len = record::entry_len_ext(publisher, batch.payloads, ext);
         if len > MAX_ENTRY_BYTES || batch.payloads.len() > u32::MAX as usize {
             return Err(AppendError::TooLarge(len));
         }
@@ -639,7 +669,14 @@ impl ShardLog {
             p.buf.reserve(room);
         }
         let rel = p.buf.len();
-        record::encode_entry(&mut p.buf, first, batch.time_us, publisher, batch.payloads);
+        record::encode_entry_ext(
+            &mut p.buf,
+            first,
+            batch.time_us,
+            publisher,
+            batch.payloads,
+            ext,
+        );
         let count = batch.payloads.len() as u32;
         let meta = EntryMeta {
             base: first,
@@ -1552,6 +1589,10 @@ impl ShardLog {
                     }
                     scan.seg.note_entry(pos, &meta);
                     scan.expect = meta.end();
+                    let entry = &data[at..at + meta.len as usize];
+                    if let Some(ext) = record::scanned_ext(entry, &meta) {
+                        self.scanned_ext.push_back(ext);
+                    }
                     if let Some(r) = self.replay.as_mut() {
                         r.push_back(record::decode_entry(
                             &data.slice(at..at + meta.len as usize),

@@ -29,6 +29,60 @@ pub(crate) const MAX_ENTRY_BYTES: usize = 64 << 20;
 pub(crate) const MAX_PUBLISHER_BYTES: usize = 255;
 
 const ENTRY_KIND_BATCH: u8 = 1;
+/// Entry flag: a producer mark (id, sequence, payload digest) follows the publisher.
+const ENTRY_FLAG_PRODUCER: u16 = 1;
+/// Entry flag: a state block (length-prefixed, see `broker/commit.rs`) follows.
+const ENTRY_FLAG_STATE: u16 = 2;
+const PRODUCER_MARK_LEN: usize = 24;
+
+/// An idempotent producer's batch as the log keeps it, so recovery can rebuild every
+/// producer's place from the log alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProducerMark {
+    pub(crate) producer: u64,
+    pub(crate) sequence: u64,
+    /// A digest of the batch's payloads, to tell a re-send from a reused sequence.
+    pub(crate) digest: u64,
+}
+
+/// What an entry carries besides its records (both optional; none is a plain batch).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct EntryExt<'a> {
+    pub(crate) producer: Option<ProducerMark>,
+    /// An atomic commit's state changes, opaque here.
+    pub(crate) state: Option<&'a [u8]>,
+}
+
+impl EntryExt<'_> {
+    pub(crate) const NONE: EntryExt<'static> = EntryExt {
+        producer: None,
+        state: None,
+    };
+
+    fn flags(&self) -> u16 {
+        let mut f = 0;
+        if self.producer.is_some() {
+            f |= ENTRY_FLAG_PRODUCER;
+        }
+        if self.state.is_some() {
+            f |= ENTRY_FLAG_STATE;
+        }
+        f
+    }
+
+    fn len(&self) -> usize {
+        self.producer.map_or(0, |_| PRODUCER_MARK_LEN) + self.state.map_or(0, |s| 4 + s.len())
+    }
+}
+
+/// The extension of an entry recovery scanned, with the offsets it covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ScannedExt {
+    pub(crate) base: u64,
+    pub(crate) count: u32,
+    pub(crate) producer: Option<ProducerMark>,
+    pub(crate) state: Option<Bytes>,
+}
 
 /// The fixed header at the start of every segment file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,7 +185,17 @@ impl SegmentHeader {
 
 /// Encoded size of an entry holding these payloads.
 pub(crate) fn entry_len<P: AsRef<[u8]>>(publisher: &[u8], payloads: &[P]) -> usize {
-    ENTRY_HEADER_LEN
+    entry_len_ext(publisher, payloads, &EntryExt::NONE)
+}
+
+/// Encoded size of an entry holding these payloads and this extension.
+pub(crate) fn entry_len_ext<P: AsRef<[u8]>>(
+    publisher: &[u8],
+    payloads: &[P],
+    ext: &EntryExt<'_>,
+) -> usize {
+    ext.len()
+        + ENTRY_HEADER_LEN
         + BATCH_FIXED_LEN
         + publisher.len()
         + payloads
@@ -149,8 +213,28 @@ pub(crate) fn encode_entry<P: AsRef<[u8]>>(
     publisher: &[u8],
     payloads: &[P],
 ) {
+    encode_entry_ext(
+        out,
+        base_offset,
+        time_us,
+        publisher,
+        payloads,
+        &EntryExt::NONE,
+    )
+}
+
+/// [`encode_entry`] with an extension (producer mark, state block) between the publisher
+/// and the records.
+pub(crate) fn encode_entry_ext<P: AsRef<[u8]>>(
+    out: &mut BytesMut,
+    base_offset: u64,
+    time_us: u64,
+    publisher: &[u8],
+    payloads: &[P],
+    ext: &EntryExt<'_>,
+) {
     debug_assert!(publisher.len() <= MAX_PUBLISHER_BYTES && !payloads.is_empty());
-    let total = entry_len(publisher, payloads);
+    let total = entry_len_ext(publisher, payloads, ext);
     let body_len = (total - ENTRY_HEADER_LEN) as u32;
     out.reserve(total);
     let start = out.len();
@@ -158,11 +242,20 @@ pub(crate) fn encode_entry<P: AsRef<[u8]>>(
     out.put_u32_le(0); // CRC, filled below
     out.put_u8(ENTRY_KIND_BATCH);
     out.put_u8(publisher.len() as u8);
-    out.put_u16_le(0);
+    out.put_u16_le(ext.flags());
     out.put_u32_le(payloads.len() as u32);
     out.put_u64_le(base_offset);
     out.put_u64_le(time_us);
     out.put_slice(publisher);
+    if let Some(m) = ext.producer {
+        out.put_u64_le(m.producer);
+        out.put_u64_le(m.sequence);
+        out.put_u64_le(m.digest);
+    }
+    if let Some(state) = ext.state {
+        out.put_u32_le(state.len() as u32);
+        out.put_slice(state);
+    }
     for p in payloads {
         out.put_u32_le(p.as_ref().len() as u32);
         out.put_slice(p.as_ref());
@@ -272,8 +365,8 @@ fn check_body(body: &[u8]) -> Result<(u32, u64, u64), &'static str> {
     if body[0] != ENTRY_KIND_BATCH {
         return Err("unknown entry kind");
     }
-    let publisher_len = body[1] as usize;
-    if u16::from_le_bytes([body[2], body[3]]) != 0 {
+    let flags = u16::from_le_bytes([body[2], body[3]]);
+    if flags & !(ENTRY_FLAG_PRODUCER | ENTRY_FLAG_STATE) != 0 {
         return Err("unknown entry flags");
     }
     let count = u32_at(body, 4);
@@ -282,7 +375,7 @@ fn check_body(body: &[u8]) -> Result<(u32, u64, u64), &'static str> {
     }
     let base = u64_at(body, 8);
     let time_us = u64_at(body, 16);
-    let mut at = BATCH_FIXED_LEN + publisher_len;
+    let mut at = records_at(body).ok_or("the extension runs past the entry")?;
     if base.checked_add(u64::from(count)).is_none() {
         return Err("offsets overflow");
     }
@@ -301,6 +394,53 @@ fn check_body(body: &[u8]) -> Result<(u32, u64, u64), &'static str> {
         return Err("payloads do not fill the entry");
     }
     Ok((count, base, time_us))
+}
+
+/// Where an entry body's records start: after the fixed part, the publisher and the
+/// extension its flags announce. `None` when the extension runs past the body.
+fn records_at(body: &[u8]) -> Option<usize> {
+    let flags = u16::from_le_bytes([body[2], body[3]]);
+    let mut at = BATCH_FIXED_LEN + body[1] as usize;
+    if flags & ENTRY_FLAG_PRODUCER != 0 {
+        at += PRODUCER_MARK_LEN;
+    }
+    if flags & ENTRY_FLAG_STATE != 0 {
+        if body.len() < at + 4 {
+            return None;
+        }
+        at += 4 + u32_at(body, at) as usize;
+    }
+    (at <= body.len()).then_some(at)
+}
+
+/// The extension of an entry [`step`] has validated, if it has one.
+pub(crate) fn scanned_ext(entry: &[u8], meta: &EntryMeta) -> Option<ScannedExt> {
+    let body = &entry[ENTRY_HEADER_LEN..];
+    let flags = u16::from_le_bytes([body[2], body[3]]);
+    if flags == 0 {
+        return None;
+    }
+    let mut at = BATCH_FIXED_LEN + body[1] as usize;
+    let producer = (flags & ENTRY_FLAG_PRODUCER != 0).then(|| {
+        let m = ProducerMark {
+            producer: u64_at(body, at),
+            sequence: u64_at(body, at + 8),
+            digest: u64_at(body, at + 16),
+        };
+        at += PRODUCER_MARK_LEN;
+        m
+    });
+    let state = (flags & ENTRY_FLAG_STATE != 0).then(|| {
+        let n = u32_at(body, at) as usize;
+        // A copy: the scan's read buffer is not kept alive by it.
+        Bytes::copy_from_slice(&body[at + 4..at + 4 + n])
+    });
+    Some(ScannedExt {
+        base: meta.base,
+        count: meta.count,
+        producer,
+        state,
+    })
 }
 
 /// A decoded entry; payloads and publisher are slices of the buffer it was read into.
@@ -322,7 +462,7 @@ pub(crate) fn decode_entry(entry: &Bytes) -> DecodedEntry {
     let publisher =
         (publisher_len > 0).then(|| body.slice(BATCH_FIXED_LEN..BATCH_FIXED_LEN + publisher_len));
     let mut payloads = Vec::with_capacity(count);
-    let mut at = BATCH_FIXED_LEN + publisher_len;
+    let mut at = records_at(&body).expect("validated by step");
     for _ in 0..count {
         let n = u32_at(&body, at) as usize;
         at += RECORD_OVERHEAD;
@@ -472,5 +612,65 @@ mod tests {
             assert_eq!(SegmentHeader::decode(&bad), Err(HeaderError::Checksum));
         }
         assert_eq!(SegmentHeader::decode(&[0u8; 32]), Err(HeaderError::AllZero));
+    }
+
+    #[test]
+    fn an_extension_round_trips_and_leaves_the_records_where_they_were() {
+        let mark = ProducerMark {
+            producer: 0xfeed,
+            sequence: 7,
+            digest: 0xabcdef,
+        };
+        let state = b"state-block";
+        for ext in [
+            EntryExt {
+                producer: Some(mark),
+                state: None,
+            },
+            EntryExt {
+                producer: None,
+                state: Some(&state[..]),
+            },
+            EntryExt {
+                producer: Some(mark),
+                state: Some(&state[..]),
+            },
+        ] {
+            let payloads: [&[u8]; 2] = [b"one", b"two"];
+            let mut out = BytesMut::new();
+            encode_entry_ext(&mut out, 10, 99, b"pub", &payloads, &ext);
+            let buf = out.freeze();
+            assert_eq!(buf.len(), entry_len_ext(b"pub", &payloads, &ext));
+            let Step::Entry(meta) = step(&buf) else {
+                panic!("not an entry")
+            };
+            let d = decode_entry(&buf);
+            assert_eq!(d.payloads, vec![&b"one"[..], b"two"]);
+            let scanned = scanned_ext(&buf, &meta).expect("has an extension");
+            assert_eq!((scanned.base, scanned.count), (10, 2));
+            assert_eq!(scanned.producer, ext.producer);
+            assert_eq!(scanned.state.as_deref(), ext.state);
+        }
+        let mut plain = BytesMut::new();
+        encode_entry(&mut plain, 0, 0, b"", &[b"x"]);
+        let Step::Entry(meta) = step(&plain) else {
+            panic!()
+        };
+        assert_eq!(scanned_ext(&plain, &meta), None);
+    }
+
+    #[test]
+    fn a_state_length_past_the_body_is_refused() {
+        let mut out = BytesMut::new();
+        let ext = EntryExt {
+            producer: None,
+            state: Some(b"abc"),
+        };
+        encode_entry_ext(&mut out, 0, 0, b"", &[b"x"], &ext);
+        // Claim a longer state block, then re-seal the CRC.
+        out[32..36].copy_from_slice(&1000u32.to_le_bytes());
+        let crc = entry_crc(&out[0..4], &out[8..]);
+        out[4..8].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(step(&out), Step::Damaged { .. }));
     }
 }

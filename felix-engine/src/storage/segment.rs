@@ -45,6 +45,8 @@ pub(crate) struct Segment {
     pub(crate) synced_len: u64,
     /// `(first offset of an entry, file position of that entry)`, ascending.
     index: Vec<(u64, u64)>,
+    /// The append time of each index point's entry, beside `index`.
+    index_times: Vec<u64>,
     last_indexed_pos: Option<u64>,
     /// Append time of the newest record, for retention by age.
     pub(crate) newest_time_us: u64,
@@ -65,6 +67,7 @@ impl Segment {
             written_len: 0,
             synced_len: 0,
             index: Vec::new(),
+            index_times: Vec::new(),
             last_indexed_pos: None,
             newest_time_us: 0,
             stage: Stage::Create,
@@ -91,6 +94,7 @@ impl Segment {
             .is_none_or(|last| pos - last >= INDEX_INTERVAL_BYTES);
         if due {
             self.index.push((meta.base, pos));
+            self.index_times.push(meta.time_us);
             self.last_indexed_pos = Some(pos);
         }
         self.newest_time_us = self.newest_time_us.max(meta.time_us);
@@ -107,6 +111,17 @@ impl Segment {
             SEGMENT_HEADER_LEN
         } else {
             self.index[i - 1].1
+        }
+    }
+
+    /// Where to start looking for the first record appended at or after `at_micros`: the
+    /// first offset of the last index point older than it (the base if none is).
+    pub(crate) fn seek_time(&self, at_micros: u64) -> u64 {
+        let i = self.index_times.partition_point(|&t| t < at_micros);
+        if i == 0 {
+            self.base
+        } else {
+            self.index[i - 1].0
         }
     }
 

@@ -1,0 +1,394 @@
+//! Guarded appends: idempotent producers (`publish_idempotent`, the binary 0x0100 frame) and
+//! `publish_if`. Both decide at the point the broker assigns offsets, inside one engine
+//! turn, so the check and the write cannot be split by another writer.
+//!
+//! On a durable shard every idempotent batch is stored with its producer mark (id,
+//! sequence, payload digest; `docs/storage-format.md`), and recovery hands the marks back
+//! (`ShardLog::take_scanned_ext`), so a restarted broker answers a re-send as the one that
+//! took it would have. On an in-memory shard the table lives in memory only.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use bytes::Bytes;
+use felix_proto::message::PublishRefusalReason;
+use felix_proto::routing::shard_for_key;
+
+use super::{Broker, BrokerError, LogState, Published, StreamKey};
+use crate::storage::record::{EntryExt, ProducerMark};
+
+/// Batches remembered per producer per shard: a re-send older than this is `sequence_expired`.
+pub(crate) const REMEMBERED_BATCHES: usize = 64;
+/// Producers remembered per shard; past it the least recently used is forgotten.
+pub(crate) const MAX_PRODUCERS_PER_SHARD: usize = 4096;
+
+/// What a guarded publish must satisfy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Guard {
+    /// `publish_idempotent`: the producer's next sequence on the shard.
+    Sequence { producer: u64, sequence: u64 },
+    /// `publish_if`: the batch must start at exactly this offset.
+    Offset(u64),
+}
+
+/// A guarded publish's outcome.
+#[derive(Debug)]
+pub(crate) enum Guarded {
+    /// Appended now.
+    Written(Published),
+    /// Already in the log: answered with the first copy's place, nothing appended.
+    Duplicate(Published),
+    /// Nothing written, for this reason.
+    Refused(PublishRefusalReason),
+}
+
+/// One batch a producer appended.
+#[derive(Debug, Clone, Copy)]
+struct Remembered {
+    sequence: u64,
+    first: Option<u64>,
+    count: u64,
+    digest: u64,
+}
+
+#[derive(Debug, Default)]
+struct Producer {
+    next: u64,
+    recent: VecDeque<Remembered>,
+    last_used: u64,
+}
+
+/// What the table says about a batch.
+#[derive(Debug, PartialEq, Eq)]
+enum Check {
+    Append,
+    Duplicate { first: Option<u64>, count: u64 },
+    Reused { first: Option<u64>, count: u64 },
+    Refuse(PublishRefusalReason),
+}
+
+/// Every producer's place on one shard.
+#[derive(Debug, Default)]
+pub(crate) struct ProducerTable {
+    by_id: HashMap<u64, Producer>,
+    clock: u64,
+}
+
+impl ProducerTable {
+    fn check(&self, producer: u64, sequence: u64, digest: u64) -> Check {
+        let Some(p) = self.by_id.get(&producer) else {
+            return match sequence {
+                0 => Check::Append,
+                _ => Check::Refuse(PublishRefusalReason::UnknownProducer),
+            };
+        };
+        if sequence == p.next {
+            return Check::Append;
+        }
+        if sequence > p.next {
+            return Check::Refuse(PublishRefusalReason::SequenceGap { expected: p.next });
+        }
+        match p.recent.iter().find(|r| r.sequence == sequence) {
+            Some(r) if r.digest == digest => Check::Duplicate {
+                first: r.first,
+                count: r.count,
+            },
+            Some(r) => Check::Reused {
+                first: r.first,
+                count: r.count,
+            },
+            None => Check::Refuse(PublishRefusalReason::SequenceExpired),
+        }
+    }
+
+    /// The producer appended `sequence` at `first` (live, or as recovery read it back).
+    fn record(&mut self, mark: ProducerMark, first: Option<u64>, count: u64) {
+        self.clock += 1;
+        let clock = self.clock;
+        let p = self.by_id.entry(mark.producer).or_default();
+        p.next = mark.sequence + 1;
+        p.last_used = clock;
+        p.recent.push_back(Remembered {
+            sequence: mark.sequence,
+            first,
+            count,
+            digest: mark.digest,
+        });
+        if p.recent.len() > REMEMBERED_BATCHES {
+            p.recent.pop_front();
+        }
+        if self.by_id.len() > MAX_PRODUCERS_PER_SHARD {
+            let oldest = self
+                .by_id
+                .iter()
+                .min_by_key(|(_, p)| p.last_used)
+                .map(|(&id, _)| id);
+            if let Some(id) = oldest {
+                self.by_id.remove(&id);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.by_id.len()
+    }
+}
+
+/// The digest kept with each batch: FNV-1a 64 over every payload's length and bytes, so a
+/// re-send is told from a different batch under a reused sequence.
+pub(crate) fn payload_digest(payloads: &[Bytes]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for p in payloads {
+        feed(&(p.len() as u32).to_le_bytes());
+        feed(p);
+    }
+    h
+}
+
+/// splitmix64: spreads a counter over 64 bits.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Broker {
+    /// A fresh producer id: 64 bits mixed from the wall clock and a counter, so ids from
+    /// one broker never repeat and ids across a restart do not collide (the clock moved).
+    pub(crate) fn new_producer_id(&mut self, unix_micros: u64) -> u64 {
+        self.producer_ids += 1;
+        mix(unix_micros ^ mix(self.producer_ids))
+    }
+
+    /// The shard a request for `key` goes to: `explicit` wins, else the routing key.
+    pub(super) fn route(
+        &self,
+        key: &StreamKey,
+        routing_key: Option<&[u8]>,
+        explicit: Option<u32>,
+    ) -> Result<u32, BrokerError> {
+        let shards = self.shard_count(key).unwrap_or(self.cfg.default_shards);
+        match explicit {
+            Some(s) if s >= shards => Err(BrokerError::invalid(format!(
+                "shard {s} is out of range: the stream has {shards} shard(s)"
+            ))),
+            Some(s) => Ok(s),
+            None => Ok(shard_for_key(routing_key, shards, self.cfg.routing_mapping)),
+        }
+    }
+
+    /// Makes sure the stream exists and, on a durable shard, that its log is open and what
+    /// recovery read back from it is in the shard's tables. Gives the stream's index and
+    /// the shard's raw tail (the next offset), `None` for an in-memory shard.
+    pub(super) fn prepare_shard(
+        &mut self,
+        now: Instant,
+        key: &StreamKey,
+        shard: u32,
+    ) -> Result<(usize, Option<u64>), BrokerError> {
+        let stream = self.stream_or_create(now, key)?;
+        let sh = &mut self.streams[stream].shards[shard as usize];
+        let Some(store) = &sh.store else {
+            return Ok((stream, None));
+        };
+        let logs = self.logs.as_mut().expect("durable shards have logs");
+        let log = store.log;
+        let slot = logs.slot_mut(log).expect("a shard's log exists");
+        match &slot.state {
+            LogState::Opening => return Err(BrokerError::opening(log)),
+            LogState::Failed(e) => {
+                return Err(BrokerError::storage(format!("the shard's log failed: {e}")))
+            }
+            LogState::Open => {}
+        }
+        let shard_log = slot.log.stream_mut().expect("a stream's log");
+        while let Some(ext) = shard_log.take_scanned_ext() {
+            if let Some(mark) = ext.producer {
+                sh.producers
+                    .record(mark, Some(ext.base), u64::from(ext.count));
+            }
+            if let Some(state) = &ext.state {
+                sh.state.apply_block(ext.base, state);
+            }
+        }
+        Ok((stream, Some(shard_log.next_offset())))
+    }
+
+    /// Appends `payloads` only if `guard` holds, answering a re-sent idempotent batch with
+    /// the first copy's place. `sequence_reused` is whether the client may be told a
+    /// sequence was reused (it offered FEATURE_SEQUENCE_REUSED); otherwise a reused one is
+    /// answered as a duplicate and not written.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn publish_guarded(
+        &mut self,
+        now: Instant,
+        unix_micros: u64,
+        key: &StreamKey,
+        (routing_key, explicit): (Option<&[u8]>, Option<u32>),
+        payloads: Vec<Bytes>,
+        guard: Guard,
+        sequence_reused: bool,
+    ) -> Result<Guarded, BrokerError> {
+        if payloads.is_empty() {
+            return Err(BrokerError::invalid("an empty batch"));
+        }
+        let shard = self.route(key, routing_key, explicit)?;
+        let (stream, tail) = self.prepare_shard(now, key, shard)?;
+        let log = self.streams[stream].shards[shard as usize]
+            .store
+            .as_ref()
+            .map(|s| s.log);
+        let mut mark = None;
+        match guard {
+            Guard::Offset(expected) => {
+                let Some(tail) = tail else {
+                    return Err(BrokerError::invalid(
+                        "publish_if needs a durable stream: an in-memory one has no offsets",
+                    ));
+                };
+                if expected != tail {
+                    return Ok(Guarded::Refused(PublishRefusalReason::OffsetMismatch {
+                        tail,
+                    }));
+                }
+            }
+            Guard::Sequence { producer, sequence } => {
+                let digest = payload_digest(&payloads);
+                let table = &self.streams[stream].shards[shard as usize].producers;
+                let earlier = match table.check(producer, sequence, digest) {
+                    Check::Append => None,
+                    Check::Duplicate { first, count } => Some((first, count)),
+                    Check::Reused { .. } if sequence_reused => {
+                        return Ok(Guarded::Refused(PublishRefusalReason::SequenceReused))
+                    }
+                    Check::Reused { first, count } => Some((first, count)),
+                    Check::Refuse(reason) => return Ok(Guarded::Refused(reason)),
+                };
+                if let Some((first, count)) = earlier {
+                    return Ok(Guarded::Duplicate(Published {
+                        shard,
+                        first_offset: first,
+                        durable_at: log.zip(first).map(|(log, f)| (log, f + count)),
+                    }));
+                }
+                mark = Some(ProducerMark {
+                    producer,
+                    sequence,
+                    digest,
+                });
+            }
+        }
+        let count = payloads.len() as u64;
+        let ext = EntryExt {
+            producer: mark,
+            state: None,
+        };
+        let published = self.publish_ext(
+            now,
+            unix_micros,
+            key,
+            (None, Some(shard)),
+            payloads,
+            None,
+            &ext,
+        )?;
+        if let Some(mark) = mark {
+            self.streams[stream].shards[shard as usize]
+                .producers
+                .record(mark, published.first_offset, count);
+        }
+        Ok(Guarded::Written(published))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(producer: u64, sequence: u64, digest: u64) -> ProducerMark {
+        ProducerMark {
+            producer,
+            sequence,
+            digest,
+        }
+    }
+
+    #[test]
+    fn the_table_appends_in_order_and_answers_resends_gaps_and_strangers() {
+        let mut t = ProducerTable::default();
+        assert_eq!(t.check(1, 0, 9), Check::Append);
+        assert_eq!(
+            t.check(1, 3, 9),
+            Check::Refuse(PublishRefusalReason::UnknownProducer)
+        );
+        t.record(mark(1, 0, 9), Some(10), 2);
+        assert_eq!(
+            t.check(1, 0, 9),
+            Check::Duplicate {
+                first: Some(10),
+                count: 2
+            }
+        );
+        assert_eq!(
+            t.check(1, 0, 8),
+            Check::Reused {
+                first: Some(10),
+                count: 2
+            }
+        );
+        assert_eq!(t.check(1, 1, 5), Check::Append);
+        assert_eq!(
+            t.check(1, 2, 5),
+            Check::Refuse(PublishRefusalReason::SequenceGap { expected: 1 })
+        );
+    }
+
+    #[test]
+    fn only_the_last_batches_are_remembered_and_older_ones_expire() {
+        let mut t = ProducerTable::default();
+        for seq in 0..(REMEMBERED_BATCHES as u64 + 10) {
+            t.record(mark(7, seq, seq), Some(seq), 1);
+        }
+        assert_eq!(
+            t.check(7, 0, 0),
+            Check::Refuse(PublishRefusalReason::SequenceExpired)
+        );
+        let last = REMEMBERED_BATCHES as u64 + 9;
+        assert!(matches!(t.check(7, last, last), Check::Duplicate { .. }));
+        assert!(matches!(t.check(7, 10, 10), Check::Duplicate { .. }));
+        assert_eq!(
+            t.check(7, 9, 9),
+            Check::Refuse(PublishRefusalReason::SequenceExpired)
+        );
+    }
+
+    #[test]
+    fn the_least_recently_used_producer_is_forgotten_past_the_cap() {
+        let mut t = ProducerTable::default();
+        for p in 0..=(MAX_PRODUCERS_PER_SHARD as u64) {
+            t.record(mark(p, 0, 0), Some(p), 1);
+        }
+        assert_eq!(t.len(), MAX_PRODUCERS_PER_SHARD);
+        assert_eq!(
+            t.check(0, 1, 0),
+            Check::Refuse(PublishRefusalReason::UnknownProducer)
+        );
+        assert_eq!(t.check(1, 1, 0), Check::Append);
+    }
+
+    #[test]
+    fn digests_tell_batches_apart() {
+        let a = payload_digest(&[Bytes::from_static(b"ab"), Bytes::from_static(b"c")]);
+        let b = payload_digest(&[Bytes::from_static(b"a"), Bytes::from_static(b"bc")]);
+        assert_ne!(a, b, "the lengths are part of the digest");
+        assert_eq!(a, payload_digest(&[Bytes::from("ab"), Bytes::from("c")]));
+    }
+}

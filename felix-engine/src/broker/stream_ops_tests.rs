@@ -1,0 +1,413 @@
+//! Guarded appends, commits and bounded reads through the broker over an in-memory
+//! filesystem, including a restart over the same files.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use felix_proto::message::{Message, PublishRefusalReason, StateChange};
+
+use super::*;
+use crate::storage::log::{FsyncMode, LogConfig};
+use crate::storage::memfs::MemFs;
+
+const T0_MICROS: u64 = 1_700_000_000_000_000;
+
+struct Rig {
+    b: Broker,
+    fs: MemFs,
+    t0: Instant,
+    now: Instant,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        Rig::on(MemFs::new())
+    }
+
+    fn on(fs: MemFs) -> Rig {
+        let t0 = Instant::now();
+        let settings = DurableSettings {
+            log: LogConfig {
+                fsync: FsyncMode::None,
+                ..LogConfig::default()
+            },
+            ack_after_write: true,
+        };
+        let b = Broker::with_storage(BrokerConfig::default(), settings, (t0, T0_MICROS));
+        let mut rig = Rig { b, fs, t0, now: t0 };
+        rig.pump();
+        assert!(rig.b.is_ready(), "{:?}", rig.b.storage_fatal());
+        rig
+    }
+
+    fn unix(&self) -> u64 {
+        T0_MICROS + self.now.duration_since(self.t0).as_micros() as u64
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+    }
+
+    /// Runs file ops and log events until nothing is left.
+    fn pump(&mut self) {
+        for _ in 0..1000 {
+            self.b.flush(self.now);
+            let mut did = false;
+            while let Some(op) = self.b.poll_file_op() {
+                let c = self.fs.execute(op).expect("the disk is alive");
+                self.b.handle_file_completion(self.now, c);
+                did = true;
+            }
+            if !did && !self.b.has_storage_work() {
+                return;
+            }
+        }
+        panic!("storage never settled");
+    }
+
+    /// Runs a request that may meet a log still opening, pumping until it does not.
+    fn retry<T>(&mut self, mut f: impl FnMut(&mut Rig) -> Result<T, BrokerError>) -> T {
+        for _ in 0..10 {
+            match f(self) {
+                Err(e) if e.opening.is_some() => self.pump(),
+                Err(e) => panic!("refused: {e}"),
+                Ok(v) => {
+                    self.pump();
+                    return v;
+                }
+            }
+        }
+        panic!("the log never opened");
+    }
+
+    fn idem(
+        &mut self,
+        producer: u64,
+        seq: u64,
+        payloads: &[&'static str],
+        reused: bool,
+    ) -> Guarded {
+        let payloads: Vec<Bytes> = payloads
+            .iter()
+            .map(|p| Bytes::from_static(p.as_bytes()))
+            .collect();
+        self.retry(|r| {
+            let unix = r.unix();
+            r.b.publish_guarded(
+                r.now,
+                unix,
+                &key(),
+                (None, None),
+                payloads.clone(),
+                Guard::Sequence {
+                    producer,
+                    sequence: seq,
+                },
+                reused,
+            )
+        })
+    }
+
+    fn publish_if(&mut self, expected: u64, payload: &'static str) -> Guarded {
+        self.retry(|r| {
+            let unix = r.unix();
+            r.b.publish_guarded(
+                r.now,
+                unix,
+                &key(),
+                (None, None),
+                vec![Bytes::from_static(payload.as_bytes())],
+                Guard::Offset(expected),
+                true,
+            )
+        })
+    }
+
+    fn tail(&self) -> u64 {
+        let i = self.b.stream_index[&key()];
+        let log = self.b.streams[i].shards[0].store.as_ref().unwrap().log;
+        self.b
+            .logs
+            .as_ref()
+            .unwrap()
+            .slot(log)
+            .unwrap()
+            .log
+            .shard()
+            .next_offset()
+    }
+
+    /// The frame a held read was answered with.
+    fn read_answer(&mut self, answer: ReadAnswer) -> Message {
+        let frame = match answer {
+            ReadAnswer::Now(frame) => frame,
+            ReadAnswer::Later { log, ticket } => {
+                self.pump();
+                let mut found = None;
+                while let Some(n) = self.b.poll_notice() {
+                    if let Notice::Value {
+                        log: l,
+                        ticket: t,
+                        value,
+                    } = n
+                    {
+                        if (l, t) == (log, ticket) {
+                            found = Some(value.unwrap().unwrap());
+                        }
+                    }
+                }
+                found.expect("the read was answered")
+            }
+        };
+        Message::decode(&frame[12..]).unwrap()
+    }
+}
+
+fn key() -> StreamKey {
+    StreamKey::new("t1", "default", "orders")
+}
+
+fn written(g: Guarded) -> Option<u64> {
+    match g {
+        Guarded::Written(p) => p.first_offset,
+        other => panic!("not written: {other:?}"),
+    }
+}
+
+fn duplicate(g: Guarded) -> Option<u64> {
+    match g {
+        Guarded::Duplicate(p) => p.first_offset,
+        other => panic!("not a duplicate: {other:?}"),
+    }
+}
+
+fn refused(g: Guarded) -> PublishRefusalReason {
+    match g {
+        Guarded::Refused(r) => r,
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+#[test]
+fn an_idempotent_batch_lands_once_and_a_gap_or_reuse_is_refused() {
+    let mut r = Rig::new();
+    assert_eq!(written(r.idem(9, 0, &["a", "b"], true)), Some(0));
+    assert_eq!(duplicate(r.idem(9, 0, &["a", "b"], true)), Some(0));
+    assert_eq!(r.tail(), 2, "the re-send appended nothing");
+    assert_eq!(
+        refused(r.idem(9, 2, &["c"], true)),
+        PublishRefusalReason::SequenceGap { expected: 1 }
+    );
+    assert_eq!(
+        refused(r.idem(9, 0, &["other"], true)),
+        PublishRefusalReason::SequenceReused
+    );
+    // A client that cannot read `sequence_reused` is answered as for a re-send, unwritten.
+    assert_eq!(duplicate(r.idem(9, 0, &["other"], false)), Some(0));
+    assert_eq!(
+        refused(r.idem(77, 5, &["x"], true)),
+        PublishRefusalReason::UnknownProducer
+    );
+    assert_eq!(written(r.idem(9, 1, &["c"], true)), Some(2));
+    assert_eq!(r.tail(), 3);
+}
+
+#[test]
+fn producers_are_rebuilt_from_the_log_after_a_restart() {
+    let mut r = Rig::new();
+    assert_eq!(written(r.idem(5, 0, &["a"], true)), Some(0));
+    r.b.publish(
+        r.now,
+        r.unix(),
+        &key(),
+        None,
+        None,
+        vec![Bytes::from("plain")],
+        None,
+    )
+    .unwrap();
+    assert_eq!(written(r.idem(5, 1, &["b", "c"], true)), Some(2));
+    r.pump();
+    let fs = r.fs;
+
+    let mut r = Rig::on(fs);
+    assert_eq!(duplicate(r.idem(5, 1, &["b", "c"], true)), Some(2));
+    assert_eq!(duplicate(r.idem(5, 0, &["a"], true)), Some(0));
+    assert_eq!(r.tail(), 4, "nothing appended twice across the restart");
+    assert_eq!(
+        refused(r.idem(5, 3, &["d"], true)),
+        PublishRefusalReason::SequenceGap { expected: 2 }
+    );
+    assert_eq!(written(r.idem(5, 2, &["d"], true)), Some(4));
+}
+
+#[test]
+fn of_two_publish_if_at_one_offset_exactly_one_is_written() {
+    let mut r = Rig::new();
+    assert_eq!(written(r.publish_if(0, "first")), Some(0));
+    assert_eq!(
+        refused(r.publish_if(0, "second")),
+        PublishRefusalReason::OffsetMismatch { tail: 1 }
+    );
+    assert_eq!(written(r.publish_if(1, "third")), Some(1));
+    assert_eq!(r.tail(), 2);
+}
+
+#[test]
+fn guarded_writes_on_an_in_memory_stream() {
+    let mut b = Broker::new(BrokerConfig::default());
+    let now = Instant::now();
+    let pay = || vec![Bytes::from_static(b"p")];
+    let seq = |sequence| Guard::Sequence {
+        producer: 1,
+        sequence,
+    };
+    let g = b
+        .publish_guarded(now, 0, &key(), (None, None), pay(), seq(0), true)
+        .unwrap();
+    assert!(matches!(g, Guarded::Written(_)));
+    let g = b
+        .publish_guarded(now, 0, &key(), (None, None), pay(), seq(0), true)
+        .unwrap();
+    assert!(matches!(g, Guarded::Duplicate(_)));
+    let e = b
+        .publish_guarded(now, 0, &key(), (None, None), pay(), Guard::Offset(0), true)
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidRequest);
+}
+
+#[test]
+fn a_commit_writes_its_event_and_state_as_one_record_and_survives_a_restart() {
+    let mut r = Rig::new();
+    let put = |k: &str, v: &'static str| StateChange::Put {
+        key: k.into(),
+        value: Bytes::from_static(v.as_bytes()),
+    };
+    let commit = |r: &mut Rig, changes: Vec<StateChange>, expected: Option<u64>| {
+        r.retry(|r| {
+            let unix = r.unix();
+            r.b.commit(
+                r.now,
+                unix,
+                &key(),
+                (b"match-1", None),
+                Bytes::from_static(b"event"),
+                &changes,
+                expected,
+            )
+        })
+    };
+    let Committed::Written(p) = commit(&mut r, vec![put("score", "1"), put("turn", "a")], None)
+    else {
+        panic!()
+    };
+    let first = p.first_offset.unwrap();
+    let Committed::Written(p) = commit(
+        &mut r,
+        vec![
+            put("score", "2"),
+            StateChange::Delete { key: "turn".into() },
+        ],
+        Some(first + 1),
+    ) else {
+        panic!()
+    };
+    let second = p.first_offset.unwrap();
+    assert_eq!(second, first + 1, "one record per commit");
+    let Committed::Refused(reason) = commit(&mut r, vec![put("score", "3")], Some(0)) else {
+        panic!("a stale expected offset is refused")
+    };
+    assert_eq!(
+        reason,
+        PublishRefusalReason::OffsetMismatch { tail: second + 1 }
+    );
+
+    let get = |r: &mut Rig, k: &'static str| {
+        r.retry(|r| r.b.state_get(r.now, &key(), (b"match-1", None), k))
+    };
+    let score = get(&mut r, "score");
+    assert_eq!(score.value.as_deref(), Some(&b"2"[..]));
+    assert_eq!((score.version, score.as_of), (Some(second), Some(second)));
+    assert_eq!(get(&mut r, "turn").value, None);
+    r.pump();
+
+    let mut r = Rig::on(r.fs);
+    let score = get(&mut r, "score");
+    assert_eq!(score.value.as_deref(), Some(&b"2"[..]));
+    assert_eq!(score.version, Some(second));
+    assert_eq!(get(&mut r, "turn").value, None);
+}
+
+#[test]
+fn stream_read_pages_stop_at_end_and_refuse_offsets_out_of_range() {
+    let mut r = Rig::new();
+    for i in 0..10u64 {
+        let p = vec![Bytes::from(format!("r{i}"))];
+        r.retry(|r| {
+            let unix = r.unix();
+            r.b.publish(r.now, unix, &key(), None, None, p.clone(), None)
+        });
+    }
+    let req = |from, end, max_records| PageRequest {
+        shard: 0,
+        from,
+        end,
+        max_records,
+        max_bytes: None,
+        request_id: 7,
+    };
+    let answer =
+        r.b.stream_read(r.now, &key(), req(2, Some(6), Some(3)))
+            .unwrap();
+    let Message::StreamRecords(page) = r.read_answer(answer) else {
+        panic!()
+    };
+    let offsets: Vec<u64> = page.records.iter().map(|x| x.offset).collect();
+    assert_eq!(offsets, [2, 3, 4]);
+    assert_eq!(page.records[0].payload, Bytes::from("r2"));
+    assert_eq!(page.records[0].timestamp_micros, Some(T0_MICROS));
+    assert_eq!((page.next_offset, page.request_id), (5, 7));
+    let answer =
+        r.b.stream_read(r.now, &key(), req(5, Some(6), None))
+            .unwrap();
+    let Message::StreamRecords(page) = r.read_answer(answer) else {
+        panic!()
+    };
+    assert_eq!(page.records.len(), 1);
+    assert_eq!(page.next_offset, 6, "the page stops at end");
+    let answer = r.b.stream_read(r.now, &key(), req(10, None, None)).unwrap();
+    let Message::StreamRecords(page) = r.read_answer(answer) else {
+        panic!()
+    };
+    assert!(page.records.is_empty() && page.next_offset == 10);
+    let answer = r.b.stream_read(r.now, &key(), req(11, None, None)).unwrap();
+    assert!(matches!(
+        r.read_answer(answer),
+        Message::SubscribeCursorError(_)
+    ));
+}
+
+#[test]
+fn offset_for_time_finds_the_first_record_at_or_after_a_time() {
+    let mut r = Rig::new();
+    // Batch i is appended at T0 + i seconds.
+    for i in 0..20u64 {
+        let p = vec![Bytes::from(format!("a{i}")), Bytes::from(format!("b{i}"))];
+        r.retry(|r| {
+            let unix = r.unix();
+            r.b.publish(r.now, unix, &key(), None, None, p.clone(), None)
+        });
+        r.advance(Duration::from_secs(1));
+    }
+    let ask = |r: &mut Rig, at: u64| {
+        let answer = r.b.offset_for_time(r.now, &key(), 0, at, 3).unwrap();
+        match r.read_answer(answer) {
+            Message::OffsetValue(v) => v.offset,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(ask(&mut r, 0), Some(0), "older than everything: the oldest");
+    assert_eq!(ask(&mut r, T0_MICROS + 7_000_000), Some(14));
+    assert_eq!(ask(&mut r, T0_MICROS + 7_000_001), Some(16));
+    assert_eq!(ask(&mut r, T0_MICROS + 60_000_000), None);
+}
