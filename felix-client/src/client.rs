@@ -28,6 +28,8 @@ use crate::core::{
 use crate::error::ClientError;
 use crate::transport::quic_client_config;
 
+pub(crate) mod watch;
+
 /// How to reach and authenticate to a broker.
 #[derive(Clone)]
 pub struct ClientConfig {

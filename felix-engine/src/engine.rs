@@ -61,6 +61,11 @@ pub const SERVED_FEATURES: Features = Features(
         | Features::SUBSCRIBE_QUEUE.0,
 );
 
+/// Cache features served only over a durable cache: a watch's offsets and a counter's sum
+/// are log offsets and a fold over a log (docs/cache-features.md).
+const DURABLE_CACHE_FEATURES: Features =
+    Features(Features::CACHE_WATCH.0 | Features::CACHE_WATCH_RETAINED.0);
+
 /// A UDP datagram (or a GRO batch of same-source datagrams) received by the runtime.
 #[derive(Debug)]
 pub struct Datagram {
@@ -532,6 +537,7 @@ impl Engine {
             cache_max_value_bytes: config.cache_max_value_bytes,
             cache_max_total_bytes: config.cache_max_total_bytes,
             max_owner_event_bytes: config.max_connection_event_bytes,
+            cache_watch_queue_capacity: config.cache_watch_queue_capacity,
         };
         let (broker, capabilities) = match &config.durable {
             None => (
@@ -550,7 +556,8 @@ impl Engine {
                     flags: SERVED_FLAGS.union(Flags::EVENT_BATCH_TIMESTAMPS),
                     features: SERVED_FEATURES
                         .union(Features::ACK_ON_COMMIT)
-                        .union(Features::SUBSCRIPTION_LAGGED),
+                        .union(Features::SUBSCRIPTION_LAGGED)
+                        .union(DURABLE_CACHE_FEATURES),
                     publish_window: config.publish_window,
                 },
             ),

@@ -40,6 +40,8 @@ use crate::engine::Core;
 use crate::storage::log::ReadTicket;
 use crate::storage::ops::LogId;
 
+mod cache_features;
+
 /// A subscription granted on this stream, whose event stream the connection opens.
 pub(crate) struct NewSubscription {
     pub(crate) subscriber: SubscriberId,
@@ -430,6 +432,7 @@ impl Session {
             // Sent ahead of keyed publishes by clients that offer PUBLISH_WIDTH; never answered.
             Message::PublishWidth(_) => {}
             Message::Subscribe(s) => self.on_subscribe(s, cx),
+            Message::CacheWatch(w) => return self.on_cache_watch(w, cx),
             Message::CachePut(p) => {
                 cx.core.stats.cache_requests += 1;
                 let Some(key) =

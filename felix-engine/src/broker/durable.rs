@@ -1025,7 +1025,7 @@ impl Broker {
 
     /// The cache's log, open; `None` when no such cache was ever written (and `create` is
     /// false). A log still opening stalls the request.
-    fn cache_log(
+    pub(super) fn cache_log(
         &mut self,
         now: Now,
         key: &CacheKey,
@@ -1047,7 +1047,7 @@ impl Broker {
         }
     }
 
-    fn cache_of(&mut self, log: LogId) -> Result<&mut CacheLog, BrokerError> {
+    pub(super) fn cache_of(&mut self, log: LogId) -> Result<&mut CacheLog, BrokerError> {
         let logs = self.logs.as_mut().expect("durable");
         logs.mark_dirty(log);
         logs.slot_mut(log)
@@ -1142,6 +1142,18 @@ impl Broker {
     }
 
     fn on_cache_event(&mut self, now: Now, id: LogId, ev: CacheEvent) {
+        // Hooks for cache watches (`watch.rs`): changes, their reads, compaction held off
+        // while one reads, and a failed log ending them.
+        let ev = match ev {
+            CacheEvent::Applied(change) => return self.on_watch_change(id, change),
+            CacheEvent::Scanned { ticket, result } => return self.on_watch_read(id, ticket, result),
+            CacheEvent::Failed(e) => {
+                self.on_watch_log_failed(id, &e.to_string());
+                CacheEvent::Failed(e)
+            }
+            ev => ev,
+        };
+        let watch_reading = self.watches.reading(id);
         let logs = self.logs.as_mut().expect("called with logs");
         match ev {
             CacheEvent::Opened { keys, next_offset } => {
@@ -1152,7 +1164,7 @@ impl Broker {
                 logs.notices.push_back(Notice::Durable { log: id, up_to });
                 let unix_ms = logs.unix_ms(now);
                 if let Some(c) = logs.slot_mut(id).and_then(|s| s.log.cache_mut()) {
-                    if c.compaction_due() && c.compact(unix_ms) {
+                    if !watch_reading && c.compaction_due() && c.compact(unix_ms) {
                         logs.mark_dirty(id);
                     }
                 }
@@ -1175,6 +1187,8 @@ impl Broker {
                 tracing::warn!(log = id.0, error = %e, "cache compaction failed; the log goes on")
             }
             CacheEvent::Failed(e) => logs.failed(id, e.to_string()),
+            // Taken by the watches above.
+            CacheEvent::Applied(_) | CacheEvent::Scanned { .. } => {}
         }
     }
 }

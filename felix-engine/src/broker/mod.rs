@@ -18,6 +18,7 @@ pub(crate) mod durable;
 mod encode;
 #[cfg(test)]
 mod tests;
+mod watch;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -37,6 +38,7 @@ use durable::{LogState, Logs, Owner, ShardStore, Unreleased};
 use encode::{encode_event_batch, encode_subscription_lagged, BatchView, MAX_PUBLISHER_LEN};
 
 use cache::CACHE_SWEEP_MAX_ENTRIES;
+pub(crate) use watch::{WatchFilter, WatchStart, DEFAULT_WATCH_QUEUE_CAPACITY};
 
 /// Broker limits and layout. Every limit has a name and a default ([`BrokerConfig::default`]).
 #[derive(Debug, Clone)]
@@ -64,6 +66,8 @@ pub(crate) struct BrokerConfig {
     /// Event bytes queued for one owner's (connection's) subscribers together; a batch that
     /// would go past it is dropped for that subscriber, as if its queue were full.
     pub(crate) max_owner_event_bytes: usize,
+    /// Change frames a live cache watch may have queued before it ends as lagged.
+    pub(crate) cache_watch_queue_capacity: usize,
 }
 
 impl Default for BrokerConfig {
@@ -81,6 +85,7 @@ impl Default for BrokerConfig {
             cache_max_value_bytes: 1024 * 1024,
             cache_max_total_bytes: 256 * 1024 * 1024,
             max_owner_event_bytes: usize::MAX,
+            cache_watch_queue_capacity: DEFAULT_WATCH_QUEUE_CAPACITY,
         }
     }
 }
@@ -437,6 +442,8 @@ pub(crate) struct Broker {
     /// `now` of the last flush: when log events are left over, the next turn is due then.
     last_flush: Option<Instant>,
     event_budget: EventBudget,
+    /// Cache watches (`watch.rs`); they share subscriber ids and the ready queue.
+    watches: watch::Watches,
 }
 
 impl Broker {
@@ -447,6 +454,7 @@ impl Broker {
             .subscriber_queue_capacity
             .clamp(1, cfg.subscriber_queue_capacity_max);
         cfg.event_batch_max_records = cfg.event_batch_max_records.max(1);
+        cfg.cache_watch_queue_capacity = cfg.cache_watch_queue_capacity.max(1);
         let declared = cfg
             .declared_streams
             .iter()
@@ -475,6 +483,7 @@ impl Broker {
                 max: cfg_max_owner,
                 by_owner: HashMap::new(),
             },
+            watches: watch::Watches::default(),
         }
     }
 
@@ -759,6 +768,9 @@ impl Broker {
 
     /// Forgets a subscriber and whatever it had queued. Unknown ids are ignored.
     pub(crate) fn unsubscribe(&mut self, id: SubscriberId) {
+        if self.watches.contains(id) {
+            return self.unwatch(id);
+        }
         let Some(sub) = self.subscribers.remove(&id) else {
             return;
         };
@@ -799,6 +811,9 @@ impl Broker {
                 sub.ready = false;
                 return Some(id);
             }
+            if self.watches.take_ready(id) {
+                return Some(id);
+            }
         }
         None
     }
@@ -806,6 +821,9 @@ impl Broker {
     /// Pops the subscriber's next frame. Call only when its stream can take the frame.
     #[must_use]
     pub(crate) fn next_delivery(&mut self, id: SubscriberId) -> Option<Delivery> {
+        if self.watches.contains(id) {
+            return self.next_watch_delivery(id);
+        }
         let sub = self.subscribers.get_mut(&id)?;
         if let Some(cu) = sub.catch_up.as_mut() {
             if let Some(frame) = cu.frames.pop_front() {
@@ -933,7 +951,8 @@ impl Broker {
             .values()
             .map(|s| s.queue.len() + s.catch_up.as_ref().map_or(0, |c| c.frames.len()))
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .max(self.watches.deepest_queue());
         (deepest, self.streams.len())
     }
 

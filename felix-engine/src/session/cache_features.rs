@@ -1,0 +1,127 @@
+//! The session's side of cache watches, counters and conditional cache writes: check the
+//! request and its permission, call the broker, queue the answer. The state lives in
+//! `broker/watch.rs`, `broker/counters.rs` and the cache log.
+
+use felix_proto::message::{self, CacheWatchStarted, EventStreamHello, Message};
+use felix_proto::{ErrorCode, Features};
+
+use super::{encode_message, FrameResult, NewSubscription, Session, SessionCx};
+use crate::auth::Action;
+use crate::broker::{SubscribeError, WatchFilter, WatchStart};
+
+impl Session {
+    /// `cache_watch`: answered `cache_watch_started`, then the changes arrive on an event
+    /// stream the connection opens (like a subscription's).
+    pub(super) fn on_cache_watch(
+        &mut self,
+        w: message::CacheWatch,
+        cx: &mut SessionCx<'_>,
+    ) -> FrameResult {
+        if !cx
+            .core
+            .capabilities
+            .features
+            .contains(Features::CACHE_WATCH)
+        {
+            return self.on_unsupported(&Message::CacheWatch(w), cx);
+        }
+        cx.core.stats.cache_requests += 1;
+        let Some(key) = self.cache_scope(&w.tenant_id, &w.namespace, &w.cache, Action::CacheRead)
+        else {
+            return FrameResult::Continue;
+        };
+        let filter = match (w.key, w.prefix) {
+            (Some(k), None) => WatchFilter::Key(k),
+            // One shard per cache here: a prefix watch of shard 0 is the whole cache.
+            (None, Some(_)) if w.shard.is_some_and(|s| s != 0) => {
+                self.push_error(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "shard {} is out of range: the cache has 1 shard",
+                        w.shard.unwrap_or(0)
+                    ),
+                );
+                return FrameResult::Continue;
+            }
+            (None, Some(p)) => WatchFilter::Prefix(p),
+            _ => {
+                self.push_error(
+                    ErrorCode::InvalidRequest,
+                    "a cache watch names exactly one of key and prefix".into(),
+                );
+                return FrameResult::Continue;
+            }
+        };
+        let retained = w.retained == Some(true);
+        let start = match (retained, w.from_offset) {
+            (true, Some(_)) => {
+                self.push_error(
+                    ErrorCode::InvalidRequest,
+                    "retained and from_offset together would deliver every value twice".into(),
+                );
+                return FrameResult::Continue;
+            }
+            (true, None) => WatchStart::Retained,
+            (false, Some(n)) => WatchStart::From(n),
+            (false, None) => WatchStart::Live,
+        };
+        if cx.conn.subscriptions >= cx.core.limits.max_subscriptions_per_connection {
+            self.push_error(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "too many subscriptions on one connection (max_subscriptions_per_connection {})",
+                    cx.core.limits.max_subscriptions_per_connection
+                ),
+            );
+            return FrameResult::Continue;
+        }
+        let unix = cx.core.unix_micros(cx.now);
+        let owner = cx.ch.0 as u64;
+        match cx
+            .core
+            .broker
+            .cache_watch(cx.now, unix, &key, filter, start, owner)
+        {
+            Ok(started) => {
+                let subscription_id = match w.subscription_id {
+                    Some(id) => id,
+                    None => cx.core.next_subscription_id(),
+                };
+                cx.core.stats.subscriptions += 1;
+                self.push_message(&Message::CacheWatchStarted(CacheWatchStarted {
+                    subscription_id,
+                    resume_offset: started.resume_offset,
+                    resnapshot: started.resnapshot.then_some(true),
+                    retained_count: started.retained_count,
+                }));
+                cx.conn.subscriptions += 1;
+                cx.conn.new_subscriptions.push(NewSubscription {
+                    subscriber: started.id,
+                    hello: encode_message(&Message::EventStreamHello(EventStreamHello {
+                        subscription_id,
+                    })),
+                });
+            }
+            Err(SubscribeError::Broker(e)) if self.stalls(&e) => {}
+            Err(SubscribeError::Broker(e)) => self.push_broker_error(e),
+            Err(SubscribeError::Cursor {
+                reason,
+                requested,
+                available,
+            }) => {
+                let reason = match reason {
+                    crate::broker::CursorReason::TooOld => message::CursorErrorReason::TooOld,
+                    crate::broker::CursorReason::InFuture => message::CursorErrorReason::InFuture,
+                };
+                self.push_message(&Message::SubscribeCursorError(
+                    message::SubscribeCursorError {
+                        reason,
+                        requested,
+                        available,
+                    },
+                ));
+            }
+        }
+        FrameResult::Continue
+    }
+}
