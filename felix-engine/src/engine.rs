@@ -64,7 +64,7 @@ pub const SERVED_FEATURES: Features = Features(
 /// Cache features served only over a durable cache: a watch's offsets and a counter's sum
 /// are log offsets and a fold over a log (docs/cache-features.md).
 const DURABLE_CACHE_FEATURES: Features =
-    Features(Features::CACHE_WATCH.0 | Features::CACHE_WATCH_RETAINED.0);
+    Features(Features::CACHE_WATCH.0 | Features::CACHE_WATCH_RETAINED.0 | Features::COUNTERS.0);
 
 /// A UDP datagram (or a GRO batch of same-source datagrams) received by the runtime.
 #[derive(Debug)]

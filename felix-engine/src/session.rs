@@ -433,6 +433,8 @@ impl Session {
             Message::PublishWidth(_) => {}
             Message::Subscribe(s) => self.on_subscribe(s, cx),
             Message::CacheWatch(w) => return self.on_cache_watch(w, cx),
+            Message::CounterAdd(a) => return self.on_counter_add(a, cx),
+            Message::CounterGet(g) => return self.on_counter_get(g, cx),
             Message::CachePut(p) => {
                 cx.core.stats.cache_requests += 1;
                 let Some(key) =

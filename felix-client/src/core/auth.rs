@@ -32,7 +32,9 @@ impl Offer {
                 | Features::SHARD_MOVED
                 | Features::STREAM_DELETED
                 | Features::CACHE_WATCH
-                | Features::CACHE_WATCH_RETAINED,
+                | Features::CACHE_WATCH_RETAINED
+                | Features::COUNTERS
+                | Features::CACHE_CONDITIONAL,
         }
     }
 

@@ -14,6 +14,7 @@
 //! one frame carries many records and when idle each publish goes out at once.
 
 mod cache;
+mod counters;
 pub(crate) mod durable;
 mod encode;
 #[cfg(test)]

@@ -2,10 +2,10 @@
 //! request and its permission, call the broker, queue the answer. The state lives in
 //! `broker/watch.rs`, `broker/counters.rs` and the cache log.
 
-use felix_proto::message::{self, CacheWatchStarted, EventStreamHello, Message};
+use felix_proto::message::{self, CacheWatchStarted, CounterValue, EventStreamHello, Message};
 use felix_proto::{ErrorCode, Features};
 
-use super::{encode_message, FrameResult, NewSubscription, Session, SessionCx};
+use super::{encode_message, FailAnswer, FrameResult, NewSubscription, Session, SessionCx};
 use crate::auth::Action;
 use crate::broker::{SubscribeError, WatchFilter, WatchStart};
 
@@ -121,6 +121,65 @@ impl Session {
                     },
                 ));
             }
+        }
+        FrameResult::Continue
+    }
+
+    /// `counter_add`: answered `counter_value` with the sum including the delta, once the
+    /// add is durable.
+    pub(super) fn on_counter_add(
+        &mut self,
+        a: message::CounterAdd,
+        cx: &mut SessionCx<'_>,
+    ) -> FrameResult {
+        if !cx.core.capabilities.features.contains(Features::COUNTERS) {
+            return self.on_unsupported(&Message::CounterAdd(a), cx);
+        }
+        cx.core.stats.cache_requests += 1;
+        let Some(key) = self.cache_scope(&a.tenant_id, &a.namespace, &a.cache, Action::CacheWrite)
+        else {
+            return FrameResult::Continue;
+        };
+        let unix = cx.core.unix_micros(cx.now);
+        match cx
+            .core
+            .broker
+            .counter_add(cx.now, unix, &key, &a.key, a.delta)
+        {
+            Ok((log, end, sum)) => {
+                let answer = encode_message(&Message::CounterValue(CounterValue {
+                    value: Some(sum),
+                    request_id: a.request_id,
+                }));
+                self.push_after_durable(cx, log, end, answer, FailAnswer::Error);
+            }
+            Err(e) if self.stalls(&e) => {}
+            Err(e) => self.push_broker_error(e),
+        }
+        FrameResult::Continue
+    }
+
+    /// `counter_get`: the durable sum, absent for a counter never written.
+    pub(super) fn on_counter_get(
+        &mut self,
+        g: message::CounterGet,
+        cx: &mut SessionCx<'_>,
+    ) -> FrameResult {
+        if !cx.core.capabilities.features.contains(Features::COUNTERS) {
+            return self.on_unsupported(&Message::CounterGet(g), cx);
+        }
+        cx.core.stats.cache_requests += 1;
+        let Some(key) = self.cache_scope(&g.tenant_id, &g.namespace, &g.cache, Action::CacheRead)
+        else {
+            return FrameResult::Continue;
+        };
+        match cx.core.broker.counter_get(cx.now, &key, &g.key) {
+            Ok(value) => self.push_message(&Message::CounterValue(CounterValue {
+                value,
+                request_id: g.request_id,
+            })),
+            Err(e) if self.stalls(&e) => {}
+            Err(e) => self.push_broker_error(e),
         }
         FrameResult::Continue
     }
