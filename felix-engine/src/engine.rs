@@ -58,7 +58,8 @@ pub const SERVED_FEATURES: Features = Features(
         | Features::STREAM_SHARDS.0
         | Features::CACHE_SHARDS.0
         | Features::SHARD_OWNERS.0
-        | Features::SUBSCRIBE_QUEUE.0,
+        | Features::SUBSCRIBE_QUEUE.0
+        | Features::CACHE_CONDITIONAL.0,
 );
 
 /// Cache features served only over a durable cache: a watch's offsets and a counter's sum
@@ -539,7 +540,7 @@ impl Engine {
             max_owner_event_bytes: config.max_connection_event_bytes,
             cache_watch_queue_capacity: config.cache_watch_queue_capacity,
         };
-        let (broker, capabilities) = match &config.durable {
+        let (mut broker, capabilities) = match &config.durable {
             None => (
                 Broker::new(broker_config),
                 BrokerCapabilities {
@@ -563,6 +564,8 @@ impl Engine {
             ),
         };
 
+        // In-memory cache versions start at this run's wall-clock time (protocol.md).
+        broker.start_cache_versions_at(unix_micros);
         let core = Core {
             limits: Limits {
                 auth_timeout: config.auth_timeout,

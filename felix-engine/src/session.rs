@@ -263,6 +263,8 @@ impl Session {
                             let HeldValue { value, answer, .. } = *v;
                             match value.expect("checked") {
                                 Ok(value) => encode_message(&Message::CacheValue(CacheValue {
+                                    // A version only on a hit.
+                                    version: value.as_ref().and(answer.version),
                                     value,
                                     ..answer
                                 })),
@@ -435,6 +437,8 @@ impl Session {
             Message::CacheWatch(w) => return self.on_cache_watch(w, cx),
             Message::CounterAdd(a) => return self.on_counter_add(a, cx),
             Message::CounterGet(g) => return self.on_counter_get(g, cx),
+            Message::CachePutIf(p) => return self.on_cache_put_if(p, cx),
+            Message::CacheDeleteIf(d) => return self.on_cache_delete_if(d, cx),
             Message::CachePut(p) => {
                 cx.core.stats.cache_requests += 1;
                 let Some(key) =
@@ -1033,6 +1037,10 @@ impl Session {
             return;
         };
         let unix = cx.core.unix_micros(cx.now);
+        let mut answer = answer;
+        if matches!(op, CacheRead::Get) {
+            answer.version = self.value_version(cx, &key, &answer.key);
+        }
         let result = match op {
             CacheRead::Get => cx.core.broker.cache_get(cx.now, unix, &key, &answer.key),
             CacheRead::Delete => cx.core.broker.cache_delete(cx.now, unix, &key, &answer.key),
@@ -1046,9 +1054,11 @@ impl Session {
 
     fn push_cache_value(&mut self, cx: &mut SessionCx<'_>, found: CacheAnswer, answer: CacheValue) {
         match found {
-            CacheAnswer::Now(value) => {
-                self.push_message(&Message::CacheValue(CacheValue { value, ..answer }))
-            }
+            CacheAnswer::Now(value) => self.push_message(&Message::CacheValue(CacheValue {
+                version: value.as_ref().and(answer.version),
+                value,
+                ..answer
+            })),
             CacheAnswer::Later {
                 log,
                 ticket,

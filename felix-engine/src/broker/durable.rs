@@ -1040,7 +1040,7 @@ fn read_failure(e: &ReadError) -> String {
 }
 
 impl Broker {
-    fn cache_sizes(&self, k: &str, value: &Bytes) -> Result<(), BrokerError> {
+    pub(super) fn cache_sizes(&self, k: &str, value: &Bytes) -> Result<(), BrokerError> {
         let limit = |what: &str, n: usize, max: usize, name: &str| {
             BrokerError::new(
                 ErrorCode::LimitExceeded,

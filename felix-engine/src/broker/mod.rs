@@ -14,6 +14,7 @@
 //! one frame carries many records and when idle each publish goes out at once.
 
 mod cache;
+mod conditional;
 mod counters;
 pub(crate) mod durable;
 mod encode;
@@ -39,6 +40,7 @@ use durable::{LogState, Logs, Owner, ShardStore, Unreleased};
 use encode::{encode_event_batch, encode_subscription_lagged, BatchView, MAX_PUBLISHER_LEN};
 
 use cache::CACHE_SWEEP_MAX_ENTRIES;
+pub(crate) use conditional::{Condition, Conditional};
 pub(crate) use watch::{WatchFilter, WatchStart, DEFAULT_WATCH_QUEUE_CAPACITY};
 
 /// Broker limits and layout. Every limit has a name and a default ([`BrokerConfig::default`]).
@@ -881,7 +883,7 @@ impl Broker {
                 .log_cache_put(now, unix_micros, key, k, value, ttl_ms)
                 .map(Some);
         }
-        self.cache.put(now, key, k, value, ttl_ms).map(|()| None)
+        self.cache.put(now, key, k, value, ttl_ms).map(|_| None)
     }
 
     pub(crate) fn cache_get(

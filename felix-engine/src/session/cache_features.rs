@@ -2,12 +2,15 @@
 //! request and its permission, call the broker, queue the answer. The state lives in
 //! `broker/watch.rs`, `broker/counters.rs` and the cache log.
 
-use felix_proto::message::{self, CacheWatchStarted, CounterValue, EventStreamHello, Message};
+use felix_proto::message::{
+    self, CacheConditionResult, CacheWatchStarted, CounterValue, EventStreamHello, Message,
+};
 use felix_proto::{ErrorCode, Features};
 
 use super::{encode_message, FailAnswer, FrameResult, NewSubscription, Session, SessionCx};
 use crate::auth::Action;
-use crate::broker::{SubscribeError, WatchFilter, WatchStart};
+use crate::broker::{CacheKey, Condition, SubscribeError, WatchFilter, WatchStart};
+use crate::storage::ops::LogId;
 
 impl Session {
     /// `cache_watch`: answered `cache_watch_started`, then the changes arrive on an event
@@ -182,5 +185,112 @@ impl Session {
             Err(e) => self.push_broker_error(e),
         }
         FrameResult::Continue
+    }
+
+    /// The version for a get's `cache_value`: only to a client that offered
+    /// FEATURE_CACHE_CONDITIONAL (anyone else gets the frame it always got). Read in the
+    /// same step as the get, so it names the value the get returns.
+    pub(super) fn value_version(
+        &self,
+        cx: &mut SessionCx<'_>,
+        key: &CacheKey,
+        k: &str,
+    ) -> Option<u64> {
+        if !self
+            .negotiated()
+            .features
+            .contains(Features::CACHE_CONDITIONAL)
+        {
+            return None;
+        }
+        let unix = cx.core.unix_micros(cx.now);
+        cx.core.broker.cache_version(cx.now, unix, key, k)
+    }
+
+    /// `cache_put_if`: answered `cache_condition_result`, once durable on a durable cache.
+    pub(super) fn on_cache_put_if(
+        &mut self,
+        p: message::CachePutIf,
+        cx: &mut SessionCx<'_>,
+    ) -> FrameResult {
+        if !cx
+            .core
+            .capabilities
+            .features
+            .contains(Features::CACHE_CONDITIONAL)
+        {
+            return self.on_unsupported(&Message::CachePutIf(p), cx);
+        }
+        cx.core.stats.cache_requests += 1;
+        let Some(key) = self.cache_scope(&p.tenant_id, &p.namespace, &p.cache, Action::CacheWrite)
+        else {
+            return FrameResult::Continue;
+        };
+        let condition = match p.condition {
+            message::CacheCondition::Absent => Condition::Absent,
+            message::CacheCondition::Version(v) => Condition::Version(v),
+        };
+        let unix = cx.core.unix_micros(cx.now);
+        let result = cx
+            .core
+            .broker
+            .cache_put_if(cx.now, unix, &key, &p.key, p.value, p.ttl_ms, condition);
+        self.answer_conditional(cx, result, p.request_id);
+        FrameResult::Continue
+    }
+
+    /// `cache_delete_if`: answered `cache_condition_result`.
+    pub(super) fn on_cache_delete_if(
+        &mut self,
+        d: message::CacheDeleteIf,
+        cx: &mut SessionCx<'_>,
+    ) -> FrameResult {
+        if !cx
+            .core
+            .capabilities
+            .features
+            .contains(Features::CACHE_CONDITIONAL)
+        {
+            return self.on_unsupported(&Message::CacheDeleteIf(d), cx);
+        }
+        cx.core.stats.cache_requests += 1;
+        let Some(key) = self.cache_scope(&d.tenant_id, &d.namespace, &d.cache, Action::CacheWrite)
+        else {
+            return FrameResult::Continue;
+        };
+        let unix = cx.core.unix_micros(cx.now);
+        let result = cx
+            .core
+            .broker
+            .cache_delete_if(cx.now, unix, &key, &d.key, d.version);
+        self.answer_conditional(cx, result, d.request_id);
+        FrameResult::Continue
+    }
+
+    fn answer_conditional(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        result: Result<crate::broker::Conditional, crate::broker::BrokerError>,
+        request_id: u64,
+    ) {
+        match result {
+            Ok(c) => {
+                let frame = encode_message(&Message::CacheConditionResult(CacheConditionResult {
+                    applied: c.applied,
+                    version: c.version,
+                    request_id,
+                }));
+                match c.durable_at {
+                    Some((log, end)) => self.held_until(cx, log, end, frame),
+                    None => self.push_frame(frame),
+                }
+            }
+            Err(e) if self.stalls(&e) => {}
+            Err(e) => self.push_broker_error(e),
+        }
+    }
+
+    fn held_until(&mut self, cx: &mut SessionCx<'_>, log: LogId, end: u64, frame: bytes::Bytes) {
+        self.push_after_durable(cx, log, end, frame, FailAnswer::Error);
     }
 }
