@@ -28,6 +28,9 @@ use crate::core::{
 use crate::error::ClientError;
 use crate::transport::quic_client_config;
 
+pub(crate) mod cache_features;
+pub(crate) mod watch;
+
 /// How to reach and authenticate to a broker.
 #[derive(Clone)]
 pub struct ClientConfig {
@@ -312,6 +315,7 @@ impl Client {
         };
         match self.cache_call(|core| core.cache_get(target, key)).await? {
             Answer::CacheValue(v) => Ok(v),
+            Answer::VersionedValue { value, .. } => Ok(Some(value)),
             other => Err(ClientError::protocol(format!(
                 "{other:?} answered cache_get"
             ))),

@@ -38,6 +38,8 @@ mod stream_ops;
 mod transport;
 
 #[cfg(feature = "front-end")]
+pub use crate::client::cache_features::{Condition, ConditionResult};
+pub use crate::client::watch::{CacheChange, CacheWatch, CacheWatchItem, WatchFilter, WatchStart};
 pub use crate::client::{Client, ClientConfig, RawStream, Subscription, SubscriptionItem};
 pub use crate::core::{Ack, Event, Offer, Start, SubscriptionEnd};
 pub use crate::error::ClientError;

@@ -83,6 +83,9 @@ pub const DEFAULT_EVENT_BATCH_MAX_BYTES: usize = 1024 * 1024;
 /// subscriber as if its queue were full (or ends it with `subscription_lagged` where it asked
 /// for that). Subscribers on other connections are not affected.
 pub const DEFAULT_MAX_CONNECTION_EVENT_BYTES: usize = 256 * 1024 * 1024;
+/// Change frames one live cache watch may have queued; at the next change past it the watch
+/// ends with `cache_watch_lagged` naming that change (re-watching from it is gapless).
+pub const DEFAULT_CACHE_WATCH_QUEUE_CAPACITY: usize = 4096;
 /// Largest cache key.
 pub const DEFAULT_CACHE_MAX_KEY_BYTES: usize = 1024;
 /// Largest cache value.
@@ -296,6 +299,8 @@ pub struct EngineConfig {
     pub cache_max_value_bytes: usize,
     /// See [`DEFAULT_CACHE_MAX_TOTAL_BYTES`].
     pub cache_max_total_bytes: usize,
+    /// See [`DEFAULT_CACHE_WATCH_QUEUE_CAPACITY`].
+    pub cache_watch_queue_capacity: usize,
 
     /// Durable streams and caches; `None` keeps everything in memory.
     pub durable: Option<DurableConfig>,
@@ -343,6 +348,7 @@ impl EngineConfig {
             cache_max_key_bytes: DEFAULT_CACHE_MAX_KEY_BYTES,
             cache_max_value_bytes: DEFAULT_CACHE_MAX_VALUE_BYTES,
             cache_max_total_bytes: DEFAULT_CACHE_MAX_TOTAL_BYTES,
+            cache_watch_queue_capacity: DEFAULT_CACHE_WATCH_QUEUE_CAPACITY,
             durable: None,
         }
     }

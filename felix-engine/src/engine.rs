@@ -62,7 +62,8 @@ pub const SERVED_FEATURES: Features = Features(
         | Features::SUBSCRIBE_QUEUE.0
         | Features::TOPOLOGY.0
         | Features::IDEMPOTENT_PRODUCER.0
-        | Features::SEQUENCE_REUSED.0,
+        | Features::SEQUENCE_REUSED.0
+        | Features::CACHE_CONDITIONAL.0,
 );
 
 /// Features served only with durable storage: they read or check a shard's log.
@@ -72,6 +73,11 @@ pub const DURABLE_FEATURES: Features = Features(
         | Features::STREAM_READ.0
         | Features::RECORD_TIMESTAMPS.0,
 );
+
+/// Cache features served only over a durable cache: a watch's offsets and a counter's sum
+/// are log offsets and a fold over a log (docs/cache-features.md).
+const DURABLE_CACHE_FEATURES: Features =
+    Features(Features::CACHE_WATCH.0 | Features::CACHE_WATCH_RETAINED.0 | Features::COUNTERS.0);
 
 /// A UDP datagram (or a GRO batch of same-source datagrams) received by the runtime.
 #[derive(Debug)]
@@ -544,8 +550,9 @@ impl Engine {
             cache_max_value_bytes: config.cache_max_value_bytes,
             cache_max_total_bytes: config.cache_max_total_bytes,
             max_owner_event_bytes: config.max_connection_event_bytes,
+            cache_watch_queue_capacity: config.cache_watch_queue_capacity,
         };
-        let (broker, capabilities) = match &config.durable {
+        let (mut broker, capabilities) = match &config.durable {
             None => (
                 Broker::new(broker_config),
                 BrokerCapabilities {
@@ -563,12 +570,15 @@ impl Engine {
                     features: SERVED_FEATURES
                         .union(DURABLE_FEATURES)
                         .union(Features::ACK_ON_COMMIT)
-                        .union(Features::SUBSCRIPTION_LAGGED),
+                        .union(Features::SUBSCRIPTION_LAGGED)
+                        .union(DURABLE_CACHE_FEATURES),
                     publish_window: config.publish_window,
                 },
             ),
         };
 
+        // In-memory cache versions start at this run's wall-clock time (protocol.md).
+        broker.start_cache_versions_at(unix_micros);
         let core = Core {
             limits: Limits {
                 auth_timeout: config.auth_timeout,

@@ -41,6 +41,7 @@ use crate::storage::log::ReadTicket;
 use crate::storage::ops::LogId;
 
 mod stream_ops;
+mod cache_features;
 
 /// A subscription granted on this stream, whose event stream the connection opens.
 pub(crate) struct NewSubscription {
@@ -269,6 +270,8 @@ impl Session {
                             match value.expect("checked") {
                                 Ok(frame) if raw => frame.unwrap_or_default(),
                                 Ok(value) => encode_message(&Message::CacheValue(CacheValue {
+                                    // A version only on a hit.
+                                    version: value.as_ref().and(answer.version),
                                     value,
                                     ..answer
                                 })),
@@ -438,6 +441,11 @@ impl Session {
             // Sent ahead of keyed publishes by clients that offer PUBLISH_WIDTH; never answered.
             Message::PublishWidth(_) => {}
             Message::Subscribe(s) => self.on_subscribe(s, cx),
+            Message::CacheWatch(w) => return self.on_cache_watch(w, cx),
+            Message::CounterAdd(a) => return self.on_counter_add(a, cx),
+            Message::CounterGet(g) => return self.on_counter_get(g, cx),
+            Message::CachePutIf(p) => return self.on_cache_put_if(p, cx),
+            Message::CacheDeleteIf(d) => return self.on_cache_delete_if(d, cx),
             Message::CachePut(p) => {
                 cx.core.stats.cache_requests += 1;
                 let Some(key) =
@@ -1060,6 +1068,10 @@ impl Session {
             return;
         };
         let unix = cx.core.unix_micros(cx.now);
+        let mut answer = answer;
+        if matches!(op, CacheRead::Get) {
+            answer.version = self.value_version(cx, &key, &answer.key);
+        }
         let result = match op {
             CacheRead::Get => cx.core.broker.cache_get(cx.now, unix, &key, &answer.key),
             CacheRead::Delete => cx.core.broker.cache_delete(cx.now, unix, &key, &answer.key),
@@ -1073,9 +1085,11 @@ impl Session {
 
     fn push_cache_value(&mut self, cx: &mut SessionCx<'_>, found: CacheAnswer, answer: CacheValue) {
         match found {
-            CacheAnswer::Now(value) => {
-                self.push_message(&Message::CacheValue(CacheValue { value, ..answer }))
-            }
+            CacheAnswer::Now(value) => self.push_message(&Message::CacheValue(CacheValue {
+                version: value.as_ref().and(answer.version),
+                value,
+                ..answer
+            })),
             CacheAnswer::Later {
                 log,
                 ticket,

@@ -7,7 +7,7 @@ use common::*;
 
 /// Frame flags served (0x1F7F) and features served, as the real client's offer is answered.
 const AUTH_OK_FOR_REAL_CLIENT: &str =
-    r#"{"type":"auth_ok","server_flags":8063,"server_features":1074196005,"publish_window":256}"#;
+    r#"{"type":"auth_ok","server_flags":8063,"server_features":1107750437,"publish_window":256}"#;
 
 #[test]
 fn real_client_offer_gets_exact_auth_ok() {

@@ -110,6 +110,7 @@ pub const ENGINE_VARS: &[(&[&str], Setter)] = &[
     (&["FELIX_CACHE_MAX_KEY_BYTES"], set!(cache_max_key_bytes, to)),
     (&["FELIX_CACHE_MAX_VALUE_BYTES"], set!(cache_max_value_bytes, to)),
     (&["FELIX_CACHE_MAX_TOTAL_BYTES"], set!(cache_max_total_bytes, to)),
+    (&["FELIX_CACHE_WATCH_QUEUE_CAPACITY"], set!(cache_watch_queue_capacity, to)),
 ];
 
 /// Reads the process environment.

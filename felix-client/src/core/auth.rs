@@ -30,7 +30,11 @@ impl Offer {
                 | Features::STREAM_PUBLISH_WINDOW
                 | Features::SUBSCRIPTION_LAGGED
                 | Features::SHARD_MOVED
-                | Features::STREAM_DELETED,
+                | Features::STREAM_DELETED
+                | Features::CACHE_WATCH
+                | Features::CACHE_WATCH_RETAINED
+                | Features::COUNTERS
+                | Features::CACHE_CONDITIONAL,
         }
     }
 

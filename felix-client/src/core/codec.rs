@@ -275,9 +275,23 @@ pub(crate) fn request_answer(caps: &Capabilities, frame: &Frame) -> Result<Answe
         Message::CacheValue(v) => match v.request_id {
             Some(request_id) => Answered::Other {
                 request_id,
-                result: Ok(Answer::CacheValue(v.value)),
+                result: Ok(match (v.value, v.version) {
+                    (Some(value), Some(version)) => Answer::VersionedValue { value, version },
+                    (value, _) => Answer::CacheValue(value),
+                }),
             },
             None => return Err(ClientError::protocol("cache_value without a request_id")),
+        },
+        Message::CounterValue(v) => Answered::Other {
+            request_id: v.request_id,
+            result: Ok(Answer::Counter(v.value)),
+        },
+        Message::CacheConditionResult(r) => Answered::Other {
+            request_id: r.request_id,
+            result: Ok(Answer::Condition {
+                applied: r.applied,
+                version: r.version,
+            }),
         },
         Message::Error(e) => Answered::Refusal {
             request_id: None,

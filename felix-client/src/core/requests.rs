@@ -55,6 +55,10 @@ pub enum RequestKind {
     CacheGet,
     /// `cache_delete`.
     CacheDelete,
+    /// `counter_add` or `counter_get`.
+    Counter,
+    /// `cache_put_if` or `cache_delete_if`.
+    CacheConditional,
 }
 
 /// A successful answer.
@@ -66,6 +70,13 @@ pub enum Answer {
     CacheStored,
     /// `cache_value`: the value read, or removed by a delete (`None` = absent).
     CacheValue(Option<Bytes>),
+    /// `cache_value` of a hit carrying the value's version (brokers that serve
+    /// `FEATURE_CACHE_CONDITIONAL`, to a client that offered it).
+    VersionedValue { value: Bytes, version: u64 },
+    /// `counter_value`: the sum (`None` = never written).
+    Counter(Option<i64>),
+    /// `cache_condition_result`: whether the write was made, and the version answering it.
+    Condition { applied: bool, version: Option<u64> },
 }
 
 /// The answer to one request.
@@ -224,6 +235,30 @@ impl RequestStream {
         })
     }
 
+    /// Encodes a request whose JSON message `build` makes from its request id: counters
+    /// and conditional cache writes, each refused locally unless the broker advertised its
+    /// feature (an unknown request can cost the stream).
+    pub fn feature_request(
+        &mut self,
+        kind: RequestKind,
+        feature: felix_proto::Features,
+        build: impl FnOnce(&str, u64) -> felix_proto::message::Message,
+    ) -> Result<Encoded, ClientError> {
+        if !self.caps.broker_has(feature) {
+            return Err(ClientError::Usage(format!(
+                "the broker did not advertise {feature:?}"
+            )));
+        }
+        let id = self.take_id();
+        let mut frame = Vec::new();
+        build(&self.tenant, id).encode_frame_into(&mut frame);
+        self.others.insert(id, kind);
+        Ok(Encoded {
+            request_id: Some(id),
+            frame: Bytes::from(frame),
+        })
+    }
+
     /// Reads one frame the broker sent on this stream.
     pub fn handle_frame(&mut self, frame: &Frame) -> Result<Completion, ClientError> {
         let answered = codec::request_answer(&self.caps, frame)?;
@@ -259,9 +294,10 @@ impl RequestStream {
                 };
                 let result = result.and_then(|answer| match (kind, &answer) {
                     (RequestKind::CachePut, Answer::CacheStored)
-                    | (RequestKind::CacheGet | RequestKind::CacheDelete, Answer::CacheValue(_)) => {
-                        Ok(answer)
-                    }
+                    | (RequestKind::CacheGet | RequestKind::CacheDelete, Answer::CacheValue(_))
+                    | (RequestKind::CacheGet, Answer::VersionedValue { .. })
+                    | (RequestKind::Counter, Answer::Counter(_))
+                    | (RequestKind::CacheConditional, Answer::Condition { .. }) => Ok(answer),
                     _ => Err(ClientError::protocol(format!(
                         "{answer:?} does not answer a {kind:?} request"
                     ))),

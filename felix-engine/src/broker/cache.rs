@@ -36,6 +36,8 @@ pub(crate) struct CacheCounters {
 
 struct Entry {
     value: Bytes,
+    /// What a conditional write compares: unique per put within this run.
+    version: u64,
     /// Key into the expiry index, when the entry has a TTL.
     expiry: Option<(Instant, u64)>,
 }
@@ -61,6 +63,10 @@ pub(crate) struct CacheStore {
     /// No sweep before this instant (pacing); `None` until the first sweep.
     sweep_not_before: Option<Instant>,
     pub(crate) counters: CacheCounters,
+    /// The version the next put gets. Starts at the run's wall-clock microseconds
+    /// ([`CacheStore::start_versions_at`]), so a version read before a restart does not
+    /// match a value written after it.
+    next_version: u64,
 }
 
 fn cost(key: &str, value: &Bytes) -> usize {
@@ -80,7 +86,18 @@ impl CacheStore {
             entries: 0,
             sweep_not_before: None,
             counters: CacheCounters::default(),
+            next_version: 1,
         }
+    }
+
+    /// Versions from here on (the engine passes its start time in Unix microseconds).
+    pub(crate) fn start_versions_at(&mut self, base: u64) {
+        self.next_version = self.next_version.max(base);
+    }
+
+    /// The version of the key's live entry.
+    pub(crate) fn version_of(&mut self, now: Instant, scope: &CacheKey, key: &str) -> Option<u64> {
+        self.live_entry(now, scope, key).map(|e| e.version)
     }
 
     pub(crate) fn total_bytes(&self) -> usize {
@@ -98,7 +115,7 @@ impl CacheStore {
         key: &str,
         value: Bytes,
         ttl_ms: Option<u64>,
-    ) -> Result<(), BrokerError> {
+    ) -> Result<u64, BrokerError> {
         if key.len() > self.limits.max_key_bytes {
             return Err(BrokerError::new(
                 ErrorCode::LimitExceeded,
@@ -150,7 +167,16 @@ impl CacheStore {
             .get_mut(&id)
             .expect("scope just ensured")
             .entries;
-        match entries.insert(key.to_owned(), Entry { value, expiry }) {
+        let version = self.next_version;
+        self.next_version += 1;
+        match entries.insert(
+            key.to_owned(),
+            Entry {
+                value,
+                version,
+                expiry,
+            },
+        ) {
             Some(old) => {
                 self.total_bytes -= cost(key, &old.value);
                 if let Some(at) = old.expiry {
@@ -161,7 +187,7 @@ impl CacheStore {
         }
         self.total_bytes += new_cost;
         self.counters.puts += 1;
-        Ok(())
+        Ok(version)
     }
 
     pub(crate) fn get(&mut self, now: Instant, scope: &CacheKey, key: &str) -> Option<Bytes> {

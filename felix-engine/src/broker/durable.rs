@@ -12,6 +12,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use crate::storage::cache_log::{CacheEvent, CacheLog};
+use crate::storage::counter_log::CounterLog;
 use crate::storage::layout;
 use crate::storage::log::{LogConfig, ReadTicket, ShardLog};
 use crate::storage::ops::{
@@ -34,18 +35,22 @@ const SHARD_DEPTH: usize = 4;
 pub(crate) const STREAMS_DIR: &str = "streams";
 /// Top-level directory of cache logs under the storage root.
 pub(crate) const CACHES_DIR: &str = "caches";
+/// Top-level directory of counter logs (one per cache that has counters).
+pub(crate) const COUNTERS_DIR: &str = "counters";
 
 /// What kind of log a directory holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Stream,
     Cache,
+    Counter,
 }
 
 /// A stream shard's log or a cache's.
 pub(crate) enum AnyLog {
     Stream(ShardLog),
     Cache(CacheLog),
+    Counter(CounterLog),
 }
 
 impl AnyLog {
@@ -54,6 +59,7 @@ impl AnyLog {
         match self {
             AnyLog::Stream(l) => l,
             AnyLog::Cache(c) => c.log(),
+            AnyLog::Counter(c) => c.log(),
         }
     }
 
@@ -61,14 +67,21 @@ impl AnyLog {
     pub(crate) fn stream_mut(&mut self) -> Option<&mut ShardLog> {
         match self {
             AnyLog::Stream(l) => Some(l),
-            AnyLog::Cache(_) => None,
+            AnyLog::Cache(_) | AnyLog::Counter(_) => None,
         }
     }
 
     pub(crate) fn cache_mut(&mut self) -> Option<&mut CacheLog> {
         match self {
             AnyLog::Cache(c) => Some(c),
-            AnyLog::Stream(_) => None,
+            AnyLog::Stream(_) | AnyLog::Counter(_) => None,
+        }
+    }
+
+    pub(crate) fn counter_mut(&mut self) -> Option<&mut CounterLog> {
+        match self {
+            AnyLog::Counter(c) => Some(c),
+            _ => None,
         }
     }
 
@@ -80,6 +93,7 @@ impl AnyLog {
         match self {
             AnyLog::Stream(l) => l.poll_op(),
             AnyLog::Cache(c) => c.poll_op(),
+            AnyLog::Counter(c) => c.poll_op(),
         }
     }
 
@@ -87,6 +101,7 @@ impl AnyLog {
         match self {
             AnyLog::Stream(l) => l.poll_timeout(),
             AnyLog::Cache(c) => c.poll_timeout(),
+            AnyLog::Counter(c) => c.poll_timeout(),
         }
     }
 
@@ -94,6 +109,7 @@ impl AnyLog {
         match self {
             AnyLog::Stream(l) => l.handle_completion(c),
             AnyLog::Cache(cl) => cl.handle_completion(c),
+            AnyLog::Counter(cl) => cl.handle_completion(c),
         }
     }
 
@@ -101,6 +117,7 @@ impl AnyLog {
         match self {
             AnyLog::Stream(l) => l.handle_timeout(now, unix_micros),
             AnyLog::Cache(c) => c.handle_timeout(now, unix_micros),
+            AnyLog::Counter(c) => c.handle_timeout(now, unix_micros),
         }
     }
 
@@ -108,6 +125,7 @@ impl AnyLog {
         match self {
             AnyLog::Stream(l) => l.sync_now(),
             AnyLog::Cache(c) => c.sync_now(),
+            AnyLog::Counter(c) => c.sync_now(),
         }
     }
 
@@ -119,6 +137,8 @@ impl AnyLog {
         match self {
             AnyLog::Stream(l) => l.poll_event().map(AnyEvent::Stream),
             AnyLog::Cache(c) => c.poll_event().map(AnyEvent::Cache),
+            // A counter log reports the cache events it shares (opened, durable, failed).
+            AnyLog::Counter(c) => c.poll_event().map(AnyEvent::Cache),
         }
     }
 }
@@ -156,6 +176,8 @@ pub(crate) enum Owner {
     Stream { stream: usize, shard: u32 },
     /// A cache (its one shard).
     Cache,
+    /// A cache's counters.
+    Counter,
 }
 
 /// What the engine learns from the logs: when to release answers held for durability, when
@@ -250,7 +272,7 @@ impl Logs {
             fatal: None,
             shutting_down: false,
         };
-        for root in [STREAMS_DIR, CACHES_DIR] {
+        for root in [STREAMS_DIR, CACHES_DIR, COUNTERS_DIR] {
             let op = logs.discovery.list(root.to_owned(), 0);
             logs.ops.push_back(op);
         }
@@ -284,6 +306,7 @@ impl Logs {
         }
         let kind = match owner {
             Owner::Cache => Kind::Cache,
+            Owner::Counter => Kind::Counter,
             _ => Kind::Stream,
         };
         self.open(dir, kind, owner, now, false)
@@ -314,6 +337,15 @@ impl Logs {
                     ..self.settings.log.clone()
                 };
                 AnyLog::Cache(CacheLog::open(id, dir.clone(), cfg, now))
+            }
+            // Counters are bounded by compaction too: retention would forget sums.
+            Kind::Counter => {
+                let cfg = LogConfig {
+                    retention_bytes: None,
+                    retention_age: None,
+                    ..self.settings.log.clone()
+                };
+                AnyLog::Counter(CounterLog::open(id, dir.clone(), cfg, now))
             }
         };
         self.slots.push(Some(LogSlot {
@@ -473,9 +505,12 @@ impl Logs {
                 self.ops.push_back(op);
             } else if entry.name.parse::<u32>().is_ok() {
                 if !self.by_dir.contains_key(&child) {
-                    let kind = match child.starts_with(CACHES_DIR) {
-                        true => Kind::Cache,
-                        false => Kind::Stream,
+                    let kind = if child.starts_with(CACHES_DIR) {
+                        Kind::Cache
+                    } else if child.starts_with(COUNTERS_DIR) {
+                        Kind::Counter
+                    } else {
+                        Kind::Stream
                     };
                     self.open(child, kind, Owner::Unclaimed, now, true);
                 }
@@ -1008,7 +1043,7 @@ fn read_failure(e: &ReadError) -> String {
 }
 
 impl Broker {
-    fn cache_sizes(&self, k: &str, value: &Bytes) -> Result<(), BrokerError> {
+    pub(super) fn cache_sizes(&self, k: &str, value: &Bytes) -> Result<(), BrokerError> {
         let limit = |what: &str, n: usize, max: usize, name: &str| {
             BrokerError::new(
                 ErrorCode::LimitExceeded,
@@ -1028,7 +1063,7 @@ impl Broker {
 
     /// The cache's log, open; `None` when no such cache was ever written (and `create` is
     /// false). A log still opening stalls the request.
-    fn cache_log(
+    pub(super) fn cache_log(
         &mut self,
         now: Now,
         key: &CacheKey,
@@ -1050,7 +1085,7 @@ impl Broker {
         }
     }
 
-    fn cache_of(&mut self, log: LogId) -> Result<&mut CacheLog, BrokerError> {
+    pub(super) fn cache_of(&mut self, log: LogId) -> Result<&mut CacheLog, BrokerError> {
         let logs = self.logs.as_mut().expect("durable");
         logs.mark_dirty(log);
         logs.slot_mut(log)
@@ -1145,6 +1180,18 @@ impl Broker {
     }
 
     fn on_cache_event(&mut self, now: Now, id: LogId, ev: CacheEvent) {
+        // Hooks for cache watches (`watch.rs`): changes, their reads, compaction held off
+        // while one reads, and a failed log ending them.
+        let ev = match ev {
+            CacheEvent::Applied(change) => return self.on_watch_change(id, change),
+            CacheEvent::Scanned { ticket, result } => return self.on_watch_read(id, ticket, result),
+            CacheEvent::Failed(e) => {
+                self.on_watch_log_failed(id, &e.to_string());
+                CacheEvent::Failed(e)
+            }
+            ev => ev,
+        };
+        let watch_reading = self.watches.reading(id);
         let logs = self.logs.as_mut().expect("called with logs");
         match ev {
             CacheEvent::Opened { keys, next_offset } => {
@@ -1155,7 +1202,11 @@ impl Broker {
                 logs.notices.push_back(Notice::Durable { log: id, up_to });
                 let unix_ms = logs.unix_ms(now);
                 if let Some(c) = logs.slot_mut(id).and_then(|s| s.log.cache_mut()) {
-                    if c.compaction_due() && c.compact(unix_ms) {
+                    if !watch_reading && c.compaction_due() && c.compact(unix_ms) {
+                        logs.mark_dirty(id);
+                    }
+                } else if let Some(c) = logs.slot_mut(id).and_then(|s| s.log.counter_mut()) {
+                    if c.compaction_due() && c.compact() {
                         logs.mark_dirty(id);
                     }
                 }
@@ -1178,6 +1229,8 @@ impl Broker {
                 tracing::warn!(log = id.0, error = %e, "cache compaction failed; the log goes on")
             }
             CacheEvent::Failed(e) => logs.failed(id, e.to_string()),
+            // Taken by the watches above.
+            CacheEvent::Applied(_) | CacheEvent::Scanned { .. } => {}
         }
     }
 }

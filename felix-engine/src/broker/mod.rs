@@ -15,6 +15,8 @@
 
 mod cache;
 mod commit;
+mod conditional;
+mod counters;
 pub(crate) mod durable;
 mod encode;
 mod producers;
@@ -23,6 +25,7 @@ mod reads;
 mod stream_ops_tests;
 #[cfg(test)]
 mod tests;
+mod watch;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -46,6 +49,8 @@ pub(crate) use producers::{Guard, Guarded};
 pub(crate) use reads::{PageRequest, ReadAnswer};
 
 use cache::CACHE_SWEEP_MAX_ENTRIES;
+pub(crate) use conditional::{Condition, Conditional};
+pub(crate) use watch::{WatchFilter, WatchStart, DEFAULT_WATCH_QUEUE_CAPACITY};
 
 /// Broker limits and layout. Every limit has a name and a default ([`BrokerConfig::default`]).
 #[derive(Debug, Clone)]
@@ -73,6 +78,8 @@ pub(crate) struct BrokerConfig {
     /// Event bytes queued for one owner's (connection's) subscribers together; a batch that
     /// would go past it is dropped for that subscriber, as if its queue were full.
     pub(crate) max_owner_event_bytes: usize,
+    /// Change frames a live cache watch may have queued before it ends as lagged.
+    pub(crate) cache_watch_queue_capacity: usize,
 }
 
 impl Default for BrokerConfig {
@@ -90,6 +97,7 @@ impl Default for BrokerConfig {
             cache_max_value_bytes: 1024 * 1024,
             cache_max_total_bytes: 256 * 1024 * 1024,
             max_owner_event_bytes: usize::MAX,
+            cache_watch_queue_capacity: DEFAULT_WATCH_QUEUE_CAPACITY,
         }
     }
 }
@@ -456,6 +464,8 @@ pub(crate) struct Broker {
     page_reads: reads::PageReads,
     /// Producer ids handed out so far (`producers.rs`).
     producer_ids: u64,
+    /// Cache watches (`watch.rs`); they share subscriber ids and the ready queue.
+    watches: watch::Watches,
 }
 
 impl Broker {
@@ -466,6 +476,7 @@ impl Broker {
             .subscriber_queue_capacity
             .clamp(1, cfg.subscriber_queue_capacity_max);
         cfg.event_batch_max_records = cfg.event_batch_max_records.max(1);
+        cfg.cache_watch_queue_capacity = cfg.cache_watch_queue_capacity.max(1);
         let declared = cfg
             .declared_streams
             .iter()
@@ -496,6 +507,7 @@ impl Broker {
             },
             page_reads: reads::PageReads::default(),
             producer_ids: 0,
+            watches: watch::Watches::default(),
         }
     }
 
@@ -798,6 +810,9 @@ impl Broker {
 
     /// Forgets a subscriber and whatever it had queued. Unknown ids are ignored.
     pub(crate) fn unsubscribe(&mut self, id: SubscriberId) {
+        if self.watches.contains(id) {
+            return self.unwatch(id);
+        }
         let Some(sub) = self.subscribers.remove(&id) else {
             return;
         };
@@ -838,6 +853,9 @@ impl Broker {
                 sub.ready = false;
                 return Some(id);
             }
+            if self.watches.take_ready(id) {
+                return Some(id);
+            }
         }
         None
     }
@@ -845,6 +863,9 @@ impl Broker {
     /// Pops the subscriber's next frame. Call only when its stream can take the frame.
     #[must_use]
     pub(crate) fn next_delivery(&mut self, id: SubscriberId) -> Option<Delivery> {
+        if self.watches.contains(id) {
+            return self.next_watch_delivery(id);
+        }
         let sub = self.subscribers.get_mut(&id)?;
         if let Some(cu) = sub.catch_up.as_mut() {
             if let Some(frame) = cu.frames.pop_front() {
@@ -901,7 +922,7 @@ impl Broker {
                 .log_cache_put(now, unix_micros, key, k, value, ttl_ms)
                 .map(Some);
         }
-        self.cache.put(now, key, k, value, ttl_ms).map(|()| None)
+        self.cache.put(now, key, k, value, ttl_ms).map(|_| None)
     }
 
     pub(crate) fn cache_get(
@@ -972,7 +993,8 @@ impl Broker {
             .values()
             .map(|s| s.queue.len() + s.catch_up.as_ref().map_or(0, |c| c.frames.len()))
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .max(self.watches.deepest_queue());
         (deepest, self.streams.len())
     }
 

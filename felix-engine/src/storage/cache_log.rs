@@ -14,7 +14,7 @@
 //! own offset: offsets are never renumbered, so the index needs no change beyond the keys
 //! it drops. The log's `compact` does the file work and owns the crash order.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -123,6 +123,19 @@ struct Staged {
     key: Box<[u8]>,
     /// `None` for a delete.
     slot: Option<Slot>,
+    /// The value written (a put's, shared with the record), for watchers.
+    value: Option<Bytes>,
+}
+
+/// One write the cache applied (it became durable and visible), in offset order: what a
+/// cache watch delivers. A delete has no value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Change {
+    pub(crate) offset: u64,
+    pub(crate) key: Bytes,
+    pub(crate) value: Option<Bytes>,
+    /// Absolute Unix milliseconds; `None` never expires.
+    pub(crate) expiry_unix_ms: Option<u64>,
 }
 
 /// A value a get found.
@@ -167,6 +180,13 @@ pub(crate) enum CacheEvent {
     CompactionFailed(StorageError),
     /// The cache's log stopped (see [`LogEvent::Failed`]): fail every write not yet durable.
     Failed(StorageError),
+    /// A write became visible (only while [`CacheLog::set_observed`] is on).
+    Applied(Change),
+    /// The answer to a [`CacheLog::scan`].
+    Scanned {
+        ticket: ReadTicket,
+        result: Result<super::log::ReadBatch, ReadError>,
+    },
 }
 
 /// One cache shard on a log. Driven like [`ShardLog`]: inputs `handle_completion` and
@@ -179,8 +199,14 @@ pub(crate) struct CacheLog {
     live_bytes: u64,
     staged: VecDeque<Staged>,
     gets: HashMap<ReadTicket, u64>,
+    /// Range reads for watchers, answered as [`CacheEvent::Scanned`].
+    scans: HashSet<ReadTicket>,
     events: VecDeque<CacheEvent>,
     failed: bool,
+    /// Writes below this are applied to the index (the last durable mark absorbed).
+    applied: u64,
+    /// Someone watches this cache: report each applied write.
+    observed: bool,
 }
 
 impl CacheLog {
@@ -191,8 +217,11 @@ impl CacheLog {
             live_bytes: 0,
             staged: VecDeque::new(),
             gets: HashMap::new(),
+            scans: HashSet::new(),
             events: VecDeque::new(),
             failed: false,
+            applied: 0,
+            observed: false,
         };
         c.absorb();
         c
@@ -216,6 +245,44 @@ impl CacheLog {
     /// Bytes of the entries live keys point at.
     pub(crate) fn live_bytes(&self) -> u64 {
         self.live_bytes
+    }
+
+    /// Every write below this is applied: in the index, visible, and (while observed)
+    /// reported. A watch joins live delivery here.
+    pub(crate) fn applied_offset(&self) -> u64 {
+        self.applied
+    }
+
+    /// Offsets of the newest puts of live, unexpired keys that `matches` accepts, ascending:
+    /// a watch's snapshot of the current state at [`CacheLog::applied_offset`].
+    pub(crate) fn live_offsets(&self, matches: impl Fn(&[u8]) -> bool, unix_ms: u64) -> Vec<u64> {
+        let mut out: Vec<u64> = self
+            .index
+            .iter()
+            .filter(|(k, s)| !s.expired(unix_ms) && matches(k))
+            .map(|(_, s)| s.offset)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// The version (offset of the newest put) of a key's live entry, counting writes
+    /// accepted but not durable yet: they become durable in order or not at all, so a
+    /// condition checked against them is the one the key will have.
+    pub(crate) fn current_version(&self, key: &[u8], unix_ms: u64) -> Option<u64> {
+        let latest = match self.staged.iter().rev().find(|s| &*s.key == key) {
+            Some(s) => s.slot,
+            None => self.index.get(key).copied(),
+        };
+        latest.filter(|s| !s.expired(unix_ms)).map(|s| s.offset)
+    }
+
+    /// The version of a key's live, durable entry (what a get reads).
+    pub(crate) fn durable_version(&self, key: &[u8], unix_ms: u64) -> Option<u64> {
+        self.index
+            .get(key)
+            .filter(|s| !s.expired(unix_ms))
+            .map(|s| s.offset)
     }
 
     /// True when the log holds [`COMPACT_GARBAGE_RATIO`] times its live bytes (and at least
@@ -279,6 +346,8 @@ impl CacheLog {
         if key.len() > MAX_CACHE_KEY_BYTES {
             return Err(AppendError::TooLarge(key.len()));
         }
+        // A refcount, not a copy: kept until durable in case a watch starts meanwhile.
+        let watched = Some(value.clone());
         let payload = CacheRecord::Put {
             key: Bytes::copy_from_slice(key),
             value,
@@ -295,6 +364,7 @@ impl CacheLog {
                 expiry_ms: expiry_unix_ms.unwrap_or(0),
                 bytes,
             }),
+            value: watched,
         });
         self.absorb();
         Ok(offset)
@@ -325,9 +395,32 @@ impl CacheLog {
             offset,
             key: key.into(),
             slot: None,
+            value: None,
         });
         self.absorb();
         Ok(Some(offset))
+    }
+
+    /// Reports every applied write as [`CacheEvent::Applied`] while on.
+    pub(crate) fn set_observed(&mut self, on: bool) {
+        self.observed = on;
+    }
+
+    /// Reads stored records from `from` on (as [`ShardLog::read`]), answered as
+    /// [`CacheEvent::Scanned`]: how a watch replays history and reads its snapshot.
+    pub(crate) fn scan(
+        &mut self,
+        from: u64,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<ReadTicket, ReadError> {
+        if !self.is_open() {
+            return Err(ReadError::NotOpen);
+        }
+        let ticket = self.log.read(from, max_records, max_bytes)?;
+        self.scans.insert(ticket);
+        self.absorb();
+        Ok(ticket)
     }
 
     /// Looks a key up at `unix_ms`. A present key is read from the log.
@@ -462,6 +555,7 @@ impl CacheLog {
         while let Some(ev) = self.log.poll_event() {
             match ev {
                 LogEvent::Opened { next_offset, .. } => {
+                    self.applied = self.log.durable_offset();
                     if !self.failed {
                         let keys = self.index.len();
                         self.events
@@ -471,11 +565,26 @@ impl CacheLog {
                 LogEvent::Durable { up_to } => {
                     while self.staged.front().is_some_and(|s| s.offset < up_to) {
                         let s = self.staged.pop_front().expect("checked");
+                        if self.observed {
+                            self.events.push_back(CacheEvent::Applied(Change {
+                                offset: s.offset,
+                                key: Bytes::copy_from_slice(&s.key),
+                                value: s.value.clone(),
+                                expiry_unix_ms: s
+                                    .slot
+                                    .and_then(|sl| (sl.expiry_ms != 0).then_some(sl.expiry_ms)),
+                            }));
+                        }
                         self.set(s.key, s.slot);
                     }
+                    self.applied = self.applied.max(up_to);
                     self.events.push_back(CacheEvent::Durable { up_to });
                 }
                 LogEvent::Read { ticket, result } => {
+                    if self.scans.remove(&ticket) {
+                        self.events.push_back(CacheEvent::Scanned { ticket, result });
+                        continue;
+                    }
                     let Some(offset) = self.gets.remove(&ticket) else {
                         continue;
                     };

@@ -27,6 +27,8 @@ struct Rig {
     compacted: Vec<(u64, u64)>,
     ops_seen: Vec<FileOpKind>,
     pending_gets: Vec<(ReadTicket, String)>,
+    applied: Vec<Change>,
+    scanned: HashMap<ReadTicket, Result<crate::storage::log::ReadBatch, ReadError>>,
 }
 
 fn cfg(segment_max_bytes: u64) -> LogConfig {
@@ -54,6 +56,8 @@ impl Rig {
             compacted: Vec::new(),
             ops_seen: Vec::new(),
             pending_gets: Vec::new(),
+            applied: Vec::new(),
+            scanned: HashMap::new(),
         };
         rig.pump();
         rig
@@ -76,6 +80,10 @@ impl Rig {
                     bytes_after,
                 } => self.compacted.push((bytes_before, bytes_after)),
                 CacheEvent::CompactionFailed(e) | CacheEvent::Failed(e) => self.failed = Some(e),
+                CacheEvent::Applied(change) => self.applied.push(change),
+                CacheEvent::Scanned { ticket, result } => {
+                    self.scanned.insert(ticket, result);
+                }
             }
         }
     }

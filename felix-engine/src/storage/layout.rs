@@ -73,6 +73,16 @@ pub(crate) fn cache_shard_dir(tenant: &str, namespace: &str, cache: &str, shard:
     )
 }
 
+/// The directory of the counters of one shard of a cache (a root of their own).
+pub(crate) fn counter_shard_dir(tenant: &str, namespace: &str, cache: &str, shard: u32) -> String {
+    format!(
+        "counters/{}/{}/{}/{shard}",
+        escape(tenant),
+        escape(namespace),
+        escape(cache)
+    )
+}
+
 pub(crate) fn segment_name(base: u64) -> String {
     format!("{base:020}{SEGMENT_SUFFIX}")
 }

@@ -1778,6 +1778,20 @@ impl ShardLog {
         self.compaction.is_some()
     }
 
+    /// The lowest offset from which this log still holds every record: below it,
+    /// compaction has collapsed history (or a running pass may collapse it). A reader that
+    /// must not miss a record cannot replay from below this.
+    pub(crate) fn complete_from(&self) -> u64 {
+        let compacted = self
+            .segments
+            .iter()
+            .filter_map(|s| s.compacted_end)
+            .max()
+            .unwrap_or(0);
+        let running = self.compaction.as_ref().map_or(0, |c| c.cut);
+        compacted.max(running).max(self.start_offset())
+    }
+
     fn drive_compaction(&mut self) {
         if self.poison.is_some() {
             return;

@@ -1,0 +1,296 @@
+//! The session's side of cache watches, counters and conditional cache writes: check the
+//! request and its permission, call the broker, queue the answer. The state lives in
+//! `broker/watch.rs`, `broker/counters.rs` and the cache log.
+
+use felix_proto::message::{
+    self, CacheConditionResult, CacheWatchStarted, CounterValue, EventStreamHello, Message,
+};
+use felix_proto::{ErrorCode, Features};
+
+use super::{encode_message, FailAnswer, FrameResult, NewSubscription, Session, SessionCx};
+use crate::auth::Action;
+use crate::broker::{CacheKey, Condition, SubscribeError, WatchFilter, WatchStart};
+use crate::storage::ops::LogId;
+
+impl Session {
+    /// `cache_watch`: answered `cache_watch_started`, then the changes arrive on an event
+    /// stream the connection opens (like a subscription's).
+    pub(super) fn on_cache_watch(
+        &mut self,
+        w: message::CacheWatch,
+        cx: &mut SessionCx<'_>,
+    ) -> FrameResult {
+        if !cx
+            .core
+            .capabilities
+            .features
+            .contains(Features::CACHE_WATCH)
+        {
+            return self.on_unsupported(&Message::CacheWatch(w), cx);
+        }
+        cx.core.stats.cache_requests += 1;
+        let Some(key) = self.cache_scope(&w.tenant_id, &w.namespace, &w.cache, Action::CacheRead)
+        else {
+            return FrameResult::Continue;
+        };
+        let filter = match (w.key, w.prefix) {
+            (Some(k), None) => WatchFilter::Key(k),
+            // One shard per cache here: a prefix watch of shard 0 is the whole cache.
+            (None, Some(_)) if w.shard.is_some_and(|s| s != 0) => {
+                self.push_error(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "shard {} is out of range: the cache has 1 shard",
+                        w.shard.unwrap_or(0)
+                    ),
+                );
+                return FrameResult::Continue;
+            }
+            (None, Some(p)) => WatchFilter::Prefix(p),
+            _ => {
+                self.push_error(
+                    ErrorCode::InvalidRequest,
+                    "a cache watch names exactly one of key and prefix".into(),
+                );
+                return FrameResult::Continue;
+            }
+        };
+        let retained = w.retained == Some(true);
+        let start = match (retained, w.from_offset) {
+            (true, Some(_)) => {
+                self.push_error(
+                    ErrorCode::InvalidRequest,
+                    "retained and from_offset together would deliver every value twice".into(),
+                );
+                return FrameResult::Continue;
+            }
+            (true, None) => WatchStart::Retained,
+            (false, Some(n)) => WatchStart::From(n),
+            (false, None) => WatchStart::Live,
+        };
+        if cx.conn.subscriptions >= cx.core.limits.max_subscriptions_per_connection {
+            self.push_error(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "too many subscriptions on one connection (max_subscriptions_per_connection {})",
+                    cx.core.limits.max_subscriptions_per_connection
+                ),
+            );
+            return FrameResult::Continue;
+        }
+        let unix = cx.core.unix_micros(cx.now);
+        let owner = cx.ch.0 as u64;
+        match cx
+            .core
+            .broker
+            .cache_watch(cx.now, unix, &key, filter, start, owner)
+        {
+            Ok(started) => {
+                let subscription_id = match w.subscription_id {
+                    Some(id) => id,
+                    None => cx.core.next_subscription_id(),
+                };
+                cx.core.stats.subscriptions += 1;
+                self.push_message(&Message::CacheWatchStarted(CacheWatchStarted {
+                    subscription_id,
+                    resume_offset: started.resume_offset,
+                    resnapshot: started.resnapshot.then_some(true),
+                    retained_count: started.retained_count,
+                }));
+                cx.conn.subscriptions += 1;
+                cx.conn.new_subscriptions.push(NewSubscription {
+                    subscriber: started.id,
+                    hello: encode_message(&Message::EventStreamHello(EventStreamHello {
+                        subscription_id,
+                    })),
+                });
+            }
+            Err(SubscribeError::Broker(e)) if self.stalls(&e) => {}
+            Err(SubscribeError::Broker(e)) => self.push_broker_error(e),
+            Err(SubscribeError::Cursor {
+                reason,
+                requested,
+                available,
+            }) => {
+                let reason = match reason {
+                    crate::broker::CursorReason::TooOld => message::CursorErrorReason::TooOld,
+                    crate::broker::CursorReason::InFuture => message::CursorErrorReason::InFuture,
+                };
+                self.push_message(&Message::SubscribeCursorError(
+                    message::SubscribeCursorError {
+                        reason,
+                        requested,
+                        available,
+                    },
+                ));
+            }
+        }
+        FrameResult::Continue
+    }
+
+    /// `counter_add`: answered `counter_value` with the sum including the delta, once the
+    /// add is durable.
+    pub(super) fn on_counter_add(
+        &mut self,
+        a: message::CounterAdd,
+        cx: &mut SessionCx<'_>,
+    ) -> FrameResult {
+        if !cx.core.capabilities.features.contains(Features::COUNTERS) {
+            return self.on_unsupported(&Message::CounterAdd(a), cx);
+        }
+        cx.core.stats.cache_requests += 1;
+        let Some(key) = self.cache_scope(&a.tenant_id, &a.namespace, &a.cache, Action::CacheWrite)
+        else {
+            return FrameResult::Continue;
+        };
+        let unix = cx.core.unix_micros(cx.now);
+        match cx
+            .core
+            .broker
+            .counter_add(cx.now, unix, &key, &a.key, a.delta)
+        {
+            Ok((log, end, sum)) => {
+                let answer = encode_message(&Message::CounterValue(CounterValue {
+                    value: Some(sum),
+                    request_id: a.request_id,
+                }));
+                self.push_after_durable(cx, log, end, answer, FailAnswer::Error);
+            }
+            Err(e) if self.stalls(&e) => {}
+            Err(e) => self.push_broker_error(e),
+        }
+        FrameResult::Continue
+    }
+
+    /// `counter_get`: the durable sum, absent for a counter never written.
+    pub(super) fn on_counter_get(
+        &mut self,
+        g: message::CounterGet,
+        cx: &mut SessionCx<'_>,
+    ) -> FrameResult {
+        if !cx.core.capabilities.features.contains(Features::COUNTERS) {
+            return self.on_unsupported(&Message::CounterGet(g), cx);
+        }
+        cx.core.stats.cache_requests += 1;
+        let Some(key) = self.cache_scope(&g.tenant_id, &g.namespace, &g.cache, Action::CacheRead)
+        else {
+            return FrameResult::Continue;
+        };
+        match cx.core.broker.counter_get(cx.now, &key, &g.key) {
+            Ok(value) => self.push_message(&Message::CounterValue(CounterValue {
+                value,
+                request_id: g.request_id,
+            })),
+            Err(e) if self.stalls(&e) => {}
+            Err(e) => self.push_broker_error(e),
+        }
+        FrameResult::Continue
+    }
+
+    /// The version for a get's `cache_value`: only to a client that offered
+    /// FEATURE_CACHE_CONDITIONAL (anyone else gets the frame it always got). Read in the
+    /// same step as the get, so it names the value the get returns.
+    pub(super) fn value_version(
+        &self,
+        cx: &mut SessionCx<'_>,
+        key: &CacheKey,
+        k: &str,
+    ) -> Option<u64> {
+        if !self
+            .negotiated()
+            .features
+            .contains(Features::CACHE_CONDITIONAL)
+        {
+            return None;
+        }
+        let unix = cx.core.unix_micros(cx.now);
+        cx.core.broker.cache_version(cx.now, unix, key, k)
+    }
+
+    /// `cache_put_if`: answered `cache_condition_result`, once durable on a durable cache.
+    pub(super) fn on_cache_put_if(
+        &mut self,
+        p: message::CachePutIf,
+        cx: &mut SessionCx<'_>,
+    ) -> FrameResult {
+        if !cx
+            .core
+            .capabilities
+            .features
+            .contains(Features::CACHE_CONDITIONAL)
+        {
+            return self.on_unsupported(&Message::CachePutIf(p), cx);
+        }
+        cx.core.stats.cache_requests += 1;
+        let Some(key) = self.cache_scope(&p.tenant_id, &p.namespace, &p.cache, Action::CacheWrite)
+        else {
+            return FrameResult::Continue;
+        };
+        let condition = match p.condition {
+            message::CacheCondition::Absent => Condition::Absent,
+            message::CacheCondition::Version(v) => Condition::Version(v),
+        };
+        let unix = cx.core.unix_micros(cx.now);
+        let result = cx
+            .core
+            .broker
+            .cache_put_if(cx.now, unix, &key, &p.key, p.value, p.ttl_ms, condition);
+        self.answer_conditional(cx, result, p.request_id);
+        FrameResult::Continue
+    }
+
+    /// `cache_delete_if`: answered `cache_condition_result`.
+    pub(super) fn on_cache_delete_if(
+        &mut self,
+        d: message::CacheDeleteIf,
+        cx: &mut SessionCx<'_>,
+    ) -> FrameResult {
+        if !cx
+            .core
+            .capabilities
+            .features
+            .contains(Features::CACHE_CONDITIONAL)
+        {
+            return self.on_unsupported(&Message::CacheDeleteIf(d), cx);
+        }
+        cx.core.stats.cache_requests += 1;
+        let Some(key) = self.cache_scope(&d.tenant_id, &d.namespace, &d.cache, Action::CacheWrite)
+        else {
+            return FrameResult::Continue;
+        };
+        let unix = cx.core.unix_micros(cx.now);
+        let result = cx
+            .core
+            .broker
+            .cache_delete_if(cx.now, unix, &key, &d.key, d.version);
+        self.answer_conditional(cx, result, d.request_id);
+        FrameResult::Continue
+    }
+
+    fn answer_conditional(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        result: Result<crate::broker::Conditional, crate::broker::BrokerError>,
+        request_id: u64,
+    ) {
+        match result {
+            Ok(c) => {
+                let frame = encode_message(&Message::CacheConditionResult(CacheConditionResult {
+                    applied: c.applied,
+                    version: c.version,
+                    request_id,
+                }));
+                match c.durable_at {
+                    Some((log, end)) => self.held_until(cx, log, end, frame),
+                    None => self.push_frame(frame),
+                }
+            }
+            Err(e) if self.stalls(&e) => {}
+            Err(e) => self.push_broker_error(e),
+        }
+    }
+
+    fn held_until(&mut self, cx: &mut SessionCx<'_>, log: LogId, end: u64, frame: bytes::Bytes) {
+        self.push_after_durable(cx, log, end, frame, FailAnswer::Error);
+    }
+}

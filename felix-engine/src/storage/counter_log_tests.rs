@@ -1,0 +1,169 @@
+//! CounterLog against memfs: sums visible once durable, rebuilt after a power loss, kept by
+//! compaction, and overflow refused.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use super::*;
+use crate::storage::log::FsyncMode;
+use crate::storage::memfs::{Crash, MemFs};
+
+const DIR: &str = "counters/t/ns/c/0";
+
+struct Rig {
+    fs: MemFs,
+    counters: CounterLog,
+    cfg: LogConfig,
+    t0: Instant,
+    queue: VecDeque<FileOp>,
+    durable: u64,
+    compacted: usize,
+    failed: Option<StorageError>,
+}
+
+fn cfg(segment_max_bytes: u64) -> LogConfig {
+    LogConfig {
+        fsync: FsyncMode::OnCommit,
+        segment_max_bytes,
+        ..LogConfig::default()
+    }
+}
+
+impl Rig {
+    fn on(fs: MemFs, cfg: LogConfig) -> Rig {
+        let t0 = Instant::now();
+        let counters = CounterLog::open(LogId(3), DIR.into(), cfg.clone(), t0);
+        let mut rig = Rig {
+            fs,
+            counters,
+            cfg,
+            t0,
+            queue: VecDeque::new(),
+            durable: 0,
+            compacted: 0,
+            failed: None,
+        };
+        rig.pump();
+        rig
+    }
+
+    fn collect(&mut self) {
+        while let Some(op) = self.counters.poll_op() {
+            self.queue.push_back(op);
+        }
+        while let Some(e) = self.counters.poll_event() {
+            match e {
+                CacheEvent::Durable { up_to } => self.durable = up_to,
+                CacheEvent::Compacted { .. } => self.compacted += 1,
+                CacheEvent::CompactionFailed(e) | CacheEvent::Failed(e) => self.failed = Some(e),
+                _ => {}
+            }
+        }
+    }
+
+    fn pump(&mut self) {
+        for _ in 0..100_000 {
+            self.collect();
+            let Some(op) = self.queue.pop_front() else {
+                return;
+            };
+            if let Some(c) = self.fs.execute(op) {
+                self.counters.handle_completion(c);
+            }
+        }
+        panic!("the counters did not settle");
+    }
+
+    fn add(&mut self, key: &str, delta: i64) -> i64 {
+        let (_, sum) = self
+            .counters
+            .add(self.t0, 1_000_000, key.as_bytes(), delta)
+            .expect("add");
+        sum
+    }
+
+    fn reopen(self, crash: Crash) -> Rig {
+        let Rig { mut fs, cfg, .. } = self;
+        fs.crash(crash);
+        Rig::on(fs, cfg)
+    }
+}
+
+#[test]
+fn records_round_trip_and_refuse_nonsense() {
+    let r = CounterRecord {
+        key: Bytes::from_static(b"hits"),
+        delta: -3,
+        sum: i64::MIN,
+    };
+    assert_eq!(CounterRecord::decode(&r.encode()), Ok(r.clone()));
+    let mut bad = r.encode().to_vec();
+    bad[0] = 9;
+    assert!(CounterRecord::decode(&Bytes::from(bad)).is_err());
+    let mut short_key = r.encode().to_vec();
+    short_key.pop();
+    assert!(CounterRecord::decode(&Bytes::from(short_key)).is_err());
+}
+
+#[test]
+fn an_add_answers_the_sum_including_it_and_gets_see_it_once_durable() {
+    let mut rig = Rig::on(MemFs::new(), cfg(1 << 20));
+    assert_eq!(rig.counters.get(b"a"), None, "never written is not zero");
+    assert_eq!(rig.add("a", 5), 5);
+    // Accepted, not durable yet: a get sees the durable sum, a second add counts both.
+    assert_eq!(rig.counters.get(b"a"), None);
+    assert_eq!(rig.add("a", -7), -2);
+    rig.pump();
+    assert_eq!(rig.durable, 2);
+    assert_eq!(rig.counters.get(b"a"), Some(-2));
+    assert_eq!(rig.add("zero", 0), 0);
+    rig.pump();
+    assert_eq!(rig.counters.get(b"zero"), Some(0));
+}
+
+#[test]
+fn overflow_is_refused_and_writes_nothing() {
+    let mut rig = Rig::on(MemFs::new(), cfg(1 << 20));
+    assert_eq!(rig.add("big", i64::MAX), i64::MAX);
+    let next = rig.counters.log().next_offset();
+    assert_eq!(
+        rig.counters.add(rig.t0, 0, b"big", 1),
+        Err(AddError::Overflow { sum: i64::MAX })
+    );
+    assert_eq!(rig.counters.log().next_offset(), next);
+    assert_eq!(rig.add("big", -1), i64::MAX - 1);
+}
+
+#[test]
+fn sums_survive_a_power_loss_and_compaction() {
+    let mut rig = Rig::on(MemFs::new(), cfg(600));
+    for i in 0..200 {
+        rig.add(&format!("k{}", i % 5), i);
+        rig.pump();
+    }
+    let expect: Vec<Option<i64>> = (0..5)
+        .map(|k| Some((0..200).filter(|i| i % 5 == k).sum()))
+        .collect();
+    let sums = |rig: &Rig| -> Vec<Option<i64>> {
+        (0..5)
+            .map(|k| rig.counters.get(format!("k{k}").as_bytes()))
+            .collect()
+    };
+    assert_eq!(sums(&rig), expect);
+    let bytes_before = rig.counters.log().total_bytes();
+    assert!(rig.counters.compact());
+    rig.pump();
+    assert!(rig.failed.is_none(), "{:?}", rig.failed);
+    assert_eq!(rig.compacted, 1);
+    assert!(rig.counters.log().total_bytes() < bytes_before / 3);
+    assert_eq!(sums(&rig), expect);
+
+    let mut rig = rig.reopen(Crash::Power);
+    assert!(rig.failed.is_none(), "{:?}", rig.failed);
+    assert_eq!(
+        sums(&rig),
+        expect,
+        "the newest record of each key is its sum"
+    );
+    assert_eq!(rig.add("k0", 1), expect[0].unwrap() + 1);
+}
