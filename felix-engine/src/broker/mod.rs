@@ -16,6 +16,7 @@
 mod cache;
 pub(crate) mod durable;
 mod encode;
+pub(crate) mod groups;
 #[cfg(test)]
 mod tests;
 
@@ -437,6 +438,8 @@ pub(crate) struct Broker {
     /// `now` of the last flush: when log events are left over, the next turn is due then.
     last_flush: Option<Instant>,
     event_budget: EventBudget,
+    /// Consumer groups (durable shards only).
+    groups: groups::Groups,
 }
 
 impl Broker {
@@ -475,6 +478,7 @@ impl Broker {
                 max: cfg_max_owner,
                 by_owner: HashMap::new(),
             },
+            groups: groups::Groups::default(),
         }
     }
 
@@ -487,6 +491,7 @@ impl Broker {
         anchor: (Instant, u64),
     ) -> Broker {
         let mut b = Broker::new(cfg);
+        b.groups = groups::Groups::new(settings.groups.clone());
         b.logs = Some(Logs::new(settings, anchor));
         b
     }
@@ -778,6 +783,7 @@ impl Broker {
     pub(crate) fn flush(&mut self, now: Instant) {
         self.last_flush = Some(now);
         self.process_logs(now);
+        self.serve_woken_groups(now);
         let mut fan = FanOut {
             subscribers: &mut self.subscribers,
             ready: &mut self.ready,
@@ -898,10 +904,15 @@ impl Broker {
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let leftover = self.has_storage_work().then_some(self.last_flush).flatten();
         let logs = self.logs.as_ref().and_then(Logs::poll_timeout);
-        [self.cache.poll_timeout(), logs, leftover]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.cache.poll_timeout(),
+            logs,
+            leftover,
+            self.groups_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Runs what is due: a bounded cache sweep and the logs' timers. `unix_micros` is `now`
@@ -912,6 +923,9 @@ impl Broker {
         }
         if let Some(logs) = self.logs.as_mut() {
             logs.handle_timeout(now, unix_micros);
+        }
+        if self.groups_timeout().is_some_and(|at| at <= now) {
+            self.groups_handle_timeout(now);
         }
     }
 

@@ -11,12 +11,14 @@
 //! - `record`: segment header, entry encoding with CRC32C, the entry scanner;
 //! - `segment`: one segment's offsets, byte counts and sparse index;
 //! - `log`: [`log::ShardLog`], recovery, appends, group commit, reads, retention, compaction;
-//! - `cache_log`: [`cache_log::CacheLog`], a key → offset index over a log, with TTL.
+//! - `cache_log`: [`cache_log::CacheLog`], a key → offset index over a log, with TTL;
+//! - `group_log`: [`group_log::GroupLog`], a shard's consumer-group cursors and dead letters.
 
 // The engine does not drive storage yet (issue 4 wires it); until then nothing calls in.
 #![allow(dead_code)]
 
 pub(crate) mod cache_log;
+pub(crate) mod group_log;
 pub(crate) mod layout;
 pub(crate) mod log;
 pub(crate) mod ops;
