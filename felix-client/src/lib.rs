@@ -36,6 +36,8 @@ mod runtime;
 mod transport;
 
 #[cfg(feature = "front-end")]
+pub use crate::client::groups::{GroupInfo, GroupRecord, PollOptions};
+#[cfg(feature = "front-end")]
 pub use crate::client::{Client, ClientConfig, RawStream, Subscription, SubscriptionItem};
 pub use crate::core::{Ack, Event, Offer, Start, SubscriptionEnd};
 pub use crate::error::ClientError;

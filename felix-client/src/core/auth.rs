@@ -30,7 +30,14 @@ impl Offer {
                 | Features::STREAM_PUBLISH_WINDOW
                 | Features::SUBSCRIPTION_LAGGED
                 | Features::SHARD_MOVED
-                | Features::STREAM_DELETED,
+                | Features::STREAM_DELETED
+                | Features::CONSUMER_GROUP
+                | Features::GROUP_DEAD_LETTERS
+                | Features::GROUP_CONSUMER
+                | Features::GROUP_SKIPPED
+                | Features::GROUP_PUBLISHER
+                | Features::GROUP_CLAIM_CONTROL
+                | Features::GROUP_ADMIN,
         }
     }
 
