@@ -16,7 +16,7 @@ use crate::core::Start;
 use crate::error::ClientError;
 
 /// Idle group streams a client keeps for reuse.
-const POOL_MAX: usize = 16;
+const POOL_MAX: usize = 64;
 
 /// One record a poll handed out.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -894,4 +894,111 @@ mod tests {
             vec![5, 6]
         );
     }
+
+    /// A seeded random workload of several consumers over the rules: no record is handed to
+    /// a second consumer while a claim on it stands, and after a final drain every record
+    /// is finished (acknowledged or dead-lettered) and the cursor is at the tail.
+    #[test]
+    fn random_workloads_lose_nothing_and_never_double_claim() {
+        for seed in 1..=40u64 {
+            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let mut next = move |n: u64| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng % n.max(1)
+            };
+            let start = Instant::now();
+            let mut now = start;
+            let mut g = fresh();
+            let mut w = Vec::new();
+            let mut tail = 0u64;
+            // offset -> (consumer, attempts, until) for every claim a consumer was given.
+            let mut claims: BTreeMap<u64, (u64, u32, Instant)> = BTreeMap::new();
+            let mut acked: BTreeSet<u64> = BTreeSet::new();
+            let bounds = Bounds {
+                max_in_flight: 16,
+                max_attempts: 3,
+            };
+            for _ in 0..400 {
+                match next(8) {
+                    0 => tail += 1 + next(4),
+                    1 | 2 => {
+                        let conn = 1 + next(3);
+                        let t = Take {
+                            visibility: Duration::from_millis(50 + next(200)),
+                            ..take(conn, 1 + next(5) as usize)
+                        };
+                        for h in g.take(now, &t, view(tail), bounds, &mut w) {
+                            if let Some(&(holder, _, until)) = claims.get(&h.offset) {
+                                assert!(
+                                    until <= now || holder == conn,
+                                    "seed {seed}: {} handed to {conn} while {holder} holds it",
+                                    h.offset
+                                );
+                            }
+                            assert!(
+                                !acked.contains(&h.offset),
+                                "seed {seed}: finished record handed out"
+                            );
+                            claims.insert(h.offset, (conn, h.attempts, now + t.visibility));
+                        }
+                    }
+                    3 | 4 => {
+                        // A consumer acks one of its standing claims.
+                        let standing: Vec<u64> = claims
+                            .iter()
+                            .filter(|(_, &(_, _, until))| until > now)
+                            .map(|(&o, _)| o)
+                            .collect();
+                        if let Some(&off) = standing.get(next(standing.len() as u64 + 1) as usize) {
+                            g.ack(off, tail, &mut w).unwrap();
+                            claims.remove(&off);
+                            assert!(acked.insert(off), "seed {seed}: {off} acked twice");
+                        }
+                    }
+                    5 => {
+                        let standing: Vec<(u64, u32)> = claims
+                            .iter()
+                            .filter(|(_, &(_, _, until))| until > now)
+                            .map(|(&o, &(_, a, _))| (o, a))
+                            .collect();
+                        if let Some(&(off, a)) =
+                            standing.get(next(standing.len() as u64 + 1) as usize)
+                        {
+                            g.nack(now, off, None, Some(a), tail).unwrap();
+                            claims.remove(&off);
+                        }
+                    }
+                    6 => now += Duration::from_millis(next(150)),
+                    _ => {
+                        let dead = g.dead_letters();
+                        if let Some(&off) = dead.get(next(dead.len() as u64 + 1) as usize) {
+                            g.redrive(off, &mut w).unwrap();
+                        }
+                    }
+                }
+            }
+            // Drain: one patient consumer takes and acks everything that is left.
+            for _ in 0..200 {
+                now += Duration::from_secs(1);
+                let got = g.take(now, &take(9, 1000), view(tail), bounds, &mut w);
+                if got.is_empty() && g.owed() == 0 && g.in_flight() == 0 {
+                    break;
+                }
+                for h in got {
+                    g.ack(h.offset, tail, &mut w).unwrap();
+                    acked.insert(h.offset);
+                }
+            }
+            let dead: BTreeSet<u64> = g.dead_letters().into_iter().collect();
+            for off in 0..tail {
+                assert!(
+                    acked.contains(&off) ^ dead.contains(&off),
+                    "seed {seed}: offset {off} is neither acked nor a dead letter (or both)"
+                );
+            }
+            assert_eq!(g.cursor(), tail, "seed {seed}");
+        }
+    }
 }
