@@ -20,6 +20,8 @@ use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
 
 use crate::runtime::{timeout, Runtime};
 
+pub(crate) mod groups;
+
 use crate::core::{
     auth_frame, read_auth_reply, read_subscribe_reply, subscribe_frame, Ack, Answer, Capabilities,
     Encoded, Event, EventFrame, EventStreamReader, Offer, RequestKind, RequestStream, Start,
@@ -122,6 +124,8 @@ struct Inner {
     /// One window for every stream when the broker's window is per connection.
     connection_window: Option<Arc<Semaphore>>,
     events: Arc<EventRouter>,
+    /// Idle streams for consumer-group calls.
+    group_streams: groups::GroupStreams,
 }
 
 impl Drop for Inner {
@@ -220,6 +224,7 @@ impl Client {
                 request_streams,
                 next_request_stream: AtomicUsize::new(0),
                 publish_streams: Mutex::new(HashMap::new()),
+                group_streams: groups::GroupStreams::default(),
                 connection_window,
                 events,
             }),

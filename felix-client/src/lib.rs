@@ -39,7 +39,11 @@ mod transport;
 
 #[cfg(feature = "front-end")]
 pub use crate::client::cache_features::{Condition, ConditionResult};
+#[cfg(feature = "front-end")]
+pub use crate::client::groups::{GroupInfo, GroupRecord, PollOptions};
+#[cfg(feature = "front-end")]
 pub use crate::client::watch::{CacheChange, CacheWatch, CacheWatchItem, WatchFilter, WatchStart};
+#[cfg(feature = "front-end")]
 pub use crate::client::{Client, ClientConfig, RawStream, Subscription, SubscriptionItem};
 pub use crate::core::{Ack, Event, Offer, Start, SubscriptionEnd};
 pub use crate::error::ClientError;

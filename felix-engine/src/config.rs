@@ -160,6 +160,8 @@ pub struct DurableConfig {
     pub max_inflight_file_ops: usize,
     /// See [`DEFAULT_TAIL_CACHE_BYTES`].
     pub tail_cache_bytes: usize,
+    /// Consumer groups over the durable shards.
+    pub groups: crate::GroupConfig,
 }
 
 impl Default for DurableConfig {
@@ -173,6 +175,7 @@ impl Default for DurableConfig {
             segment_max_bytes: DEFAULT_SEGMENT_MAX_BYTES,
             max_inflight_file_ops: DEFAULT_MAX_INFLIGHT_FILE_OPS,
             tail_cache_bytes: DEFAULT_TAIL_CACHE_BYTES,
+            groups: crate::GroupConfig::default(),
         }
     }
 }

@@ -34,6 +34,8 @@ pub(crate) struct ConnShared {
     pub(crate) subscriptions: usize,
     /// Subscriptions granted during this turn whose event stream is not open yet.
     pub(crate) new_subscriptions: Vec<NewSubscription>,
+    /// This connection's number for consumer-group reclaims (newer is larger), once it polls.
+    pub(crate) group_serial: Option<u64>,
 }
 
 /// A subscription's event stream.
@@ -89,6 +91,7 @@ impl Conn {
                 last_activity: now,
                 subscriptions: 0,
                 new_subscriptions: Vec::new(),
+                group_serial: None,
             },
             sessions: BTreeMap::new(),
             events: BTreeMap::new(),
@@ -411,6 +414,22 @@ impl Conn {
         if let Some(session) = self.sessions.get_mut(&id) {
             let before = session.unwritten_bytes(value_reserve);
             session.fill_value(log, ticket, value);
+            self.unwritten_bytes =
+                self.unwritten_bytes + session.unwritten_bytes(value_reserve) - before;
+        }
+    }
+
+    /// A group poll a held answer on `id` waited for is answered.
+    pub(crate) fn fill_group(
+        &mut self,
+        id: StreamId,
+        waiter: u64,
+        result: Result<Vec<crate::broker::groups::PolledRecord>, crate::broker::BrokerError>,
+        value_reserve: usize,
+    ) {
+        if let Some(session) = self.sessions.get_mut(&id) {
+            let before = session.unwritten_bytes(value_reserve);
+            session.fill_group(waiter, result);
             self.unwritten_bytes =
                 self.unwritten_bytes + session.unwritten_bytes(value_reserve) - before;
         }

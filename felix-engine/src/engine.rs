@@ -263,6 +263,8 @@ pub(crate) struct Core {
     stalled: HashMap<LogId, Vec<(ConnectionHandle, StreamId)>>,
     /// Session streams holding a `cache_value` until a log read answers.
     value_waiters: HashMap<(LogId, ReadTicket), (ConnectionHandle, StreamId)>,
+    /// Session streams holding a `group_records` until the broker answers the poll.
+    group_waiters: HashMap<u64, (ConnectionHandle, StreamId)>,
     next_subscription_id: u64,
     pub(crate) stats: Stats,
     /// Bytes of partly received frames over every connection (see `Conn::sync_buffered`).
@@ -325,6 +327,11 @@ impl Core {
         self.value_waiters.insert((log, ticket), (ch, stream));
     }
 
+    /// Remembers that the session on `stream` holds a `group_records` for poll `waiter`.
+    pub(crate) fn wait_group(&mut self, waiter: u64, ch: ConnectionHandle, stream: StreamId) {
+        self.group_waiters.insert(waiter, (ch, stream));
+    }
+
     /// Remembers that the session on `stream` stopped at a request for a log still opening.
     pub(crate) fn wait_opened(&mut self, log: LogId, ch: ConnectionHandle, stream: StreamId) {
         self.stalled.entry(log).or_default().push((ch, stream));
@@ -349,6 +356,7 @@ fn durable_settings(d: &DurableConfig) -> DurableSettings {
             ..LogConfig::default()
         },
         ack_after_write: d.ack_on_commit || d.fsync == FsyncPolicy::OnCommit,
+        groups: d.groups.clone(),
     }
 }
 
@@ -571,7 +579,8 @@ impl Engine {
                         .union(DURABLE_FEATURES)
                         .union(Features::ACK_ON_COMMIT)
                         .union(Features::SUBSCRIPTION_LAGGED)
-                        .union(DURABLE_CACHE_FEATURES),
+                        .union(DURABLE_CACHE_FEATURES)
+                        .union(crate::broker::groups::GROUP_FEATURES),
                     publish_window: config.publish_window,
                 },
             ),
@@ -604,6 +613,7 @@ impl Engine {
             waiters: HashMap::new(),
             stalled: HashMap::new(),
             value_waiters: HashMap::new(),
+            group_waiters: HashMap::new(),
             next_subscription_id: 0,
             stats: Stats::default(),
             buffered_bytes: 0,
@@ -1036,6 +1046,15 @@ impl Engine {
                     self.resume_stalled(now, log);
                 }
                 Notice::Opened { log } => self.resume_stalled(now, log),
+                Notice::GroupRecords { waiter, result } => {
+                    if let Some((ch, stream)) = self.core.group_waiters.remove(&waiter) {
+                        if let Some(conn) = self.conns.get_mut(&ch) {
+                            let reserve = self.core.limits.value_reserve;
+                            conn.fill_group(stream, waiter, result, reserve);
+                        }
+                        self.release_answers(now, vec![(ch, stream)]);
+                    }
+                }
             }
         }
     }

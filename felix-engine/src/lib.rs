@@ -25,6 +25,7 @@ mod session;
 pub(crate) mod storage;
 mod tls;
 
+pub use broker::groups::GroupConfig;
 pub use config::*;
 pub use engine::{
     Datagram, EcnCodepoint, Engine, EngineError, Output, Stats, Transmit, Usage, SERVED_FEATURES,

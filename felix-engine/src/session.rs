@@ -42,6 +42,7 @@ use crate::storage::ops::LogId;
 
 mod stream_ops;
 mod cache_features;
+mod groups;
 
 /// A subscription granted on this stream, whose event stream the connection opens.
 pub(crate) struct NewSubscription {
@@ -90,6 +91,8 @@ enum Held {
         fail: FailAnswer,
     },
     Value(Box<HeldValue>),
+    /// A `group_records` waiting for its poll's answer.
+    Group(Box<groups::HeldGroup>),
 }
 
 /// A held `cache_value`: the value comes from a log read, and a delete's answer also
@@ -187,6 +190,10 @@ impl Session {
                     Some(_) => 256 + v.answer.key.len(),
                     None => value_reserve,
                 },
+                Held::Group(g) => match &g.result {
+                    Some(Ok(records)) => records.iter().map(|r| r.payload.len() / 3 * 4 + 96).sum(),
+                    _ => 256,
+                },
             })
             .sum();
         queued + held
@@ -254,6 +261,15 @@ impl Session {
                     } else {
                         break;
                     }
+                }
+                Held::Group(g) => {
+                    if g.result.is_none() {
+                        break;
+                    }
+                    let Some(Held::Group(g)) = self.held.pop_front() else {
+                        unreachable!("front is a group answer");
+                    };
+                    self.group_records_frame(*g)
                 }
                 Held::Value(v) => {
                     let durable = v
@@ -532,6 +548,17 @@ impl Session {
                     request_id: c.request_id,
                 }));
             }
+            m @ (Message::GroupPoll(_)
+            | Message::GroupAck(_)
+            | Message::GroupNack(_)
+            | Message::GroupExtend(_)
+            | Message::GroupDeadLetter(_)
+            | Message::GroupDeadLetters(_)
+            | Message::GroupDiscard(_)
+            | Message::GroupRedrive(_)
+            | Message::GroupSeek(_)
+            | Message::GroupDescribe(_)
+            | Message::GroupDelete(_)) => self.on_group(m, cx),
             Message::ShardOwners(o) => {
                 let shards = match o.kind {
                     ShardKind::Stream => self.stream_width(

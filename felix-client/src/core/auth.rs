@@ -34,7 +34,14 @@ impl Offer {
                 | Features::CACHE_WATCH
                 | Features::CACHE_WATCH_RETAINED
                 | Features::COUNTERS
-                | Features::CACHE_CONDITIONAL,
+                | Features::CACHE_CONDITIONAL
+                | Features::CONSUMER_GROUP
+                | Features::GROUP_DEAD_LETTERS
+                | Features::GROUP_CONSUMER
+                | Features::GROUP_SKIPPED
+                | Features::GROUP_PUBLISHER
+                | Features::GROUP_CLAIM_CONTROL
+                | Features::GROUP_ADMIN,
         }
     }
 

@@ -13,6 +13,7 @@ use bytes::Bytes;
 
 use crate::storage::cache_log::{CacheEvent, CacheLog};
 use crate::storage::counter_log::CounterLog;
+use crate::storage::group_log::GroupLog;
 use crate::storage::layout;
 use crate::storage::log::{LogConfig, ReadTicket, ShardLog};
 use crate::storage::ops::{
@@ -44,6 +45,7 @@ pub(crate) enum Kind {
     Stream,
     Cache,
     Counter,
+    Group,
 }
 
 /// A stream shard's log or a cache's.
@@ -51,6 +53,7 @@ pub(crate) enum AnyLog {
     Stream(ShardLog),
     Cache(CacheLog),
     Counter(CounterLog),
+    Group(GroupLog),
 }
 
 impl AnyLog {
@@ -60,6 +63,7 @@ impl AnyLog {
             AnyLog::Stream(l) => l,
             AnyLog::Cache(c) => c.log(),
             AnyLog::Counter(c) => c.log(),
+            AnyLog::Group(g) => g.log(),
         }
     }
 
@@ -67,14 +71,21 @@ impl AnyLog {
     pub(crate) fn stream_mut(&mut self) -> Option<&mut ShardLog> {
         match self {
             AnyLog::Stream(l) => Some(l),
-            AnyLog::Cache(_) | AnyLog::Counter(_) => None,
+            AnyLog::Cache(_) | AnyLog::Counter(_) | AnyLog::Group(_) => None,
+        }
+    }
+
+    pub(crate) fn group_mut(&mut self) -> Option<&mut GroupLog> {
+        match self {
+            AnyLog::Group(g) => Some(g),
+            _ => None,
         }
     }
 
     pub(crate) fn cache_mut(&mut self) -> Option<&mut CacheLog> {
         match self {
             AnyLog::Cache(c) => Some(c),
-            AnyLog::Stream(_) | AnyLog::Counter(_) => None,
+            AnyLog::Stream(_) | AnyLog::Counter(_) | AnyLog::Group(_) => None,
         }
     }
 
@@ -94,6 +105,7 @@ impl AnyLog {
             AnyLog::Stream(l) => l.poll_op(),
             AnyLog::Cache(c) => c.poll_op(),
             AnyLog::Counter(c) => c.poll_op(),
+            AnyLog::Group(g) => g.poll_op(),
         }
     }
 
@@ -102,6 +114,7 @@ impl AnyLog {
             AnyLog::Stream(l) => l.poll_timeout(),
             AnyLog::Cache(c) => c.poll_timeout(),
             AnyLog::Counter(c) => c.poll_timeout(),
+            AnyLog::Group(g) => g.poll_timeout(),
         }
     }
 
@@ -110,6 +123,7 @@ impl AnyLog {
             AnyLog::Stream(l) => l.handle_completion(c),
             AnyLog::Cache(cl) => cl.handle_completion(c),
             AnyLog::Counter(cl) => cl.handle_completion(c),
+            AnyLog::Group(g) => g.handle_completion(c),
         }
     }
 
@@ -118,6 +132,7 @@ impl AnyLog {
             AnyLog::Stream(l) => l.handle_timeout(now, unix_micros),
             AnyLog::Cache(c) => c.handle_timeout(now, unix_micros),
             AnyLog::Counter(c) => c.handle_timeout(now, unix_micros),
+            AnyLog::Group(g) => g.handle_timeout(now, unix_micros),
         }
     }
 
@@ -126,6 +141,7 @@ impl AnyLog {
             AnyLog::Stream(l) => l.sync_now(),
             AnyLog::Cache(c) => c.sync_now(),
             AnyLog::Counter(c) => c.sync_now(),
+            AnyLog::Group(g) => g.sync_now(),
         }
     }
 
@@ -139,6 +155,7 @@ impl AnyLog {
             AnyLog::Cache(c) => c.poll_event().map(AnyEvent::Cache),
             // A counter log reports the cache events it shares (opened, durable, failed).
             AnyLog::Counter(c) => c.poll_event().map(AnyEvent::Cache),
+            AnyLog::Group(g) => g.poll_event().map(AnyEvent::Group),
         }
     }
 }
@@ -147,6 +164,7 @@ impl AnyLog {
 pub(crate) enum AnyEvent {
     Stream(LogEvent),
     Cache(CacheEvent),
+    Group(LogEvent),
 }
 
 /// How the broker runs its durable shards.
@@ -156,6 +174,8 @@ pub(crate) struct DurableSettings {
     /// Every acknowledged publish is answered once durable, with its offset, whatever the
     /// client offered (`FELIX_ACK_ON_COMMIT`, or the `on_commit` fsync mode).
     pub(crate) ack_after_write: bool,
+    /// Consumer-group limits.
+    pub(crate) groups: super::groups::GroupConfig,
 }
 
 /// Where a log is in its life.
@@ -178,6 +198,8 @@ pub(crate) enum Owner {
     Cache,
     /// A cache's counters.
     Counter,
+    /// The consumer groups of shard `shard` of stream number `stream`.
+    Groups { stream: usize, shard: u32 },
 }
 
 /// What the engine learns from the logs: when to release answers held for durability, when
@@ -196,6 +218,11 @@ pub(crate) enum Notice {
     Opened { log: LogId },
     /// The log stopped; answers waiting on it are failures.
     Failed { log: LogId },
+    /// A group poll's answer, for the session holding `waiter`.
+    GroupRecords {
+        waiter: u64,
+        result: Result<Vec<super::groups::PolledRecord>, super::BrokerError>,
+    },
 }
 
 pub(crate) struct LogSlot {
@@ -307,6 +334,7 @@ impl Logs {
         let kind = match owner {
             Owner::Cache => Kind::Cache,
             Owner::Counter => Kind::Counter,
+            Owner::Groups { .. } => Kind::Group,
             _ => Kind::Stream,
         };
         self.open(dir, kind, owner, now, false)
@@ -346,6 +374,15 @@ impl Logs {
                     ..self.settings.log.clone()
                 };
                 AnyLog::Counter(CounterLog::open(id, dir.clone(), cfg, now))
+            }
+            // Group records are few and small; retention would forget cursors.
+            Kind::Group => {
+                let cfg = LogConfig {
+                    retention_bytes: None,
+                    retention_age: None,
+                    ..self.settings.log.clone()
+                };
+                AnyLog::Group(GroupLog::open(id, dir.clone(), cfg, now))
             }
         };
         self.slots.push(Some(LogSlot {
@@ -685,6 +722,7 @@ impl Broker {
         let ev = match ev {
             AnyEvent::Stream(ev) => ev,
             AnyEvent::Cache(ev) => return self.on_cache_event(now, id, ev),
+            AnyEvent::Group(ev) => return self.on_group_log_event(now, id, ev),
         };
         let logs = self.logs.as_mut().expect("called with logs");
         match ev {
@@ -733,12 +771,15 @@ impl Broker {
                     .slot_mut(id)
                     .map(|s| std::mem::take(&mut s.blocked_readers))
                     .unwrap_or_default();
-                if let (Some(reader), Some(result)) = (reader, result) {
-                    self.on_catch_up_read(reader, result);
+                match (reader, result) {
+                    (Some(reader), Some(result)) => self.on_catch_up_read(reader, result),
+                    (None, Some(result)) => self.on_group_read(id, ticket, result),
+                    (_, None) => {}
                 }
                 for b in blocked {
                     self.advance_catch_up(b);
                 }
+                self.retry_group_reads(id);
             }
             LogEvent::Trimmed { start_offset } => {
                 tracing::debug!(log = id.0, start_offset, "retention removed old segments");
@@ -827,6 +868,8 @@ impl Broker {
             sh.dirty = true;
             self.dirty.push((stream, shard));
         }
+        // Consumer groups waiting on this shard have new work.
+        self.wake_group_polls(stream, shard);
     }
 
     /// Moves a catch-up along: joins live delivery once it has reached the shard's released

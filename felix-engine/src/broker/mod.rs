@@ -23,6 +23,7 @@ mod producers;
 mod reads;
 #[cfg(test)]
 mod stream_ops_tests;
+pub(crate) mod groups;
 #[cfg(test)]
 mod tests;
 mod watch;
@@ -466,6 +467,8 @@ pub(crate) struct Broker {
     producer_ids: u64,
     /// Cache watches (`watch.rs`); they share subscriber ids and the ready queue.
     watches: watch::Watches,
+    /// Consumer groups (durable shards only).
+    groups: groups::Groups,
 }
 
 impl Broker {
@@ -508,6 +511,7 @@ impl Broker {
             page_reads: reads::PageReads::default(),
             producer_ids: 0,
             watches: watch::Watches::default(),
+            groups: groups::Groups::default(),
         }
     }
 
@@ -520,6 +524,7 @@ impl Broker {
         anchor: (Instant, u64),
     ) -> Broker {
         let mut b = Broker::new(cfg);
+        b.groups = groups::Groups::new(settings.groups.clone());
         b.logs = Some(Logs::new(settings, anchor));
         b
     }
@@ -832,6 +837,7 @@ impl Broker {
     pub(crate) fn flush(&mut self, now: Instant) {
         self.last_flush = Some(now);
         self.process_logs(now);
+        self.serve_woken_groups(now);
         let mut fan = FanOut {
             subscribers: &mut self.subscribers,
             ready: &mut self.ready,
@@ -958,10 +964,15 @@ impl Broker {
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let leftover = self.has_storage_work().then_some(self.last_flush).flatten();
         let logs = self.logs.as_ref().and_then(Logs::poll_timeout);
-        [self.cache.poll_timeout(), logs, leftover]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.cache.poll_timeout(),
+            logs,
+            leftover,
+            self.groups_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Runs what is due: a bounded cache sweep and the logs' timers. `unix_micros` is `now`
@@ -972,6 +983,9 @@ impl Broker {
         }
         if let Some(logs) = self.logs.as_mut() {
             logs.handle_timeout(now, unix_micros);
+        }
+        if self.groups_timeout().is_some_and(|at| at <= now) {
+            self.groups_handle_timeout(now);
         }
     }
 

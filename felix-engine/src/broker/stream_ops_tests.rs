@@ -32,6 +32,7 @@ impl Rig {
                 ..LogConfig::default()
             },
             ack_after_write: true,
+            groups: Default::default(),
         };
         let b = Broker::with_storage(BrokerConfig::default(), settings, (t0, T0_MICROS));
         let mut rig = Rig { b, fs, t0, now: t0 };

@@ -13,12 +13,14 @@
 //! - `log`: [`log::ShardLog`], recovery, appends, group commit, reads, retention, compaction;
 //! - `cache_log`: [`cache_log::CacheLog`], a key → offset index over a log, with TTL;
 //! - `counter_log`: [`counter_log::CounterLog`], a cache's counters as a fold over a log.
+//! - `group_log`: [`group_log::GroupLog`], a shard's consumer-group cursors and dead letters.
 
 // The engine does not drive storage yet (issue 4 wires it); until then nothing calls in.
 #![allow(dead_code)]
 
 pub(crate) mod cache_log;
 pub(crate) mod counter_log;
+pub(crate) mod group_log;
 pub(crate) mod layout;
 pub(crate) mod log;
 pub(crate) mod ops;

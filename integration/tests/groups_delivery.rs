@@ -1,0 +1,268 @@
+//! Consumer groups end to end through our client: poll and ack, nack and redelivery with
+//! attempts counted, dead letters after the attempt bound, redrive and discard, two
+//! groups over one shard, and a waiting poll woken by a publish.
+
+mod durable_support;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use durable_support::*;
+use felix_client::{Ack, Client, PollOptions};
+use felix_integration::unique;
+use felix_runtime_tokio::felix_engine::{DurableConfig, GroupConfig};
+
+const NS: &str = "default";
+
+fn groups_config() -> DurableConfig {
+    DurableConfig {
+        groups: GroupConfig {
+            max_attempts: 3,
+            ..GroupConfig::default()
+        },
+        ..on_commit()
+    }
+}
+
+fn now_poll(max: u64) -> PollOptions {
+    PollOptions {
+        max_records: max,
+        ..PollOptions::default()
+    }
+}
+
+async fn publish(c: &Client, stream: &str, payloads: &[&'static str]) {
+    let payloads = payloads
+        .iter()
+        .map(|p| Bytes::from_static(p.as_bytes()))
+        .collect();
+    c.publish(NS, stream, payloads, None, Ack::PerMessage)
+        .await
+        .expect("publish");
+}
+
+#[tokio::test]
+async fn poll_ack_nack_dead_letter_redrive_and_discard() {
+    let dir = TempDir::new("groups-delivery");
+    let broker = start(dir.path(), groups_config()).await;
+    let c = client(&broker).await;
+    let s = unique("jobs");
+    publish(&c, &s, &["a", "b", "c"]).await;
+
+    let got = c.group_poll(NS, &s, 0, "g", &now_poll(10)).await.unwrap();
+    let seen: Vec<(u64, &[u8], Option<u64>)> = got
+        .iter()
+        .map(|r| (r.offset, &r.payload[..], r.attempts))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (0, &b"a"[..], Some(1)),
+            (1, &b"b"[..], Some(1)),
+            (2, &b"c"[..], Some(1))
+        ]
+    );
+    // Claimed: nobody else gets them.
+    assert!(c
+        .group_poll(NS, &s, 0, "g", &now_poll(10))
+        .await
+        .unwrap()
+        .is_empty());
+
+    c.group_ack(NS, &s, 0, "g", 0).await.unwrap();
+    c.group_ack(NS, &s, 0, "g", 2).await.unwrap();
+    let info = c.group_describe(NS, &s, 0, "g").await.unwrap();
+    assert_eq!(
+        info.committed,
+        Some(1),
+        "the cursor stops at the unsettled 1"
+    );
+    assert_eq!(info.tail, 3);
+
+    // 1 is nacked until it runs out of attempts (3), then dead-lettered.
+    c.group_nack(NS, &s, 0, "g", 1, None, Some(1))
+        .await
+        .unwrap();
+    for attempt in 2..=3 {
+        let again = c.group_poll(NS, &s, 0, "g", &now_poll(10)).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!((again[0].offset, again[0].attempts), (1, Some(attempt)));
+        c.group_nack(NS, &s, 0, "g", 1, None, Some(attempt))
+            .await
+            .unwrap();
+    }
+    assert!(c
+        .group_poll(NS, &s, 0, "g", &now_poll(10))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(c.group_dead_letters(NS, &s, 0, "g").await.unwrap(), vec![1]);
+    let info = c.group_describe(NS, &s, 0, "g").await.unwrap();
+    assert_eq!((info.committed, info.dead_letters), (Some(3), 1));
+
+    // Redrive: delivered again with attempts reset; the cursor does not move back.
+    c.group_redrive(NS, &s, 0, "g", 1).await.unwrap();
+    assert!(c
+        .group_dead_letters(NS, &s, 0, "g")
+        .await
+        .unwrap()
+        .is_empty());
+    let again = c.group_poll(NS, &s, 0, "g", &now_poll(10)).await.unwrap();
+    assert_eq!(
+        again
+            .iter()
+            .map(|r| (r.offset, r.attempts))
+            .collect::<Vec<_>>(),
+        vec![(1, Some(1))]
+    );
+    // Given up on by hand this time, then discarded.
+    c.group_dead_letter(NS, &s, 0, "g", 1).await.unwrap();
+    assert_eq!(c.group_dead_letters(NS, &s, 0, "g").await.unwrap(), vec![1]);
+    c.group_discard(NS, &s, 0, "g", 1).await.unwrap();
+    assert!(c
+        .group_dead_letters(NS, &s, 0, "g")
+        .await
+        .unwrap()
+        .is_empty());
+    let err = c.group_discard(NS, &s, 0, "g", 1).await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&felix_client::ErrorCode::InvalidRequest),
+        "{err}"
+    );
+    // Past the tail was never handed out.
+    let err = c.group_ack(NS, &s, 0, "g", 99).await.unwrap_err();
+    assert_eq!(err.code(), Some(&felix_client::ErrorCode::InvalidRequest));
+    c.close().await;
+    stop(broker).await;
+}
+
+#[tokio::test]
+async fn two_groups_over_one_shard_each_see_every_record() {
+    let dir = TempDir::new("groups-two");
+    let broker = start(dir.path(), groups_config()).await;
+    let c = client(&broker).await;
+    let s = unique("fanout");
+    publish(&c, &s, &["x", "y"]).await;
+    let a = c.group_poll(NS, &s, 0, "a", &now_poll(10)).await.unwrap();
+    for r in &a {
+        c.group_ack(NS, &s, 0, "a", r.offset).await.unwrap();
+    }
+    let b = c.group_poll(NS, &s, 0, "b", &now_poll(10)).await.unwrap();
+    assert_eq!(a.len(), 2);
+    assert_eq!(
+        a.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        b.iter().map(|r| r.offset).collect::<Vec<_>>()
+    );
+    let ia = c.group_describe(NS, &s, 0, "a").await.unwrap();
+    let ib = c.group_describe(NS, &s, 0, "b").await.unwrap();
+    assert_eq!(ia.committed, Some(2));
+    assert_eq!((ib.committed, ib.in_flight), (None, 2));
+    c.close().await;
+    stop(broker).await;
+}
+
+#[tokio::test]
+async fn a_waiting_poll_returns_as_soon_as_a_record_is_published() {
+    let dir = TempDir::new("groups-wait");
+    let broker = start(dir.path(), groups_config()).await;
+    let c = client(&broker).await;
+    let s = unique("wake");
+    // The stream exists and is empty.
+    assert!(c
+        .group_poll(NS, &s, 0, "g", &now_poll(1))
+        .await
+        .unwrap()
+        .is_empty());
+    let poller = {
+        let c = c.clone();
+        let s = s.clone();
+        tokio::spawn(async move {
+            let opts = PollOptions {
+                max_records: 10,
+                wait: Duration::from_secs(10),
+                ..PollOptions::default()
+            };
+            let at = Instant::now();
+            let got = c.group_poll(NS, &s, 0, "g", &opts).await.unwrap();
+            (got, at.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    publish(&c, &s, &["late"]).await;
+    let (got, waited) = tokio::time::timeout(Duration::from_secs(5), poller)
+        .await
+        .expect("the poll answers long before its 10 s wait")
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(&got[0].payload[..], b"late");
+    assert!(
+        waited >= Duration::from_millis(250),
+        "it did wait: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(3),
+        "woken by the publish: {waited:?}"
+    );
+
+    // A wait with nothing to find ends empty after about its length.
+    let at = Instant::now();
+    let opts = PollOptions {
+        max_records: 10,
+        wait: Duration::from_millis(400),
+        ..PollOptions::default()
+    };
+    assert!(c
+        .group_poll(NS, &s, 0, "g", &opts)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(at.elapsed() >= Duration::from_millis(350));
+    c.close().await;
+    stop(broker).await;
+}
+
+#[tokio::test]
+async fn a_lapsed_claim_is_delivered_again_and_an_extension_keeps_it() {
+    let dir = TempDir::new("groups-lapse");
+    let broker = start(dir.path(), groups_config()).await;
+    let c = client(&broker).await;
+    let s = unique("lapse");
+    publish(&c, &s, &["p", "q"]).await;
+    let short = PollOptions {
+        max_records: 10,
+        visibility: Some(Duration::from_millis(300)),
+        ..PollOptions::default()
+    };
+    let got = c.group_poll(NS, &s, 0, "g", &short).await.unwrap();
+    assert_eq!(got.len(), 2);
+    // Keep 1's claim; let 0's lapse.
+    let granted = c
+        .group_extend(NS, &s, 0, "g", 1, 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(granted, Duration::from_secs(30));
+    let opts = PollOptions {
+        max_records: 10,
+        wait: Duration::from_secs(5),
+        ..PollOptions::default()
+    };
+    let again = c.group_poll(NS, &s, 0, "g", &opts).await.unwrap();
+    assert_eq!(
+        again
+            .iter()
+            .map(|r| (r.offset, r.attempts))
+            .collect::<Vec<_>>(),
+        vec![(0, Some(2))],
+        "the waiting poll is woken by the lapse"
+    );
+    // The first delivery of 0 no longer stands.
+    let err = c
+        .group_extend(NS, &s, 0, "g", 0, 1, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&felix_client::ErrorCode::StaleClaim));
+    assert_eq!(err.retry(), Some(felix_client::RetryClass::Fatal));
+    c.close().await;
+    stop(broker).await;
+}
