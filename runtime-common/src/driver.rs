@@ -21,6 +21,7 @@ use quinn_udp::{RecvMeta, UdpSocketState, BATCH_SIZE};
 use tracing::{debug, info, warn};
 
 use crate::files::FileExecutor;
+use crate::ops_http::ScrapeRequest;
 use crate::runtime::{Interest, Runtime, Timer, UdpSocket};
 
 /// Receive calls per wake-up before yielding to the timer and the stop signal.
@@ -41,6 +42,7 @@ enum Wake {
     Received(io::Result<usize>),
     Completed(FileCompletion),
     Timer,
+    Scrape(ScrapeRequest),
 }
 
 pub(crate) struct Driver<R: Runtime> {
@@ -59,6 +61,8 @@ pub(crate) struct Driver<R: Runtime> {
     /// many ops are out at once (`DurableConfig::max_inflight_file_ops`), which bounds it too.
     done_tx: mpsc::UnboundedSender<FileCompletion>,
     done_rx: mpsc::UnboundedReceiver<FileCompletion>,
+    /// Metrics scrapes from the ops endpoint, answered with a snapshot.
+    scrapes: Option<mpsc::UnboundedReceiver<ScrapeRequest>>,
 }
 
 impl<R: Runtime> Driver<R> {
@@ -68,6 +72,7 @@ impl<R: Runtime> Driver<R> {
         socket: R::Socket,
         state: UdpSocketState,
         executor: Option<Arc<FileExecutor>>,
+        scrapes: Option<mpsc::UnboundedReceiver<ScrapeRequest>>,
     ) -> Driver<R> {
         let slot = (MAX_DATAGRAM * state.gro_segments()).max(u16::MAX as usize);
         let (done_tx, done_rx) = mpsc::unbounded();
@@ -85,6 +90,7 @@ impl<R: Runtime> Driver<R> {
             executor,
             done_tx,
             done_rx,
+            scrapes,
         }
     }
 
@@ -99,8 +105,19 @@ impl<R: Runtime> Driver<R> {
             if self.engine.is_ready() {
                 return Ok(());
             }
-            match poll_fn(|cx| Pin::new(&mut self.done_rx).poll_next(cx)).await {
-                Some(c) => self.completed(c),
+            // Only file completions move recovery on (no timers, no datagrams yet); scrapes
+            // are answered meanwhile, so /metrics works while the logs are read.
+            let wake = poll_fn(|cx| {
+                if let Poll::Ready(c) = Pin::new(&mut self.done_rx).poll_next(cx) {
+                    return Poll::Ready(c.map(Wake::Completed));
+                }
+                self.poll_scrape(cx)
+            })
+            .await;
+            match wake {
+                Some(Wake::Completed(c)) => self.completed(c),
+                Some(Wake::Scrape(reply)) => self.answer_scrape(reply),
+                Some(_) => {}
                 None => return Err(io::Error::other("the file executor stopped")),
             }
         }
@@ -116,6 +133,7 @@ impl<R: Runtime> Driver<R> {
                 Wake::Received(result) => self.received(result).await,
                 Wake::Completed(c) => self.completed(c),
                 Wake::Timer => self.timer_fired(),
+                Wake::Scrape(reply) => self.answer_scrape(reply),
             }
         }
         self.stop().await
@@ -141,6 +159,7 @@ impl<R: Runtime> Driver<R> {
                 Wake::Timer => self.timer_fired(),
                 Wake::Received(result) => self.received(result).await,
                 Wake::Completed(c) => self.completed(c),
+                Wake::Scrape(reply) => self.answer_scrape(reply),
                 Wake::Stop => {}
             }
             self.flush().await;
@@ -155,6 +174,7 @@ impl<R: Runtime> Driver<R> {
                 }
                 Wake::Timer => self.timer_fired(),
                 Wake::Completed(c) => self.completed(c),
+                Wake::Scrape(reply) => self.answer_scrape(reply),
                 Wake::Received(_) | Wake::Stop => {}
             }
             self.flush().await;
@@ -197,6 +217,9 @@ impl<R: Runtime> Driver<R> {
             if let Poll::Ready(Some(c)) = Pin::new(&mut self.done_rx).poll_next(cx) {
                 return Poll::Ready(Wake::Completed(c));
             }
+            if let Poll::Ready(Some(scrape)) = self.poll_scrape(cx) {
+                return Poll::Ready(scrape);
+            }
             if self.armed.is_some() && self.timer.poll_expired(cx).is_ready() {
                 self.armed = None;
                 return Poll::Ready(Wake::Timer);
@@ -204,6 +227,23 @@ impl<R: Runtime> Driver<R> {
             Poll::Pending
         })
         .await
+    }
+
+    fn poll_scrape(&mut self, cx: &mut Context<'_>) -> Poll<Option<Wake>> {
+        if let Some(scrapes) = self.scrapes.as_mut() {
+            match Pin::new(scrapes).poll_next(cx) {
+                Poll::Ready(Some(reply)) => return Poll::Ready(Some(Wake::Scrape(reply))),
+                // The endpoint is gone; stop polling its channel.
+                Poll::Ready(None) => self.scrapes = None,
+                Poll::Pending => {}
+            }
+        }
+        Poll::Pending
+    }
+
+    fn answer_scrape(&self, reply: ScrapeRequest) {
+        // The scraper may have timed out and gone; nothing to do then.
+        let _ = reply.try_send(self.engine.metrics());
     }
 
     /// The timer may have been armed for an earlier deadline than the engine's current one.

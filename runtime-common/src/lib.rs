@@ -15,6 +15,7 @@ mod driver;
 // was written (and is maintained), and is compiled here so no adapter depends on another.
 #[path = "../../runtime-tokio/src/files.rs"]
 pub mod files;
+pub mod ops_http;
 pub mod process;
 mod runtime;
 mod tls;
@@ -60,6 +61,12 @@ pub struct BrokerOptions {
     pub storage_dir: Option<PathBuf>,
     /// How durable storage behaves; used only with `storage_dir`.
     pub durable: DurableConfig,
+    /// Serve `/metrics`, `/livez` and `/readyz` over HTTP here (port 0 picks a free one;
+    /// see [`RunningBroker::metrics_addr`]). `None`: no endpoint.
+    pub metrics_bind: Option<SocketAddr>,
+    /// A failure to bind `metrics_bind` only logs a warning (for a default address that
+    /// another process may hold) instead of failing the start.
+    pub metrics_bind_optional: bool,
 }
 
 impl BrokerOptions {
@@ -72,6 +79,8 @@ impl BrokerOptions {
             configure_engine: None,
             storage_dir: None,
             durable: DurableConfig::default(),
+            metrics_bind: None,
+            metrics_bind_optional: false,
         }
     }
 
@@ -96,6 +105,7 @@ impl fmt::Debug for BrokerOptions {
             .field("jwks", &self.jwks.is_some())
             .field("storage_dir", &self.storage_dir)
             .field("durable", &self.durable)
+            .field("metrics_bind", &self.metrics_bind)
             .finish_non_exhaustive()
     }
 }
@@ -111,6 +121,8 @@ pub struct RunningBroker {
     dev_token: Option<String>,
     stop: Option<oneshot::Sender<()>>,
     stopped: Option<oneshot::Receiver<()>>,
+    ops: Option<ops_http::OpsServer>,
+    ops_state: Arc<ops_http::OpsState>,
 }
 
 impl RunningBroker {
@@ -134,6 +146,11 @@ impl RunningBroker {
         self.dev_token.as_deref()
     }
 
+    /// Where `/metrics`, `/livez` and `/readyz` are served, when enabled.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.ops.as_ref().map(ops_http::OpsServer::local_addr)
+    }
+
     /// What the file executor has done (with a storage directory), readable from any thread
     /// while the broker runs.
     pub fn file_stats(&self) -> Option<files::FileStats> {
@@ -148,6 +165,7 @@ impl RunningBroker {
     /// Closes every connection with code 0, sends the closes, syncs the logs, and waits for
     /// the drive loop to end.
     pub async fn shutdown(mut self) -> io::Result<()> {
+        self.ops_state.set_ready(false);
         drop(self.stop.take());
         match self.stopped.take() {
             Some(stopped) => stopped
@@ -239,12 +257,39 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let dev_token = engine.dev_token().map(str::to_owned);
 
-    let mut driver = driver::Driver::new(runtime.clone(), engine, socket, state, executor.clone());
+    // The endpoint comes up before recovery, so probes see "live, not ready" meanwhile.
+    let (ops_state, scrapes) = ops_http::OpsState::new();
+    let ops = match opts.metrics_bind {
+        Some(addr) => match ops_http::OpsServer::start(addr, ops_state.clone()) {
+            Ok(server) => Some(server),
+            Err(e) if opts.metrics_bind_optional => {
+                tracing::warn!(%addr, error = %e, "metrics endpoint disabled: cannot bind");
+                None
+            }
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("metrics endpoint {addr}: {e}"),
+                ))
+            }
+        },
+        None => None,
+    };
+    let scrapes = ops.is_some().then_some(scrapes);
+    let mut driver = driver::Driver::new(
+        runtime.clone(),
+        engine,
+        socket,
+        state,
+        executor.clone(),
+        scrapes,
+    );
     if let Some(dir) = &opts.storage_dir {
         let began = Instant::now();
         driver.recover().await?;
         info!(dir = %dir.display(), took = ?began.elapsed(), "durable storage recovered");
     }
+    ops_state.set_ready(true);
     let (stop, stop_rx) = oneshot::channel();
     let (stopped_tx, stopped) = oneshot::channel();
     runtime.spawn(async move {
@@ -260,5 +305,7 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         dev_token,
         stop: Some(stop),
         stopped: Some(stopped),
+        ops,
+        ops_state,
     })
 }

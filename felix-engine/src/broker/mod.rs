@@ -941,10 +941,11 @@ impl Broker {
         let c = self.cache.counters;
         BrokerStats {
             streams: self.streams.len() as u64,
-            cache_hits: c.hits,
-            cache_misses: c.misses,
-            cache_puts: c.puts,
-            cache_deletes: c.deletes,
+            // Durable caches count into `self.stats`, in-memory ones into the store.
+            cache_hits: c.hits + self.stats.cache_hits,
+            cache_misses: c.misses + self.stats.cache_misses,
+            cache_puts: c.puts + self.stats.cache_puts,
+            cache_deletes: c.deletes + self.stats.cache_deletes,
             cache_expired: c.expired,
             cache_entries: self.cache.entries() as u64,
             cache_bytes: self.cache.total_bytes() as u64,
