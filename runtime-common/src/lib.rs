@@ -64,6 +64,9 @@ pub struct BrokerOptions {
     /// Serve `/metrics`, `/livez` and `/readyz` over HTTP here (port 0 picks a free one;
     /// see [`RunningBroker::metrics_addr`]). `None`: no endpoint.
     pub metrics_bind: Option<SocketAddr>,
+    /// After each sync, pages of a log file more than this far behind its end are dropped
+    /// from the page cache (`None`: never). Default [`files::DEFAULT_CACHE_BEHIND_BYTES`].
+    pub cache_behind_bytes: Option<u64>,
     /// A failure to bind `metrics_bind` only logs a warning (for a default address that
     /// another process may hold) instead of failing the start.
     pub metrics_bind_optional: bool,
@@ -81,6 +84,7 @@ impl BrokerOptions {
             durable: DurableConfig::default(),
             metrics_bind: None,
             metrics_bind_optional: false,
+            cache_behind_bytes: Some(files::DEFAULT_CACHE_BEHIND_BYTES),
         }
     }
 
@@ -235,7 +239,10 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         Some(dir) => {
             std::fs::create_dir_all(dir)?;
             config.durable = Some(opts.durable.clone());
-            Some(Arc::new(files::FileExecutor::new(dir.clone())))
+            Some(Arc::new(files::FileExecutor::with_drop_behind(
+                dir.clone(),
+                opts.cache_behind_bytes,
+            )))
         }
         None => None,
     };
