@@ -88,6 +88,49 @@ impl BrokerOptions {
         }
     }
 
+    /// Defaults everywhere, listening on an ephemeral loopback port (`127.0.0.1:0`): what a
+    /// test or an embedding program usually wants.
+    pub fn ephemeral() -> BrokerOptions {
+        BrokerOptions::new(SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// Listens on `addr` (port 0 picks a free one).
+    pub fn bind(mut self, addr: SocketAddr) -> Self {
+        self.bind = addr;
+        self
+    }
+
+    /// Serves this PEM certificate chain (leaf first) and key instead of a generated CA
+    /// and leaf.
+    pub fn tls_pem(mut self, cert_chain: Vec<u8>, key: Vec<u8>) -> Self {
+        self.tls_pem = Some((cert_chain, key));
+        self
+    }
+
+    /// Verifies tokens against this JWKS document instead of running in dev mode.
+    pub fn jwks(mut self, document: Vec<u8>) -> Self {
+        self.jwks = Some(document);
+        self
+    }
+
+    /// Keeps streams and caches in logs under `dir` (created if missing) instead of memory.
+    pub fn storage_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.storage_dir = Some(dir.into());
+        self
+    }
+
+    /// How durable storage behaves (with [`storage_dir`](Self::storage_dir)).
+    pub fn durable(mut self, durable: DurableConfig) -> Self {
+        self.durable = durable;
+        self
+    }
+
+    /// Serves `/metrics`, `/livez` and `/readyz` on `addr` (port 0 picks a free one).
+    pub fn metrics_bind(mut self, addr: SocketAddr) -> Self {
+        self.metrics_bind = Some(addr);
+        self
+    }
+
     /// Adds a change to the engine configuration (applied after any earlier one).
     pub fn configure_engine(mut self, f: impl FnOnce(&mut EngineConfig) + Send + 'static) -> Self {
         let earlier = self.configure_engine.take();
@@ -177,6 +220,16 @@ impl RunningBroker {
                 .map_err(|_| io::Error::other("the broker task ended without stopping")),
             None => Ok(()),
         }
+    }
+}
+
+/// Awaiting the handle shuts the broker down cleanly, as [`RunningBroker::shutdown`].
+impl std::future::IntoFuture for RunningBroker {
+    type Output = io::Result<()>;
+    type IntoFuture = std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<()>> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.shutdown())
     }
 }
 
