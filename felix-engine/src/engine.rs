@@ -1,6 +1,9 @@
 //! [`Engine`]: the broker node. Owns the QUIC endpoint, its connections, the broker and the
 //! token verifier, and moves bytes between them.
 
+#[path = "drain.rs"]
+mod drain;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};

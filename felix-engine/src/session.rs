@@ -365,6 +365,9 @@ impl Session {
         };
         let offer = auth.offer();
         let coded = offer.features().contains(Features::ERROR_CODES);
+        if cx.core.broker.is_draining() {
+            return self.refuse_auth_draining(coded);
+        }
         let unix_secs = cx.core.unix_secs(cx.now);
         match cx
             .core
@@ -1094,6 +1097,19 @@ impl Session {
             }
             FailAnswer::Error => self.error_frame(ErrorCode::Storage, message.to_owned()),
         }
+    }
+
+    /// `auth` while the broker drains: `draining` [retry] (plain text to a client that did
+    /// not offer error codes), and the stream ends.
+    fn refuse_auth_draining(&mut self, coded: bool) -> FrameResult {
+        let text = "the broker is shutting down".to_owned();
+        let msg = match coded {
+            true => ErrorMessage::coded(ErrorCode::Draining, text),
+            false => ErrorMessage::plain(text),
+        };
+        self.raised.note(&ErrorCode::Draining);
+        self.push_message(&Message::Error(msg));
+        FrameResult::CloseStream
     }
 
     fn push_message(&mut self, msg: &Message) {

@@ -33,12 +33,18 @@ const MAX_DATAGRAM: usize = 1472;
 const SHUTDOWN_LINGER: Duration = Duration::from_millis(200);
 /// How long a stopping broker waits for its logs to sync what they wrote.
 const STORAGE_DRAIN: Duration = Duration::from_secs(10);
+/// How long a draining broker keeps serving answers owed before it closes anyway.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long nothing must be owed before a draining broker closes: peers' acknowledgements of
+/// the last answers arrive, and requests already on the wire are refused rather than lost.
+const DRAIN_QUIET: Duration = Duration::from_millis(100);
 /// File completions handled per wake-up before the socket and the timer get a look in.
 const MAX_COMPLETIONS_PER_WAKE: usize = 256;
 
 /// What ended a wait.
 enum Wake {
-    Stop,
+    /// Stop; `true` drains first (a `shutdown`), `false` stops at once (the handle dropped).
+    Stop(bool),
     Received(io::Result<usize>),
     Completed(FileCompletion),
     Timer,
@@ -129,7 +135,12 @@ impl<R: Runtime> Driver<R> {
         loop {
             self.flush().await;
             match self.wait(Some(&mut stop), true, None).await {
-                Wake::Stop => break,
+                Wake::Stop(drain) => {
+                    if drain {
+                        self.drain().await;
+                    }
+                    break;
+                }
                 Wake::Received(result) => self.received(result).await,
                 Wake::Completed(c) => self.completed(c),
                 Wake::Timer => self.timer_fired(),
@@ -137,6 +148,45 @@ impl<R: Runtime> Driver<R> {
             }
         }
         self.stop().await
+    }
+
+    /// Graceful drain before the stop: new work is refused `draining`, answers owed are
+    /// delivered (held ones once their logs sync), and the loop goes on until nothing has
+    /// been owed for [`DRAIN_QUIET`] or [`DRAIN_TIMEOUT`] passes.
+    async fn drain(&mut self) {
+        let began = Instant::now();
+        self.engine.drain(began);
+        self.flush().await;
+        let deadline = began + DRAIN_TIMEOUT;
+        let mut quiet_since: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            if self.engine.connection_count() == 0 && self.engine.is_drained() {
+                break;
+            }
+            if self.engine.is_drained() {
+                let since = *quiet_since.get_or_insert(now);
+                if now >= since + DRAIN_QUIET {
+                    break;
+                }
+            } else {
+                quiet_since = None;
+            }
+            if now >= deadline {
+                warn!("drain deadline passed with answers still owed");
+                break;
+            }
+            let until = quiet_since.map_or(deadline, |s| (s + DRAIN_QUIET).min(deadline));
+            match self.wait(None, true, Some(until)).await {
+                Wake::Received(result) => self.received(result).await,
+                Wake::Completed(c) => self.completed(c),
+                Wake::Timer => self.timer_fired(),
+                Wake::Scrape(reply) => self.answer_scrape(reply),
+                Wake::Stop(_) => {}
+            }
+            self.flush().await;
+        }
+        info!(took = ?began.elapsed(), "drained");
     }
 
     async fn stop(mut self) {
@@ -160,7 +210,7 @@ impl<R: Runtime> Driver<R> {
                 Wake::Received(result) => self.received(result).await,
                 Wake::Completed(c) => self.completed(c),
                 Wake::Scrape(reply) => self.answer_scrape(reply),
-                Wake::Stop => {}
+                Wake::Stop(_) => {}
             }
             self.flush().await;
         }
@@ -175,7 +225,7 @@ impl<R: Runtime> Driver<R> {
                 Wake::Timer => self.timer_fired(),
                 Wake::Completed(c) => self.completed(c),
                 Wake::Scrape(reply) => self.answer_scrape(reply),
-                Wake::Received(_) | Wake::Stop => {}
+                Wake::Received(_) | Wake::Stop(_) => {}
             }
             self.flush().await;
         }
@@ -204,9 +254,9 @@ impl<R: Runtime> Driver<R> {
         }
         poll_fn(|cx| {
             if let Some(stop) = stop.as_deref_mut() {
-                // A value or a dropped sender: either way, stop.
-                if Pin::new(stop).poll(cx).is_ready() {
-                    return Poll::Ready(Wake::Stop);
+                // A value asks for a drain; a dropped sender for an immediate stop.
+                if let Poll::Ready(sent) = Pin::new(stop).poll(cx) {
+                    return Poll::Ready(Wake::Stop(sent.is_ok()));
                 }
             }
             if socket {

@@ -158,8 +158,8 @@ impl fmt::Debug for BrokerOptions {
 }
 
 /// A broker running in the background on some runtime. Dropping it stops the broker too
-/// (without waiting); [`RunningBroker::shutdown`] stops it and waits until it has closed its
-/// connections and synced its logs.
+/// (at once, without draining or waiting); [`RunningBroker::shutdown`] — or awaiting the
+/// handle — drains it, closes its connections and syncs its logs, and waits for all that.
 pub struct RunningBroker {
     runtime: &'static str,
     local_addr: SocketAddr,
@@ -209,11 +209,16 @@ impl RunningBroker {
         self.files.clone()
     }
 
-    /// Closes every connection with code 0, sends the closes, syncs the logs, and waits for
-    /// the drive loop to end.
+    /// Stops gracefully and waits until done: drains first (new connections and new work
+    /// are refused `draining`, answers already owed are delivered, held ones once their
+    /// logs sync; at most 10 s), then closes every connection with code 0, syncs the logs
+    /// and ends the drive loop. `/readyz` turns 503 at once.
     pub async fn shutdown(mut self) -> io::Result<()> {
         self.ops_state.set_ready(false);
-        drop(self.stop.take());
+        if let Some(stop) = self.stop.take() {
+            // A value asks for the graceful drain (dropping the sender stops at once).
+            let _ = stop.send(());
+        }
         match self.stopped.take() {
             Some(stopped) => stopped
                 .await

@@ -178,8 +178,9 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Resolves with the signal's name on the first SIGINT or SIGTERM. A plain thread waits
-/// for it, so no runtime's signal support is needed.
+/// Resolves with the signal's name on the first SIGINT or SIGTERM (which starts the graceful
+/// drain); a second one exits the process at once, with 128 + the signal's number. A plain
+/// thread waits for them, so no runtime's signal support is needed.
 #[cfg(unix)]
 fn termination_signal() -> io::Result<oneshot::Receiver<&'static str>> {
     use signal_hook::consts::{SIGINT, SIGTERM};
@@ -188,12 +189,14 @@ fn termination_signal() -> io::Result<oneshot::Receiver<&'static str>> {
     std::thread::Builder::new()
         .name("felix-signals".into())
         .spawn(move || {
-            if let Some(signal) = signals.forever().next() {
-                let _ = tx.send(if signal == SIGTERM {
-                    "SIGTERM"
-                } else {
-                    "SIGINT"
-                });
+            let name = |s| if s == SIGTERM { "SIGTERM" } else { "SIGINT" };
+            let mut signals = signals.forever();
+            if let Some(signal) = signals.next() {
+                let _ = tx.send(name(signal));
+            }
+            if let Some(signal) = signals.next() {
+                error!("second {}: exiting at once", name(signal));
+                std::process::exit(128 + signal);
             }
         })?;
     Ok(rx)

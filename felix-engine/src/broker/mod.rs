@@ -14,6 +14,7 @@
 //! one frame carries many records and when idle each publish goes out at once.
 
 mod cache;
+mod drain;
 pub(crate) mod durable;
 mod encode;
 #[cfg(test)]
@@ -437,6 +438,8 @@ pub(crate) struct Broker {
     /// `now` of the last flush: when log events are left over, the next turn is due then.
     last_flush: Option<Instant>,
     event_budget: EventBudget,
+    /// Stopping: new work is refused (`drain.rs`).
+    draining: bool,
 }
 
 impl Broker {
@@ -475,6 +478,7 @@ impl Broker {
                 max: cfg_max_owner,
                 by_owner: HashMap::new(),
             },
+            draining: false,
         }
     }
 
@@ -513,6 +517,7 @@ impl Broker {
         payloads: Vec<Bytes>,
         publisher: Option<&str>,
     ) -> Result<Published, BrokerError> {
+        self.refuse_if_draining()?;
         let shards = self.shard_count(key).unwrap_or(self.cfg.default_shards);
         let shard = match explicit_shard {
             Some(s) if s >= shards => {
@@ -626,6 +631,7 @@ impl Broker {
         start: Start,
         opts: SubscribeOpts,
     ) -> Result<Subscribed, SubscribeError> {
+        self.refuse_if_draining()?;
         let shards = self.shard_count(key).unwrap_or(self.cfg.default_shards);
         if shard >= shards {
             return Err(BrokerError::invalid(format!(
@@ -857,6 +863,7 @@ impl Broker {
         value: Bytes,
         ttl_ms: Option<u64>,
     ) -> Result<Option<(LogId, u64)>, BrokerError> {
+        self.refuse_if_draining()?;
         if self.logs.is_some() {
             return self
                 .log_cache_put(now, unix_micros, key, k, value, ttl_ms)
@@ -872,6 +879,7 @@ impl Broker {
         key: &CacheKey,
         k: &str,
     ) -> Result<CacheAnswer, BrokerError> {
+        self.refuse_if_draining()?;
         if self.logs.is_some() {
             return self.log_cache_get(now, unix_micros, key, k);
         }
@@ -886,6 +894,7 @@ impl Broker {
         key: &CacheKey,
         k: &str,
     ) -> Result<CacheAnswer, BrokerError> {
+        self.refuse_if_draining()?;
         if self.logs.is_some() {
             return self.log_cache_delete(now, unix_micros, key, k);
         }
