@@ -22,6 +22,16 @@ use tracing::{debug, info, warn};
 
 use crate::files::FileExecutor;
 use crate::ops_http::ScrapeRequest;
+
+/// What the rest of the process asks of the drive loop, which owns the engine.
+pub(crate) enum Control {
+    /// A metrics snapshot, for the ops endpoint.
+    Scrape(ScrapeRequest),
+    /// A rotated certificate and key (`Engine::set_tls_identity`).
+    TlsIdentity(felix_engine::TlsIdentity),
+    /// A changed JWKS document (`Engine::set_jwks`).
+    Jwks(Vec<u8>),
+}
 use crate::runtime::{Interest, Runtime, Timer, UdpSocket};
 
 /// Receive calls per wake-up before yielding to the timer and the stop signal.
@@ -48,7 +58,7 @@ enum Wake {
     Received(io::Result<usize>),
     Completed(FileCompletion),
     Timer,
-    Scrape(ScrapeRequest),
+    Control(Control),
 }
 
 pub(crate) struct Driver<R: Runtime> {
@@ -67,8 +77,8 @@ pub(crate) struct Driver<R: Runtime> {
     /// many ops are out at once (`DurableConfig::max_inflight_file_ops`), which bounds it too.
     done_tx: mpsc::UnboundedSender<FileCompletion>,
     done_rx: mpsc::UnboundedReceiver<FileCompletion>,
-    /// Metrics scrapes from the ops endpoint, answered with a snapshot.
-    scrapes: Option<mpsc::UnboundedReceiver<ScrapeRequest>>,
+    /// Scrapes and rotations from the rest of the process.
+    control: Option<mpsc::UnboundedReceiver<Control>>,
 }
 
 impl<R: Runtime> Driver<R> {
@@ -78,7 +88,7 @@ impl<R: Runtime> Driver<R> {
         socket: R::Socket,
         state: UdpSocketState,
         executor: Option<Arc<FileExecutor>>,
-        scrapes: Option<mpsc::UnboundedReceiver<ScrapeRequest>>,
+        control: mpsc::UnboundedReceiver<Control>,
     ) -> Driver<R> {
         let slot = (MAX_DATAGRAM * state.gro_segments()).max(u16::MAX as usize);
         let (done_tx, done_rx) = mpsc::unbounded();
@@ -96,7 +106,7 @@ impl<R: Runtime> Driver<R> {
             executor,
             done_tx,
             done_rx,
-            scrapes,
+            control: Some(control),
         }
     }
 
@@ -111,18 +121,18 @@ impl<R: Runtime> Driver<R> {
             if self.engine.is_ready() {
                 return Ok(());
             }
-            // Only file completions move recovery on (no timers, no datagrams yet); scrapes
-            // are answered meanwhile, so /metrics works while the logs are read.
+            // Only file completions move recovery on (no timers, no datagrams yet); control
+            // requests are served meanwhile, so /metrics works while the logs are read.
             let wake = poll_fn(|cx| {
                 if let Poll::Ready(c) = Pin::new(&mut self.done_rx).poll_next(cx) {
                     return Poll::Ready(c.map(Wake::Completed));
                 }
-                self.poll_scrape(cx)
+                self.poll_control(cx)
             })
             .await;
             match wake {
                 Some(Wake::Completed(c)) => self.completed(c),
-                Some(Wake::Scrape(reply)) => self.answer_scrape(reply),
+                Some(Wake::Control(c)) => self.control(c),
                 Some(_) => {}
                 None => return Err(io::Error::other("the file executor stopped")),
             }
@@ -144,7 +154,7 @@ impl<R: Runtime> Driver<R> {
                 Wake::Received(result) => self.received(result).await,
                 Wake::Completed(c) => self.completed(c),
                 Wake::Timer => self.timer_fired(),
-                Wake::Scrape(reply) => self.answer_scrape(reply),
+                Wake::Control(c) => self.control(c),
             }
         }
         self.stop().await
@@ -181,7 +191,7 @@ impl<R: Runtime> Driver<R> {
                 Wake::Received(result) => self.received(result).await,
                 Wake::Completed(c) => self.completed(c),
                 Wake::Timer => self.timer_fired(),
-                Wake::Scrape(reply) => self.answer_scrape(reply),
+                Wake::Control(c) => self.control(c),
                 Wake::Stop(_) => {}
             }
             self.flush().await;
@@ -209,7 +219,7 @@ impl<R: Runtime> Driver<R> {
                 Wake::Timer => self.timer_fired(),
                 Wake::Received(result) => self.received(result).await,
                 Wake::Completed(c) => self.completed(c),
-                Wake::Scrape(reply) => self.answer_scrape(reply),
+                Wake::Control(c) => self.control(c),
                 Wake::Stop(_) => {}
             }
             self.flush().await;
@@ -224,7 +234,7 @@ impl<R: Runtime> Driver<R> {
                 }
                 Wake::Timer => self.timer_fired(),
                 Wake::Completed(c) => self.completed(c),
-                Wake::Scrape(reply) => self.answer_scrape(reply),
+                Wake::Control(c) => self.control(c),
                 Wake::Received(_) | Wake::Stop(_) => {}
             }
             self.flush().await;
@@ -267,7 +277,7 @@ impl<R: Runtime> Driver<R> {
             if let Poll::Ready(Some(c)) = Pin::new(&mut self.done_rx).poll_next(cx) {
                 return Poll::Ready(Wake::Completed(c));
             }
-            if let Poll::Ready(Some(scrape)) = self.poll_scrape(cx) {
+            if let Poll::Ready(Some(scrape)) = self.poll_control(cx) {
                 return Poll::Ready(scrape);
             }
             if self.armed.is_some() && self.timer.poll_expired(cx).is_ready() {
@@ -279,21 +289,33 @@ impl<R: Runtime> Driver<R> {
         .await
     }
 
-    fn poll_scrape(&mut self, cx: &mut Context<'_>) -> Poll<Option<Wake>> {
-        if let Some(scrapes) = self.scrapes.as_mut() {
-            match Pin::new(scrapes).poll_next(cx) {
-                Poll::Ready(Some(reply)) => return Poll::Ready(Some(Wake::Scrape(reply))),
-                // The endpoint is gone; stop polling its channel.
-                Poll::Ready(None) => self.scrapes = None,
+    fn poll_control(&mut self, cx: &mut Context<'_>) -> Poll<Option<Wake>> {
+        if let Some(control) = self.control.as_mut() {
+            match Pin::new(control).poll_next(cx) {
+                Poll::Ready(Some(c)) => return Poll::Ready(Some(Wake::Control(c))),
+                // Every sender is gone; stop polling the channel.
+                Poll::Ready(None) => self.control = None,
                 Poll::Pending => {}
             }
         }
         Poll::Pending
     }
 
-    fn answer_scrape(&self, reply: ScrapeRequest) {
-        // The scraper may have timed out and gone; nothing to do then.
-        let _ = reply.try_send(self.engine.metrics());
+    fn control(&mut self, control: Control) {
+        match control {
+            // The scraper may have timed out and gone; nothing to do then.
+            Control::Scrape(reply) => {
+                let _ = reply.try_send(self.engine.metrics());
+            }
+            Control::TlsIdentity(identity) => match self.engine.set_tls_identity(identity) {
+                Ok(()) => info!("serving the rotated certificate to new connections"),
+                Err(e) => warn!(error = %e, "refused the rotated certificate; the old one stays"),
+            },
+            Control::Jwks(doc) => match self.engine.set_jwks(&doc) {
+                Ok(()) => info!("verifying tokens against the changed JWKS"),
+                Err(e) => warn!(error = %e, "refused the changed JWKS; the old keys stay"),
+            },
+        }
     }
 
     /// The timer may have been armed for an earlier deadline than the engine's current one.

@@ -17,6 +17,7 @@ mod driver;
 pub mod files;
 pub mod ops_http;
 pub mod process;
+mod reload;
 mod runtime;
 mod tls;
 
@@ -170,6 +171,7 @@ pub struct RunningBroker {
     stopped: Option<oneshot::Receiver<()>>,
     ops: Option<ops_http::OpsServer>,
     ops_state: Arc<ops_http::OpsState>,
+    watcher: Option<reload::Watcher>,
 }
 
 impl RunningBroker {
@@ -196,6 +198,36 @@ impl RunningBroker {
     /// Where `/metrics`, `/livez` and `/readyz` are served, when enabled.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.ops.as_ref().map(ops_http::OpsServer::local_addr)
+    }
+
+    /// Serves this certificate chain (PEM, leaf first) and key to new connections from now
+    /// on; established ones keep theirs. Fails if the PEM does not parse; a key the engine
+    /// refuses is logged and the old identity stays.
+    pub fn rotate_tls(&self, cert_pem: &[u8], key_pem: &[u8]) -> io::Result<()> {
+        let identity = tls::from_pem(cert_pem, key_pem)?;
+        self.send_control(driver::Control::TlsIdentity(identity))
+    }
+
+    /// Verifies new streams' tokens against this JWKS document from now on (only for a
+    /// broker started with a JWKS); authenticated streams keep their identity.
+    pub fn rotate_jwks(&self, jwks: Vec<u8>) -> io::Result<()> {
+        self.send_control(driver::Control::Jwks(jwks))
+    }
+
+    /// Watches the files `reload` names (the configured certificate, key and JWKS) and
+    /// rotates whenever they change, polling every `reload.interval`. Replaces an earlier
+    /// watch; stops with the broker.
+    pub fn watch_files(&mut self, reload: &config::Reload) -> io::Result<()> {
+        self.watcher = None;
+        self.watcher = reload::Watcher::spawn(reload, self.ops_state.control.clone())?;
+        Ok(())
+    }
+
+    fn send_control(&self, control: driver::Control) -> io::Result<()> {
+        self.ops_state
+            .control
+            .unbounded_send(control)
+            .map_err(|_| io::Error::other("the broker has stopped"))
     }
 
     /// What the file executor has done (with a storage directory), readable from any thread
@@ -323,7 +355,7 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
     let dev_token = engine.dev_token().map(str::to_owned);
 
     // The endpoint comes up before recovery, so probes see "live, not ready" meanwhile.
-    let (ops_state, scrapes) = ops_http::OpsState::new();
+    let (ops_state, control) = ops_http::OpsState::new();
     let ops = match opts.metrics_bind {
         Some(addr) => match ops_http::OpsServer::start(addr, ops_state.clone()) {
             Ok(server) => Some(server),
@@ -340,14 +372,13 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         },
         None => None,
     };
-    let scrapes = ops.is_some().then_some(scrapes);
     let mut driver = driver::Driver::new(
         runtime.clone(),
         engine,
         socket,
         state,
         executor.clone(),
-        scrapes,
+        control,
     );
     if let Some(dir) = &opts.storage_dir {
         let began = Instant::now();
@@ -372,5 +403,6 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         stopped: Some(stopped),
         ops,
         ops_state,
+        watcher: None,
     })
 }

@@ -26,6 +26,8 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
+use crate::driver::Control;
+
 /// Requests served at once; more are answered 503 straight away.
 pub const MAX_CONCURRENT_REQUESTS: usize = 8;
 /// How long a client may take to send its request, and a scrape may wait for the loop.
@@ -41,16 +43,17 @@ pub(crate) type ScrapeRequest = std_mpsc::SyncSender<Metrics>;
 pub(crate) struct OpsState {
     /// Recovery finished and the listener is bound; cleared when draining starts.
     pub(crate) ready: AtomicBool,
-    scrapes: mpsc::UnboundedSender<ScrapeRequest>,
+    /// To the drive loop (scrapes; `RunningBroker` sends rotations on it too).
+    pub(crate) control: mpsc::UnboundedSender<Control>,
 }
 
 impl OpsState {
-    /// The state, and the receiving end the drive loop answers scrapes from.
-    pub(crate) fn new() -> (Arc<OpsState>, mpsc::UnboundedReceiver<ScrapeRequest>) {
+    /// The state, and the receiving end the drive loop serves.
+    pub(crate) fn new() -> (Arc<OpsState>, mpsc::UnboundedReceiver<Control>) {
         let (tx, rx) = mpsc::unbounded();
         let state = OpsState {
             ready: AtomicBool::new(false),
-            scrapes: tx,
+            control: tx,
         };
         (Arc::new(state), rx)
     }
@@ -183,7 +186,7 @@ fn serve(mut conn: TcpStream, state: &OpsState) -> io::Result<()> {
 /// Asks the drive loop for a snapshot.
 fn scrape(state: &OpsState) -> Option<Metrics> {
     let (tx, rx) = std_mpsc::sync_channel(1);
-    state.scrapes.unbounded_send(tx).ok()?;
+    state.control.unbounded_send(Control::Scrape(tx)).ok()?;
     match rx.recv_timeout(REQUEST_TIMEOUT) {
         Ok(m) => Some(m),
         Err(e) => {

@@ -145,7 +145,8 @@ fn choose_runtime<'r>(
 pub async fn serve<R: Runtime>(runtime: R, config: Config) -> io::Result<()> {
     // Handlers go in before the broker starts, so an early SIGTERM still stops it cleanly.
     let signal = termination_signal()?;
-    let broker = start(runtime, config.options).await?;
+    let mut broker = start(runtime, config.options).await?;
+    broker.watch_files(&config.reload)?;
     if let Some(path) = &config.tls_cert_export {
         write_atomically(path, broker.ca_cert_pem().as_bytes())?;
         info!(path = %path.display(), "wrote the CA certificate");
