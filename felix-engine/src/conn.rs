@@ -460,6 +460,7 @@ impl Conn {
             stream: id,
         };
         let result = session.on_frame(frame, &mut cx);
+        core.metrics.absorb(&mut session.raised);
         self.unwritten_bytes = self.unwritten_bytes + session.unwritten_bytes(reserve) - before;
         match result {
             FrameResult::Stall => return,
@@ -552,6 +553,7 @@ impl Conn {
                 }
             }
             self.buffered_bytes -= held_before - session.decoder.buffered();
+            core.metrics.absorb(&mut session.raised);
             core.buffered_bytes = core.buffered_bytes + self.buffered_bytes - self.reported_bytes;
             self.reported_bytes = self.buffered_bytes;
             if close {

@@ -1,6 +1,9 @@
 //! [`Engine`]: the broker node. Owns the QUIC endpoint, its connections, the broker and the
 //! token verifier, and moves bytes between them.
 
+#[path = "drain.rs"]
+mod drain;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -267,6 +270,7 @@ pub(crate) struct Core {
     group_waiters: HashMap<u64, (ConnectionHandle, StreamId)>,
     next_subscription_id: u64,
     pub(crate) stats: Stats,
+    pub(crate) metrics: crate::metrics::Metrics,
     /// Bytes of partly received frames over every connection (see `Conn::sync_buffered`).
     pub(crate) buffered_bytes: usize,
     /// Connections holding streams back for a buffer budget.
@@ -616,6 +620,7 @@ impl Engine {
             group_waiters: HashMap::new(),
             next_subscription_id: 0,
             stats: Stats::default(),
+            metrics: crate::metrics::Metrics::default(),
             buffered_bytes: 0,
             starved_conns: BTreeSet::new(),
             open_connections: 0,
@@ -705,6 +710,7 @@ impl Engine {
     /// held for durability go out, replayed events are delivered.
     pub fn handle_file_completion(&mut self, now: Instant, completion: FileCompletion) {
         self.file_ops_in_flight = self.file_ops_in_flight.saturating_sub(1);
+        self.core.metrics.file_op_completed(now, &completion);
         self.core.broker.handle_file_completion(now, completion);
         self.settle(now);
     }
@@ -773,6 +779,7 @@ impl Engine {
             if let Some(op) = self.core.broker.poll_file_op() {
                 self.file_ops_in_flight += 1;
                 self.core.stats.file_ops += 1;
+                self.core.metrics.file_op_issued(now, &op);
                 return Some(Output::FileOp(op));
             }
         }
@@ -871,6 +878,16 @@ impl Engine {
             published_records: b.published_records,
             ..self.core.stats
         }
+    }
+
+    /// Counters and gauges for an exporter, as of now. Walks every connection: call it
+    /// per scrape, not per turn.
+    pub fn metrics(&self) -> crate::metrics::Metrics {
+        let broker = self.core.broker.stats();
+        let log_bytes = self.core.broker.log_bytes();
+        self.core
+            .metrics
+            .snapshot(&self.stats(), &self.usage(), &broker, log_bytes)
     }
 
     // ---- internals ----------------------------------------------------------------------
@@ -1012,6 +1029,7 @@ impl Engine {
                             self.core.waiters.remove(&log);
                         }
                     }
+                    self.core.metrics.group_commit(ready.len());
                     self.release_answers(now, ready);
                 }
                 Notice::Value { log, ticket, value } => {

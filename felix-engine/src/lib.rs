@@ -20,6 +20,7 @@ pub(crate) mod broker;
 mod config;
 mod conn;
 mod engine;
+mod metrics;
 mod seed;
 mod session;
 pub(crate) mod storage;
@@ -32,6 +33,7 @@ pub use engine::{
     SERVED_FLAGS,
 };
 pub use felix_proto::routing::RoutingMapping;
+pub use metrics::{Histogram, Metrics, FSYNC_MICROS_BUCKETS, GROUP_COMMIT_BUCKETS};
 /// The rustls the engine builds its TLS with, for [`EngineConfig::crypto_provider`].
 pub use rustls;
 pub use storage::ops::{

@@ -150,6 +150,8 @@ pub(crate) struct Session {
     /// Set by a handler that met an opening log; `on_frame` turns it into a stall.
     stall_on: Option<LogId>,
     auth: Option<Box<Authed>>,
+    /// Error codes sent, collected into the engine's metrics by the connection.
+    pub(crate) raised: crate::metrics::ErrorTally,
 }
 
 impl Session {
@@ -166,6 +168,7 @@ impl Session {
             stalled: None,
             stall_on: None,
             auth: None,
+            raised: Default::default(),
         }
     }
 
@@ -389,6 +392,9 @@ impl Session {
         };
         let offer = auth.offer();
         let coded = offer.features().contains(Features::ERROR_CODES);
+        if cx.core.broker.is_draining() {
+            return self.refuse_auth_draining(coded);
+        }
         let unix_secs = cx.core.unix_secs(cx.now);
         match cx
             .core
@@ -406,11 +412,13 @@ impl Session {
                 }));
                 cx.conn.authenticated = true;
                 cx.core.stats.auths_accepted += 1;
+                cx.core.metrics.auth_ok();
                 FrameResult::Continue
             }
             Err(err) => {
                 debug!(tenant = %auth.tenant_id, %err, "auth refused");
                 cx.core.stats.auths_refused += 1;
+                cx.core.metrics.auth_refused(err.code());
                 let msg = if coded {
                     ErrorMessage::coded(err.code(), err.to_string())
                 } else {
@@ -431,6 +439,7 @@ impl Session {
                 );
             }
             Message::Publish(p) => {
+                cx.core.metrics.json_publish_frame("publish");
                 let ack = p.ack.unwrap_or(message::AckMode::None);
                 self.on_json_publish(
                     cx,
@@ -443,6 +452,7 @@ impl Session {
                 );
             }
             Message::PublishBatch(p) => {
+                cx.core.metrics.json_publish_frame("publish_batch");
                 let ack = p.ack.unwrap_or(message::AckMode::None);
                 self.on_json_publish(
                     cx,
@@ -782,6 +792,7 @@ impl Session {
             return;
         }
         let payloads: Vec<Bytes> = view.payloads().collect();
+        let tally = crate::metrics::PublishTally::of(&payloads);
         let key = view.key_bytes();
         let unix = cx.core.unix_micros(cx.now);
         let target = &self
@@ -799,6 +810,7 @@ impl Session {
         match result {
             Ok(published) => {
                 cx.core.stats.publishes += 1;
+                cx.core.metrics.published_binary(tally);
                 if let Some(id) = request_id {
                     match self.ack_after_write(cx, &published) {
                         Some((log, end, offset)) => {
@@ -832,6 +844,7 @@ impl Session {
         ack: message::AckMode,
     ) {
         let answered = ack != message::AckMode::None;
+        let tally = crate::metrics::PublishTally::of(&payloads);
         let result = if !self.publish_allowed(tenant, namespace, stream) {
             Err(self.publish_refusal(tenant, namespace, stream))
         } else {
@@ -866,7 +879,10 @@ impl Session {
         };
         match &result {
             Err(e) if self.stalls(e) => return,
-            Ok(_) => cx.core.stats.publishes += 1,
+            Ok(_) => {
+                cx.core.stats.publishes += 1;
+                cx.core.metrics.published_json(tally);
+            }
             Err(_) => cx.core.stats.publishes_refused += 1,
         }
         if !answered {
@@ -1157,6 +1173,19 @@ impl Session {
         }
     }
 
+    /// `auth` while the broker drains: `draining` [retry] (plain text to a client that did
+    /// not offer error codes), and the stream ends.
+    fn refuse_auth_draining(&mut self, coded: bool) -> FrameResult {
+        let text = "the broker is shutting down".to_owned();
+        let msg = match coded {
+            true => ErrorMessage::coded(ErrorCode::Draining, text),
+            false => ErrorMessage::plain(text),
+        };
+        self.raised.note(&ErrorCode::Draining);
+        self.push_message(&Message::Error(msg));
+        FrameResult::CloseStream
+    }
+
     fn push_message(&mut self, msg: &Message) {
         self.push_frame(encode_message(msg));
     }
@@ -1176,6 +1205,7 @@ impl Session {
     }
 
     fn push_error(&mut self, code: ErrorCode, message: String) {
+        self.raised.note(&code);
         let frame = self.error_frame(code, message);
         self.push_frame(frame);
     }
@@ -1207,6 +1237,7 @@ impl Session {
     }
 
     fn push_ack_error(&mut self, request_id: u64, code: ErrorCode, message: &str) {
+        self.raised.note(&code);
         let frame = self.ack_error_frame(request_id, code, message);
         self.push_frame(frame);
     }

@@ -21,6 +21,17 @@ use quinn_udp::{RecvMeta, UdpSocketState, BATCH_SIZE};
 use tracing::{debug, info, warn};
 
 use crate::files::FileExecutor;
+use crate::ops_http::ScrapeRequest;
+
+/// What the rest of the process asks of the drive loop, which owns the engine.
+pub(crate) enum Control {
+    /// A metrics snapshot, for the ops endpoint.
+    Scrape(ScrapeRequest),
+    /// A rotated certificate and key (`Engine::set_tls_identity`).
+    TlsIdentity(felix_engine::TlsIdentity),
+    /// A changed JWKS document (`Engine::set_jwks`).
+    Jwks(Vec<u8>),
+}
 use crate::runtime::{Interest, Runtime, Timer, UdpSocket};
 
 /// Receive calls per wake-up before yielding to the timer and the stop signal.
@@ -32,15 +43,22 @@ const MAX_DATAGRAM: usize = 1472;
 const SHUTDOWN_LINGER: Duration = Duration::from_millis(200);
 /// How long a stopping broker waits for its logs to sync what they wrote.
 const STORAGE_DRAIN: Duration = Duration::from_secs(10);
+/// How long a draining broker keeps serving answers owed before it closes anyway.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long nothing must be owed before a draining broker closes: peers' acknowledgements of
+/// the last answers arrive, and requests already on the wire are refused rather than lost.
+const DRAIN_QUIET: Duration = Duration::from_millis(100);
 /// File completions handled per wake-up before the socket and the timer get a look in.
 const MAX_COMPLETIONS_PER_WAKE: usize = 256;
 
 /// What ended a wait.
 enum Wake {
-    Stop,
+    /// Stop; `true` drains first (a `shutdown`), `false` stops at once (the handle dropped).
+    Stop(bool),
     Received(io::Result<usize>),
     Completed(FileCompletion),
     Timer,
+    Control(Control),
 }
 
 pub(crate) struct Driver<R: Runtime> {
@@ -59,6 +77,8 @@ pub(crate) struct Driver<R: Runtime> {
     /// many ops are out at once (`DurableConfig::max_inflight_file_ops`), which bounds it too.
     done_tx: mpsc::UnboundedSender<FileCompletion>,
     done_rx: mpsc::UnboundedReceiver<FileCompletion>,
+    /// Scrapes and rotations from the rest of the process.
+    control: Option<mpsc::UnboundedReceiver<Control>>,
 }
 
 impl<R: Runtime> Driver<R> {
@@ -68,6 +88,7 @@ impl<R: Runtime> Driver<R> {
         socket: R::Socket,
         state: UdpSocketState,
         executor: Option<Arc<FileExecutor>>,
+        control: mpsc::UnboundedReceiver<Control>,
     ) -> Driver<R> {
         let slot = (MAX_DATAGRAM * state.gro_segments()).max(u16::MAX as usize);
         let (done_tx, done_rx) = mpsc::unbounded();
@@ -85,6 +106,7 @@ impl<R: Runtime> Driver<R> {
             executor,
             done_tx,
             done_rx,
+            control: Some(control),
         }
     }
 
@@ -99,8 +121,19 @@ impl<R: Runtime> Driver<R> {
             if self.engine.is_ready() {
                 return Ok(());
             }
-            match poll_fn(|cx| Pin::new(&mut self.done_rx).poll_next(cx)).await {
-                Some(c) => self.completed(c),
+            // Only file completions move recovery on (no timers, no datagrams yet); control
+            // requests are served meanwhile, so /metrics works while the logs are read.
+            let wake = poll_fn(|cx| {
+                if let Poll::Ready(c) = Pin::new(&mut self.done_rx).poll_next(cx) {
+                    return Poll::Ready(c.map(Wake::Completed));
+                }
+                self.poll_control(cx)
+            })
+            .await;
+            match wake {
+                Some(Wake::Completed(c)) => self.completed(c),
+                Some(Wake::Control(c)) => self.control(c),
+                Some(_) => {}
                 None => return Err(io::Error::other("the file executor stopped")),
             }
         }
@@ -112,13 +145,58 @@ impl<R: Runtime> Driver<R> {
         loop {
             self.flush().await;
             match self.wait(Some(&mut stop), true, None).await {
-                Wake::Stop => break,
+                Wake::Stop(drain) => {
+                    if drain {
+                        self.drain().await;
+                    }
+                    break;
+                }
                 Wake::Received(result) => self.received(result).await,
                 Wake::Completed(c) => self.completed(c),
                 Wake::Timer => self.timer_fired(),
+                Wake::Control(c) => self.control(c),
             }
         }
         self.stop().await
+    }
+
+    /// Graceful drain before the stop: new work is refused `draining`, answers owed are
+    /// delivered (held ones once their logs sync), and the loop goes on until nothing has
+    /// been owed for [`DRAIN_QUIET`] or [`DRAIN_TIMEOUT`] passes.
+    async fn drain(&mut self) {
+        let began = Instant::now();
+        self.engine.drain(began);
+        self.flush().await;
+        let deadline = began + DRAIN_TIMEOUT;
+        let mut quiet_since: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            if self.engine.connection_count() == 0 && self.engine.is_drained() {
+                break;
+            }
+            if self.engine.is_drained() {
+                let since = *quiet_since.get_or_insert(now);
+                if now >= since + DRAIN_QUIET {
+                    break;
+                }
+            } else {
+                quiet_since = None;
+            }
+            if now >= deadline {
+                warn!("drain deadline passed with answers still owed");
+                break;
+            }
+            let until = quiet_since.map_or(deadline, |s| (s + DRAIN_QUIET).min(deadline));
+            match self.wait(None, true, Some(until)).await {
+                Wake::Received(result) => self.received(result).await,
+                Wake::Completed(c) => self.completed(c),
+                Wake::Timer => self.timer_fired(),
+                Wake::Control(c) => self.control(c),
+                Wake::Stop(_) => {}
+            }
+            self.flush().await;
+        }
+        info!(took = ?began.elapsed(), "drained");
     }
 
     async fn stop(mut self) {
@@ -141,7 +219,8 @@ impl<R: Runtime> Driver<R> {
                 Wake::Timer => self.timer_fired(),
                 Wake::Received(result) => self.received(result).await,
                 Wake::Completed(c) => self.completed(c),
-                Wake::Stop => {}
+                Wake::Control(c) => self.control(c),
+                Wake::Stop(_) => {}
             }
             self.flush().await;
         }
@@ -155,7 +234,8 @@ impl<R: Runtime> Driver<R> {
                 }
                 Wake::Timer => self.timer_fired(),
                 Wake::Completed(c) => self.completed(c),
-                Wake::Received(_) | Wake::Stop => {}
+                Wake::Control(c) => self.control(c),
+                Wake::Received(_) | Wake::Stop(_) => {}
             }
             self.flush().await;
         }
@@ -184,9 +264,9 @@ impl<R: Runtime> Driver<R> {
         }
         poll_fn(|cx| {
             if let Some(stop) = stop.as_deref_mut() {
-                // A value or a dropped sender: either way, stop.
-                if Pin::new(stop).poll(cx).is_ready() {
-                    return Poll::Ready(Wake::Stop);
+                // A value asks for a drain; a dropped sender for an immediate stop.
+                if let Poll::Ready(sent) = Pin::new(stop).poll(cx) {
+                    return Poll::Ready(Wake::Stop(sent.is_ok()));
                 }
             }
             if socket {
@@ -197,6 +277,9 @@ impl<R: Runtime> Driver<R> {
             if let Poll::Ready(Some(c)) = Pin::new(&mut self.done_rx).poll_next(cx) {
                 return Poll::Ready(Wake::Completed(c));
             }
+            if let Poll::Ready(Some(scrape)) = self.poll_control(cx) {
+                return Poll::Ready(scrape);
+            }
             if self.armed.is_some() && self.timer.poll_expired(cx).is_ready() {
                 self.armed = None;
                 return Poll::Ready(Wake::Timer);
@@ -204,6 +287,35 @@ impl<R: Runtime> Driver<R> {
             Poll::Pending
         })
         .await
+    }
+
+    fn poll_control(&mut self, cx: &mut Context<'_>) -> Poll<Option<Wake>> {
+        if let Some(control) = self.control.as_mut() {
+            match Pin::new(control).poll_next(cx) {
+                Poll::Ready(Some(c)) => return Poll::Ready(Some(Wake::Control(c))),
+                // Every sender is gone; stop polling the channel.
+                Poll::Ready(None) => self.control = None,
+                Poll::Pending => {}
+            }
+        }
+        Poll::Pending
+    }
+
+    fn control(&mut self, control: Control) {
+        match control {
+            // The scraper may have timed out and gone; nothing to do then.
+            Control::Scrape(reply) => {
+                let _ = reply.try_send(self.engine.metrics());
+            }
+            Control::TlsIdentity(identity) => match self.engine.set_tls_identity(identity) {
+                Ok(()) => info!("serving the rotated certificate to new connections"),
+                Err(e) => warn!(error = %e, "refused the rotated certificate; the old one stays"),
+            },
+            Control::Jwks(doc) => match self.engine.set_jwks(&doc) {
+                Ok(()) => info!("verifying tokens against the changed JWKS"),
+                Err(e) => warn!(error = %e, "refused the changed JWKS; the old keys stay"),
+            },
+        }
     }
 
     /// The timer may have been armed for an earlier deadline than the engine's current one.

@@ -15,7 +15,9 @@ mod driver;
 // was written (and is maintained), and is compiled here so no adapter depends on another.
 #[path = "../../runtime-tokio/src/files.rs"]
 pub mod files;
+pub mod ops_http;
 pub mod process;
+mod reload;
 mod runtime;
 mod tls;
 
@@ -60,6 +62,15 @@ pub struct BrokerOptions {
     pub storage_dir: Option<PathBuf>,
     /// How durable storage behaves; used only with `storage_dir`.
     pub durable: DurableConfig,
+    /// Serve `/metrics`, `/livez` and `/readyz` over HTTP here (port 0 picks a free one;
+    /// see [`RunningBroker::metrics_addr`]). `None`: no endpoint.
+    pub metrics_bind: Option<SocketAddr>,
+    /// After each sync, pages of a log file more than this far behind its end are dropped
+    /// from the page cache (`None`: never). Default [`files::DEFAULT_CACHE_BEHIND_BYTES`].
+    pub cache_behind_bytes: Option<u64>,
+    /// A failure to bind `metrics_bind` only logs a warning (for a default address that
+    /// another process may hold) instead of failing the start.
+    pub metrics_bind_optional: bool,
 }
 
 impl BrokerOptions {
@@ -72,7 +83,53 @@ impl BrokerOptions {
             configure_engine: None,
             storage_dir: None,
             durable: DurableConfig::default(),
+            metrics_bind: None,
+            metrics_bind_optional: false,
+            cache_behind_bytes: Some(files::DEFAULT_CACHE_BEHIND_BYTES),
         }
+    }
+
+    /// Defaults everywhere, listening on an ephemeral loopback port (`127.0.0.1:0`): what a
+    /// test or an embedding program usually wants.
+    pub fn ephemeral() -> BrokerOptions {
+        BrokerOptions::new(SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// Listens on `addr` (port 0 picks a free one).
+    pub fn bind(mut self, addr: SocketAddr) -> Self {
+        self.bind = addr;
+        self
+    }
+
+    /// Serves this PEM certificate chain (leaf first) and key instead of a generated CA
+    /// and leaf.
+    pub fn tls_pem(mut self, cert_chain: Vec<u8>, key: Vec<u8>) -> Self {
+        self.tls_pem = Some((cert_chain, key));
+        self
+    }
+
+    /// Verifies tokens against this JWKS document instead of running in dev mode.
+    pub fn jwks(mut self, document: Vec<u8>) -> Self {
+        self.jwks = Some(document);
+        self
+    }
+
+    /// Keeps streams and caches in logs under `dir` (created if missing) instead of memory.
+    pub fn storage_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.storage_dir = Some(dir.into());
+        self
+    }
+
+    /// How durable storage behaves (with [`storage_dir`](Self::storage_dir)).
+    pub fn durable(mut self, durable: DurableConfig) -> Self {
+        self.durable = durable;
+        self
+    }
+
+    /// Serves `/metrics`, `/livez` and `/readyz` on `addr` (port 0 picks a free one).
+    pub fn metrics_bind(mut self, addr: SocketAddr) -> Self {
+        self.metrics_bind = Some(addr);
+        self
     }
 
     /// Adds a change to the engine configuration (applied after any earlier one).
@@ -96,13 +153,14 @@ impl fmt::Debug for BrokerOptions {
             .field("jwks", &self.jwks.is_some())
             .field("storage_dir", &self.storage_dir)
             .field("durable", &self.durable)
+            .field("metrics_bind", &self.metrics_bind)
             .finish_non_exhaustive()
     }
 }
 
 /// A broker running in the background on some runtime. Dropping it stops the broker too
-/// (without waiting); [`RunningBroker::shutdown`] stops it and waits until it has closed its
-/// connections and synced its logs.
+/// (at once, without draining or waiting); [`RunningBroker::shutdown`] — or awaiting the
+/// handle — drains it, closes its connections and syncs its logs, and waits for all that.
 pub struct RunningBroker {
     runtime: &'static str,
     local_addr: SocketAddr,
@@ -111,6 +169,9 @@ pub struct RunningBroker {
     dev_token: Option<String>,
     stop: Option<oneshot::Sender<()>>,
     stopped: Option<oneshot::Receiver<()>>,
+    ops: Option<ops_http::OpsServer>,
+    ops_state: Arc<ops_http::OpsState>,
+    watcher: Option<reload::Watcher>,
 }
 
 impl RunningBroker {
@@ -134,6 +195,41 @@ impl RunningBroker {
         self.dev_token.as_deref()
     }
 
+    /// Where `/metrics`, `/livez` and `/readyz` are served, when enabled.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.ops.as_ref().map(ops_http::OpsServer::local_addr)
+    }
+
+    /// Serves this certificate chain (PEM, leaf first) and key to new connections from now
+    /// on; established ones keep theirs. Fails if the PEM does not parse; a key the engine
+    /// refuses is logged and the old identity stays.
+    pub fn rotate_tls(&self, cert_pem: &[u8], key_pem: &[u8]) -> io::Result<()> {
+        let identity = tls::from_pem(cert_pem, key_pem)?;
+        self.send_control(driver::Control::TlsIdentity(identity))
+    }
+
+    /// Verifies new streams' tokens against this JWKS document from now on (only for a
+    /// broker started with a JWKS); authenticated streams keep their identity.
+    pub fn rotate_jwks(&self, jwks: Vec<u8>) -> io::Result<()> {
+        self.send_control(driver::Control::Jwks(jwks))
+    }
+
+    /// Watches the files `reload` names (the configured certificate, key and JWKS) and
+    /// rotates whenever they change, polling every `reload.interval`. Replaces an earlier
+    /// watch; stops with the broker.
+    pub fn watch_files(&mut self, reload: &config::Reload) -> io::Result<()> {
+        self.watcher = None;
+        self.watcher = reload::Watcher::spawn(reload, self.ops_state.control.clone())?;
+        Ok(())
+    }
+
+    fn send_control(&self, control: driver::Control) -> io::Result<()> {
+        self.ops_state
+            .control
+            .unbounded_send(control)
+            .map_err(|_| io::Error::other("the broker has stopped"))
+    }
+
     /// What the file executor has done (with a storage directory), readable from any thread
     /// while the broker runs.
     pub fn file_stats(&self) -> Option<files::FileStats> {
@@ -145,16 +241,32 @@ impl RunningBroker {
         self.files.clone()
     }
 
-    /// Closes every connection with code 0, sends the closes, syncs the logs, and waits for
-    /// the drive loop to end.
+    /// Stops gracefully and waits until done: drains first (new connections and new work
+    /// are refused `draining`, answers already owed are delivered, held ones once their
+    /// logs sync; at most 10 s), then closes every connection with code 0, syncs the logs
+    /// and ends the drive loop. `/readyz` turns 503 at once.
     pub async fn shutdown(mut self) -> io::Result<()> {
-        drop(self.stop.take());
+        self.ops_state.set_ready(false);
+        if let Some(stop) = self.stop.take() {
+            // A value asks for the graceful drain (dropping the sender stops at once).
+            let _ = stop.send(());
+        }
         match self.stopped.take() {
             Some(stopped) => stopped
                 .await
                 .map_err(|_| io::Error::other("the broker task ended without stopping")),
             None => Ok(()),
         }
+    }
+}
+
+/// Awaiting the handle shuts the broker down cleanly, as [`RunningBroker::shutdown`].
+impl std::future::IntoFuture for RunningBroker {
+    type Output = io::Result<()>;
+    type IntoFuture = std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<()>> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.shutdown())
     }
 }
 
@@ -217,7 +329,10 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         Some(dir) => {
             std::fs::create_dir_all(dir)?;
             config.durable = Some(opts.durable.clone());
-            Some(Arc::new(files::FileExecutor::new(dir.clone())))
+            Some(Arc::new(files::FileExecutor::with_drop_behind(
+                dir.clone(),
+                opts.cache_behind_bytes,
+            )))
         }
         None => None,
     };
@@ -239,12 +354,38 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let dev_token = engine.dev_token().map(str::to_owned);
 
-    let mut driver = driver::Driver::new(runtime.clone(), engine, socket, state, executor.clone());
+    // The endpoint comes up before recovery, so probes see "live, not ready" meanwhile.
+    let (ops_state, control) = ops_http::OpsState::new();
+    let ops = match opts.metrics_bind {
+        Some(addr) => match ops_http::OpsServer::start(addr, ops_state.clone()) {
+            Ok(server) => Some(server),
+            Err(e) if opts.metrics_bind_optional => {
+                tracing::warn!(%addr, error = %e, "metrics endpoint disabled: cannot bind");
+                None
+            }
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("metrics endpoint {addr}: {e}"),
+                ))
+            }
+        },
+        None => None,
+    };
+    let mut driver = driver::Driver::new(
+        runtime.clone(),
+        engine,
+        socket,
+        state,
+        executor.clone(),
+        control,
+    );
     if let Some(dir) = &opts.storage_dir {
         let began = Instant::now();
         driver.recover().await?;
         info!(dir = %dir.display(), took = ?began.elapsed(), "durable storage recovered");
     }
+    ops_state.set_ready(true);
     let (stop, stop_rx) = oneshot::channel();
     let (stopped_tx, stopped) = oneshot::channel();
     runtime.spawn(async move {
@@ -260,5 +401,8 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         dev_token,
         stop: Some(stop),
         stopped: Some(stopped),
+        ops,
+        ops_state,
+        watcher: None,
     })
 }

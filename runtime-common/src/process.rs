@@ -35,9 +35,8 @@ pub fn main(runtimes: &[ProcessRuntime]) -> ExitCode {
         .init();
 
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let from_env = std::env::var(RUNTIME_VAR).ok().filter(|v| !v.is_empty());
-    let runtime = match choose_runtime(&args, from_env.as_deref(), runtimes) {
-        Ok(Some(runtime)) => runtime,
+    let args = match parse_args(&args) {
+        Ok(Some(args)) => args,
         Ok(None) => {
             println!("{}", usage(runtimes));
             return ExitCode::SUCCESS;
@@ -48,10 +47,23 @@ pub fn main(runtimes: &[ProcessRuntime]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let config = match config::from_env() {
+    let config = match config::load(args.config.as_deref(), config::env_var) {
         Ok(c) => c,
         Err(e) => {
             error!("configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.print_config {
+        print!("{}", config.effective.render());
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match choose_runtime(args.runtime.as_deref(), config.runtime.as_deref(), runtimes)
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            error!("{e}");
+            eprintln!("{}", usage(runtimes));
             return ExitCode::from(2);
         }
     };
@@ -67,44 +79,64 @@ pub fn main(runtimes: &[ProcessRuntime]) -> ExitCode {
 fn usage(runtimes: &[ProcessRuntime]) -> String {
     let names: Vec<&str> = runtimes.iter().map(|r| r.name).collect();
     format!(
-        "usage: felix-broker [--runtime {}]\n\
-         The runtime may also be named by {RUNTIME_VAR} (default {}); everything else is\n\
-         configured by FELIX_* environment variables (see docs and felix_runtime_common::config).",
+        "usage: felix-broker [--runtime {}] [--config FILE] [--print-config]\n\
+         The runtime may also be named by {RUNTIME_VAR} or `runtime` in the file (default {}).\n\
+         Settings come from the TOML file (--config, or FELIX_CONFIG), overridden by FELIX_*\n\
+         environment variables; --print-config shows the result and each value's source\n\
+         (docs/operations.md lists every setting).",
         names.join("|"),
         names.first().copied().unwrap_or("none"),
     )
 }
 
-/// The runtime the arguments (first) or the environment name; `None` asks for the usage.
-fn choose_runtime<'r>(
-    args: &[String],
-    from_env: Option<&str>,
-    runtimes: &'r [ProcessRuntime],
-) -> Result<Option<&'r ProcessRuntime>, String> {
-    let mut name = from_env.map(str::to_owned);
+/// What the command line asked for.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Args {
+    runtime: Option<String>,
+    config: Option<std::path::PathBuf>,
+    print_config: bool,
+}
+
+/// The arguments; `None` asks for the usage.
+fn parse_args(args: &[String]) -> Result<Option<Args>, String> {
+    let mut out = Args::default();
     let mut args = args.iter();
     while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--runtime" => {
-                let value = args.next().ok_or("--runtime needs a value")?;
-                name = Some(value.clone());
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_owned())),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = |name: &str| -> Result<String, String> {
+            match inline.clone() {
+                Some(v) => Ok(v),
+                None => args.next().cloned().ok_or(format!("{name} needs a value")),
             }
-            other => match other.strip_prefix("--runtime=") {
-                Some(value) => name = Some(value.to_owned()),
-                None => return Err(format!("unknown argument {other:?}")),
-            },
+        };
+        match flag {
+            "-h" | "--help" => return Ok(None),
+            "--runtime" => out.runtime = Some(value("--runtime")?),
+            "--config" => out.config = Some(value("--config")?.into()),
+            "--print-config" => out.print_config = true,
+            other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    match name {
+    Ok(Some(out))
+}
+
+/// The runtime the flag names, else the configuration (file or `FELIX_RUNTIME`), else the
+/// first built in.
+fn choose_runtime<'r>(
+    flag: Option<&str>,
+    configured: Option<&str>,
+    runtimes: &'r [ProcessRuntime],
+) -> Result<&'r ProcessRuntime, String> {
+    match flag.or(configured) {
         None => runtimes
             .first()
-            .map(Some)
             .ok_or_else(|| "no runtime is built in".to_owned()),
         Some(name) => runtimes
             .iter()
             .find(|r| r.name == name)
-            .map(Some)
             .ok_or_else(|| format!("unknown runtime {name:?}")),
     }
 }
@@ -113,7 +145,8 @@ fn choose_runtime<'r>(
 pub async fn serve<R: Runtime>(runtime: R, config: Config) -> io::Result<()> {
     // Handlers go in before the broker starts, so an early SIGTERM still stops it cleanly.
     let signal = termination_signal()?;
-    let broker = start(runtime, config.options).await?;
+    let mut broker = start(runtime, config.options).await?;
+    broker.watch_files(&config.reload)?;
     if let Some(path) = &config.tls_cert_export {
         write_atomically(path, broker.ca_cert_pem().as_bytes())?;
         info!(path = %path.display(), "wrote the CA certificate");
@@ -146,8 +179,9 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Resolves with the signal's name on the first SIGINT or SIGTERM. A plain thread waits
-/// for it, so no runtime's signal support is needed.
+/// Resolves with the signal's name on the first SIGINT or SIGTERM (which starts the graceful
+/// drain); a second one exits the process at once, with 128 + the signal's number. A plain
+/// thread waits for them, so no runtime's signal support is needed.
 #[cfg(unix)]
 fn termination_signal() -> io::Result<oneshot::Receiver<&'static str>> {
     use signal_hook::consts::{SIGINT, SIGTERM};
@@ -156,12 +190,14 @@ fn termination_signal() -> io::Result<oneshot::Receiver<&'static str>> {
     std::thread::Builder::new()
         .name("felix-signals".into())
         .spawn(move || {
-            if let Some(signal) = signals.forever().next() {
-                let _ = tx.send(if signal == SIGTERM {
-                    "SIGTERM"
-                } else {
-                    "SIGINT"
-                });
+            let name = |s| if s == SIGTERM { "SIGTERM" } else { "SIGINT" };
+            let mut signals = signals.forever();
+            if let Some(signal) = signals.next() {
+                let _ = tx.send(name(signal));
+            }
+            if let Some(signal) = signals.next() {
+                error!("second {}: exiting at once", name(signal));
+                std::process::exit(128 + signal);
             }
         })?;
     Ok(rx)
@@ -199,13 +235,16 @@ mod tests {
         },
     ];
 
-    fn choose(args: &[&str], env: Option<&str>) -> Result<Option<&'static str>, String> {
+    fn choose(args: &[&str], configured: Option<&str>) -> Result<Option<&'static str>, String> {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        choose_runtime(&args, env, RUNTIMES).map(|r| r.map(|r| r.name))
+        let Some(args) = parse_args(&args)? else {
+            return Ok(None);
+        };
+        choose_runtime(args.runtime.as_deref(), configured, RUNTIMES).map(|r| Some(r.name))
     }
 
     #[test]
-    fn the_flag_beats_the_environment_which_beats_the_default() {
+    fn the_flag_beats_the_configuration_which_beats_the_default() {
         assert_eq!(choose(&[], None), Ok(Some("tokio")));
         assert_eq!(choose(&[], Some("smol")), Ok(Some("smol")));
         assert_eq!(
@@ -220,11 +259,28 @@ mod tests {
     }
 
     #[test]
+    fn config_flags_are_read() {
+        let args: Vec<String> = ["--config", "/etc/felix.toml", "--print-config"]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        let parsed = parse_args(&args).unwrap().unwrap();
+        assert_eq!(parsed.config, Some("/etc/felix.toml".into()));
+        assert!(parsed.print_config);
+        let args = vec!["--config=/x.toml".to_owned()];
+        assert_eq!(
+            parse_args(&args).unwrap().unwrap().config,
+            Some("/x.toml".into())
+        );
+    }
+
+    #[test]
     fn unknown_runtimes_and_arguments_are_refused() {
         assert!(choose(&[], Some("async-std"))
             .unwrap_err()
             .contains("async-std"));
         assert!(choose(&["--runtime"], None).unwrap_err().contains("value"));
+        assert!(choose(&["--config"], None).unwrap_err().contains("value"));
         assert!(choose(&["--port", "1"], None)
             .unwrap_err()
             .contains("--port"));

@@ -5,13 +5,16 @@
 //! async-io reactor (`Async<UdpSocket>`), an async-io `Timer`, tasks on an async-executor,
 //! and file ops on the `blocking` pool.
 //!
+//! The builder and handle are the same as on tokio ([`BrokerOptions`], [`RunningBroker`]);
+//! `examples/embed.rs` is a whole program, run as a test by `tests/embed_example.rs`.
+//!
 //! ```no_run
 //! # fn demo() -> std::io::Result<()> {
 //! smol::block_on(async {
-//!     let opts = felix_runtime_smol::BrokerOptions::new("127.0.0.1:0".parse().unwrap());
+//!     let opts = felix_runtime_smol::BrokerOptions::ephemeral();
 //!     let broker = felix_runtime_smol::start(opts).await?;
 //!     println!("listening on {}, token {:?}", broker.local_addr(), broker.dev_token());
-//!     broker.shutdown().await
+//!     broker.await
 //! })
 //! # }
 //! ```

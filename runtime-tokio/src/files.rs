@@ -29,7 +29,8 @@ const PAGE: u64 = 4096;
 /// rest is dropped behind the writer (see [`Handle::drop_behind`]). Readers of the newest
 /// data (catch-up close to the tail) keep hitting memory.
 pub const DEFAULT_CACHE_BEHIND_BYTES: u64 = 32 << 20;
-/// Overrides [`DEFAULT_CACHE_BEHIND_BYTES`]: a byte count, or `off` to keep everything.
+/// Overrides [`DEFAULT_CACHE_BEHIND_BYTES`] (read by `felix_runtime_common::config`): a byte
+/// count, or `off` to keep everything.
 pub const CACHE_BEHIND_VAR: &str = "FELIX_DURABLE_CACHE_BEHIND_BYTES";
 
 /// Performs file ops under one storage root, keeping handles to the files it appends to,
@@ -82,22 +83,15 @@ pub struct FileStats {
 }
 
 impl FileExecutor {
-    /// An executor for `root` (which must exist).
+    /// An executor for `root` (which must exist) with the default drop-behind.
     pub fn new(root: impl Into<PathBuf>) -> FileExecutor {
-        let drop_behind = match std::env::var(CACHE_BEHIND_VAR).as_deref() {
-            Ok("off") => None,
-            Ok(v) => match v.parse() {
-                Ok(n) => Some(n),
-                Err(_) => {
-                    tracing::warn!(
-                        value = v,
-                        "ignoring {CACHE_BEHIND_VAR}: not a number or off"
-                    );
-                    Some(DEFAULT_CACHE_BEHIND_BYTES)
-                }
-            },
-            Err(_) => Some(DEFAULT_CACHE_BEHIND_BYTES),
-        };
+        FileExecutor::with_drop_behind(root, Some(DEFAULT_CACHE_BEHIND_BYTES))
+    }
+
+    /// An executor for `root` that keeps `drop_behind` bytes of each file's synced end in
+    /// the page cache (`None`: keeps everything). The configuration layer reads
+    /// [`CACHE_BEHIND_VAR`] (`durable.cache_behind_bytes`).
+    pub fn with_drop_behind(root: impl Into<PathBuf>, drop_behind: Option<u64>) -> FileExecutor {
         FileExecutor {
             root: root.into(),
             handles: Mutex::new(HashMap::new()),

@@ -6,12 +6,27 @@
 //! `felix-broker` binary lives here too and runs on tokio (default) or smol
 //! (`--runtime smol`).
 //!
+//! ## Embedding a broker
+//!
+//! [`BrokerOptions`] is the builder; [`start`] starts a real broker on the current tokio
+//! runtime (real QUIC on the address asked for, real files with a storage directory) and
+//! returns the [`RunningBroker`] handle: its address, the CA certificate to trust, a dev
+//! token, the metrics endpoint. Await the handle (or call `shutdown`) to stop cleanly;
+//! dropping it stops the broker without waiting. `examples/embed.rs` is a whole program, run
+//! as a test by `tests/embed_example.rs`.
+//!
 //! ```no_run
-//! # async fn demo() -> std::io::Result<()> {
-//! let opts = felix_runtime_tokio::BrokerOptions::new("127.0.0.1:0".parse().unwrap());
-//! let broker = felix_runtime_tokio::start(opts).await?;
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use felix_runtime_tokio::BrokerOptions;
+//!
+//! let broker = felix_runtime_tokio::start(
+//!     BrokerOptions::ephemeral()                    // 127.0.0.1:0, dev mode, in memory
+//!         .storage_dir("/tmp/felix-data")           // durable logs instead
+//!         .metrics_bind("127.0.0.1:0".parse()?),    // /metrics, /livez, /readyz
+//! )
+//! .await?;
 //! println!("listening on {}, token {:?}", broker.local_addr(), broker.dev_token());
-//! broker.shutdown().await?;
+//! broker.await?; // closes every connection with code 0 and syncs the logs
 //! # Ok(()) }
 //! ```
 

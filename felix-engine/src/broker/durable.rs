@@ -693,6 +693,18 @@ impl Broker {
         self.logs.as_ref().is_none_or(Logs::is_idle)
     }
 
+    /// Bytes in every log's segment files (a metrics gauge; walks every log).
+    pub(crate) fn log_bytes(&self) -> u64 {
+        let Some(logs) = self.logs.as_ref() else {
+            return 0;
+        };
+        logs.slots
+            .iter()
+            .flatten()
+            .map(|s| s.log.shard().total_bytes())
+            .sum()
+    }
+
     /// Handles the events of every log touched this turn.
     pub(super) fn process_logs(&mut self, now: Now) {
         for _ in 0..MAX_LOG_ROUNDS {

@@ -17,6 +17,7 @@ mod cache;
 mod commit;
 mod conditional;
 mod counters;
+mod drain;
 pub(crate) mod durable;
 mod encode;
 mod producers;
@@ -469,6 +470,8 @@ pub(crate) struct Broker {
     watches: watch::Watches,
     /// Consumer groups (durable shards only).
     groups: groups::Groups,
+    /// Stopping: new work is refused (`drain.rs`).
+    draining: bool,
 }
 
 impl Broker {
@@ -512,6 +515,7 @@ impl Broker {
             producer_ids: 0,
             watches: watch::Watches::default(),
             groups: groups::Groups::default(),
+            draining: false,
         }
     }
 
@@ -569,6 +573,7 @@ impl Broker {
         publisher: Option<&str>,
         ext: &EntryExt<'_>,
     ) -> Result<Published, BrokerError> {
+        self.refuse_if_draining()?;
         let shards = self.shard_count(key).unwrap_or(self.cfg.default_shards);
         let shard = match explicit_shard {
             Some(s) if s >= shards => {
@@ -682,6 +687,7 @@ impl Broker {
         start: Start,
         opts: SubscribeOpts,
     ) -> Result<Subscribed, SubscribeError> {
+        self.refuse_if_draining()?;
         let shards = self.shard_count(key).unwrap_or(self.cfg.default_shards);
         if shard >= shards {
             return Err(BrokerError::invalid(format!(
@@ -923,6 +929,7 @@ impl Broker {
         value: Bytes,
         ttl_ms: Option<u64>,
     ) -> Result<Option<(LogId, u64)>, BrokerError> {
+        self.refuse_if_draining()?;
         if self.logs.is_some() {
             return self
                 .log_cache_put(now, unix_micros, key, k, value, ttl_ms)
@@ -938,6 +945,7 @@ impl Broker {
         key: &CacheKey,
         k: &str,
     ) -> Result<CacheAnswer, BrokerError> {
+        self.refuse_if_draining()?;
         if self.logs.is_some() {
             return self.log_cache_get(now, unix_micros, key, k);
         }
@@ -952,6 +960,7 @@ impl Broker {
         key: &CacheKey,
         k: &str,
     ) -> Result<CacheAnswer, BrokerError> {
+        self.refuse_if_draining()?;
         if self.logs.is_some() {
             return self.log_cache_delete(now, unix_micros, key, k);
         }
@@ -1016,10 +1025,11 @@ impl Broker {
         let c = self.cache.counters;
         BrokerStats {
             streams: self.streams.len() as u64,
-            cache_hits: c.hits,
-            cache_misses: c.misses,
-            cache_puts: c.puts,
-            cache_deletes: c.deletes,
+            // Durable caches count into `self.stats`, in-memory ones into the store.
+            cache_hits: c.hits + self.stats.cache_hits,
+            cache_misses: c.misses + self.stats.cache_misses,
+            cache_puts: c.puts + self.stats.cache_puts,
+            cache_deletes: c.deletes + self.stats.cache_deletes,
             cache_expired: c.expired,
             cache_entries: self.cache.entries() as u64,
             cache_bytes: self.cache.total_bytes() as u64,

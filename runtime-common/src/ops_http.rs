@@ -1,0 +1,455 @@
+//! The operator's HTTP endpoint: `/metrics` (Prometheus text, `felix_broker_*`), `/livez`
+//! and `/readyz`.
+//!
+//! It is deliberately tiny and runtime-neutral: one plain thread accepts on a blocking
+//! `std::net::TcpListener` and serves each request on a short-lived thread (at most
+//! [`MAX_CONCURRENT_REQUESTS`] at once), so it works the same under tokio, smol or anything
+//! else, and a slow scraper never touches the drive loop. A scrape asks the drive loop for a
+//! snapshot of the engine's [`Metrics`] over a channel and waits for the answer; the engine
+//! stays the only owner of its counters.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use felix_engine::{Histogram, Metrics};
+use futures_channel::mpsc;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use tracing::{debug, info, warn};
+
+use crate::driver::Control;
+
+/// Requests served at once; more are answered 503 straight away.
+pub const MAX_CONCURRENT_REQUESTS: usize = 8;
+/// How long a client may take to send its request, and a scrape may wait for the loop.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most request bytes read (a request line and headers; there is no body).
+const MAX_REQUEST_BYTES: usize = 8 * 1024;
+
+/// A scrape's question to the drive loop: where to send the snapshot.
+pub(crate) type ScrapeRequest = std_mpsc::SyncSender<Metrics>;
+
+/// What the endpoint and the drive loop share.
+#[derive(Debug)]
+pub(crate) struct OpsState {
+    /// Recovery finished and the listener is bound; cleared when draining starts.
+    pub(crate) ready: AtomicBool,
+    /// To the drive loop (scrapes; `RunningBroker` sends rotations on it too).
+    pub(crate) control: mpsc::UnboundedSender<Control>,
+}
+
+impl OpsState {
+    /// The state, and the receiving end the drive loop serves.
+    pub(crate) fn new() -> (Arc<OpsState>, mpsc::UnboundedReceiver<Control>) {
+        let (tx, rx) = mpsc::unbounded();
+        let state = OpsState {
+            ready: AtomicBool::new(false),
+            control: tx,
+        };
+        (Arc::new(state), rx)
+    }
+
+    pub(crate) fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+}
+
+/// The running endpoint; dropping it stops the accept thread.
+#[derive(Debug)]
+pub(crate) struct OpsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl OpsServer {
+    /// Binds `addr` and starts serving.
+    pub(crate) fn start(addr: SocketAddr, state: Arc<OpsState>) -> io::Result<OpsServer> {
+        let listener = TcpListener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("felix-ops-http".into())
+            .spawn(move || accept_loop(listener, state, stopping))?;
+        info!(%addr, "metrics and health endpoint listening");
+        Ok(OpsServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for OpsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the blocking accept with a connection of our own.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, state: Arc<OpsState>, stop: Arc<AtomicBool>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    for conn in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(mut conn) = conn else {
+            continue;
+        };
+        if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONCURRENT_REQUESTS {
+            active.fetch_sub(1, Ordering::SeqCst);
+            let _ = respond(&mut conn, 503, "text/plain", "busy\n", false);
+            continue;
+        }
+        let (state, active) = (state.clone(), active.clone());
+        let spawned = std::thread::Builder::new()
+            .name("felix-ops-request".into())
+            .spawn({
+                let active = active.clone();
+                move || {
+                    if let Err(e) = serve(conn, &state) {
+                        debug!(error = %e, "ops request failed");
+                    }
+                    active.fetch_sub(1, Ordering::SeqCst);
+                }
+            });
+        if spawned.is_err() {
+            active.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn serve(mut conn: TcpStream, state: &OpsState) -> io::Result<()> {
+    conn.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    conn.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+    let mut request = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < MAX_REQUEST_BYTES {
+        let n = conn.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        request.extend_from_slice(&buf[..n]);
+    }
+    let line = request.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let head_only = method == "HEAD";
+    if method != "GET" && !head_only {
+        return respond(&mut conn, 405, "text/plain", "GET only\n", head_only);
+    }
+    let path = target.split('?').next().unwrap_or("");
+    match path {
+        "/livez" => respond(&mut conn, 200, "text/plain", "ok\n", head_only),
+        "/readyz" if state.ready.load(Ordering::SeqCst) => {
+            respond(&mut conn, 200, "text/plain", "ready\n", head_only)
+        }
+        "/readyz" => respond(&mut conn, 503, "text/plain", "not ready\n", head_only),
+        "/metrics" => match scrape(state) {
+            Some(metrics) => {
+                let ready = state.ready.load(Ordering::SeqCst);
+                let body = render(metrics, ready).map_err(io::Error::other)?;
+                let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+                respond(&mut conn, 200, kind, &body, head_only)
+            }
+            None => respond(
+                &mut conn,
+                503,
+                "text/plain",
+                "the broker is not running\n",
+                head_only,
+            ),
+        },
+        _ => respond(&mut conn, 404, "text/plain", "not found\n", head_only),
+    }
+}
+
+/// Asks the drive loop for a snapshot.
+fn scrape(state: &OpsState) -> Option<Metrics> {
+    let (tx, rx) = std_mpsc::sync_channel(1);
+    state.control.unbounded_send(Control::Scrape(tx)).ok()?;
+    match rx.recv_timeout(REQUEST_TIMEOUT) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            warn!(error = %e, "the drive loop did not answer a scrape");
+            None
+        }
+    }
+}
+
+fn respond(
+    conn: &mut TcpStream,
+    status: u16,
+    content_type: &str,
+    body: &str,
+    head_only: bool,
+) -> io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Service Unavailable",
+    };
+    let mut out = format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    if !head_only {
+        out.push_str(body);
+    }
+    conn.write_all(out.as_bytes())?;
+    conn.flush()
+}
+
+/// The snapshot as OpenMetrics text.
+pub fn render(metrics: Metrics, ready: bool) -> Result<String, fmt::Error> {
+    let mut registry = Registry::with_prefix("felix_broker");
+    registry.register_collector(Box::new(Snapshot { metrics, ready }));
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry)?;
+    Ok(out)
+}
+
+/// One scrape's values, encoded by the prometheus-client text encoder.
+#[derive(Debug)]
+struct Snapshot {
+    metrics: Metrics,
+    ready: bool,
+}
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+    ConstCounter::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+    ConstGauge::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+/// A counter family with one label.
+fn counters<'k>(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: impl IntoIterator<Item = (&'k str, u64)>,
+) -> fmt::Result {
+    let mut family = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (value, n) in values {
+        let labels = [(label, value)];
+        ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn histogram(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    h: &Histogram,
+    scale: f64,
+) -> fmt::Result {
+    let mut buckets: Vec<(f64, u64)> = h
+        .bounds
+        .iter()
+        .zip(&h.counts)
+        .map(|(&b, &n)| (b as f64 * scale, n))
+        .collect();
+    buckets.push((f64::MAX, h.counts[h.bounds.len()]));
+    e.encode_descriptor(name, help, None, MetricType::Histogram)?
+        .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            h.sum as f64 * scale,
+            h.count,
+            &buckets,
+            None,
+        )
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        let m = &self.metrics;
+        let e = &mut e;
+        gauge(
+            e,
+            "ready",
+            "1 once recovery finished and the listener is bound",
+            self.ready.into(),
+        )?;
+        gauge(
+            e,
+            "connections_open",
+            "QUIC connections open or draining",
+            m.connections_open,
+        )?;
+        counter(
+            e,
+            "connections_accepted",
+            "connections accepted",
+            m.connections_accepted,
+        )?;
+        counter(
+            e,
+            "connections_refused",
+            "connection attempts refused",
+            m.connections_refused,
+        )?;
+        gauge(e, "streams_open", "client streams open", m.streams_open)?;
+        counter(
+            e,
+            "streams_accepted",
+            "client streams accepted",
+            m.streams_accepted,
+        )?;
+        gauge(
+            e,
+            "subscriptions_open",
+            "subscriptions open",
+            m.subscriptions_open,
+        )?;
+        counter(e, "subscriptions", "subscriptions granted", m.subscriptions)?;
+        counters(
+            e,
+            "auth",
+            "auth outcomes by code (ok or the refusal code)",
+            "code",
+            m.auth.iter().map(|(k, v)| (k.as_str(), *v)),
+        )?;
+        counters(
+            e,
+            "published_records",
+            "records published, by frame encoding",
+            "encoding",
+            [
+                ("binary", m.published_binary_records),
+                ("json", m.published_json_records),
+            ],
+        )?;
+        counters(
+            e,
+            "published_bytes",
+            "payload bytes published, by frame encoding",
+            "encoding",
+            [
+                ("binary", m.published_binary_bytes),
+                ("json", m.published_json_bytes),
+            ],
+        )?;
+        counters(
+            e,
+            "json_publishes",
+            "JSON publish frames received, by frame",
+            "frame",
+            ["publish", "publish_batch"]
+                .map(|f| (f, m.json_publishes.get(f).copied().unwrap_or(0))),
+        )?;
+        counter(
+            e,
+            "publishes_refused",
+            "publish requests refused",
+            m.publishes_refused,
+        )?;
+        counter(
+            e,
+            "deliveries",
+            "event batches queued to subscribers",
+            m.deliveries,
+        )?;
+        counter(
+            e,
+            "subscriber_dropped_batches",
+            "event batches dropped for full subscriber queues",
+            m.subscriber_dropped_batches,
+        )?;
+        counter(
+            e,
+            "subscriber_dropped_records",
+            "records in dropped event batches",
+            m.subscriber_dropped_records,
+        )?;
+        counter(
+            e,
+            "subscriptions_lagged",
+            "subscriptions ended with subscription_lagged",
+            m.subscriptions_lagged,
+        )?;
+        gauge(
+            e,
+            "subscriber_queue_depth_max",
+            "frames queued for the deepest subscriber",
+            m.subscriber_queue_depth_max,
+        )?;
+        counters(
+            e,
+            "cache_operations",
+            "cache operations by outcome",
+            "op",
+            m.cache_ops.iter().map(|(k, v)| (*k, *v)),
+        )?;
+        gauge(e, "cache_entries", "cache entries held", m.cache_entries)?;
+        gauge(
+            e,
+            "cache_bytes",
+            "cache key and value bytes held",
+            m.cache_bytes,
+        )?;
+        counters(
+            e,
+            "group_operations",
+            "consumer-group operations by name",
+            "op",
+            m.group_ops.iter().map(|(k, v)| (*k, *v)),
+        )?;
+        histogram(
+            e,
+            "fsync_seconds",
+            "time from issuing a log fsync to its completion",
+            &m.fsync_micros,
+            1e-6,
+        )?;
+        histogram(
+            e,
+            "group_commit_batch",
+            "answers released by one durability advance of a log",
+            &m.group_commit_batch,
+            1.0,
+        )?;
+        gauge(
+            e,
+            "log_bytes",
+            "bytes in every log segment file",
+            m.log_bytes,
+        )?;
+        counter(
+            e,
+            "file_operations",
+            "file operations handed to the executor",
+            m.file_ops,
+        )?;
+        counters(
+            e,
+            "errors",
+            "error answers sent, by code",
+            "code",
+            m.errors.iter().map(|(k, v)| (k.as_str(), *v)),
+        )?;
+        Ok(())
+    }
+}
