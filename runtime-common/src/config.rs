@@ -14,6 +14,7 @@
 //! | `FELIX_DURABLE_RETENTION_SECONDS` | drop segments whose newest record is older | unbounded |
 //! | `FELIX_DURABLE_SEGMENT_MAX_BYTES` | roll a shard's log to a new segment at this size | 64 MiB |
 //! | `FELIX_ACK_ON_COMMIT` | answer every acked publish after its write, with its offset | `false` |
+//! | `FELIX_GROUP_*` | consumer-group limits (see `config/groups.rs`) | docs/groups.md |
 //!
 //! and one variable per engine limit, listed in [`ENGINE_VARS`] (for example
 //! `FELIX_PUBLISH_WINDOW`, `FELIX_AUTH_TIMEOUT_MS`, `FELIX_IDLE_CONNECTION_REAP_MS`).
@@ -27,6 +28,8 @@ use std::time::Duration;
 use felix_engine::{EngineConfig, FsyncPolicy, DEFAULT_FSYNC_INTERVAL};
 
 use crate::BrokerOptions;
+
+mod groups;
 
 /// The listen address when `FELIX_QUIC_BIND` is unset.
 pub const DEFAULT_QUIC_BIND: &str = "127.0.0.1:5000";
@@ -214,6 +217,7 @@ fn durable_from_vars(
         }
         options.durable.segment_max_bytes = bytes;
     }
+    groups::groups_from_vars(&number, &mut options.durable.groups)?;
     if let Some(text) = get("FELIX_ACK_ON_COMMIT") {
         options.durable.ack_on_commit = match text.trim().to_ascii_lowercase().as_str() {
             "true" | "1" | "yes" | "on" => true,
