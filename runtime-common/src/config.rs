@@ -27,6 +27,8 @@ use toml::Value;
 use crate::files::DEFAULT_CACHE_BEHIND_BYTES;
 use crate::BrokerOptions;
 
+mod groups;
+
 /// The listen address when none is configured.
 pub const DEFAULT_QUIC_BIND: &str = "127.0.0.1:5000";
 /// The metrics and health endpoint when none is configured (`off` disables it).
@@ -207,7 +209,7 @@ macro_rules! limit {
 }
 
 /// Every setting, in the order `--print-config` shows them (top-level keys first, as TOML
-/// requires). Sections: `tls`, `auth`, `durable`, `limits`; `[[streams]]` declares streams.
+/// requires). Sections: `tls`, `auth`, `durable`, `groups`, `limits`; `[[streams]]` declares streams.
 #[rustfmt::skip]
 pub const SETTINGS: &[Setting] = &[
     plain("quic_bind", &["FELIX_QUIC_BIND"], Kind::Text, Default_::Text(DEFAULT_QUIC_BIND)),
@@ -229,6 +231,11 @@ pub const SETTINGS: &[Setting] = &[
     plain("durable.retention_seconds", &["FELIX_DURABLE_RETENTION_SECONDS"], Kind::Int, Default_::Unset),
     plain("durable.segment_max_bytes", &["FELIX_DURABLE_SEGMENT_MAX_BYTES", "FELIX_DURABLE_SEGMENT_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_SEGMENT_MAX_BYTES)),
     plain("durable.cache_behind_bytes", &["FELIX_DURABLE_CACHE_BEHIND_BYTES"], Kind::IntOrOff, Default_::Int(DEFAULT_CACHE_BEHIND_BYTES)),
+    plain("groups.max_attempts", &["FELIX_GROUP_MAX_ATTEMPTS"], Kind::Int, Default_::Int(5)),
+    plain("groups.visibility_timeout_ms", &["FELIX_GROUP_VISIBILITY_TIMEOUT_MS"], Kind::Int, Default_::Int(30_000)),
+    plain("groups.max_visibility_ms", &["FELIX_GROUP_MAX_VISIBILITY_MS"], Kind::Int, Default_::Int(12 * 3600 * 1000)),
+    plain("groups.max_wait_ms", &["FELIX_GROUP_MAX_WAIT_MS"], Kind::Int, Default_::Int(30_000)),
+    plain("groups.max_in_flight", &["FELIX_GROUP_MAX_IN_FLIGHT"], Kind::Int, Default_::Int(10_000)),
     limit!("limits.publish_window", &["FELIX_PUBLISH_WINDOW", "FELIX_BROKER_PUBLISH_WINDOW"], int publish_window),
     limit!("limits.auth_timeout_ms", &["FELIX_AUTH_TIMEOUT_MS"], ms auth_timeout),
     limit!("limits.idle_connection_reap_ms", &["FELIX_IDLE_CONNECTION_REAP_MS"], ms idle_connection_reap),
@@ -709,6 +716,7 @@ fn durable(
         Some(bytes) => options.durable.segment_max_bytes = bytes,
         None => {}
     }
+    groups::groups_from_settings(int, name, &mut options.durable.groups)?;
     options.cache_behind_bytes = match effective.get("durable.cache_behind_bytes") {
         Some((Some(Value::Integer(n)), _)) => Some(*n as u64),
         _ => None,

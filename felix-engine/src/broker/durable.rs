@@ -375,11 +375,16 @@ impl Logs {
                 };
                 AnyLog::Counter(CounterLog::open(id, dir.clone(), cfg, now))
             }
-            // Group records are few and small; retention would forget cursors.
+            // Retention would forget cursors; small segments let compaction start early.
             Kind::Group => {
                 let cfg = LogConfig {
                     retention_bytes: None,
                     retention_age: None,
+                    segment_max_bytes: self
+                        .settings
+                        .log
+                        .segment_max_bytes
+                        .min(crate::storage::group_log::GROUP_SEGMENT_MAX_BYTES),
                     ..self.settings.log.clone()
                 };
                 AnyLog::Group(GroupLog::open(id, dir.clone(), cfg, now))

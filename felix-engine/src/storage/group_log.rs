@@ -120,12 +120,60 @@ impl DurableGroup {
     }
 }
 
+/// Below this many bytes of segments a group log is never compacted.
+pub(crate) const GROUP_COMPACT_MIN_BYTES: u64 = 1 << 20;
+/// Compaction is due when the log holds this many times its live records' bytes.
+pub(crate) const GROUP_COMPACT_GARBAGE_RATIO: u64 = 4;
+/// Segments of a group log roll at this size (or the configured one, if smaller), so
+/// compaction, which rewrites sealed segments only, has something to work on early.
+pub(crate) const GROUP_SEGMENT_MAX_BYTES: u64 = 4 << 20;
+/// What one kept record costs on disk after compaction, about (entry header + record).
+const LIVE_RECORD_BYTES: u64 = 32 + GROUP_RECORD_FIXED as u64 + 16;
+
+/// Where each live record of a group sits in the log: its newest cursor record, and the
+/// record listing each dead letter and each redrive still owed.
+#[derive(Debug, Default)]
+struct LiveAt {
+    cursor: Option<u64>,
+    dead: HashMap<u64, u64>,
+    redriven: HashMap<u64, u64>,
+}
+
+impl LiveAt {
+    fn apply(&mut self, op: GroupOp, offset: u64, at: u64) {
+        match op {
+            GroupOp::Cursor => self.cursor = Some(at),
+            GroupOp::Dead => {
+                self.redriven.remove(&offset);
+                self.dead.insert(offset, at);
+            }
+            GroupOp::Discard => {
+                self.dead.remove(&offset);
+            }
+            GroupOp::Redrive => {
+                self.dead.remove(&offset);
+                self.redriven.insert(offset, at);
+            }
+            GroupOp::Done => {
+                self.redriven.remove(&offset);
+            }
+            GroupOp::Delete => *self = LiveAt::default(),
+        }
+    }
+
+    fn count(&self) -> usize {
+        usize::from(self.cursor.is_some()) + self.dead.len() + self.redriven.len()
+    }
+}
+
 /// The group log of one shard. Driven like [`ShardLog`]; its events are the shard log's.
 #[derive(Debug)]
 pub(crate) struct GroupLog {
     log: ShardLog,
     /// Filled by replay while opening; taken once by the broker.
     recovered: HashMap<String, DurableGroup>,
+    /// Log offsets of the records still meaning something, for compaction.
+    live: HashMap<String, LiveAt>,
     events: VecDeque<LogEvent>,
     /// Replay met a record it cannot read: the open is reported as failed.
     corrupt: Option<StorageError>,
@@ -136,6 +184,7 @@ impl GroupLog {
         let mut g = GroupLog {
             log: ShardLog::open_replaying(id, dir, cfg, now),
             recovered: HashMap::new(),
+            live: HashMap::new(),
             events: VecDeque::new(),
             corrupt: None,
         };
@@ -197,8 +246,58 @@ impl GroupLog {
             payloads: &payloads,
         };
         let first = self.log.append(now, batch);
+        if let Ok(first) = first {
+            for (i, r) in records.iter().enumerate() {
+                self.note_live(r, first + i as u64);
+            }
+            self.compact_if_due();
+        }
         self.absorb();
         first.map(|f| f + payloads.len() as u64)
+    }
+
+    fn note_live(&mut self, r: &GroupRecord, at: u64) {
+        if r.op == GroupOp::Delete {
+            self.live.remove(&r.group);
+        } else {
+            let live = match self.live.get_mut(&r.group) {
+                Some(l) => l,
+                None => self.live.entry(r.group.clone()).or_default(),
+            };
+            live.apply(r.op, r.offset, at);
+        }
+    }
+
+    /// Records still meaning something: a cursor per group, listed dead letters, owed
+    /// redrives.
+    pub(crate) fn live_records(&self) -> usize {
+        self.live.values().map(LiveAt::count).sum()
+    }
+
+    /// Starts a compaction pass when the log holds [`GROUP_COMPACT_GARBAGE_RATIO`] times
+    /// what its live records need (and at least [`GROUP_COMPACT_MIN_BYTES`]): the sealed
+    /// segments are rewritten with only the live records, at their own offsets.
+    pub(crate) fn compact_if_due(&mut self) -> bool {
+        let total = self.log.total_bytes();
+        if total < GROUP_COMPACT_MIN_BYTES || self.log.compacting() || !self.log.is_open() {
+            return false;
+        }
+        let live = self.live_records() as u64 * LIVE_RECORD_BYTES;
+        if total <= GROUP_COMPACT_GARBAGE_RATIO.saturating_mul(live) {
+            return false;
+        }
+        let mut keep: Vec<u64> = self
+            .live
+            .values()
+            .flat_map(|l| {
+                l.cursor
+                    .into_iter()
+                    .chain(l.dead.values().copied())
+                    .chain(l.redriven.values().copied())
+            })
+            .collect();
+        keep.sort_unstable();
+        self.log.compact(keep)
     }
 
     fn absorb(&mut self) {
@@ -219,11 +318,13 @@ impl GroupLog {
     fn replay(&mut self, entry: DecodedEntry) {
         for (i, payload) in entry.payloads.iter().enumerate() {
             match GroupRecord::decode(payload) {
-                Ok(r) => self
-                    .recovered
-                    .entry(r.group)
-                    .or_default()
-                    .apply(r.op, r.offset),
+                Ok(r) => {
+                    self.note_live(&r, entry.base + i as u64);
+                    self.recovered
+                        .entry(r.group)
+                        .or_default()
+                        .apply(r.op, r.offset);
+                }
                 Err(why) => {
                     self.corrupt.get_or_insert(StorageError::Corrupt {
                         path: self.log.dir().to_owned(),
@@ -239,6 +340,102 @@ impl GroupLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::log::FsyncMode;
+    use crate::storage::memfs::MemFs;
+
+    const DIR: &str = "groups/t/ns/s/0";
+
+    /// Drives a group log over memfs until it has nothing left to do.
+    fn pump(fs: &mut MemFs, g: &mut GroupLog, compacted: &mut usize) {
+        for _ in 0..100_000 {
+            let Some(op) = g.poll_op() else {
+                while let Some(ev) = g.poll_event() {
+                    if let LogEvent::Compacted { .. } = ev {
+                        *compacted += 1;
+                    }
+                }
+                return;
+            };
+            if let Some(c) = fs.execute(op) {
+                g.handle_completion(c);
+            }
+        }
+        panic!("the group log did not settle");
+    }
+
+    fn record(op: GroupOp, group: &str, offset: u64) -> GroupRecord {
+        GroupRecord {
+            op,
+            group: group.into(),
+            offset,
+        }
+    }
+
+    #[test]
+    fn a_busy_log_is_compacted_to_its_live_records_and_replays_the_same() {
+        let cfg = LogConfig {
+            fsync: FsyncMode::None,
+            segment_max_bytes: 64 << 10,
+            ..LogConfig::default()
+        };
+        let t0 = Instant::now();
+        let mut fs = MemFs::new();
+        let mut compacted = 0;
+        let mut g = GroupLog::open(LogId(3), DIR.into(), cfg.clone(), t0);
+        pump(&mut fs, &mut g, &mut compacted);
+        g.append(
+            t0,
+            1,
+            &[record(GroupOp::Dead, "a", 7), record(GroupOp::Dead, "a", 8)],
+        )
+        .unwrap();
+        g.append(
+            t0,
+            1,
+            &[
+                record(GroupOp::Redrive, "a", 8),
+                record(GroupOp::Dead, "b", 1),
+            ],
+        )
+        .unwrap();
+        g.append(t0, 1, &[record(GroupOp::Cursor, "gone", 5)])
+            .unwrap();
+        g.append(t0, 1, &[record(GroupOp::Delete, "gone", 0)])
+            .unwrap();
+        for i in 0..30_000u64 {
+            g.append(t0, 1, &[record(GroupOp::Cursor, "a", i)]).unwrap();
+            if i % 64 == 0 {
+                pump(&mut fs, &mut g, &mut compacted);
+            }
+        }
+        pump(&mut fs, &mut g, &mut compacted);
+        assert!(compacted >= 1, "a pass ran");
+        assert!(
+            g.log().total_bytes() < GROUP_COMPACT_MIN_BYTES,
+            "{} bytes left",
+            g.log().total_bytes()
+        );
+        assert_eq!(
+            g.live_records(),
+            4,
+            "a's cursor, dead 7, redriven 8, b's dead 1"
+        );
+
+        let mut again = GroupLog::open(LogId(4), DIR.into(), cfg, t0);
+        pump(&mut fs, &mut again, &mut compacted);
+        let groups = again.take_recovered();
+        let a = &groups["a"];
+        assert_eq!(a.cursor, Some(29_999));
+        assert_eq!(a.dead.iter().copied().collect::<Vec<_>>(), vec![7]);
+        assert_eq!(a.redriven.iter().copied().collect::<Vec<_>>(), vec![8]);
+        assert_eq!(
+            groups["b"].dead.iter().copied().collect::<Vec<_>>(),
+            vec![1]
+        );
+        assert!(groups
+            .get("gone")
+            .is_none_or(|d| *d == DurableGroup::default()));
+    }
 
     #[test]
     fn a_group_record_round_trips_and_damage_is_refused() {

@@ -1,0 +1,116 @@
+//! Consumer groups through the engine, file ops on the in-memory disk and time on the fake
+//! clock: the exact answers the real client expects, a waiting poll answered in the turn
+//! its record is released, and a wait that ends empty at its deadline.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use felix_engine::{DurableConfig, FsyncPolicy};
+use quinn_proto::StreamId;
+use serde_json::Value;
+
+fn on_commit() -> DurableConfig {
+    DurableConfig {
+        fsync: FsyncPolicy::OnCommit,
+        ..DurableConfig::default()
+    }
+}
+
+fn json(net: &mut Net, p: usize, sid: StreamId) -> Vec<Value> {
+    net.read_frames(p, sid)
+        .iter()
+        .map(|f| serde_json::from_str(text(f)).unwrap())
+        .collect()
+}
+
+fn request(net: &mut Net, p: usize, sid: StreamId, body: &str) {
+    net.send(p, sid, &json_frame(body));
+    net.run();
+}
+
+const ADDR: &str =
+    r#""tenant_id":"t1","namespace":"default","stream":"jobs","shard":0,"group":"g""#;
+
+#[test]
+fn a_waiting_poll_is_answered_when_its_record_is_released_and_settles_answer_cache_ok() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (publisher, auth_ok) = net.auth_stream(p);
+    let features = serde_json::from_str::<Value>(text(&auth_ok)).unwrap()["server_features"]
+        .as_u64()
+        .unwrap();
+    // CONSUMER_GROUP, GROUP_DEAD_LETTERS, GROUP_CONSUMER, GROUP_CLAIM_CONTROL, GROUP_ADMIN.
+    for bit in [0x8, 0x10, 0x10_0000, 0x800_0000, 0x100_0000] {
+        assert_ne!(features & bit, 0, "feature {bit:#x} is advertised");
+    }
+    let (poller, _) = net.auth_stream(p);
+    request(
+        &mut net,
+        p,
+        poller,
+        &format!(r#"{{"type":"group_poll",{ADDR},"max_records":8,"wait_ms":5000,"request_id":7}}"#),
+    );
+    assert!(json(&mut net, p, poller).is_empty(), "the poll waits");
+
+    net.send(
+        p,
+        publisher,
+        &binary_publish(Some(1), None, "jobs", &[b"work"]),
+    );
+    net.run();
+    let answers = json(&mut net, p, poller);
+    assert_eq!(
+        answers,
+        vec![serde_json::json!({
+            "type": "group_records",
+            "records": [{"offset": 0, "payload": "d29yaw==", "attempts": 1}],
+            "request_id": 7
+        })]
+    );
+
+    request(
+        &mut net,
+        p,
+        poller,
+        &format!(r#"{{"type":"group_ack",{ADDR},"offset":0,"request_id":8}}"#),
+    );
+    assert_eq!(
+        json(&mut net, p, poller),
+        vec![serde_json::json!({"type": "cache_ok", "request_id": 8})]
+    );
+    request(
+        &mut net,
+        p,
+        poller,
+        &format!(r#"{{"type":"group_describe",{ADDR},"request_id":9}}"#),
+    );
+    assert_eq!(
+        json(&mut net, p, poller),
+        vec![serde_json::json!({
+            "type": "group_info", "committed": 1, "tail": 1, "in_flight": 0, "owed": 0,
+            "dead_letters": 0, "request_id": 9
+        })]
+    );
+}
+
+#[test]
+fn a_wait_with_nothing_to_find_ends_empty_at_its_deadline() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (poller, _) = net.auth_stream(p);
+    request(
+        &mut net,
+        p,
+        poller,
+        &format!(r#"{{"type":"group_poll",{ADDR},"max_records":8,"wait_ms":2000,"request_id":1}}"#),
+    );
+    net.advance(Duration::from_millis(1_999));
+    assert!(json(&mut net, p, poller).is_empty(), "still waiting");
+    net.advance(Duration::from_millis(1));
+    assert_eq!(
+        json(&mut net, p, poller),
+        vec![serde_json::json!({"type": "group_records", "records": [], "request_id": 1})]
+    );
+}
