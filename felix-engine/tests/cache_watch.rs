@@ -289,3 +289,40 @@ fn counters_and_conditional_writes_answer_exactly() {
         r#"{"type":"cache_condition_result","applied":true,"request_id":8}"#
     );
 }
+
+#[test]
+fn an_expired_key_reaches_its_watchers_as_a_delete() {
+    let mut net = Net::durable(periodic(), |_| {});
+    let p = net.connect(&[]);
+    let (_, events) = watch(&mut net, p, r#","prefix":"s/""#);
+    let (uni, _) = events.unwrap();
+    let (sid, _) = net.auth_stream(p);
+    let f = net.exchange(
+        p,
+        sid,
+        &json_frame(
+            r#"{"type":"cache_put","tenant_id":"t1","namespace":"default","cache":"c","key":"s/1","value":"eA==","request_id":1,"ttl_ms":1500}"#,
+        ),
+    );
+    assert_eq!(json(&f[0])["type"], "cache_ok");
+    let put = json(&net.read_frames(p, uni)[0]);
+    assert_eq!(put["offset"], 0);
+    let expires = put["expires_at_millis"].as_u64().expect("the put's expiry");
+    net.advance(Duration::from_millis(1000));
+    assert!(net.read_frames(p, uni).is_empty(), "not due yet");
+    // The pass after the TTL writes the delete.
+    net.advance(Duration::from_millis(1600));
+    let got: Vec<String> = net
+        .read_frames(p, uni)
+        .iter()
+        .map(|f| text(f).to_owned())
+        .collect();
+    assert_eq!(
+        got,
+        vec![r#"{"type":"cache_event","key":"s/1","offset":1}"#.to_owned()]
+    );
+    assert!(expires > 0);
+    // Written once: later passes find nothing.
+    net.advance(Duration::from_millis(3000));
+    assert!(net.read_frames(p, uni).is_empty());
+}

@@ -18,6 +18,7 @@ mod conditional;
 mod counters;
 pub(crate) mod durable;
 mod encode;
+mod expiry;
 #[cfg(test)]
 mod tests;
 mod watch;
@@ -447,6 +448,9 @@ pub(crate) struct Broker {
     event_budget: EventBudget,
     /// Cache watches (`watch.rs`); they share subscriber ids and the ready queue.
     watches: watch::Watches,
+    /// When the next durable-cache expiry pass runs (`expiry.rs`); `None` while no cache
+    /// holds a key with a TTL.
+    cache_expiry: Option<Instant>,
 }
 
 impl Broker {
@@ -487,6 +491,7 @@ impl Broker {
                 by_owner: HashMap::new(),
             },
             watches: watch::Watches::default(),
+            cache_expiry: None,
         }
     }
 
@@ -919,7 +924,7 @@ impl Broker {
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let leftover = self.has_storage_work().then_some(self.last_flush).flatten();
         let logs = self.logs.as_ref().and_then(Logs::poll_timeout);
-        [self.cache.poll_timeout(), logs, leftover]
+        [self.cache.poll_timeout(), logs, leftover, self.cache_expiry]
             .into_iter()
             .flatten()
             .min()
@@ -934,6 +939,7 @@ impl Broker {
         if let Some(logs) = self.logs.as_mut() {
             logs.handle_timeout(now, unix_micros);
         }
+        self.run_cache_expiry(now, unix_micros);
     }
 
     /// The most event bytes queued for one owner's subscribers.
