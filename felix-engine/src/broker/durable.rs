@@ -581,7 +581,7 @@ impl Logs {
             && self.slots.iter().flatten().all(|s| s.log.is_idle())
     }
 
-    fn live_ids(&self) -> impl Iterator<Item = LogId> + '_ {
+    pub(super) fn live_ids(&self) -> impl Iterator<Item = LogId> + '_ {
         self.slots
             .iter()
             .enumerate()
@@ -1171,6 +1171,9 @@ impl Broker {
             .put(now, unix_micros, k.as_bytes(), value, expiry)
             .map_err(super::append_error)?;
         self.stats.cache_puts += 1;
+        if expiry.is_some() {
+            self.arm_cache_expiry(now);
+        }
         Ok((log, offset + 1))
     }
 
@@ -1257,6 +1260,13 @@ impl Broker {
             CacheEvent::Opened { keys, next_offset } => {
                 tracing::debug!(log = id.0, keys, next_offset, "cache log open");
                 logs.opened(id, Ok(()));
+                let expiring = logs
+                    .slot_mut(id)
+                    .and_then(|s| s.log.cache_mut())
+                    .is_some_and(|c| c.expiring() > 0);
+                if expiring {
+                    self.arm_cache_expiry(now);
+                }
             }
             CacheEvent::Durable { up_to } => {
                 logs.notices.push_back(Notice::Durable { log: id, up_to });

@@ -25,6 +25,7 @@ mod reads;
 #[cfg(test)]
 mod stream_ops_tests;
 pub(crate) mod groups;
+mod expiry;
 #[cfg(test)]
 mod tests;
 mod watch;
@@ -472,6 +473,9 @@ pub(crate) struct Broker {
     groups: groups::Groups,
     /// Stopping: new work is refused (`drain.rs`).
     draining: bool,
+    /// When the next durable-cache expiry pass runs (`expiry.rs`); `None` while no cache
+    /// holds a key with a TTL.
+    cache_expiry: Option<Instant>,
 }
 
 impl Broker {
@@ -516,6 +520,7 @@ impl Broker {
             watches: watch::Watches::default(),
             groups: groups::Groups::default(),
             draining: false,
+            cache_expiry: None,
         }
     }
 
@@ -978,6 +983,7 @@ impl Broker {
             logs,
             leftover,
             self.groups_timeout(),
+            self.cache_expiry,
         ]
         .into_iter()
         .flatten()
@@ -996,6 +1002,7 @@ impl Broker {
         if self.groups_timeout().is_some_and(|at| at <= now) {
             self.groups_handle_timeout(now);
         }
+        self.run_cache_expiry(now, unix_micros);
     }
 
     /// The most event bytes queued for one owner's subscribers.

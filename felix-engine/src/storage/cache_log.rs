@@ -207,6 +207,8 @@ pub(crate) struct CacheLog {
     applied: u64,
     /// Someone watches this cache: report each applied write.
     observed: bool,
+    /// Index entries with an expiry.
+    expiring: usize,
 }
 
 impl CacheLog {
@@ -222,6 +224,7 @@ impl CacheLog {
             failed: false,
             applied: 0,
             observed: false,
+            expiring: 0,
         };
         c.absorb();
         c
@@ -432,13 +435,56 @@ impl CacheLog {
             return Ok(Lookup::Absent);
         };
         if slot.expired(unix_ms) {
-            self.forget(key);
+            // Left in the index for the expiry pass, which writes its delete.
             return Ok(Lookup::Absent);
         }
         let ticket = self.log.read(slot.offset, 1, 0)?;
         self.gets.insert(ticket, slot.offset);
         self.absorb();
         Ok(Lookup::Pending(ticket))
+    }
+
+    /// Keys in the index with an expiry (expired or not): the expiry pass has work while
+    /// this is not zero.
+    pub(crate) fn expiring(&self) -> usize {
+        self.expiring
+    }
+
+    /// Writes a delete for up to `max` keys whose TTL has passed at `unix_micros` and that
+    /// no accepted write has replaced since: an expiry becomes a change in the log, which
+    /// watchers receive as a delete and compaction drops. Returns how many were written.
+    pub(crate) fn expire_due(
+        &mut self,
+        now: Instant,
+        unix_micros: u64,
+        max: usize,
+    ) -> Result<usize, AppendError> {
+        let unix_ms = unix_micros / 1000;
+        if self.expiring == 0 || !self.is_open() {
+            return Ok(0);
+        }
+        let due: Vec<Box<[u8]>> = self
+            .index
+            .iter()
+            .filter(|(k, s)| s.expired(unix_ms) && !self.staged.iter().any(|st| st.key == **k))
+            .map(|(k, _)| k.clone())
+            .take(max)
+            .collect();
+        for key in &due {
+            let payload = CacheRecord::Delete {
+                key: Bytes::copy_from_slice(key),
+            }
+            .encode();
+            let offset = self.append(now, unix_micros, payload)?;
+            self.staged.push_back(Staged {
+                offset,
+                key: key.clone(),
+                slot: None,
+                value: None,
+            });
+        }
+        self.absorb();
+        Ok(due.len())
     }
 
     /// Drops up to `max` expired keys from the index (lazy expiry covers the rest). Writes
@@ -494,6 +540,7 @@ impl CacheLog {
     fn forget(&mut self, key: &[u8]) {
         if let Some(old) = self.index.remove(key) {
             self.live_bytes -= u64::from(old.bytes);
+            self.expiring -= usize::from(old.expiry_ms != 0);
         }
     }
 
@@ -501,8 +548,10 @@ impl CacheLog {
         match slot {
             Some(slot) => {
                 self.live_bytes += u64::from(slot.bytes);
+                self.expiring += usize::from(slot.expiry_ms != 0);
                 if let Some(old) = self.index.insert(key, slot) {
                     self.live_bytes -= u64::from(old.bytes);
+                    self.expiring -= usize::from(old.expiry_ms != 0);
                 }
             }
             None => self.forget(&key),
