@@ -62,7 +62,7 @@ fn spawn(dir: PathBuf, vars: &[(&str, &str)]) -> Broker {
     for (k, v) in vars {
         cmd.env(k, v);
     }
-    let child = cmd.spawn().unwrap();
+    let mut child = cmd.spawn().unwrap();
     for _ in 0..200 {
         if let (Ok(ca), Ok(token)) = (std::fs::read(&ca), std::fs::read_to_string(&token)) {
             let token = token.trim().to_owned();
@@ -76,6 +76,8 @@ fn spawn(dir: PathBuf, vars: &[(&str, &str)]) -> Broker {
         }
         std::thread::sleep(Duration::from_millis(25));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("the broker did not start");
 }
 
