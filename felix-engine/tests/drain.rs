@@ -84,5 +84,11 @@ fn draining_answers_what_is_owed_and_refuses_new_work() {
 
     net.engine.shutdown(net.now);
     net.run();
-    assert_eq!(net.engine.connection_count(), 0);
+    assert!(net.engine.storage_idle(), "every log synced");
+    match &net.peers[p].lost {
+        Some(quinn_proto::ConnectionError::ApplicationClosed(c)) => {
+            assert_eq!(c.error_code.into_inner(), 0, "closed with code 0")
+        }
+        other => panic!("expected the broker's close, got {other:?}"),
+    }
 }
