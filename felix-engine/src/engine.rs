@@ -389,7 +389,8 @@ impl TimeSource for FixedTime {
 ///   engine asked for has finished. Each call is one *turn*: it processes the input, lets
 ///   every affected session answer, then seals the broker's open event batches once, so
 ///   publishes that arrive in one turn go out to subscribers as one frame.
-/// - **Commands**, plain verbs: [`shutdown`](Self::shutdown),
+/// - **Commands**, plain verbs: [`drain`](Self::drain) (graceful stop: refuse new work),
+///   [`shutdown`](Self::shutdown),
 ///   [`set_tls_identity`](Self::set_tls_identity) (certificate rotation),
 ///   [`set_jwks`](Self::set_jwks) (token key rotation).
 /// - **Outputs**, `poll_*`: [`poll_output`](Self::poll_output) hands out the next thing to do
@@ -398,7 +399,8 @@ impl TimeSource for FixedTime {
 /// - **Getters**, `&self`: [`dev_token`](Self::dev_token), [`stats`](Self::stats),
 ///   [`usage`](Self::usage), [`connection_count`](Self::connection_count),
 ///   [`is_ready`](Self::is_ready),
-///   [`storage_error`](Self::storage_error), [`storage_idle`](Self::storage_idle).
+///   [`storage_error`](Self::storage_error), [`storage_idle`](Self::storage_idle),
+///   [`metrics`](Self::metrics) (counters for an exporter), [`is_drained`](Self::is_drained).
 ///
 /// # Durable storage
 ///

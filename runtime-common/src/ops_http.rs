@@ -265,18 +265,19 @@ fn histogram(
     name: &str,
     help: &str,
     h: &Histogram,
-    scale: f64,
+    divisor: f64,
 ) -> fmt::Result {
     let mut buckets: Vec<(f64, u64)> = h
         .bounds
         .iter()
         .zip(&h.counts)
-        .map(|(&b, &n)| (b as f64 * scale, n))
+        .map(|(&b, &n)| (b as f64 / divisor, n))
         .collect();
+    // The encoder writes `+Inf` for `f64::MAX`.
     buckets.push((f64::MAX, h.counts[h.bounds.len()]));
     e.encode_descriptor(name, help, None, MetricType::Histogram)?
         .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-            h.sum as f64 * scale,
+            h.sum as f64 / divisor,
             h.count,
             &buckets,
             None,
@@ -422,7 +423,7 @@ impl Collector for Snapshot {
             "fsync_seconds",
             "time from issuing a log fsync to its completion",
             &m.fsync_micros,
-            1e-6,
+            1e6,
         )?;
         histogram(
             e,
@@ -451,5 +452,78 @@ impl Collector for Snapshot {
             m.errors.iter().map(|(k, v)| (k.as_str(), *v)),
         )?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use super::*;
+
+    fn request(addr: SocketAddr, text: &str) -> String {
+        let mut conn = TcpStream::connect(addr).unwrap();
+        conn.write_all(text.as_bytes()).unwrap();
+        let mut out = String::new();
+        conn.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn routes_methods_readiness_and_the_exposition() {
+        let (state, mut control) = OpsState::new();
+        // Stands in for the drive loop: answers scrapes with an empty snapshot.
+        let loop_thread = std::thread::spawn(move || {
+            while let Some(c) = futures_executor_lite(&mut control) {
+                if let Control::Scrape(reply) = c {
+                    let _ = reply.send(Metrics::default());
+                }
+            }
+        });
+        let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state.clone()).unwrap();
+        let addr = server.local_addr();
+        let get = |path: &str| request(addr, &format!("GET {path} HTTP/1.1\r\n\r\n"));
+
+        assert!(get("/livez").starts_with("HTTP/1.1 200"));
+        assert!(get("/readyz").starts_with("HTTP/1.1 503"));
+        state.set_ready(true);
+        assert!(get("/readyz").starts_with("HTTP/1.1 200"));
+        assert!(get("/nope").starts_with("HTTP/1.1 404"));
+        assert!(request(addr, "POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        let head = request(addr, "HEAD /livez HTTP/1.1\r\n\r\n");
+        assert!(
+            head.starts_with("HTTP/1.1 200") && head.ends_with("\r\n\r\n"),
+            "{head}"
+        );
+
+        let metrics = get("/metrics");
+        assert!(
+            metrics.contains("application/openmetrics-text"),
+            "{metrics}"
+        );
+        assert!(metrics.contains("\nfelix_broker_ready 1\n"), "{metrics}");
+        assert!(metrics.contains("# TYPE felix_broker_fsync_seconds histogram"));
+        assert!(
+            metrics.contains("felix_broker_fsync_seconds_bucket{le=\"0.00005\"} 0"),
+            "{metrics}"
+        );
+        assert!(metrics.contains("felix_broker_json_publishes_total{frame=\"publish_batch\"} 0"));
+        assert!(metrics.trim_end().ends_with("# EOF"));
+
+        drop(server);
+        assert!(TcpStream::connect(addr).is_err(), "stopped with its handle");
+        drop(state);
+        loop_thread.join().unwrap();
+    }
+
+    /// Blocks on the next control message (`None` once every sender is gone).
+    fn futures_executor_lite(rx: &mut mpsc::UnboundedReceiver<Control>) -> Option<Control> {
+        loop {
+            match rx.try_recv() {
+                Ok(message) => return Some(message),
+                Err(mpsc::TryRecvError::Closed) => return None,
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
     }
 }

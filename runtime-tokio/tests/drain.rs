@@ -29,8 +29,20 @@ fn free_udp_port() -> u16 {
     s.local_addr().unwrap().port()
 }
 
+/// The broker process, killed and reaped if a test fails before it exits on its own.
+struct Process(Option<Child>);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// The broker process on `dir`, and the address, CA and token it exported.
-fn spawn_broker(dir: &Path, runtime: &str) -> (Child, SocketAddr, Vec<u8>, String) {
+fn spawn_broker(dir: &Path, runtime: &str) -> (Process, SocketAddr, Vec<u8>, String) {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse().unwrap();
     let (ca, token) = (dir.join("ca.pem"), dir.join("token"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_felix-broker"));
@@ -39,18 +51,19 @@ fn spawn_broker(dir: &Path, runtime: &str) -> (Child, SocketAddr, Vec<u8>, Strin
             cmd.env_remove(name);
         }
     }
-    let child = cmd
-        .args(["--runtime", runtime])
-        .env("FELIX_QUIC_BIND", addr.to_string())
-        .env("FELIX_DURABLE_STORAGE_DIR", dir.join("data"))
-        .env("FELIX_DURABLE_FSYNC_MODE", "on_commit")
-        .env("FELIX_METRICS_BIND", "off")
-        .env("FELIX_TLS_CERT_EXPORT", &ca)
-        .env("FELIX_DEV_TOKEN_EXPORT", &token)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = Process(Some(
+        cmd.args(["--runtime", runtime])
+            .env("FELIX_QUIC_BIND", addr.to_string())
+            .env("FELIX_DURABLE_STORAGE_DIR", dir.join("data"))
+            .env("FELIX_DURABLE_FSYNC_MODE", "on_commit")
+            .env("FELIX_METRICS_BIND", "off")
+            .env("FELIX_TLS_CERT_EXPORT", &ca)
+            .env("FELIX_DEV_TOKEN_EXPORT", &token)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
     for _ in 0..200 {
         if let (Ok(ca), Ok(token)) = (std::fs::read(&ca), std::fs::read_to_string(&token)) {
             return (child, addr, ca, token.trim().to_owned());
@@ -131,7 +144,7 @@ async fn drain_loses_nothing(runtime: &str) {
         free_udp_port()
     )));
     std::fs::create_dir_all(&dir.0).unwrap();
-    let (mut child, addr, ca, token) = spawn_broker(&dir.0, runtime);
+    let (mut process, addr, ca, token) = spawn_broker(&dir.0, runtime);
     let mut config = ClientConfig::new(addr, ca, "t1", &token);
     config.request_timeout = Duration::from_secs(10);
     let client = Client::connect(config).await.unwrap();
@@ -140,6 +153,7 @@ async fn drain_loses_nothing(runtime: &str) {
         .map(|t| tokio::spawn(publish_until_refused(client.clone(), stream.clone(), t)))
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut child = process.0.take().expect("running");
     sigterm(&child);
     let status =
         tokio::task::spawn_blocking(move || wait_exit(&mut child, Duration::from_secs(20)))
