@@ -267,7 +267,7 @@ pub const SETTINGS: &[Setting] = &[
 ];
 
 /// Sections of the file; every other table is refused.
-const SECTIONS: &[&str] = &["tls", "auth", "durable", "limits"];
+const SECTIONS: &[&str] = &["tls", "auth", "durable", "groups", "limits"];
 /// Keys of a `[[streams]]` entry.
 const STREAM_KEYS: &[&str] = &["tenant", "namespace", "stream", "shards"];
 
