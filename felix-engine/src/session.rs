@@ -184,6 +184,8 @@ impl Session {
                     // base64 grows a value by a third; the rest of the answer is small.
                     Some(Ok(Some(value))) => value.len() / 3 * 4 + 4 + 256 + v.answer.key.len(),
                     Some(_) => 256 + v.answer.key.len(),
+                    // A page not read yet may be as large as a page can be.
+                    None if v.raw => crate::broker::PAGE_FRAME_RESERVE,
                     None => value_reserve,
                 },
             })
