@@ -30,7 +30,9 @@ impl Offer {
                 | Features::STREAM_PUBLISH_WINDOW
                 | Features::SUBSCRIPTION_LAGGED
                 | Features::SHARD_MOVED
-                | Features::STREAM_DELETED,
+                | Features::STREAM_DELETED
+                // `publish_refused` with `sequence_reused` decodes (stream_ops.rs).
+                | Features::SEQUENCE_REUSED,
         }
     }
 
