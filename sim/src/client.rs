@@ -22,8 +22,9 @@ use quinn_proto::{
     StreamId, TransportConfig, VarInt,
 };
 
-use crate::invariants::{cache_reads, offsets, subscriber_order::SubscriberView};
+use crate::invariants::{cache_reads, idempotent_once, offsets, subscriber_order::SubscriberView};
 use crate::oracle::{Oracle, Promise, Violation, WriteOutcome};
+use crate::producer::{Outcome, Producer};
 use crate::rng::SimRng;
 use crate::trace::Trace;
 
@@ -48,6 +49,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) client_count: usize,
     /// Canary: drop one event batch for a subscriber without telling anyone.
     pub(crate) drop_one_event_frame: &'a mut bool,
+    /// Canary: the idempotent producer re-sends a batch under a new sequence.
+    pub(crate) resend_as_new: bool,
     /// True once the fault phase is over: no new work, only reading and reconnecting.
     pub(crate) quiet: bool,
 }
@@ -98,6 +101,8 @@ enum Phase {
 enum Purpose {
     Publish,
     Cache,
+    /// The idempotent producer's stream (`producer.rs`).
+    Idempotent,
     Subscribe(usize),
 }
 
@@ -131,6 +136,7 @@ struct Conn {
     views: BTreeMap<u64, (usize, SubscriberView)>,
     publish_stream: Option<StreamId>,
     cache_stream: Option<StreamId>,
+    idempotent_stream: Option<StreamId>,
     /// Frames decrypted from the broker so far, and when that count last moved: proof that
     /// the broker still holds this connection.
     frames_heard: u64,
@@ -162,6 +168,8 @@ pub(crate) struct SimClient {
     seq: u64,
     cache_busy: BTreeSet<String>,
     cache_values: u64,
+    /// Sends batches that must land once, across connections (`producer.rs`).
+    producer: Producer,
     pub(crate) shards: u32,
     /// The auditor's reading: per shard, start offset and records by offset.
     pub(crate) audit: BTreeMap<u32, (u64, BTreeMap<u64, Bytes>)>,
@@ -229,6 +237,7 @@ impl SimClient {
             }
         };
         let lo = rng.duration(Duration::from_millis(2), Duration::from_millis(60));
+        let producer = Producer::new(s.id, &mut rng.fork("producer"));
         let mut offer = Offer::full();
         if rng.chance(0.5) {
             offer.features = offer.features.union(felix_proto::Features::ACK_ON_COMMIT);
@@ -257,6 +266,7 @@ impl SimClient {
             seq: 0,
             cache_busy: BTreeSet::new(),
             cache_values: 0,
+            producer,
             shards: s.shards,
             audit: BTreeMap::new(),
             stats: ClientStats::default(),
@@ -429,6 +439,7 @@ impl SimClient {
                     views: BTreeMap::new(),
                     publish_stream: None,
                     cache_stream: None,
+                    idempotent_stream: None,
                     frames_heard: 0,
                     last_heard: now,
                 });
@@ -541,6 +552,7 @@ impl SimClient {
             }
         }
         ctx.oracle.connection_closed(self.id, conn.gen);
+        self.producer.connection_lost(ctx.resend_as_new);
         let backoff = self
             .rng
             .duration(Duration::from_millis(50), Duration::from_millis(1000));
@@ -571,9 +583,11 @@ impl SimClient {
         if self.role == Role::Worker {
             let p = self.open_bi(now, Purpose::Publish, ctx);
             let c = self.open_bi(now, Purpose::Cache, ctx);
+            let i = self.open_bi(now, Purpose::Idempotent, ctx);
             if let Some(conn) = &mut self.conn {
                 conn.publish_stream = p;
                 conn.cache_stream = c;
+                conn.idempotent_stream = i;
             }
         }
         for i in 0..self.subs.len() {
@@ -634,6 +648,9 @@ impl SimClient {
                     }
                 }
                 if ended && !matches!(s.phase, Phase::Dead) {
+                    if s.purpose == Purpose::Idempotent {
+                        self.producer.connection_lost(ctx.resend_as_new);
+                    }
                     // The broker ended the stream: its requests will not be answered here.
                     let gen = conn.gen;
                     let no = s.no;
@@ -687,6 +704,9 @@ impl SimClient {
         let gen = conn.gen;
         let s = conn.bi.get_mut(&id).expect("stream");
         let no = s.no;
+        if s.purpose == Purpose::Idempotent && matches!(s.phase, Phase::Ready(_)) {
+            return self.on_idempotent_answer(now, frame, (gen, no), ctx);
+        }
         match std::mem::replace(&mut s.phase, Phase::Dead) {
             Phase::Authing => {
                 ctx.oracle.request_answered((me, gen, no, 0));
@@ -700,7 +720,7 @@ impl SimClient {
                     }
                 }
                 match s.purpose {
-                    Purpose::Publish | Purpose::Cache => {
+                    Purpose::Publish | Purpose::Cache | Purpose::Idempotent => {
                         s.phase = Phase::Ready(RequestStream::new(caps, TENANT));
                     }
                     Purpose::Subscribe(i) => {
@@ -985,8 +1005,10 @@ impl SimClient {
     /// One workload step: a publish, a cache write or a cache read.
     fn act(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
         let roll = self.rng.below(10);
-        if roll < 6 {
+        if roll < 5 {
             self.publish(now, ctx)
+        } else if roll < 6 {
+            self.idempotent_send(now, ctx)
         } else {
             self.cache_op(now, ctx)
         }
@@ -1057,6 +1079,85 @@ impl SimClient {
             s.reqs.insert(rid, ReqMeta::Publish { shard, payloads });
         }
         Ok(())
+    }
+
+    /// The producer's pending batch again, or its next one, unless a send waits.
+    fn idempotent_send(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
+        let me = self.id;
+        let Some(conn) = &mut self.conn else {
+            return Ok(());
+        };
+        let Some(id) = conn.idempotent_stream else {
+            return Ok(());
+        };
+        let gen = conn.gen;
+        let s = conn.bi.get_mut(&id).expect("stream");
+        if !matches!(s.phase, Phase::Ready(_)) {
+            return Ok(());
+        }
+        let Some((frame, rid, batch)) = self.producer.next_send(&mut self.rng, self.shards) else {
+            return Ok(());
+        };
+        let what = format!(
+            "idempotent seq {} {}..+{} shard {}",
+            batch.sequence,
+            crate::oracle::show(&batch.payloads[0]),
+            batch.payloads.len(),
+            batch.shard
+        );
+        ctx.log(now, format_args!("c{me} {what} req {rid}"));
+        ctx.oracle.request_sent((me, gen, s.no, rid), now, what);
+        s.out.push_back(frame);
+        self.stats.publishes += 1;
+        Ok(())
+    }
+
+    fn on_idempotent_answer(
+        &mut self,
+        now: Instant,
+        frame: &Frame,
+        (gen, no): (u64, u64),
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Violation> {
+        let me = self.id;
+        if !frame.flags.is_empty() {
+            return Err(protocol(
+                me,
+                format!(
+                    "flags {:#06x} answering an idempotent publish",
+                    frame.flags.0
+                ),
+            ));
+        }
+        let msg = felix_proto::message::Message::decode(&frame.payload)
+            .map_err(|e| protocol(me, format!("idempotent answer: {e}")))?;
+        let waiting = self.producer.in_flight();
+        let outcome = self.producer.on_answer(msg);
+        if let (Some(rid), None) = (waiting, self.producer.in_flight()) {
+            ctx.oracle.request_answered((me, gen, no, rid));
+        }
+        match outcome {
+            Outcome::Written(batch, offset) => {
+                self.stats.acks += 1;
+                ctx.log(
+                    now,
+                    format_args!(
+                        "c{me} idempotent ack seq {} {} shard {} offset {offset:?}",
+                        batch.sequence,
+                        crate::oracle::show(&batch.payloads[0]),
+                        batch.shard
+                    ),
+                );
+                idempotent_once::written(ctx.oracle, &batch, offset)
+            }
+            Outcome::Refused(batch, reason) => Err(idempotent_once::refused(&batch, &reason)),
+            Outcome::Retry(why) => {
+                self.stats.refusals += 1;
+                ctx.log(now, format_args!("c{me} idempotent send failed: {why}"));
+                Ok(())
+            }
+            Outcome::Stray => Err(protocol(me, "an idempotent answer to no send".into())),
+        }
     }
 
     fn cache_op(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {

@@ -25,6 +25,7 @@ mod disk;
 mod invariants;
 mod net;
 mod oracle;
+mod producer;
 mod queue;
 mod rng;
 mod trace;
@@ -42,6 +43,9 @@ pub enum Canary {
     /// The disk acknowledges an fsync without persisting anything; a power loss then drops
     /// acknowledged records (caught by `no_acked_loss`).
     LyingSync,
+    /// An idempotent producer re-sends a batch whose answer was lost under a new sequence
+    /// instead of the same one (caught by `idempotent_once`).
+    ResendAsNew,
 }
 
 impl std::str::FromStr for Canary {
@@ -50,8 +54,9 @@ impl std::str::FromStr for Canary {
         match s {
             "drop-event-frame" => Ok(Canary::DropEventFrame),
             "lying-sync" => Ok(Canary::LyingSync),
+            "resend-as-new" => Ok(Canary::ResendAsNew),
             other => Err(format!(
-                "unknown canary {other:?}: expected drop-event-frame or lying-sync"
+                "unknown canary {other:?}: expected drop-event-frame, lying-sync or resend-as-new"
             )),
         }
     }

@@ -15,7 +15,7 @@ use felix_engine::{
 use crate::client::{Ctx, Role, Setup, SimClient, NAMESPACE, STREAM, TENANT};
 use crate::clock::VirtualClock;
 use crate::disk::{CrashKind, SimDisk};
-use crate::invariants::{no_acked_loss, requests_answered};
+use crate::invariants::{idempotent_once, no_acked_loss, requests_answered};
 use crate::net::{NetConfig, Network, Node};
 use crate::oracle::{Oracle, Promise, Violation};
 use crate::queue::EventQueue;
@@ -110,6 +110,7 @@ pub(crate) struct World {
     crypto: Arc<quinn_proto::crypto::rustls::QuicClientConfig>,
     client_rng: SimRng,
     drop_one_event_frame: bool,
+    resend_as_new: bool,
     quiet: bool,
     workers: usize,
     steps: u64,
@@ -123,7 +124,7 @@ impl World {
         let mode = match opts.canary {
             // The canaries break promises only durable runs make.
             Some(Canary::LyingSync) => Mode::OnCommitPowerLoss,
-            Some(Canary::DropEventFrame) => {
+            Some(Canary::DropEventFrame | Canary::ResendAsNew) => {
                 *plan.pick(&[Mode::OnCommitPowerLoss, Mode::AckAfterWriteProcessCrash])
             }
             None => *plan.pick(&[
@@ -214,6 +215,7 @@ impl World {
             crypto: crate::crypto::client_crypto(provider),
             client_rng: root.fork("clients"),
             drop_one_event_frame: opts.canary == Some(Canary::DropEventFrame),
+            resend_as_new: opts.canary == Some(Canary::ResendAsNew),
             quiet: false,
             workers,
             steps: 0,
@@ -562,6 +564,7 @@ impl World {
             broker_addr: self.broker_addr,
             client_count: self.workers,
             drop_one_event_frame: &mut self.drop_one_event_frame,
+            resend_as_new: self.resend_as_new,
             quiet: self.quiet,
         };
         (&mut self.clients[i], ctx)
@@ -737,7 +740,8 @@ impl World {
             start.insert(shard, first);
             read.insert(shard, records);
         }
-        no_acked_loss::check(&self.oracle, &start, &read)
+        no_acked_loss::check(&self.oracle, &start, &read)?;
+        idempotent_once::check_audit(&read)
     }
 }
 

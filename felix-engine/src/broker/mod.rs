@@ -49,7 +49,7 @@ pub(crate) use durable::{CacheAnswer, DurableSettings, Notice};
 use durable::{LogState, Logs, Owner, ShardStore, Unreleased};
 use encode::{encode_event_batch, encode_subscription_lagged, BatchView, MAX_PUBLISHER_LEN};
 pub(crate) use producers::{Guard, Guarded};
-pub(crate) use reads::{PageRequest, ReadAnswer};
+pub(crate) use reads::{PageRequest, ReadAnswer, PAGE_FRAME_RESERVE};
 
 use cache::CACHE_SWEEP_MAX_ENTRIES;
 pub(crate) use conditional::{Condition, Conditional};
