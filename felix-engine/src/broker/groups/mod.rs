@@ -881,6 +881,11 @@ impl Broker {
         }
     }
 
+    /// Records groups skipped because retention removed them before they were reached.
+    pub(crate) fn group_skipped_records(&self) -> u64 {
+        self.groups.skipped
+    }
+
     /// Polls in progress (waiting or reading), for tests and usage.
     #[allow(dead_code)]
     pub(crate) fn group_polls_open(&self) -> usize {
