@@ -27,6 +27,8 @@ use crate::oracle::{Oracle, Promise, Violation, WriteOutcome};
 use crate::rng::SimRng;
 use crate::trace::Trace;
 
+mod groups;
+
 pub(crate) const TENANT: &str = "t1";
 pub(crate) const NAMESPACE: &str = "default";
 pub(crate) const STREAM: &str = "orders";
@@ -99,6 +101,7 @@ enum Purpose {
     Publish,
     Cache,
     Subscribe(usize),
+    Group,
 }
 
 struct BiStream {
@@ -135,6 +138,8 @@ struct Conn {
     /// the broker still holds this connection.
     frames_heard: u64,
     last_heard: Instant,
+    /// Consumer-group work (durable runs).
+    group: groups::GroupWork,
 }
 
 pub(crate) struct SimClient {
@@ -431,6 +436,7 @@ impl SimClient {
                     cache_stream: None,
                     frames_heard: 0,
                     last_heard: now,
+                    group: Default::default(),
                 });
             }
             Err(e) => {
@@ -571,9 +577,13 @@ impl SimClient {
         if self.role == Role::Worker {
             let p = self.open_bi(now, Purpose::Publish, ctx);
             let c = self.open_bi(now, Purpose::Cache, ctx);
+            let g = (ctx.oracle.promise == crate::oracle::Promise::Durable)
+                .then(|| self.open_bi(now, Purpose::Group, ctx))
+                .flatten();
             if let Some(conn) = &mut self.conn {
                 conn.publish_stream = p;
                 conn.cache_stream = c;
+                conn.group.stream = g;
             }
         }
         for i in 0..self.subs.len() {
@@ -647,6 +657,11 @@ impl SimClient {
                     }
                     ctx.oracle.request_answered((self.id, gen, no, 0));
                     ctx.oracle.request_answered((self.id, gen, no, u64::MAX));
+                    if s.purpose == Purpose::Group {
+                        if let Some(rid) = conn.group.take_asked() {
+                            ctx.oracle.request_answered((self.id, gen, no, rid));
+                        }
+                    }
                     ctx.log(
                         now,
                         format_args!("c{} stream {no} ended by the broker", self.id),
@@ -700,7 +715,7 @@ impl SimClient {
                     }
                 }
                 match s.purpose {
-                    Purpose::Publish | Purpose::Cache => {
+                    Purpose::Publish | Purpose::Cache | Purpose::Group => {
                         s.phase = Phase::Ready(RequestStream::new(caps, TENANT));
                     }
                     Purpose::Subscribe(i) => {
@@ -785,6 +800,10 @@ impl SimClient {
                 ));
             }
             Phase::Dead => {}
+            Phase::Ready(rs) if s.purpose == Purpose::Group => {
+                s.phase = Phase::Ready(rs);
+                return self.on_group_frame(now, no, frame, ctx);
+            }
             Phase::Ready(mut rs) => {
                 let done = rs
                     .handle_frame(frame)
@@ -987,8 +1006,10 @@ impl SimClient {
         let roll = self.rng.below(10);
         if roll < 6 {
             self.publish(now, ctx)
-        } else {
+        } else if roll < 8 || ctx.oracle.promise != crate::oracle::Promise::Durable {
             self.cache_op(now, ctx)
+        } else {
+            self.group_op(now, ctx)
         }
     }
 

@@ -442,6 +442,8 @@ impl World {
             detail: e.to_string(),
         })?;
         let ready = engine.is_ready();
+        // Group claims live in the broker's memory: a new generation starts without them.
+        self.oracle.groups.broker_restarted(now);
         let generation = self.generations;
         self.log(format_args!(
             "broker generation {generation} starts (ready {ready})"
