@@ -36,7 +36,7 @@ mod runtime;
 mod transport;
 
 #[cfg(feature = "front-end")]
-pub use crate::client::groups::{GroupInfo, GroupRecord, PollOptions};
+pub use crate::client::groups::{Group, GroupInfo, GroupRecord, PollOptions};
 #[cfg(feature = "front-end")]
 pub use crate::client::{Client, ClientConfig, RawStream, Subscription, SubscriptionItem};
 pub use crate::core::{Ack, Event, Offer, Start, SubscriptionEnd};

@@ -31,6 +31,9 @@ pub(crate) const MAX_POLL_RECORDS: usize = 1_000;
 pub(crate) const MAX_POLL_BYTES: usize = 4 << 20;
 /// Polls waiting at once across the broker; one more is answered at once.
 pub(crate) const MAX_WAITING_POLLS: usize = 100_000;
+/// The group-log write an answer waits for: the log, and the offset it must be durable below.
+pub(crate) type DurableAt = Option<(LogId, u64)>;
+
 /// Groups one shard holds in memory; a request naming one more is refused.
 pub(crate) const MAX_GROUPS_PER_SHARD: usize = 10_000;
 /// Longest consumer name.
@@ -786,7 +789,7 @@ impl Broker {
         addr: GroupAddr<'_>,
         to: SeekTo,
         if_new: bool,
-    ) -> Result<(u64, bool, Option<(LogId, u64)>), BrokerError> {
+    ) -> Result<(u64, bool, DurableAt), BrokerError> {
         let (stream, shard) = self.group_shard(now, addr.key, addr.shard)?;
         self.admit_group(stream, shard, addr.group)?;
         let view = self.group_view(stream, shard);
@@ -837,7 +840,7 @@ impl Broker {
         &mut self,
         now: Instant,
         addr: GroupAddr<'_>,
-    ) -> Result<(bool, Option<(LogId, u64)>), BrokerError> {
+    ) -> Result<(bool, DurableAt), BrokerError> {
         let (stream, shard) = self.group_shard(now, addr.key, addr.shard)?;
         let sg = self
             .groups
