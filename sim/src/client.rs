@@ -586,6 +586,12 @@ impl SimClient {
                 conn.group.stream = g;
             }
         }
+        if self.role == Role::Auditor && ctx.oracle.promise == crate::oracle::Promise::Durable {
+            let g = self.open_bi(now, Purpose::Group, ctx);
+            if let Some(conn) = &mut self.conn {
+                conn.group.stream = g;
+            }
+        }
         for i in 0..self.subs.len() {
             self.open_bi(now, Purpose::Subscribe(i), ctx);
         }
@@ -813,6 +819,9 @@ impl SimClient {
                 let meta = s.reqs.remove(&done.request_id);
                 self.on_completion(now, done.kind, done.result, meta, ctx)?;
             }
+        }
+        if self.role == Role::Auditor {
+            self.drain_groups(now, ctx);
         }
         Ok(())
     }

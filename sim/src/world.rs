@@ -709,6 +709,9 @@ impl World {
         if self.oracle.promise != Promise::Durable {
             return Ok(());
         }
+        self.oracle
+            .groups
+            .check_drained(|shard| self.oracle.known_tail(shard))?;
         let Some(auditor) = self.clients.iter().find(|c| c.role == Role::Auditor) else {
             return Ok(());
         };

@@ -31,9 +31,34 @@ pub(crate) struct GroupClaims {
     handouts: BTreeMap<(u32, u64), Vec<Handout>>,
     restarts: Vec<Instant>,
     pub(crate) checked: u64,
+    /// Per shard, where the group stood after the auditor drained it: (cursor, tail).
+    drained: BTreeMap<u32, (u64, u64)>,
 }
 
 impl GroupClaims {
+    /// The auditor drained `shard`: the group's cursor and the shard's tail.
+    pub(crate) fn drained(&mut self, shard: u32, cursor: u64, tail: u64) {
+        self.drained.insert(shard, (cursor, tail));
+    }
+
+    /// At the end: on every shard the auditor drained, every record is finished (acked or
+    /// dead-lettered), so the cursor is at the tail, and the tail holds every record anyone
+    /// was told about (`known_tail`). A drain that did not finish is not judged.
+    pub(crate) fn check_drained(&self, known_tail: impl Fn(u32) -> u64) -> Result<(), Violation> {
+        for (&shard, &(cursor, tail)) in &self.drained {
+            if cursor != tail || tail < known_tail(shard) {
+                return Err(Violation {
+                    invariant: "group_claims",
+                    detail: format!(
+                        "after the drain the group stands at {cursor} on shard {shard}, whose tail is {tail} ({} known): records were lost or never finished",
+                        known_tail(shard)
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn broker_restarted(&mut self, at: Instant) {
         self.restarts.push(at);
     }
