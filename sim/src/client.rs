@@ -28,6 +28,8 @@ use crate::producer::{Outcome, Producer};
 use crate::rng::SimRng;
 use crate::trace::Trace;
 
+mod groups;
+
 pub(crate) const TENANT: &str = "t1";
 pub(crate) const NAMESPACE: &str = "default";
 pub(crate) const STREAM: &str = "orders";
@@ -104,6 +106,7 @@ enum Purpose {
     /// The idempotent producer's stream (`producer.rs`).
     Idempotent,
     Subscribe(usize),
+    Group,
 }
 
 struct BiStream {
@@ -141,6 +144,8 @@ struct Conn {
     /// the broker still holds this connection.
     frames_heard: u64,
     last_heard: Instant,
+    /// Consumer-group work (durable runs).
+    group: groups::GroupWork,
 }
 
 pub(crate) struct SimClient {
@@ -442,6 +447,7 @@ impl SimClient {
                     idempotent_stream: None,
                     frames_heard: 0,
                     last_heard: now,
+                    group: Default::default(),
                 });
             }
             Err(e) => {
@@ -584,10 +590,20 @@ impl SimClient {
             let p = self.open_bi(now, Purpose::Publish, ctx);
             let c = self.open_bi(now, Purpose::Cache, ctx);
             let i = self.open_bi(now, Purpose::Idempotent, ctx);
+            let g = (ctx.oracle.promise == crate::oracle::Promise::Durable)
+                .then(|| self.open_bi(now, Purpose::Group, ctx))
+                .flatten();
             if let Some(conn) = &mut self.conn {
                 conn.publish_stream = p;
                 conn.cache_stream = c;
                 conn.idempotent_stream = i;
+                conn.group.stream = g;
+            }
+        }
+        if self.role == Role::Auditor && ctx.oracle.promise == crate::oracle::Promise::Durable {
+            let g = self.open_bi(now, Purpose::Group, ctx);
+            if let Some(conn) = &mut self.conn {
+                conn.group.stream = g;
             }
         }
         for i in 0..self.subs.len() {
@@ -664,6 +680,11 @@ impl SimClient {
                     }
                     ctx.oracle.request_answered((self.id, gen, no, 0));
                     ctx.oracle.request_answered((self.id, gen, no, u64::MAX));
+                    if s.purpose == Purpose::Group {
+                        if let Some(rid) = conn.group.take_asked() {
+                            ctx.oracle.request_answered((self.id, gen, no, rid));
+                        }
+                    }
                     ctx.log(
                         now,
                         format_args!("c{} stream {no} ended by the broker", self.id),
@@ -720,7 +741,7 @@ impl SimClient {
                     }
                 }
                 match s.purpose {
-                    Purpose::Publish | Purpose::Cache | Purpose::Idempotent => {
+                    Purpose::Publish | Purpose::Cache | Purpose::Idempotent | Purpose::Group => {
                         s.phase = Phase::Ready(RequestStream::new(caps, TENANT));
                     }
                     Purpose::Subscribe(i) => {
@@ -805,6 +826,10 @@ impl SimClient {
                 ));
             }
             Phase::Dead => {}
+            Phase::Ready(rs) if s.purpose == Purpose::Group => {
+                s.phase = Phase::Ready(rs);
+                return self.on_group_frame(now, no, frame, ctx);
+            }
             Phase::Ready(mut rs) => {
                 let done = rs
                     .handle_frame(frame)
@@ -814,6 +839,9 @@ impl SimClient {
                 let meta = s.reqs.remove(&done.request_id);
                 self.on_completion(now, done.kind, done.result, meta, ctx)?;
             }
+        }
+        if self.role == Role::Auditor {
+            self.drain_groups(now, ctx);
         }
         Ok(())
     }
@@ -1009,8 +1037,10 @@ impl SimClient {
             self.publish(now, ctx)
         } else if roll < 6 {
             self.idempotent_send(now, ctx)
-        } else {
+        } else if roll < 8 || ctx.oracle.promise != crate::oracle::Promise::Durable {
             self.cache_op(now, ctx)
+        } else {
+            self.group_op(now, ctx)
         }
     }
 

@@ -444,6 +444,8 @@ impl World {
             detail: e.to_string(),
         })?;
         let ready = engine.is_ready();
+        // Group claims live in the broker's memory: a new generation starts without them.
+        self.oracle.groups.broker_restarted(now);
         let generation = self.generations;
         self.log(format_args!(
             "broker generation {generation} starts (ready {ready})"
@@ -710,6 +712,9 @@ impl World {
         if self.oracle.promise != Promise::Durable {
             return Ok(());
         }
+        self.oracle
+            .groups
+            .check_drained(|shard| self.oracle.known_tail(shard))?;
         let Some(auditor) = self.clients.iter().find(|c| c.role == Role::Auditor) else {
             return Ok(());
         };

@@ -4,6 +4,7 @@
 
 pub(crate) mod cache_reads;
 pub(crate) mod idempotent_once;
+pub(crate) mod group_claims;
 pub(crate) mod no_acked_loss;
 pub(crate) mod offsets;
 pub(crate) mod requests_answered;
