@@ -807,6 +807,12 @@ impl SimClient {
         ctx: &mut Ctx<'_>,
     ) -> Result<(), Violation> {
         let me = self.id;
+        // A hit carries its version (the offer includes FEATURE_CACHE_CONDITIONAL); the
+        // reads check only the value.
+        let result = result.map(|a| match a {
+            Answer::VersionedValue { value, .. } => Answer::CacheValue(Some(value)),
+            a => a,
+        });
         match (meta, result) {
             (Some(ReqMeta::Publish { shard, payloads }), Ok(Answer::Published { offset })) => {
                 self.stats.acks += 1;
