@@ -28,6 +28,7 @@ mod oracle;
 mod queue;
 mod rng;
 mod trace;
+mod watcher;
 mod world;
 
 pub use oracle::Violation;
@@ -42,6 +43,8 @@ pub enum Canary {
     /// The disk acknowledges an fsync without persisting anything; a power loss then drops
     /// acknowledged records (caught by `no_acked_loss`).
     LyingSync,
+    /// One put change vanishes on its way to a cache watcher (caught by `watch_gapless`).
+    DropWatchChange,
 }
 
 impl std::str::FromStr for Canary {
@@ -50,8 +53,9 @@ impl std::str::FromStr for Canary {
         match s {
             "drop-event-frame" => Ok(Canary::DropEventFrame),
             "lying-sync" => Ok(Canary::LyingSync),
+            "drop-watch-change" => Ok(Canary::DropWatchChange),
             other => Err(format!(
-                "unknown canary {other:?}: expected drop-event-frame or lying-sync"
+                "unknown canary {other:?}: expected drop-event-frame, lying-sync or drop-watch-change"
             )),
         }
     }

@@ -66,6 +66,7 @@ fn main() -> ExitCode {
     let canary_flag = match canary {
         Some(Canary::DropEventFrame) => " --canary drop-event-frame",
         Some(Canary::LyingSync) => " --canary lying-sync",
+        Some(Canary::DropWatchChange) => " --canary drop-watch-change",
         None => "",
     };
     let mut out = std::io::stdout().lock();

@@ -110,6 +110,7 @@ pub(crate) struct World {
     crypto: Arc<quinn_proto::crypto::rustls::QuicClientConfig>,
     client_rng: SimRng,
     drop_one_event_frame: bool,
+    drop_one_watch_change: bool,
     quiet: bool,
     workers: usize,
     steps: u64,
@@ -123,7 +124,7 @@ impl World {
         let mode = match opts.canary {
             // The canaries break promises only durable runs make.
             Some(Canary::LyingSync) => Mode::OnCommitPowerLoss,
-            Some(Canary::DropEventFrame) => {
+            Some(Canary::DropEventFrame | Canary::DropWatchChange) => {
                 *plan.pick(&[Mode::OnCommitPowerLoss, Mode::AckAfterWriteProcessCrash])
             }
             None => *plan.pick(&[
@@ -214,6 +215,7 @@ impl World {
             crypto: crate::crypto::client_crypto(provider),
             client_rng: root.fork("clients"),
             drop_one_event_frame: opts.canary == Some(Canary::DropEventFrame),
+            drop_one_watch_change: opts.canary == Some(Canary::DropWatchChange),
             quiet: false,
             workers,
             steps: 0,
@@ -302,13 +304,14 @@ impl World {
 
     fn summary(&self, wall: Duration) -> String {
         format!(
-            "mode {:?}, {} workers, {} events, {} acked publishes, {} events seen, {} cache reads checked, {} lagged, {} crashes, {} datagrams ({} dropped), {} file ops, {:.0} ms virtual in {:.0} ms",
+            "mode {:?}, {} workers, {} events, {} acked publishes, {} events seen, {} cache reads checked, {} watch changes, {} lagged, {} crashes, {} datagrams ({} dropped), {} file ops, {:.0} ms virtual in {:.0} ms",
             self.mode,
             self.workers,
             self.trace.count(),
             self.oracle.acked_count,
             self.oracle.events_seen,
             self.oracle.cache_reads_checked,
+            self.clients.iter().map(SimClient::watch_changes).sum::<u64>(),
             self.oracle.lagged,
             self.crashes,
             self.net.stats.sent,
@@ -562,6 +565,7 @@ impl World {
             broker_addr: self.broker_addr,
             client_count: self.workers,
             drop_one_event_frame: &mut self.drop_one_event_frame,
+            drop_one_watch_change: &mut self.drop_one_watch_change,
             quiet: self.quiet,
         };
         (&mut self.clients[i], ctx)
@@ -706,6 +710,10 @@ impl World {
         )?;
         if self.oracle.promise != Promise::Durable {
             return Ok(());
+        }
+        let start = self.clock.at(Duration::ZERO);
+        for c in &self.clients {
+            c.check_watch(&self.oracle, start)?;
         }
         let Some(auditor) = self.clients.iter().find(|c| c.role == Role::Auditor) else {
             return Ok(());
