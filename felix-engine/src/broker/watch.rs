@@ -38,8 +38,10 @@ pub(crate) const DEFAULT_WATCH_QUEUE_CAPACITY: usize =
 /// A snapshot or replay read asks the log for at most this many records and bytes.
 const WATCH_READ_RECORDS: usize = 1024;
 const WATCH_READ_BYTES: usize = 1 << 20;
-/// A catch-up issues its next read only while it holds fewer frames than this.
+/// A catch-up issues its next read only while it holds fewer frames than this, and fewer
+/// bytes than the next constant: what one catching-up watch holds stays near one read.
 const WATCH_FRAMES_AHEAD: usize = 256;
+const WATCH_BYTES_AHEAD: usize = 1 << 20;
 
 /// Which keys a watch follows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -383,7 +385,13 @@ impl Broker {
         let Some(cu) = w.catch_up.as_mut() else {
             return;
         };
-        if w.live || cu.reading || cu.failed.is_some() || cu.frames.len() >= WATCH_FRAMES_AHEAD {
+        let held_bytes: usize = cu.frames.iter().map(Bytes::len).sum();
+        if w.live
+            || cu.reading
+            || cu.failed.is_some()
+            || cu.frames.len() >= WATCH_FRAMES_AHEAD
+            || held_bytes >= WATCH_BYTES_AHEAD
+        {
             return;
         }
         let Some(logs) = self.logs.as_mut() else {
