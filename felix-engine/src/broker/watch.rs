@@ -117,8 +117,6 @@ pub(crate) struct Watches {
     reads: HashMap<(LogId, ReadTicket), SubscriberId>,
     /// Catch-ups refused `Busy`, retried when a read of that log lands.
     blocked: HashMap<LogId, Vec<SubscriberId>>,
-    /// Watches ended with `cache_watch_lagged`.
-    pub(crate) lagged: u64,
 }
 
 impl Watches {
@@ -142,15 +140,6 @@ impl Watches {
         self.map
             .values()
             .any(|w| w.log == log && w.catch_up.is_some() && !w.live)
-    }
-
-    /// The most frames one watch holds.
-    pub(crate) fn deepest_queue(&self) -> usize {
-        self.map
-            .values()
-            .map(|w| w.queue.len() + w.catch_up.as_ref().map_or(0, |c| c.frames.len()))
-            .max()
-            .unwrap_or(0)
     }
 }
 
@@ -344,7 +333,6 @@ impl Broker {
                 w.final_frame = Some(lagged_frame(change.offset));
                 w.live = false;
                 lagged.push(id);
-                self.watches.lagged += 1;
             } else {
                 w.queued_bytes += f.len();
                 self.event_budget.add(w.owner, f.len());
