@@ -238,8 +238,8 @@ impl SimClient {
             }
         };
         let lo = rng.duration(Duration::from_millis(2), Duration::from_millis(60));
-        let watcher = (s.durable && s.role == Role::Worker && rng.chance(0.6))
-            .then(CacheWatcher::default);
+        let watcher =
+            (s.durable && s.role == Role::Worker && rng.chance(0.6)).then(CacheWatcher::default);
         let mut offer = Offer::full();
         if rng.chance(0.5) {
             offer.features = offer.features.union(felix_proto::Features::ACK_ON_COMMIT);

@@ -634,7 +634,8 @@ impl CacheLog {
                 }
                 LogEvent::Read { ticket, result } => {
                     if self.scans.remove(&ticket) {
-                        self.events.push_back(CacheEvent::Scanned { ticket, result });
+                        self.events
+                            .push_back(CacheEvent::Scanned { ticket, result });
                         continue;
                     }
                     let Some(offset) = self.gets.remove(&ticket) else {
