@@ -27,6 +27,7 @@ use crate::oracle::{Oracle, Promise, Violation, WriteOutcome};
 use crate::producer::{Outcome, Producer};
 use crate::rng::SimRng;
 use crate::trace::Trace;
+use crate::watcher::{CacheWatcher, WatchEnd};
 
 mod groups;
 
@@ -53,6 +54,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) drop_one_event_frame: &'a mut bool,
     /// Canary: the idempotent producer re-sends a batch under a new sequence.
     pub(crate) resend_as_new: bool,
+    /// Canary: drop one put change for a cache watcher without telling anyone.
+    pub(crate) drop_one_watch_change: &'a mut bool,
     /// True once the fault phase is over: no new work, only reading and reconnecting.
     pub(crate) quiet: bool,
 }
@@ -96,6 +99,9 @@ enum Phase {
     /// `subscribe` sent, waiting for `subscribed`.
     Subscribing(Capabilities),
     Subscribed,
+    /// `cache_watch` sent, waiting for `cache_watch_started`.
+    Watching,
+    Watched,
     Dead,
 }
 
@@ -107,6 +113,7 @@ enum Purpose {
     Idempotent,
     Subscribe(usize),
     Group,
+    Watch,
 }
 
 struct BiStream {
@@ -179,6 +186,8 @@ pub(crate) struct SimClient {
     /// The auditor's reading: per shard, start offset and records by offset.
     pub(crate) audit: BTreeMap<u32, (u64, BTreeMap<u64, Bytes>)>,
     pub(crate) stats: ClientStats,
+    /// Durable runs: a prefix watch on the whole cache (`watcher.rs`).
+    watcher: Option<CacheWatcher>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -243,6 +252,8 @@ impl SimClient {
         };
         let lo = rng.duration(Duration::from_millis(2), Duration::from_millis(60));
         let producer = Producer::new(s.id, &mut rng.fork("producer"));
+        let watcher =
+            (s.durable && s.role == Role::Worker && rng.chance(0.6)).then(CacheWatcher::default);
         let mut offer = Offer::full();
         if rng.chance(0.5) {
             offer.features = offer.features.union(felix_proto::Features::ACK_ON_COMMIT);
@@ -275,7 +286,28 @@ impl SimClient {
             shards: s.shards,
             audit: BTreeMap::new(),
             stats: ClientStats::default(),
+            watcher,
         }
+    }
+
+    /// Changes this client's cache watch received.
+    pub(crate) fn watch_changes(&self) -> u64 {
+        self.watcher.as_ref().map_or(0, |w| w.view.changes)
+    }
+
+    /// The `watch_gapless` end check for this client's watch, if it keeps one.
+    pub(crate) fn check_watch(&self, oracle: &Oracle, start: Instant) -> Result<(), Violation> {
+        let Some(w) = &self.watcher else {
+            return Ok(());
+        };
+        let live = self.is_connected() && w.current.is_some();
+        crate::invariants::watch_gapless::check_end(
+            oracle,
+            &format!("c{} watch", self.id),
+            &w.view,
+            live,
+            start,
+        )
     }
 
     fn local(&self, now: Instant) -> Instant {
@@ -544,6 +576,9 @@ impl SimClient {
 
     fn connection_lost(&mut self, now: Instant, reason: &str, ctx: &mut Ctx<'_>) {
         let Some(conn) = self.conn.take() else { return };
+        if let Some(w) = self.watcher.as_mut() {
+            w.current = None;
+        }
         ctx.log(
             now,
             format_args!("c{} lost gen {}: {reason}", self.id, conn.gen),
@@ -608,6 +643,9 @@ impl SimClient {
         }
         for i in 0..self.subs.len() {
             self.open_bi(now, Purpose::Subscribe(i), ctx);
+        }
+        if self.watcher.is_some() {
+            self.open_bi(now, Purpose::Watch, ctx);
         }
     }
 
@@ -776,7 +814,37 @@ impl SimClient {
                         );
                         s.phase = Phase::Subscribing(caps);
                     }
+                    Purpose::Watch => {
+                        let w = self.watcher.as_ref().expect("a watcher opens this stream");
+                        s.out.push_back(w.request());
+                        let what = format!("cache_watch from {:?}", w.resume);
+                        ctx.oracle
+                            .request_sent((me, gen, no, u64::MAX), now, what.clone());
+                        ctx.trace.event(
+                            now.saturating_duration_since(ctx.start),
+                            format_args!("c{me} {what}"),
+                        );
+                        s.phase = Phase::Watching;
+                    }
                 }
+            }
+            Phase::Watching => {
+                ctx.oracle.request_answered((me, gen, no, u64::MAX));
+                let w = self.watcher.as_mut().expect("a watcher opened this stream");
+                let what = w.on_answer(now, &format!("c{me}"), frame)?;
+                ctx.trace.event(
+                    now.saturating_duration_since(ctx.start),
+                    format_args!("c{me} {what}"),
+                );
+                if w.current.is_some() {
+                    s.phase = Phase::Watched;
+                }
+            }
+            Phase::Watched => {
+                return Err(protocol(
+                    me,
+                    "a frame on a cache_watch stream after `cache_watch_started`".into(),
+                ));
             }
             Phase::Subscribing(_caps) => {
                 ctx.oracle.request_answered((me, gen, no, u64::MAX));
@@ -855,6 +923,12 @@ impl SimClient {
         ctx: &mut Ctx<'_>,
     ) -> Result<(), Violation> {
         let me = self.id;
+        // A hit carries its version (the offer includes FEATURE_CACHE_CONDITIONAL); the
+        // reads check only the value.
+        let result = result.map(|a| match a {
+            Answer::VersionedValue { value, .. } => Answer::CacheValue(Some(value)),
+            a => a,
+        });
         match (meta, result) {
             (Some(ReqMeta::Publish { shard, payloads }), Ok(Answer::Published { offset })) => {
                 self.stats.acks += 1;
@@ -953,9 +1027,30 @@ impl SimClient {
             return Ok(got);
         };
         let mut finished = None;
+        let mut watch_end = None;
         let mut i = 0;
         while i < u.held.len() {
             let frame = &u.held[i];
+            if let Some(sub) = u.subscription {
+                // A cache watch's stream carries JSON changes: the watcher reads them.
+                if let Some(w) = self.watcher.as_mut().filter(|w| w.current == Some(sub)) {
+                    i += 1;
+                    if *ctx.drop_one_watch_change && w.view.changes >= 3 && is_put_change(frame) {
+                        *ctx.drop_one_watch_change = false;
+                        ctx.log(now, format_args!("c{me} (canary: a watch change vanished)"));
+                        continue;
+                    }
+                    if let Some(end) = w.on_event_frame(&format!("c{me} watch {sub}"), frame)? {
+                        watch_end = Some(end);
+                        break;
+                    }
+                    continue;
+                }
+                if !conn.views.contains_key(&sub) {
+                    // Its `subscribed` or `cache_watch_started` is not read yet.
+                    break;
+                }
+            }
             let decoded = reader
                 .handle_frame(frame)
                 .map_err(|e| protocol(me, format!("event stream: {e}")))?;
@@ -1001,6 +1096,27 @@ impl SimClient {
             }
         }
         u.held.drain(..i);
+        let watch_stream = u.subscription.is_some()
+            && self
+                .watcher
+                .as_ref()
+                .is_some_and(|w| w.current == u.subscription);
+        if watch_end.is_some() || (ended && watch_stream && u.held.is_empty()) {
+            u.done = true;
+            let sub = u.subscription;
+            ctx.log(
+                now,
+                format_args!("c{me} watch {sub:?} ended: {watch_end:?}"),
+            );
+            if let Some(w) = self.watcher.as_mut() {
+                w.current = None;
+                if let Some(WatchEnd::Lagged(_)) = watch_end {
+                    ctx.oracle.lagged += 1;
+                }
+            }
+            self.open_bi(now, Purpose::Watch, ctx);
+            return Ok(got);
+        }
         if ended && finished.is_none() && u.held.is_empty() {
             finished = Some(
                 reader
@@ -1283,6 +1399,16 @@ impl SimClient {
             self.stats
         )
     }
+}
+
+/// A `cache_event` carrying a value (the canary drops only those: a put is what the
+/// watch invariant accounts for).
+fn is_put_change(frame: &Frame) -> bool {
+    frame.flags.is_empty()
+        && matches!(
+            felix_proto::message::Message::decode(&frame.payload),
+            Ok(felix_proto::message::Message::CacheEvent(e)) if e.value.is_some()
+        )
 }
 
 fn protocol(client: usize, detail: String) -> Violation {

@@ -29,6 +29,7 @@ mod producer;
 mod queue;
 mod rng;
 mod trace;
+mod watcher;
 mod world;
 
 pub use oracle::Violation;
@@ -46,6 +47,8 @@ pub enum Canary {
     /// An idempotent producer re-sends a batch whose answer was lost under a new sequence
     /// instead of the same one (caught by `idempotent_once`).
     ResendAsNew,
+    /// One put change vanishes on its way to a cache watcher (caught by `watch_gapless`).
+    DropWatchChange,
 }
 
 impl std::str::FromStr for Canary {
@@ -55,8 +58,9 @@ impl std::str::FromStr for Canary {
             "drop-event-frame" => Ok(Canary::DropEventFrame),
             "lying-sync" => Ok(Canary::LyingSync),
             "resend-as-new" => Ok(Canary::ResendAsNew),
+            "drop-watch-change" => Ok(Canary::DropWatchChange),
             other => Err(format!(
-                "unknown canary {other:?}: expected drop-event-frame, lying-sync or resend-as-new"
+                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new or drop-watch-change"
             )),
         }
     }

@@ -67,6 +67,7 @@ fn main() -> ExitCode {
         Some(Canary::DropEventFrame) => " --canary drop-event-frame",
         Some(Canary::LyingSync) => " --canary lying-sync",
         Some(Canary::ResendAsNew) => " --canary resend-as-new",
+        Some(Canary::DropWatchChange) => " --canary drop-watch-change",
         None => "",
     };
     let mut out = std::io::stdout().lock();

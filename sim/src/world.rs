@@ -111,6 +111,7 @@ pub(crate) struct World {
     client_rng: SimRng,
     drop_one_event_frame: bool,
     resend_as_new: bool,
+    drop_one_watch_change: bool,
     quiet: bool,
     workers: usize,
     steps: u64,
@@ -124,7 +125,7 @@ impl World {
         let mode = match opts.canary {
             // The canaries break promises only durable runs make.
             Some(Canary::LyingSync) => Mode::OnCommitPowerLoss,
-            Some(Canary::DropEventFrame | Canary::ResendAsNew) => {
+            Some(Canary::DropEventFrame | Canary::ResendAsNew | Canary::DropWatchChange) => {
                 *plan.pick(&[Mode::OnCommitPowerLoss, Mode::AckAfterWriteProcessCrash])
             }
             None => *plan.pick(&[
@@ -216,6 +217,7 @@ impl World {
             client_rng: root.fork("clients"),
             drop_one_event_frame: opts.canary == Some(Canary::DropEventFrame),
             resend_as_new: opts.canary == Some(Canary::ResendAsNew),
+            drop_one_watch_change: opts.canary == Some(Canary::DropWatchChange),
             quiet: false,
             workers,
             steps: 0,
@@ -304,13 +306,14 @@ impl World {
 
     fn summary(&self, wall: Duration) -> String {
         format!(
-            "mode {:?}, {} workers, {} events, {} acked publishes, {} events seen, {} cache reads checked, {} lagged, {} crashes, {} datagrams ({} dropped), {} file ops, {:.0} ms virtual in {:.0} ms",
+            "mode {:?}, {} workers, {} events, {} acked publishes, {} events seen, {} cache reads checked, {} watch changes, {} lagged, {} crashes, {} datagrams ({} dropped), {} file ops, {:.0} ms virtual in {:.0} ms",
             self.mode,
             self.workers,
             self.trace.count(),
             self.oracle.acked_count,
             self.oracle.events_seen,
             self.oracle.cache_reads_checked,
+            self.clients.iter().map(SimClient::watch_changes).sum::<u64>(),
             self.oracle.lagged,
             self.crashes,
             self.net.stats.sent,
@@ -567,6 +570,7 @@ impl World {
             client_count: self.workers,
             drop_one_event_frame: &mut self.drop_one_event_frame,
             resend_as_new: self.resend_as_new,
+            drop_one_watch_change: &mut self.drop_one_watch_change,
             quiet: self.quiet,
         };
         (&mut self.clients[i], ctx)
@@ -715,6 +719,10 @@ impl World {
         self.oracle
             .groups
             .check_drained(|shard| self.oracle.known_tail(shard))?;
+        let start = self.clock.at(Duration::ZERO);
+        for c in &self.clients {
+            c.check_watch(&self.oracle, start)?;
+        }
         let Some(auditor) = self.clients.iter().find(|c| c.role == Role::Auditor) else {
             return Ok(());
         };

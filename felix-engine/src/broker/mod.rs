@@ -1023,8 +1023,7 @@ impl Broker {
             .values()
             .map(|s| s.queue.len() + s.catch_up.as_ref().map_or(0, |c| c.frames.len()))
             .max()
-            .unwrap_or(0)
-            .max(self.watches.deepest_queue());
+            .unwrap_or(0);
         (deepest, self.streams.len())
     }
 

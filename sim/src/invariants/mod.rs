@@ -9,3 +9,4 @@ pub(crate) mod no_acked_loss;
 pub(crate) mod offsets;
 pub(crate) mod requests_answered;
 pub(crate) mod subscriber_order;
+pub(crate) mod watch_gapless;
