@@ -89,7 +89,11 @@ proptest! {
         let got = decoder.next_frame();
         if len > limit {
             prop_assert_eq!(got, Err(DecodeError::FrameTooLarge { length: len, limit }));
+        } else if len == 0 {
+            // A header of length 0 is a whole (empty) frame.
+            prop_assert!(matches!(got, Ok(Some(f)) if f.payload.is_empty()));
         } else {
+            // Within the limit, a header alone waits for its payload.
             prop_assert_eq!(got, Ok(None));
         }
     }
