@@ -266,3 +266,43 @@ fn a_tombstone_left_by_a_crash_is_finished_at_startup_and_never_opened() {
     let (pid, _) = net.auth_stream(p);
     assert_eq!(publish(&mut net, p, pid, 1, &[b"fresh"]), [Some(0)]);
 }
+
+#[test]
+fn a_publish_during_the_rename_waits_for_it_and_never_sees_the_old_log() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (pid, _) = net.auth_stream(p);
+    assert_eq!(
+        publish(&mut net, p, pid, 1, &[b"a", b"b"]),
+        [Some(0), Some(1)]
+    );
+    net.hold = |k| matches!(k, felix_engine::FileOpKind::Rename { .. });
+    net.engine
+        .delete_stream(net.now, "t1", "default", "orders")
+        .unwrap();
+    net.run();
+    assert_eq!(
+        publish(&mut net, p, pid, 3, &[b"new"]),
+        [],
+        "stalled on the rename"
+    );
+    assert!(
+        net.disk
+            .files
+            .keys()
+            .any(|f| f.starts_with("streams/t1/default/orders/")),
+        "the old files are still in place"
+    );
+    net.release_held_ops();
+    let acks: Vec<_> = net
+        .read_frames(p, pid)
+        .iter()
+        .map(
+            |f| match PublishAck::decode(f.flags, &f.payload).unwrap().result {
+                AckResult::Ok { offset } => offset,
+                AckResult::Err { message, .. } => panic!("publish refused: {message}"),
+            },
+        )
+        .collect();
+    assert_eq!(acks, [Some(0)], "a new log, from offset 0");
+}

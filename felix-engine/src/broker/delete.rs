@@ -18,12 +18,12 @@
 //!    walk and finishes this step. Empty directories stay: there is no directory removal
 //!    among the file ops.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 use felix_proto::message::{Message, StreamDeleted};
 
-use super::durable::{Logs, Notice};
+use super::durable::{Logs, Notice, ShardStore};
 use super::{mark_ready, seal, Broker, FanOut, Shard, Stream, StreamKey};
 use crate::storage::layout;
 use crate::storage::ops::{
@@ -247,12 +247,12 @@ impl Broker {
             self.end_subscriptions(index);
             self.stream_index.remove(key);
             self.dirty.retain(|(s, _)| *s != index);
-            // The index stays taken by an empty stream: nothing may reach the new stream
-            // through a stale index (group state, reads in flight).
-            let width = self.streams[index].shards.len();
-            self.streams[index] = Stream {
-                shards: (0..width).map(|_| Shard::new()).collect(),
-            };
+            // The index stays taken by an empty stream, so nothing reaches the new stream
+            // through a stale index (consumer-group state keyed by it). Its shards keep the
+            // id of their forgotten log: code holding the old index finds the log gone
+            // and answers so, rather than meeting an in-memory shard.
+            let shards = self.streams[index].shards.iter().map(dead_shard).collect();
+            self.streams[index] = Stream { shards };
         }
         if let Some(logs) = self.logs.as_mut() {
             for id in on_disk {
@@ -329,6 +329,18 @@ impl Logs {
     fn retiring_blocks(&self, dir: &str) -> Option<LogId> {
         self.retiring.blocking(dir)
     }
+}
+
+/// What a deleted stream's shard leaves behind at its old index.
+fn dead_shard(sh: &Shard) -> Shard {
+    let mut dead = Shard::new();
+    dead.has_offsets = sh.has_offsets;
+    dead.store = sh.store.as_ref().map(|s| ShardStore {
+        log: s.log,
+        unreleased: VecDeque::new(),
+        released: s.released,
+    });
+    dead
 }
 
 fn stream_dir(key: &StreamKey) -> String {
