@@ -132,6 +132,7 @@ fn subscriptions_end_with_stream_deleted_only_for_clients_that_offered_it() {
     assert_eq!(payloads(&frames), [b"before".to_vec()]);
     assert!(net.peers[without].finished.contains(&uni_without));
 
+    assert_eq!(net.engine.usage().streams, 0, "a deleted stream is not counted");
     // Gone: a second delete finds nothing; a new subscriber sees only new records.
     assert_eq!(
         net.engine.delete_stream(net.now, "t1", "default", "orders"),

@@ -1033,13 +1033,14 @@ impl Broker {
             .max()
             .unwrap_or(0)
             .max(self.watches.deepest_queue());
-        (deepest, self.streams.len())
+        // Deleted streams keep their index (`delete.rs`): count the live ones.
+        (deepest, self.stream_index.len())
     }
 
     pub(crate) fn stats(&self) -> BrokerStats {
         let c = self.cache.counters;
         BrokerStats {
-            streams: self.streams.len() as u64,
+            streams: self.stream_index.len() as u64,
             // Durable caches count into `self.stats`, in-memory ones into the store.
             cache_hits: c.hits + self.stats.cache_hits,
             cache_misses: c.misses + self.stats.cache_misses,
