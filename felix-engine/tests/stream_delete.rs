@@ -132,7 +132,11 @@ fn subscriptions_end_with_stream_deleted_only_for_clients_that_offered_it() {
     assert_eq!(payloads(&frames), [b"before".to_vec()]);
     assert!(net.peers[without].finished.contains(&uni_without));
 
-    assert_eq!(net.engine.usage().streams, 0, "a deleted stream is not counted");
+    assert_eq!(
+        net.engine.usage().streams,
+        0,
+        "a deleted stream is not counted"
+    );
     // Gone: a second delete finds nothing; a new subscriber sees only new records.
     assert_eq!(
         net.engine.delete_stream(net.now, "t1", "default", "orders"),
@@ -306,4 +310,67 @@ fn a_publish_during_the_rename_waits_for_it_and_never_sees_the_old_log() {
         )
         .collect();
     assert_eq!(acks, [Some(0)], "a new log, from offset 0");
+}
+
+const GROUP: &str =
+    r#""tenant_id":"t1","namespace":"default","stream":"orders","shard":0,"group":"g""#;
+
+fn group_request(net: &mut Net, p: usize, sid: StreamId, body: &str) -> Vec<serde_json::Value> {
+    net.send(p, sid, &json_frame(body));
+    net.run();
+    net.read_frames(p, sid)
+        .iter()
+        .map(|f| serde_json::from_str(text(f)).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_deleted_streams_groups_go_with_it() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (pid, _) = net.auth_stream(p);
+    let (gid, _) = net.auth_stream(p);
+    publish(&mut net, p, pid, 1, &[b"a", b"b"]);
+    let poll = |id: u64, wait: u64| {
+        format!(
+            r#"{{"type":"group_poll",{GROUP},"max_records":8,"wait_ms":{wait},"request_id":{id}}}"#
+        )
+    };
+    let got = group_request(&mut net, p, gid, &poll(1, 0));
+    assert_eq!(got[0]["records"].as_array().unwrap().len(), 2, "{got:?}");
+    for (i, offset) in [(2, 0), (3, 1)] {
+        let ack = format!(r#"{{"type":"group_ack",{GROUP},"offset":{offset},"request_id":{i}}}"#);
+        group_request(&mut net, p, gid, &ack);
+    }
+    // A poll waiting on the stream is answered when it goes.
+    assert!(group_request(&mut net, p, gid, &poll(4, 5000)).is_empty());
+    net.engine
+        .delete_stream(net.now, "t1", "default", "orders")
+        .unwrap();
+    net.run();
+    let answers: Vec<serde_json::Value> = net
+        .read_frames(p, gid)
+        .iter()
+        .map(|f| serde_json::from_str(text(f)).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["type"], "error", "{answers:?}");
+    assert!(
+        answers[0].to_string().contains("the stream was deleted"),
+        "{answers:?}"
+    );
+    assert!(
+        !net.disk
+            .files
+            .keys()
+            .any(|f| f.starts_with("groups/t1/default/orders/")),
+        "the group log moved away"
+    );
+
+    // The recreated stream's group starts afresh: offset 0 of the new log is delivered,
+    // not skipped by the old cursor.
+    assert_eq!(publish(&mut net, p, pid, 3, &[b"new"]), [Some(0)]);
+    let got = group_request(&mut net, p, gid, &poll(5, 0));
+    assert_eq!(got[0]["records"][0]["offset"], 0, "{got:?}");
+    assert_eq!(got[0]["records"][0]["payload"], "bmV3", "{got:?}");
 }

@@ -6,14 +6,14 @@
 //! subscribe creates it afresh.
 //!
 //! On disk the shard logs are retired in steps that a crash can interrupt anywhere:
-//! 1. the logs are forgotten (answers waiting on them fail; their late completions are
-//!    ignored);
+//! 1. the logs are forgotten — the shards' and their consumer groups' (answers waiting on
+//!    them fail, group polls are answered `not_found`; late completions are ignored);
 //! 2. `streams/T/N/S` is renamed to a tombstone beside it, `streams/T/N/.deleted.<µs>.<n>`
 //!    (one atomic op; `.` never starts an escaped name), and the namespace directory is
-//!    synced. From here the stream is gone for good: recovery never opens a tombstone.
-//!    Until then a publish or subscribe that would recreate the stream waits (it is
-//!    stalled on the retirement's id and re-run once the rename is durable), so a new log
-//!    never opens the old files;
+//!    synced; then the same for `groups/T/N/S`. From the first rename on the stream is gone
+//!    for good: recovery never opens a tombstone. Until both renames are durable a publish,
+//!    subscribe or group request that would recreate the stream waits (it is stalled on
+//!    the retirement's id and re-run then), so a new log never opens old files;
 //! 3. the tombstone's files are removed. A restart finds a leftover tombstone during its
 //!    walk and finishes this step. Empty directories stay: there is no directory removal
 //!    among the file ops.
@@ -61,11 +61,20 @@ enum Stage {
     Remove,
 }
 
-struct Job {
-    /// The stream's directory (`streams/T/N/S`) while it is being renamed away.
+/// One directory to move out of the way: `from` becomes `tomb` beside it.
+struct Move {
     from: String,
     parent: String,
     tomb: String,
+}
+
+struct Job {
+    /// The stream's directory (`streams/T/N/S`): new logs for it wait for this job.
+    blocks: String,
+    /// Directories still to rename, in order; the first is in progress.
+    moves: VecDeque<Move>,
+    /// Tombstones whose files go once every rename is durable.
+    tombs: Vec<String>,
     stage: Stage,
     /// Ops in flight in the current stage.
     pending: usize,
@@ -96,44 +105,54 @@ impl Retiring {
         FileOp { id: op, kind }
     }
 
-    /// Starts retiring `dir`; returns the job's id and its first op.
-    fn start(&mut self, dir: String, unix_micros: u64) -> (LogId, FileOp) {
-        let (parent, _) = dir.rsplit_once('/').expect("a stream dir has a parent");
-        let parent = parent.to_owned();
-        self.tombstones += 1;
-        let tomb = layout::join(
-            &parent,
-            &format!("{TOMBSTONE_PREFIX}{unix_micros}.{}", self.tombstones),
-        );
+    /// Starts retiring `dirs` (the stream's directory first, then its groups'), one rename
+    /// after another; returns the job's id and its first op.
+    fn start(&mut self, dirs: Vec<String>, unix_micros: u64) -> (LogId, FileOp) {
+        let moves: VecDeque<Move> = dirs
+            .into_iter()
+            .map(|from| {
+                let parent = from.rsplit_once('/').expect("a stream dir has a parent").0;
+                self.tombstones += 1;
+                let name = format!("{TOMBSTONE_PREFIX}{unix_micros}.{}", self.tombstones);
+                Move {
+                    tomb: layout::join(parent, &name),
+                    parent: parent.to_owned(),
+                    from,
+                }
+            })
+            .collect();
         let id = self.new_id();
         let mut job = Job {
-            from: dir.clone(),
-            parent,
-            tomb: tomb.clone(),
+            blocks: moves[0].from.clone(),
+            tombs: moves.iter().map(|m| m.tomb.clone()).collect(),
+            moves,
             stage: Stage::Rename,
             pending: 0,
             next_seq: 0,
             in_flight: HashMap::new(),
         };
-        let op = Self::op(
-            &mut job,
-            id,
-            FileOpKind::Rename {
-                from: dir,
-                to: tomb,
-            },
-        );
+        let op = Self::next_rename(&mut job, id).expect("one move at least");
         self.jobs.insert(id, job);
         (id, op)
+    }
+
+    fn next_rename(job: &mut Job, id: LogId) -> Option<FileOp> {
+        let m = job.moves.front()?;
+        let kind = FileOpKind::Rename {
+            from: m.from.clone(),
+            to: m.tomb.clone(),
+        };
+        job.stage = Stage::Rename;
+        Some(Self::op(job, id, kind))
     }
 
     /// Finishes a tombstone a crash left behind (found by the startup walk).
     pub(crate) fn finish(&mut self, tomb: String) -> FileOp {
         let id = self.new_id();
         let mut job = Job {
-            from: String::new(),
-            parent: String::new(),
-            tomb: tomb.clone(),
+            blocks: String::new(),
+            moves: VecDeque::new(),
+            tombs: vec![tomb.clone()],
             stage: Stage::Remove,
             pending: 0,
             next_seq: 0,
@@ -144,15 +163,15 @@ impl Retiring {
         op
     }
 
-    /// The retirement a new log for `dir` must wait for (its rename is not durable yet).
+    /// The retirement a new log for `dir` must wait for (its renames are not durable yet).
     pub(crate) fn blocking(&self, dir: &str) -> Option<LogId> {
         self.jobs
             .iter()
-            .find(|(_, j)| j.stage != Stage::Remove && j.from == dir)
+            .find(|(_, j)| j.stage != Stage::Remove && j.blocks == dir)
             .map(|(id, _)| *id)
     }
 
-    /// A retirement op finished: the next ops, and a notice once the rename is durable.
+    /// A retirement op finished: the next ops, and a notice once the renames are durable.
     pub(crate) fn handle_completion(
         &mut self,
         c: FileCompletion,
@@ -175,24 +194,32 @@ impl Retiring {
             }
         }
         match job.stage {
-            Stage::Rename => {
-                if c.result.is_err() && !not_found {
-                    // Nothing moved: the old files stay where a new log would find them.
-                    // Wake the waiters anyway; they see the stream as it is on disk.
-                    notices.push(Notice::Opened { log: id });
-                    self.jobs.remove(&id);
+            Stage::Rename if c.result.is_ok() => {
+                job.stage = Stage::SyncParent;
+                let parent = job.moves[0].parent.clone();
+                ops.push(Self::op(job, id, FileOpKind::SyncDir { path: parent }));
+                return;
+            }
+            Stage::Rename if !not_found => {
+                // Nothing moved: the old files stay where a new log would find them. Wake
+                // the waiters anyway; they see the stream as it is on disk.
+                notices.push(Notice::Opened { log: id });
+                self.jobs.remove(&id);
+                return;
+            }
+            // Never stored (NotFound), or moved and durable: on to the next directory.
+            Stage::Rename | Stage::SyncParent => {
+                job.moves.pop_front();
+                if let Some(op) = Self::next_rename(job, id) {
+                    ops.push(op);
                     return;
                 }
-                job.stage = Stage::SyncParent;
-                let parent = job.parent.clone();
-                ops.push(Self::op(job, id, FileOpKind::SyncDir { path: parent }));
-            }
-            Stage::SyncParent => {
-                // The name is gone for good: a new log may take it.
+                // Every name is gone for good: new logs may take them.
                 notices.push(Notice::Opened { log: id });
                 job.stage = Stage::Remove;
-                let tomb = job.tomb.clone();
-                ops.push(Self::op(job, id, FileOpKind::ListDir { path: tomb }));
+                for tomb in job.tombs.clone() {
+                    ops.push(Self::op(job, id, FileOpKind::ListDir { path: tomb }));
+                }
             }
             Stage::Remove => {
                 if let Ok(FileOutput::Listing(entries)) = c.result {
@@ -209,7 +236,7 @@ impl Retiring {
             }
         }
         if job.pending == 0 && job.stage == Stage::Remove {
-            tracing::debug!(tomb = %job.tomb, "a deleted stream's files are gone");
+            tracing::debug!(tombs = ?job.tombs, "a deleted stream's files are gone");
             self.jobs.remove(&id);
         }
     }
@@ -243,7 +270,9 @@ impl Broker {
                 ));
             }
         }
+        let mut group_logs = Vec::new();
         if let Some(index) = index {
+            group_logs = self.forget_stream_groups(index);
             self.end_subscriptions(index);
             self.stream_index.remove(key);
             self.dirty.retain(|(s, _)| *s != index);
@@ -255,12 +284,14 @@ impl Broker {
             self.streams[index] = Stream { shards };
         }
         if let Some(logs) = self.logs.as_mut() {
-            for id in on_disk {
+            for id in on_disk.into_iter().chain(group_logs) {
                 logs.forget(id);
                 // Answers held for durability on it, or requests stalled on it, fail now.
                 logs.notices.push_back(Notice::Failed { log: id });
             }
-            logs.retire(dir, unix_micros);
+            // Its groups' logs go too, or a recreated stream's groups would find old cursors.
+            let groups_dir = parent_dir(&super::groups::group_log_dir(key, 0));
+            logs.retire(vec![dir, groups_dir], unix_micros);
         }
         Ok(())
     }
@@ -313,8 +344,8 @@ impl Broker {
 
 impl Logs {
     /// Starts retiring a stream directory (the rename to a tombstone).
-    fn retire(&mut self, dir: String, unix_micros: u64) {
-        let (_, op) = self.retiring.start(dir, unix_micros);
+    fn retire(&mut self, dirs: Vec<String>, unix_micros: u64) {
+        let (_, op) = self.retiring.start(dirs, unix_micros);
         self.push_op(op);
     }
 
@@ -344,8 +375,16 @@ fn dead_shard(sh: &Shard) -> Shard {
 }
 
 fn stream_dir(key: &StreamKey) -> String {
-    let shard0 = layout::stream_shard_dir(&key.tenant, &key.namespace, &key.stream, 0);
-    shard0
+    parent_dir(&layout::stream_shard_dir(
+        &key.tenant,
+        &key.namespace,
+        &key.stream,
+        0,
+    ))
+}
+
+fn parent_dir(shard_dir: &str) -> String {
+    shard_dir
         .rsplit_once('/')
         .map(|(d, _)| d.to_owned())
         .expect("a shard dir has a parent")
