@@ -5,8 +5,9 @@ Watches on a key and a prefix deliver each write in order with its log offset (a
 no value); `retained=True` delivers the current values first with `retained_count` (0 for
 an empty key); `start=<offset>` resumes without a gap; a resume into history compaction
 collapsed is a marked resnapshot; a watch that falls behind ends with `CacheWatchLagged`
-and re-watching from `resume_from` is gapless. Counters answer the sum including the delta,
-`None` for a counter never written, and survive a restart.
+and re-watching from `resume_from` is gapless; a key whose TTL passes reaches the watch as a
+delete. Counters answer the sum including the delta, `None` for a counter never written,
+and survive a restart.
 
 felix-client 0.6.2 has no call for `cache_put_if` / `cache_delete_if`, so conditional writes
 are covered by our own client only (integration/tests/cache_conditional.rs).
@@ -196,3 +197,16 @@ def test_counters_answer_sums_and_survive_a_restart(broker):
     assert c.counter_get("t1", "default", "stats", "hits") == 3
     assert c.counter_get("t1", "default", "stats", "never") is None
     assert c.counter_add("t1", "default", "stats", "hits", 10) == 13
+
+
+def test_an_expired_key_reaches_the_watch_as_a_delete(broker):
+    c = broker.client()
+    w = c.watch_cache("t1", "default", "ttl", felix.CacheWatchFilter.key("s"))
+    c.cache_put("t1", "default", "ttl", "s", b"short", ttl=0.5)
+    (put,) = changes(w, 1)
+    assert put.value == b"short" and put.expires_at_millis > 0
+    # The broker's expiry pass (once a second) writes the delete after the TTL.
+    item = w.recv(timeout=TIMEOUT_S)
+    assert isinstance(item, felix.CacheChange), item
+    assert (item.key, item.value, item.offset) == ("s", None, put.offset + 1)
+    assert c.cache_get("t1", "default", "ttl", "s") is None

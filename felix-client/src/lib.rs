@@ -40,7 +40,7 @@ mod transport;
 #[cfg(feature = "front-end")]
 pub use crate::client::cache_features::{Condition, ConditionResult};
 #[cfg(feature = "front-end")]
-pub use crate::client::groups::{GroupInfo, GroupRecord, PollOptions};
+pub use crate::client::groups::{Group, GroupInfo, GroupRecord, PollOptions};
 #[cfg(feature = "front-end")]
 pub use crate::client::watch::{CacheChange, CacheWatch, CacheWatchItem, WatchFilter, WatchStart};
 #[cfg(feature = "front-end")]

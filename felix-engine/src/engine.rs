@@ -194,6 +194,8 @@ pub struct Stats {
     pub file_ops: u64,
     /// Answers held until the log made their records durable, then sent.
     pub answers_after_write: u64,
+    /// Records consumer groups skipped because retention removed them first.
+    pub group_skipped_records: u64,
 }
 
 /// What the engine holds right now: the quantities its limits bound. Walked on demand by
@@ -914,6 +916,7 @@ impl Engine {
             connections: self.conns.len() as u64,
             dropped_batches: b.dropped_batches,
             published_records: b.published_records,
+            group_skipped_records: self.core.broker.group_skipped_records(),
             ..self.core.stats
         }
     }

@@ -191,6 +191,8 @@ impl Session {
                     // base64 grows a value by a third; the rest of the answer is small.
                     Some(Ok(Some(value))) => value.len() / 3 * 4 + 4 + 256 + v.answer.key.len(),
                     Some(_) => 256 + v.answer.key.len(),
+                    // A page not read yet may be as large as a page can be.
+                    None if v.raw => crate::broker::PAGE_FRAME_RESERVE,
                     None => value_reserve,
                 },
                 Held::Group(g) => match &g.result {
@@ -601,31 +603,8 @@ impl Session {
                 }));
             }
             Message::ProducerInit(p) => self.on_producer_init(p, cx),
-            Message::PublishIdempotent(p) => {
-                let publish = stream_ops::GuardedPublish {
-                    names: (&p.tenant_id, &p.namespace, &p.stream),
-                    key: p.key,
-                    shard: p.shard,
-                    payloads: p.payloads,
-                    request_id: p.request_id,
-                    guard: crate::broker::Guard::Sequence {
-                        producer: p.producer_id,
-                        sequence: p.sequence,
-                    },
-                };
-                self.on_guarded_publish(publish, cx);
-            }
-            Message::PublishIf(p) => {
-                let publish = stream_ops::GuardedPublish {
-                    names: (&p.tenant_id, &p.namespace, &p.stream),
-                    key: p.key,
-                    shard: p.shard,
-                    payloads: p.payloads,
-                    request_id: p.request_id,
-                    guard: crate::broker::Guard::Offset(p.expected_offset),
-                };
-                self.on_guarded_publish(publish, cx);
-            }
+            Message::PublishIdempotent(p) => self.on_publish_idempotent(p, cx),
+            Message::PublishIf(p) => self.on_publish_if(p, cx),
             Message::Commit(c) => self.on_commit(c, cx),
             Message::StateGet(g) => self.on_state_get(g, cx),
             Message::StreamRead(r) => self.on_stream_read(r, cx),
@@ -779,8 +758,11 @@ impl Session {
         };
         let header = view.header;
         let request_id = header.acked.map(|a| a.request_id);
-        if let (Some(seq), Some(id)) = (header.idempotent, request_id) {
-            self.on_binary_idempotent(&view, seq, id, cx);
+        if let Some(seq) = header.idempotent {
+            // 0x0100 comes only with 0x0008 (the flag table refuses it alone).
+            if let Some(id) = request_id {
+                self.on_binary_idempotent(&view, seq, id, cx);
+            }
             return;
         }
         if !self.publish_allowed(header.tenant_id, header.namespace, header.stream) {

@@ -231,7 +231,7 @@ fn counters_and_conditional_writes_answer_exactly() {
             r#"{{"tenant_id":"t1","namespace":"default","cache":"c","request_id":{rid},{body}}}"#
         ))
     };
-    let mut ask = |net: &mut Net, body: &str, rid: u64| -> String {
+    let ask = |net: &mut Net, body: &str, rid: u64| -> String {
         let f = net.exchange(p, sid, &req(body, rid));
         assert_eq!(f.len(), 1);
         text(&f[0]).to_owned()

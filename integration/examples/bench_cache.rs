@@ -178,7 +178,7 @@ async fn fanout(broker: &Broker, base: Instant, watchers: usize, puts: usize, in
         t.await.expect("watcher");
     }
     let elapsed = started.elapsed();
-    let h = hist.lock().expect("histogram");
+    let h = hist.lock().expect("histogram").clone();
     println!(
         "watch_fanout watchers={watchers} puts={puts} changes_delivered={} p50_us={:.0} p99_us={:.0} max_us={} changes_per_s={:.0}",
         h.len(),

@@ -150,11 +150,12 @@ fn main() {
                     consumer: Some(format!("bench-{i}")),
                     ..PollOptions::default()
                 };
+                let g = c.group(NS, "work", 0, "g");
                 loop {
                     if acked.load(Ordering::Relaxed) >= records {
                         break;
                     }
-                    let got = c.group_poll(NS, "work", 0, "g", &opts).await.expect("poll");
+                    let got = g.poll(&opts).await.expect("poll");
                     if got.is_empty() {
                         continue;
                     }
@@ -168,8 +169,8 @@ fn main() {
                                 .expect("task")
                                 .expect("ack");
                         }
-                        let c = c.clone();
-                        acks.spawn(async move { c.group_ack(NS, "work", 0, "g", r.offset).await });
+                        let g = g.clone();
+                        acks.spawn(async move { g.ack(r.offset).await });
                         acked.fetch_add(1, Ordering::Relaxed);
                     }
                     while let Some(r) = acks.join_next().await {
@@ -184,7 +185,8 @@ fn main() {
         }
         let secs = started.elapsed().as_secs_f64();
         let info = publisher
-            .group_describe(NS, "work", 0, "g")
+            .group(NS, "work", 0, "g")
+            .describe()
             .await
             .expect("describe");
         assert_eq!(info.committed, Some(records), "every record acked once");
@@ -205,7 +207,7 @@ fn main() {
                     wait: Duration::from_secs(5),
                     ..PollOptions::default()
                 };
-                let got = w.group_poll(NS, "wake", 0, "g", &opts).await.expect("poll");
+                let got = w.group(NS, "wake", 0, "g").poll(&opts).await.expect("poll");
                 (Instant::now(), got)
             });
             // Let the poll reach the broker and start waiting.
@@ -218,7 +220,8 @@ fn main() {
             let (done, got) = poll.await.expect("poll task");
             assert_eq!(got.len(), 1, "the waiting poll got the record");
             waiter
-                .group_ack(NS, "wake", 0, "g", got[0].offset)
+                .group(NS, "wake", 0, "g")
+                .ack(got[0].offset)
                 .await
                 .expect("ack");
             lat.push(done.duration_since(at));

@@ -49,7 +49,7 @@ async fn poll_ack_nack_dead_letter_redrive_and_discard() {
     let s = unique("jobs");
     publish(&c, &s, &["a", "b", "c"]).await;
 
-    let got = c.group_poll(NS, &s, 0, "g", &now_poll(10)).await.unwrap();
+    let got = c.group(NS, &s, 0, "g").poll(&now_poll(10)).await.unwrap();
     let seen: Vec<(u64, &[u8], Option<u64>)> = got
         .iter()
         .map(|r| (r.offset, &r.payload[..], r.attempts))
@@ -64,14 +64,15 @@ async fn poll_ack_nack_dead_letter_redrive_and_discard() {
     );
     // Claimed: nobody else gets them.
     assert!(c
-        .group_poll(NS, &s, 0, "g", &now_poll(10))
+        .group(NS, &s, 0, "g")
+        .poll(&now_poll(10))
         .await
         .unwrap()
         .is_empty());
 
-    c.group_ack(NS, &s, 0, "g", 0).await.unwrap();
-    c.group_ack(NS, &s, 0, "g", 2).await.unwrap();
-    let info = c.group_describe(NS, &s, 0, "g").await.unwrap();
+    c.group(NS, &s, 0, "g").ack(0).await.unwrap();
+    c.group(NS, &s, 0, "g").ack(2).await.unwrap();
+    let info = c.group(NS, &s, 0, "g").describe().await.unwrap();
     assert_eq!(
         info.committed,
         Some(1),
@@ -80,34 +81,41 @@ async fn poll_ack_nack_dead_letter_redrive_and_discard() {
     assert_eq!(info.tail, 3);
 
     // 1 is nacked until it runs out of attempts (3), then dead-lettered.
-    c.group_nack(NS, &s, 0, "g", 1, None, Some(1))
+    c.group(NS, &s, 0, "g")
+        .nack(1, None, Some(1))
         .await
         .unwrap();
     for attempt in 2..=3 {
-        let again = c.group_poll(NS, &s, 0, "g", &now_poll(10)).await.unwrap();
+        let again = c.group(NS, &s, 0, "g").poll(&now_poll(10)).await.unwrap();
         assert_eq!(again.len(), 1);
         assert_eq!((again[0].offset, again[0].attempts), (1, Some(attempt)));
-        c.group_nack(NS, &s, 0, "g", 1, None, Some(attempt))
+        c.group(NS, &s, 0, "g")
+            .nack(1, None, Some(attempt))
             .await
             .unwrap();
     }
     assert!(c
-        .group_poll(NS, &s, 0, "g", &now_poll(10))
+        .group(NS, &s, 0, "g")
+        .poll(&now_poll(10))
         .await
         .unwrap()
         .is_empty());
-    assert_eq!(c.group_dead_letters(NS, &s, 0, "g").await.unwrap(), vec![1]);
-    let info = c.group_describe(NS, &s, 0, "g").await.unwrap();
+    assert_eq!(
+        c.group(NS, &s, 0, "g").dead_letters().await.unwrap(),
+        vec![1]
+    );
+    let info = c.group(NS, &s, 0, "g").describe().await.unwrap();
     assert_eq!((info.committed, info.dead_letters), (Some(3), 1));
 
     // Redrive: delivered again with attempts reset; the cursor does not move back.
-    c.group_redrive(NS, &s, 0, "g", 1).await.unwrap();
+    c.group(NS, &s, 0, "g").redrive(1).await.unwrap();
     assert!(c
-        .group_dead_letters(NS, &s, 0, "g")
+        .group(NS, &s, 0, "g")
+        .dead_letters()
         .await
         .unwrap()
         .is_empty());
-    let again = c.group_poll(NS, &s, 0, "g", &now_poll(10)).await.unwrap();
+    let again = c.group(NS, &s, 0, "g").poll(&now_poll(10)).await.unwrap();
     assert_eq!(
         again
             .iter()
@@ -116,22 +124,26 @@ async fn poll_ack_nack_dead_letter_redrive_and_discard() {
         vec![(1, Some(1))]
     );
     // Given up on by hand this time, then discarded.
-    c.group_dead_letter(NS, &s, 0, "g", 1).await.unwrap();
-    assert_eq!(c.group_dead_letters(NS, &s, 0, "g").await.unwrap(), vec![1]);
-    c.group_discard(NS, &s, 0, "g", 1).await.unwrap();
+    c.group(NS, &s, 0, "g").dead_letter(1).await.unwrap();
+    assert_eq!(
+        c.group(NS, &s, 0, "g").dead_letters().await.unwrap(),
+        vec![1]
+    );
+    c.group(NS, &s, 0, "g").discard(1).await.unwrap();
     assert!(c
-        .group_dead_letters(NS, &s, 0, "g")
+        .group(NS, &s, 0, "g")
+        .dead_letters()
         .await
         .unwrap()
         .is_empty());
-    let err = c.group_discard(NS, &s, 0, "g", 1).await.unwrap_err();
+    let err = c.group(NS, &s, 0, "g").discard(1).await.unwrap_err();
     assert_eq!(
         err.code(),
         Some(&felix_client::ErrorCode::InvalidRequest),
         "{err}"
     );
     // Past the tail was never handed out.
-    let err = c.group_ack(NS, &s, 0, "g", 99).await.unwrap_err();
+    let err = c.group(NS, &s, 0, "g").ack(99).await.unwrap_err();
     assert_eq!(err.code(), Some(&felix_client::ErrorCode::InvalidRequest));
     c.close().await;
     stop(broker).await;
@@ -144,18 +156,18 @@ async fn two_groups_over_one_shard_each_see_every_record() {
     let c = client(&broker).await;
     let s = unique("fanout");
     publish(&c, &s, &["x", "y"]).await;
-    let a = c.group_poll(NS, &s, 0, "a", &now_poll(10)).await.unwrap();
+    let a = c.group(NS, &s, 0, "a").poll(&now_poll(10)).await.unwrap();
     for r in &a {
-        c.group_ack(NS, &s, 0, "a", r.offset).await.unwrap();
+        c.group(NS, &s, 0, "a").ack(r.offset).await.unwrap();
     }
-    let b = c.group_poll(NS, &s, 0, "b", &now_poll(10)).await.unwrap();
+    let b = c.group(NS, &s, 0, "b").poll(&now_poll(10)).await.unwrap();
     assert_eq!(a.len(), 2);
     assert_eq!(
         a.iter().map(|r| r.offset).collect::<Vec<_>>(),
         b.iter().map(|r| r.offset).collect::<Vec<_>>()
     );
-    let ia = c.group_describe(NS, &s, 0, "a").await.unwrap();
-    let ib = c.group_describe(NS, &s, 0, "b").await.unwrap();
+    let ia = c.group(NS, &s, 0, "a").describe().await.unwrap();
+    let ib = c.group(NS, &s, 0, "b").describe().await.unwrap();
     assert_eq!(ia.committed, Some(2));
     assert_eq!((ib.committed, ib.in_flight), (None, 2));
     c.close().await;
@@ -170,7 +182,8 @@ async fn a_waiting_poll_returns_as_soon_as_a_record_is_published() {
     let s = unique("wake");
     // The stream exists and is empty.
     assert!(c
-        .group_poll(NS, &s, 0, "g", &now_poll(1))
+        .group(NS, &s, 0, "g")
+        .poll(&now_poll(1))
         .await
         .unwrap()
         .is_empty());
@@ -184,7 +197,7 @@ async fn a_waiting_poll_returns_as_soon_as_a_record_is_published() {
                 ..PollOptions::default()
             };
             let at = Instant::now();
-            let got = c.group_poll(NS, &s, 0, "g", &opts).await.unwrap();
+            let got = c.group(NS, &s, 0, "g").poll(&opts).await.unwrap();
             (got, at.elapsed())
         })
     };
@@ -213,7 +226,8 @@ async fn a_waiting_poll_returns_as_soon_as_a_record_is_published() {
         ..PollOptions::default()
     };
     assert!(c
-        .group_poll(NS, &s, 0, "g", &opts)
+        .group(NS, &s, 0, "g")
+        .poll(&opts)
         .await
         .unwrap()
         .is_empty());
@@ -234,11 +248,12 @@ async fn a_lapsed_claim_is_delivered_again_and_an_extension_keeps_it() {
         visibility: Some(Duration::from_millis(300)),
         ..PollOptions::default()
     };
-    let got = c.group_poll(NS, &s, 0, "g", &short).await.unwrap();
+    let got = c.group(NS, &s, 0, "g").poll(&short).await.unwrap();
     assert_eq!(got.len(), 2);
     // Keep 1's claim; let 0's lapse.
     let granted = c
-        .group_extend(NS, &s, 0, "g", 1, 1, Duration::from_secs(30))
+        .group(NS, &s, 0, "g")
+        .extend(1, 1, Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(granted, Duration::from_secs(30));
@@ -247,7 +262,7 @@ async fn a_lapsed_claim_is_delivered_again_and_an_extension_keeps_it() {
         wait: Duration::from_secs(5),
         ..PollOptions::default()
     };
-    let again = c.group_poll(NS, &s, 0, "g", &opts).await.unwrap();
+    let again = c.group(NS, &s, 0, "g").poll(&opts).await.unwrap();
     assert_eq!(
         again
             .iter()
@@ -258,7 +273,8 @@ async fn a_lapsed_claim_is_delivered_again_and_an_extension_keeps_it() {
     );
     // The first delivery of 0 no longer stands.
     let err = c
-        .group_extend(NS, &s, 0, "g", 0, 1, Duration::from_secs(1))
+        .group(NS, &s, 0, "g")
+        .extend(0, 1, Duration::from_secs(1))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Some(&felix_client::ErrorCode::StaleClaim));

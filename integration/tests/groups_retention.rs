@@ -37,7 +37,8 @@ async fn a_group_behind_retention_skips_what_was_removed() {
     let mut oldest = 0;
     for _ in 0..100 {
         let (now, _) = c
-            .group_seek(NS, &s, 0, "probe", Start::Earliest, false)
+            .group(NS, &s, 0, "probe")
+            .seek(Start::Earliest, false)
             .await
             .unwrap();
         if now > 0 && now == oldest {
@@ -52,7 +53,7 @@ async fn a_group_behind_retention_skips_what_was_removed() {
         max_records: 5,
         ..PollOptions::default()
     };
-    let got = c.group_poll(NS, &s, 0, "g", &opts).await.unwrap();
+    let got = c.group(NS, &s, 0, "g").poll(&opts).await.unwrap();
     let first = &got[0];
     assert_eq!(first.offset, oldest, "the group starts at what is left");
     assert_eq!(first.skipped_before, oldest, "and says how many it skipped");
@@ -62,9 +63,9 @@ async fn a_group_behind_retention_skips_what_was_removed() {
     );
     assert!(got[1..].iter().all(|r| r.skipped_before == 0));
     for r in &got {
-        c.group_ack(NS, &s, 0, "g", r.offset).await.unwrap();
+        c.group(NS, &s, 0, "g").ack(r.offset).await.unwrap();
     }
-    let info = c.group_describe(NS, &s, 0, "g").await.unwrap();
+    let info = c.group(NS, &s, 0, "g").describe().await.unwrap();
     assert_eq!(info.committed, Some(oldest + got.len() as u64));
     c.close().await;
     stop(broker).await;

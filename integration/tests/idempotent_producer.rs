@@ -35,10 +35,8 @@ async fn a_resent_batch_lands_once_in_either_encoding_and_across_a_restart() {
     let dir = TempDir::new("idempotent");
     let stream = unique("orders");
     let broker = start(dir.path(), on_commit()).await;
-    let c = client_with(&broker, |c| {
-        c.offer.features = c.offer.features | Features::SEQUENCE_REUSED
-    })
-    .await;
+    // Our client offers FEATURE_SEQUENCE_REUSED.
+    let c = client(&broker).await;
     let producer = c.producer_init().await.unwrap();
     let other = c.producer_init().await.unwrap();
     assert_ne!(producer, other, "every producer gets its own id");
@@ -77,7 +75,10 @@ async fn a_resent_batch_lands_once_in_either_encoding_and_across_a_restart() {
         Guarded::Refused(PublishRefusalReason::SequenceReused)
     );
     // A client that cannot read `sequence_reused` is answered as for a re-send, unwritten.
-    let plain = client(&broker).await;
+    let plain = client_with(&broker, |c| {
+        c.offer.features = Features(c.offer.features.0 & !Features::SEQUENCE_REUSED.0)
+    })
+    .await;
     let reused = send(
         &plain,
         batch(&stream, producer, 0, "changed"),

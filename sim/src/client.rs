@@ -22,10 +22,14 @@ use quinn_proto::{
     StreamId, TransportConfig, VarInt,
 };
 
-use crate::invariants::{cache_reads, offsets, subscriber_order::SubscriberView};
+use crate::invariants::{cache_reads, idempotent_once, offsets, subscriber_order::SubscriberView};
 use crate::oracle::{Oracle, Promise, Violation, WriteOutcome};
+use crate::producer::{Outcome, Producer};
 use crate::rng::SimRng;
 use crate::trace::Trace;
+use crate::watcher::{CacheWatcher, WatchEnd};
+
+mod groups;
 
 pub(crate) const TENANT: &str = "t1";
 pub(crate) const NAMESPACE: &str = "default";
@@ -48,6 +52,10 @@ pub(crate) struct Ctx<'a> {
     pub(crate) client_count: usize,
     /// Canary: drop one event batch for a subscriber without telling anyone.
     pub(crate) drop_one_event_frame: &'a mut bool,
+    /// Canary: the idempotent producer re-sends a batch under a new sequence.
+    pub(crate) resend_as_new: bool,
+    /// Canary: drop one put change for a cache watcher without telling anyone.
+    pub(crate) drop_one_watch_change: &'a mut bool,
     /// True once the fault phase is over: no new work, only reading and reconnecting.
     pub(crate) quiet: bool,
 }
@@ -91,6 +99,9 @@ enum Phase {
     /// `subscribe` sent, waiting for `subscribed`.
     Subscribing(Capabilities),
     Subscribed,
+    /// `cache_watch` sent, waiting for `cache_watch_started`.
+    Watching,
+    Watched,
     Dead,
 }
 
@@ -98,7 +109,11 @@ enum Phase {
 enum Purpose {
     Publish,
     Cache,
+    /// The idempotent producer's stream (`producer.rs`).
+    Idempotent,
     Subscribe(usize),
+    Group,
+    Watch,
 }
 
 struct BiStream {
@@ -131,10 +146,13 @@ struct Conn {
     views: BTreeMap<u64, (usize, SubscriberView)>,
     publish_stream: Option<StreamId>,
     cache_stream: Option<StreamId>,
+    idempotent_stream: Option<StreamId>,
     /// Frames decrypted from the broker so far, and when that count last moved: proof that
     /// the broker still holds this connection.
     frames_heard: u64,
     last_heard: Instant,
+    /// Consumer-group work (durable runs).
+    group: groups::GroupWork,
 }
 
 pub(crate) struct SimClient {
@@ -162,10 +180,14 @@ pub(crate) struct SimClient {
     seq: u64,
     cache_busy: BTreeSet<String>,
     cache_values: u64,
+    /// Sends batches that must land once, across connections (`producer.rs`).
+    producer: Producer,
     pub(crate) shards: u32,
     /// The auditor's reading: per shard, start offset and records by offset.
     pub(crate) audit: BTreeMap<u32, (u64, BTreeMap<u64, Bytes>)>,
     pub(crate) stats: ClientStats,
+    /// Durable runs: a prefix watch on the whole cache (`watcher.rs`).
+    watcher: Option<CacheWatcher>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -229,6 +251,9 @@ impl SimClient {
             }
         };
         let lo = rng.duration(Duration::from_millis(2), Duration::from_millis(60));
+        let producer = Producer::new(s.id, &mut rng.fork("producer"));
+        let watcher =
+            (s.durable && s.role == Role::Worker && rng.chance(0.6)).then(CacheWatcher::default);
         let mut offer = Offer::full();
         if rng.chance(0.5) {
             offer.features = offer.features.union(felix_proto::Features::ACK_ON_COMMIT);
@@ -257,10 +282,32 @@ impl SimClient {
             seq: 0,
             cache_busy: BTreeSet::new(),
             cache_values: 0,
+            producer,
             shards: s.shards,
             audit: BTreeMap::new(),
             stats: ClientStats::default(),
+            watcher,
         }
+    }
+
+    /// Changes this client's cache watch received.
+    pub(crate) fn watch_changes(&self) -> u64 {
+        self.watcher.as_ref().map_or(0, |w| w.view.changes)
+    }
+
+    /// The `watch_gapless` end check for this client's watch, if it keeps one.
+    pub(crate) fn check_watch(&self, oracle: &Oracle, start: Instant) -> Result<(), Violation> {
+        let Some(w) = &self.watcher else {
+            return Ok(());
+        };
+        let live = self.is_connected() && w.current.is_some();
+        crate::invariants::watch_gapless::check_end(
+            oracle,
+            &format!("c{} watch", self.id),
+            &w.view,
+            live,
+            start,
+        )
     }
 
     fn local(&self, now: Instant) -> Instant {
@@ -429,8 +476,10 @@ impl SimClient {
                     views: BTreeMap::new(),
                     publish_stream: None,
                     cache_stream: None,
+                    idempotent_stream: None,
                     frames_heard: 0,
                     last_heard: now,
+                    group: Default::default(),
                 });
             }
             Err(e) => {
@@ -527,6 +576,9 @@ impl SimClient {
 
     fn connection_lost(&mut self, now: Instant, reason: &str, ctx: &mut Ctx<'_>) {
         let Some(conn) = self.conn.take() else { return };
+        if let Some(w) = self.watcher.as_mut() {
+            w.current = None;
+        }
         ctx.log(
             now,
             format_args!("c{} lost gen {}: {reason}", self.id, conn.gen),
@@ -541,6 +593,7 @@ impl SimClient {
             }
         }
         ctx.oracle.connection_closed(self.id, conn.gen);
+        self.producer.connection_lost(ctx.resend_as_new);
         let backoff = self
             .rng
             .duration(Duration::from_millis(50), Duration::from_millis(1000));
@@ -571,13 +624,28 @@ impl SimClient {
         if self.role == Role::Worker {
             let p = self.open_bi(now, Purpose::Publish, ctx);
             let c = self.open_bi(now, Purpose::Cache, ctx);
+            let i = self.open_bi(now, Purpose::Idempotent, ctx);
+            let g = (ctx.oracle.promise == crate::oracle::Promise::Durable)
+                .then(|| self.open_bi(now, Purpose::Group, ctx))
+                .flatten();
             if let Some(conn) = &mut self.conn {
                 conn.publish_stream = p;
                 conn.cache_stream = c;
+                conn.idempotent_stream = i;
+                conn.group.stream = g;
+            }
+        }
+        if self.role == Role::Auditor && ctx.oracle.promise == crate::oracle::Promise::Durable {
+            let g = self.open_bi(now, Purpose::Group, ctx);
+            if let Some(conn) = &mut self.conn {
+                conn.group.stream = g;
             }
         }
         for i in 0..self.subs.len() {
             self.open_bi(now, Purpose::Subscribe(i), ctx);
+        }
+        if self.watcher.is_some() {
+            self.open_bi(now, Purpose::Watch, ctx);
         }
     }
 
@@ -634,6 +702,9 @@ impl SimClient {
                     }
                 }
                 if ended && !matches!(s.phase, Phase::Dead) {
+                    if s.purpose == Purpose::Idempotent {
+                        self.producer.connection_lost(ctx.resend_as_new);
+                    }
                     // The broker ended the stream: its requests will not be answered here.
                     let gen = conn.gen;
                     let no = s.no;
@@ -647,6 +718,11 @@ impl SimClient {
                     }
                     ctx.oracle.request_answered((self.id, gen, no, 0));
                     ctx.oracle.request_answered((self.id, gen, no, u64::MAX));
+                    if s.purpose == Purpose::Group {
+                        if let Some(rid) = conn.group.take_asked() {
+                            ctx.oracle.request_answered((self.id, gen, no, rid));
+                        }
+                    }
                     ctx.log(
                         now,
                         format_args!("c{} stream {no} ended by the broker", self.id),
@@ -687,6 +763,9 @@ impl SimClient {
         let gen = conn.gen;
         let s = conn.bi.get_mut(&id).expect("stream");
         let no = s.no;
+        if s.purpose == Purpose::Idempotent && matches!(s.phase, Phase::Ready(_)) {
+            return self.on_idempotent_answer(now, frame, (gen, no), ctx);
+        }
         match std::mem::replace(&mut s.phase, Phase::Dead) {
             Phase::Authing => {
                 ctx.oracle.request_answered((me, gen, no, 0));
@@ -700,7 +779,7 @@ impl SimClient {
                     }
                 }
                 match s.purpose {
-                    Purpose::Publish | Purpose::Cache => {
+                    Purpose::Publish | Purpose::Cache | Purpose::Idempotent | Purpose::Group => {
                         s.phase = Phase::Ready(RequestStream::new(caps, TENANT));
                     }
                     Purpose::Subscribe(i) => {
@@ -735,7 +814,37 @@ impl SimClient {
                         );
                         s.phase = Phase::Subscribing(caps);
                     }
+                    Purpose::Watch => {
+                        let w = self.watcher.as_ref().expect("a watcher opens this stream");
+                        s.out.push_back(w.request());
+                        let what = format!("cache_watch from {:?}", w.resume);
+                        ctx.oracle
+                            .request_sent((me, gen, no, u64::MAX), now, what.clone());
+                        ctx.trace.event(
+                            now.saturating_duration_since(ctx.start),
+                            format_args!("c{me} {what}"),
+                        );
+                        s.phase = Phase::Watching;
+                    }
                 }
+            }
+            Phase::Watching => {
+                ctx.oracle.request_answered((me, gen, no, u64::MAX));
+                let w = self.watcher.as_mut().expect("a watcher opened this stream");
+                let what = w.on_answer(now, &format!("c{me}"), frame)?;
+                ctx.trace.event(
+                    now.saturating_duration_since(ctx.start),
+                    format_args!("c{me} {what}"),
+                );
+                if w.current.is_some() {
+                    s.phase = Phase::Watched;
+                }
+            }
+            Phase::Watched => {
+                return Err(protocol(
+                    me,
+                    "a frame on a cache_watch stream after `cache_watch_started`".into(),
+                ));
             }
             Phase::Subscribing(_caps) => {
                 ctx.oracle.request_answered((me, gen, no, u64::MAX));
@@ -785,6 +894,10 @@ impl SimClient {
                 ));
             }
             Phase::Dead => {}
+            Phase::Ready(rs) if s.purpose == Purpose::Group => {
+                s.phase = Phase::Ready(rs);
+                return self.on_group_frame(now, no, frame, ctx);
+            }
             Phase::Ready(mut rs) => {
                 let done = rs
                     .handle_frame(frame)
@@ -794,6 +907,9 @@ impl SimClient {
                 let meta = s.reqs.remove(&done.request_id);
                 self.on_completion(now, done.kind, done.result, meta, ctx)?;
             }
+        }
+        if self.role == Role::Auditor {
+            self.drain_groups(now, ctx);
         }
         Ok(())
     }
@@ -807,6 +923,12 @@ impl SimClient {
         ctx: &mut Ctx<'_>,
     ) -> Result<(), Violation> {
         let me = self.id;
+        // A hit carries its version (the offer includes FEATURE_CACHE_CONDITIONAL); the
+        // reads check only the value.
+        let result = result.map(|a| match a {
+            Answer::VersionedValue { value, .. } => Answer::CacheValue(Some(value)),
+            a => a,
+        });
         match (meta, result) {
             (Some(ReqMeta::Publish { shard, payloads }), Ok(Answer::Published { offset })) => {
                 self.stats.acks += 1;
@@ -905,9 +1027,30 @@ impl SimClient {
             return Ok(got);
         };
         let mut finished = None;
+        let mut watch_end = None;
         let mut i = 0;
         while i < u.held.len() {
             let frame = &u.held[i];
+            if let Some(sub) = u.subscription {
+                // A cache watch's stream carries JSON changes: the watcher reads them.
+                if let Some(w) = self.watcher.as_mut().filter(|w| w.current == Some(sub)) {
+                    i += 1;
+                    if *ctx.drop_one_watch_change && w.view.changes >= 3 && is_put_change(frame) {
+                        *ctx.drop_one_watch_change = false;
+                        ctx.log(now, format_args!("c{me} (canary: a watch change vanished)"));
+                        continue;
+                    }
+                    if let Some(end) = w.on_event_frame(&format!("c{me} watch {sub}"), frame)? {
+                        watch_end = Some(end);
+                        break;
+                    }
+                    continue;
+                }
+                if !conn.views.contains_key(&sub) {
+                    // Its `subscribed` or `cache_watch_started` is not read yet.
+                    break;
+                }
+            }
             let decoded = reader
                 .handle_frame(frame)
                 .map_err(|e| protocol(me, format!("event stream: {e}")))?;
@@ -953,6 +1096,27 @@ impl SimClient {
             }
         }
         u.held.drain(..i);
+        let watch_stream = u.subscription.is_some()
+            && self
+                .watcher
+                .as_ref()
+                .is_some_and(|w| w.current == u.subscription);
+        if watch_end.is_some() || (ended && watch_stream && u.held.is_empty()) {
+            u.done = true;
+            let sub = u.subscription;
+            ctx.log(
+                now,
+                format_args!("c{me} watch {sub:?} ended: {watch_end:?}"),
+            );
+            if let Some(w) = self.watcher.as_mut() {
+                w.current = None;
+                if let Some(WatchEnd::Lagged(_)) = watch_end {
+                    ctx.oracle.lagged += 1;
+                }
+            }
+            self.open_bi(now, Purpose::Watch, ctx);
+            return Ok(got);
+        }
         if ended && finished.is_none() && u.held.is_empty() {
             finished = Some(
                 reader
@@ -985,10 +1149,14 @@ impl SimClient {
     /// One workload step: a publish, a cache write or a cache read.
     fn act(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
         let roll = self.rng.below(10);
-        if roll < 6 {
+        if roll < 5 {
             self.publish(now, ctx)
-        } else {
+        } else if roll < 6 {
+            self.idempotent_send(now, ctx)
+        } else if roll < 8 || ctx.oracle.promise != crate::oracle::Promise::Durable {
             self.cache_op(now, ctx)
+        } else {
+            self.group_op(now, ctx)
         }
     }
 
@@ -1057,6 +1225,85 @@ impl SimClient {
             s.reqs.insert(rid, ReqMeta::Publish { shard, payloads });
         }
         Ok(())
+    }
+
+    /// The producer's pending batch again, or its next one, unless a send waits.
+    fn idempotent_send(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
+        let me = self.id;
+        let Some(conn) = &mut self.conn else {
+            return Ok(());
+        };
+        let Some(id) = conn.idempotent_stream else {
+            return Ok(());
+        };
+        let gen = conn.gen;
+        let s = conn.bi.get_mut(&id).expect("stream");
+        if !matches!(s.phase, Phase::Ready(_)) {
+            return Ok(());
+        }
+        let Some((frame, rid, batch)) = self.producer.next_send(&mut self.rng, self.shards) else {
+            return Ok(());
+        };
+        let what = format!(
+            "idempotent seq {} {}..+{} shard {}",
+            batch.sequence,
+            crate::oracle::show(&batch.payloads[0]),
+            batch.payloads.len(),
+            batch.shard
+        );
+        ctx.log(now, format_args!("c{me} {what} req {rid}"));
+        ctx.oracle.request_sent((me, gen, s.no, rid), now, what);
+        s.out.push_back(frame);
+        self.stats.publishes += 1;
+        Ok(())
+    }
+
+    fn on_idempotent_answer(
+        &mut self,
+        now: Instant,
+        frame: &Frame,
+        (gen, no): (u64, u64),
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Violation> {
+        let me = self.id;
+        if !frame.flags.is_empty() {
+            return Err(protocol(
+                me,
+                format!(
+                    "flags {:#06x} answering an idempotent publish",
+                    frame.flags.0
+                ),
+            ));
+        }
+        let msg = felix_proto::message::Message::decode(&frame.payload)
+            .map_err(|e| protocol(me, format!("idempotent answer: {e}")))?;
+        let waiting = self.producer.in_flight();
+        let outcome = self.producer.on_answer(msg);
+        if let (Some(rid), None) = (waiting, self.producer.in_flight()) {
+            ctx.oracle.request_answered((me, gen, no, rid));
+        }
+        match outcome {
+            Outcome::Written(batch, offset) => {
+                self.stats.acks += 1;
+                ctx.log(
+                    now,
+                    format_args!(
+                        "c{me} idempotent ack seq {} {} shard {} offset {offset:?}",
+                        batch.sequence,
+                        crate::oracle::show(&batch.payloads[0]),
+                        batch.shard
+                    ),
+                );
+                idempotent_once::written(ctx.oracle, &batch, offset)
+            }
+            Outcome::Refused(batch, reason) => Err(idempotent_once::refused(&batch, &reason)),
+            Outcome::Retry(why) => {
+                self.stats.refusals += 1;
+                ctx.log(now, format_args!("c{me} idempotent send failed: {why}"));
+                Ok(())
+            }
+            Outcome::Stray => Err(protocol(me, "an idempotent answer to no send".into())),
+        }
     }
 
     fn cache_op(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
@@ -1152,6 +1399,16 @@ impl SimClient {
             self.stats
         )
     }
+}
+
+/// A `cache_event` carrying a value (the canary drops only those: a put is what the
+/// watch invariant accounts for).
+fn is_put_change(frame: &Frame) -> bool {
+    frame.flags.is_empty()
+        && matches!(
+            felix_proto::message::Message::decode(&frame.payload),
+            Ok(felix_proto::message::Message::CacheEvent(e)) if e.value.is_some()
+        )
 }
 
 fn protocol(client: usize, detail: String) -> Violation {

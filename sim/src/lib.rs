@@ -25,9 +25,11 @@ mod disk;
 mod invariants;
 mod net;
 mod oracle;
+mod producer;
 mod queue;
 mod rng;
 mod trace;
+mod watcher;
 mod world;
 
 pub use oracle::Violation;
@@ -42,6 +44,11 @@ pub enum Canary {
     /// The disk acknowledges an fsync without persisting anything; a power loss then drops
     /// acknowledged records (caught by `no_acked_loss`).
     LyingSync,
+    /// An idempotent producer re-sends a batch whose answer was lost under a new sequence
+    /// instead of the same one (caught by `idempotent_once`).
+    ResendAsNew,
+    /// One put change vanishes on its way to a cache watcher (caught by `watch_gapless`).
+    DropWatchChange,
 }
 
 impl std::str::FromStr for Canary {
@@ -50,8 +57,10 @@ impl std::str::FromStr for Canary {
         match s {
             "drop-event-frame" => Ok(Canary::DropEventFrame),
             "lying-sync" => Ok(Canary::LyingSync),
+            "resend-as-new" => Ok(Canary::ResendAsNew),
+            "drop-watch-change" => Ok(Canary::DropWatchChange),
             other => Err(format!(
-                "unknown canary {other:?}: expected drop-event-frame or lying-sync"
+                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new or drop-watch-change"
             )),
         }
     }

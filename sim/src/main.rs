@@ -15,7 +15,7 @@ use felix_sim::{run, Canary, RunOptions};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: felix-sim (--seeds A..B | --seed S) [--verbose] [--canary drop-event-frame|lying-sync] [--quiet]"
+        "usage: felix-sim (--seeds A..B | --seed S) [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new] [--quiet]"
     );
     ExitCode::from(2)
 }
@@ -66,6 +66,8 @@ fn main() -> ExitCode {
     let canary_flag = match canary {
         Some(Canary::DropEventFrame) => " --canary drop-event-frame",
         Some(Canary::LyingSync) => " --canary lying-sync",
+        Some(Canary::ResendAsNew) => " --canary resend-as-new",
+        Some(Canary::DropWatchChange) => " --canary drop-watch-change",
         None => "",
     };
     let mut out = std::io::stdout().lock();

@@ -79,6 +79,8 @@ pub(crate) struct Oracle {
     pub(crate) events_seen: u64,
     pub(crate) cache_reads_checked: u64,
     pub(crate) lagged: u64,
+    /// Consumer-group handouts (`invariants/group_claims.rs`).
+    pub(crate) groups: crate::invariants::group_claims::GroupClaims,
 }
 
 impl Oracle {
@@ -95,6 +97,7 @@ impl Oracle {
             events_seen: 0,
             cache_reads_checked: 0,
             lagged: 0,
+            groups: Default::default(),
         }
     }
 

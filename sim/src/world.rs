@@ -15,7 +15,7 @@ use felix_engine::{
 use crate::client::{Ctx, Role, Setup, SimClient, NAMESPACE, STREAM, TENANT};
 use crate::clock::VirtualClock;
 use crate::disk::{CrashKind, SimDisk};
-use crate::invariants::{no_acked_loss, requests_answered};
+use crate::invariants::{idempotent_once, no_acked_loss, requests_answered};
 use crate::net::{NetConfig, Network, Node};
 use crate::oracle::{Oracle, Promise, Violation};
 use crate::queue::EventQueue;
@@ -110,6 +110,8 @@ pub(crate) struct World {
     crypto: Arc<quinn_proto::crypto::rustls::QuicClientConfig>,
     client_rng: SimRng,
     drop_one_event_frame: bool,
+    resend_as_new: bool,
+    drop_one_watch_change: bool,
     quiet: bool,
     workers: usize,
     steps: u64,
@@ -123,7 +125,7 @@ impl World {
         let mode = match opts.canary {
             // The canaries break promises only durable runs make.
             Some(Canary::LyingSync) => Mode::OnCommitPowerLoss,
-            Some(Canary::DropEventFrame) => {
+            Some(Canary::DropEventFrame | Canary::ResendAsNew | Canary::DropWatchChange) => {
                 *plan.pick(&[Mode::OnCommitPowerLoss, Mode::AckAfterWriteProcessCrash])
             }
             None => *plan.pick(&[
@@ -214,6 +216,8 @@ impl World {
             crypto: crate::crypto::client_crypto(provider),
             client_rng: root.fork("clients"),
             drop_one_event_frame: opts.canary == Some(Canary::DropEventFrame),
+            resend_as_new: opts.canary == Some(Canary::ResendAsNew),
+            drop_one_watch_change: opts.canary == Some(Canary::DropWatchChange),
             quiet: false,
             workers,
             steps: 0,
@@ -302,13 +306,14 @@ impl World {
 
     fn summary(&self, wall: Duration) -> String {
         format!(
-            "mode {:?}, {} workers, {} events, {} acked publishes, {} events seen, {} cache reads checked, {} lagged, {} crashes, {} datagrams ({} dropped), {} file ops, {:.0} ms virtual in {:.0} ms",
+            "mode {:?}, {} workers, {} events, {} acked publishes, {} events seen, {} cache reads checked, {} watch changes, {} lagged, {} crashes, {} datagrams ({} dropped), {} file ops, {:.0} ms virtual in {:.0} ms",
             self.mode,
             self.workers,
             self.trace.count(),
             self.oracle.acked_count,
             self.oracle.events_seen,
             self.oracle.cache_reads_checked,
+            self.clients.iter().map(SimClient::watch_changes).sum::<u64>(),
             self.oracle.lagged,
             self.crashes,
             self.net.stats.sent,
@@ -442,6 +447,8 @@ impl World {
             detail: e.to_string(),
         })?;
         let ready = engine.is_ready();
+        // Group claims live in the broker's memory: a new generation starts without them.
+        self.oracle.groups.broker_restarted(now);
         let generation = self.generations;
         self.log(format_args!(
             "broker generation {generation} starts (ready {ready})"
@@ -562,6 +569,8 @@ impl World {
             broker_addr: self.broker_addr,
             client_count: self.workers,
             drop_one_event_frame: &mut self.drop_one_event_frame,
+            resend_as_new: self.resend_as_new,
+            drop_one_watch_change: &mut self.drop_one_watch_change,
             quiet: self.quiet,
         };
         (&mut self.clients[i], ctx)
@@ -707,6 +716,13 @@ impl World {
         if self.oracle.promise != Promise::Durable {
             return Ok(());
         }
+        self.oracle
+            .groups
+            .check_drained(|shard| self.oracle.known_tail(shard))?;
+        let start = self.clock.at(Duration::ZERO);
+        for c in &self.clients {
+            c.check_watch(&self.oracle, start)?;
+        }
         let Some(auditor) = self.clients.iter().find(|c| c.role == Role::Auditor) else {
             return Ok(());
         };
@@ -737,7 +753,8 @@ impl World {
             start.insert(shard, first);
             read.insert(shard, records);
         }
-        no_acked_loss::check(&self.oracle, &start, &read)
+        no_acked_loss::check(&self.oracle, &start, &read)?;
+        idempotent_once::check_audit(&read)
     }
 }
 

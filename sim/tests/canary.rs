@@ -29,3 +29,13 @@ fn a_sync_that_persists_nothing_is_caught() {
         "seed {seed}: {v}"
     );
 }
+
+#[test]
+fn a_batch_resent_under_a_new_sequence_is_caught() {
+    let (seed, v) = first_caught(Canary::ResendAsNew, 40).expect("the canary went unnoticed");
+    // Appended twice (the first copy had landed), or refused as a gap (it had not).
+    assert!(
+        ["idempotent_once", "subscriber_order"].contains(&v.invariant),
+        "seed {seed}: {v}"
+    );
+}

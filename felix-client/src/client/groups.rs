@@ -67,17 +67,28 @@ struct GroupStream {
 pub(crate) struct GroupStreams(Mutex<Vec<GroupStream>>);
 
 macro_rules! group_msg {
-    ($self:ident, $ty:ident, $ns:expr, $stream:expr, $shard:expr, $group:expr, { $($f:ident: $v:expr),* $(,)? }) => {
+    ($g:ident, $ty:ident, { $($f:ident: $v:expr),* $(,)? }) => {
         Message::$ty(message::$ty {
-            tenant_id: $self.inner.config.tenant.clone(),
-            namespace: $ns.to_owned(),
-            stream: $stream.to_owned(),
-            shard: u64::from($shard),
-            group: $group.to_owned(),
+            tenant_id: $g.client.inner.config.tenant.clone(),
+            namespace: $g.namespace.clone(),
+            stream: $g.stream.clone(),
+            shard: u64::from($g.shard),
+            group: $g.name.clone(),
             $($f: $v,)*
             request_id: 1,
         })
     };
+}
+
+/// One consumer group on one shard of a stream: `Client::group` makes one, and every
+/// group call goes through it.
+#[derive(Clone)]
+pub struct Group {
+    client: Client,
+    namespace: String,
+    stream: String,
+    shard: u32,
+    name: String,
 }
 
 impl Client {
@@ -145,26 +156,33 @@ impl Client {
         }
     }
 
+    /// The group `group` on `shard` of `namespace/stream`.
+    pub fn group(&self, namespace: &str, stream: &str, shard: u32, group: &str) -> Group {
+        Group {
+            client: self.clone(),
+            namespace: namespace.to_owned(),
+            stream: stream.to_owned(),
+            shard,
+            name: group.to_owned(),
+        }
+    }
+}
+
+impl Group {
     /// Takes up to `opts.max_records` records for `group` on one shard, waiting up to
     /// `opts.wait` for some. An empty list means nothing was available.
-    pub async fn group_poll(
-        &self,
-        namespace: &str,
-        stream: &str,
-        shard: u32,
-        group: &str,
-        opts: &PollOptions,
-    ) -> Result<Vec<GroupRecord>, ClientError> {
-        self.require(Features::CONSUMER_GROUP, "group_poll")?;
+    pub async fn poll(&self, opts: &PollOptions) -> Result<Vec<GroupRecord>, ClientError> {
+        self.client
+            .require(Features::CONSUMER_GROUP, "group_poll")?;
         let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let msg = group_msg!(self, GroupPoll, namespace, stream, shard, group, {
+        let msg = group_msg!(self, GroupPoll, {
             max_records: opts.max_records.max(1),
             wait_ms: Some(millis(opts.wait)),
             consumer: opts.consumer.clone(),
             reclaim: opts.reclaim.then_some(true),
             visibility_ms: opts.visibility.map(millis),
         });
-        match self.group_call(msg, opts.wait).await? {
+        match self.client.group_call(msg, opts.wait).await? {
             Message::GroupRecords(r) => Ok(r
                 .records
                 .into_iter()
@@ -184,57 +202,43 @@ impl Client {
     }
 
     /// Finishes one record.
-    pub async fn group_ack(
-        &self,
-        namespace: &str,
-        stream: &str,
-        shard: u32,
-        group: &str,
-        offset: u64,
-    ) -> Result<(), ClientError> {
-        let msg = group_msg!(self, GroupAck, namespace, stream, shard, group, { offset: offset });
-        self.group_ok(msg, "group_ack").await
+    pub async fn ack(&self, offset: u64) -> Result<(), ClientError> {
+        let msg = group_msg!(self, GroupAck, { offset: offset });
+        self.client.group_ok(msg, "group_ack").await
     }
 
     /// Hands one record back: owed again at once, or after `delay`. `attempts` names the
     /// delivery being handed back (refused `stale_claim` once that claim no longer stands).
-    pub async fn group_nack(
+    pub async fn nack(
         &self,
-        namespace: &str,
-        stream: &str,
-        shard: u32,
-        group: &str,
         offset: u64,
         delay: Option<Duration>,
         attempts: Option<u64>,
     ) -> Result<(), ClientError> {
-        let msg = group_msg!(self, GroupNack, namespace, stream, shard, group, {
+        let msg = group_msg!(self, GroupNack, {
             offset: offset,
             delay_ms: delay.map(|d| d.as_millis() as u64),
             attempts: attempts,
         });
-        self.group_ok(msg, "group_nack").await
+        self.client.group_ok(msg, "group_nack").await
     }
 
     /// Keeps the claim made with delivery `attempts` standing for `by`; returns what the
     /// broker granted.
-    pub async fn group_extend(
+    pub async fn extend(
         &self,
-        namespace: &str,
-        stream: &str,
-        shard: u32,
-        group: &str,
         offset: u64,
         attempts: u64,
         by: Duration,
     ) -> Result<Duration, ClientError> {
-        self.require(Features::GROUP_CLAIM_CONTROL, "group_extend")?;
-        let msg = group_msg!(self, GroupExtend, namespace, stream, shard, group, {
+        self.client
+            .require(Features::GROUP_CLAIM_CONTROL, "group_extend")?;
+        let msg = group_msg!(self, GroupExtend, {
             offset: offset,
             attempts: attempts,
             extend_ms: by.as_millis() as u64,
         });
-        match self.group_call(msg, Duration::ZERO).await? {
+        match self.client.group_call(msg, Duration::ZERO).await? {
             Message::GroupExtended(e) => Ok(Duration::from_millis(e.visible_ms)),
             other => Err(ClientError::protocol(format!(
                 "{} answered group_extend",
@@ -244,31 +248,19 @@ impl Client {
     }
 
     /// Gives up on one record: listed as a dead letter, then finished.
-    pub async fn group_dead_letter(
-        &self,
-        namespace: &str,
-        stream: &str,
-        shard: u32,
-        group: &str,
-        offset: u64,
-    ) -> Result<(), ClientError> {
-        self.require(Features::GROUP_CLAIM_CONTROL, "group_dead_letter")?;
-        let msg =
-            group_msg!(self, GroupDeadLetter, namespace, stream, shard, group, { offset: offset });
-        self.group_ok(msg, "group_dead_letter").await
+    pub async fn dead_letter(&self, offset: u64) -> Result<(), ClientError> {
+        self.client
+            .require(Features::GROUP_CLAIM_CONTROL, "group_dead_letter")?;
+        let msg = group_msg!(self, GroupDeadLetter, { offset: offset });
+        self.client.group_ok(msg, "group_dead_letter").await
     }
 
     /// The offsets the group gave up on, lowest first.
-    pub async fn group_dead_letters(
-        &self,
-        namespace: &str,
-        stream: &str,
-        shard: u32,
-        group: &str,
-    ) -> Result<Vec<u64>, ClientError> {
-        self.require(Features::GROUP_DEAD_LETTERS, "group_dead_letters")?;
-        let msg = group_msg!(self, GroupDeadLetters, namespace, stream, shard, group, {});
-        match self.group_call(msg, Duration::ZERO).await? {
+    pub async fn dead_letters(&self) -> Result<Vec<u64>, ClientError> {
+        self.client
+            .require(Features::GROUP_DEAD_LETTERS, "group_dead_letters")?;
+        let msg = group_msg!(self, GroupDeadLetters, {});
+        match self.client.group_call(msg, Duration::ZERO).await? {
             Message::GroupDeadLetterList(l) => Ok(l.offsets),
             other => Err(ClientError::protocol(format!(
                 "{} answered group_dead_letters",
@@ -278,57 +270,35 @@ impl Client {
     }
 
     /// Drops one dead letter.
-    pub async fn group_discard(
-        &self,
-        namespace: &str,
-        stream: &str,
-        shard: u32,
-        group: &str,
-        offset: u64,
-    ) -> Result<(), ClientError> {
-        self.require(Features::GROUP_DEAD_LETTERS, "group_discard")?;
-        let msg =
-            group_msg!(self, GroupDiscard, namespace, stream, shard, group, { offset: offset });
-        self.group_ok(msg, "group_discard").await
+    pub async fn discard(&self, offset: u64) -> Result<(), ClientError> {
+        self.client
+            .require(Features::GROUP_DEAD_LETTERS, "group_discard")?;
+        let msg = group_msg!(self, GroupDiscard, { offset: offset });
+        self.client.group_ok(msg, "group_discard").await
     }
 
     /// Puts one dead letter back in delivery with its attempts reset.
-    pub async fn group_redrive(
-        &self,
-        namespace: &str,
-        stream: &str,
-        shard: u32,
-        group: &str,
-        offset: u64,
-    ) -> Result<(), ClientError> {
-        self.require(Features::GROUP_DEAD_LETTERS, "group_redrive")?;
-        let msg =
-            group_msg!(self, GroupRedrive, namespace, stream, shard, group, { offset: offset });
-        self.group_ok(msg, "group_redrive").await
+    pub async fn redrive(&self, offset: u64) -> Result<(), ClientError> {
+        self.client
+            .require(Features::GROUP_DEAD_LETTERS, "group_redrive")?;
+        let msg = group_msg!(self, GroupRedrive, { offset: offset });
+        self.client.group_ok(msg, "group_redrive").await
     }
 
     /// Moves the group's cursor (`Start::Latest` is the shard's tail); with `if_new`, only if the group does not exist yet.
     /// Returns where it stands and whether it moved.
-    pub async fn group_seek(
-        &self,
-        namespace: &str,
-        stream: &str,
-        shard: u32,
-        group: &str,
-        start: Start,
-        if_new: bool,
-    ) -> Result<(u64, bool), ClientError> {
-        self.require(Features::GROUP_ADMIN, "group_seek")?;
+    pub async fn seek(&self, start: Start, if_new: bool) -> Result<(u64, bool), ClientError> {
+        self.client.require(Features::GROUP_ADMIN, "group_seek")?;
         let start = match start {
             Start::Latest => message::Start::Latest,
             Start::Earliest => message::Start::Earliest,
             Start::Offset(o) => message::Start::Offset(o),
         };
-        let msg = group_msg!(self, GroupSeek, namespace, stream, shard, group, {
+        let msg = group_msg!(self, GroupSeek, {
             start: start,
             if_new: if_new.then_some(true),
         });
-        match self.group_call(msg, Duration::ZERO).await? {
+        match self.client.group_call(msg, Duration::ZERO).await? {
             Message::GroupPosition(p) => Ok((p.offset, p.moved)),
             other => Err(ClientError::protocol(format!(
                 "{} answered group_seek",
@@ -338,16 +308,11 @@ impl Client {
     }
 
     /// Where the group stands.
-    pub async fn group_describe(
-        &self,
-        namespace: &str,
-        stream: &str,
-        shard: u32,
-        group: &str,
-    ) -> Result<GroupInfo, ClientError> {
-        self.require(Features::GROUP_ADMIN, "group_describe")?;
-        let msg = group_msg!(self, GroupDescribe, namespace, stream, shard, group, {});
-        match self.group_call(msg, Duration::ZERO).await? {
+    pub async fn describe(&self) -> Result<GroupInfo, ClientError> {
+        self.client
+            .require(Features::GROUP_ADMIN, "group_describe")?;
+        let msg = group_msg!(self, GroupDescribe, {});
+        match self.client.group_call(msg, Duration::ZERO).await? {
             Message::GroupInfo(i) => Ok(GroupInfo {
                 committed: i.committed,
                 tail: i.tail,
@@ -363,16 +328,10 @@ impl Client {
     }
 
     /// Removes the group's cursor and dead letters; returns whether it existed.
-    pub async fn group_delete(
-        &self,
-        namespace: &str,
-        stream: &str,
-        shard: u32,
-        group: &str,
-    ) -> Result<bool, ClientError> {
-        self.require(Features::GROUP_ADMIN, "group_delete")?;
-        let msg = group_msg!(self, GroupDelete, namespace, stream, shard, group, {});
-        match self.group_call(msg, Duration::ZERO).await? {
+    pub async fn delete(&self) -> Result<bool, ClientError> {
+        self.client.require(Features::GROUP_ADMIN, "group_delete")?;
+        let msg = group_msg!(self, GroupDelete, {});
+        match self.client.group_call(msg, Duration::ZERO).await? {
             Message::GroupDeleted(d) => Ok(d.existed),
             other => Err(ClientError::protocol(format!(
                 "{} answered group_delete",

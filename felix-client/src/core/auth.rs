@@ -41,7 +41,9 @@ impl Offer {
                 | Features::GROUP_SKIPPED
                 | Features::GROUP_PUBLISHER
                 | Features::GROUP_CLAIM_CONTROL
-                | Features::GROUP_ADMIN,
+                | Features::GROUP_ADMIN
+                // `publish_refused` with `sequence_reused` decodes (stream_ops.rs).
+                | Features::SEQUENCE_REUSED,
         }
     }
 

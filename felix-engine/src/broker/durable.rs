@@ -1300,7 +1300,9 @@ impl Broker {
         // while one reads, and a failed log ending them.
         let ev = match ev {
             CacheEvent::Applied(change) => return self.on_watch_change(id, change),
-            CacheEvent::Scanned { ticket, result } => return self.on_watch_read(id, ticket, result),
+            CacheEvent::Scanned { ticket, result } => {
+                return self.on_watch_read(id, ticket, result)
+            }
             CacheEvent::Failed(e) => {
                 self.on_watch_log_failed(id, &e.to_string());
                 CacheEvent::Failed(e)

@@ -51,7 +51,7 @@ pub(crate) use durable::{CacheAnswer, DurableSettings, Notice};
 use durable::{LogState, Logs, Owner, ShardStore, Unreleased};
 use encode::{encode_event_batch, encode_subscription_lagged, BatchView, MAX_PUBLISHER_LEN};
 pub(crate) use producers::{Guard, Guarded};
-pub(crate) use reads::{PageRequest, ReadAnswer};
+pub(crate) use reads::{PageRequest, ReadAnswer, PAGE_FRAME_RESERVE};
 
 use cache::CACHE_SWEEP_MAX_ENTRIES;
 pub(crate) use conditional::{Condition, Conditional};
@@ -1031,8 +1031,7 @@ impl Broker {
             .values()
             .map(|s| s.queue.len() + s.catch_up.as_ref().map_or(0, |c| c.frames.len()))
             .max()
-            .unwrap_or(0)
-            .max(self.watches.deepest_queue());
+            .unwrap_or(0);
         // Deleted streams keep their index (`delete.rs`): count the live ones.
         (deepest, self.stream_index.len())
     }

@@ -21,6 +21,9 @@ use crate::storage::ops::LogId;
 
 /// Payload bytes one `stream_read` page carries at most.
 pub(crate) const PAGE_MAX_BYTES: usize = READ_MAX_BYTES as usize;
+/// What an unread page counts against its connection's unwritten-answer budget: a full
+/// page base64-encoded, plus the JSON around each of its records.
+pub(crate) const PAGE_FRAME_RESERVE: usize = PAGE_MAX_BYTES / 3 * 4 + MAX_RECORDS_PER_READ * 96;
 
 /// A `stream_read` as the session hands it over.
 #[derive(Debug, Clone, Copy)]

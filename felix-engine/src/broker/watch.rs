@@ -38,8 +38,10 @@ pub(crate) const DEFAULT_WATCH_QUEUE_CAPACITY: usize =
 /// A snapshot or replay read asks the log for at most this many records and bytes.
 const WATCH_READ_RECORDS: usize = 1024;
 const WATCH_READ_BYTES: usize = 1 << 20;
-/// A catch-up issues its next read only while it holds fewer frames than this.
+/// A catch-up issues its next read only while it holds fewer frames than this, and fewer
+/// bytes than the next constant: what one catching-up watch holds stays near one read.
 const WATCH_FRAMES_AHEAD: usize = 256;
+const WATCH_BYTES_AHEAD: usize = 1 << 20;
 
 /// Which keys a watch follows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,8 +117,6 @@ pub(crate) struct Watches {
     reads: HashMap<(LogId, ReadTicket), SubscriberId>,
     /// Catch-ups refused `Busy`, retried when a read of that log lands.
     blocked: HashMap<LogId, Vec<SubscriberId>>,
-    /// Watches ended with `cache_watch_lagged`.
-    pub(crate) lagged: u64,
 }
 
 impl Watches {
@@ -140,15 +140,6 @@ impl Watches {
         self.map
             .values()
             .any(|w| w.log == log && w.catch_up.is_some() && !w.live)
-    }
-
-    /// The most frames one watch holds.
-    pub(crate) fn deepest_queue(&self) -> usize {
-        self.map
-            .values()
-            .map(|w| w.queue.len() + w.catch_up.as_ref().map_or(0, |c| c.frames.len()))
-            .max()
-            .unwrap_or(0)
     }
 }
 
@@ -342,7 +333,6 @@ impl Broker {
                 w.final_frame = Some(lagged_frame(change.offset));
                 w.live = false;
                 lagged.push(id);
-                self.watches.lagged += 1;
             } else {
                 w.queued_bytes += f.len();
                 self.event_budget.add(w.owner, f.len());
@@ -383,7 +373,13 @@ impl Broker {
         let Some(cu) = w.catch_up.as_mut() else {
             return;
         };
-        if w.live || cu.reading || cu.failed.is_some() || cu.frames.len() >= WATCH_FRAMES_AHEAD {
+        let held_bytes: usize = cu.frames.iter().map(Bytes::len).sum();
+        if w.live
+            || cu.reading
+            || cu.failed.is_some()
+            || cu.frames.len() >= WATCH_FRAMES_AHEAD
+            || held_bytes >= WATCH_BYTES_AHEAD
+        {
             return;
         }
         let Some(logs) = self.logs.as_mut() else {

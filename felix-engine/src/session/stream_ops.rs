@@ -20,13 +20,13 @@ use crate::storage::ops::LogId;
 
 /// A publish guarded by a producer sequence or an expected offset, as either encoding
 /// carried it.
-pub(super) struct GuardedPublish<'a> {
-    pub(super) names: (&'a str, &'a str, &'a str),
-    pub(super) key: Option<Bytes>,
-    pub(super) shard: Option<u64>,
-    pub(super) payloads: Vec<Bytes>,
-    pub(super) request_id: u64,
-    pub(super) guard: Guard,
+struct GuardedPublish<'a> {
+    names: (&'a str, &'a str, &'a str),
+    key: Option<Bytes>,
+    shard: Option<u64>,
+    payloads: Vec<Bytes>,
+    request_id: u64,
+    guard: Guard,
 }
 
 impl Session {
@@ -37,6 +37,37 @@ impl Session {
             request_id: p.request_id,
             producer_id,
         }));
+    }
+
+    pub(super) fn on_publish_idempotent(
+        &mut self,
+        p: message::PublishIdempotent,
+        cx: &mut SessionCx<'_>,
+    ) {
+        let publish = GuardedPublish {
+            names: (&p.tenant_id, &p.namespace, &p.stream),
+            key: p.key,
+            shard: p.shard,
+            payloads: p.payloads,
+            request_id: p.request_id,
+            guard: Guard::Sequence {
+                producer: p.producer_id,
+                sequence: p.sequence,
+            },
+        };
+        self.on_guarded_publish(publish, cx);
+    }
+
+    pub(super) fn on_publish_if(&mut self, p: message::PublishIf, cx: &mut SessionCx<'_>) {
+        let publish = GuardedPublish {
+            names: (&p.tenant_id, &p.namespace, &p.stream),
+            key: p.key,
+            shard: p.shard,
+            payloads: p.payloads,
+            request_id: p.request_id,
+            guard: Guard::Offset(p.expected_offset),
+        };
+        self.on_guarded_publish(publish, cx);
     }
 
     /// The binary idempotent frame (0x0100): answered as `publish_idempotent` is, in JSON.
@@ -64,7 +95,7 @@ impl Session {
         );
     }
 
-    pub(super) fn on_guarded_publish(&mut self, p: GuardedPublish<'_>, cx: &mut SessionCx<'_>) {
+    fn on_guarded_publish(&mut self, p: GuardedPublish<'_>, cx: &mut SessionCx<'_>) {
         let (tenant, namespace, stream) = p.names;
         let request_id = p.request_id;
         let result = match self.guarded_target(tenant, namespace, stream, p.shard) {

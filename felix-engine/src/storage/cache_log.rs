@@ -463,13 +463,16 @@ impl CacheLog {
         if self.expiring == 0 || !self.is_open() {
             return Ok(0);
         }
-        let due: Vec<Box<[u8]>> = self
+        // Oldest expiry first (then by key): the order must not depend on the hash map's,
+        // or a replay of the same inputs would write the deletes at different offsets.
+        let mut due: Vec<(u64, Box<[u8]>)> = self
             .index
             .iter()
             .filter(|(k, s)| s.expired(unix_ms) && !self.staged.iter().any(|st| st.key == **k))
-            .map(|(k, _)| k.clone())
-            .take(max)
+            .map(|(k, s)| (s.expiry_ms, k.clone()))
             .collect();
+        due.sort_unstable();
+        let due: Vec<Box<[u8]>> = due.into_iter().take(max).map(|(_, k)| k).collect();
         for key in &due {
             let payload = CacheRecord::Delete {
                 key: Bytes::copy_from_slice(key),
@@ -631,7 +634,8 @@ impl CacheLog {
                 }
                 LogEvent::Read { ticket, result } => {
                     if self.scans.remove(&ticket) {
-                        self.events.push_back(CacheEvent::Scanned { ticket, result });
+                        self.events
+                            .push_back(CacheEvent::Scanned { ticket, result });
                         continue;
                     }
                     let Some(offset) = self.gets.remove(&ticket) else {

@@ -494,3 +494,51 @@ fn a_crash_at_every_step_of_a_compaction_replays_to_the_same_cache() {
     }
     assert!(!crash_in_compaction(steps.len(), None, Crash::Power));
 }
+
+#[test]
+fn observed_writes_are_reported_in_offset_order_once_durable_and_versions_count_staged_writes() {
+    let mut rig = Rig::on(MemFs::new(), cfg(1 << 20));
+    rig.put("before", "unseen", None);
+    rig.pump();
+    rig.cache.set_observed(true);
+    let a = rig.put("a", "1", Some(77));
+    // Accepted, not durable: the version already counts it, a get does not see it yet.
+    assert_eq!(rig.cache.current_version(b"a", 0), Some(a));
+    assert_eq!(rig.cache.durable_version(b"a", 0), None);
+    assert!(
+        rig.applied.is_empty(),
+        "nothing reported before it is durable"
+    );
+    let d = rig.del("before").expect("present");
+    rig.pump();
+    assert_eq!(rig.cache.applied_offset(), d + 1);
+    assert_eq!(
+        rig.applied,
+        vec![
+            Change {
+                offset: a,
+                key: Bytes::from_static(b"a"),
+                value: Some(Bytes::from_static(b"1")),
+                expiry_unix_ms: Some(77),
+            },
+            Change {
+                offset: d,
+                key: Bytes::from_static(b"before"),
+                value: None,
+                expiry_unix_ms: None,
+            },
+        ]
+    );
+    assert_eq!(rig.cache.durable_version(b"a", 0), Some(a));
+    assert_eq!(rig.cache.durable_version(b"a", 77), None, "expired");
+    assert_eq!(rig.cache.live_offsets(|k| k.starts_with(b"a"), 0), vec![a]);
+    // A scan reads the stored records from an offset, deletes included.
+    let t = rig.cache.scan(0, 16, 1 << 20).unwrap();
+    rig.pump();
+    let batch = rig.scanned.remove(&t).unwrap().unwrap();
+    assert_eq!(batch.record_count(), 3);
+    rig.cache.set_observed(false);
+    rig.put("a", "2", None);
+    rig.pump();
+    assert_eq!(rig.applied.len(), 2, "not reported while unobserved");
+}

@@ -31,6 +31,11 @@ pub(crate) const MAX_POLL_RECORDS: usize = 1_000;
 pub(crate) const MAX_POLL_BYTES: usize = 4 << 20;
 /// Polls waiting at once across the broker; one more is answered at once.
 pub(crate) const MAX_WAITING_POLLS: usize = 100_000;
+/// The group-log write an answer waits for: the log, and the offset it must be durable below.
+pub(crate) type DurableAt = Option<(LogId, u64)>;
+
+/// Groups one shard holds in memory; a request naming one more is refused.
+pub(crate) const MAX_GROUPS_PER_SHARD: usize = 10_000;
 /// Longest consumer name.
 pub(crate) const MAX_CONSUMER_BYTES: usize = 128;
 /// Top-level directory of group logs under the storage root.
@@ -303,6 +308,20 @@ impl Broker {
         Ok((stream, shard))
     }
 
+    /// Refuses a group the shard does not know yet once it holds [`MAX_GROUPS_PER_SHARD`].
+    fn admit_group(&self, stream: usize, shard: u32, group: &str) -> Result<(), BrokerError> {
+        let sg = &self.groups.shards[&(stream, shard)];
+        let known = sg.groups.contains_key(group) || sg.recovered.contains_key(group);
+        if known || sg.groups.len() + sg.recovered.len() < MAX_GROUPS_PER_SHARD {
+            Ok(())
+        } else {
+            Err(BrokerError::new(
+                felix_proto::ErrorCode::LimitExceeded,
+                format!("this shard holds its limit of {MAX_GROUPS_PER_SHARD} groups"),
+            ))
+        }
+    }
+
     /// The group's state, built from its log on first use.
     fn group_state(&mut self, stream: usize, shard: u32, group: &str) -> &mut GroupState {
         let tail = self.group_view(stream, shard).tail;
@@ -384,6 +403,7 @@ impl Broker {
         req: PollRequest,
     ) -> Result<u64, BrokerError> {
         let (stream, shard) = self.group_shard(now, addr.key, addr.shard)?;
+        self.admit_group(stream, shard, addr.group)?;
         let cfg = &self.groups.cfg;
         let visibility = req
             .visibility
@@ -721,6 +741,7 @@ impl Broker {
         op: SettleOp,
     ) -> Result<Settled, BrokerError> {
         let (stream, shard) = self.group_shard(now, addr.key, addr.shard)?;
+        self.admit_group(stream, shard, addr.group)?;
         let tail = self.group_view(stream, shard).tail;
         let max_visibility = self.groups.cfg.max_visibility;
         let g = self.group_state(stream, shard, addr.group);
@@ -757,6 +778,7 @@ impl Broker {
         addr: GroupAddr<'_>,
     ) -> Result<Vec<u64>, BrokerError> {
         let (stream, shard) = self.group_shard(now, addr.key, addr.shard)?;
+        self.admit_group(stream, shard, addr.group)?;
         Ok(self.group_state(stream, shard, addr.group).dead_letters())
     }
 
@@ -767,8 +789,9 @@ impl Broker {
         addr: GroupAddr<'_>,
         to: SeekTo,
         if_new: bool,
-    ) -> Result<(u64, bool, Option<(LogId, u64)>), BrokerError> {
+    ) -> Result<(u64, bool, DurableAt), BrokerError> {
         let (stream, shard) = self.group_shard(now, addr.key, addr.shard)?;
+        self.admit_group(stream, shard, addr.group)?;
         let view = self.group_view(stream, shard);
         let target = match to {
             SeekTo::Earliest => view.oldest,
@@ -799,6 +822,7 @@ impl Broker {
         addr: GroupAddr<'_>,
     ) -> Result<Described, BrokerError> {
         let (stream, shard) = self.group_shard(now, addr.key, addr.shard)?;
+        self.admit_group(stream, shard, addr.group)?;
         let tail = self.group_view(stream, shard).tail;
         let g = self.group_state(stream, shard, addr.group);
         g.expire(now);
@@ -816,7 +840,7 @@ impl Broker {
         &mut self,
         now: Instant,
         addr: GroupAddr<'_>,
-    ) -> Result<(bool, Option<(LogId, u64)>), BrokerError> {
+    ) -> Result<(bool, DurableAt), BrokerError> {
         let (stream, shard) = self.group_shard(now, addr.key, addr.shard)?;
         let sg = self
             .groups
@@ -858,6 +882,11 @@ impl Broker {
             LogEvent::Read { .. } | LogEvent::Trimmed { .. } => {}
             LogEvent::Compacted { .. } | LogEvent::CompactionFailed(_) => {}
         }
+    }
+
+    /// Records groups skipped because retention removed them before they were reached.
+    pub(crate) fn group_skipped_records(&self) -> u64 {
+        self.groups.skipped
     }
 
     /// Polls in progress (waiting or reading), for tests and usage.
