@@ -750,7 +750,8 @@ impl Conn {
             match core.broker.next_delivery(ev.subscriber) {
                 Some(Delivery::Frame(frame)) => ev.pending = Some(frame),
                 Some(Delivery::Final(frame)) => {
-                    ev.pending = Some(frame);
+                    // Empty: just finish (a deleted stream, to a client without the signal).
+                    ev.pending = (!frame.is_empty()).then_some(frame);
                     ev.last = true;
                     core.routes.remove(&ev.subscriber);
                 }

@@ -66,7 +66,8 @@ pub const SERVED_FEATURES: Features = Features(
         | Features::TOPOLOGY.0
         | Features::IDEMPOTENT_PRODUCER.0
         | Features::SEQUENCE_REUSED.0
-        | Features::CACHE_CONDITIONAL.0,
+        | Features::CACHE_CONDITIONAL.0
+        | Features::STREAM_DELETED.0,
 );
 
 /// Features served only with durable storage: they read or check a shard's log.
@@ -737,6 +738,41 @@ impl Engine {
             self.touch(ch);
         }
         self.settle(now);
+    }
+
+    /// Deletes a stream (an operator action, trusted: see [`Engine::delete_stream_as`]).
+    /// Its subscriptions end — with `stream_deleted` where the client offered
+    /// FEATURE_STREAM_DELETED — and the next publish or subscribe creates it afresh. On a
+    /// durable broker its files are retired through file ops that keep running after this
+    /// returns; keep polling outputs.
+    pub fn delete_stream(
+        &mut self,
+        now: Instant,
+        tenant: &str,
+        namespace: &str,
+        stream: &str,
+    ) -> Result<(), crate::DeleteStreamError> {
+        let unix_micros = self.core.unix_micros(now);
+        let key = StreamKey::new(tenant, namespace, stream);
+        let result = self.core.broker.delete_stream(unix_micros, &key);
+        self.settle(now);
+        result.map_err(Into::into)
+    }
+
+    /// [`Engine::delete_stream`] for the holder of `token`: it must verify for `tenant` as a
+    /// session's would and grant `stream.manage` on the stream.
+    pub fn delete_stream_as(
+        &mut self,
+        now: Instant,
+        token: &str,
+        tenant: &str,
+        namespace: &str,
+        stream: &str,
+    ) -> Result<(), crate::DeleteStreamError> {
+        let unix_secs = self.core.unix_secs(now);
+        let names = (tenant, namespace, stream);
+        crate::stream_delete::authorize(&self.core.verifier, unix_secs, token, names)?;
+        self.delete_stream(now, tenant, namespace, stream)
     }
 
     /// Serves `identity` (a rotated certificate and key) to every handshake from now on.

@@ -24,6 +24,7 @@ mod metrics;
 mod seed;
 mod session;
 pub(crate) mod storage;
+mod stream_delete;
 mod tls;
 
 pub use broker::groups::GroupConfig;
@@ -39,6 +40,7 @@ pub use rustls;
 pub use storage::ops::{
     DirEntry, FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
 };
+pub use stream_delete::DeleteStreamError;
 pub use tls::{TlsConfigError, TlsIdentity, ALPN_FELIX_V1};
 
 #[cfg(feature = "test-support")]

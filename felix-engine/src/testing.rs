@@ -108,6 +108,22 @@ impl MemDisk {
                 }
                 None => Err(not_found(&path)),
             },
+            FileOpKind::Rename { from, to } if self.dirs.contains(&from) => {
+                // A directory moves with everything under it (a deleted stream's).
+                let under = |p: &String| p == &from || p.starts_with(&format!("{from}/"));
+                let moved = |p: &str| format!("{to}{}", &p[from.len()..]);
+                let dirs: Vec<String> = self.dirs.iter().filter(|d| under(d)).cloned().collect();
+                for d in dirs {
+                    self.dirs.remove(&d);
+                    self.dirs.insert(moved(&d));
+                }
+                let files: Vec<String> = self.files.keys().filter(|f| under(f)).cloned().collect();
+                for f in files {
+                    let data = self.files.remove(&f).expect("listed");
+                    self.files.insert(moved(&f), data);
+                }
+                Ok(FileOutput::Done)
+            }
             FileOpKind::Rename { from, to } => match self.files.remove(&from) {
                 Some(f) => {
                     self.files.insert(to, f);

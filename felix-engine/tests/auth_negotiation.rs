@@ -5,9 +5,9 @@ mod common;
 
 use common::*;
 
-/// Frame flags served (0x1F7F) and features served, as the real client's offer is answered.
-const AUTH_OK_FOR_REAL_CLIENT: &str =
-    r#"{"type":"auth_ok","server_flags":8063,"server_features":1107750437,"publish_window":256}"#;
+/// Frame flags served (0x1F7F) and features served, as the real client's offer is answered:
+/// the low word with the EXTENDED marker, and STREAM_DELETED (0x2) in the extended word.
+const AUTH_OK_FOR_REAL_CLIENT: &str = r#"{"type":"auth_ok","server_flags":8063,"server_features":3255234085,"server_features_hi":2,"publish_window":256}"#;
 
 #[test]
 fn real_client_offer_gets_exact_auth_ok() {
@@ -24,7 +24,11 @@ fn real_client_offer_gets_exact_auth_ok() {
         "TOPOLOGY: a lone broker answers it (no other brokers)"
     );
     assert_eq!(features & 0x2, 0, "no REDIRECT");
-    assert_eq!(features, felix_engine::SERVED_FEATURES.0);
+    let hi = v["server_features_hi"].as_u64().unwrap();
+    assert_eq!(
+        (features & 0x7FFF_FFFF) | hi << 32,
+        felix_engine::SERVED_FEATURES.0
+    );
 }
 
 #[test]

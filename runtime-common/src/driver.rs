@@ -31,6 +31,8 @@ pub(crate) enum Control {
     TlsIdentity(felix_engine::TlsIdentity),
     /// A changed JWKS document (`Engine::set_jwks`).
     Jwks(Vec<u8>),
+    /// An operator's stream deletion (`stream_delete.rs`).
+    DeleteStream(crate::stream_delete::DeleteRequest),
 }
 use crate::runtime::{Interest, Runtime, Timer, UdpSocket};
 
@@ -315,6 +317,7 @@ impl<R: Runtime> Driver<R> {
                 Ok(()) => info!("verifying tokens against the changed JWKS"),
                 Err(e) => warn!(error = %e, "refused the changed JWKS; the old keys stay"),
             },
+            Control::DeleteStream(req) => crate::stream_delete::run(&mut self.engine, req),
         }
     }
 

@@ -19,6 +19,7 @@ pub mod ops_http;
 pub mod process;
 mod reload;
 mod runtime;
+mod stream_delete;
 mod tls;
 
 use std::fmt;
@@ -221,6 +222,32 @@ impl RunningBroker {
         self.watcher = None;
         self.watcher = reload::Watcher::spawn(reload, self.ops_state.control.clone())?;
         Ok(())
+    }
+
+    /// Deletes a stream (trusted: no token is checked; the ops endpoint's
+    /// `DELETE /v1/streams/…` checks one). Its subscriptions end — with `stream_deleted`
+    /// where the client offered it — and the next publish or subscribe creates it afresh.
+    pub async fn delete_stream(
+        &self,
+        tenant: &str,
+        namespace: &str,
+        stream: &str,
+    ) -> Result<(), felix_engine::DeleteStreamError> {
+        let stopped =
+            || felix_engine::DeleteStreamError::Unavailable("the broker has stopped".into());
+        let (tx, rx) = oneshot::channel();
+        let req = stream_delete::DeleteRequest {
+            token: None,
+            tenant: tenant.into(),
+            namespace: namespace.into(),
+            stream: stream.into(),
+            reply: Box::new(move |outcome| {
+                let _ = tx.send(outcome);
+            }),
+        };
+        self.send_control(driver::Control::DeleteStream(req))
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     fn send_control(&self, control: driver::Control) -> io::Result<()> {

@@ -153,6 +153,10 @@ fn serve(mut conn: TcpStream, state: &OpsState) -> io::Result<()> {
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    if target.starts_with(crate::stream_delete::ROUTE) {
+        let path = target.split('?').next().unwrap_or("");
+        return crate::stream_delete::serve(&mut conn, state, method, path, &request);
+    }
     let head_only = method == "HEAD";
     if method != "GET" && !head_only {
         return respond(&mut conn, 405, "text/plain", "GET only\n", head_only);

@@ -277,6 +277,8 @@ pub(crate) struct Logs {
     /// Why the broker cannot start (a startup log is corrupt or unreadable).
     pub(crate) fatal: Option<String>,
     shutting_down: bool,
+    /// Deleted streams' directories being retired (`delete.rs`).
+    pub(super) retiring: super::delete::Retiring,
 }
 
 impl Logs {
@@ -298,6 +300,7 @@ impl Logs {
             startup_opening: 0,
             fatal: None,
             shutting_down: false,
+            retiring: Default::default(),
         };
         for root in [STREAMS_DIR, CACHES_DIR, COUNTERS_DIR] {
             let op = logs.discovery.list(root.to_owned(), 0);
@@ -519,6 +522,9 @@ impl Logs {
         if id == DISCOVERY {
             return self.discovered(now, c);
         }
+        if super::delete::is_retire_id(id) {
+            return self.retire_completion(c);
+        }
         if let Some(slot) = self.slot_mut(id) {
             slot.log.handle_completion(c);
             self.mark_dirty(id);
@@ -542,6 +548,15 @@ impl Logs {
         };
         for entry in entries.into_iter().filter(|e| e.is_dir) {
             let child = layout::join(&dir, &entry.name);
+            if depth == 2
+                && dir.starts_with(STREAMS_DIR)
+                && super::delete::is_tombstone(&entry.name)
+            {
+                // A stream deleted before a crash: never opened, its files go now.
+                let op = self.retiring.finish(child);
+                self.ops.push_back(op);
+                continue;
+            }
             if depth + 1 < SHARD_DEPTH {
                 let op = self.discovery.list(child, depth + 1);
                 self.ops.push_back(op);
@@ -579,6 +594,44 @@ impl Logs {
         self.ops.is_empty()
             && self.discovery.in_flight.is_empty()
             && self.slots.iter().flatten().all(|s| s.log.is_idle())
+    }
+
+    /// Live logs whose directory starts with `prefix` (a deleted stream's shards).
+    pub(super) fn logs_under(&self, prefix: &str) -> Vec<LogId> {
+        let mut ids: Vec<LogId> = self
+            .by_dir
+            .iter()
+            .filter(|(dir, _)| dir.starts_with(prefix))
+            .map(|(_, id)| *id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    pub(super) fn is_opening(&self, id: LogId) -> bool {
+        self.slot(id).is_some_and(|s| s.state == LogState::Opening)
+    }
+
+    /// Drops a log (its stream was deleted): completions of its ops still in flight are
+    /// ignored from now on, and nothing finds it by directory any more.
+    pub(super) fn forget(&mut self, id: LogId) {
+        let Some(slot) =
+            id.0.checked_sub(1)
+                .and_then(|i| self.slots.get_mut(i as usize))
+                .and_then(Option::take)
+        else {
+            return;
+        };
+        if let Some(at) = slot.timer {
+            self.timers.remove(&(at, id));
+        }
+        self.by_dir.retain(|_, l| *l != id);
+        self.dirty.retain(|l| *l != id);
+        self.reads.retain(|(l, _), _| *l != id);
+    }
+
+    pub(super) fn push_op(&mut self, op: FileOp) {
+        self.ops.push_back(op);
     }
 
     pub(super) fn live_ids(&self) -> impl Iterator<Item = LogId> + '_ {

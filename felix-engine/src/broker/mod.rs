@@ -17,6 +17,7 @@ mod cache;
 mod commit;
 mod conditional;
 mod counters;
+mod delete;
 mod drain;
 pub(crate) mod durable;
 mod encode;
@@ -45,6 +46,7 @@ use crate::storage::ops::LogId;
 use crate::storage::record::EntryExt;
 use cache::{CacheLimits, CacheStore};
 pub(crate) use commit::Committed;
+pub(crate) use delete::DeleteRefusal;
 pub(crate) use durable::{CacheAnswer, DurableSettings, Notice};
 use durable::{LogState, Logs, Owner, ShardStore, Unreleased};
 use encode::{encode_event_batch, encode_subscription_lagged, BatchView, MAX_PUBLISHER_LEN};
@@ -238,6 +240,8 @@ pub(crate) struct SubscribeOpts {
     pub(crate) event_flags: Flags,
     /// The client offered FEATURE_SUBSCRIPTION_LAGGED.
     pub(crate) lagged_signal: bool,
+    /// The client offered FEATURE_STREAM_DELETED.
+    pub(crate) deleted_signal: bool,
     /// The subscribe's `queue_capacity`, if it sent one.
     pub(crate) queue_capacity: Option<u32>,
     /// Whose event budget its queue counts against (the engine's connection).
@@ -256,6 +260,7 @@ impl SubscribeOpts {
             subscription_id,
             event_flags: flags,
             lagged_signal: features.contains(Features::SUBSCRIPTION_LAGGED),
+            deleted_signal: features.contains(Features::STREAM_DELETED),
             queue_capacity,
             owner: 0,
         }
@@ -384,6 +389,8 @@ struct Subscriber {
     wants: Flags,
     /// Ends with `subscription_lagged` at its first drop.
     ends_on_lag: bool,
+    /// Ends with `stream_deleted` when its stream is deleted (`delete.rs`).
+    ends_on_delete: bool,
     capacity: usize,
     queue: VecDeque<Bytes>,
     /// Bytes in `queue`, counted against its owner's event budget.
@@ -801,6 +808,7 @@ impl Broker {
                 subscription_id: opts.subscription_id,
                 wants,
                 ends_on_lag: offsets_on_wire && opts.lagged_signal,
+                ends_on_delete: opts.deleted_signal,
                 capacity,
                 queue: VecDeque::new(),
                 queued_bytes: 0,
@@ -1024,13 +1032,14 @@ impl Broker {
             .map(|s| s.queue.len() + s.catch_up.as_ref().map_or(0, |c| c.frames.len()))
             .max()
             .unwrap_or(0);
-        (deepest, self.streams.len())
+        // Deleted streams keep their index (`delete.rs`): count the live ones.
+        (deepest, self.stream_index.len())
     }
 
     pub(crate) fn stats(&self) -> BrokerStats {
         let c = self.cache.counters;
         BrokerStats {
-            streams: self.streams.len() as u64,
+            streams: self.stream_index.len() as u64,
             // Durable caches count into `self.stats`, in-memory ones into the store.
             cache_hits: c.hits + self.stats.cache_hits,
             cache_misses: c.misses + self.stats.cache_misses,
@@ -1047,7 +1056,12 @@ impl Broker {
         if let Some(&i) = self.stream_index.get(key) {
             return Ok(i);
         }
-        if self.streams.len() >= self.cfg.max_streams {
+        if let Some(retiring) = self.stream_delete_pending(key) {
+            // Deleted a moment ago: a new log must not open the old files (`delete.rs`).
+            return Err(BrokerError::opening(retiring));
+        }
+        // Deleted streams keep their index (empty), so count the live ones.
+        if self.stream_index.len() >= self.cfg.max_streams {
             return Err(BrokerError::new(
                 ErrorCode::Overloaded,
                 format!(

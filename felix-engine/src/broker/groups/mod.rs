@@ -906,3 +906,35 @@ pub(crate) const GROUP_FEATURES: felix_proto::Features = felix_proto::Features(
         | felix_proto::Features::GROUP_CLAIM_CONTROL.0
         | felix_proto::Features::GROUP_ADMIN.0,
 );
+
+impl Broker {
+    /// Stream `stream` was deleted (`delete.rs`): polls on it are answered `not_found` and
+    /// its groups are forgotten. Returns their logs, for the caller to retire.
+    pub(super) fn forget_stream_groups(&mut self, stream: usize) -> Vec<LogId> {
+        let mut waiters: Vec<u64> = self
+            .groups
+            .polls
+            .iter()
+            .filter(|(_, p)| p.stream == stream)
+            .map(|(w, _)| *w)
+            .collect();
+        waiters.sort_unstable();
+        for w in waiters {
+            let gone = BrokerError::new(felix_proto::ErrorCode::NotFound, "the stream was deleted");
+            self.answer_poll(w, Err(gone));
+        }
+        self.groups.woken.retain(|(s, _)| *s != stream);
+        let mut keys: Vec<(usize, u32)> = self
+            .groups
+            .shards
+            .keys()
+            .filter(|(s, _)| *s == stream)
+            .copied()
+            .collect();
+        keys.sort_unstable();
+        keys.into_iter()
+            .filter_map(|k| self.groups.shards.remove(&k))
+            .map(|sg| sg.log)
+            .collect()
+    }
+}

@@ -1,0 +1,376 @@
+//! Deleting a stream (an operator command): subscriptions end with `stream_deleted` for a
+//! client that offered FEATURE_STREAM_DELETED and just finish for one that did not; the
+//! stream comes back afresh; a durable stream's files are retired and stay gone.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use felix_engine::{DeleteStreamError, DurableConfig, FsyncPolicy};
+use felix_proto::binary::{AckResult, EventBatch, PublishAck};
+use felix_proto::frame::Frame;
+use quinn_proto::StreamId;
+
+/// The real client's auth, with or without its extended feature word (0xF holds
+/// STREAM_DELETED 0x2). Without it the client also lacks the EXTENDED marker.
+fn auth(token: &str, extended: bool) -> Vec<u8> {
+    if extended {
+        return real_client_auth("t1", token);
+    }
+    let features = REAL_CLIENT_FEATURES & !0x8000_0000;
+    json_frame(&format!(
+        r#"{{"type":"auth","tenant_id":"t1","token":"{token}","client_flags":{REAL_CLIENT_FLAGS},"client_features":{features}}}"#
+    ))
+}
+
+/// Subscribes from `start`; returns the subscription id and its event stream after the hello.
+fn subscribe(net: &mut Net, p: usize, extended: bool, stream: &str) -> (u64, StreamId) {
+    let token = net.token();
+    let id = net.open_bi(p);
+    let answer = net.exchange(p, id, &auth(&token, extended));
+    assert!(text(&answer[0]).contains("auth_ok"), "{}", text(&answer[0]));
+    net.send(
+        p,
+        id,
+        &json_frame(&format!(
+            r#"{{"type":"subscribe","tenant_id":"t1","namespace":"default","stream":"{stream}"}}"#
+        )),
+    );
+    net.finish(p, id);
+    net.run();
+    let frames = net.read_frames(p, id);
+    let answer: serde_json::Value = serde_json::from_str(text(&frames[0])).unwrap();
+    assert_eq!(answer["type"], "subscribed", "{answer}");
+    net.stop(p, id);
+    net.run();
+    let uni = net.take_uni(p);
+    let hello = net.read_frames(p, uni);
+    assert!(text(&hello[0]).contains("event_stream_hello"));
+    (answer["subscription_id"].as_u64().unwrap(), uni)
+}
+
+/// Publishes acked batches of one record each; returns their offsets.
+fn publish(
+    net: &mut Net,
+    p: usize,
+    sid: StreamId,
+    first_id: u64,
+    items: &[&[u8]],
+) -> Vec<Option<u64>> {
+    let mut wire = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        wire.extend(binary_publish(
+            Some(first_id + i as u64),
+            None,
+            "orders",
+            &[item],
+        ));
+    }
+    net.send(p, sid, &wire);
+    net.run();
+    net.read_frames(p, sid)
+        .iter()
+        .map(
+            |f| match PublishAck::decode(f.flags, &f.payload).unwrap().result {
+                AckResult::Ok { offset } => offset,
+                AckResult::Err { message, .. } => panic!("publish refused: {message}"),
+            },
+        )
+        .collect()
+}
+
+fn payloads(frames: &[Frame]) -> Vec<Vec<u8>> {
+    frames
+        .iter()
+        .flat_map(|f| {
+            EventBatch::decode(f.flags, &f.payload)
+                .unwrap()
+                .events
+                .iter()
+                .map(|e| e.payload.to_vec())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn the_feature_is_advertised_in_the_extended_word() {
+    let mut net = Net::new(|_| {});
+    let p = net.connect(&[]);
+    let (_, answer) = net.auth_stream(p);
+    let v: serde_json::Value = serde_json::from_str(text(&answer)).unwrap();
+    assert_eq!(v["server_features_hi"].as_u64().unwrap() & 0x2, 0x2, "{v}");
+}
+
+#[test]
+fn subscriptions_end_with_stream_deleted_only_for_clients_that_offered_it() {
+    let mut net = Net::new(|_| {});
+    let (with, without, publisher) = (net.connect(&[]), net.connect(&[]), net.connect(&[]));
+    let (id_with, uni_with) = subscribe(&mut net, with, true, "orders");
+    let (_, uni_without) = subscribe(&mut net, without, false, "orders");
+    let (pid, _) = net.auth_stream(publisher);
+    publish(&mut net, publisher, pid, 1, &[b"before"]);
+
+    net.engine
+        .delete_stream(net.now, "t1", "default", "orders")
+        .unwrap();
+    net.run();
+
+    // Everything queued first, then the one frame, then FIN.
+    let frames = net.read_frames(with, uni_with);
+    assert_eq!(payloads(&frames[..1]), [b"before".to_vec()]);
+    assert_eq!(frames.len(), 2);
+    assert_eq!(
+        text(&frames[1]),
+        format!(r#"{{"type":"stream_deleted","subscription_id":{id_with}}}"#)
+    );
+    assert!(net.peers[with].finished.contains(&uni_with));
+    // Byte for byte as before: the event, then FIN, nothing else.
+    let frames = net.read_frames(without, uni_without);
+    assert_eq!(frames.len(), 1);
+    assert_eq!(payloads(&frames), [b"before".to_vec()]);
+    assert!(net.peers[without].finished.contains(&uni_without));
+
+    assert_eq!(
+        net.engine.usage().streams,
+        0,
+        "a deleted stream is not counted"
+    );
+    // Gone: a second delete finds nothing; a new subscriber sees only new records.
+    assert_eq!(
+        net.engine.delete_stream(net.now, "t1", "default", "orders"),
+        Err(DeleteStreamError::NotFound)
+    );
+    let (_, uni) = subscribe(&mut net, with, true, "orders");
+    publish(&mut net, publisher, pid, 2, &[b"after"]);
+    assert_eq!(payloads(&net.read_frames(with, uni)), [b"after".to_vec()]);
+}
+
+#[test]
+fn a_token_needs_stream_manage_on_the_stream() {
+    let mut net = Net::new(|_| {});
+    let p = net.connect(&[]);
+    let (pid, _) = net.auth_stream(p);
+    publish(&mut net, p, pid, 1, &[b"x"]);
+    let now = net.now;
+    let err = net
+        .engine
+        .delete_stream_as(now, "not-a-token", "t1", "default", "orders");
+    assert!(
+        matches!(err, Err(DeleteStreamError::Unauthorized(_))),
+        "{err:?}"
+    );
+    let token = net.token();
+    // The dev token is for tenant t1: another tenant's stream does not authenticate.
+    let err = net
+        .engine
+        .delete_stream_as(now, &token, "t2", "default", "orders");
+    assert!(
+        matches!(err, Err(DeleteStreamError::Unauthorized(_))),
+        "{err:?}"
+    );
+    assert_eq!(
+        net.engine
+            .delete_stream_as(now, &token, "t1", "default", "nope"),
+        Err(DeleteStreamError::NotFound)
+    );
+    assert_eq!(
+        net.engine
+            .delete_stream_as(now, &token, "t1", "default", "orders"),
+        Ok(())
+    );
+}
+
+fn on_commit() -> DurableConfig {
+    DurableConfig {
+        fsync: FsyncPolicy::OnCommit,
+        ..DurableConfig::default()
+    }
+}
+
+#[test]
+fn a_durable_stream_is_retired_and_starts_again_from_offset_zero() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let (s, p) = (net.connect(&[]), net.connect(&[]));
+    let (sid, uni) = subscribe(&mut net, s, true, "orders");
+    let (pid, _) = net.auth_stream(p);
+    assert_eq!(
+        publish(&mut net, p, pid, 1, &[b"a", b"b", b"c"]),
+        [Some(0), Some(1), Some(2)]
+    );
+    net.engine
+        .delete_stream(net.now, "t1", "default", "orders")
+        .unwrap();
+    // A publish right away waits for the rename, then lands in a new log.
+    assert_eq!(publish(&mut net, p, pid, 4, &[b"new"]), [Some(0)]);
+    let frames = net.read_frames(s, uni);
+    assert_eq!(
+        payloads(&frames[..frames.len() - 1]),
+        [b"a", b"b", b"c"].map(|b| b.to_vec())
+    );
+    assert_eq!(
+        text(frames.last().unwrap()),
+        format!(r#"{{"type":"stream_deleted","subscription_id":{sid}}}"#)
+    );
+    net.advance(Duration::from_millis(10));
+    // The old files are gone; only the tombstone's (now empty) directories remain.
+    let old: Vec<_> = net
+        .disk
+        .files
+        .keys()
+        .filter(|f| f.contains(".deleted."))
+        .collect();
+    assert!(old.is_empty(), "{old:?}");
+    assert!(net.disk.dirs.iter().any(|d| d.contains("/.deleted.")));
+
+    // After a restart the stream holds only what came after the delete.
+    let disk = std::mem::take(&mut net.disk);
+    drop(net);
+    let mut net = Net::durable_on(disk, on_commit(), |_| {});
+    let (s, p) = (net.connect(&[]), net.connect(&[]));
+    let (pid, _) = net.auth_stream(p);
+    assert_eq!(publish(&mut net, p, pid, 1, &[b"next"]), [Some(1)]);
+    let _ = s;
+}
+
+#[test]
+fn a_tombstone_left_by_a_crash_is_finished_at_startup_and_never_opened() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (pid, _) = net.auth_stream(p);
+    publish(&mut net, p, pid, 1, &[b"a", b"b"]);
+    let mut disk = std::mem::take(&mut net.disk);
+    drop(net);
+    // A crash right after the rename: the tombstone still holds the shard's files.
+    let moved: Vec<(String, Vec<u8>)> = disk
+        .files
+        .iter()
+        .filter(|(f, _)| f.starts_with("streams/t1/default/orders/"))
+        .map(|(f, d)| (f.replace("/orders/", "/.deleted.1.1/"), d.clone()))
+        .collect();
+    assert!(!moved.is_empty());
+    disk.files
+        .retain(|f, _| !f.starts_with("streams/t1/default/orders/"));
+    disk.dirs
+        .retain(|d| !d.starts_with("streams/t1/default/orders"));
+    for (f, d) in moved {
+        let dir = f.rsplit_once('/').unwrap().0.to_owned();
+        disk.dirs.insert(dir.rsplit_once('/').unwrap().0.to_owned());
+        disk.dirs.insert(dir);
+        disk.files.insert(f, d);
+    }
+
+    let mut net = Net::durable_on(disk, on_commit(), |_| {});
+    assert!(
+        !net.disk.files.keys().any(|f| f.contains(".deleted.")),
+        "startup removed the tombstone's files: {:?}",
+        net.disk.files.keys().collect::<Vec<_>>()
+    );
+    let p = net.connect(&[]);
+    let (pid, _) = net.auth_stream(p);
+    assert_eq!(publish(&mut net, p, pid, 1, &[b"fresh"]), [Some(0)]);
+}
+
+#[test]
+fn a_publish_during_the_rename_waits_for_it_and_never_sees_the_old_log() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (pid, _) = net.auth_stream(p);
+    assert_eq!(
+        publish(&mut net, p, pid, 1, &[b"a", b"b"]),
+        [Some(0), Some(1)]
+    );
+    net.hold = |k| matches!(k, felix_engine::FileOpKind::Rename { .. });
+    net.engine
+        .delete_stream(net.now, "t1", "default", "orders")
+        .unwrap();
+    net.run();
+    assert_eq!(
+        publish(&mut net, p, pid, 3, &[b"new"]),
+        [],
+        "stalled on the rename"
+    );
+    assert!(
+        net.disk
+            .files
+            .keys()
+            .any(|f| f.starts_with("streams/t1/default/orders/")),
+        "the old files are still in place"
+    );
+    net.release_held_ops();
+    let acks: Vec<_> = net
+        .read_frames(p, pid)
+        .iter()
+        .map(
+            |f| match PublishAck::decode(f.flags, &f.payload).unwrap().result {
+                AckResult::Ok { offset } => offset,
+                AckResult::Err { message, .. } => panic!("publish refused: {message}"),
+            },
+        )
+        .collect();
+    assert_eq!(acks, [Some(0)], "a new log, from offset 0");
+}
+
+const GROUP: &str =
+    r#""tenant_id":"t1","namespace":"default","stream":"orders","shard":0,"group":"g""#;
+
+fn group_request(net: &mut Net, p: usize, sid: StreamId, body: &str) -> Vec<serde_json::Value> {
+    net.send(p, sid, &json_frame(body));
+    net.run();
+    net.read_frames(p, sid)
+        .iter()
+        .map(|f| serde_json::from_str(text(f)).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_deleted_streams_groups_go_with_it() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (pid, _) = net.auth_stream(p);
+    let (gid, _) = net.auth_stream(p);
+    publish(&mut net, p, pid, 1, &[b"a", b"b"]);
+    let poll = |id: u64, wait: u64| {
+        format!(
+            r#"{{"type":"group_poll",{GROUP},"max_records":8,"wait_ms":{wait},"request_id":{id}}}"#
+        )
+    };
+    let got = group_request(&mut net, p, gid, &poll(1, 0));
+    assert_eq!(got[0]["records"].as_array().unwrap().len(), 2, "{got:?}");
+    for (i, offset) in [(2, 0), (3, 1)] {
+        let ack = format!(r#"{{"type":"group_ack",{GROUP},"offset":{offset},"request_id":{i}}}"#);
+        group_request(&mut net, p, gid, &ack);
+    }
+    // A poll waiting on the stream is answered when it goes.
+    assert!(group_request(&mut net, p, gid, &poll(4, 5000)).is_empty());
+    net.engine
+        .delete_stream(net.now, "t1", "default", "orders")
+        .unwrap();
+    net.run();
+    let answers: Vec<serde_json::Value> = net
+        .read_frames(p, gid)
+        .iter()
+        .map(|f| serde_json::from_str(text(f)).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["type"], "error", "{answers:?}");
+    assert!(
+        answers[0].to_string().contains("the stream was deleted"),
+        "{answers:?}"
+    );
+    assert!(
+        !net.disk
+            .files
+            .keys()
+            .any(|f| f.starts_with("groups/t1/default/orders/")),
+        "the group log moved away"
+    );
+
+    // The recreated stream's group starts afresh: offset 0 of the new log is delivered,
+    // not skipped by the old cursor.
+    assert_eq!(publish(&mut net, p, pid, 3, &[b"new"]), [Some(0)]);
+    let got = group_request(&mut net, p, gid, &poll(5, 0));
+    assert_eq!(got[0]["records"][0]["offset"], 0, "{got:?}");
+    assert_eq!(got[0]["records"][0]["payload"], "bmV3", "{got:?}");
+}
