@@ -40,9 +40,9 @@ use crate::engine::Core;
 use crate::storage::log::ReadTicket;
 use crate::storage::ops::LogId;
 
-mod stream_ops;
 mod cache_features;
 mod groups;
+mod stream_ops;
 
 /// A subscription granted on this stream, whose event stream the connection opens.
 pub(crate) struct NewSubscription {

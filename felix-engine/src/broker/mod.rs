@@ -21,12 +21,12 @@ mod delete;
 mod drain;
 pub(crate) mod durable;
 mod encode;
+mod expiry;
+pub(crate) mod groups;
 mod producers;
 mod reads;
 #[cfg(test)]
 mod stream_ops_tests;
-pub(crate) mod groups;
-mod expiry;
 #[cfg(test)]
 mod tests;
 mod watch;

@@ -20,7 +20,10 @@ pub(super) fn groups_from_settings(
     };
     if let Some(n) = positive("groups.max_attempts")? {
         groups.max_attempts = u32::try_from(n).map_err(|_| {
-            ConfigError(format!("{}={n} is out of range", name("groups.max_attempts")))
+            ConfigError(format!(
+                "{}={n} is out of range",
+                name("groups.max_attempts")
+            ))
         })?;
     }
     if let Some(ms) = positive("groups.visibility_timeout_ms")? {
@@ -83,9 +86,18 @@ mod tests {
                 .unwrap_or_else(|| panic!("{key} is declared"))
         };
         assert_eq!(shown("groups.max_attempts"), Some(d.max_attempts as u64));
-        assert_eq!(shown("groups.visibility_timeout_ms"), Some(d.visibility_timeout.as_millis() as u64));
-        assert_eq!(shown("groups.max_visibility_ms"), Some(d.max_visibility.as_millis() as u64));
-        assert_eq!(shown("groups.max_wait_ms"), Some(d.max_wait.as_millis() as u64));
+        assert_eq!(
+            shown("groups.visibility_timeout_ms"),
+            Some(d.visibility_timeout.as_millis() as u64)
+        );
+        assert_eq!(
+            shown("groups.max_visibility_ms"),
+            Some(d.max_visibility.as_millis() as u64)
+        );
+        assert_eq!(
+            shown("groups.max_wait_ms"),
+            Some(d.max_wait.as_millis() as u64)
+        );
         assert_eq!(shown("groups.max_in_flight"), Some(d.max_in_flight as u64));
     }
 }

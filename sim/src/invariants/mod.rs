@@ -3,8 +3,8 @@
 //! ones run as events happen, the liveness ones once the run has healed and gone quiet.
 
 pub(crate) mod cache_reads;
-pub(crate) mod idempotent_once;
 pub(crate) mod group_claims;
+pub(crate) mod idempotent_once;
 pub(crate) mod no_acked_loss;
 pub(crate) mod offsets;
 pub(crate) mod requests_answered;
