@@ -224,8 +224,7 @@ impl Metrics {
         *self.json_publishes.entry(frame).or_default() += 1;
     }
 
-    /// A consumer-group operation (`join`, `commit`, ...) was handled.
-    #[allow(dead_code)] // the group code calls it
+    /// A consumer-group request (`poll`, `ack`, ...) reached its handler.
     pub(crate) fn group_op(&mut self, op: &'static str) {
         *self.group_ops.entry(op).or_default() += 1;
     }

@@ -50,9 +50,28 @@ fn millis(ms: Option<u64>) -> Option<Duration> {
     ms.filter(|&m| m > 0).map(Duration::from_millis)
 }
 
+/// The operation a group request counts as in `felix_broker_group_operations_total`.
+fn group_op_name(msg: &Message) -> &'static str {
+    match msg {
+        Message::GroupPoll(_) => "poll",
+        Message::GroupAck(_) => "ack",
+        Message::GroupNack(_) => "nack",
+        Message::GroupExtend(_) => "extend",
+        Message::GroupDeadLetter(_) => "dead_letter",
+        Message::GroupDiscard(_) => "discard",
+        Message::GroupRedrive(_) => "redrive",
+        Message::GroupDeadLetters(_) => "dead_letters",
+        Message::GroupSeek(_) => "seek",
+        Message::GroupDescribe(_) => "describe",
+        Message::GroupDelete(_) => "delete",
+        _ => "other",
+    }
+}
+
 impl Session {
     /// Any `group_*` request.
     pub(super) fn on_group(&mut self, msg: Message, cx: &mut SessionCx<'_>) {
+        cx.core.metrics.group_op(group_op_name(&msg));
         match msg {
             Message::GroupPoll(p) => self.on_group_poll(p, cx),
             Message::GroupAck(m) => {
