@@ -711,6 +711,11 @@ impl ShardLog {
         Ok(first)
     }
 
+    #[cfg(test)]
+    pub(crate) fn write_buffers(&self) -> &WriteBuffers {
+        &self.write_buffers
+    }
+
     /// Asks for a sync of everything written so far, whatever the mode (shutdown, or a
     /// caller that wants a point on the device).
     pub(crate) fn sync_now(&mut self) {
