@@ -35,6 +35,7 @@ use super::record::{
     SEGMENT_HEADER_LEN,
 };
 use super::segment::{Segment, Stage};
+use super::write_buffers::WriteBuffers;
 
 /// Segment size at which the log rolls to a new file.
 pub(crate) const DEFAULT_SEGMENT_MAX_BYTES: u64 = 64 << 20;
@@ -363,6 +364,8 @@ pub(crate) struct ShardLog {
     write_due: bool,
     /// The size of the last record write, to size the next buffer.
     last_write_bytes: usize,
+    /// Buffers of completed writes, reused once the tail cache lets go of them.
+    write_buffers: WriteBuffers,
     /// A sync of everything was asked for (`sync_now`); holds until nothing is pending.
     sync_requested: bool,
     /// The periodic interval ran out; the next sync clears it.
@@ -411,6 +414,7 @@ impl ShardLog {
             dirty_since: None,
             write_due: false,
             last_write_bytes: 0,
+            write_buffers: WriteBuffers::default(),
             sync_requested: false,
             periodic_due: false,
             lane: None,
@@ -666,7 +670,11 @@ impl ShardLog {
             let room = self
                 .last_write_bytes
                 .clamp(len, WRITE_BUFFER_MAX_BYTES.max(len));
-            p.buf.reserve(room);
+            if p.buf.is_empty() {
+                p.buf = self.write_buffers.take(room);
+            } else {
+                p.buf.reserve(room);
+            }
         }
         let rel = p.buf.len();
         record::encode_entry_ext(
@@ -701,6 +709,11 @@ impl ShardLog {
         // shares it (one write per turn rather than one per append).
         self.write_due = true;
         Ok(first)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn write_buffers(&self) -> &WriteBuffers {
+        &self.write_buffers
     }
 
     /// Asks for a sync of everything written so far, whatever the mode (shutdown, or a
@@ -955,7 +968,9 @@ impl ShardLog {
         if self.segments[i].stage != Stage::Ready || front.buf.is_empty() {
             return;
         }
-        let bytes = front.buf.split().freeze();
+        // The whole buffer goes with the write (its spare room too), so it can be reused
+        // as a unit once the tail cache lets go of it.
+        let bytes = std::mem::take(&mut front.buf).freeze();
         let bytes_len = bytes.len();
         let entries = std::mem::take(&mut front.entries);
         let (end, base) = (front.end, front.base);
@@ -1063,6 +1078,7 @@ impl ShardLog {
                     };
                     self.tail_bytes -= old.bytes.len();
                 }
+                self.write_buffers.retire(bytes);
             }
             WriteJob::Sync { base, len, covers } => {
                 if let Some(i) = self.seg_index(base) {

@@ -26,6 +26,7 @@ pub(crate) mod log;
 pub(crate) mod ops;
 pub(crate) mod record;
 pub(crate) mod segment;
+pub(crate) mod write_buffers;
 
 #[cfg(test)]
 pub(crate) mod memfs;
