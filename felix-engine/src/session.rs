@@ -441,7 +441,6 @@ impl Session {
                 );
             }
             Message::Publish(p) => {
-                cx.core.metrics.json_publish_frame("publish");
                 let ack = p.ack.unwrap_or(message::AckMode::None);
                 self.on_json_publish(
                     cx,
@@ -452,9 +451,12 @@ impl Session {
                     p.request_id,
                     ack,
                 );
+                // A publish that waits for its log to open runs again; it counts then.
+                if self.stall_on.is_none() {
+                    cx.core.metrics.json_publish_frame("publish");
+                }
             }
             Message::PublishBatch(p) => {
-                cx.core.metrics.json_publish_frame("publish_batch");
                 let ack = p.ack.unwrap_or(message::AckMode::None);
                 self.on_json_publish(
                     cx,
@@ -465,6 +467,10 @@ impl Session {
                     p.request_id,
                     ack,
                 );
+                // A publish that waits for its log to open runs again; it counts then.
+                if self.stall_on.is_none() {
+                    cx.core.metrics.json_publish_frame("publish_batch");
+                }
             }
             // Sent ahead of keyed publishes by clients that offer PUBLISH_WIDTH; never answered.
             Message::PublishWidth(_) => {}

@@ -71,7 +71,15 @@ fn group_op_name(msg: &Message) -> &'static str {
 impl Session {
     /// Any `group_*` request.
     pub(super) fn on_group(&mut self, msg: Message, cx: &mut SessionCx<'_>) {
-        cx.core.metrics.group_op(group_op_name(&msg));
+        let op = group_op_name(&msg);
+        self.dispatch_group(msg, cx);
+        // A request that waits for its log to open runs again later; it counts once, then.
+        if self.stall_on.is_none() {
+            cx.core.metrics.group_op(op);
+        }
+    }
+
+    fn dispatch_group(&mut self, msg: Message, cx: &mut SessionCx<'_>) {
         match msg {
             Message::GroupPoll(p) => self.on_group_poll(p, cx),
             Message::GroupAck(m) => {
