@@ -283,8 +283,13 @@ impl Broker {
             let shards = self.streams[index].shards.iter().map(dead_shard).collect();
             self.streams[index] = Stream { shards };
         }
+        let gone: Vec<LogId> = on_disk.into_iter().chain(group_logs).collect();
+        for &id in &gone {
+            // Before the log is forgotten, so these answers go out ahead of `Failed`.
+            self.fail_page_reads(id, "the stream was deleted");
+        }
         if let Some(logs) = self.logs.as_mut() {
-            for id in on_disk.into_iter().chain(group_logs) {
+            for id in gone {
                 logs.forget(id);
                 // Answers held for durability on it, or requests stalled on it, fail now.
                 logs.notices.push_back(Notice::Failed { log: id });

@@ -247,6 +247,28 @@ impl Broker {
         Ok(ReadAnswer::Later { log, ticket })
     }
 
+    /// `log` is gone (its stream was deleted): every page read on it is answered with an
+    /// error now, since its read will never land.
+    pub(super) fn fail_page_reads(&mut self, log: LogId, why: &str) {
+        let gone: Vec<_> = self
+            .page_reads
+            .pending
+            .keys()
+            .filter(|(l, _)| *l == log)
+            .copied()
+            .collect();
+        for key in gone {
+            let page = self.page_reads.pending.remove(&key).expect("listed");
+            if let Some(logs) = self.logs.as_mut() {
+                logs.notices.push_back(Notice::Value {
+                    log,
+                    ticket: page.answer_ticket,
+                    value: Err(why.to_owned()),
+                });
+            }
+        }
+    }
+
     /// A log read landed: if it was one of ours, answer it (or read on) and give `None`;
     /// otherwise hand the result back for the catch-up readers.
     pub(super) fn on_page_read(
