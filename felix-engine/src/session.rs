@@ -707,13 +707,7 @@ impl Session {
                     live_offset: granted.live_offset,
                     queue_capacity: granted.queue_capacity.map(u64::from),
                 }));
-                cx.conn.subscriptions += 1;
-                cx.conn.new_subscriptions.push(NewSubscription {
-                    subscriber: granted.id,
-                    hello: encode_message(&Message::EventStreamHello(EventStreamHello {
-                        subscription_id,
-                    })),
-                });
+                self.open_event_stream(cx, granted.id, subscription_id);
             }
             Err(SubscribeError::Broker(e)) if self.stalls(&e) => {}
             Err(SubscribeError::Broker(e)) => self.push_broker_error(e),
@@ -721,20 +715,45 @@ impl Session {
                 reason,
                 requested,
                 available,
-            }) => {
-                let reason = match reason {
-                    crate::broker::CursorReason::TooOld => message::CursorErrorReason::TooOld,
-                    crate::broker::CursorReason::InFuture => message::CursorErrorReason::InFuture,
-                };
-                self.push_message(&Message::SubscribeCursorError(
-                    message::SubscribeCursorError {
-                        reason,
-                        requested,
-                        available,
-                    },
-                ));
-            }
+            }) => self.push_cursor_error(reason, requested, available),
         }
+    }
+
+    /// A granted subscription or watch: the connection opens its event stream, which starts
+    /// with `event_stream_hello`.
+    pub(super) fn open_event_stream(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        subscriber: SubscriberId,
+        subscription_id: u64,
+    ) {
+        cx.conn.subscriptions += 1;
+        cx.conn.new_subscriptions.push(NewSubscription {
+            subscriber,
+            hello: encode_message(&Message::EventStreamHello(EventStreamHello {
+                subscription_id,
+            })),
+        });
+    }
+
+    /// A start offset the log cannot serve: `subscribe_cursor_error` naming what it has.
+    pub(super) fn push_cursor_error(
+        &mut self,
+        reason: crate::broker::CursorReason,
+        requested: u64,
+        available: u64,
+    ) {
+        let reason = match reason {
+            crate::broker::CursorReason::TooOld => message::CursorErrorReason::TooOld,
+            crate::broker::CursorReason::InFuture => message::CursorErrorReason::InFuture,
+        };
+        self.push_message(&Message::SubscribeCursorError(
+            message::SubscribeCursorError {
+                reason,
+                requested,
+                available,
+            },
+        ));
     }
 
     /// A binary publish (0x0001, optionally acked 0x0008 and keyed 0x0040), accepted

@@ -2,12 +2,10 @@
 //! request and its permission, call the broker, queue the answer. The state lives in
 //! `broker/watch.rs`, `broker/counters.rs` and the cache log.
 
-use felix_proto::message::{
-    self, CacheConditionResult, CacheWatchStarted, CounterValue, EventStreamHello, Message,
-};
+use felix_proto::message::{self, CacheConditionResult, CacheWatchStarted, CounterValue, Message};
 use felix_proto::{ErrorCode, Features};
 
-use super::{encode_message, FailAnswer, FrameResult, NewSubscription, Session, SessionCx};
+use super::{encode_message, FailAnswer, FrameResult, Session, SessionCx};
 use crate::auth::Action;
 use crate::broker::{CacheKey, Condition, SubscribeError, WatchFilter, WatchStart};
 use crate::storage::ops::LogId;
@@ -97,13 +95,7 @@ impl Session {
                     resnapshot: started.resnapshot.then_some(true),
                     retained_count: started.retained_count,
                 }));
-                cx.conn.subscriptions += 1;
-                cx.conn.new_subscriptions.push(NewSubscription {
-                    subscriber: started.id,
-                    hello: encode_message(&Message::EventStreamHello(EventStreamHello {
-                        subscription_id,
-                    })),
-                });
+                self.open_event_stream(cx, started.id, subscription_id);
             }
             Err(SubscribeError::Broker(e)) if self.stalls(&e) => {}
             Err(SubscribeError::Broker(e)) => self.push_broker_error(e),
@@ -111,19 +103,7 @@ impl Session {
                 reason,
                 requested,
                 available,
-            }) => {
-                let reason = match reason {
-                    crate::broker::CursorReason::TooOld => message::CursorErrorReason::TooOld,
-                    crate::broker::CursorReason::InFuture => message::CursorErrorReason::InFuture,
-                };
-                self.push_message(&Message::SubscribeCursorError(
-                    message::SubscribeCursorError {
-                        reason,
-                        requested,
-                        available,
-                    },
-                ));
-            }
+            }) => self.push_cursor_error(reason, requested, available),
         }
         FrameResult::Continue
     }
