@@ -58,5 +58,5 @@ async fn group_requests_are_counted_by_operation() {
     assert_eq!(delta("ack"), 2.0);
     assert_eq!(delta("describe"), 1.0);
     assert_eq!(delta("nack"), 0.0);
-    broker.shutdown().await;
+    broker.shutdown().await.expect("the broker stops cleanly");
 }
