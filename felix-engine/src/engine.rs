@@ -51,8 +51,9 @@ pub const SERVED_FLAGS: Flags = Flags(
         | 0x1000,
 );
 
-/// Features this broker answers. Nothing is advertised that is not served: no REDIRECT (a
-/// single broker never redirects), no groups, watches or counters yet.
+/// Features this broker answers in every mode. Nothing is advertised that is not served: no
+/// REDIRECT (a single broker never redirects). Groups, watches, counters and the log reads
+/// need durable storage: [`DURABLE_FEATURES`], `DURABLE_CACHE_FEATURES`, `GROUP_FEATURES`.
 pub const SERVED_FEATURES: Features = Features(
     Features::ERROR_CODES.0
         | Features::UNSUPPORTED.0
