@@ -46,6 +46,16 @@ macro_rules! named {
     };
 }
 
+impl<'a> Named<'a> {
+    fn addr(&self, key: &'a StreamKey) -> GroupAddr<'a> {
+        GroupAddr {
+            key,
+            shard: self.shard,
+            group: self.group,
+        }
+    }
+}
+
 fn millis(ms: Option<u64>) -> Option<Duration> {
     ms.filter(|&m| m > 0).map(Duration::from_millis)
 }
@@ -115,15 +125,11 @@ impl Session {
                 self.group_settle(cx, named!(m), m.offset, m.request_id, SettleOp::Redrive)
             }
             Message::GroupDeadLetters(m) => {
-                let Some(key) = self.group_scope(named!(m), Action::GroupConsume) else {
+                let n = named!(m);
+                let Some(key) = self.group_scope(&n, Action::GroupConsume) else {
                     return;
                 };
-                let addr = GroupAddr {
-                    key: &key,
-                    shard: m.shard,
-                    group: &m.group,
-                };
-                match cx.core.broker.group_dead_letters(cx.now, addr) {
+                match cx.core.broker.group_dead_letters(cx.now, n.addr(&key)) {
                     Ok(offsets) => {
                         self.push_message(&Message::GroupDeadLetterList(GroupDeadLetterList {
                             offsets,
@@ -134,14 +140,11 @@ impl Session {
                 }
             }
             Message::GroupSeek(m) => {
-                let Some(key) = self.group_scope(named!(m), Action::GroupManage) else {
+                let n = named!(m);
+                let Some(key) = self.group_scope(&n, Action::GroupManage) else {
                     return;
                 };
-                let addr = GroupAddr {
-                    key: &key,
-                    shard: m.shard,
-                    group: &m.group,
-                };
+                let addr = n.addr(&key);
                 let to = match m.start {
                     Start::Earliest => SeekTo::Earliest,
                     Start::Latest => SeekTo::Latest,
@@ -161,15 +164,11 @@ impl Session {
                 }
             }
             Message::GroupDescribe(m) => {
-                let Some(key) = self.group_scope(named!(m), Action::GroupConsume) else {
+                let n = named!(m);
+                let Some(key) = self.group_scope(&n, Action::GroupConsume) else {
                     return;
                 };
-                let addr = GroupAddr {
-                    key: &key,
-                    shard: m.shard,
-                    group: &m.group,
-                };
-                match cx.core.broker.group_describe(cx.now, addr) {
+                match cx.core.broker.group_describe(cx.now, n.addr(&key)) {
                     Ok(d) => self.push_message(&Message::GroupInfo(GroupInfo {
                         committed: d.committed,
                         tail: d.tail,
@@ -182,15 +181,11 @@ impl Session {
                 }
             }
             Message::GroupDelete(m) => {
-                let Some(key) = self.group_scope(named!(m), Action::GroupManage) else {
+                let n = named!(m);
+                let Some(key) = self.group_scope(&n, Action::GroupManage) else {
                     return;
                 };
-                let addr = GroupAddr {
-                    key: &key,
-                    shard: m.shard,
-                    group: &m.group,
-                };
-                match cx.core.broker.group_delete(cx.now, addr) {
+                match cx.core.broker.group_delete(cx.now, n.addr(&key)) {
                     Ok((existed, durable_at)) => {
                         let frame = encode_message(&Message::GroupDeleted(GroupDeleted {
                             existed,
@@ -206,7 +201,8 @@ impl Session {
     }
 
     fn on_group_poll(&mut self, p: felix_proto::message::GroupPoll, cx: &mut SessionCx<'_>) {
-        let Some(key) = self.group_scope(named!(p), Action::GroupConsume) else {
+        let n = named!(p);
+        let Some(key) = self.group_scope(&n, Action::GroupConsume) else {
             return;
         };
         let member = match &p.consumer {
@@ -240,12 +236,7 @@ impl Session {
             member,
             conn,
         };
-        let addr = GroupAddr {
-            key: &key,
-            shard: p.shard,
-            group: &p.group,
-        };
-        match cx.core.broker.group_poll(cx.now, addr, req) {
+        match cx.core.broker.group_poll(cx.now, n.addr(&key), req) {
             Ok(waiter) => {
                 cx.core.wait_group(waiter, cx.ch, cx.stream);
                 self.held.push_back(Held::Group(Box::new(HeldGroup {
@@ -270,16 +261,14 @@ impl Session {
             SettleOp::Discard | SettleOp::Redrive => Action::GroupManage,
             _ => Action::GroupConsume,
         };
-        let (shard, group) = (n.shard, n.group);
-        let Some(key) = self.group_scope(n, action) else {
+        let Some(key) = self.group_scope(&n, action) else {
             return;
         };
-        let addr = GroupAddr {
-            key: &key,
-            shard,
-            group,
-        };
-        match cx.core.broker.group_settle(cx.now, addr, offset, op) {
+        match cx
+            .core
+            .broker
+            .group_settle(cx.now, n.addr(&key), offset, op)
+        {
             Ok(settled) => {
                 let frame = match op {
                     SettleOp::Extend { .. } => {
@@ -336,7 +325,7 @@ impl Session {
 
     /// Checks a group permission over `group:{tenant}/{ns}/{stream}/{group}`; on refusal
     /// answers and returns `None`.
-    fn group_scope(&mut self, n: Named<'_>, action: Action) -> Option<StreamKey> {
+    fn group_scope(&mut self, n: &Named<'_>, action: Action) -> Option<StreamKey> {
         let stream = stream_object(n.tenant, n.namespace, n.stream);
         let group_ok = (1..=NAME_MAX_BYTES).contains(&n.group.len()) && name_charset_ok(n.group);
         let (Some(stream), true) = (stream, group_ok) else {
