@@ -35,6 +35,10 @@ pub const DEFAULT_QUIC_BIND: &str = "127.0.0.1:5000";
 pub const DEFAULT_METRICS_BIND: &str = "127.0.0.1:8080";
 /// How often rotated certificate and JWKS files are looked for, by default.
 pub const DEFAULT_RELOAD_INTERVAL_MS: u64 = 1000;
+/// `durable.fsync_mode` unless configured.
+const DEFAULT_FSYNC_MODE: &str = "periodic";
+/// `durable.fsync_interval_ms` unless configured: the engine's default.
+const DEFAULT_FSYNC_INTERVAL_MS: u64 = felix_engine::DEFAULT_FSYNC_INTERVAL.as_millis() as u64;
 /// Variables naming the configuration file, first match wins.
 pub const CONFIG_FILE_VARS: &[&str] = &["FELIX_CONFIG", "FELIX_BROKER_CONFIG"];
 
@@ -224,8 +228,8 @@ pub const SETTINGS: &[Setting] = &[
     plain("auth.jwks_file", &["FELIX_AUTH_JWKS_FILE"], Kind::Text, Default_::Unset),
     plain("auth.dev_token_export", &["FELIX_DEV_TOKEN_EXPORT"], Kind::Text, Default_::Unset),
     plain("durable.storage_dir", &["FELIX_DURABLE_STORAGE_DIR"], Kind::Text, Default_::Unset),
-    plain("durable.fsync_mode", &["FELIX_DURABLE_FSYNC_MODE"], Kind::Text, Default_::Text("periodic")),
-    plain("durable.fsync_interval_ms", &["FELIX_DURABLE_FSYNC_INTERVAL_MS"], Kind::Int, Default_::Int(250)),
+    plain("durable.fsync_mode", &["FELIX_DURABLE_FSYNC_MODE"], Kind::Text, Default_::Text(DEFAULT_FSYNC_MODE)),
+    plain("durable.fsync_interval_ms", &["FELIX_DURABLE_FSYNC_INTERVAL_MS"], Kind::Int, Default_::Int(DEFAULT_FSYNC_INTERVAL_MS)),
     plain("durable.ack_on_commit", &["FELIX_ACK_ON_COMMIT"], Kind::Bool, Default_::Bool(false)),
     plain("durable.retention_bytes", &["FELIX_DURABLE_RETENTION_BYTES"], Kind::Int, Default_::Unset),
     plain("durable.retention_seconds", &["FELIX_DURABLE_RETENTION_SECONDS"], Kind::Int, Default_::Unset),
@@ -690,8 +694,9 @@ fn durable(
     options: &mut BrokerOptions,
 ) -> Result<(), ConfigError> {
     options.storage_dir = text("durable.storage_dir").map(PathBuf::from);
-    let interval = Duration::from_millis(int("durable.fsync_interval_ms").unwrap_or(250));
-    let mode = text("durable.fsync_mode").unwrap_or_else(|| "periodic".into());
+    let interval = int("durable.fsync_interval_ms")
+        .map_or(felix_engine::DEFAULT_FSYNC_INTERVAL, Duration::from_millis);
+    let mode = text("durable.fsync_mode").unwrap_or_else(|| DEFAULT_FSYNC_MODE.into());
     if interval.is_zero() {
         return Err(ConfigError(format!(
             "{} must be above zero",
