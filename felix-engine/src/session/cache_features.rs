@@ -8,7 +8,6 @@ use felix_proto::{ErrorCode, Features};
 use super::{encode_message, FailAnswer, FrameResult, Session, SessionCx};
 use crate::auth::Action;
 use crate::broker::{CacheKey, Condition, SubscribeError, WatchFilter, WatchStart};
-use crate::storage::ops::LogId;
 
 impl Session {
     /// `cache_watch`: answered `cache_watch_started`, then the changes arrive on an event
@@ -18,12 +17,7 @@ impl Session {
         w: message::CacheWatch,
         cx: &mut SessionCx<'_>,
     ) -> FrameResult {
-        if !cx
-            .core
-            .capabilities
-            .features
-            .contains(Features::CACHE_WATCH)
-        {
+        if !advertised(cx, Features::CACHE_WATCH) {
             return self.on_unsupported(&Message::CacheWatch(w), cx);
         }
         cx.core.stats.cache_requests += 1;
@@ -115,7 +109,7 @@ impl Session {
         a: message::CounterAdd,
         cx: &mut SessionCx<'_>,
     ) -> FrameResult {
-        if !cx.core.capabilities.features.contains(Features::COUNTERS) {
+        if !advertised(cx, Features::COUNTERS) {
             return self.on_unsupported(&Message::CounterAdd(a), cx);
         }
         cx.core.stats.cache_requests += 1;
@@ -148,7 +142,7 @@ impl Session {
         g: message::CounterGet,
         cx: &mut SessionCx<'_>,
     ) -> FrameResult {
-        if !cx.core.capabilities.features.contains(Features::COUNTERS) {
+        if !advertised(cx, Features::COUNTERS) {
             return self.on_unsupported(&Message::CounterGet(g), cx);
         }
         cx.core.stats.cache_requests += 1;
@@ -193,12 +187,7 @@ impl Session {
         p: message::CachePutIf,
         cx: &mut SessionCx<'_>,
     ) -> FrameResult {
-        if !cx
-            .core
-            .capabilities
-            .features
-            .contains(Features::CACHE_CONDITIONAL)
-        {
+        if !advertised(cx, Features::CACHE_CONDITIONAL) {
             return self.on_unsupported(&Message::CachePutIf(p), cx);
         }
         cx.core.stats.cache_requests += 1;
@@ -225,12 +214,7 @@ impl Session {
         d: message::CacheDeleteIf,
         cx: &mut SessionCx<'_>,
     ) -> FrameResult {
-        if !cx
-            .core
-            .capabilities
-            .features
-            .contains(Features::CACHE_CONDITIONAL)
-        {
+        if !advertised(cx, Features::CACHE_CONDITIONAL) {
             return self.on_unsupported(&Message::CacheDeleteIf(d), cx);
         }
         cx.core.stats.cache_requests += 1;
@@ -261,7 +245,9 @@ impl Session {
                     request_id,
                 }));
                 match c.durable_at {
-                    Some((log, end)) => self.held_until(cx, log, end, frame),
+                    Some((log, end)) => {
+                        self.push_after_durable(cx, log, end, frame, FailAnswer::Error)
+                    }
                     None => self.push_frame(frame),
                 }
             }
@@ -269,8 +255,10 @@ impl Session {
             Err(e) => self.push_broker_error(e),
         }
     }
+}
 
-    fn held_until(&mut self, cx: &mut SessionCx<'_>, log: LogId, end: u64, frame: bytes::Bytes) {
-        self.push_after_durable(cx, log, end, frame, FailAnswer::Error);
-    }
+/// This broker advertises `feature` (its handler is live); otherwise the request is
+/// answered as unsupported.
+fn advertised(cx: &SessionCx<'_>, feature: Features) -> bool {
+    cx.core.capabilities.features.contains(feature)
 }
