@@ -146,17 +146,28 @@ impl Session {
         if !self.publish_allowed(tenant, namespace, stream) {
             return Err(self.publish_refusal(tenant, namespace, stream));
         }
-        let explicit = match shard.map(u32::try_from) {
-            Some(Err(_)) => {
-                return Err(BrokerError::new(
-                    felix_proto::ErrorCode::InvalidRequest,
-                    "shard is out of range",
-                ))
+        Ok((
+            StreamKey::new(tenant, namespace, stream),
+            shard_index(shard)?,
+        ))
+    }
+
+    /// The stream, if the identity holds `action` on it, and the shard the request named;
+    /// on refusal answers and returns `None`.
+    fn scoped_shard(
+        &mut self,
+        (tenant, namespace, stream): (&str, &str, &str),
+        action: Action,
+        shard: Option<u64>,
+    ) -> Option<(StreamKey, Option<u32>)> {
+        let key = self.stream_scope(tenant, namespace, stream, action)?;
+        match shard_index(shard) {
+            Ok(shard) => Some((key, shard)),
+            Err(e) => {
+                self.push_broker_error(e);
+                None
             }
-            Some(Ok(s)) => Some(s),
-            None => None,
-        };
-        Ok((StreamKey::new(tenant, namespace, stream), explicit))
+        }
     }
 
     /// `publish_ok` with the batch's first offset, once the batch is durable.
@@ -208,16 +219,12 @@ impl Session {
     }
 
     pub(super) fn on_commit(&mut self, c: message::Commit, cx: &mut SessionCx<'_>) {
-        let Some(key) =
-            self.stream_scope(&c.tenant_id, &c.namespace, &c.stream, Action::StreamPublish)
-        else {
-            return;
-        };
-        let Ok(explicit) = c.shard.map(u32::try_from).transpose() else {
-            self.push_error(
-                felix_proto::ErrorCode::InvalidRequest,
-                "shard is out of range".into(),
-            );
+        let names = (
+            c.tenant_id.as_str(),
+            c.namespace.as_str(),
+            c.stream.as_str(),
+        );
+        let Some((key, explicit)) = self.scoped_shard(names, Action::StreamPublish, c.shard) else {
             return;
         };
         let unix = cx.core.unix_micros(cx.now);
@@ -250,19 +257,13 @@ impl Session {
     }
 
     pub(super) fn on_state_get(&mut self, g: message::StateGet, cx: &mut SessionCx<'_>) {
-        let Some(key) = self.stream_scope(
-            &g.tenant_id,
-            &g.namespace,
-            &g.stream,
-            Action::StreamSubscribe,
-        ) else {
-            return;
-        };
-        let Ok(explicit) = g.shard.map(u32::try_from).transpose() else {
-            self.push_error(
-                felix_proto::ErrorCode::InvalidRequest,
-                "shard is out of range".into(),
-            );
+        let names = (
+            g.tenant_id.as_str(),
+            g.namespace.as_str(),
+            g.stream.as_str(),
+        );
+        let Some((key, explicit)) = self.scoped_shard(names, Action::StreamSubscribe, g.shard)
+        else {
             return;
         };
         match cx
@@ -290,19 +291,14 @@ impl Session {
     }
 
     pub(super) fn on_stream_read(&mut self, r: message::StreamRead, cx: &mut SessionCx<'_>) {
-        let Some(key) = self.stream_scope(
-            &r.tenant_id,
-            &r.namespace,
-            &r.stream,
-            Action::StreamSubscribe,
-        ) else {
-            return;
-        };
-        let Ok(shard) = u32::try_from(r.shard) else {
-            self.push_error(
-                felix_proto::ErrorCode::InvalidRequest,
-                "shard is out of range".into(),
-            );
+        let names = (
+            r.tenant_id.as_str(),
+            r.namespace.as_str(),
+            r.stream.as_str(),
+        );
+        let Some((key, Some(shard))) =
+            self.scoped_shard(names, Action::StreamSubscribe, Some(r.shard))
+        else {
             return;
         };
         let req = PageRequest {
@@ -318,19 +314,14 @@ impl Session {
     }
 
     pub(super) fn on_offset_for_time(&mut self, o: message::OffsetForTime, cx: &mut SessionCx<'_>) {
-        let Some(key) = self.stream_scope(
-            &o.tenant_id,
-            &o.namespace,
-            &o.stream,
-            Action::StreamSubscribe,
-        ) else {
-            return;
-        };
-        let Ok(shard) = u32::try_from(o.shard) else {
-            self.push_error(
-                felix_proto::ErrorCode::InvalidRequest,
-                "shard is out of range".into(),
-            );
+        let names = (
+            o.tenant_id.as_str(),
+            o.namespace.as_str(),
+            o.stream.as_str(),
+        );
+        let Some((key, Some(shard))) =
+            self.scoped_shard(names, Action::StreamSubscribe, Some(o.shard))
+        else {
             return;
         };
         let answer = cx
@@ -381,4 +372,14 @@ impl Session {
             raw: true,
         })));
     }
+}
+
+/// A shard the request named, as the broker indexes shards.
+fn shard_index(shard: Option<u64>) -> Result<Option<u32>, BrokerError> {
+    shard.map(u32::try_from).transpose().map_err(|_| {
+        BrokerError::new(
+            felix_proto::ErrorCode::InvalidRequest,
+            "shard is out of range",
+        )
+    })
 }
