@@ -123,6 +123,11 @@ impl Broker {
         shard: u32,
         what: &str,
     ) -> Result<LogId, BrokerError> {
+        if shard >= self.shard_count(key).unwrap_or(self.cfg.default_shards) {
+            return Err(BrokerError::invalid(format!(
+                "shard {shard} is out of range"
+            )));
+        }
         let (stream, tail) = self.prepare_shard(now, key, shard)?;
         match (tail, &self.streams[stream].shards[shard as usize].store) {
             (Some(_), Some(store)) => Ok(store.log),
@@ -157,12 +162,6 @@ impl Broker {
         key: &StreamKey,
         req: PageRequest,
     ) -> Result<ReadAnswer, BrokerError> {
-        if req.shard >= self.shard_count(key).unwrap_or(self.cfg.default_shards) {
-            return Err(BrokerError::invalid(format!(
-                "shard {} is out of range",
-                req.shard
-            )));
-        }
         let log = self.readable_log(now, key, req.shard, "stream_read")?;
         let shard_log = self
             .logs
@@ -218,11 +217,6 @@ impl Broker {
         at_micros: u64,
         request_id: u64,
     ) -> Result<ReadAnswer, BrokerError> {
-        if shard >= self.shard_count(key).unwrap_or(self.cfg.default_shards) {
-            return Err(BrokerError::invalid(format!(
-                "shard {shard} is out of range"
-            )));
-        }
         let log = self.readable_log(now, key, shard, "offset_for_time")?;
         let slot = self
             .logs
