@@ -31,6 +31,20 @@ fn val(c: &CacheChange) -> Option<&[u8]> {
     c.value.as_deref()
 }
 
+/// The writers here put decimal counters: the number a change carries.
+fn number(c: &CacheChange) -> usize {
+    std::str::from_utf8(val(c).expect("a put"))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+async fn watch(c: &Client, cache: &str, filter: WatchFilter, start: WatchStart) -> CacheWatch {
+    c.watch_cache("default", cache, filter, start)
+        .await
+        .expect("watch starts")
+}
+
 async fn start_with(
     dir: &std::path::Path,
     durable: DurableConfig,
@@ -53,24 +67,14 @@ async fn key_and_prefix_watches_see_each_write_in_order_with_offsets() {
     let broker = start(dir.path(), periodic()).await;
     let c = client(&broker).await;
     let cache = unique("room");
-    let mut by_key = c
-        .watch_cache(
-            "default",
-            &cache,
-            WatchFilter::Key("a".into()),
-            WatchStart::Live,
-        )
-        .await
-        .unwrap();
-    let mut by_prefix = c
-        .watch_cache(
-            "default",
-            &cache,
-            WatchFilter::Prefix("p/".into()),
-            WatchStart::Live,
-        )
-        .await
-        .unwrap();
+    let mut by_key = watch(&c, &cache, WatchFilter::Key("a".into()), WatchStart::Live).await;
+    let mut by_prefix = watch(
+        &c,
+        &cache,
+        WatchFilter::Prefix("p/".into()),
+        WatchStart::Live,
+    )
+    .await;
     assert_eq!(by_key.retained_count(), None);
     put(&c, &cache, "a", "a1").await;
     put(&c, &cache, "p/1", "x").await;
@@ -107,15 +111,13 @@ async fn retained_delivers_current_values_first_and_zero_for_an_empty_key() {
     let broker = start(dir.path(), periodic()).await;
     let c = client(&broker).await;
     let cache = unique("presence");
-    let mut empty = c
-        .watch_cache(
-            "default",
-            &cache,
-            WatchFilter::Key("nobody".into()),
-            WatchStart::Retained,
-        )
-        .await
-        .unwrap();
+    let mut empty = watch(
+        &c,
+        &cache,
+        WatchFilter::Key("nobody".into()),
+        WatchStart::Retained,
+    )
+    .await;
     assert_eq!(
         empty.retained_count(),
         Some(0),
@@ -129,15 +131,13 @@ async fn retained_delivers_current_values_first_and_zero_for_an_empty_key() {
     c.cache_delete("default", &cache, "u/carol").await.unwrap();
     put(&c, &cache, "other", "x").await;
 
-    let mut full = c
-        .watch_cache(
-            "default",
-            &cache,
-            WatchFilter::Prefix("u/".into()),
-            WatchStart::Retained,
-        )
-        .await
-        .unwrap();
+    let mut full = watch(
+        &c,
+        &cache,
+        WatchFilter::Prefix("u/".into()),
+        WatchStart::Retained,
+    )
+    .await;
     assert_eq!(full.retained_count(), Some(2));
     let mut state: Vec<(String, Option<Bytes>)> = Vec::new();
     let mut last = 0;
@@ -176,15 +176,13 @@ async fn a_resumed_watch_misses_nothing_under_concurrent_writes() {
     let c = client(&broker).await;
     let cache = unique("counter-ish");
     const WRITES: usize = 300;
-    let mut w = c
-        .watch_cache(
-            "default",
-            &cache,
-            WatchFilter::Prefix("k".into()),
-            WatchStart::Live,
-        )
-        .await
-        .unwrap();
+    let mut w = watch(
+        &c,
+        &cache,
+        WatchFilter::Prefix("k".into()),
+        WatchStart::Live,
+    )
+    .await;
     let writer = {
         let c = c.clone();
         let cache = cache.clone();
@@ -204,36 +202,24 @@ async fn a_resumed_watch_misses_nothing_under_concurrent_writes() {
     for round in 0..3 {
         for _ in 0..40 {
             let ch = change(&mut w).await;
-            seen.push(
-                std::str::from_utf8(val(&ch).unwrap())
-                    .unwrap()
-                    .parse()
-                    .unwrap(),
-            );
+            seen.push(number(&ch));
             next_from = ch.offset + 1;
         }
         drop(w);
         tokio::time::sleep(Duration::from_millis(20 * round)).await;
-        w = c
-            .watch_cache(
-                "default",
-                &cache,
-                WatchFilter::Prefix("k".into()),
-                WatchStart::From(next_from),
-            )
-            .await
-            .unwrap();
+        w = watch(
+            &c,
+            &cache,
+            WatchFilter::Prefix("k".into()),
+            WatchStart::From(next_from),
+        )
+        .await;
         assert!(!w.resnapshot());
     }
     within(30, writer).await.unwrap();
     while seen.len() < WRITES {
         let ch = change(&mut w).await;
-        seen.push(
-            std::str::from_utf8(val(&ch).unwrap())
-                .unwrap()
-                .parse()
-                .unwrap(),
-        );
+        seen.push(number(&ch));
     }
     assert_eq!(
         seen,
@@ -265,15 +251,13 @@ async fn a_resume_into_compacted_history_is_a_marked_resnapshot() {
     put(&c, &cache, "nudge", "x").await;
     let mut compacted = None;
     for _ in 0..100 {
-        let w = c
-            .watch_cache(
-                "default",
-                &cache,
-                WatchFilter::Prefix(String::new()),
-                WatchStart::From(1),
-            )
-            .await
-            .unwrap();
+        let w = watch(
+            &c,
+            &cache,
+            WatchFilter::Prefix(String::new()),
+            WatchStart::From(1),
+        )
+        .await;
         if w.resnapshot() {
             compacted = Some(w);
             break;
@@ -308,15 +292,13 @@ async fn a_watch_that_falls_behind_ends_lagged_and_resumes_gaplessly() {
     let slow = client_with(&broker, |c| c.stream_receive_window = 2048).await;
     let c = client(&broker).await;
     let cache = unique("busy");
-    let mut w = slow
-        .watch_cache(
-            "default",
-            &cache,
-            WatchFilter::Key("k".into()),
-            WatchStart::Live,
-        )
-        .await
-        .unwrap();
+    let mut w = watch(
+        &slow,
+        &cache,
+        WatchFilter::Key("k".into()),
+        WatchStart::Live,
+    )
+    .await;
     const WRITES: usize = 200;
     for i in 0..WRITES {
         put(&c, &cache, "k", &format!("{i:0>100}")).await;
@@ -331,27 +313,17 @@ async fn a_watch_that_falls_behind_ends_lagged_and_resumes_gaplessly() {
     };
     assert!(seen.len() < WRITES, "the watch fell behind");
     assert_eq!(resume_from, seen.last().map_or(0, |c| c.offset + 1));
-    let mut again = slow
-        .watch_cache(
-            "default",
-            &cache,
-            WatchFilter::Key("k".into()),
-            WatchStart::From(resume_from),
-        )
-        .await
-        .unwrap();
+    let mut again = watch(
+        &slow,
+        &cache,
+        WatchFilter::Key("k".into()),
+        WatchStart::From(resume_from),
+    )
+    .await;
     while seen.len() < WRITES {
         seen.push(change(&mut again).await);
     }
-    let values: Vec<usize> = seen
-        .iter()
-        .map(|c| {
-            std::str::from_utf8(val(c).unwrap())
-                .unwrap()
-                .parse()
-                .unwrap()
-        })
-        .collect();
+    let values: Vec<usize> = seen.iter().map(number).collect();
     assert_eq!(
         values,
         (0..WRITES).collect::<Vec<_>>(),
