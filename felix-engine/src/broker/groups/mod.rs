@@ -207,6 +207,15 @@ fn group_error(e: GroupError) -> BrokerError {
     }
 }
 
+/// Refuses a request while `log` is opening (it runs again once open) or has failed.
+fn log_ready(state: &LogState, log: LogId) -> Result<(), BrokerError> {
+    match state {
+        LogState::Opening => Err(BrokerError::opening(log)),
+        LogState::Failed(e) => Err(BrokerError::storage(e.clone())),
+        LogState::Open => Ok(()),
+    }
+}
+
 /// The directory of a shard's group log.
 pub(crate) fn group_log_dir(key: &StreamKey, shard: u32) -> String {
     format!(
@@ -266,11 +275,7 @@ impl Broker {
             .expect("durable")
             .log;
         let logs = self.logs.as_mut().expect("checked");
-        match &logs.slot(stream_log).expect("live").state {
-            LogState::Opening => return Err(BrokerError::opening(stream_log)),
-            LogState::Failed(e) => return Err(BrokerError::storage(e.clone())),
-            LogState::Open => {}
-        }
+        log_ready(&logs.slot(stream_log).expect("live").state, stream_log)?;
         let sg = match self.groups.shards.get(&(stream, shard)) {
             Some(sg) => sg.log,
             None => {
@@ -293,11 +298,7 @@ impl Broker {
             }
         };
         let slot = logs.slot_mut(sg).expect("live");
-        match &slot.state {
-            LogState::Opening => return Err(BrokerError::opening(sg)),
-            LogState::Failed(e) => return Err(BrokerError::storage(e.clone())),
-            LogState::Open => {}
-        }
+        log_ready(&slot.state, sg)?;
         let entry = self.groups.shards.get_mut(&(stream, shard)).expect("added");
         if !entry.loaded {
             entry.loaded = true;
