@@ -520,6 +520,59 @@ mod tests {
         loop_thread.join().unwrap();
     }
 
+    /// A request of exactly `MAX_REQUEST_BYTES` with no end of headers is answered at once,
+    /// not after the read timeout: the server stops reading at the limit.
+    #[test]
+    fn a_request_at_the_size_limit_is_answered_without_waiting_for_more() {
+        let (state, _control) = OpsState::new();
+        let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
+        let mut text = String::from("GET /livez HTTP/1.1\r\nX-Pad: ");
+        text.push_str(&"a".repeat(MAX_REQUEST_BYTES - text.len()));
+        assert_eq!(text.len(), MAX_REQUEST_BYTES);
+        let started = std::time::Instant::now();
+        let answer = request(server.local_addr(), &text);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            started.elapsed() < REQUEST_TIMEOUT,
+            "waited for the timeout"
+        );
+    }
+
+    /// With `MAX_CONCURRENT_REQUESTS` connections holding a slot, one more is refused
+    /// `503 busy`; a freed slot serves again.
+    #[test]
+    fn one_request_past_the_concurrency_limit_is_refused_busy() {
+        let (state, _control) = OpsState::new();
+        let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
+        let addr = server.local_addr();
+        // Each sends nothing, so its request thread waits in `read` and keeps its slot.
+        let held: Vec<TcpStream> = (0..MAX_CONCURRENT_REQUESTS)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        // It sends nothing either: the busy answer is written without reading the request,
+        // and unread request bytes at close would reset the connection under the answer.
+        let mut busy = String::new();
+        TcpStream::connect(addr)
+            .unwrap()
+            .read_to_string(&mut busy)
+            .unwrap();
+        assert!(busy.starts_with("HTTP/1.1 503"), "{busy}");
+        assert!(busy.ends_with("busy\n"), "{busy}");
+        drop(held);
+        let deadline = std::time::Instant::now() + REQUEST_TIMEOUT;
+        loop {
+            let answer = request(addr, "GET /livez HTTP/1.1\r\n\r\n");
+            if answer.starts_with("HTTP/1.1 200") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no slot freed: {answer}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Blocks on the next control message (`None` once every sender is gone).
     fn futures_executor_lite(rx: &mut mpsc::UnboundedReceiver<Control>) -> Option<Control> {
         loop {
