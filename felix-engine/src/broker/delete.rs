@@ -25,6 +25,7 @@ use felix_proto::message::{Message, StreamDeleted};
 
 use super::durable::{Logs, Notice, ShardStore};
 use super::{mark_ready, seal, Broker, FanOut, Shard, Stream, StreamKey};
+use crate::session::encode_message;
 use crate::storage::layout;
 use crate::storage::ops::{
     FileCompletion, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
@@ -76,9 +77,8 @@ struct Job {
     /// Tombstones whose files go once every rename is durable.
     tombs: Vec<String>,
     stage: Stage,
-    /// Ops in flight in the current stage.
-    pending: usize,
     next_seq: u32,
+    /// Ops in flight in the current stage, with their paths.
     in_flight: HashMap<OpId, String>,
 }
 
@@ -100,7 +100,6 @@ impl Retiring {
     fn op(job: &mut Job, id: LogId, kind: FileOpKind) -> FileOp {
         let op = OpId::new(id, job.next_seq);
         job.next_seq = job.next_seq.wrapping_add(1);
-        job.pending += 1;
         job.in_flight.insert(op, kind.path().to_owned());
         FileOp { id: op, kind }
     }
@@ -127,7 +126,6 @@ impl Retiring {
             tombs: moves.iter().map(|m| m.tomb.clone()).collect(),
             moves,
             stage: Stage::Rename,
-            pending: 0,
             next_seq: 0,
             in_flight: HashMap::new(),
         };
@@ -154,7 +152,6 @@ impl Retiring {
             moves: VecDeque::new(),
             tombs: vec![tomb.clone()],
             stage: Stage::Remove,
-            pending: 0,
             next_seq: 0,
             in_flight: HashMap::new(),
         };
@@ -185,7 +182,6 @@ impl Retiring {
         let Some(path) = job.in_flight.remove(&c.id) else {
             return;
         };
-        job.pending -= 1;
         let not_found = matches!(&c.result, Err(e) if e.kind == FileErrorKind::NotFound);
         if let Err(e) = &c.result {
             if !not_found {
@@ -235,7 +231,7 @@ impl Retiring {
                 }
             }
         }
-        if job.pending == 0 && job.stage == Stage::Remove {
+        if job.in_flight.is_empty() && job.stage == Stage::Remove {
             tracing::debug!(tombs = ?job.tombs, "a deleted stream's files are gone");
             self.jobs.remove(&id);
         }
@@ -335,7 +331,9 @@ impl Broker {
             // An empty final frame finishes the stream with nothing more on it: what a
             // client that did not offer the feature always saw.
             sub.final_frame = Some(if sub.ends_on_delete {
-                encode_stream_deleted(sub.subscription_id)
+                encode_message(&Message::StreamDeleted(StreamDeleted {
+                    subscription_id: sub.subscription_id,
+                }))
             } else {
                 Bytes::new()
             });
@@ -393,10 +391,4 @@ fn parent_dir(shard_dir: &str) -> String {
         .rsplit_once('/')
         .map(|(d, _)| d.to_owned())
         .expect("a shard dir has a parent")
-}
-
-fn encode_stream_deleted(subscription_id: u64) -> Bytes {
-    let mut out = Vec::new();
-    Message::StreamDeleted(StreamDeleted { subscription_id }).encode_frame_into(&mut out);
-    Bytes::from(out)
 }
