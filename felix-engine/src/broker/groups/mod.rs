@@ -174,6 +174,15 @@ struct Serving {
     reading: bool,
 }
 
+impl Serving {
+    /// Passes over the claimed offsets below `offset`: they are not in the log.
+    fn skip_below(&mut self, offset: u64) {
+        while self.want.get(self.next).is_some_and(|h| h.offset < offset) {
+            self.next += 1;
+        }
+    }
+}
+
 /// Every group on this broker, and the polls in progress.
 #[derive(Default)]
 pub(crate) struct Groups {
@@ -548,9 +557,7 @@ impl Broker {
             Err(ReadError::Trimmed { oldest, .. }) => {
                 // Retention took these since they were claimed: drop them from the answer;
                 // their claims lapse and the group then skips them.
-                while s.next < s.want.len() && s.want[s.next].offset < oldest {
-                    s.next += 1;
-                }
+                s.skip_below(oldest);
                 self.read_next(waiter);
             }
             Err(e) => {
@@ -584,9 +591,7 @@ impl Broker {
                 let before = s.next;
                 for stored in batch.batches {
                     for (at, payload) in (stored.first_offset..).zip(stored.payloads) {
-                        while s.next < s.want.len() && s.want[s.next].offset < at {
-                            s.next += 1; // missing from the log: left out
-                        }
+                        s.skip_below(at); // missing from the log: left out
                         let Some(h) = s.want.get(s.next) else { break };
                         if h.offset != at {
                             continue;
@@ -612,9 +617,7 @@ impl Broker {
                 }
             }
             Err(ReadError::Trimmed { oldest, .. }) => {
-                while s.next < s.want.len() && s.want[s.next].offset < oldest {
-                    s.next += 1;
-                }
+                s.skip_below(oldest);
             }
             Err(e) => {
                 let why = format!("reading the log failed: {e:?}");
