@@ -38,6 +38,16 @@ pub(crate) const COMPACT_MIN_BYTES: u64 = 1 << 20;
 /// Compaction is due when the log holds this many times its live bytes.
 pub(crate) const COMPACT_GARBAGE_RATIO: u64 = 4;
 
+/// The compaction trigger shared by the cache and counter logs: the log holds
+/// [`COMPACT_GARBAGE_RATIO`] times `live_bytes` (and at least [`COMPACT_MIN_BYTES`]) and no
+/// pass is running.
+pub(crate) fn garbage_heavy(log: &ShardLog, live_bytes: u64) -> bool {
+    let total = log.total_bytes();
+    !log.compacting()
+        && total >= COMPACT_MIN_BYTES
+        && total > COMPACT_GARBAGE_RATIO.saturating_mul(live_bytes)
+}
+
 /// One cache write as stored in a log record's payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum CacheRecord {
@@ -291,11 +301,7 @@ impl CacheLog {
     /// True when the log holds [`COMPACT_GARBAGE_RATIO`] times its live bytes (and at least
     /// [`COMPACT_MIN_BYTES`]) and no pass is running.
     pub(crate) fn compaction_due(&self) -> bool {
-        let total = self.log.total_bytes();
-        self.is_open()
-            && !self.log.compacting()
-            && total >= COMPACT_MIN_BYTES
-            && total > COMPACT_GARBAGE_RATIO.saturating_mul(self.live_bytes)
+        self.is_open() && garbage_heavy(&self.log, self.live_bytes)
     }
 
     // ---- outputs ------------------------------------------------------------------------

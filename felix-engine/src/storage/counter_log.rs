@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::cache_log::{CacheEvent, COMPACT_GARBAGE_RATIO, COMPACT_MIN_BYTES};
+use super::cache_log::{garbage_heavy, CacheEvent, MAX_CACHE_KEY_BYTES};
 use super::log::{AppendError, Batch, LogConfig, LogEvent, ShardLog, StorageError};
 use super::ops::{FileCompletion, FileOp, LogId};
 use super::record::{self, DecodedEntry};
@@ -131,14 +131,10 @@ impl CounterLog {
         self.sums.len()
     }
 
-    /// As for a cache: the log holds [`COMPACT_GARBAGE_RATIO`] times the bytes of each
-    /// counter's newest record (and at least [`COMPACT_MIN_BYTES`]).
+    /// As for a cache ([`garbage_heavy`]), live bytes being those of each counter's newest
+    /// record.
     pub(crate) fn compaction_due(&self) -> bool {
-        let total = self.log.total_bytes();
-        self.is_open()
-            && !self.log.compacting()
-            && total >= COMPACT_MIN_BYTES
-            && total > COMPACT_GARBAGE_RATIO.saturating_mul(self.live_bytes)
+        self.is_open() && garbage_heavy(&self.log, self.live_bytes)
     }
 
     #[must_use]
@@ -181,7 +177,8 @@ impl CounterLog {
         key: &[u8],
         delta: i64,
     ) -> Result<(u64, i64), AddError> {
-        if key.len() > u16::MAX as usize {
+        // The record's key length is a u16, as a cache record's.
+        if key.len() > MAX_CACHE_KEY_BYTES {
             return Err(AddError::Append(AppendError::TooLarge(key.len())));
         }
         let before = match self.staged.iter().rev().find(|(k, _)| &**k == key) {

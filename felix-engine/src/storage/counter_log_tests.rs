@@ -135,6 +135,25 @@ fn overflow_is_refused_and_writes_nothing() {
 }
 
 #[test]
+fn a_key_at_the_limit_is_counted_and_one_byte_longer_refused() {
+    let mut rig = Rig::on(MemFs::new(), cfg(1 << 20));
+    let longest = vec![b'k'; MAX_CACHE_KEY_BYTES];
+    let (_, sum) = rig.counters.add(rig.t0, 0, &longest, 2).expect("fits");
+    assert_eq!(sum, 2);
+    rig.pump();
+    assert_eq!(rig.counters.get(&longest), Some(2));
+    let next = rig.counters.log().next_offset();
+    let too_long = vec![b'k'; MAX_CACHE_KEY_BYTES + 1];
+    assert_eq!(
+        rig.counters.add(rig.t0, 0, &too_long, 1),
+        Err(AddError::Append(AppendError::TooLarge(
+            MAX_CACHE_KEY_BYTES + 1
+        )))
+    );
+    assert_eq!(rig.counters.log().next_offset(), next, "nothing written");
+}
+
+#[test]
 fn sums_survive_a_power_loss_and_compaction() {
     let mut rig = Rig::on(MemFs::new(), cfg(600));
     for i in 0..200 {
