@@ -157,10 +157,9 @@ impl Broker {
             &ext,
         )?;
         let offset = published.first_offset.expect("a durable shard has offsets");
-        let decoded = decode_block(&block).expect("just encoded");
         self.streams[stream].shards[shard as usize]
             .state
-            .apply(offset, decoded);
+            .apply_block(offset, &block);
         Ok(Committed::Written(published))
     }
 
