@@ -22,6 +22,7 @@ use tracing::{debug, info, warn};
 
 use crate::files::FileExecutor;
 use crate::ops_http::ScrapeRequest;
+use crate::runtime::{Interest, Runtime, Timer, UdpSocket};
 
 /// What the rest of the process asks of the drive loop, which owns the engine.
 pub(crate) enum Control {
@@ -34,7 +35,6 @@ pub(crate) enum Control {
     /// An operator's stream deletion (`stream_delete.rs`).
     DeleteStream(crate::stream_delete::DeleteRequest),
 }
-use crate::runtime::{Interest, Runtime, Timer, UdpSocket};
 
 /// Receive calls per wake-up before yielding to the timer and the stop signal.
 const MAX_RECV_BATCHES_PER_WAKE: usize = 64;
@@ -153,10 +153,7 @@ impl<R: Runtime> Driver<R> {
                     }
                     break;
                 }
-                Wake::Received(result) => self.received(result).await,
-                Wake::Completed(c) => self.completed(c),
-                Wake::Timer => self.timer_fired(),
-                Wake::Control(c) => self.control(c),
+                other => self.handle(other).await,
             }
         }
         self.stop().await
@@ -189,13 +186,8 @@ impl<R: Runtime> Driver<R> {
                 break;
             }
             let until = quiet_since.map_or(deadline, |s| (s + DRAIN_QUIET).min(deadline));
-            match self.wait(None, true, Some(until)).await {
-                Wake::Received(result) => self.received(result).await,
-                Wake::Completed(c) => self.completed(c),
-                Wake::Timer => self.timer_fired(),
-                Wake::Control(c) => self.control(c),
-                Wake::Stop(_) => {}
-            }
+            let wake = self.wait(None, true, Some(until)).await;
+            self.handle(wake).await;
             self.flush().await;
         }
         info!(took = ?began.elapsed(), "drained");
@@ -218,11 +210,7 @@ impl<R: Runtime> Driver<R> {
         while self.engine.connection_count() > 0 {
             match self.wait(None, true, Some(until)).await {
                 Wake::Timer if Instant::now() >= until => break,
-                Wake::Timer => self.timer_fired(),
-                Wake::Received(result) => self.received(result).await,
-                Wake::Completed(c) => self.completed(c),
-                Wake::Control(c) => self.control(c),
-                Wake::Stop(_) => {}
+                other => self.handle(other).await,
             }
             self.flush().await;
         }
@@ -234,10 +222,9 @@ impl<R: Runtime> Driver<R> {
                     warn!("stopping before the logs finished syncing");
                     break;
                 }
-                Wake::Timer => self.timer_fired(),
-                Wake::Completed(c) => self.completed(c),
-                Wake::Control(c) => self.control(c),
-                Wake::Received(_) | Wake::Stop(_) => {}
+                // The socket is not watched here (`wait(.., false, ..)`).
+                Wake::Received(_) => {}
+                other => self.handle(other).await,
             }
             self.flush().await;
         }
@@ -289,6 +276,17 @@ impl<R: Runtime> Driver<R> {
             Poll::Pending
         })
         .await
+    }
+
+    /// Serves one wake; a stop is the caller's to act on, so it is ignored here.
+    async fn handle(&mut self, wake: Wake) {
+        match wake {
+            Wake::Received(result) => self.received(result).await,
+            Wake::Completed(c) => self.completed(c),
+            Wake::Timer => self.timer_fired(),
+            Wake::Control(c) => self.control(c),
+            Wake::Stop(_) => {}
+        }
     }
 
     fn poll_control(&mut self, cx: &mut Context<'_>) -> Poll<Option<Wake>> {
