@@ -24,7 +24,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 use toml::Value;
 
-use crate::files::DEFAULT_CACHE_BEHIND_BYTES;
+use crate::files::{CACHE_BEHIND_VAR, DEFAULT_CACHE_BEHIND_BYTES};
 use crate::BrokerOptions;
 
 mod groups;
@@ -234,7 +234,7 @@ pub const SETTINGS: &[Setting] = &[
     plain("durable.retention_bytes", &["FELIX_DURABLE_RETENTION_BYTES"], Kind::Int, Default_::Unset),
     plain("durable.retention_seconds", &["FELIX_DURABLE_RETENTION_SECONDS"], Kind::Int, Default_::Unset),
     plain("durable.segment_max_bytes", &["FELIX_DURABLE_SEGMENT_MAX_BYTES", "FELIX_DURABLE_SEGMENT_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_SEGMENT_MAX_BYTES)),
-    plain("durable.cache_behind_bytes", &["FELIX_DURABLE_CACHE_BEHIND_BYTES"], Kind::IntOrOff, Default_::Int(DEFAULT_CACHE_BEHIND_BYTES)),
+    plain("durable.cache_behind_bytes", &[CACHE_BEHIND_VAR], Kind::IntOrOff, Default_::Int(DEFAULT_CACHE_BEHIND_BYTES)),
     plain("groups.max_attempts", &["FELIX_GROUP_MAX_ATTEMPTS"], Kind::Int, Default_::Int(5)),
     plain("groups.visibility_timeout_ms", &["FELIX_GROUP_VISIBILITY_TIMEOUT_MS"], Kind::Int, Default_::Int(30_000)),
     plain("groups.max_visibility_ms", &["FELIX_GROUP_MAX_VISIBILITY_MS"], Kind::Int, Default_::Int(12 * 3600 * 1000)),
