@@ -396,21 +396,44 @@ fn check_body(body: &[u8]) -> Result<(u32, u64, u64), &'static str> {
     Ok((count, base, time_us))
 }
 
-/// Where an entry body's records start: after the fixed part, the publisher and the
-/// extension its flags announce. `None` when the extension runs past the body.
-fn records_at(body: &[u8]) -> Option<usize> {
+/// Where the parts of an entry body lie after the fixed part and the publisher.
+struct ExtLayout {
+    /// The producer mark's position, if the flags announce one.
+    producer: Option<usize>,
+    /// The state block's bytes (after its length), if the flags announce one.
+    state: Option<std::ops::Range<usize>>,
+    /// Where the records start.
+    records: usize,
+}
+
+/// The layout of the extension an entry body's flags announce. `None` when it runs past
+/// the body.
+fn ext_layout(body: &[u8]) -> Option<ExtLayout> {
     let flags = u16::from_le_bytes([body[2], body[3]]);
     let mut at = BATCH_FIXED_LEN + body[1] as usize;
-    if flags & ENTRY_FLAG_PRODUCER != 0 {
+    let producer = (flags & ENTRY_FLAG_PRODUCER != 0).then_some(at);
+    if producer.is_some() {
         at += PRODUCER_MARK_LEN;
     }
+    let mut state = None;
     if flags & ENTRY_FLAG_STATE != 0 {
         if body.len() < at + 4 {
             return None;
         }
-        at += 4 + u32_at(body, at) as usize;
+        let start = at + 4;
+        at = start + u32_at(body, at) as usize;
+        state = Some(start..at);
     }
-    (at <= body.len()).then_some(at)
+    (at <= body.len()).then_some(ExtLayout {
+        producer,
+        state,
+        records: at,
+    })
+}
+
+/// Where an entry body's records start (see [`ext_layout`]).
+fn records_at(body: &[u8]) -> Option<usize> {
+    ext_layout(body).map(|l| l.records)
 }
 
 /// The extension of an entry [`step`] has validated, if it has one.
@@ -420,21 +443,14 @@ pub(crate) fn scanned_ext(entry: &[u8], meta: &EntryMeta) -> Option<ScannedExt> 
     if flags == 0 {
         return None;
     }
-    let mut at = BATCH_FIXED_LEN + body[1] as usize;
-    let producer = (flags & ENTRY_FLAG_PRODUCER != 0).then(|| {
-        let m = ProducerMark {
-            producer: u64_at(body, at),
-            sequence: u64_at(body, at + 8),
-            digest: u64_at(body, at + 16),
-        };
-        at += PRODUCER_MARK_LEN;
-        m
+    let layout = ext_layout(body).expect("validated by step");
+    let producer = layout.producer.map(|at| ProducerMark {
+        producer: u64_at(body, at),
+        sequence: u64_at(body, at + 8),
+        digest: u64_at(body, at + 16),
     });
-    let state = (flags & ENTRY_FLAG_STATE != 0).then(|| {
-        let n = u32_at(body, at) as usize;
-        // A copy: the scan's read buffer is not kept alive by it.
-        Bytes::copy_from_slice(&body[at + 4..at + 4 + n])
-    });
+    // A copy: the scan's read buffer is not kept alive by it.
+    let state = layout.state.map(|r| Bytes::copy_from_slice(&body[r]));
     Some(ScannedExt {
         base: meta.base,
         count: meta.count,
