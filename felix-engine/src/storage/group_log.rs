@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use super::cache_log::garbage_heavy;
 use super::log::{AppendError, Batch, LogConfig, LogEvent, ShardLog, StorageError};
 use super::ops::{FileCompletion, FileOp, LogId};
 use super::record::{self, DecodedEntry};
@@ -120,10 +121,6 @@ impl DurableGroup {
     }
 }
 
-/// Below this many bytes of segments a group log is never compacted.
-pub(crate) const GROUP_COMPACT_MIN_BYTES: u64 = 1 << 20;
-/// Compaction is due when the log holds this many times its live records' bytes.
-pub(crate) const GROUP_COMPACT_GARBAGE_RATIO: u64 = 4;
 /// Segments of a group log roll at this size (or the configured one, if smaller), so
 /// compaction, which rewrites sealed segments only, has something to work on early.
 pub(crate) const GROUP_SEGMENT_MAX_BYTES: u64 = 4 << 20;
@@ -274,16 +271,12 @@ impl GroupLog {
         self.live.values().map(LiveAt::count).sum()
     }
 
-    /// Starts a compaction pass when the log holds [`GROUP_COMPACT_GARBAGE_RATIO`] times
-    /// what its live records need (and at least [`GROUP_COMPACT_MIN_BYTES`]): the sealed
-    /// segments are rewritten with only the live records, at their own offsets.
+    /// Starts a compaction pass when the log is garbage-heavy by the cache logs' rule
+    /// ([`garbage_heavy`]) over what its live records need: the sealed segments are
+    /// rewritten with only the live records, at their own offsets.
     pub(crate) fn compact_if_due(&mut self) -> bool {
-        let total = self.log.total_bytes();
-        if total < GROUP_COMPACT_MIN_BYTES || self.log.compacting() || !self.log.is_open() {
-            return false;
-        }
         let live = self.live_records() as u64 * LIVE_RECORD_BYTES;
-        if total <= GROUP_COMPACT_GARBAGE_RATIO.saturating_mul(live) {
+        if !self.log.is_open() || !garbage_heavy(&self.log, live) {
             return false;
         }
         let mut keep: Vec<u64> = self
@@ -340,6 +333,7 @@ impl GroupLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::cache_log::COMPACT_MIN_BYTES;
     use crate::storage::log::FsyncMode;
     use crate::storage::memfs::MemFs;
 
@@ -411,7 +405,7 @@ mod tests {
         pump(&mut fs, &mut g, &mut compacted);
         assert!(compacted >= 1, "a pass ran");
         assert!(
-            g.log().total_bytes() < GROUP_COMPACT_MIN_BYTES,
+            g.log().total_bytes() < COMPACT_MIN_BYTES,
             "{} bytes left",
             g.log().total_bytes()
         );
