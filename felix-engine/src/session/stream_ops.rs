@@ -176,11 +176,21 @@ impl Session {
             request_id,
             offset: p.first_offset,
         }));
-        match p.durable_at {
-            Some((log, end)) => {
-                self.push_after_durable(cx, log, end, ok, FailAnswer::JsonPublish(request_id))
-            }
-            None => self.push_frame(ok),
+        self.push_once_durable(cx, p.durable_at, ok, FailAnswer::JsonPublish(request_id));
+    }
+
+    /// Queues `frame` to go out once `durable_at` (a log and the offset it must be durable
+    /// below) holds, or in turn when there is nothing to wait for.
+    pub(super) fn push_once_durable(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        durable_at: Option<(LogId, u64)>,
+        frame: Bytes,
+        fail: FailAnswer,
+    ) {
+        match durable_at {
+            Some((log, end)) => self.push_after_durable(cx, log, end, frame, fail),
+            None => self.push_frame(frame),
         }
     }
 
@@ -280,12 +290,7 @@ impl Session {
                     as_of: answer.as_of,
                     request_id: g.request_id,
                 }));
-                match answer.durable_at {
-                    Some((log, end)) => {
-                        self.push_after_durable(cx, log, end, frame, FailAnswer::Error)
-                    }
-                    None => self.push_frame(frame),
-                }
+                self.push_once_durable(cx, answer.durable_at, frame, FailAnswer::Error);
             }
         }
     }
