@@ -114,3 +114,35 @@ fn a_wait_with_nothing_to_find_ends_empty_at_its_deadline() {
         vec![serde_json::json!({"type": "group_records", "records": [], "request_id": 1})]
     );
 }
+
+#[test]
+fn a_consumer_name_is_taken_up_to_128_bytes_and_refused_beyond() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (poller, _) = net.auth_stream(p);
+    // 128 is the broker's MAX_CONSUMER_BYTES.
+    for (len, request_id) in [(128, 1), (129, 2)] {
+        let name = "c".repeat(len);
+        request(
+            &mut net,
+            p,
+            poller,
+            &format!(
+                r#"{{"type":"group_poll",{ADDR},"max_records":1,"consumer":"{name}","request_id":{request_id}}}"#
+            ),
+        );
+    }
+    let answers = json(&mut net, p, poller);
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    assert_eq!(
+        answers[0],
+        serde_json::json!({"type": "group_records", "records": [], "request_id": 1})
+    );
+    assert_eq!(answers[1]["type"], "error", "{answers:?}");
+    assert!(
+        answers[1]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("1 to 128 bytes")),
+        "{answers:?}"
+    );
+}
