@@ -216,7 +216,9 @@ impl Session {
         }));
     }
 
-    fn push_publish_error(&mut self, request_id: u64, e: BrokerError) {
+    /// `publish_error` for a refused publish, coded for a client that offered error codes
+    /// (the JSON publish in session.rs answers the same way).
+    pub(super) fn push_publish_error(&mut self, request_id: u64, e: BrokerError) {
         let coded = self.negotiated().error_codes();
         let retry = e.code.default_retry();
         self.push_message(&Message::PublishError(PublishError {
