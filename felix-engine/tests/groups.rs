@@ -146,3 +146,40 @@ fn a_consumer_name_is_taken_up_to_128_bytes_and_refused_beyond() {
         "{answers:?}"
     );
 }
+
+#[test]
+fn a_poll_hands_out_at_most_1000_records_whatever_it_asks_for() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (publisher, _) = net.auth_stream(p);
+    let payloads: Vec<&[u8]> = vec![b"w"; 1_001];
+    net.send(
+        p,
+        publisher,
+        &binary_publish(Some(1), None, "jobs", &payloads),
+    );
+    net.run();
+    let (poller, _) = net.auth_stream(p);
+    // 1000 is the broker's MAX_POLL_RECORDS.
+    for request_id in [1, 2] {
+        request(
+            &mut net,
+            p,
+            poller,
+            &format!(
+                r#"{{"type":"group_poll",{ADDR},"max_records":5000,"request_id":{request_id}}}"#
+            ),
+        );
+    }
+    let answers = json(&mut net, p, poller);
+    let counts: Vec<usize> = answers
+        .iter()
+        .map(|a| a["records"].as_array().map_or(0, Vec::len))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![1_000, 1],
+        "{:?}",
+        answers.iter().map(|a| &a["type"]).collect::<Vec<_>>()
+    );
+}
