@@ -183,3 +183,67 @@ fn a_poll_hands_out_at_most_1000_records_whatever_it_asks_for() {
         answers.iter().map(|a| &a["type"]).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn a_shard_takes_10000_groups_and_refuses_one_more() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (poller, _) = net.auth_stream(p);
+    let addr = |g: u64| {
+        format!(
+            r#""tenant_id":"t1","namespace":"default","stream":"jobs","shard":0,"group":"g{g}""#
+        )
+    };
+    // 10000 is the broker's MAX_GROUPS_PER_SHARD.
+    for g in 0..10_000u64 {
+        net.send(
+            p,
+            poller,
+            &json_frame(&format!(
+                r#"{{"type":"group_poll",{},"max_records":1,"request_id":{g}}}"#,
+                addr(g)
+            )),
+        );
+        if g % 500 == 499 {
+            net.run();
+            let answers = json(&mut net, p, poller);
+            assert_eq!(answers.len(), 500);
+            assert!(
+                answers.iter().all(|a| a["type"] == "group_records"),
+                "{:?}",
+                answers.last()
+            );
+        }
+    }
+    request(
+        &mut net,
+        p,
+        poller,
+        &format!(
+            r#"{{"type":"group_poll",{},"max_records":1,"request_id":10000}}"#,
+            addr(10_000)
+        ),
+    );
+    request(
+        &mut net,
+        p,
+        poller,
+        &format!(
+            r#"{{"type":"group_poll",{},"max_records":1,"request_id":10001}}"#,
+            addr(0)
+        ),
+    );
+    let answers = json(&mut net, p, poller);
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    assert_eq!(answers[0]["type"], "error", "{answers:?}");
+    assert!(
+        answers[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("limit of 10000 groups")),
+        "{answers:?}"
+    );
+    assert_eq!(
+        answers[1]["type"], "group_records",
+        "a known group still polls: {answers:?}"
+    );
+}
