@@ -238,3 +238,37 @@ async fn sigterm_during_acked_publishing_loses_nothing_and_answers_everything_on
 async fn sigterm_during_acked_publishing_loses_nothing_and_answers_everything_on_smol() {
     drain_loses_nothing("smol").await;
 }
+
+/// A second signal during the drain exits at once with 128 + its number instead of 0.
+/// SIGTERM then SIGINT: two different signals are never merged while pending, and with a
+/// client connected the drain lasts at least its quiet period, so the second one lands in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_during_the_drain_exits_at_once() {
+    let dir = TempDir(std::env::temp_dir().join(format!(
+        "felix-drain-twice-{}-{}",
+        std::process::id(),
+        free_udp_port()
+    )));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let (mut process, addr, ca, token) = spawn_broker(&dir.0, "tokio");
+    let client = Client::connect(ClientConfig::new(addr, ca, "t1", &token))
+        .await
+        .unwrap();
+    let mut child = process.0.take().expect("running");
+    sigterm(&child);
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let status =
+        tokio::task::spawn_blocking(move || wait_exit(&mut child, Duration::from_secs(20)))
+            .await
+            .unwrap();
+    // 128 + SIGINT (2) or 128 + SIGTERM (15), whichever the signal thread saw second.
+    assert!(
+        matches!(status.code(), Some(130 | 143)),
+        "exit status {status:?}"
+    );
+    client.close().await;
+}
