@@ -247,3 +247,54 @@ fn a_shard_takes_10000_groups_and_refuses_one_more() {
         "a known group still polls: {answers:?}"
     );
 }
+
+#[test]
+fn a_poll_answers_about_4_mib_of_payload_and_leaves_the_rest_owed() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (publisher, _) = net.auth_stream(p);
+    let half_mib = vec![b'w'; 512 << 10];
+    for i in 0..9 {
+        net.send(
+            p,
+            publisher,
+            &binary_publish(Some(i), None, "jobs", &[&half_mib[..]]),
+        );
+        net.run();
+    }
+    let (poller, _) = net.auth_stream(p);
+    // 4 MiB is the broker's MAX_POLL_BYTES: the record that reaches it is the last one.
+    for request_id in [1, 2] {
+        request(
+            &mut net,
+            p,
+            poller,
+            &format!(
+                r#"{{"type":"group_poll",{ADDR},"max_records":20,"request_id":{request_id}}}"#
+            ),
+        );
+    }
+    // The answers are larger than the stream window: read while the broker sends, bounded.
+    let mut answers = Vec::new();
+    for _ in 0..100 {
+        answers.extend(json(&mut net, p, poller));
+        if answers.len() == 2 {
+            break;
+        }
+        net.run();
+    }
+    let offsets: Vec<Vec<u64>> = answers
+        .iter()
+        .map(|a| {
+            a["records"].as_array().map_or(Vec::new(), |r| {
+                r.iter().map(|r| r["offset"].as_u64().unwrap()).collect()
+            })
+        })
+        .collect();
+    assert_eq!(
+        offsets,
+        vec![(0..8).collect::<Vec<u64>>(), vec![8]],
+        "{:?}",
+        answers.iter().map(|a| &a["type"]).collect::<Vec<_>>()
+    );
+}
