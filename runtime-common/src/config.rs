@@ -694,15 +694,9 @@ fn durable(
     options: &mut BrokerOptions,
 ) -> Result<(), ConfigError> {
     options.storage_dir = text("durable.storage_dir").map(PathBuf::from);
-    let interval = int("durable.fsync_interval_ms")
+    let interval = positive(int, name, "durable.fsync_interval_ms")?
         .map_or(felix_engine::DEFAULT_FSYNC_INTERVAL, Duration::from_millis);
     let mode = text("durable.fsync_mode").unwrap_or_else(|| DEFAULT_FSYNC_MODE.into());
-    if interval.is_zero() {
-        return Err(ConfigError(format!(
-            "{} must be above zero",
-            name("durable.fsync_interval_ms")
-        )));
-    }
     options.durable.fsync = FsyncPolicy::parse(&mode, interval)
         .map_err(|e| ConfigError(format!("{}: {e}", name("durable.fsync_mode"))))?;
     options.durable.ack_on_commit = matches!(
@@ -711,15 +705,8 @@ fn durable(
     );
     options.durable.retention_bytes = int("durable.retention_bytes");
     options.durable.retention_age = int("durable.retention_seconds").map(Duration::from_secs);
-    match int("durable.segment_max_bytes") {
-        Some(0) => {
-            return Err(ConfigError(format!(
-                "{} must be above zero",
-                name("durable.segment_max_bytes")
-            )))
-        }
-        Some(bytes) => options.durable.segment_max_bytes = bytes,
-        None => {}
+    if let Some(bytes) = positive(int, name, "durable.segment_max_bytes")? {
+        options.durable.segment_max_bytes = bytes;
     }
     groups::groups_from_settings(int, name, &mut options.durable.groups)?;
     options.cache_behind_bytes = match effective.get("durable.cache_behind_bytes") {
@@ -727,6 +714,18 @@ fn durable(
         _ => None,
     };
     Ok(())
+}
+
+/// An integer setting that must be above zero when set.
+fn positive(
+    int: &impl Fn(&str) -> Option<u64>,
+    name: &impl Fn(&str) -> String,
+    key: &str,
+) -> Result<Option<u64>, ConfigError> {
+    match int(key) {
+        Some(0) => Err(ConfigError(format!("{} must be above zero", name(key)))),
+        other => Ok(other),
+    }
 }
 
 /// A throwaway config to try setters on and read defaults from.

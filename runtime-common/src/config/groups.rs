@@ -12,12 +12,7 @@ pub(super) fn groups_from_settings(
     name: &impl Fn(&str) -> String,
     groups: &mut GroupConfig,
 ) -> Result<(), ConfigError> {
-    let positive = |key: &str| -> Result<Option<u64>, ConfigError> {
-        match int(key) {
-            Some(0) => Err(ConfigError(format!("{} must be above zero", name(key)))),
-            other => Ok(other),
-        }
-    };
+    let positive = |key: &str| super::positive(int, name, key);
     if let Some(n) = positive("groups.max_attempts")? {
         groups.max_attempts = u32::try_from(n).map_err(|_| {
             ConfigError(format!(
