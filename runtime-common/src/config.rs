@@ -629,7 +629,7 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
         Some(ms) => Some(Duration::from_millis(ms)),
     };
 
-    durable(&effective, &name, &text, &int, &mut options)?;
+    durable(&name, &text, &int, &flag, &mut options)?;
 
     // Engine settings: limits, TLS client certificates and ALPN, declared streams.
     let mut limits: Vec<(Setter, u64)> = Vec::new();
@@ -687,10 +687,10 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
 
 /// The `durable.*` settings.
 fn durable(
-    effective: &Effective,
     name: &impl Fn(&str) -> String,
     text: &impl Fn(&str) -> Option<String>,
     int: &impl Fn(&str) -> Option<u64>,
+    flag: &impl Fn(&str) -> bool,
     options: &mut BrokerOptions,
 ) -> Result<(), ConfigError> {
     options.storage_dir = text("durable.storage_dir").map(PathBuf::from);
@@ -699,20 +699,15 @@ fn durable(
     let mode = text("durable.fsync_mode").unwrap_or_else(|| DEFAULT_FSYNC_MODE.into());
     options.durable.fsync = FsyncPolicy::parse(&mode, interval)
         .map_err(|e| ConfigError(format!("{}: {e}", name("durable.fsync_mode"))))?;
-    options.durable.ack_on_commit = matches!(
-        effective.get("durable.ack_on_commit"),
-        Some((Some(Value::Boolean(true)), _))
-    );
+    options.durable.ack_on_commit = flag("durable.ack_on_commit");
     options.durable.retention_bytes = int("durable.retention_bytes");
     options.durable.retention_age = int("durable.retention_seconds").map(Duration::from_secs);
     if let Some(bytes) = positive(int, name, "durable.segment_max_bytes")? {
         options.durable.segment_max_bytes = bytes;
     }
     groups::groups_from_settings(int, name, &mut options.durable.groups)?;
-    options.cache_behind_bytes = match effective.get("durable.cache_behind_bytes") {
-        Some((Some(Value::Integer(n)), _)) => Some(*n as u64),
-        _ => None,
-    };
+    // `off` is the string the kind allows besides a count.
+    options.cache_behind_bytes = int("durable.cache_behind_bytes");
     Ok(())
 }
 
