@@ -56,6 +56,11 @@ pub struct GroupInfo {
     pub dead_letters: u64,
 }
 
+/// A group call answered with a message it does not expect.
+fn wrong_answer(answer: &Message, call: &str) -> ClientError {
+    ClientError::protocol(format!("{} answered {call}", answer.type_name()))
+}
+
 struct GroupStream {
     send: quinn::SendStream,
     recv: quinn::RecvStream,
@@ -149,10 +154,7 @@ impl Client {
     async fn group_ok(&self, msg: Message, what: &str) -> Result<(), ClientError> {
         match self.group_call(msg, Duration::ZERO).await? {
             Message::CacheOk(_) => Ok(()),
-            other => Err(ClientError::protocol(format!(
-                "{} answered {what}",
-                other.type_name()
-            ))),
+            other => Err(wrong_answer(&other, what)),
         }
     }
 
@@ -194,10 +196,7 @@ impl Group {
                     publisher: r.publisher,
                 })
                 .collect()),
-            other => Err(ClientError::protocol(format!(
-                "{} answered group_poll",
-                other.type_name()
-            ))),
+            other => Err(wrong_answer(&other, "group_poll")),
         }
     }
 
@@ -240,10 +239,7 @@ impl Group {
         });
         match self.client.group_call(msg, Duration::ZERO).await? {
             Message::GroupExtended(e) => Ok(Duration::from_millis(e.visible_ms)),
-            other => Err(ClientError::protocol(format!(
-                "{} answered group_extend",
-                other.type_name()
-            ))),
+            other => Err(wrong_answer(&other, "group_extend")),
         }
     }
 
@@ -262,10 +258,7 @@ impl Group {
         let msg = group_msg!(self, GroupDeadLetters, {});
         match self.client.group_call(msg, Duration::ZERO).await? {
             Message::GroupDeadLetterList(l) => Ok(l.offsets),
-            other => Err(ClientError::protocol(format!(
-                "{} answered group_dead_letters",
-                other.type_name()
-            ))),
+            other => Err(wrong_answer(&other, "group_dead_letters")),
         }
     }
 
@@ -300,10 +293,7 @@ impl Group {
         });
         match self.client.group_call(msg, Duration::ZERO).await? {
             Message::GroupPosition(p) => Ok((p.offset, p.moved)),
-            other => Err(ClientError::protocol(format!(
-                "{} answered group_seek",
-                other.type_name()
-            ))),
+            other => Err(wrong_answer(&other, "group_seek")),
         }
     }
 
@@ -320,10 +310,7 @@ impl Group {
                 owed: i.owed,
                 dead_letters: i.dead_letters,
             }),
-            other => Err(ClientError::protocol(format!(
-                "{} answered group_describe",
-                other.type_name()
-            ))),
+            other => Err(wrong_answer(&other, "group_describe")),
         }
     }
 
@@ -333,10 +320,7 @@ impl Group {
         let msg = group_msg!(self, GroupDelete, {});
         match self.client.group_call(msg, Duration::ZERO).await? {
             Message::GroupDeleted(d) => Ok(d.existed),
-            other => Err(ClientError::protocol(format!(
-                "{} answered group_delete",
-                other.type_name()
-            ))),
+            other => Err(wrong_answer(&other, "group_delete")),
         }
     }
 }
