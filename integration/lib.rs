@@ -397,3 +397,63 @@ pub fn broker_binary() -> PathBuf {
     assert!(status.success(), "building felix-broker failed");
     target.join("crash-test/debug/felix-broker")
 }
+
+/// A broker for a benchmark: in this process, on a one-worker tokio runtime and a thread of
+/// its own, so the clients' runtime never shares its thread.
+pub struct BenchBroker {
+    pub addr: SocketAddr,
+    pub ca_pem: Vec<u8>,
+    /// The dev token for [`TENANT`].
+    pub token: String,
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl BenchBroker {
+    /// Starts the broker and returns once it listens.
+    pub fn start(opts: BrokerOptions) -> BenchBroker {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("broker".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("broker-rt")
+                    .enable_all()
+                    .build()
+                    .expect("broker runtime");
+                rt.block_on(async move {
+                    let broker = felix_runtime_tokio::start(opts)
+                        .await
+                        .expect("broker starts");
+                    tx.send((
+                        broker.local_addr(),
+                        broker.ca_cert_pem().as_bytes().to_vec(),
+                        broker.dev_token().expect("dev mode").to_owned(),
+                    ))
+                    .expect("the starting thread waits");
+                    tokio::task::spawn_blocking(move || stopped.recv())
+                        .await
+                        .expect("stop wait")
+                        .ok();
+                    broker.shutdown().await.expect("clean shutdown");
+                });
+            })
+            .expect("broker thread");
+        let (addr, ca_pem, token) = rx.recv().expect("broker started");
+        BenchBroker {
+            addr,
+            ca_pem,
+            token,
+            stop,
+            thread,
+        }
+    }
+
+    /// Shuts the broker down cleanly and waits for its thread.
+    pub fn stop(self) {
+        self.stop.send(()).ok();
+        self.thread.join().expect("broker thread");
+    }
+}

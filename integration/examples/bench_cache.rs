@@ -14,13 +14,13 @@
 //! latency is its receipt time minus that. For each adder count: that many tasks add 1 to
 //! one counter in a loop, each waiting for its answer, for `secs`. Output is plain lines.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_client::{CacheWatchItem, Client, ClientConfig, WatchFilter, WatchStart};
+use felix_integration::BenchBroker;
 use felix_runtime_tokio::felix_engine::{DurableConfig, FsyncPolicy};
 use felix_runtime_tokio::BrokerOptions;
 use hdrhistogram::Histogram;
@@ -58,75 +58,28 @@ impl Args {
     }
 }
 
-struct Broker {
-    addr: SocketAddr,
-    ca_pem: Vec<u8>,
-    token: String,
-    stop: std::sync::mpsc::Sender<()>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-fn start_broker(dir: PathBuf, durable: DurableConfig) -> Broker {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (stop, stopped) = std::sync::mpsc::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name("broker".into())
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("broker-rt")
-                .enable_all()
-                .build()
-                .expect("broker runtime");
-            rt.block_on(async move {
-                let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
-                opts.storage_dir = Some(dir);
-                opts.durable = durable;
-                let broker = felix_runtime_tokio::start(opts)
-                    .await
-                    .expect("broker starts");
-                tx.send((
-                    broker.local_addr(),
-                    broker.ca_cert_pem().as_bytes().to_vec(),
-                    broker.dev_token().expect("dev mode").to_owned(),
-                ))
-                .expect("main thread waits");
-                tokio::task::spawn_blocking(move || stopped.recv())
-                    .await
-                    .expect("stop wait")
-                    .ok();
-                broker.shutdown().await.expect("clean shutdown");
-            });
-        })
-        .expect("broker thread");
-    let (addr, ca_pem, token) = rx.recv().expect("broker started");
-    Broker {
-        addr,
-        ca_pem,
-        token,
-        stop,
-        thread,
-    }
-}
-
-impl Broker {
-    async fn client(&self) -> Client {
-        let mut c = ClientConfig::new(self.addr, self.ca_pem.clone(), "t1", &self.token);
-        c.connect_streams = 8;
-        Client::connect(c).await.expect("client connects")
-    }
+async fn client(broker: &BenchBroker) -> Client {
+    let mut c = ClientConfig::new(broker.addr, broker.ca_pem.clone(), "t1", &broker.token);
+    c.connect_streams = 8;
+    Client::connect(c).await.expect("client connects")
 }
 
 fn micros(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64
 }
 
-async fn fanout(broker: &Broker, base: Instant, watchers: usize, puts: usize, interval: Duration) {
+async fn fanout(
+    broker: &BenchBroker,
+    base: Instant,
+    watchers: usize,
+    puts: usize,
+    interval: Duration,
+) {
     let cache = format!("fanout-{watchers}");
     let per_conn = 100;
     let mut clients = Vec::new();
     for _ in 0..watchers.div_ceil(per_conn) {
-        clients.push(broker.client().await);
+        clients.push(client(broker).await);
     }
     let hist = Arc::new(Mutex::new(
         Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
@@ -162,7 +115,7 @@ async fn fanout(broker: &Broker, base: Instant, watchers: usize, puts: usize, in
             }
         }));
     }
-    let writer = broker.client().await;
+    let writer = client(broker).await;
     let started = Instant::now();
     for _ in 0..puts {
         let sent = base.elapsed().as_micros() as u64;
@@ -193,8 +146,8 @@ async fn fanout(broker: &Broker, base: Instant, watchers: usize, puts: usize, in
     writer.close().await;
 }
 
-async fn counters(broker: &Broker, adders: usize, secs: u64) {
-    let c = broker.client().await;
+async fn counters(broker: &BenchBroker, adders: usize, secs: u64) {
+    let c = client(broker).await;
     let cache = format!("counters-{adders}");
     let stop_at = Instant::now() + Duration::from_secs(secs);
     let mut tasks = Vec::new();
@@ -245,13 +198,13 @@ fn main() {
     let dir = root.join(format!("felix-bench-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("storage dir");
-    let broker = start_broker(
-        dir.clone(),
-        DurableConfig {
-            fsync,
-            ..DurableConfig::default()
-        },
-    );
+    let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
+    opts.storage_dir = Some(dir.clone());
+    opts.durable = DurableConfig {
+        fsync,
+        ..DurableConfig::default()
+    };
+    let broker = BenchBroker::start(opts);
     println!("fsync: {fsync:?}");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -268,7 +221,6 @@ fn main() {
         }
     });
     drop(rt);
-    broker.stop.send(()).ok();
-    broker.thread.join().expect("broker thread");
+    broker.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
