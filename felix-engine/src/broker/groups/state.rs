@@ -546,13 +546,20 @@ impl GroupState {
         Ok(())
     }
 
+    /// Removes `off` from the dead letters; refused if it is not one.
+    fn take_dead(&mut self, off: u64) -> Result<(), GroupError> {
+        if self.dead.remove(&off) {
+            Ok(())
+        } else {
+            Err(GroupError::Invalid(format!(
+                "offset {off} is not a dead letter of this group"
+            )))
+        }
+    }
+
     /// `group_discard`: drops a dead letter.
     pub(crate) fn discard(&mut self, off: u64, writes: &mut Vec<Write>) -> Result<(), GroupError> {
-        if !self.dead.remove(&off) {
-            return Err(GroupError::Invalid(format!(
-                "offset {off} is not a dead letter of this group"
-            )));
-        }
+        self.take_dead(off)?;
         writes.push(Write::Discard(off));
         Ok(())
     }
@@ -560,11 +567,7 @@ impl GroupState {
     /// `group_redrive`: a dead letter is owed again with its attempts reset; the cursor
     /// does not move back.
     pub(crate) fn redrive(&mut self, off: u64, writes: &mut Vec<Write>) -> Result<(), GroupError> {
-        if !self.dead.remove(&off) {
-            return Err(GroupError::Invalid(format!(
-                "offset {off} is not a dead letter of this group"
-            )));
-        }
+        self.take_dead(off)?;
         writes.push(Write::Redrive(off));
         self.owe_redriven(off);
         Ok(())
