@@ -84,11 +84,7 @@ impl Broker {
                 return Ok(refused(current, None));
             }
             let version = self.cache.put(now, key, k, value, ttl_ms)?;
-            return Ok(Conditional {
-                applied: true,
-                version: Some(version),
-                durable_at: None,
-            });
+            return Ok(applied(Some(version), None));
         }
         self.cache_sizes(k, &value)?;
         let log = self.cache_log(now, key, true)?.expect("created");
@@ -99,11 +95,7 @@ impl Broker {
             return Ok(refused(current, Some((log, tail))));
         }
         let (_, end) = self.log_cache_put(now, unix_micros, key, k, value, ttl_ms)?;
-        Ok(Conditional {
-            applied: true,
-            version: Some(end - 1),
-            durable_at: Some((log, end)),
-        })
+        Ok(applied(Some(end - 1), Some((log, end))))
     }
 
     /// Removes the key only if its live entry has `version`.
@@ -122,11 +114,7 @@ impl Broker {
                 return Ok(refused(current, None));
             }
             self.cache.delete(now, key, k);
-            return Ok(Conditional {
-                applied: true,
-                version: None,
-                durable_at: None,
-            });
+            return Ok(applied(None, None));
         }
         // A cache never written holds no version.
         let Some(log) = self.cache_log(now, key, false)? else {
@@ -143,11 +131,15 @@ impl Broker {
             .map_err(append_error)?
             .expect("a live entry to delete");
         self.stats.cache_deletes += 1;
-        Ok(Conditional {
-            applied: true,
-            version: None,
-            durable_at: Some((log, offset + 1)),
-        })
+        Ok(applied(None, Some((log, offset + 1))))
+    }
+}
+
+fn applied(version: Option<u64>, durable_at: Option<(LogId, u64)>) -> Conditional {
+    Conditional {
+        applied: true,
+        version,
+        durable_at,
     }
 }
 
