@@ -412,3 +412,34 @@ fn offset_for_time_finds_the_first_record_at_or_after_a_time() {
     assert_eq!(ask(&mut r, T0_MICROS + 7_000_001), Some(16));
     assert_eq!(ask(&mut r, T0_MICROS + 60_000_000), None);
 }
+
+#[test]
+fn a_page_asking_for_more_than_the_limit_gets_the_limit() {
+    use crate::storage::log::MAX_RECORDS_PER_READ;
+    let mut r = Rig::new();
+    let per_batch = 500;
+    let batches = MAX_RECORDS_PER_READ / per_batch + 1;
+    for b in 0..batches {
+        let p: Vec<Bytes> = (0..per_batch)
+            .map(|i| Bytes::from(format!("{b}.{i}")))
+            .collect();
+        r.retry(|r| {
+            let unix = r.unix();
+            r.b.publish(r.now, unix, &key(), None, None, p.clone(), None)
+        });
+    }
+    let req = PageRequest {
+        shard: 0,
+        from: 0,
+        end: None,
+        max_records: Some(MAX_RECORDS_PER_READ as u64 * 2),
+        max_bytes: None,
+        request_id: 1,
+    };
+    let answer = r.b.stream_read(r.now, &key(), req).unwrap();
+    let Message::StreamRecords(page) = r.read_answer(answer) else {
+        panic!()
+    };
+    assert_eq!(page.records.len(), MAX_RECORDS_PER_READ);
+    assert_eq!(page.next_offset, MAX_RECORDS_PER_READ as u64);
+}
