@@ -14,7 +14,6 @@
 //! while a publish lands, `wakeups` times: the wake-up latency is from just before the
 //! publish to the poll's answer (it includes the publish's own round trip and write).
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_client::{Ack, Client, ClientConfig, PollOptions};
+use felix_integration::BenchBroker;
 use felix_runtime_tokio::felix_engine::{DurableConfig, FsyncPolicy};
 use felix_runtime_tokio::BrokerOptions;
 
@@ -36,58 +36,18 @@ fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-struct Broker {
-    addr: SocketAddr,
-    ca_pem: Vec<u8>,
-    token: String,
-    stop: std::sync::mpsc::Sender<()>,
-    thread: std::thread::JoinHandle<()>,
+/// A durable broker on its own thread, storing under `dir`.
+fn start_broker(dir: PathBuf, durable: DurableConfig) -> BenchBroker {
+    let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
+    opts.storage_dir = Some(dir);
+    opts.durable = durable;
+    BenchBroker::start(opts)
 }
 
-fn start_broker(dir: PathBuf, durable: DurableConfig) -> Broker {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (stop, stopped) = std::sync::mpsc::channel::<()>();
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("broker-rt")
-            .enable_all()
-            .build()
-            .expect("broker runtime");
-        rt.block_on(async move {
-            let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
-            opts.storage_dir = Some(dir);
-            opts.durable = durable;
-            let broker = felix_runtime_tokio::start(opts).await.expect("broker");
-            tx.send((
-                broker.local_addr(),
-                broker.ca_cert_pem().as_bytes().to_vec(),
-                broker.dev_token().expect("dev mode").to_owned(),
-            ))
-            .expect("main waits");
-            tokio::task::spawn_blocking(move || stopped.recv())
-                .await
-                .expect("stop wait")
-                .ok();
-            broker.shutdown().await.expect("clean shutdown");
-        });
-    });
-    let (addr, ca_pem, token) = rx.recv().expect("broker started");
-    Broker {
-        addr,
-        ca_pem,
-        token,
-        stop,
-        thread,
-    }
-}
-
-impl Broker {
-    async fn connect(&self) -> Client {
-        let mut c = ClientConfig::new(self.addr, self.ca_pem.clone(), "t1", &self.token);
-        c.request_timeout = Duration::from_secs(30);
-        Client::connect(c).await.expect("connect")
-    }
+async fn connect(broker: &BenchBroker) -> Client {
+    let mut c = ClientConfig::new(broker.addr, broker.ca_pem.clone(), "t1", &broker.token);
+    c.request_timeout = Duration::from_secs(30);
+    Client::connect(c).await.expect("connect")
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -124,7 +84,7 @@ fn main() {
         .build()
         .expect("client runtime");
     rt.block_on(async {
-        let publisher = broker.connect().await;
+        let publisher = connect(&broker).await;
         let payload = Bytes::from(vec![0x5a; size]);
         let mut sent = 0;
         while sent < records {
@@ -141,7 +101,7 @@ fn main() {
         let started = Instant::now();
         let mut tasks = Vec::new();
         for i in 0..consumers {
-            let c = broker.connect().await;
+            let c = connect(&broker).await;
             let acked = acked.clone();
             tasks.push(tokio::spawn(async move {
                 let opts = PollOptions {
@@ -197,7 +157,7 @@ fn main() {
         );
 
         // Wake-up latency: a poll waiting on an empty group, then one publish.
-        let waiter = broker.connect().await;
+        let waiter = connect(&broker).await;
         let mut lat = Vec::new();
         for _ in 0..wakeups {
             let w = waiter.clone();
@@ -236,7 +196,6 @@ fn main() {
         publisher.close().await;
         waiter.close().await;
     });
-    broker.stop.send(()).ok();
-    broker.thread.join().expect("broker thread");
+    broker.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
