@@ -45,17 +45,12 @@ async fn watch(c: &Client, cache: &str, filter: WatchFilter, start: WatchStart) 
         .expect("watch starts")
 }
 
-async fn start_with(
-    dir: &std::path::Path,
-    durable: DurableConfig,
-    watch_queue: Option<usize>,
-) -> RunningBroker {
+/// As `start` with `periodic()`, with a watch queue of `capacity` changes.
+async fn start_with_watch_queue(dir: &std::path::Path, capacity: usize) -> RunningBroker {
     let mut opts = BrokerOptions::new("127.0.0.1:0".parse().unwrap());
     opts.storage_dir = Some(dir.to_path_buf());
-    opts.durable = durable;
-    if let Some(n) = watch_queue {
-        opts = opts.configure_engine(move |c| c.cache_watch_queue_capacity = n);
-    }
+    opts.durable = periodic();
+    opts = opts.configure_engine(move |c| c.cache_watch_queue_capacity = capacity);
     within(20, felix_integration::start_broker(opts))
         .await
         .expect("broker starts")
@@ -287,7 +282,7 @@ async fn a_resume_into_compacted_history_is_a_marked_resnapshot() {
 #[tokio::test]
 async fn a_watch_that_falls_behind_ends_lagged_and_resumes_gaplessly() {
     let dir = TempDir::new("watch-lag");
-    let broker = start_with(dir.path(), periodic(), Some(8)).await;
+    let broker = start_with_watch_queue(dir.path(), 8).await;
     // A small receive window: what the watcher does not read stays queued at the broker.
     let slow = client_with(&broker, |c| c.stream_receive_window = 2048).await;
     let c = client(&broker).await;
