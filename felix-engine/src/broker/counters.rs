@@ -9,6 +9,7 @@ use felix_proto::ErrorCode;
 
 use super::durable::{LogState, Owner};
 use super::{append_error, Broker, BrokerError, CacheKey};
+use crate::storage::cache_log::MAX_CACHE_KEY_BYTES;
 use crate::storage::counter_log::{AddError, CounterLog};
 use crate::storage::layout;
 use crate::storage::ops::LogId;
@@ -51,7 +52,7 @@ impl Broker {
     }
 
     fn counter_key_fits(&self, k: &str) -> Result<(), BrokerError> {
-        let max = self.cfg.cache_max_key_bytes.min(u16::MAX as usize);
+        let max = self.cfg.cache_max_key_bytes.min(MAX_CACHE_KEY_BYTES);
         if k.len() > max {
             return Err(BrokerError::new(
                 ErrorCode::LimitExceeded,
