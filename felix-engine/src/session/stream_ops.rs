@@ -98,14 +98,14 @@ impl Session {
     fn on_guarded_publish(&mut self, p: GuardedPublish<'_>, cx: &mut SessionCx<'_>) {
         let (tenant, namespace, stream) = p.names;
         let request_id = p.request_id;
-        let result = match self.guarded_target(tenant, namespace, stream, p.shard) {
-            Err(e) => Err(e),
-            Ok((target, explicit)) => {
+        let reused = self
+            .negotiated()
+            .features
+            .contains(Features::SEQUENCE_REUSED);
+        let result = self
+            .guarded_target(tenant, namespace, stream, p.shard)
+            .and_then(|(target, explicit)| {
                 let unix = cx.core.unix_micros(cx.now);
-                let reused = self
-                    .negotiated()
-                    .features
-                    .contains(Features::SEQUENCE_REUSED);
                 cx.core.broker.publish_guarded(
                     cx.now,
                     unix,
@@ -115,8 +115,7 @@ impl Session {
                     p.guard,
                     reused,
                 )
-            }
-        };
+            });
         match result {
             Err(e) if self.stalls(&e) => {}
             Err(e) => {
