@@ -131,19 +131,7 @@ impl SimClient {
             );
             (msg, Asked::Settle, what)
         } else {
-            let msg = Message::GroupPoll(message::GroupPoll {
-                tenant_id: TENANT.into(),
-                namespace: NAMESPACE.into(),
-                stream: STREAM.into(),
-                shard: u64::from(shard),
-                group: GROUP.into(),
-                max_records: max,
-                wait_ms: Some(wait_ms),
-                request_id: rid,
-                consumer: None,
-                reclaim: None,
-                visibility_ms: Some(visibility.as_millis() as u64),
-            });
+            let msg = poll(shard, max, wait_ms, visibility, rid);
             let asked = Asked::Poll {
                 shard,
                 sent: now,
@@ -204,19 +192,7 @@ impl SimClient {
         } else {
             // Long enough for every worker's claim (2 s at most) to lapse meanwhile.
             let visibility = Duration::from_secs(60);
-            let msg = Message::GroupPoll(message::GroupPoll {
-                tenant_id: TENANT.into(),
-                namespace: NAMESPACE.into(),
-                stream: STREAM.into(),
-                shard: u64::from(shard),
-                group: GROUP.into(),
-                max_records: 1000,
-                wait_ms: Some(3000),
-                request_id: rid,
-                consumer: None,
-                reclaim: None,
-                visibility_ms: Some(visibility.as_millis() as u64),
-            });
+            let msg = poll(shard, 1000, 3000, visibility, rid);
             let asked = Asked::Poll {
                 shard,
                 sent: now,
@@ -351,4 +327,21 @@ impl SimClient {
         }
         Ok(())
     }
+}
+
+/// An anonymous `group_poll` of the workload's group.
+fn poll(shard: u32, max_records: u64, wait_ms: u64, visibility: Duration, rid: u64) -> Message {
+    Message::GroupPoll(message::GroupPoll {
+        tenant_id: TENANT.into(),
+        namespace: NAMESPACE.into(),
+        stream: STREAM.into(),
+        shard: u64::from(shard),
+        group: GROUP.into(),
+        max_records,
+        wait_ms: Some(wait_ms),
+        request_id: rid,
+        consumer: None,
+        reclaim: None,
+        visibility_ms: Some(visibility.as_millis() as u64),
+    })
 }
