@@ -14,7 +14,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use felix_engine::{Histogram, Metrics};
 use futures_channel::mpsc;
@@ -138,11 +138,18 @@ fn accept_loop(listener: TcpListener, state: Arc<OpsState>, stop: Arc<AtomicBool
 }
 
 fn serve(mut conn: TcpStream, state: &OpsState) -> io::Result<()> {
-    conn.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     conn.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+    // One deadline for the whole request, so a client dripping bytes cannot hold a slot
+    // past it (a per-read timeout alone would restart with every byte).
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
     let mut request = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < MAX_REQUEST_BYTES {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        conn.set_read_timeout(Some(left))?;
         let n = conn.read(&mut buf)?;
         if n == 0 {
             break;
@@ -536,6 +543,39 @@ mod tests {
             started.elapsed() < REQUEST_TIMEOUT,
             "waited for the timeout"
         );
+    }
+
+    /// A client that drips its request a byte at a time is cut off once `REQUEST_TIMEOUT`
+    /// has passed since it connected, not kept while each byte restarts a read timeout.
+    #[test]
+    fn a_dripping_request_is_cut_off_at_the_request_timeout() {
+        let (state, _control) = OpsState::new();
+        let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
+        let mut conn = TcpStream::connect(server.local_addr()).unwrap();
+        conn.set_read_timeout(Some(REQUEST_TIMEOUT * 3)).unwrap();
+        let mut writer = conn.try_clone().unwrap();
+        let started = std::time::Instant::now();
+        let drip = std::thread::spawn(move || {
+            for byte in b"GET /livez HTTP/1.1\r\nX-Slow: ".iter().cycle().take(60) {
+                if writer.write_all(&[*byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+        let mut answer = Vec::new();
+        // The server closes (or resets, with drip bytes unread): either ends the read.
+        let outcome = conn.read_to_end(&mut answer);
+        let took = started.elapsed();
+        assert!(
+            !matches!(&outcome, Err(e) if e.kind() == io::ErrorKind::WouldBlock
+                || e.kind() == io::ErrorKind::TimedOut),
+            "still open after {took:?}"
+        );
+        assert!(took < REQUEST_TIMEOUT * 2, "cut off only after {took:?}");
+        assert!(answer.is_empty(), "{answer:?}");
+        drop(conn);
+        drip.join().unwrap();
     }
 
     /// With `MAX_CONCURRENT_REQUESTS` connections holding a slot, one more is refused
