@@ -194,10 +194,7 @@ impl Broker {
         let applied = cache.applied_offset();
         let complete = cache.log().complete_from();
         let snapshot = |cache: &crate::storage::cache_log::CacheLog| {
-            cache
-                .live_offsets(|k| filter.matches(k), unix_ms)
-                .into_iter()
-                .collect::<VecDeque<u64>>()
+            VecDeque::from(cache.live_offsets(|k| filter.matches(k), unix_ms))
         };
         let (snapshot, next, resnapshot) = match start {
             WatchStart::Live => (VecDeque::new(), applied, false),
