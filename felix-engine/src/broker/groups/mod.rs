@@ -892,12 +892,6 @@ impl Broker {
     pub(crate) fn group_skipped_records(&self) -> u64 {
         self.groups.skipped
     }
-
-    /// Polls in progress (waiting or reading), for tests and usage.
-    #[allow(dead_code)]
-    pub(crate) fn group_polls_open(&self) -> usize {
-        self.groups.polls.len()
-    }
 }
 
 /// The group features a durable broker serves.
