@@ -196,15 +196,26 @@ impl Broker {
             cap(req.max_records, MAX_RECORDS_PER_READ),
             cap(req.max_bytes, PAGE_MAX_BYTES),
         );
-        let ticket = self.issue_read(log, req.from, budget)?;
-        self.page_reads.pending.insert(
-            (log, ticket),
-            PendingPage {
-                kind: PageKind::Records { end: req.end },
-                request_id: req.request_id,
-                answer_ticket: ticket,
-            },
-        );
+        let kind = PageKind::Records { end: req.end };
+        self.start_page(log, req.from, budget, kind, req.request_id)
+    }
+
+    /// Issues the first read of a page and remembers what answers it.
+    fn start_page(
+        &mut self,
+        log: LogId,
+        from: u64,
+        budget: (usize, usize),
+        kind: PageKind,
+        request_id: u64,
+    ) -> Result<ReadAnswer, BrokerError> {
+        let ticket = self.issue_read(log, from, budget)?;
+        let page = PendingPage {
+            kind,
+            request_id,
+            answer_ticket: ticket,
+        };
+        self.page_reads.pending.insert((log, ticket), page);
         Ok(ReadAnswer::Later { log, ticket })
     }
 
@@ -229,16 +240,8 @@ impl Broker {
             return Ok(ReadAnswer::Now(offset_frame(None, request_id)));
         };
         let from = from.max(slot.log.shard().start_offset());
-        let ticket = self.issue_read(log, from, (MAX_RECORDS_PER_READ, PAGE_MAX_BYTES))?;
-        self.page_reads.pending.insert(
-            (log, ticket),
-            PendingPage {
-                kind: PageKind::Time { at_micros },
-                request_id,
-                answer_ticket: ticket,
-            },
-        );
-        Ok(ReadAnswer::Later { log, ticket })
+        let budget = (MAX_RECORDS_PER_READ, PAGE_MAX_BYTES);
+        self.start_page(log, from, budget, PageKind::Time { at_micros }, request_id)
     }
 
     /// `log` is gone (its stream was deleted): every page read on it is answered with an
