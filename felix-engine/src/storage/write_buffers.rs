@@ -124,6 +124,24 @@ mod tests {
         assert!(pool.retired.is_empty());
     }
 
+    #[test]
+    fn past_the_cap_the_oldest_retired_buffer_is_let_go() {
+        let mut pool = WriteBuffers::default();
+        let mut first_addr = None;
+        for _ in 0..=MAX_RETIRED {
+            let mut buf = BytesMut::with_capacity(MIN_REUSED_BYTES);
+            let whole = filled(&mut buf, MIN_REUSED_BYTES);
+            first_addr.get_or_insert(whole.as_ptr());
+            pool.retire(whole);
+        }
+        assert_eq!(pool.retired.len(), MAX_RETIRED);
+        assert_ne!(
+            pool.retired[0].as_ptr(),
+            first_addr.unwrap(),
+            "the oldest went"
+        );
+    }
+
     /// Through a real log: writes reuse earlier buffers once the tail cache drops them, and
     /// every record still reads back right (from the tail cache and from the files).
     #[test]
