@@ -457,3 +457,42 @@ impl BenchBroker {
         self.thread.join().expect("broker thread");
     }
 }
+
+/// A benchmark's command line: `--name value` pairs, the last of a name winning.
+pub struct BenchArgs(Vec<(String, String)>);
+
+impl BenchArgs {
+    pub fn parse() -> BenchArgs {
+        let mut it = std::env::args().skip(1);
+        let mut opts = Vec::new();
+        while let Some(k) = it.next() {
+            let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
+            opts.push((k.trim_start_matches("--").to_owned(), v));
+        }
+        BenchArgs(opts)
+    }
+
+    fn raw(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `--key`'s value, or `default` when absent.
+    pub fn get<T: std::str::FromStr>(&self, key: &str, default: T) -> T {
+        self.raw(key)
+            .map(|v| v.parse().unwrap_or_else(|_| panic!("bad --{key}")))
+            .unwrap_or(default)
+    }
+
+    /// `--key` as a comma-separated list of numbers, or `default` (in the same form).
+    pub fn list(&self, key: &str, default: &str) -> Vec<usize> {
+        self.raw(key)
+            .unwrap_or(default)
+            .split(',')
+            .map(|n| n.trim().parse().expect("a number"))
+            .collect()
+    }
+}

@@ -20,43 +20,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_client::{CacheWatchItem, Client, ClientConfig, WatchFilter, WatchStart};
-use felix_integration::BenchBroker;
+use felix_integration::{BenchArgs, BenchBroker};
 use felix_runtime_tokio::felix_engine::{DurableConfig, FsyncPolicy};
 use felix_runtime_tokio::BrokerOptions;
 use hdrhistogram::Histogram;
-
-struct Args(Vec<(String, String)>);
-
-impl Args {
-    fn parse() -> Args {
-        let mut it = std::env::args().skip(1);
-        let mut opts = Vec::new();
-        while let Some(k) = it.next() {
-            let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
-            opts.push((k.trim_start_matches("--").to_owned(), v));
-        }
-        Args(opts)
-    }
-    fn get<T: std::str::FromStr>(&self, key: &str, default: T) -> T {
-        self.0
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.parse().unwrap_or_else(|_| panic!("bad --{key}")))
-            .unwrap_or(default)
-    }
-    fn list(&self, key: &str, default: &str) -> Vec<usize> {
-        let s = self
-            .0
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map_or(default, |(_, v)| v.as_str());
-        s.split(',')
-            .map(|n| n.trim().parse().expect("a number"))
-            .collect()
-    }
-}
 
 async fn client(broker: &BenchBroker) -> Client {
     let mut c = ClientConfig::new(broker.addr, broker.ca_pem.clone(), "t1", &broker.token);
@@ -184,7 +151,7 @@ async fn counters(broker: &BenchBroker, adders: usize, secs: u64) {
 }
 
 fn main() {
-    let args = Args::parse();
+    let args = BenchArgs::parse();
     let watchers = args.list("watchers", "1,50,500");
     let adders = args.list("adders", "1,16");
     let puts: usize = args.get("puts", 300);
