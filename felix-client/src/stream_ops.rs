@@ -9,9 +9,9 @@ use felix_proto::binary::{
     PublishBatchHeader,
 };
 use felix_proto::message::{self, Message, PublishRefusalReason, StateChange};
-use felix_proto::Frame;
 
 use crate::client::{Client, RawStream};
+use crate::core::codec::{decode_json, frame_bytes};
 use crate::error::ClientError;
 
 /// How a guarded publish (`publish_idempotent`, `publish_if`) or a conditional commit ended.
@@ -52,20 +52,6 @@ pub type StreamPage = message::StreamRecords;
 pub type StateValue = message::StateValue;
 
 const REQUEST_ID: u64 = 1;
-
-fn json_frame(msg: &Message) -> Bytes {
-    msg.to_frame().to_bytes()
-}
-
-fn decode(frame: Frame) -> Result<Message, ClientError> {
-    if !frame.flags.is_empty() {
-        return Err(ClientError::protocol(format!(
-            "expected a JSON answer, got flags {:#06x}",
-            frame.flags.0
-        )));
-    }
-    Ok(Message::decode(&frame.payload)?)
-}
 
 fn refused(msg: Message, expected: &str) -> ClientError {
     match msg {
@@ -108,7 +94,7 @@ impl Client {
             .await?
             .ok_or_else(|| ClientError::Connection("the broker ended the stream".into()))?;
         stream.finish();
-        decode(answer)
+        decode_json(&answer)
     }
 
     /// A new idempotent producer id from the broker (`producer_init`).
@@ -116,7 +102,7 @@ impl Client {
         let msg = Message::ProducerInit(message::ProducerInit {
             request_id: REQUEST_ID,
         });
-        match self.one_shot(json_frame(&msg)).await? {
+        match self.one_shot(frame_bytes(&msg)).await? {
             Message::ProducerInitOk(ok) => Ok(ok.producer_id),
             other => Err(refused(other, "producer_init_ok")),
         }
@@ -132,7 +118,7 @@ impl Client {
         let tenant = self.tenant();
         let frame = match encoding {
             IdempotentEncoding::Json => {
-                json_frame(&Message::PublishIdempotent(message::PublishIdempotent {
+                frame_bytes(&Message::PublishIdempotent(message::PublishIdempotent {
                     tenant_id: tenant.to_owned(),
                     namespace: batch.namespace.to_owned(),
                     stream: batch.stream.to_owned(),
@@ -185,7 +171,7 @@ impl Client {
             expected_offset,
             request_id: REQUEST_ID,
         });
-        guarded_answer(self.one_shot(json_frame(&msg)).await?)
+        guarded_answer(self.one_shot(frame_bytes(&msg)).await?)
     }
 
     /// Appends `event` and applies `changes` to the state of the shard `entity_key` routes
@@ -210,7 +196,7 @@ impl Client {
             request_id: REQUEST_ID,
             expected_offset,
         });
-        guarded_answer(self.one_shot(json_frame(&msg)).await?)
+        guarded_answer(self.one_shot(frame_bytes(&msg)).await?)
     }
 
     /// `key` in the state of the shard `entity_key` routes to.
@@ -230,7 +216,7 @@ impl Client {
             key: key.to_owned(),
             request_id: REQUEST_ID,
         });
-        match self.one_shot(json_frame(&msg)).await? {
+        match self.one_shot(frame_bytes(&msg)).await? {
             Message::StateValue(v) => Ok(v),
             other => Err(refused(other, "state_value")),
         }
@@ -258,7 +244,7 @@ impl Client {
             max_bytes: None,
             request_id: REQUEST_ID,
         });
-        match self.one_shot(json_frame(&msg)).await? {
+        match self.one_shot(frame_bytes(&msg)).await? {
             Message::StreamRecords(page) => Ok(page),
             other => Err(refused(other, "stream_records")),
         }
@@ -281,7 +267,7 @@ impl Client {
             at_micros,
             request_id: REQUEST_ID,
         });
-        match self.one_shot(json_frame(&msg)).await? {
+        match self.one_shot(frame_bytes(&msg)).await? {
             Message::OffsetValue(v) => Ok(v.offset),
             other => Err(refused(other, "offset_value")),
         }
@@ -289,7 +275,7 @@ impl Client {
 
     /// The brokers this one says a client may connect to (`topology`).
     pub async fn topology(&self) -> Result<message::TopologyView, ClientError> {
-        match self.one_shot(json_frame(&Message::Topology)).await? {
+        match self.one_shot(frame_bytes(&Message::Topology)).await? {
             Message::TopologyView(v) => Ok(v),
             other => Err(refused(other, "topology_view")),
         }
@@ -303,7 +289,7 @@ impl Client {
             stream: stream.to_owned(),
             request_id: REQUEST_ID,
         });
-        match self.one_shot(json_frame(&msg)).await? {
+        match self.one_shot(frame_bytes(&msg)).await? {
             Message::StreamShardsView(v) => Ok(v.shards),
             other => Err(refused(other, "stream_shards_view")),
         }

@@ -17,11 +17,11 @@ use super::subscribe::{
 };
 use crate::error::ClientError;
 
-fn frame_bytes(message: &Message) -> Bytes {
+pub(crate) fn frame_bytes(message: &Message) -> Bytes {
     message.to_frame().to_bytes()
 }
 
-fn decode_json(frame: &Frame) -> Result<Message, ClientError> {
+pub(crate) fn decode_json(frame: &Frame) -> Result<Message, ClientError> {
     if !frame.flags.is_empty() {
         return Err(ClientError::protocol(format!(
             "expected a JSON frame, got flags {:#06x}",

@@ -13,7 +13,7 @@
 //! outputs are encoded frames as `Bytes`. Nothing here blocks, reads a clock or owns I/O.
 
 mod auth;
-mod codec;
+pub(crate) mod codec;
 mod requests;
 mod subscribe;
 
