@@ -501,12 +501,7 @@ impl Session {
                             None => encode_message(&Message::Ok),
                         };
                         // A durable cache acknowledges a write once the log has it.
-                        match durable_at {
-                            Some((log, end)) => {
-                                self.push_after_durable(cx, log, end, ok, FailAnswer::Error)
-                            }
-                            None => self.push_frame(ok),
-                        }
+                        self.push_once_durable(cx, durable_at, ok, FailAnswer::Error);
                     }
                     Err(e) if self.stalls(&e) => {}
                     Err(e) => self.push_broker_error(e),
@@ -1081,6 +1076,21 @@ impl Session {
             self.outbox.push_back(frame);
         } else {
             self.held.push_back(Held::Ready(frame));
+        }
+    }
+
+    /// Queues `frame` to go out once `durable_at` (a log and the offset it must be durable
+    /// below) holds, or in turn when there is nothing to wait for.
+    fn push_once_durable(
+        &mut self,
+        cx: &mut SessionCx<'_>,
+        durable_at: Option<(LogId, u64)>,
+        frame: Bytes,
+        fail: FailAnswer,
+    ) {
+        match durable_at {
+            Some((log, end)) => self.push_after_durable(cx, log, end, frame, fail),
+            None => self.push_frame(frame),
         }
     }
 

@@ -178,21 +178,6 @@ impl Session {
         self.push_once_durable(cx, p.durable_at, ok, FailAnswer::JsonPublish(request_id));
     }
 
-    /// Queues `frame` to go out once `durable_at` (a log and the offset it must be durable
-    /// below) holds, or in turn when there is nothing to wait for.
-    pub(super) fn push_once_durable(
-        &mut self,
-        cx: &mut SessionCx<'_>,
-        durable_at: Option<(LogId, u64)>,
-        frame: Bytes,
-        fail: FailAnswer,
-    ) {
-        match durable_at {
-            Some((log, end)) => self.push_after_durable(cx, log, end, frame, fail),
-            None => self.push_frame(frame),
-        }
-    }
-
     fn push_refused(&mut self, request_id: u64, reason: PublishRefusalReason) {
         let message = match &reason {
             PublishRefusalReason::SequenceGap { expected } => {
