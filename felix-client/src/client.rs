@@ -153,6 +153,7 @@ impl Client {
         };
         let endpoint = std::net::UdpSocket::bind(bind)
             .and_then(|socket| {
+                size_socket_buffers(&socket);
                 quinn::Endpoint::new(
                     quinn::EndpointConfig::default(),
                     None,
@@ -1046,5 +1047,45 @@ mod tests {
         let shown = format!("{config:?}");
         assert!(!shown.contains("secret-token"), "{shown}");
         assert!(shown.contains("t1"));
+    }
+}
+
+/// What the client asks of the kernel for its UDP socket's receive and send buffers.
+///
+/// Why: a broker answers in bursts (a group commit releases hundreds of KiB of events and
+/// acks at once), and the kernel's default receive buffer (about 208 KiB on Linux) overflows
+/// before the client's task is scheduled to drain it. Every datagram dropped there is a QUIC
+/// loss: a retransmission and a cut in the broker's congestion window. The kernel caps the
+/// request at `net.core.rmem_max` / `wmem_max`; a refusal leaves the default in place.
+pub(crate) const SOCKET_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+
+fn size_socket_buffers(socket: &std::net::UdpSocket) {
+    if let Ok(state) = quinn::udp::UdpSocketState::new(socket.into()) {
+        let _ = state.set_recv_buffer_size(socket.into(), SOCKET_BUFFER_BYTES);
+        let _ = state.set_send_buffer_size(socket.into(), SOCKET_BUFFER_BYTES);
+    }
+}
+
+#[cfg(test)]
+mod socket_buffer_tests {
+    use super::*;
+
+    /// The receive buffer is raised to what the kernel allows, up to `SOCKET_BUFFER_BYTES`
+    /// (Linux reports twice the request, for its own bookkeeping).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_socket_receive_buffer_is_raised_to_the_kernel_cap() {
+        let cap: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+            .expect("rmem_max")
+            .trim()
+            .parse()
+            .expect("a number");
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let state = quinn::udp::UdpSocketState::new((&socket).into()).expect("state");
+        let before = state.recv_buffer_size((&socket).into()).expect("size");
+        size_socket_buffers(&socket);
+        let after = state.recv_buffer_size((&socket).into()).expect("size");
+        let want = SOCKET_BUFFER_BYTES.min(cap) * 2;
+        assert!(after >= want, "{before} -> {after}, want {want}");
     }
 }

@@ -258,13 +258,15 @@ impl<R: Runtime> Driver<R> {
                     return Poll::Ready(Wake::Stop(sent.is_ok()));
                 }
             }
+            // Completions before datagrams: under load the socket is nearly always readable,
+            // and a completion left waiting behind it idles a log's write or sync lane.
+            if let Poll::Ready(Some(c)) = Pin::new(&mut self.done_rx).poll_next(cx) {
+                return Poll::Ready(Wake::Completed(c));
+            }
             if socket {
                 if let Poll::Ready(result) = self.poll_recv(cx) {
                     return Poll::Ready(Wake::Received(result));
                 }
-            }
-            if let Poll::Ready(Some(c)) = Pin::new(&mut self.done_rx).poll_next(cx) {
-                return Poll::Ready(Wake::Completed(c));
             }
             if let Poll::Ready(Some(scrape)) = self.poll_control(cx) {
                 return Poll::Ready(scrape);
@@ -352,6 +354,13 @@ impl<R: Runtime> Driver<R> {
             match result {
                 Ok(n) => {
                     self.feed(n);
+                    // Completions between batches, not only between wakes: one burst of
+                    // publishes can fill a whole wake, and a log whose write or sync finished
+                    // meanwhile would sit idle behind it, so that every record of the burst
+                    // then waits for one late sync and the next burst arrives as one too.
+                    if let Ok(c) = self.done_rx.try_recv() {
+                        self.completed(c);
+                    }
                     self.flush().await;
                 }
                 // ICMP errors surfacing on an unconnected socket concern one peer only.
