@@ -4,8 +4,11 @@
 //! ```text
 //! cargo run --release -p felix-integration --example bench_durable -- \
 //!     [--secs S] [--batch B] [--size BYTES] [--inflight K[,K...]] [--fanout N] \
-//!     [--modes memory,on_commit,periodic,none] [--dir PATH]
+//!     [--modes memory,on_commit,periodic,none] [--dir PATH] [--rounds R]
 //! ```
+//!
+//! With `--rounds R` the modes run R times, alternating, and each round prints its own ratio;
+//! the last line is the median ratio (for an odd R, the middle round).
 //!
 //! Each (mode, inflight) run gets a fresh broker (in this process, on a runtime and thread
 //! of its own) and, for the durable modes, a fresh storage directory under `--dir` (default:
@@ -332,31 +335,57 @@ fn main() {
         args.get("size", 1024usize),
         args.get("secs", 5u64)
     );
-    let mut memory_rate = None;
-    let mut results = Vec::new();
-    for mode in modes.split(',') {
-        let fsync = match mode {
-            "memory" => None,
-            "on_commit" => Some(FsyncPolicy::OnCommit),
-            "periodic" => Some(FsyncPolicy::Periodic(Duration::from_millis(250))),
-            "none" => Some(FsyncPolicy::None),
-            other => panic!("unknown mode {other:?}: memory | on_commit | periodic | none"),
-        };
-        let mut best = 0f64;
-        for &inflight in &inflights {
-            let best_here = run_one(&rt, &args, &base, mode, fsync, inflight, fanout);
-            best = best.max(best_here);
+    // Rounds alternate the modes, so a ratio compares runs a minute apart rather than
+    // minutes apart: on a shared machine the in-memory figure alone drifts by 10 % or more.
+    let rounds: usize = args.get("rounds", 1);
+    let mut ratios: Vec<(String, Vec<f64>)> = Vec::new();
+    for round in 1..=rounds {
+        let mut memory_rate = None;
+        let mut results = Vec::new();
+        for mode in modes.split(',') {
+            let fsync = match mode {
+                "memory" => None,
+                "on_commit" => Some(FsyncPolicy::OnCommit),
+                "periodic" => Some(FsyncPolicy::Periodic(Duration::from_millis(250))),
+                "none" => Some(FsyncPolicy::None),
+                other => panic!("unknown mode {other:?}: memory | on_commit | periodic | none"),
+            };
+            let mut best = 0f64;
+            for &inflight in &inflights {
+                let best_here = run_one(&rt, &args, &base, mode, fsync, inflight, fanout);
+                best = best.max(best_here);
+            }
+            println!("{mode}.best_records_per_sec: {best:.0}");
+            if mode == "memory" {
+                memory_rate = Some(best);
+            } else {
+                results.push((mode.to_owned(), best));
+            }
         }
-        println!("{mode}.best_records_per_sec: {best:.0}");
-        if mode == "memory" {
-            memory_rate = Some(best);
-        } else {
-            results.push((mode.to_owned(), best));
+        let Some(memory) = memory_rate else {
+            continue;
+        };
+        for (mode, rate) in results {
+            let ratio = rate / memory;
+            println!("ratio.{mode}_vs_memory: {ratio:.2}");
+            match ratios.iter_mut().find(|(m, _)| *m == mode) {
+                Some((_, all)) => all.push(ratio),
+                None => ratios.push((mode, vec![ratio])),
+            }
+        }
+        if rounds > 1 {
+            println!("round {round} of {rounds} done");
         }
     }
-    if let Some(memory) = memory_rate {
-        for (mode, rate) in results {
-            println!("ratio.{mode}_vs_memory: {:.2}", rate / memory);
+    if rounds > 1 {
+        for (mode, mut all) in ratios {
+            all.sort_by(f64::total_cmp);
+            let median = all[all.len() / 2];
+            let listed: Vec<String> = all.iter().map(|r| format!("{r:.2}")).collect();
+            println!(
+                "ratio.{mode}_vs_memory.median_of_{rounds}: {median:.2} (sorted: {})",
+                listed.join(" ")
+            );
         }
     }
 }
