@@ -35,6 +35,9 @@ pub const DEFAULT_QUIC_BIND: &str = "127.0.0.1:5000";
 pub const DEFAULT_METRICS_BIND: &str = "127.0.0.1:8080";
 /// How often rotated certificate and JWKS files are looked for, by default.
 pub const DEFAULT_RELOAD_INTERVAL_MS: u64 = 1000;
+/// The shortest `reload_interval_ms` accepted (other than 0, which turns watching off):
+/// each look is a `stat` of every watched file, and a rotation needs no faster notice.
+pub const MIN_RELOAD_INTERVAL_MS: u64 = 100;
 /// `durable.fsync_mode` unless configured.
 const DEFAULT_FSYNC_MODE: &str = "periodic";
 /// `durable.fsync_interval_ms` unless configured: the engine's default.
@@ -626,6 +629,12 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
     }
     reload.interval = match int("reload_interval_ms") {
         Some(0) | None => None,
+        Some(ms) if ms < MIN_RELOAD_INTERVAL_MS => {
+            return Err(ConfigError(format!(
+                "{} must be 0 (off) or at least {MIN_RELOAD_INTERVAL_MS}, not {ms}",
+                name("reload_interval_ms")
+            )))
+        }
         Some(ms) => Some(Duration::from_millis(ms)),
     };
 
@@ -792,6 +801,25 @@ mod tests {
         let engine = engine_of(c);
         assert_eq!(engine.publish_window, 64);
         assert_eq!(engine.idle_connection_reap, Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn the_reload_interval_is_off_or_at_least_its_minimum() {
+        let interval = |v: &str| {
+            from_vars(vars(&[("FELIX_RELOAD_INTERVAL_MS", v)])).map(|c| c.reload.interval)
+        };
+        assert_eq!(interval("0").unwrap(), None);
+        let min = MIN_RELOAD_INTERVAL_MS;
+        assert_eq!(
+            interval(&min.to_string()).unwrap(),
+            Some(Duration::from_millis(min))
+        );
+        let e = interval(&(min - 1).to_string()).unwrap_err();
+        assert!(
+            e.0.contains("RELOAD_INTERVAL_MS") && e.0.contains("at least"),
+            "{e:?}"
+        );
+        assert!(interval("1").is_err());
     }
 
     #[test]
