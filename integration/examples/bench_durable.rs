@@ -27,41 +27,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_client::{Ack, Client, ClientConfig, Start, SubscriptionEnd, SubscriptionItem};
+use felix_integration::BenchArgs;
 use felix_runtime_tokio::felix_engine::{DurableConfig, FsyncPolicy};
 use felix_runtime_tokio::files::{FileExecutor, FileStats};
 use felix_runtime_tokio::BrokerOptions;
-
-struct Args(Vec<(String, String)>);
-
-impl Args {
-    fn parse() -> Args {
-        let mut it = std::env::args().skip(1);
-        let mut opts = Vec::new();
-        while let Some(k) = it.next() {
-            let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
-            opts.push((k.trim_start_matches("--").to_owned(), v));
-        }
-        Args(opts)
-    }
-    fn get<T: std::str::FromStr>(&self, key: &str, default: T) -> T {
-        self.0
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| {
-                v.parse()
-                    .unwrap_or_else(|_| panic!("bad value for --{key}"))
-            })
-            .unwrap_or(default)
-    }
-    fn get_str(&self, key: &str, default: &str) -> String {
-        self.0
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map_or_else(|| default.to_owned(), |(_, v)| v.clone())
-    }
-}
 
 struct Broker {
     addr: SocketAddr,
@@ -153,7 +122,7 @@ struct Outcome {
     secs: f64,
 }
 
-async fn run(broker: &Broker, args: &Args, inflight: usize) -> Outcome {
+async fn run(broker: &Broker, args: &BenchArgs, inflight: usize) -> Outcome {
     let secs: u64 = args.get("secs", 5);
     let batch: usize = args.get("batch", 64);
     let size: usize = args.get("size", 1024);
@@ -314,20 +283,16 @@ fn thread_cpu() -> Option<(f64, f64)> {
 }
 
 fn main() {
-    let args = Args::parse();
+    let args = BenchArgs::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("client-rt")
         .enable_all()
         .build()
         .expect("client runtime");
-    let base = PathBuf::from(args.get_str("dir", &std::env::temp_dir().to_string_lossy()));
-    let modes = args.get_str("modes", "memory,on_commit");
-    let inflights: Vec<usize> = args
-        .get_str("inflight", "2,8,32")
-        .split(',')
-        .map(|k| k.parse().expect("--inflight takes numbers"))
-        .collect();
+    let base = args.get("dir", std::env::temp_dir());
+    let modes: String = args.get("modes", "memory,on_commit".into());
+    let inflights = args.list("inflight", "2,8,32");
     let fanout: usize = args.get("fanout", 1);
     println!(
         "config: batch {} x {} B, inflight {inflights:?}, fanout {fanout}, {} s per run",
@@ -393,7 +358,7 @@ fn main() {
 /// One (mode, inflight) run; prints its lines and returns its throughput.
 fn run_one(
     rt: &tokio::runtime::Runtime,
-    args: &Args,
+    args: &BenchArgs,
     base: &std::path::Path,
     mode: &str,
     fsync: Option<FsyncPolicy>,
