@@ -61,7 +61,7 @@ pub const DEFAULT_QUIC_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// window check.
 pub const DEFAULT_READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Datagrams in one GSO batch (the runtime lowers it to what its socket supports).
-pub const DEFAULT_MAX_GSO_SEGMENTS: usize = 10;
+pub const DEFAULT_MAX_GSO_SEGMENTS: usize = 44;
 /// Endpoint-level responses (version negotiation, refusals, stateless resets) queued before
 /// new ones are dropped.
 pub const DEFAULT_MAX_QUEUED_ENDPOINT_TRANSMITS: usize = 256;

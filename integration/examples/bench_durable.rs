@@ -4,8 +4,11 @@
 //! ```text
 //! cargo run --release -p felix-integration --example bench_durable -- \
 //!     [--secs S] [--batch B] [--size BYTES] [--inflight K[,K...]] [--fanout N] \
-//!     [--modes memory,on_commit,periodic,none] [--dir PATH] [--rounds R]
+//!     [--modes memory,on_commit,periodic,none] [--dir PATH] [--rounds R] [--direct-io on|off]
 //! ```
+//!
+//! `--direct-io off` buffers the durable modes' appends (`FELIX_DURABLE_DIRECT_IO=false`), to
+//! compare with the default direct appends.
 //!
 //! With `--rounds R` the modes run R times, alternating, and each round prints its own ratio;
 //! the last line is the median ratio (for an odd R, the middle round).
@@ -42,7 +45,7 @@ struct Broker {
 }
 
 /// A broker on a runtime and thread of its own, durable under `storage` when given.
-fn start_broker(storage: Option<(PathBuf, DurableConfig)>) -> Broker {
+fn start_broker(storage: Option<(PathBuf, DurableConfig)>, direct_io: bool) -> Broker {
     let (tx, rx) = std::sync::mpsc::channel();
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let thread = std::thread::Builder::new()
@@ -62,6 +65,7 @@ fn start_broker(storage: Option<(PathBuf, DurableConfig)>) -> Broker {
                     opts.storage_dir = Some(dir);
                     opts.durable = durable;
                 }
+                opts.direct_io = direct_io;
                 let broker = felix_runtime_tokio::start(opts)
                     .await
                     .expect("broker starts");
@@ -228,6 +232,7 @@ async fn run(broker: &Broker, args: &BenchArgs, inflight: usize) -> Outcome {
             sync_micros: files_after.sync_micros - files_before.sync_micros,
             reads: files_after.reads - files_before.reads,
             failures: files_after.failures - files_before.failures,
+            direct_appends: files_after.direct_appends - files_before.direct_appends,
         },
         secs: elapsed,
         cpu,
@@ -377,7 +382,8 @@ fn run_one(
         };
         (dir.clone(), durable)
     });
-    let broker = start_broker(storage);
+    let direct_io = args.get("direct-io", "on".to_owned()) != "off";
+    let broker = start_broker(storage, direct_io);
     let o = rt.block_on(run(&broker, args, inflight));
     broker.stop();
     let _ = std::fs::remove_dir_all(&dir);
@@ -413,6 +419,7 @@ fn run_one(
         let syncs_per_sec = f.syncs as f64 / o.secs;
         println!("{name}.fsyncs_per_sec: {syncs_per_sec:.0}");
         println!("{name}.appends_per_sec: {:.0}", f.appends as f64 / o.secs);
+        println!("{name}.direct_appends: {} of {}", f.direct_appends, f.appends);
         if f.appends > 0 {
             println!(
                 "{name}.mean_append_ms: {:.2} ({:.0} KiB)",

@@ -24,7 +24,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 use toml::Value;
 
-use crate::files::{CACHE_BEHIND_VAR, DEFAULT_CACHE_BEHIND_BYTES};
+use crate::files::{CACHE_BEHIND_VAR, DEFAULT_CACHE_BEHIND_BYTES, DIRECT_IO_VAR};
 use crate::BrokerOptions;
 
 mod groups;
@@ -238,6 +238,7 @@ pub const SETTINGS: &[Setting] = &[
     plain("durable.retention_seconds", &["FELIX_DURABLE_RETENTION_SECONDS"], Kind::Int, Default_::Unset),
     plain("durable.segment_max_bytes", &["FELIX_DURABLE_SEGMENT_MAX_BYTES", "FELIX_DURABLE_SEGMENT_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_SEGMENT_MAX_BYTES)),
     plain("durable.cache_behind_bytes", &[CACHE_BEHIND_VAR], Kind::IntOrOff, Default_::Int(DEFAULT_CACHE_BEHIND_BYTES)),
+    plain("durable.direct_io", &[DIRECT_IO_VAR], Kind::Bool, Default_::Bool(true)),
     plain("groups.max_attempts", &["FELIX_GROUP_MAX_ATTEMPTS"], Kind::Int, Default_::Int(5)),
     plain("groups.visibility_timeout_ms", &["FELIX_GROUP_VISIBILITY_TIMEOUT_MS"], Kind::Int, Default_::Int(30_000)),
     plain("groups.max_visibility_ms", &["FELIX_GROUP_MAX_VISIBILITY_MS"], Kind::Int, Default_::Int(12 * 3600 * 1000)),
@@ -717,6 +718,7 @@ fn durable(
     groups::groups_from_settings(int, name, &mut options.durable.groups)?;
     // `off` is the string the kind allows besides a count.
     options.cache_behind_bytes = int("durable.cache_behind_bytes");
+    options.direct_io = flag("durable.direct_io");
     Ok(())
 }
 
@@ -787,6 +789,7 @@ mod tests {
             c.options.cache_behind_bytes,
             Some(DEFAULT_CACHE_BEHIND_BYTES)
         );
+        assert!(c.options.direct_io, "direct appends are on by default");
 
         let c = from_vars(vars(&[
             ("FELIX_QUIC_BIND", "127.0.0.1:0"),
@@ -844,6 +847,10 @@ mod tests {
         assert_eq!(c.options.cache_behind_bytes, Some(4096));
         let e = from_vars(vars(&[("FELIX_DURABLE_CACHE_BEHIND_BYTES", "lots")])).unwrap_err();
         assert!(e.0.contains("FELIX_DURABLE_CACHE_BEHIND_BYTES"), "{e}");
+        let c = from_vars(vars(&[("FELIX_DURABLE_DIRECT_IO", "false")])).unwrap();
+        assert!(!c.options.direct_io, "buffered appends on request");
+        let e = from_vars(vars(&[("FELIX_DURABLE_DIRECT_IO", "sometimes")])).unwrap_err();
+        assert!(e.0.contains("FELIX_DURABLE_DIRECT_IO"), "{e}");
         let e = from_vars(vars(&[("FELIX_TLS_CLIENT_CA", "/definitely/not/here")])).unwrap_err();
         assert!(e.0.contains("FELIX_TLS_CLIENT_CA"), "{e}");
     }

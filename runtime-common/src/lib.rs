@@ -69,6 +69,9 @@ pub struct BrokerOptions {
     /// After each sync, pages of a log file more than this far behind its end are dropped
     /// from the page cache (`None`: never). Default [`files::DEFAULT_CACHE_BEHIND_BYTES`].
     pub cache_behind_bytes: Option<u64>,
+    /// Appends go around the page cache (`O_DIRECT`) where the file system allows it
+    /// (default `true`; see [`files`]).
+    pub direct_io: bool,
     /// A failure to bind `metrics_bind` only logs a warning (for a default address that
     /// another process may hold) instead of failing the start.
     pub metrics_bind_optional: bool,
@@ -87,6 +90,7 @@ impl BrokerOptions {
             metrics_bind: None,
             metrics_bind_optional: false,
             cache_behind_bytes: Some(files::DEFAULT_CACHE_BEHIND_BYTES),
+            direct_io: true,
         }
     }
 
@@ -356,10 +360,10 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         Some(dir) => {
             std::fs::create_dir_all(dir)?;
             config.durable = Some(opts.durable.clone());
-            Some(Arc::new(files::FileExecutor::with_drop_behind(
-                dir.clone(),
-                opts.cache_behind_bytes,
-            )))
+            Some(Arc::new(
+                files::FileExecutor::with_drop_behind(dir.clone(), opts.cache_behind_bytes)
+                    .with_direct_io(opts.direct_io),
+            ))
         }
         None => None,
     };
