@@ -67,6 +67,7 @@ pub fn main(runtimes: &[ProcessRuntime]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    raise_open_file_limit();
     match (runtime.run)(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -75,6 +76,33 @@ pub fn main(runtimes: &[ProcessRuntime]) -> ExitCode {
         }
     }
 }
+
+/// Lifts the soft limit on open files to the hard one, as servers do: a durable broker
+/// keeps a read handle and a direct-append handle per log file it writes (up to
+/// `files::MAX_OPEN_FILES` of each) besides its sockets, and the usual soft limit of 1024
+/// is below that.
+#[cfg(target_os = "linux")]
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: both calls only read or write the struct passed, which outlives them.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= limit.rlim_max
+        {
+            return;
+        }
+        let before = limit.rlim_cur;
+        limit.rlim_cur = limit.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+            tracing::debug!(before, after = limit.rlim_cur, "raised the open file limit");
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn raise_open_file_limit() {}
 
 fn usage(runtimes: &[ProcessRuntime]) -> String {
     let names: Vec<&str> = runtimes.iter().map(|r| r.name).collect();

@@ -367,7 +367,12 @@ impl FileExecutor {
             }
         }
         let d = direct.as_mut().expect("opened above");
-        let mut buf = self.buffers.lock().expect("buffer pool").pop().unwrap_or_default();
+        let mut buf = self
+            .buffers
+            .lock()
+            .expect("buffer pool")
+            .pop()
+            .unwrap_or_default();
         let result = d.append(bytes, &mut buf);
         h.end.store(d.len, Ordering::Release);
         let mut pool = self.buffers.lock().expect("buffer pool");
@@ -844,15 +849,26 @@ mod tests {
             }
             let disk = fs::read(root.join("f")).unwrap();
             let blocks = written.len().div_ceil(DIRECT_IO_BLOCK) * DIRECT_IO_BLOCK;
-            assert_eq!(disk.len(), blocks, "whole blocks after {} bytes", written.len());
+            assert_eq!(
+                disk.len(),
+                blocks,
+                "whole blocks after {} bytes",
+                written.len()
+            );
             assert_eq!(&disk[..written.len()], &written[..]);
-            assert!(disk[written.len()..].iter().all(|&b| b == 0), "zero padding");
+            assert!(
+                disk[written.len()..].iter().all(|&b| b == 0),
+                "zero padding"
+            );
             let all = FileOpKind::Read {
                 path: "f".into(),
                 pos: 0,
                 len: 1 << 20,
             };
-            assert_eq!(run(&x, all).unwrap(), FileOutput::Data(written.clone().into()));
+            assert_eq!(
+                run(&x, all).unwrap(),
+                FileOutput::Data(written.clone().into())
+            );
             assert_eq!(listed_len(&x, "f"), written.len() as u64);
         }
         run(&x, FileOpKind::Sync { path: "f".into() }).unwrap();
@@ -860,7 +876,14 @@ mod tests {
 
         // A cut and an append go on from the cut, with no padding between.
         let cut = 5010;
-        run(&x, FileOpKind::Truncate { path: "f".into(), len: cut }).unwrap();
+        run(
+            &x,
+            FileOpKind::Truncate {
+                path: "f".into(),
+                len: cut,
+            },
+        )
+        .unwrap();
         written.truncate(cut as usize);
         append(&x, "f", b"zz");
         written.extend_from_slice(b"zz");

@@ -103,3 +103,51 @@ fn a_bad_key_is_refused_with_its_name_and_exit_code_2() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("FELIX_MAX_CONNECTIONS_PER_IP"), "{stderr}");
 }
+
+/// The binary lifts its soft open-file limit to the hard one: a durable broker holds two
+/// handles per log file it appends to, more than the usual soft limit of 1024 allows.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_broker_raises_its_open_file_limit_to_the_hard_limit() {
+    use std::time::{Duration, Instant};
+    // (soft, hard) "Max open files" of a process, from /proc.
+    let limits = |pid: u32| -> Option<(String, String)> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+        let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+        let mut fields = line["Max open files".len()..].split_whitespace();
+        Some((fields.next()?.to_owned(), fields.next()?.to_owned()))
+    };
+    let mut child = Command::new("sh")
+        .args(["-c", "ulimit -Sn 256 && exec \"$0\""])
+        .arg(env!("CARGO_BIN_EXE_felix-broker"))
+        .env("FELIX_QUIC_BIND", "127.0.0.1:0")
+        .env("FELIX_METRICS_BIND", "off")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = None;
+    // Until `sh` has lowered the limit and exec'd the broker, the pid is not the broker.
+    let is_broker = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.trim() == "felix-broker")
+    };
+    while Instant::now() < deadline {
+        if is_broker(child.id()) {
+            seen = limits(child.id());
+            if seen.as_ref().is_some_and(|(soft, hard)| soft == hard) {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (soft, hard) = seen.expect("the broker's limits were readable");
+    assert_ne!(
+        hard, "256",
+        "the test needs a hard limit above the lowered soft one"
+    );
+    assert_eq!(soft, hard, "soft limit raised from 256");
+}
