@@ -62,6 +62,19 @@ pub(crate) const MAX_READS_IN_FLIGHT: usize = 256;
 pub(crate) const MAX_RECORDS_PER_READ: usize = 10_000;
 /// Power loss zero-fills whole sectors; the torn-tail rule reasons in these units.
 const SECTOR_BYTES: u64 = 512;
+/// Write padding. With direct I/O the runtime writes whole blocks of this size at aligned
+/// offsets, and the tail of the last block past the log's bytes is zeros (the next append
+/// rewrites that block). So any segment may end in fewer than this many zero bytes after
+/// its last entry, its length then being a multiple of this: that is padding, not damage.
+pub(crate) const WRITE_PADDING_BLOCK: u64 = 4096;
+
+/// Whether zeros from `at` to the end of a file of `file_len` bytes are write padding
+/// ([`WRITE_PADDING_BLOCK`]); the caller checks that they are zeros.
+fn is_write_padding(at: u64, file_len: u64) -> bool {
+    at < file_len
+        && file_len.is_multiple_of(WRITE_PADDING_BLOCK)
+        && file_len - at < WRITE_PADDING_BLOCK
+}
 
 /// When appended bytes are forced to the device, and so what an acknowledgement means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,7 +243,7 @@ impl ReadBatch {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum LogEvent {
     /// Recovery finished; appends and reads are accepted. `truncated_bytes` were cut from a
-    /// torn tail.
+    /// torn tail (write padding cut from the newest segment is not counted: it held nothing).
     Opened {
         start_offset: u64,
         next_offset: u64,
@@ -1577,7 +1590,7 @@ impl ShardLog {
                     // Power loss after the file grew but before its first sector landed.
                     let z = ZeroCheck {
                         damage_at: 0,
-                        recreate: true,
+                        then: AllZero::Recreate,
                         what: "the header is zero but the file is not".into(),
                     };
                     return self.open_check_zeros(scan, &data, 0, z);
@@ -1616,7 +1629,7 @@ impl ShardLog {
                     }
                     at += meta.len as usize;
                 }
-                Step::End if at_eof => return Ok(self.open_segment_done(scan, None)),
+                Step::End if at_eof => return Ok(self.open_segment_done(scan, SegEnd::Whole)),
                 Step::End => {
                     scan.read_at = pos;
                     scan.read_len = (scan.file_len - pos).min(SCAN_READ_BYTES.into()) as u32;
@@ -1628,12 +1641,35 @@ impl ShardLog {
                     scan.read_len = want as u32;
                     return Ok(OpenStep::Scanning(scan));
                 }
+                // Fewer than 8 bytes left, all zero, in the last block: write padding. (At the
+                // end of the file, so this chunk holds all of it.)
+                Step::Partial { .. }
+                    if is_write_padding(pos, scan.file_len)
+                        && data[at..].iter().all(|&b| b == 0) =>
+                {
+                    return Ok(self.open_segment_done(scan, SegEnd::Padding(pos)));
+                }
                 Step::Partial { .. } if !scan.is_last => {
                     let what = "a sealed segment ends inside an entry".into();
                     return Err(corrupt(&scan, pos, what));
                 }
                 // Incomplete last entry: a crash mid-append. It was never acknowledged.
-                Step::Partial { .. } => return Ok(self.open_segment_done(scan, Some(pos))),
+                Step::Partial { .. } => {
+                    return Ok(self.open_segment_done(scan, SegEnd::Torn(pos)));
+                }
+                // A zero length where the last block's zeros begin: write padding, in any
+                // segment, if everything to the end of the file is zero.
+                Step::Damaged {
+                    damage: damage @ record::Damage::Length(0),
+                    ..
+                } if is_write_padding(pos, scan.file_len) => {
+                    let z = ZeroCheck {
+                        damage_at: pos,
+                        then: AllZero::Padding,
+                        what: damage.describe(),
+                    };
+                    return self.open_check_zeros(scan, &data, at, z);
+                }
                 Step::Damaged { damage, .. } if !scan.is_last => {
                     return Err(corrupt(&scan, pos, damage.describe()));
                 }
@@ -1655,7 +1691,7 @@ impl ShardLog {
                     };
                     let z = ZeroCheck {
                         damage_at: pos,
-                        recreate: false,
+                        then: AllZero::Torn,
                         what: damage.describe(),
                     };
                     return self.open_check_zeros(scan, &data, (from - chunk_at) as usize, z);
@@ -1687,14 +1723,17 @@ impl ShardLog {
             scan.zero = Some(z);
             return Ok(OpenStep::Scanning(scan));
         }
-        if z.recreate {
-            return self.open_headerless(scan, "the header is zero");
+        match z.then {
+            AllZero::Recreate => self.open_headerless(scan, "the header is zero"),
+            AllZero::Torn => Ok(self.open_segment_done(scan, SegEnd::Torn(z.damage_at))),
+            AllZero::Padding => Ok(self.open_segment_done(scan, SegEnd::Padding(z.damage_at))),
         }
-        Ok(self.open_segment_done(scan, Some(z.damage_at)))
     }
 
-    /// A segment is scanned; `torn_at` cuts the newest one back to its last whole entry.
-    fn open_segment_done(&mut self, scan: Box<SegScan>, torn_at: Option<u64>) -> OpenStep {
+    /// A segment is scanned. A torn tail is cut from the newest one; write padding is cut
+    /// from the newest plain segment (the one appends go to: the runtime takes a file's
+    /// length for its logical end when it reopens it) and left on disk elsewhere.
+    fn open_segment_done(&mut self, scan: Box<SegScan>, end: SegEnd) -> OpenStep {
         let SegScan {
             mut seg,
             file_len,
@@ -1705,12 +1744,27 @@ impl ShardLog {
             Phase::Opening(o) => o,
             _ => unreachable!("only called while opening"),
         };
-        if let Some(at) = torn_at {
-            tracing::warn!(path = %seg.path, at, cut = file_len - at, "repairing a torn tail");
-            o.truncated_bytes += file_len - at;
-            o.truncate = Some((seg.path.clone(), at));
-        }
-        seg.len = torn_at.unwrap_or(file_len);
+        let len = match end {
+            SegEnd::Whole => file_len,
+            SegEnd::Torn(at) => {
+                tracing::warn!(path = %seg.path, at, cut = file_len - at, "repairing a torn tail");
+                o.truncated_bytes += file_len - at;
+                debug_assert!(o.truncate.is_none(), "only the newest segment is cut");
+                o.truncate = Some((seg.path.clone(), at));
+                at
+            }
+            SegEnd::Padding(at) if is_last && seg.compacted_end.is_none() => {
+                tracing::debug!(path = %seg.path, at, cut = file_len - at, "cutting write padding");
+                debug_assert!(o.truncate.is_none(), "only the newest segment is cut");
+                o.truncate = Some((seg.path.clone(), at));
+                at
+            }
+            SegEnd::Padding(at) => {
+                tracing::debug!(path = %seg.path, at, "a segment ends in write padding");
+                at
+            }
+        };
+        seg.len = len;
         seg.written_len = seg.len;
         seg.synced_len = seg.len;
         if is_last {
@@ -2033,11 +2087,35 @@ struct SegScan {
     zero: Option<ZeroCheck>,
 }
 
+/// Bytes from `damage_at` (or from a sector boundary after it) are being checked for
+/// zeros to the end of the file; `what` names the damage if a non-zero byte turns up.
 #[derive(Debug)]
 struct ZeroCheck {
     damage_at: u64,
-    recreate: bool,
+    then: AllZero,
     what: String,
+}
+
+/// What a segment is when a [`ZeroCheck`] finds only zeros.
+#[derive(Debug, Clone, Copy)]
+enum AllZero {
+    /// Its header never landed: it is created again.
+    Recreate,
+    /// The newest segment has a torn tail from `damage_at`.
+    Torn,
+    /// It ends in write padding from `damage_at`.
+    Padding,
+}
+
+/// Where a scanned segment's logical end is.
+#[derive(Debug, Clone, Copy)]
+enum SegEnd {
+    /// At the end of the file.
+    Whole,
+    /// At the start of a torn tail.
+    Torn(u64),
+    /// At the start of write padding.
+    Padding(u64),
 }
 
 #[derive(Debug)]

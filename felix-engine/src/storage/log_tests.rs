@@ -511,6 +511,332 @@ fn a_torn_tail_is_cut_back_and_the_log_goes_on() {
     assert_eq!(rig.read_all().len(), 2);
 }
 
+/// Appends one record sized so the newest segment file ends exactly at byte `end`.
+fn fill_to(rig: &mut Rig, end: usize) {
+    rig.pump();
+    let name = rig.files().last().expect("a segment").clone();
+    let path = format!("{DIR}/{name}");
+    let len = rig.fs.file(&path).unwrap().len();
+    let empty = record::entry_len(b"pub", &[[0u8; 0]]);
+    rig.append(&[&vec![7u8; end - len - empty]]);
+    rig.pump();
+    assert_eq!(rig.fs.file(&path).unwrap().len(), end, "no roll-over");
+}
+
+/// A log whose first segment holds four records and ends at byte `end` exactly; with
+/// `sealed`, a second segment holding one record follows. Every read goes to the files.
+fn log_ending_at(end: usize, sealed: bool) -> Rig {
+    // A segment to be sealed is full at `end`; the newest takes more.
+    let max = if sealed { end } else { 2 * end };
+    let mut rig = Rig::new(LogConfig {
+        tail_cache_bytes: 0,
+        ..cfg(FsyncMode::OnCommit, max as u64)
+    });
+    for i in 0..3 {
+        rig.append(&[&payload(i)]);
+    }
+    fill_to(&mut rig, end);
+    if sealed {
+        rig.append(&[b"in the next segment"]);
+        rig.pump();
+        assert_eq!(rig.files().len(), 2);
+    }
+    rig
+}
+
+/// Adds `n` zero bytes at the end of a file; returns where they start.
+fn add_zeros(fs: &mut MemFs, path: &str, n: usize) -> u64 {
+    let mut b = fs.file(path).unwrap().to_vec();
+    let at = b.len() as u64;
+    b.resize(b.len() + n, 0);
+    fs.put_file(path, b);
+    at
+}
+
+/// Zero-fills a file up to the next multiple of [`WRITE_PADDING_BLOCK`], as a direct-I/O
+/// write leaves it; returns where the padding starts.
+fn pad_to_block(fs: &mut MemFs, path: &str) -> u64 {
+    let len = fs.file(path).unwrap().len();
+    let block = WRITE_PADDING_BLOCK as usize;
+    assert!(!len.is_multiple_of(block), "nothing to pad");
+    add_zeros(fs, path, len.next_multiple_of(block) - len)
+}
+
+fn truncates(rig: &Rig) -> Vec<(String, u64)> {
+    rig.ops_seen
+        .iter()
+        .filter_map(|k| match k {
+            FileOpKind::Truncate { path, len } => Some((path.clone(), *len)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Where the entries end in the padding tests: 4095 zeros follow (one short of a block),
+/// 8 (just a zero length field), 7 and 1 (less than a length field), and 1095.
+const PADDED_ENDS: [usize; 5] = [4097, 4088, 4089, 4095, 3001];
+
+#[test]
+fn write_padding_ending_the_newest_segment_is_cut_without_calling_it_torn() {
+    for end in PADDED_ENDS {
+        let mut rig = log_ending_at(end, false);
+        let path = Rig::seg_path(0);
+        assert_eq!(pad_to_block(&mut rig.fs, &path), end as u64);
+        let appended = rig.appended.clone();
+        let n = appended.len() as u64;
+
+        let mut rig = rig.reopen(Crash::Process);
+        assert!(rig.failed.is_none(), "{end}: {:?}", rig.failed);
+        assert_eq!(
+            rig.opened,
+            Some((0, n, 0)),
+            "{end}: nothing counted as torn"
+        );
+        // The runtime takes the file's length for the logical end: the padding goes.
+        assert_eq!(truncates(&rig), [(path.clone(), end as u64)], "{end}");
+        assert_eq!(rig.fs.file(&path).unwrap().len(), end);
+        let got: Vec<Bytes> = rig.read_all().into_iter().map(|(_, p)| p).collect();
+        assert_eq!(got, appended, "{end}");
+
+        // The next append lands right after the last entry, and survives a restart.
+        rig.appended = appended;
+        rig.append(&[b"after"]);
+        rig.pump();
+        let file = rig.fs.file(&path).unwrap();
+        let Step::Entry(meta) = record::step(&file[end..]) else {
+            panic!("{end}: no entry after the last one");
+        };
+        assert_eq!((meta.base, end + meta.len as usize), (n, file.len()));
+        let mut rig = rig.reopen(Crash::Power);
+        assert_eq!(rig.opened, Some((0, n + 1, 0)), "{end}");
+        assert_eq!(
+            rig.read_all().last().unwrap().1,
+            Bytes::from_static(b"after")
+        );
+    }
+}
+
+#[test]
+fn write_padding_ending_a_sealed_segment_is_skipped_and_left_on_disk() {
+    for end in PADDED_ENDS {
+        let mut rig = log_ending_at(end, true);
+        let sealed = Rig::seg_path(0);
+        let first = rig.log.segments[1].base;
+        let newest = Rig::seg_path(first);
+        assert_eq!(pad_to_block(&mut rig.fs, &sealed), end as u64);
+        let newest_end = pad_to_block(&mut rig.fs, &newest);
+        let appended = rig.appended.clone();
+        let n = appended.len() as u64;
+
+        let mut rig = rig.reopen(Crash::Process);
+        assert!(rig.failed.is_none(), "{end}: {:?}", rig.failed);
+        assert_eq!(rig.opened, Some((0, n, 0)), "{end}");
+        // Only the newest segment is cut; the sealed one keeps its padding.
+        assert_eq!(truncates(&rig), [(newest, newest_end)], "{end}");
+        let block = WRITE_PADDING_BLOCK as usize;
+        assert_eq!(
+            rig.fs.file(&sealed).unwrap().len(),
+            end.next_multiple_of(block)
+        );
+        // A read that ends at the sealed segment's end, one that runs across it, and all.
+        let page = rig.read(0, first as usize, 1 << 20);
+        assert_eq!(
+            (page.record_count(), page.next_offset),
+            (first as usize, first)
+        );
+        let page = rig.read(first - 1, 100, 1 << 20);
+        assert_eq!((page.record_count(), page.next_offset), (2, n), "{end}");
+        let got: Vec<Bytes> = rig.read_all().into_iter().map(|(_, p)| p).collect();
+        assert_eq!(got, appended, "{end}");
+        let rig = rig.reopen(Crash::Power);
+        assert_eq!(rig.opened, Some((0, n, 0)), "{end}: again");
+    }
+}
+
+#[test]
+fn write_padding_is_checked_across_scan_reads() {
+    // The last entry ends 16 bytes past the first read; the scan reads it again from its
+    // start, so the next read starts inside the padding.
+    let end = SCAN_READ_BYTES as usize + 16;
+    for poisoned in [false, true] {
+        let mut rig = log_ending_at(end, false);
+        let path = Rig::seg_path(0);
+        let at = pad_to_block(&mut rig.fs, &path);
+        let mut b = rig.fs.file(&path).unwrap().to_vec();
+        let len = b.len() as u64;
+        if poisoned {
+            *b.last_mut().unwrap() = 1;
+            rig.fs.put_file(&path, b);
+        }
+        let n = rig.appended.len() as u64;
+
+        let rig = rig.reopen(Crash::Process);
+        let read_in_padding = rig
+            .ops_seen
+            .iter()
+            .any(|k| matches!(k, FileOpKind::Read { pos, .. } if *pos > at + 8 && *pos < len));
+        assert!(read_in_padding, "{:?}", rig.ops_seen);
+        if poisoned {
+            let e = rig.failed.expect("refused");
+            assert!(
+                matches!(&e, StorageError::Corrupt { path: p, pos, what }
+                    if *p == path && *pos == at && what.contains("non-zero")),
+                "{e}"
+            );
+        } else {
+            assert!(rig.failed.is_none(), "{:?}", rig.failed);
+            assert_eq!(rig.opened, Some((0, n, 0)));
+            assert_eq!(rig.fs.file(&path).unwrap().len() as u64, at);
+        }
+    }
+}
+
+#[test]
+fn a_zero_run_of_a_whole_block_is_not_padding() {
+    for sealed in [true, false] {
+        // One zero short of a block after the entries: padding.
+        let mut rig = log_ending_at(4097, sealed);
+        add_zeros(&mut rig.fs, &Rig::seg_path(0), 4095);
+        let rig = rig.reopen(Crash::Process);
+        assert!(rig.failed.is_none(), "sealed {sealed}: {:?}", rig.failed);
+        assert_eq!(rig.opened.unwrap().2, 0);
+
+        // A whole block of zeros after entries that end on a block boundary: a torn tail
+        // in the newest segment, damage in a sealed one.
+        let mut rig = log_ending_at(4096, sealed);
+        let path = Rig::seg_path(0);
+        add_zeros(&mut rig.fs, &path, 4096);
+        let rig = rig.reopen(Crash::Process);
+        if sealed {
+            let e = rig.failed.expect("refused");
+            assert!(
+                matches!(&e, StorageError::Corrupt { path: p, pos: 4096, .. } if *p == path),
+                "{e}"
+            );
+        } else {
+            assert!(rig.failed.is_none(), "{:?}", rig.failed);
+            assert_eq!(rig.opened.unwrap().2, 4096, "a torn tail");
+            assert_eq!(rig.fs.file(&path).unwrap().len(), 4096);
+        }
+    }
+}
+
+#[test]
+fn zeros_ending_a_sealed_segment_off_the_block_size_are_damage() {
+    // (entries end at, zeros after them, whether the file then ends on a block boundary)
+    for (end, zeros, padded) in [
+        (3001, 1095, true),
+        (3001, 1094, false),
+        (3001, 1096, false),
+        (4089, 7, true),
+        (4089, 6, false),
+        (4095, 1, true),
+        (4095, 2, false),
+    ] {
+        let mut rig = log_ending_at(end, true);
+        let path = Rig::seg_path(0);
+        add_zeros(&mut rig.fs, &path, zeros);
+        let rig = rig.reopen(Crash::Process);
+        if padded {
+            assert!(rig.failed.is_none(), "{end}+{zeros}: {:?}", rig.failed);
+            continue;
+        }
+        let e = rig.failed.expect("refused");
+        assert!(
+            matches!(&e, StorageError::Corrupt { path: p, pos, .. }
+                if *p == path && *pos == end as u64),
+            "{end}+{zeros}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_non_zero_byte_in_the_padding_refuses() {
+    for sealed in [true, false] {
+        // Clean padding opens; a non-zero byte in the length field, just after it, or at
+        // the end of the file refuses.
+        for at in [None, Some(3001), Some(3009), Some(4095)] {
+            let mut rig = log_ending_at(3001, sealed);
+            let path = Rig::seg_path(0);
+            pad_to_block(&mut rig.fs, &path);
+            let mut b = rig.fs.file(&path).unwrap().to_vec();
+            let Some(at) = at else {
+                let rig = rig.reopen(Crash::Process);
+                assert!(rig.failed.is_none(), "sealed {sealed}: {:?}", rig.failed);
+                continue;
+            };
+            b[at] = 1;
+            rig.fs.put_file(&path, b);
+            let rig = rig.reopen(Crash::Process);
+            let e = rig.failed.expect("refused");
+            assert!(
+                matches!(&e, StorageError::Corrupt { path: p, pos: 3001, .. } if *p == path),
+                "sealed {sealed}, byte {at}: {e}"
+            );
+        }
+    }
+    // Fewer zeros than a length field, one of them not zero: in a sealed segment an entry
+    // cut short. (In the newest it is a torn tail, as before.)
+    let mut rig = log_ending_at(4089, true);
+    let path = Rig::seg_path(0);
+    pad_to_block(&mut rig.fs, &path);
+    let mut b = rig.fs.file(&path).unwrap().to_vec();
+    b[4094] = 1;
+    rig.fs.put_file(&path, b);
+    let e = rig.reopen(Crash::Process).failed.expect("refused");
+    assert!(matches!(e, StorageError::Corrupt { pos: 4089, .. }), "{e}");
+}
+
+#[test]
+fn write_padding_ending_a_compaction_output_is_skipped() {
+    let mut rig = Rig::new(LogConfig {
+        tail_cache_bytes: 0,
+        ..cfg(FsyncMode::OnCommit, 300)
+    });
+    for i in 0..30 {
+        rig.append(&[&payload(i)]);
+    }
+    rig.pump();
+    let keep: Vec<u64> = (0..30).filter(|o| o % 3 == 0).collect();
+    assert!(rig.log.compact(keep.clone()));
+    rig.pump();
+    assert_eq!(rig.compacted, 1);
+    let outputs: Vec<String> = rig
+        .log
+        .segments
+        .iter()
+        .filter(|s| s.compacted_end.is_some())
+        .map(|s| s.path.clone())
+        .collect();
+    assert!(!outputs.is_empty());
+    let cut = rig.log.segments[outputs.len()].base;
+    for path in &outputs {
+        pad_to_block(&mut rig.fs, path);
+    }
+    let padded: Vec<usize> = outputs
+        .iter()
+        .map(|p| rig.fs.file(p).unwrap().len())
+        .collect();
+    let n = rig.appended.len() as u64;
+    let appended = rig.appended.clone();
+
+    let mut rig = rig.reopen(Crash::Process);
+    assert!(rig.failed.is_none(), "{:?}", rig.failed);
+    assert_eq!(rig.opened.map(|o| o.1), Some(n));
+    assert!(truncates(&rig).is_empty());
+    let now: Vec<usize> = outputs
+        .iter()
+        .map(|p| rig.fs.file(p).unwrap().len())
+        .collect();
+    assert_eq!(now, padded, "the padding stays");
+    // Each kept record reads back at its own offset (as a cache get reads it).
+    for o in (0..n).filter(|o| *o >= cut || o % 3 == 0) {
+        let page = rig.read(o, 1, 1 << 20);
+        assert_eq!(page.batches[0].first_offset, o);
+        assert_eq!(page.batches[0].payloads, [appended[o as usize].clone()]);
+    }
+}
+
 fn corrupt_and_open(mutate: impl FnOnce(&mut MemFs)) -> StorageError {
     let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 300));
     for i in 0..30 {
