@@ -10,8 +10,11 @@ use felix_engine::{DurableConfig, FileOpKind, FsyncPolicy};
 use felix_proto::binary::{AckResult, PublishAck};
 use felix_proto::{ErrorCode, Frame};
 
-/// (request id, Ok(offset) or Err(code)) of each binary ack.
-fn acks(frames: &[Frame]) -> Vec<(u64, Result<Option<u64>, Option<ErrorCode>>)> {
+/// What one binary ack said: an offset (if any) or an error code (if any).
+type AckOutcome = Result<Option<u64>, Option<ErrorCode>>;
+
+/// (request id, outcome) of each binary ack.
+fn acks(frames: &[Frame]) -> Vec<(u64, AckOutcome)> {
     frames
         .iter()
         .map(|f| {

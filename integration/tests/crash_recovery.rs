@@ -24,6 +24,8 @@ const MIN_KILLS: usize = 20;
 const MAX_KILLS: usize = 30;
 /// Kills stop being scheduled past this; the test as a whole stays under a minute.
 const TIME_BUDGET: Duration = Duration::from_secs(45);
+/// Segment size for the broker under test: a few roll-overs per run.
+const SEGMENT_MAX_BYTES: usize = 1 << 20;
 const PUBLISHERS: usize = 4;
 const RECORDS_PER_BATCH: usize = 4;
 const BIG_RECORDS_PER_BATCH: usize = 8;
@@ -68,6 +70,12 @@ async fn start_broker(bin: &Path, storage: &Path, work: &Path, round: usize) -> 
         .env("FELIX_DEV_TOKEN_EXPORT", &token)
         .env("FELIX_DURABLE_STORAGE_DIR", storage)
         .env("FELIX_DURABLE_FSYNC_MODE", "on_commit")
+        // Small segments, so that kills also find sealed segments still carrying the
+        // direct appends' block padding (docs/storage-format.md, "Write padding").
+        .env(
+            "FELIX_DURABLE_SEGMENT_MAX_BYTES",
+            SEGMENT_MAX_BYTES.to_string(),
+        )
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(log)
@@ -265,8 +273,29 @@ async fn acknowledged_records_survive_kill_9_at_random_moments() {
     );
     assert!(kills >= MIN_KILLS);
     assert!(checked > 0, "publishers got acknowledgements");
+    assert!(
+        most_files_in_one_dir(&storage) >= 2,
+        "some shard rolled over to a second segment (SEGMENT_MAX_BYTES)"
+    );
     client.close().await;
     let _ = broker.child.kill();
     let _ = broker.child.wait();
     let _ = std::fs::remove_dir_all(&work);
+}
+
+/// The most regular files any one directory under `dir` holds (a shard's segments).
+fn most_files_in_one_dir(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let (mut files, mut most) = (0, 0);
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            most = most.max(most_files_in_one_dir(&path));
+        } else {
+            files += 1;
+        }
+    }
+    most.max(files)
 }
