@@ -2,14 +2,15 @@
 //!
 //! ```text
 //! cargo run --release -p felix-integration --example bench_stream_read -- \
-//!     [--mib 64] [--size 1024] [--batch 64] [--dir /tmp]
+//!     [--mib 64] [--size 1024] [--batch 64] [--dir /tmp] [--direct-io on|off]
 //! ```
 //!
 //! Writes `--mib` MiB of `--size`-byte records (`--batch` per publish, eight publishers in
 //! flight) to one shard of a durable broker (periodic fsync), then reads the shard back from
 //! offset 0 page by page (the broker's caps: 4 MiB or 10 000 records a page), once from the
 //! broker that wrote it (the tail cache may hold the newest records) and once after a
-//! restart on the same directory (every page is a file read; the OS page cache is warm).
+//! restart on the same directory (every page is a file read; the OS page cache holds the
+//! data only with `--direct-io off`).
 //! Prints payload MB/s (10^6 bytes) for each read pass. The broker runs on its own thread
 //! and runtime; the client on one tokio worker.
 
@@ -53,6 +54,9 @@ fn start_broker(dir: PathBuf) -> Broker {
             rt.block_on(async move {
                 let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
                 opts.storage_dir = Some(dir);
+                // `--direct-io off`: buffered appends, so the restarted pass reads a warm
+                // page cache (direct appends leave nothing there).
+                opts.direct_io = arg("direct-io", "on".to_owned()) != "off";
                 opts.durable = DurableConfig {
                     fsync: FsyncPolicy::Periodic(Duration::from_millis(250)),
                     ..DurableConfig::default()
