@@ -286,6 +286,7 @@ impl Broker {
         }
         if let Some(logs) = self.logs.as_mut() {
             for id in gone {
+                self.recovered.remove(&id);
                 logs.forget(id);
                 // Answers held for durability on it, or requests stalled on it, fail now.
                 logs.notices.push_back(Notice::Failed { log: id });

@@ -774,13 +774,17 @@ impl Broker {
                 return;
             }
             let mut events = Vec::new();
-            for id in dirty {
+            for &id in &dirty {
                 logs.collect_ops(id);
                 if let Some(slot) = logs.slot_mut(id) {
                     while let Some(ev) = slot.log.poll_event() {
                         events.push((id, ev));
                     }
                 }
+            }
+            // Recovery's producer marks and commit state go to the shard as they are read.
+            for id in dirty {
+                self.absorb_scanned(id);
             }
             for (id, ev) in events {
                 self.on_log_event(now, id, ev);

@@ -474,6 +474,9 @@ pub(crate) struct Broker {
     page_reads: reads::PageReads,
     /// Producer ids handed out so far (`producers.rs`).
     producer_ids: u64,
+    /// What recovery read back from stream logs that no stream has claimed yet, folded
+    /// (`producers.rs`); a stream that claims the log takes its tables from here.
+    recovered: HashMap<LogId, producers::Recovered>,
     /// Cache watches (`watch.rs`); they share subscriber ids and the ready queue.
     watches: watch::Watches,
     /// Consumer groups (durable shards only).
@@ -524,6 +527,7 @@ impl Broker {
             },
             page_reads: reads::PageReads::default(),
             producer_ids: 0,
+            recovered: HashMap::new(),
             watches: watch::Watches::default(),
             groups: groups::Groups::default(),
             draining: false,
@@ -1091,6 +1095,11 @@ impl Broker {
                     },
                     now,
                 );
+                // What recovery read back before this claim comes first, in log order.
+                if let Some(r) = self.recovered.remove(&log) {
+                    sh.producers = r.producers;
+                    sh.state = r.state;
+                }
                 let slot = logs.slot(log).expect("just claimed");
                 // A log found at startup is open already; a new one sets this when it opens.
                 let released = match slot.state {

@@ -7,14 +7,18 @@
 //! (`ShardLog::take_scanned_ext`), so a restarted broker answers a re-send as the one that
 //! took it would have. On an in-memory shard the table lives in memory only.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
 use bytes::Bytes;
 use felix_proto::message::PublishRefusalReason;
 use felix_proto::routing::shard_for_key;
 
+use super::commit::StateTable;
+use super::durable::Owner;
 use super::{Broker, BrokerError, LogState, Published, StreamKey};
+use crate::storage::log::ShardLog;
+use crate::storage::ops::LogId;
 use crate::storage::record::{EntryExt, ProducerMark};
 
 /// Batches remembered per producer per shard: a re-send older than this is `sequence_expired`.
@@ -71,6 +75,9 @@ enum Check {
 #[derive(Debug, Default)]
 pub(crate) struct ProducerTable {
     by_id: HashMap<u64, Producer>,
+    /// Producer ids by `last_used`, oldest first: eviction takes the first instead of
+    /// scanning every producer on each write once the table is full.
+    by_use: BTreeMap<u64, u64>,
     clock: u64,
 }
 
@@ -107,7 +114,9 @@ impl ProducerTable {
         let clock = self.clock;
         let p = self.by_id.entry(mark.producer).or_default();
         p.next = mark.sequence + 1;
+        self.by_use.remove(&p.last_used);
         p.last_used = clock;
+        self.by_use.insert(clock, mark.producer);
         p.recent.push_back(Remembered {
             sequence: mark.sequence,
             first,
@@ -118,12 +127,7 @@ impl ProducerTable {
             p.recent.pop_front();
         }
         if self.by_id.len() > MAX_PRODUCERS_PER_SHARD {
-            let oldest = self
-                .by_id
-                .iter()
-                .min_by_key(|(_, p)| p.last_used)
-                .map(|(&id, _)| id);
-            if let Some(id) = oldest {
+            if let Some((_, id)) = self.by_use.pop_first() {
                 self.by_id.remove(&id);
             }
         }
@@ -210,16 +214,43 @@ impl Broker {
             LogState::Open => {}
         }
         let shard_log = slot.log.stream_mut().expect("a stream's log");
-        while let Some(ext) = shard_log.take_scanned_ext() {
-            if let Some(mark) = ext.producer {
-                sh.producers
-                    .record(mark, Some(ext.base), u64::from(ext.count));
-            }
-            if let Some(state) = &ext.state {
-                sh.state.apply_block(ext.base, state);
-            }
-        }
+        absorb_scanned(shard_log, &mut sh.producers, &mut sh.state);
         Ok((stream, Some(shard_log.next_offset())))
+    }
+
+    /// Folds what recovery has read back from a stream log so far (producer marks, commit
+    /// state) into its shard's tables, or, for a log no stream has claimed yet, into
+    /// tables kept for it until one does. Called as the scan goes, so the log holds at
+    /// most one read's worth of them, and what is kept is the tables' size, not the log's.
+    pub(super) fn absorb_scanned(&mut self, log: LogId) {
+        let Some(logs) = self.logs.as_mut() else {
+            return;
+        };
+        let Some(slot) = logs.slot_mut(log) else {
+            return;
+        };
+        let owner = slot.owner;
+        let Some(shard_log) = slot.log.stream_mut() else {
+            return;
+        };
+        let (producers, state) = match owner {
+            Owner::Stream { stream, shard } => {
+                let Some(sh) = self
+                    .streams
+                    .get_mut(stream)
+                    .and_then(|s| s.shards.get_mut(shard as usize))
+                else {
+                    return;
+                };
+                (&mut sh.producers, &mut sh.state)
+            }
+            Owner::Unclaimed => {
+                let r = self.recovered.entry(log).or_default();
+                (&mut r.producers, &mut r.state)
+            }
+            _ => return,
+        };
+        absorb_scanned(shard_log, producers, state);
     }
 
     /// Appends `payloads` only if `guard` holds, answering a re-sent idempotent batch with
@@ -309,6 +340,25 @@ impl Broker {
     }
 }
 
+/// The tables recovery rebuilds for a stream log that no stream has claimed yet.
+#[derive(Debug, Default)]
+pub(crate) struct Recovered {
+    pub(super) producers: ProducerTable,
+    pub(super) state: StateTable,
+}
+
+/// Recovery's producer marks and commit state, into a shard's tables.
+fn absorb_scanned(shard_log: &mut ShardLog, producers: &mut ProducerTable, state: &mut StateTable) {
+    while let Some(ext) = shard_log.take_scanned_ext() {
+        if let Some(mark) = ext.producer {
+            producers.record(mark, Some(ext.base), u64::from(ext.count));
+        }
+        if let Some(block) = &ext.state {
+            state.apply_block(ext.base, block);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,6 +432,25 @@ mod tests {
             Check::Refuse(PublishRefusalReason::UnknownProducer)
         );
         assert_eq!(t.check(1, 1, 0), Check::Append);
+    }
+
+    #[test]
+    fn a_producer_that_wrote_again_outlives_one_that_did_not() {
+        let mut t = ProducerTable::default();
+        let cap = MAX_PRODUCERS_PER_SHARD as u64;
+        for p in 0..cap {
+            t.record(mark(p, 0, 0), Some(p), 1);
+        }
+        // Producer 0 was first in but wrote last; producer 1 is now the least recent.
+        t.record(mark(0, 1, 0), Some(cap), 1);
+        t.record(mark(cap, 0, 0), Some(cap + 1), 1);
+        assert_eq!(t.len(), MAX_PRODUCERS_PER_SHARD);
+        assert_eq!(t.check(0, 2, 0), Check::Append);
+        assert_eq!(
+            t.check(1, 1, 0),
+            Check::Refuse(PublishRefusalReason::UnknownProducer)
+        );
+        assert_eq!(t.by_use.len(), t.by_id.len(), "one use entry per producer");
     }
 
     #[test]

@@ -243,6 +243,32 @@ fn producers_are_rebuilt_from_the_log_after_a_restart() {
 }
 
 #[test]
+fn recovery_hands_producer_marks_to_the_shard_as_it_reads_them() {
+    let mut r = Rig::new();
+    for seq in 0..20 {
+        assert!(written(r.idem(9, seq, &["x"], true)).is_some());
+    }
+    r.pump();
+    let fs = r.fs;
+
+    // No request names the stream yet: the marks are folded, not queued whole in the log.
+    let mut r = Rig::on(fs);
+    assert!(r.b.streams.is_empty(), "nothing has claimed the log");
+    let (&log, folded) = r.b.recovered.iter().next().expect("tables for the log");
+    assert_eq!(folded.producers.len(), 1, "producer 9, folded");
+    let logs = r.b.logs.as_ref().expect("durable");
+    let shard_log = logs.slot(log).expect("open").log.shard();
+    assert_eq!(
+        shard_log.scanned_ext_len(),
+        0,
+        "nothing left queued in the log"
+    );
+    // The stream that claims the log takes the tables over.
+    assert_eq!(duplicate(r.idem(9, 19, &["x"], true)), Some(19));
+    assert!(r.b.recovered.is_empty());
+}
+
+#[test]
 fn of_two_publish_if_at_one_offset_exactly_one_is_written() {
     let mut r = Rig::new();
     assert_eq!(written(r.publish_if(0, "first")), Some(0));

@@ -556,6 +556,11 @@ impl ShardLog {
         }
     }
 
+    #[cfg(test)]
+    pub(crate) fn scanned_ext_len(&self) -> usize {
+        self.scanned_ext.len()
+    }
+
     /// The next extension recovery scanned, oldest first.
     pub(crate) fn take_scanned_ext(&mut self) -> Option<record::ScannedExt> {
         self.scanned_ext.pop_front()
