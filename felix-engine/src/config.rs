@@ -83,6 +83,12 @@ pub const DEFAULT_EVENT_BATCH_MAX_BYTES: usize = 1024 * 1024;
 /// subscriber as if its queue were full (or ends it with `subscription_lagged` where it asked
 /// for that). Subscribers on other connections are not affected.
 pub const DEFAULT_MAX_CONNECTION_EVENT_BYTES: usize = 256 * 1024 * 1024;
+/// Committed state one durable shard holds, keys plus values (`commit`, `state_get`). A
+/// commit whose puts would take the shard past it is refused `limit_exceeded` and nothing
+/// is written; a commit that shrinks the state always goes through, and recovery applies
+/// whatever the log holds. The state lives in memory, so this bounds what one shard's
+/// writers can make the broker hold.
+pub const DEFAULT_STATE_MAX_BYTES_PER_SHARD: usize = 64 * 1024 * 1024;
 /// Change frames one live cache watch may have queued; at the next change past it the watch
 /// ends with `cache_watch_lagged` naming that change (re-watching from it is gapless).
 pub const DEFAULT_CACHE_WATCH_QUEUE_CAPACITY: usize = 4096;
@@ -296,6 +302,8 @@ pub struct EngineConfig {
     pub event_batch_max_bytes: usize,
     /// See [`DEFAULT_MAX_CONNECTION_EVENT_BYTES`].
     pub max_connection_event_bytes: usize,
+    /// See [`DEFAULT_STATE_MAX_BYTES_PER_SHARD`].
+    pub state_max_bytes_per_shard: usize,
     /// See [`DEFAULT_CACHE_MAX_KEY_BYTES`].
     pub cache_max_key_bytes: usize,
     /// See [`DEFAULT_CACHE_MAX_VALUE_BYTES`].
@@ -348,6 +356,7 @@ impl EngineConfig {
             event_batch_max_records: DEFAULT_EVENT_BATCH_MAX_RECORDS,
             event_batch_max_bytes: DEFAULT_EVENT_BATCH_MAX_BYTES,
             max_connection_event_bytes: DEFAULT_MAX_CONNECTION_EVENT_BYTES,
+            state_max_bytes_per_shard: DEFAULT_STATE_MAX_BYTES_PER_SHARD,
             cache_max_key_bytes: DEFAULT_CACHE_MAX_KEY_BYTES,
             cache_max_value_bytes: DEFAULT_CACHE_MAX_VALUE_BYTES,
             cache_max_total_bytes: DEFAULT_CACHE_MAX_TOTAL_BYTES,

@@ -568,6 +568,7 @@ impl Engine {
             cache_max_value_bytes: config.cache_max_value_bytes,
             cache_max_total_bytes: config.cache_max_total_bytes,
             max_owner_event_bytes: config.max_connection_event_bytes,
+            state_max_bytes_per_shard: config.state_max_bytes_per_shard,
             cache_watch_queue_capacity: config.cache_watch_queue_capacity,
         };
         let (mut broker, capabilities) = match &config.durable {

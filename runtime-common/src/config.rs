@@ -259,6 +259,7 @@ pub const SETTINGS: &[Setting] = &[
     limit!("limits.max_buffered_bytes", &["FELIX_MAX_BUFFERED_BYTES"], int max_buffered_bytes),
     limit!("limits.max_connection_unwritten_bytes", &["FELIX_MAX_CONNECTION_UNWRITTEN_BYTES"], int max_connection_unwritten_bytes),
     limit!("limits.max_connection_event_bytes", &["FELIX_MAX_CONNECTION_EVENT_BYTES"], int max_connection_event_bytes),
+    limit!("limits.state_max_bytes_per_shard", &["FELIX_STATE_MAX_BYTES_PER_SHARD"], int state_max_bytes_per_shard),
     limit!("limits.stream_receive_window", &["FELIX_STREAM_RECV_WINDOW"], int stream_receive_window),
     limit!("limits.connection_receive_window", &["FELIX_CONN_RECV_WINDOW"], int connection_receive_window),
     limit!("limits.send_window", &["FELIX_SEND_WINDOW"], int send_window),
@@ -833,6 +834,7 @@ mod tests {
             ("FELIX_MAX_BUFFERED_BYTES", "1000000"),
             ("FELIX_MAX_CONNECTION_UNWRITTEN_BYTES", "200000"),
             ("FELIX_MAX_CONNECTION_EVENT_BYTES", "300000"),
+            ("FELIX_STATE_MAX_BYTES_PER_SHARD", "4096"),
             ("FELIX_DURABLE_CACHE_BEHIND_BYTES", "off"),
         ]))
         .unwrap();
@@ -843,6 +845,7 @@ mod tests {
         assert_eq!(e.max_buffered_bytes, 1_000_000);
         assert_eq!(e.max_connection_unwritten_bytes, 200_000);
         assert_eq!(e.max_connection_event_bytes, 300_000);
+        assert_eq!(e.state_max_bytes_per_shard, 4096);
         let c = from_vars(vars(&[("FELIX_DURABLE_CACHE_BEHIND_BYTES", "4096")])).unwrap();
         assert_eq!(c.options.cache_behind_bytes, Some(4096));
         let e = from_vars(vars(&[("FELIX_DURABLE_CACHE_BEHIND_BYTES", "lots")])).unwrap_err();

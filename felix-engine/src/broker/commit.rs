@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use felix_proto::message::{PublishRefusalReason, StateChange};
+use felix_proto::ErrorCode;
 
 use super::{Broker, BrokerError, Published, StreamKey};
 use crate::storage::ops::LogId;
@@ -25,6 +26,8 @@ const OP_DELETE: u8 = 2;
 #[derive(Debug, Default)]
 pub(crate) struct StateTable {
     values: HashMap<String, (Bytes, u64)>,
+    /// Key plus value bytes of `values`, held under `state_max_bytes_per_shard`.
+    bytes: usize,
     /// The offset of the last commit applied.
     as_of: Option<u64>,
 }
@@ -40,16 +43,35 @@ impl StateTable {
 
     fn apply(&mut self, offset: u64, changes: Vec<(String, Option<Bytes>)>) {
         for (key, value) in changes {
-            match value {
-                Some(v) => {
-                    self.values.insert(key, (v, offset));
-                }
-                None => {
-                    self.values.remove(&key);
-                }
-            }
+            let key_len = key.len();
+            let added = value.as_ref().map(|v| key_len + v.len());
+            let old = match value {
+                Some(v) => self.values.insert(key, (v, offset)),
+                None => self.values.remove(&key),
+            };
+            self.bytes -= old.map_or(0, |(v, _)| key_len + v.len());
+            self.bytes += added.unwrap_or(0);
         }
         self.as_of = Some(offset);
+    }
+
+    /// The state's size once `changes` are applied in order.
+    fn bytes_after(&self, changes: &[StateChange]) -> usize {
+        let mut pending: HashMap<&str, usize> = HashMap::new();
+        let mut bytes = self.bytes;
+        for change in changes {
+            let (key, new) = match change {
+                StateChange::Put { key, value } => (key.as_str(), key.len() + value.len()),
+                StateChange::Delete { key } => (key.as_str(), 0),
+            };
+            let current = pending
+                .get(key)
+                .copied()
+                .unwrap_or_else(|| self.values.get(key).map_or(0, |(v, _)| key.len() + v.len()));
+            bytes = bytes - current + new;
+            pending.insert(key, new);
+        }
+        bytes
     }
 }
 
@@ -141,6 +163,17 @@ impl Broker {
             return Ok(Committed::Refused(PublishRefusalReason::OffsetMismatch {
                 tail,
             }));
+        }
+        let table = &self.streams[stream].shards[shard as usize].state;
+        let after = table.bytes_after(changes);
+        let limit = self.cfg.state_max_bytes_per_shard;
+        if after > limit && after > table.bytes {
+            return Err(BrokerError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "the commit would take the shard's state to {after} bytes, past its limit of {limit}"
+                ),
+            ));
         }
         let block = encode_block(changes)?;
         let ext = EntryExt {

@@ -85,6 +85,8 @@ pub(crate) struct BrokerConfig {
     pub(crate) max_owner_event_bytes: usize,
     /// Change frames a live cache watch may have queued before it ends as lagged.
     pub(crate) cache_watch_queue_capacity: usize,
+    /// Committed state (keys plus values) one shard may hold; see `commit.rs`.
+    pub(crate) state_max_bytes_per_shard: usize,
 }
 
 impl Default for BrokerConfig {
@@ -103,6 +105,7 @@ impl Default for BrokerConfig {
             cache_max_total_bytes: 256 * 1024 * 1024,
             max_owner_event_bytes: usize::MAX,
             cache_watch_queue_capacity: DEFAULT_WATCH_QUEUE_CAPACITY,
+            state_max_bytes_per_shard: crate::config::DEFAULT_STATE_MAX_BYTES_PER_SHARD,
         }
     }
 }

@@ -25,6 +25,10 @@ impl Rig {
     }
 
     fn on(fs: MemFs) -> Rig {
+        Rig::with_config(fs, BrokerConfig::default())
+    }
+
+    fn with_config(fs: MemFs, cfg: BrokerConfig) -> Rig {
         let t0 = Instant::now();
         let settings = DurableSettings {
             log: LogConfig {
@@ -34,7 +38,7 @@ impl Rig {
             ack_after_write: true,
             groups: Default::default(),
         };
-        let b = Broker::with_storage(BrokerConfig::default(), settings, (t0, T0_MICROS));
+        let b = Broker::with_storage(cfg, settings, (t0, T0_MICROS));
         let mut rig = Rig { b, fs, t0, now: t0 };
         rig.pump();
         assert!(rig.b.is_ready(), "{:?}", rig.b.storage_fatal());
@@ -363,6 +367,60 @@ fn a_commit_writes_its_event_and_state_as_one_record_and_survives_a_restart() {
     assert_eq!(score.value.as_deref(), Some(&b"2"[..]));
     assert_eq!(score.version, Some(second));
     assert_eq!(get(&mut r, "turn").value, None);
+}
+
+#[test]
+fn commits_that_would_grow_a_shards_state_past_its_limit_are_refused_whole() {
+    let limited = |limit| BrokerConfig {
+        state_max_bytes_per_shard: limit,
+        ..BrokerConfig::default()
+    };
+    let put = |k: &str, v: &str| StateChange::Put {
+        key: k.into(),
+        value: Bytes::from(v.to_owned()),
+    };
+    let commit = |r: &mut Rig, changes: Vec<StateChange>| {
+        r.retry(|r| {
+            let unix = r.unix();
+            let event = Bytes::from_static(b"e");
+            let entity = (&b"m"[..], None);
+            match r
+                .b
+                .commit(r.now, unix, &key(), entity, event, &changes, None)
+            {
+                Err(e) if e.code == ErrorCode::LimitExceeded => Ok(Err(e)),
+                other => other.map(Ok),
+            }
+        })
+        .map(|_| ())
+    };
+    let limit_exceeded = |result: Result<(), BrokerError>| {
+        assert_eq!(result.expect_err("refused").code, ErrorCode::LimitExceeded);
+    };
+    let mut r = Rig::with_config(MemFs::new(), limited(20));
+    // Keys plus values: 10, then 20, exactly the limit.
+    commit(&mut r, vec![put("k1", "12345678")]).unwrap();
+    commit(&mut r, vec![put("k2", "12345678")]).unwrap();
+    let tail = r.tail();
+    limit_exceeded(commit(&mut r, vec![put("k3", "1")]));
+    assert_eq!(r.tail(), tail, "nothing written");
+    // What counts is the state after the whole commit: +3 - 10.
+    commit(
+        &mut r,
+        vec![put("k3", "1"), StateChange::Delete { key: "k2".into() }],
+    )
+    .unwrap();
+    r.pump();
+
+    // Restarted with a lower limit the stored state (13 bytes) is over it; a commit that
+    // shrinks it still goes through, one that grows it does not.
+    let mut r = Rig::with_config(r.fs, limited(5));
+    limit_exceeded(commit(&mut r, vec![put("k9", "x")]));
+    commit(&mut r, vec![StateChange::Delete { key: "k1".into() }]).unwrap();
+    limit_exceeded(commit(&mut r, vec![put("k9", "x")]));
+    // k3 (3 bytes) + k (2) is 5, exactly the limit; one byte more is not.
+    commit(&mut r, vec![put("k", "x")]).unwrap();
+    limit_exceeded(commit(&mut r, vec![put("k", "xy")]));
 }
 
 #[test]
