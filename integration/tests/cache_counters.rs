@@ -115,3 +115,83 @@ async fn an_in_memory_broker_does_not_offer_counters() {
     );
     broker.shutdown().await;
 }
+
+/// Sums kept through the counter log's compaction (which keeps each counter's newest record
+/// and drops the rest) and a restart after it: compaction must keep sums, not deltas.
+#[tokio::test]
+async fn sums_survive_compaction_and_a_restart_after_it() {
+    let dir = TempDir::new("counters-compact");
+    let cache = unique("compacted");
+    // Small segments, so sealed ones fill with superseded records and compaction runs.
+    let durable = || felix_runtime_tokio::felix_engine::DurableConfig {
+        segment_max_bytes: 64 * 1024,
+        ..periodic()
+    };
+    // Long keys make each record a few hundred bytes: ~1 MiB of log in a few thousand adds.
+    let key = |i: usize| format!("{i}-{}", "k".repeat(300));
+    const KEYS: usize = 4;
+    const TASKS: usize = 8;
+    const ADDS: usize = 600;
+    let broker = start(dir.path(), durable()).await;
+    let c = client(&broker).await;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (c, cache) = (c.clone(), cache.clone());
+            tokio::spawn(async move {
+                for n in 0..ADDS {
+                    let k = key((t + n) % KEYS);
+                    c.counter_add("default", &cache, &k, 1).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let expected = (TASKS * ADDS / KEYS) as i64;
+    for i in 0..KEYS {
+        let sum = c.counter_get("default", &cache, &key(i)).await.unwrap();
+        assert_eq!(sum, Some(expected), "counter {i} before the restart");
+    }
+    c.close().await;
+    stop(broker).await;
+
+    // Compaction ran: what the counter logs hold on disk is far below what was written.
+    let written = (TASKS * ADDS * 300) as u64;
+    let on_disk = dir_bytes(&dir.path().join("counters"));
+    assert!(
+        on_disk < written / 2,
+        "compaction dropped superseded records: {on_disk} bytes on disk for {written} written"
+    );
+
+    let broker = start(dir.path(), durable()).await;
+    let c = client(&broker).await;
+    for i in 0..KEYS {
+        let sum = c.counter_get("default", &cache, &key(i)).await.unwrap();
+        assert_eq!(
+            sum,
+            Some(expected),
+            "counter {i} after compaction and a restart"
+        );
+    }
+    let next = c.counter_add("default", &cache, &key(0), 1).await.unwrap();
+    assert_eq!(next, expected + 1);
+    c.close().await;
+    stop(broker).await;
+}
+
+/// Bytes in every file below `dir`.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
