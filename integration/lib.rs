@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use felix_client::{Client, ClientConfig, ClientError, Event, Subscription, SubscriptionItem};
 use felix_runtime_tokio::felix_engine::{DeclaredStream, EngineConfig};
+use felix_runtime_tokio::files::{FileExecutor, FileStats};
 use felix_runtime_tokio::{BrokerOptions, RunningBroker};
 
 /// The broker runtimes there are, as `FELIX_RUNTIME` names them.
@@ -405,6 +406,8 @@ pub struct BenchBroker {
     pub ca_pem: Vec<u8>,
     /// The dev token for [`TENANT`].
     pub token: String,
+    /// The file executor of a durable broker, for its counters.
+    pub files: Option<std::sync::Arc<FileExecutor>>,
     stop: std::sync::mpsc::Sender<()>,
     thread: std::thread::JoinHandle<()>,
 }
@@ -431,6 +434,7 @@ impl BenchBroker {
                         broker.local_addr(),
                         broker.ca_cert_pem().as_bytes().to_vec(),
                         broker.dev_token().expect("dev mode").to_owned(),
+                        broker.file_executor(),
                     ))
                     .expect("the starting thread waits");
                     tokio::task::spawn_blocking(move || stopped.recv())
@@ -441,14 +445,35 @@ impl BenchBroker {
                 });
             })
             .expect("broker thread");
-        let (addr, ca_pem, token) = rx.recv().expect("broker started");
+        let (addr, ca_pem, token, files) = rx.recv().expect("broker started");
         BenchBroker {
             addr,
             ca_pem,
             token,
+            files,
             stop,
             thread,
         }
+    }
+
+    /// A client configuration for [`TENANT`] with a request timeout long enough for a
+    /// benchmark's deepest queues.
+    pub fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new(self.addr, self.ca_pem.clone(), TENANT, &self.token);
+        c.request_timeout = Duration::from_secs(60);
+        c
+    }
+
+    /// A connected client ([`BenchBroker::client_config`]).
+    pub async fn client(&self) -> Client {
+        Client::connect(self.client_config())
+            .await
+            .expect("client connects")
+    }
+
+    /// The file executor's counters so far (zero for an in-memory broker).
+    pub fn file_stats(&self) -> FileStats {
+        self.files.as_ref().map(|f| f.stats()).unwrap_or_default()
     }
 
     /// Shuts the broker down cleanly and waits for its thread.

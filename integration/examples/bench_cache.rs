@@ -19,14 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_client::{CacheWatchItem, Client, ClientConfig, WatchFilter, WatchStart};
+use felix_client::{CacheWatchItem, Client, WatchFilter, WatchStart};
 use felix_integration::{BenchArgs, BenchBroker};
 use felix_runtime_tokio::felix_engine::{DurableConfig, FsyncPolicy};
 use felix_runtime_tokio::BrokerOptions;
 use hdrhistogram::Histogram;
 
 async fn client(broker: &BenchBroker) -> Client {
-    let mut c = ClientConfig::new(broker.addr, broker.ca_pem.clone(), "t1", &broker.token);
+    let mut c = broker.client_config();
     c.connect_streams = 8;
     Client::connect(c).await.expect("client connects")
 }

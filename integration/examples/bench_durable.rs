@@ -22,94 +22,27 @@
 //! that acks faster than it delivers drops the rest), acked records per second without.
 //! Output is plain `name: value` lines, then one ratio line per durable mode.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_client::{Ack, Client, ClientConfig, Start, SubscriptionEnd, SubscriptionItem};
-use felix_integration::BenchArgs;
+use felix_client::{Ack, Start, SubscriptionEnd, SubscriptionItem};
+use felix_integration::{BenchArgs, BenchBroker};
 use felix_runtime_tokio::felix_engine::{DurableConfig, FsyncPolicy};
-use felix_runtime_tokio::files::{FileExecutor, FileStats};
+use felix_runtime_tokio::files::FileStats;
 use felix_runtime_tokio::BrokerOptions;
 
-struct Broker {
-    addr: SocketAddr,
-    ca_pem: Vec<u8>,
-    token: String,
-    files: Option<Arc<FileExecutor>>,
-    stop: std::sync::mpsc::Sender<()>,
-    thread: std::thread::JoinHandle<()>,
-}
-
 /// A broker on a runtime and thread of its own, durable under `storage` when given.
-fn start_broker(storage: Option<(PathBuf, DurableConfig)>, direct_io: bool) -> Broker {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (stop, stopped) = std::sync::mpsc::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name("broker".into())
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                // Named apart from the client's, so a profile tells the two sides apart
-                // (the broker's file ops run on this runtime's blocking pool).
-                .thread_name("broker-rt")
-                .enable_all()
-                .build()
-                .expect("broker runtime");
-            rt.block_on(async move {
-                let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
-                if let Some((dir, durable)) = storage {
-                    opts.storage_dir = Some(dir);
-                    opts.durable = durable;
-                }
-                opts.direct_io = direct_io;
-                let broker = felix_runtime_tokio::start(opts)
-                    .await
-                    .expect("broker starts");
-                tx.send((
-                    broker.local_addr(),
-                    broker.ca_cert_pem().as_bytes().to_vec(),
-                    broker.dev_token().expect("dev mode").to_owned(),
-                    broker.file_executor(),
-                ))
-                .expect("main thread waits");
-                tokio::task::spawn_blocking(move || stopped.recv())
-                    .await
-                    .expect("stop wait")
-                    .ok();
-                broker.shutdown().await.expect("clean shutdown");
-            });
-        })
-        .expect("broker thread");
-    let (addr, ca_pem, token, files) = rx.recv().expect("broker started");
-    Broker {
-        addr,
-        ca_pem,
-        token,
-        files,
-        stop,
-        thread,
+fn start_broker(storage: Option<(PathBuf, DurableConfig)>, direct_io: bool) -> BenchBroker {
+    let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
+    if let Some((dir, durable)) = storage {
+        opts.storage_dir = Some(dir);
+        opts.durable = durable;
     }
-}
-
-impl Broker {
-    async fn connect(&self) -> Client {
-        let mut c = ClientConfig::new(self.addr, self.ca_pem.clone(), "t1", &self.token);
-        c.request_timeout = Duration::from_secs(30);
-        Client::connect(c).await.expect("connect")
-    }
-
-    fn file_stats(&self) -> FileStats {
-        self.files.as_ref().map(|f| f.stats()).unwrap_or_default()
-    }
-
-    fn stop(self) {
-        let _ = self.stop.send(());
-        self.thread.join().expect("broker thread");
-    }
+    opts.direct_io = direct_io;
+    BenchBroker::start(opts)
 }
 
 struct Outcome {
@@ -126,7 +59,7 @@ struct Outcome {
     secs: f64,
 }
 
-async fn run(broker: &Broker, args: &BenchArgs, inflight: usize) -> Outcome {
+async fn run(broker: &BenchBroker, args: &BenchArgs, inflight: usize) -> Outcome {
     let secs: u64 = args.get("secs", 5);
     let batch: usize = args.get("batch", 64);
     let size: usize = args.get("size", 1024);
@@ -138,7 +71,7 @@ async fn run(broker: &Broker, args: &BenchArgs, inflight: usize) -> Outcome {
     let lagged = Arc::new(AtomicU64::new(0));
     let mut readers = Vec::new();
     for _ in 0..fanout {
-        let client = broker.connect().await;
+        let client = broker.client().await;
         let mut sub = client
             .subscribe("default", &stream, Start::Latest)
             .await
@@ -168,7 +101,7 @@ async fn run(broker: &Broker, args: &BenchArgs, inflight: usize) -> Outcome {
         }));
     }
 
-    let publisher = Arc::new(broker.connect().await);
+    let publisher = Arc::new(broker.client().await);
     let payloads: Vec<Bytes> = (0..batch)
         .map(|i| Bytes::from(vec![i as u8; size]))
         .collect();

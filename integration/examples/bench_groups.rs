@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_client::{Ack, Client, ClientConfig, PollOptions};
+use felix_client::{Ack, PollOptions};
 use felix_integration::BenchBroker;
 use felix_runtime_tokio::felix_engine::{DurableConfig, FsyncPolicy};
 use felix_runtime_tokio::BrokerOptions;
@@ -42,12 +42,6 @@ fn start_broker(dir: PathBuf, durable: DurableConfig) -> BenchBroker {
     opts.storage_dir = Some(dir);
     opts.durable = durable;
     BenchBroker::start(opts)
-}
-
-async fn connect(broker: &BenchBroker) -> Client {
-    let mut c = ClientConfig::new(broker.addr, broker.ca_pem.clone(), "t1", &broker.token);
-    c.request_timeout = Duration::from_secs(30);
-    Client::connect(c).await.expect("connect")
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -84,7 +78,7 @@ fn main() {
         .build()
         .expect("client runtime");
     rt.block_on(async {
-        let publisher = connect(&broker).await;
+        let publisher = broker.client().await;
         let payload = Bytes::from(vec![0x5a; size]);
         let mut sent = 0;
         while sent < records {
@@ -101,7 +95,7 @@ fn main() {
         let started = Instant::now();
         let mut tasks = Vec::new();
         for i in 0..consumers {
-            let c = connect(&broker).await;
+            let c = broker.client().await;
             let acked = acked.clone();
             tasks.push(tokio::spawn(async move {
                 let opts = PollOptions {
@@ -157,7 +151,7 @@ fn main() {
         );
 
         // Wake-up latency: a poll waiting on an empty group, then one publish.
-        let waiter = connect(&broker).await;
+        let waiter = broker.client().await;
         let mut lat = Vec::new();
         for _ in 0..wakeups {
             let w = waiter.clone();

@@ -18,7 +18,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_client::{Ack, Client, ClientConfig};
+use felix_client::{Ack, Client};
+use felix_integration::BenchBroker;
 use felix_runtime_tokio::felix_engine::{DurableConfig, FsyncPolicy};
 use felix_runtime_tokio::BrokerOptions;
 
@@ -31,74 +32,18 @@ fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-struct Broker {
-    addr: std::net::SocketAddr,
-    ca_pem: Vec<u8>,
-    token: String,
-    stop: std::sync::mpsc::Sender<()>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-fn start_broker(dir: PathBuf) -> Broker {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (stop, stopped) = std::sync::mpsc::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name("broker".into())
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("broker-rt")
-                .enable_all()
-                .build()
-                .expect("broker runtime");
-            rt.block_on(async move {
-                let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
-                opts.storage_dir = Some(dir);
-                // `--direct-io off`: buffered appends, so the restarted pass reads a warm
-                // page cache (direct appends leave nothing there).
-                opts.direct_io = arg("direct-io", "on".to_owned()) != "off";
-                opts.durable = DurableConfig {
-                    fsync: FsyncPolicy::Periodic(Duration::from_millis(250)),
-                    ..DurableConfig::default()
-                };
-                let broker = felix_runtime_tokio::start(opts)
-                    .await
-                    .expect("broker starts");
-                tx.send((
-                    broker.local_addr(),
-                    broker.ca_cert_pem().as_bytes().to_vec(),
-                    broker.dev_token().expect("dev mode").to_owned(),
-                ))
-                .expect("main thread waits");
-                tokio::task::spawn_blocking(move || stopped.recv())
-                    .await
-                    .expect("stop wait")
-                    .ok();
-                broker.shutdown().await.expect("clean shutdown");
-            });
-        })
-        .expect("broker thread");
-    let (addr, ca_pem, token) = rx.recv().expect("broker started");
-    Broker {
-        addr,
-        ca_pem,
-        token,
-        stop,
-        thread,
-    }
-}
-
-impl Broker {
-    async fn connect(&self) -> Client {
-        let mut c = ClientConfig::new(self.addr, self.ca_pem.clone(), "t1", &self.token);
-        c.request_timeout = Duration::from_secs(60);
-        Client::connect(c).await.expect("connect")
-    }
-
-    fn stop(self) {
-        self.stop.send(()).expect("broker thread alive");
-        self.thread.join().expect("broker thread");
-    }
+/// A durable broker (periodic fsync) on its own thread, storing under `dir`.
+fn start_broker(dir: PathBuf) -> BenchBroker {
+    let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
+    opts.storage_dir = Some(dir);
+    // `--direct-io off`: buffered appends, so the restarted pass reads a warm page cache
+    // (direct appends leave nothing there).
+    opts.direct_io = arg("direct-io", "on".to_owned()) != "off";
+    opts.durable = DurableConfig {
+        fsync: FsyncPolicy::Periodic(Duration::from_millis(250)),
+        ..DurableConfig::default()
+    };
+    BenchBroker::start(opts)
 }
 
 /// Reads the whole shard page by page; gives (records, payload bytes, seconds, pages).
@@ -146,7 +91,7 @@ fn main() {
 
     let broker = start_broker(dir.clone());
     let end = rt.block_on(async {
-        let c = broker.connect().await;
+        let c = broker.client().await;
         let started = Instant::now();
         let mut tasks = Vec::new();
         let writers = 8u64;
@@ -186,7 +131,7 @@ fn main() {
 
     let broker = start_broker(dir.clone());
     rt.block_on(async {
-        let c = broker.connect().await;
+        let c = broker.client().await;
         let (records, bytes, secs, pages) = read_all(&c, stream, end).await;
         assert_eq!(records, end, "every record read back after the restart");
         println!(
