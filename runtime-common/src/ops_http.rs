@@ -7,10 +7,20 @@
 //! else, and a slow scraper never touches the drive loop. A scrape asks the drive loop for a
 //! snapshot of the engine's [`Metrics`] over a channel and waits for the answer; the engine
 //! stays the only owner of its counters.
+//!
+//! Past the limit the accept thread answers `503 busy` itself, without waiting for the
+//! request, so a flood of connections cannot slow accepting. Closing such a connection at once
+//! would often reset it (the kernel resets a socket closed with unread request bytes, and the
+//! reset can destroy the answer before the client reads it), so the accept thread writes the
+//! answer, shuts down its side for writing and hands the connection to one closer thread. The
+//! closer reads what the client sends and closes once the client has closed, with bounds on
+//! the bytes it reads (`MAX_REQUEST_BYTES`), the time it waits (`BUSY_LINGER`) and the
+//! connections it holds (`BUSY_CLOSER_QUEUE`); only past the last is a busy connection
+//! closed at once, and so possibly reset.
 
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::thread::JoinHandle;
@@ -32,8 +42,20 @@ use crate::driver::Control;
 pub const MAX_CONCURRENT_REQUESTS: usize = 8;
 /// How long a client may take to send its request, and a scrape may wait for the loop.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// The most request bytes read (a request line and headers; there is no body).
+/// The most request bytes read (a request line and headers; there is no body), also from a
+/// connection refused busy.
 const MAX_REQUEST_BYTES: usize = 8 * 1024;
+/// How long the closer keeps a busy connection open for its client to send the request and
+/// close. A client closes about one round trip after the answer reaches it, so a second
+/// covers slow networks; a client that stays silent holds the closer (serving one connection
+/// at a time) no longer than this.
+const BUSY_LINGER: Duration = Duration::from_secs(1);
+/// Busy connections waiting for the closer; past this they are closed at once (and may be
+/// reset). Each one is an open socket, so the bound keeps a flood's cost to a few dozen file
+/// descriptors, while prompt clients (gone within a round trip) rarely queue at all. A queued
+/// connection already has its answer; waiting (at worst this many `BUSY_LINGER`s) only keeps
+/// its socket open.
+const BUSY_CLOSER_QUEUE: usize = 32;
 
 /// A scrape's question to the drive loop: where to send the snapshot.
 pub(crate) type ScrapeRequest = std_mpsc::SyncSender<Metrics>;
@@ -106,17 +128,32 @@ impl Drop for OpsServer {
 }
 
 fn accept_loop(listener: TcpListener, state: Arc<OpsState>, stop: Arc<AtomicBool>) {
+    let (busy_tx, busy_rx) = std_mpsc::sync_channel(BUSY_CLOSER_QUEUE);
+    let closer = std::thread::Builder::new()
+        .name("felix-ops-closer".into())
+        .spawn({
+            let stop = stop.clone();
+            move || close_busy(busy_rx, &stop)
+        });
+    let closer = match closer {
+        Ok(closer) => Some(closer),
+        Err(e) => {
+            // Busy connections are then closed at once, as `try_send` fails.
+            warn!(error = %e, "could not start the ops closer thread");
+            None
+        }
+    };
     let active = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
-            return;
+            break;
         }
-        let Ok(mut conn) = conn else {
+        let Ok(conn) = conn else {
             continue;
         };
         if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONCURRENT_REQUESTS {
             active.fetch_sub(1, Ordering::SeqCst);
-            let _ = respond(&mut conn, 503, "text/plain", "busy\n", false);
+            refuse_busy(conn, &busy_tx);
             continue;
         }
         let (state, active) = (state.clone(), active.clone());
@@ -133,6 +170,59 @@ fn accept_loop(listener: TcpListener, state: Arc<OpsState>, stop: Arc<AtomicBool
             });
         if spawned.is_err() {
             active.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    // The closer ends once the channel closes; with `stop` set it no longer lingers, so this
+    // waits at most one `BUSY_LINGER`.
+    drop(busy_tx);
+    if let Some(closer) = closer {
+        let _ = closer.join();
+    }
+}
+
+/// Answers `503 busy` and passes the connection to the closer, or closes it when the closer's
+/// queue is full.
+fn refuse_busy(mut conn: TcpStream, closer: &std_mpsc::SyncSender<TcpStream>) {
+    // Non-blocking, so a client that does not read cannot stall accepting (a fresh socket's
+    // send buffer takes the short answer whole anyway).
+    let answered = conn.set_nonblocking(true).is_ok()
+        && respond(&mut conn, 503, "text/plain", "busy\n", false).is_ok()
+        && conn.shutdown(Shutdown::Write).is_ok();
+    if answered {
+        if let Err(std_mpsc::TrySendError::Full(_)) = closer.try_send(conn) {
+            debug!("ops closer queue full; closing a busy connection at once");
+        }
+    }
+}
+
+/// The closer thread: one busy connection at a time, each until its client closes.
+fn close_busy(busy: std_mpsc::Receiver<TcpStream>, stop: &AtomicBool) {
+    for conn in busy {
+        if !stop.load(Ordering::SeqCst) {
+            drain_until_closed(conn);
+        }
+    }
+}
+
+/// Reads and discards until the client closes, `MAX_REQUEST_BYTES` have come or
+/// `BUSY_LINGER` has passed. Closing with nothing unread sends a FIN, not a reset, so the
+/// answer already sent survives.
+fn drain_until_closed(mut conn: TcpStream) {
+    let deadline = Instant::now() + BUSY_LINGER;
+    if conn.set_nonblocking(false).is_err() {
+        return;
+    }
+    let mut buf = [0u8; 1024];
+    let mut read = 0;
+    while read < MAX_REQUEST_BYTES {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || conn.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        let room = buf.len().min(MAX_REQUEST_BYTES - read);
+        match conn.read(&mut buf[..room]) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => read += n,
         }
     }
 }
@@ -578,19 +668,14 @@ mod tests {
         drip.join().unwrap();
     }
 
-    /// With `MAX_CONCURRENT_REQUESTS` connections holding a slot, one more is refused
-    /// `503 busy`; a freed slot serves again.
+    /// With `MAX_CONCURRENT_REQUESTS` connections holding a slot, one more (sending nothing)
+    /// is refused `503 busy`; a freed slot serves again.
     #[test]
     fn one_request_past_the_concurrency_limit_is_refused_busy() {
         let (state, _control) = OpsState::new();
         let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
         let addr = server.local_addr();
-        // Each sends nothing, so its request thread waits in `read` and keeps its slot.
-        let held: Vec<TcpStream> = (0..MAX_CONCURRENT_REQUESTS)
-            .map(|_| TcpStream::connect(addr).unwrap())
-            .collect();
-        // It sends nothing either: the busy answer is written without reading the request,
-        // and unread request bytes at close would reset the connection under the answer.
+        let held = hold_all_slots(addr);
         let mut busy = String::new();
         TcpStream::connect(addr)
             .unwrap()
@@ -599,18 +684,150 @@ mod tests {
         assert!(busy.starts_with("HTTP/1.1 503"), "{busy}");
         assert!(busy.ends_with("busy\n"), "{busy}");
         drop(held);
-        let deadline = std::time::Instant::now() + REQUEST_TIMEOUT;
+        wait_until_served(addr);
+    }
+
+    /// Retries `/livez` until a slot serves it (held connections free theirs once dropped).
+    fn wait_until_served(addr: SocketAddr) {
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
         loop {
             let answer = request(addr, "GET /livez HTTP/1.1\r\n\r\n");
             if answer.starts_with("HTTP/1.1 200") {
                 break;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no slot freed: {answer}"
-            );
+            assert!(Instant::now() < deadline, "no slot freed: {answer}");
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Connects while every slot is held and reads the whole busy answer, sending nothing.
+    fn busy_connection(addr: SocketAddr) -> TcpStream {
+        let mut conn = TcpStream::connect(addr).unwrap();
+        conn.set_read_timeout(Some(REQUEST_TIMEOUT)).unwrap();
+        let mut busy = String::new();
+        conn.read_to_string(&mut busy).unwrap();
+        assert!(
+            busy.starts_with("HTTP/1.1 503") && busy.ends_with("busy\n"),
+            "{busy}"
+        );
+        conn
+    }
+
+    /// Whether the server has closed `conn` (whose answer and FIN were read already): a byte
+    /// sent to a closed socket draws a reset, which fails the next write. Reads cannot tell,
+    /// as they keep returning the FIN's end of stream.
+    fn closed_by_server(conn: &mut TcpStream) -> bool {
+        if conn.write_all(b"x").is_err() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        conn.write_all(b"x").is_err()
+    }
+
+    /// A busy client that neither sends nor closes is let go `BUSY_LINGER` after it
+    /// connected, not before and not much later.
+    #[test]
+    fn a_silent_busy_connection_is_closed_after_the_linger() {
+        let (state, _control) = OpsState::new();
+        let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
+        let held = hold_all_slots(server.local_addr());
+        let started = Instant::now();
+        let mut conn = busy_connection(server.local_addr());
+        while !closed_by_server(&mut conn) {
+            assert!(started.elapsed() < BUSY_LINGER * 3, "still open");
+        }
+        let took = started.elapsed();
+        assert!(took >= BUSY_LINGER, "closed after {took:?}");
+        drop(held);
+    }
+
+    /// Draining a busy connection stops at `MAX_REQUEST_BYTES`: a client that has sent that
+    /// much is closed at once instead of being waited for.
+    #[test]
+    fn a_busy_connection_is_drained_of_at_most_the_request_limit() {
+        let (state, _control) = OpsState::new();
+        let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
+        let held = hold_all_slots(server.local_addr());
+        let started = Instant::now();
+        let mut conn = TcpStream::connect(server.local_addr()).unwrap();
+        conn.write_all(&[b'a'; MAX_REQUEST_BYTES]).unwrap();
+        let mut busy = String::new();
+        conn.read_to_string(&mut busy).unwrap();
+        assert!(busy.starts_with("HTTP/1.1 503"), "{busy}");
+        while !closed_by_server(&mut conn) {
+            assert!(
+                started.elapsed() < BUSY_LINGER / 2,
+                "waited as if under the limit"
+            );
+        }
+        drop(held);
+    }
+
+    /// With the closer busy and its queue full, further busy connections are still accepted
+    /// and answered (and closed at once), and the endpoint serves again once slots free.
+    #[test]
+    fn a_full_closer_queue_does_not_stop_accepting() {
+        let (state, _control) = OpsState::new();
+        let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
+        let addr = server.local_addr();
+        let held = hold_all_slots(addr);
+        let started = Instant::now();
+        // One for the closer to linger on, a queue's worth, and a few that cannot fit.
+        let busy: Vec<TcpStream> = (0..1 + BUSY_CLOSER_QUEUE + 4)
+            .map(|_| busy_connection(addr))
+            .collect();
+        let took = started.elapsed();
+        assert!(
+            took < BUSY_LINGER / 2,
+            "accepting waited for the closer: {took:?}"
+        );
+        // As in `closed_by_server`, but probed all at once to keep the test short.
+        let probe = |mut c: &TcpStream| c.write_all(b"x").is_err();
+        busy.iter().for_each(|c| _ = probe(c));
+        std::thread::sleep(Duration::from_millis(50));
+        let dropped = busy.iter().filter(|c| probe(c)).count();
+        assert!(dropped >= 1, "the queue never filled");
+        // The closer's connection and a full queue stay open (unless the closer moved on).
+        assert!(
+            busy.len() - dropped > BUSY_CLOSER_QUEUE,
+            "{dropped} dropped"
+        );
+        drop(busy);
+        drop(held);
+        wait_until_served(addr);
+    }
+
+    /// Holds every request slot: each connection sends nothing, so its request thread waits
+    /// in `read` and keeps its slot until the connection is dropped.
+    fn hold_all_slots(addr: SocketAddr) -> Vec<TcpStream> {
+        (0..MAX_CONCURRENT_REQUESTS)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect()
+    }
+
+    /// A client that sends a whole request before reading still gets `503 busy`, and no
+    /// reset: the busy answer is followed by draining the request and waiting for the
+    /// client to close. Repeated so a reset race would show.
+    #[test]
+    fn a_busy_answer_reaches_a_client_that_sent_its_request() {
+        let (state, _control) = OpsState::new();
+        let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
+        let addr = server.local_addr();
+        let held = hold_all_slots(addr);
+        for i in 0..20 {
+            let mut conn = TcpStream::connect(addr).unwrap();
+            conn.set_read_timeout(Some(REQUEST_TIMEOUT)).unwrap();
+            conn.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+                .unwrap();
+            let mut busy = String::new();
+            let read = conn.read_to_string(&mut busy);
+            assert!(read.is_ok(), "connection {i}: {read:?} after {busy:?}");
+            assert!(busy.starts_with("HTTP/1.1 503"), "connection {i}: {busy}");
+            assert!(busy.ends_with("busy\n"), "connection {i}: {busy}");
+            // A reset after the FIN leaves reads at end of stream but sets the socket error.
+            assert!(conn.take_error().unwrap().is_none(), "connection {i} reset");
+        }
+        drop(held);
     }
 
     /// Blocks on the next control message (`None` once every sender is gone).
