@@ -787,9 +787,10 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         let dropped = busy.iter().filter(|c| probe(c)).count();
         assert!(dropped >= 1, "the queue never filled");
-        // The closer's connection and a full queue stay open (unless the closer moved on).
+        // At least a full queue stays open (plus the closer's own connection, unless the
+        // closer had not taken its first one yet when the queue filled, as under load).
         assert!(
-            busy.len() - dropped > BUSY_CLOSER_QUEUE,
+            busy.len() - dropped >= BUSY_CLOSER_QUEUE,
             "{dropped} dropped"
         );
         drop(busy);
