@@ -25,12 +25,19 @@ impl Rig {
     }
 
     fn on(fs: MemFs) -> Rig {
-        let t0 = Instant::now();
-        let settings = DurableSettings {
-            log: LogConfig {
+        Rig::with_log(
+            fs,
+            LogConfig {
                 fsync: FsyncMode::None,
                 ..LogConfig::default()
             },
+        )
+    }
+
+    fn with_log(fs: MemFs, log: LogConfig) -> Rig {
+        let t0 = Instant::now();
+        let settings = DurableSettings {
+            log,
             ack_after_write: true,
             groups: Default::default(),
         };
@@ -107,6 +114,30 @@ impl Rig {
                 reused,
             )
         })
+    }
+
+    /// Publishes `payloads` as one batch stamped `unix_micros`, whatever the rig's clock says.
+    fn publish_at(&mut self, unix_micros: u64, payloads: Vec<Bytes>) -> u64 {
+        let p = self.retry(|r| {
+            r.b.publish(
+                r.now,
+                unix_micros,
+                &key(),
+                None,
+                None,
+                payloads.clone(),
+                None,
+            )
+        });
+        p.first_offset.expect("a non-empty batch has an offset")
+    }
+
+    fn offset_for_time(&mut self, at_micros: u64) -> Option<u64> {
+        let answer = self.b.offset_for_time(self.now, &key(), 0, at_micros, 3);
+        match self.read_answer(answer.unwrap()) {
+            Message::OffsetValue(v) => v.offset,
+            other => panic!("{other:?}"),
+        }
     }
 
     fn publish_if(&mut self, expected: u64, payload: &'static str) -> Guarded {
@@ -400,17 +431,69 @@ fn offset_for_time_finds_the_first_record_at_or_after_a_time() {
         });
         r.advance(Duration::from_secs(1));
     }
-    let ask = |r: &mut Rig, at: u64| {
-        let answer = r.b.offset_for_time(r.now, &key(), 0, at, 3).unwrap();
-        match r.read_answer(answer) {
-            Message::OffsetValue(v) => v.offset,
-            other => panic!("{other:?}"),
-        }
+    assert_eq!(
+        r.offset_for_time(0),
+        Some(0),
+        "older than everything: the oldest"
+    );
+    assert_eq!(r.offset_for_time(T0_MICROS + 7_000_000), Some(14));
+    assert_eq!(r.offset_for_time(T0_MICROS + 7_000_001), Some(16));
+    assert_eq!(r.offset_for_time(T0_MICROS + 60_000_000), None);
+}
+
+/// Append times that go back (a wall clock stepped back) and small entries the sparse index
+/// skips: the answer is still the first offset whose stored time is at or after the asked
+/// one, checked against a scan of every entry, from the tail cache and from the files.
+#[test]
+fn offset_for_time_after_the_clock_steps_back_still_answers_the_first_record_at_or_after() {
+    // (seconds after T0, payload bytes). 5000 bytes puts an index point on the next entry;
+    // a small entry after a small indexed one gets none.
+    let entries: [(u64, usize); 13] = [
+        (10, 10),
+        (50, 10),
+        (20, 5000),
+        (30, 5000),
+        (40, 5000),
+        (15, 5000),
+        (25, 10),
+        (35, 5000),
+        (60, 5000),
+        (5, 5000),
+        (45, 10),
+        (70, 5000),
+        (65, 5000),
+    ];
+    let from_tail = LogConfig {
+        fsync: FsyncMode::None,
+        ..LogConfig::default()
     };
-    assert_eq!(ask(&mut r, 0), Some(0), "older than everything: the oldest");
-    assert_eq!(ask(&mut r, T0_MICROS + 7_000_000), Some(14));
-    assert_eq!(ask(&mut r, T0_MICROS + 7_000_001), Some(16));
-    assert_eq!(ask(&mut r, T0_MICROS + 60_000_000), None);
+    let from_files = LogConfig {
+        fsync: FsyncMode::None,
+        segment_max_bytes: 12_000,
+        tail_cache_bytes: 0,
+        ..LogConfig::default()
+    };
+    for cfg in [from_tail, from_files] {
+        let mut r = Rig::with_log(MemFs::new(), cfg.clone());
+        let mut stored = Vec::new();
+        for &(secs, bytes) in &entries {
+            let at = T0_MICROS + secs * 1_000_000;
+            let first = r.publish_at(at, vec![Bytes::from(vec![b'x'; bytes]), Bytes::from("y")]);
+            stored.push((first, at));
+        }
+        r.pump();
+        let mut probes = vec![0, u64::MAX];
+        for &(_, at) in &stored {
+            probes.extend([at - 1, at, at + 1]);
+        }
+        for t in probes {
+            let expected = stored
+                .iter()
+                .find(|&&(_, at)| at >= t)
+                .map(|&(first, _)| first);
+            assert_eq!(r.offset_for_time(t), expected, "asked for {t} ({cfg:?})");
+        }
+    }
 }
 
 #[test]
