@@ -496,6 +496,94 @@ fn offset_for_time_after_the_clock_steps_back_still_answers_the_first_record_at_
     }
 }
 
+/// The first page read from the index point holds no record that recent (one batch fills
+/// it), so the broker reads on from where that page stopped, which is the answer itself.
+#[test]
+fn offset_for_time_reads_on_when_the_first_page_holds_no_answer() {
+    use crate::storage::log::MAX_RECORDS_PER_READ;
+    let mut r = Rig::new();
+    let full_page: Vec<Bytes> = (0..MAX_RECORDS_PER_READ)
+        .map(|i| Bytes::from(i.to_string()))
+        .collect();
+    assert_eq!(r.publish_at(T0_MICROS, full_page), 0);
+    let late = T0_MICROS + 1_000_000;
+    let next_page = MAX_RECORDS_PER_READ as u64;
+    assert_eq!(r.publish_at(late, vec![Bytes::from("late")]), next_page);
+    assert_eq!(
+        r.publish_at(late + 1_000_000, vec![Bytes::from("later")]),
+        next_page + 1
+    );
+    r.pump();
+    assert_eq!(r.offset_for_time(T0_MICROS + 1), Some(next_page));
+    assert_eq!(r.offset_for_time(late), Some(next_page));
+    assert_eq!(r.offset_for_time(late + 1), Some(next_page + 1));
+    assert_eq!(r.offset_for_time(late + 1_000_001), None);
+}
+
+#[test]
+fn stream_read_below_retention_is_answered_too_old() {
+    use felix_proto::message::CursorErrorReason;
+    let mut r = Rig::with_log(
+        MemFs::new(),
+        LogConfig {
+            fsync: FsyncMode::None,
+            segment_max_bytes: 300,
+            retention_bytes: Some(1000),
+            tail_cache_bytes: 0,
+            ..LogConfig::default()
+        },
+    );
+    for i in 0..60u64 {
+        let payload = Bytes::from(format!("record {i:040}"));
+        r.retry(|r| {
+            let unix = r.unix();
+            r.b.publish(r.now, unix, &key(), None, None, vec![payload.clone()], None)
+        });
+    }
+    r.pump();
+    r.advance(crate::storage::log::DEFAULT_RETENTION_CHECK_INTERVAL);
+    let unix = r.unix();
+    r.b.handle_timeout(r.now, unix);
+    r.pump();
+    let start = {
+        let i = r.b.stream_index[&key()];
+        let log = r.b.streams[i].shards[0].store.as_ref().unwrap().log;
+        r.b.logs
+            .as_ref()
+            .unwrap()
+            .slot(log)
+            .unwrap()
+            .log
+            .shard()
+            .start_offset()
+    };
+    assert!(start > 0, "retention removed the oldest segments");
+    let req = |from| PageRequest {
+        shard: 0,
+        from,
+        end: None,
+        max_records: Some(1),
+        max_bytes: None,
+        request_id: 9,
+    };
+    let answer = r.b.stream_read(r.now, &key(), req(start - 1)).unwrap();
+    match r.read_answer(answer) {
+        Message::SubscribeCursorError(e) => {
+            assert_eq!(e.reason, CursorErrorReason::TooOld);
+            assert_eq!((e.requested, e.available), (start - 1, start));
+        }
+        other => panic!("expected too_old, got {other:?}"),
+    }
+    let answer = r.b.stream_read(r.now, &key(), req(start)).unwrap();
+    let Message::StreamRecords(page) = r.read_answer(answer) else {
+        panic!()
+    };
+    assert_eq!(
+        page.records[0].offset, start,
+        "the oldest kept record is still read"
+    );
+}
+
 #[test]
 fn a_page_asking_for_more_than_the_limit_gets_the_limit() {
     use crate::storage::log::MAX_RECORDS_PER_READ;
