@@ -219,7 +219,8 @@ impl Broker {
         Ok(ReadAnswer::Later { log, ticket })
     }
 
-    /// The first offset on a durable shard appended at or after `at_micros`.
+    /// The lowest offset on a durable shard whose stored append time is at or after
+    /// `at_micros` (what that means when the clock stepped back: docs/stream-features.md).
     pub(crate) fn offset_for_time(
         &mut self,
         now: Instant,
@@ -283,6 +284,8 @@ impl Broker {
                 Ok(records_frame(&batch, end, page.request_id))
             }
             (PageKind::Time { at_micros }, Ok(batch)) => {
+                // Everything below where the search started is older (`seek_time`), so the
+                // first entry this recent in the pages read from there is the answer.
                 let found = batch
                     .batches
                     .iter()

@@ -28,13 +28,24 @@ impl Rig {
         Rig::with_config(fs, BrokerConfig::default())
     }
 
+    /// The default log (no fsync) under a broker configured as `cfg`.
     fn with_config(fs: MemFs, cfg: BrokerConfig) -> Rig {
+        let log = LogConfig {
+            fsync: FsyncMode::None,
+            ..LogConfig::default()
+        };
+        Rig::build(fs, cfg, log)
+    }
+
+    /// A default broker over logs configured as `log`.
+    fn with_log(fs: MemFs, log: LogConfig) -> Rig {
+        Rig::build(fs, BrokerConfig::default(), log)
+    }
+
+    fn build(fs: MemFs, cfg: BrokerConfig, log: LogConfig) -> Rig {
         let t0 = Instant::now();
         let settings = DurableSettings {
-            log: LogConfig {
-                fsync: FsyncMode::None,
-                ..LogConfig::default()
-            },
+            log,
             ack_after_write: true,
             groups: Default::default(),
         };
@@ -111,6 +122,30 @@ impl Rig {
                 reused,
             )
         })
+    }
+
+    /// Publishes `payloads` as one batch stamped `unix_micros`, whatever the rig's clock says.
+    fn publish_at(&mut self, unix_micros: u64, payloads: Vec<Bytes>) -> u64 {
+        let p = self.retry(|r| {
+            r.b.publish(
+                r.now,
+                unix_micros,
+                &key(),
+                None,
+                None,
+                payloads.clone(),
+                None,
+            )
+        });
+        p.first_offset.expect("a non-empty batch has an offset")
+    }
+
+    fn offset_for_time(&mut self, at_micros: u64) -> Option<u64> {
+        let answer = self.b.offset_for_time(self.now, &key(), 0, at_micros, 3);
+        match self.read_answer(answer.unwrap()) {
+            Message::OffsetValue(v) => v.offset,
+            other => panic!("{other:?}"),
+        }
     }
 
     fn publish_if(&mut self, expected: u64, payload: &'static str) -> Guarded {
@@ -484,17 +519,157 @@ fn offset_for_time_finds_the_first_record_at_or_after_a_time() {
         });
         r.advance(Duration::from_secs(1));
     }
-    let ask = |r: &mut Rig, at: u64| {
-        let answer = r.b.offset_for_time(r.now, &key(), 0, at, 3).unwrap();
-        match r.read_answer(answer) {
-            Message::OffsetValue(v) => v.offset,
-            other => panic!("{other:?}"),
-        }
+    assert_eq!(
+        r.offset_for_time(0),
+        Some(0),
+        "older than everything: the oldest"
+    );
+    assert_eq!(r.offset_for_time(T0_MICROS + 7_000_000), Some(14));
+    assert_eq!(r.offset_for_time(T0_MICROS + 7_000_001), Some(16));
+    assert_eq!(r.offset_for_time(T0_MICROS + 60_000_000), None);
+}
+
+/// Append times that go back (a wall clock stepped back) and small entries the sparse index
+/// skips: the answer is still the first offset whose stored time is at or after the asked
+/// one, checked against a scan of every entry, from the tail cache and from the files.
+#[test]
+fn offset_for_time_after_the_clock_steps_back_still_answers_the_first_record_at_or_after() {
+    // (seconds after T0, payload bytes). 5000 bytes puts an index point on the next entry;
+    // a small entry after a small indexed one gets none.
+    let entries: [(u64, usize); 13] = [
+        (10, 10),
+        (50, 10),
+        (20, 5000),
+        (30, 5000),
+        (40, 5000),
+        (15, 5000),
+        (25, 10),
+        (35, 5000),
+        (60, 5000),
+        (5, 5000),
+        (45, 10),
+        (70, 5000),
+        (65, 5000),
+    ];
+    let from_tail = LogConfig {
+        fsync: FsyncMode::None,
+        ..LogConfig::default()
     };
-    assert_eq!(ask(&mut r, 0), Some(0), "older than everything: the oldest");
-    assert_eq!(ask(&mut r, T0_MICROS + 7_000_000), Some(14));
-    assert_eq!(ask(&mut r, T0_MICROS + 7_000_001), Some(16));
-    assert_eq!(ask(&mut r, T0_MICROS + 60_000_000), None);
+    let from_files = LogConfig {
+        fsync: FsyncMode::None,
+        segment_max_bytes: 12_000,
+        tail_cache_bytes: 0,
+        ..LogConfig::default()
+    };
+    for cfg in [from_tail, from_files] {
+        let mut r = Rig::with_log(MemFs::new(), cfg.clone());
+        let mut stored = Vec::new();
+        for &(secs, bytes) in &entries {
+            let at = T0_MICROS + secs * 1_000_000;
+            let first = r.publish_at(at, vec![Bytes::from(vec![b'x'; bytes]), Bytes::from("y")]);
+            stored.push((first, at));
+        }
+        r.pump();
+        let mut probes = vec![0, u64::MAX];
+        for &(_, at) in &stored {
+            probes.extend([at - 1, at, at + 1]);
+        }
+        for t in probes {
+            let expected = stored
+                .iter()
+                .find(|&&(_, at)| at >= t)
+                .map(|&(first, _)| first);
+            assert_eq!(r.offset_for_time(t), expected, "asked for {t} ({cfg:?})");
+        }
+    }
+}
+
+/// The first page read from the index point holds no record that recent (one batch fills
+/// it), so the broker reads on from where that page stopped, which is the answer itself.
+#[test]
+fn offset_for_time_reads_on_when_the_first_page_holds_no_answer() {
+    use crate::storage::log::MAX_RECORDS_PER_READ;
+    let mut r = Rig::new();
+    let full_page: Vec<Bytes> = (0..MAX_RECORDS_PER_READ)
+        .map(|i| Bytes::from(i.to_string()))
+        .collect();
+    assert_eq!(r.publish_at(T0_MICROS, full_page), 0);
+    let late = T0_MICROS + 1_000_000;
+    let next_page = MAX_RECORDS_PER_READ as u64;
+    assert_eq!(r.publish_at(late, vec![Bytes::from("late")]), next_page);
+    assert_eq!(
+        r.publish_at(late + 1_000_000, vec![Bytes::from("later")]),
+        next_page + 1
+    );
+    r.pump();
+    assert_eq!(r.offset_for_time(T0_MICROS + 1), Some(next_page));
+    assert_eq!(r.offset_for_time(late), Some(next_page));
+    assert_eq!(r.offset_for_time(late + 1), Some(next_page + 1));
+    assert_eq!(r.offset_for_time(late + 1_000_001), None);
+}
+
+#[test]
+fn stream_read_below_retention_is_answered_too_old() {
+    use felix_proto::message::CursorErrorReason;
+    let mut r = Rig::with_log(
+        MemFs::new(),
+        LogConfig {
+            fsync: FsyncMode::None,
+            segment_max_bytes: 300,
+            retention_bytes: Some(1000),
+            tail_cache_bytes: 0,
+            ..LogConfig::default()
+        },
+    );
+    for i in 0..60u64 {
+        let payload = Bytes::from(format!("record {i:040}"));
+        r.retry(|r| {
+            let unix = r.unix();
+            r.b.publish(r.now, unix, &key(), None, None, vec![payload.clone()], None)
+        });
+    }
+    r.pump();
+    r.advance(crate::storage::log::DEFAULT_RETENTION_CHECK_INTERVAL);
+    let unix = r.unix();
+    r.b.handle_timeout(r.now, unix);
+    r.pump();
+    let start = {
+        let i = r.b.stream_index[&key()];
+        let log = r.b.streams[i].shards[0].store.as_ref().unwrap().log;
+        r.b.logs
+            .as_ref()
+            .unwrap()
+            .slot(log)
+            .unwrap()
+            .log
+            .shard()
+            .start_offset()
+    };
+    assert!(start > 0, "retention removed the oldest segments");
+    let req = |from| PageRequest {
+        shard: 0,
+        from,
+        end: None,
+        max_records: Some(1),
+        max_bytes: None,
+        request_id: 9,
+    };
+    let answer = r.b.stream_read(r.now, &key(), req(start - 1)).unwrap();
+    match r.read_answer(answer) {
+        Message::SubscribeCursorError(e) => {
+            assert_eq!(e.reason, CursorErrorReason::TooOld);
+            assert_eq!((e.requested, e.available), (start - 1, start));
+        }
+        other => panic!("expected too_old, got {other:?}"),
+    }
+    let answer = r.b.stream_read(r.now, &key(), req(start)).unwrap();
+    let Message::StreamRecords(page) = r.read_answer(answer) else {
+        panic!()
+    };
+    assert_eq!(
+        page.records[0].offset, start,
+        "the oldest kept record is still read"
+    );
 }
 
 #[test]

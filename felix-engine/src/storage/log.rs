@@ -566,9 +566,10 @@ impl ShardLog {
         self.scanned_ext.pop_front()
     }
 
-    /// The offset of the first entry appended at or after `at_micros`, as far as the
-    /// sparse index can tell: a read from the returned offset finds it within a few
-    /// entries. `None` when every record is older.
+    /// Where to read from for the first entry stamped at or after `at_micros`: every entry
+    /// below the returned offset is stamped earlier, even if the clock stepped back, and
+    /// the one wanted follows within about an index interval. `None` when every record is
+    /// older.
     pub(crate) fn seek_time(&self, at_micros: u64) -> Option<u64> {
         let i = self
             .segments

@@ -45,7 +45,9 @@ pub(crate) struct Segment {
     pub(crate) synced_len: u64,
     /// `(first offset of an entry, file position of that entry)`, ascending.
     index: Vec<(u64, u64)>,
-    /// The append time of each index point's entry, beside `index`.
+    /// Beside `index`: the newest append time of any entry up to and including that index
+    /// point's entry. Never the entry's own time, which goes back when the wall clock does,
+    /// and which would hide the entries between two points that are newer than both.
     index_times: Vec<u64>,
     last_indexed_pos: Option<u64>,
     /// Append time of the newest record, for retention by age.
@@ -92,12 +94,12 @@ impl Segment {
         let due = self
             .last_indexed_pos
             .is_none_or(|last| pos - last >= INDEX_INTERVAL_BYTES);
+        self.newest_time_us = self.newest_time_us.max(meta.time_us);
         if due {
             self.index.push((meta.base, pos));
-            self.index_times.push(meta.time_us);
+            self.index_times.push(self.newest_time_us);
             self.last_indexed_pos = Some(pos);
         }
-        self.newest_time_us = self.newest_time_us.max(meta.time_us);
         if self.compacted_end.is_none() {
             self.end = meta.end();
         }
@@ -115,7 +117,8 @@ impl Segment {
     }
 
     /// Where to start looking for the first record appended at or after `at_micros`: the
-    /// first offset of the last index point older than it (the base if none is).
+    /// first offset of the last index point older than it (the base if none is). Every
+    /// entry before that point is older, since `index_times` only rises.
     pub(crate) fn seek_time(&self, at_micros: u64) -> u64 {
         let i = self.index_times.partition_point(|&t| t < at_micros);
         if i == 0 {
@@ -168,5 +171,37 @@ mod tests {
         let p = s.seek(159);
         assert!((SEGMENT_HEADER_LEN + 25 * 1000..=SEGMENT_HEADER_LEN + 29 * 1000).contains(&p));
         assert_eq!(s.newest_time_us, 298 * 10);
+    }
+
+    #[test]
+    fn seek_time_starts_at_or_before_the_first_entry_that_recent_when_times_go_back() {
+        let mut s = Segment::found("d", 0, None);
+        let mut pos = SEGMENT_HEADER_LEN;
+        // (time, length): 100 bytes keeps an entry off the index after a short indexed one.
+        let entries = [
+            (10, 100),
+            (50, 100),
+            (20, 5000),
+            (30, 5000),
+            (5, 5000),
+            (40, 5000),
+        ];
+        for (i, &(time_us, len)) in entries.iter().enumerate() {
+            let m = EntryMeta {
+                base: i as u64,
+                count: 1,
+                time_us,
+                len,
+            };
+            s.note_entry(pos, &m);
+            pos += u64::from(len);
+        }
+        // Index points on entries 0, 3, 4, 5; the unindexed 50 counts from entry 3 on.
+        assert_eq!(s.index_points().len(), 4);
+        for at in [0, 10, 11, 25, 45, 50] {
+            let first = entries.iter().position(|&(t, _)| t >= at).unwrap() as u64;
+            assert!(s.seek_time(at) <= first, "at {at}");
+        }
+        assert_eq!(s.seek_time(51), 5, "nothing that recent: the last point");
     }
 }
