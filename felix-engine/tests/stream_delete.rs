@@ -273,6 +273,36 @@ fn a_tombstone_left_by_a_crash_is_finished_at_startup_and_never_opened() {
 }
 
 #[test]
+fn a_groups_tombstone_left_by_a_crash_is_removed_at_startup() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (pid, _) = net.auth_stream(p);
+    publish(&mut net, p, pid, 1, &[b"a"]);
+    let mut disk = std::mem::take(&mut net.disk);
+    drop(net);
+    // A crash after the groups directory's rename: its tombstone holds a group's log. A live
+    // stream's groups directory beside it is left alone.
+    let tomb = "groups/t1/default/.deleted.1.2/0/workers/00000000000000000000.seg";
+    let live = "groups/t1/default/orders/0/workers/00000000000000000000.seg";
+    for f in [tomb, live] {
+        let mut dir = f;
+        while let Some((parent, _)) = dir.rsplit_once('/') {
+            disk.dirs.insert(parent.to_owned());
+            dir = parent;
+        }
+        disk.files.insert(f.to_owned(), b"group log bytes".to_vec());
+    }
+
+    let net = Net::durable_on(disk, on_commit(), |_| {});
+    let files: Vec<&String> = net.disk.files.keys().collect();
+    assert!(
+        !files.iter().any(|f| f.contains(".deleted.")),
+        "startup removed the groups tombstone's files: {files:?}"
+    );
+    assert!(files.iter().any(|f| *f == live), "{files:?}");
+}
+
+#[test]
 fn a_publish_during_the_rename_waits_for_it_and_never_sees_the_old_log() {
     let mut net = Net::durable(on_commit(), |_| {});
     let p = net.connect(&[]);

@@ -20,6 +20,7 @@ use crate::storage::ops::{
     FileCompletion, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
 };
 
+use super::groups::GROUPS_DIR;
 use super::SubscriberId;
 
 /// Records a catch-up read returns at most, and its payload byte budget.
@@ -302,7 +303,8 @@ impl Logs {
             shutting_down: false,
             retiring: Default::default(),
         };
-        for root in [STREAMS_DIR, CACHES_DIR, COUNTERS_DIR] {
+        // `groups/` is walked only for tombstones: group logs open when first used.
+        for root in [STREAMS_DIR, CACHES_DIR, COUNTERS_DIR, GROUPS_DIR] {
             let op = logs.discovery.list(root.to_owned(), 0);
             logs.ops.push_back(op);
         }
@@ -546,15 +548,25 @@ impl Logs {
                 return;
             }
         };
+        let groups = dir.starts_with(GROUPS_DIR);
         for entry in entries.into_iter().filter(|e| e.is_dir) {
             let child = layout::join(&dir, &entry.name);
             if depth == 2
-                && dir.starts_with(STREAMS_DIR)
+                && (groups || dir.starts_with(STREAMS_DIR))
                 && super::delete::is_tombstone(&entry.name)
             {
-                // A stream deleted before a crash: never opened, its files go now.
+                // A stream (or its groups) deleted before a crash: never opened, its files
+                // go now.
                 let op = self.retiring.finish(child);
                 self.ops.push_back(op);
+                continue;
+            }
+            if groups {
+                // Down to the namespaces, where tombstones are; group logs are not opened.
+                if depth < 2 {
+                    let op = self.discovery.list(child, depth + 1);
+                    self.ops.push_back(op);
+                }
                 continue;
             }
             if depth + 1 < SHARD_DEPTH {
