@@ -419,7 +419,10 @@ fn run_one(
         let syncs_per_sec = f.syncs as f64 / o.secs;
         println!("{name}.fsyncs_per_sec: {syncs_per_sec:.0}");
         println!("{name}.appends_per_sec: {:.0}", f.appends as f64 / o.secs);
-        println!("{name}.direct_appends: {} of {}", f.direct_appends, f.appends);
+        println!(
+            "{name}.direct_appends: {} of {}",
+            f.direct_appends, f.appends
+        );
         if f.appends > 0 {
             println!(
                 "{name}.mean_append_ms: {:.2} ({:.0} KiB)",
