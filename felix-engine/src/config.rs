@@ -107,6 +107,11 @@ pub const DEFAULT_SEGMENT_MAX_BYTES: u64 = 64 << 20;
 /// further ones queued (the runtime's executor never holds more).
 pub const DEFAULT_MAX_INFLIGHT_FILE_OPS: usize = 64;
 
+/// Consumer-group polls waiting for work at once across the broker
+/// ([`GroupConfig::max_waiting_polls`](crate::GroupConfig::max_waiting_polls)); one more is
+/// answered at once instead of waiting.
+pub const DEFAULT_GROUP_MAX_WAITING_POLLS: usize = 100_000;
+
 /// Newest written entries each log keeps in memory, so subscribers catching up at the tail
 /// and gets of fresh cache keys need no file read.
 pub const DEFAULT_TAIL_CACHE_BYTES: usize = 4 << 20;

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use felix_engine::{DurableConfig, FsyncPolicy};
+use felix_engine::{DurableConfig, FsyncPolicy, GroupConfig};
 use quinn_proto::StreamId;
 use serde_json::Value;
 
@@ -297,4 +297,78 @@ fn a_poll_answers_about_4_mib_of_payload_and_leaves_the_rest_owed() {
         "{:?}",
         answers.iter().map(|a| &a["type"]).collect::<Vec<_>>()
     );
+}
+
+#[test]
+fn polls_wait_up_to_the_limit_and_one_more_is_answered_at_once() {
+    let durable = DurableConfig {
+        groups: GroupConfig {
+            max_waiting_polls: 3,
+            ..GroupConfig::default()
+        },
+        ..on_commit()
+    };
+    let mut net = Net::durable(durable, |_| {});
+    let p = net.connect(&[]);
+    let (publisher, _) = net.auth_stream(p);
+    let poll = |rid: u64| {
+        format!(
+            r#"{{"type":"group_poll",{ADDR},"max_records":1,"wait_ms":5000,"request_id":{rid}}}"#
+        )
+    };
+    // A poll holds its stream's answers, so each waiting one gets a stream of its own.
+    let waiters: Vec<StreamId> = (1..=3)
+        .map(|rid| {
+            let (sid, _) = net.auth_stream(p);
+            request(&mut net, p, sid, &poll(rid));
+            sid
+        })
+        .collect();
+    for &sid in &waiters {
+        assert!(
+            json(&mut net, p, sid).is_empty(),
+            "at the limit, polls wait"
+        );
+    }
+
+    let (extra, _) = net.auth_stream(p);
+    request(&mut net, p, extra, &poll(4));
+    assert_eq!(
+        json(&mut net, p, extra),
+        vec![serde_json::json!({"type": "group_records", "records": [], "request_id": 4})],
+        "one past the limit is answered at once, not refused"
+    );
+    for &sid in &waiters {
+        assert!(json(&mut net, p, sid).is_empty(), "the three still wait");
+    }
+
+    // A record wakes one waiter; the slot it leaves lets the next poll wait again.
+    net.send(
+        p,
+        publisher,
+        &binary_publish(Some(1), None, "jobs", &[b"work"]),
+    );
+    net.run();
+    let woken: Vec<Value> = waiters
+        .iter()
+        .flat_map(|&sid| json(&mut net, p, sid))
+        .collect();
+    assert_eq!(woken.len(), 1, "{woken:?}");
+    assert_eq!(woken[0]["records"][0]["offset"], 0, "{woken:?}");
+    request(&mut net, p, extra, &poll(5));
+    assert!(json(&mut net, p, extra).is_empty(), "a freed slot is taken");
+
+    net.advance(Duration::from_secs(5));
+    let mut ended: Vec<Value> = waiters
+        .iter()
+        .chain([&extra])
+        .flat_map(|&sid| json(&mut net, p, sid))
+        .collect();
+    ended.sort_by_key(|a| a["request_id"].as_u64());
+    assert_eq!(ended.len(), 3, "{ended:?}");
+    assert!(
+        ended.iter().all(|a| a["records"] == serde_json::json!([])),
+        "{ended:?}"
+    );
+    assert_eq!(ended[2]["request_id"], 5);
 }

@@ -1,10 +1,10 @@
 //! Consumer groups end to end through our client: poll and ack, nack and redelivery with
 //! attempts counted, dead letters after the attempt bound, redrive and discard, two
-//! groups over one shard, and a waiting poll woken by a publish.
+//! groups over one shard, a waiting poll woken by a publish, and each record's append time.
 
 mod durable_support;
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use durable_support::*;
@@ -145,6 +145,51 @@ async fn poll_ack_nack_dead_letter_redrive_and_discard() {
     // Past the tail was never handed out.
     let err = c.group(NS, &s, 0, "g").ack(99).await.unwrap_err();
     assert_eq!(err.code(), Some(&felix_client::ErrorCode::InvalidRequest));
+    c.close().await;
+    stop(broker).await;
+}
+
+fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+#[tokio::test]
+async fn polled_records_carry_their_append_time() {
+    // Taken before the broker starts: its wall clock is the time it read at startup plus
+    // monotonic time since, so no append it stamps can be earlier than this.
+    let before = unix_micros();
+    let dir = TempDir::new("groups-times");
+    let broker = start(dir.path(), groups_config()).await;
+    let c = client(&broker).await;
+    let s = unique("stamped");
+    publish(&c, &s, &["a"]).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    publish(&c, &s, &["b", "c"]).await;
+    let got = c.group(NS, &s, 0, "g").poll(&now_poll(10)).await.unwrap();
+    let after = unix_micros();
+
+    let times: Vec<u64> = got
+        .iter()
+        .map(|r| {
+            r.timestamp_micros
+                .unwrap_or_else(|| panic!("record {} has no timestamp_micros", r.offset))
+        })
+        .collect();
+    assert_eq!(times.len(), 3);
+    // The monotonic clock may run a little ahead of the wall clock over the test, hence
+    // the slack at the end; a value in another unit or from another clock is far outside.
+    let window = before..=after + 5_000;
+    for t in &times {
+        assert!(window.contains(t), "{t} not in {window:?}");
+    }
+    assert!(
+        times[1] >= times[0] + 20_000,
+        "the second batch was appended after the 20 ms pause: {times:?}"
+    );
+    assert!(times[1] <= times[2], "appended in offset order: {times:?}");
     c.close().await;
     stop(broker).await;
 }

@@ -244,6 +244,7 @@ pub const SETTINGS: &[Setting] = &[
     plain("groups.max_visibility_ms", &["FELIX_GROUP_MAX_VISIBILITY_MS"], Kind::Int, Default_::Int(12 * 3600 * 1000)),
     plain("groups.max_wait_ms", &["FELIX_GROUP_MAX_WAIT_MS"], Kind::Int, Default_::Int(30_000)),
     plain("groups.max_in_flight", &["FELIX_GROUP_MAX_IN_FLIGHT"], Kind::Int, Default_::Int(10_000)),
+    plain("groups.max_waiting_polls", &["FELIX_GROUP_MAX_WAITING_POLLS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_GROUP_MAX_WAITING_POLLS as u64)),
     limit!("limits.publish_window", &["FELIX_PUBLISH_WINDOW", "FELIX_BROKER_PUBLISH_WINDOW"], int publish_window),
     limit!("limits.auth_timeout_ms", &["FELIX_AUTH_TIMEOUT_MS"], ms auth_timeout),
     limit!("limits.idle_connection_reap_ms", &["FELIX_IDLE_CONNECTION_REAP_MS"], ms idle_connection_reap),
@@ -874,9 +875,11 @@ mod tests {
             ("FELIX_DURABLE_RETENTION_BYTES", "1048576"),
             ("FELIX_DURABLE_RETENTION_SECONDS", "3600"),
             ("FELIX_ACK_ON_COMMIT", "true"),
+            ("FELIX_GROUP_MAX_WAITING_POLLS", "250"),
         ]))
         .unwrap();
         let d = &c.options.durable;
+        assert_eq!(d.groups.max_waiting_polls, 250);
         assert_eq!(c.options.storage_dir, Some(PathBuf::from("/var/lib/felix")));
         assert_eq!(d.fsync, FsyncPolicy::OnCommit);
         assert_eq!(d.retention_bytes, Some(1 << 20));

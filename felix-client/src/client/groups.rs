@@ -29,6 +29,9 @@ pub struct GroupRecord {
     pub skipped_before: u64,
     /// The publishing principal, when the broker stored one.
     pub publisher: Option<String>,
+    /// When the record was appended, in Unix microseconds. `None` only from a broker that
+    /// did not advertise `FEATURE_RECORD_TIMESTAMPS`, which sends no such field.
+    pub timestamp_micros: Option<u64>,
 }
 
 /// How a poll waits and claims.
@@ -194,6 +197,7 @@ impl Group {
                     attempts: r.attempts,
                     skipped_before: r.skipped_before.unwrap_or(0),
                     publisher: r.publisher,
+                    timestamp_micros: r.timestamp_micros,
                 })
                 .collect()),
             other => Err(wrong_answer(&other, "group_poll")),

@@ -42,6 +42,8 @@ impl Offer {
                 | Features::GROUP_PUBLISHER
                 | Features::GROUP_CLAIM_CONTROL
                 | Features::GROUP_ADMIN
+                // `timestamp_micros` on group records decodes (client/groups.rs).
+                | Features::RECORD_TIMESTAMPS
                 // `publish_refused` with `sequence_reused` decodes (stream_ops.rs).
                 | Features::SEQUENCE_REUSED,
         }

@@ -55,7 +55,7 @@ pub(crate) use reads::{PageRequest, ReadAnswer, PAGE_FRAME_RESERVE};
 
 use cache::CACHE_SWEEP_MAX_ENTRIES;
 pub(crate) use conditional::{Condition, Conditional};
-pub(crate) use watch::{WatchFilter, WatchStart, DEFAULT_WATCH_QUEUE_CAPACITY};
+pub(crate) use watch::{WatchFilter, WatchStart};
 
 /// Broker limits and layout. Every limit has a name and a default ([`BrokerConfig::default`]).
 #[derive(Debug, Clone)]
@@ -104,7 +104,7 @@ impl Default for BrokerConfig {
             cache_max_value_bytes: 1024 * 1024,
             cache_max_total_bytes: 256 * 1024 * 1024,
             max_owner_event_bytes: usize::MAX,
-            cache_watch_queue_capacity: DEFAULT_WATCH_QUEUE_CAPACITY,
+            cache_watch_queue_capacity: crate::config::DEFAULT_CACHE_WATCH_QUEUE_CAPACITY,
             state_max_bytes_per_shard: crate::config::DEFAULT_STATE_MAX_BYTES_PER_SHARD,
         }
     }

@@ -16,9 +16,10 @@
 //! not yet dispatched when the watch joined is below its `live_from` and skipped. While a
 //! watch reads, compaction of its log waits, so offsets it was promised stay readable.
 //!
-//! A live watch's queue is bounded ([`DEFAULT_WATCH_QUEUE_CAPACITY`] frames,
-//! `cache_watch_queue_capacity`). A watch whose queue is full is ended, never thinned: what
-//! it has queued is delivered, then `cache_watch_lagged` names the first change it missed.
+//! A live watch's queue is bounded (`cache_watch_queue_capacity` frames, by default
+//! [`DEFAULT_CACHE_WATCH_QUEUE_CAPACITY`](crate::config::DEFAULT_CACHE_WATCH_QUEUE_CAPACITY)).
+//! A watch whose queue is full is ended, never thinned: what it has queued is delivered,
+//! then `cache_watch_lagged` names the first change it missed.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -32,9 +33,6 @@ use crate::storage::cache_log::{CacheRecord, Change};
 use crate::storage::log::{ReadBatch, ReadError, ReadTicket};
 use crate::storage::ops::LogId;
 
-/// Change frames a live watch may have queued before it is ended as lagged.
-pub(crate) const DEFAULT_WATCH_QUEUE_CAPACITY: usize =
-    crate::config::DEFAULT_CACHE_WATCH_QUEUE_CAPACITY;
 /// A snapshot or replay read asks the log for at most this many records and bytes.
 const WATCH_READ_RECORDS: usize = 1024;
 const WATCH_READ_BYTES: usize = 1 << 20;

@@ -33,6 +33,9 @@ pub(super) fn groups_from_settings(
     if let Some(n) = positive("groups.max_in_flight")? {
         groups.max_in_flight = n as usize;
     }
+    if let Some(n) = positive("groups.max_waiting_polls")? {
+        groups.max_waiting_polls = n as usize;
+    }
     Ok(())
 }
 
@@ -56,12 +59,14 @@ mod tests {
             ("groups.visibility_timeout_ms", 1500),
             ("groups.max_wait_ms", 2000),
             ("groups.max_in_flight", 64),
+            ("groups.max_waiting_polls", 7),
         ])
         .unwrap();
         assert_eq!(g.max_attempts, 3);
         assert_eq!(g.visibility_timeout, Duration::from_millis(1500));
         assert_eq!(g.max_wait, Duration::from_secs(2));
         assert_eq!(g.max_in_flight, 64);
+        assert_eq!(g.max_waiting_polls, 7);
         let e = read(&[("groups.max_attempts", 0)]).unwrap_err();
         assert!(e.0.contains("groups.max_attempts"), "{e}");
     }
@@ -94,5 +99,9 @@ mod tests {
             Some(d.max_wait.as_millis() as u64)
         );
         assert_eq!(shown("groups.max_in_flight"), Some(d.max_in_flight as u64));
+        assert_eq!(
+            shown("groups.max_waiting_polls"),
+            Some(d.max_waiting_polls as u64)
+        );
     }
 }

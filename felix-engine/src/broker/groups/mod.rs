@@ -29,8 +29,6 @@ use state::{Bounds, GroupError, GroupState, Handout, Member, ShardView, Take, Wr
 pub(crate) const MAX_POLL_RECORDS: usize = 1_000;
 /// Payload bytes a poll answers with about at most; the rest go back to the group.
 pub(crate) const MAX_POLL_BYTES: usize = 4 << 20;
-/// Polls waiting at once across the broker; one more is answered at once.
-pub(crate) const MAX_WAITING_POLLS: usize = 100_000;
 /// The group-log write an answer waits for: the log, and the offset it must be durable below.
 pub(crate) type DurableAt = Option<(LogId, u64)>;
 
@@ -55,6 +53,10 @@ pub struct GroupConfig {
     pub max_wait: Duration,
     /// Records a group has handed out and not finished, per shard (`FELIX_GROUP_MAX_IN_FLIGHT`).
     pub max_in_flight: usize,
+    /// Polls waiting for work at once across the broker (`FELIX_GROUP_MAX_WAITING_POLLS`),
+    /// which bounds the open polls clients can make the broker hold. A poll past it is not
+    /// refused: it takes what is there and is answered at once, as one without `wait_ms`.
+    pub max_waiting_polls: usize,
 }
 
 impl Default for GroupConfig {
@@ -65,6 +67,7 @@ impl Default for GroupConfig {
             max_visibility: Duration::from_secs(12 * 3600),
             max_wait: Duration::from_secs(30),
             max_in_flight: 10_000,
+            max_waiting_polls: crate::config::DEFAULT_GROUP_MAX_WAITING_POLLS,
         }
     }
 }
@@ -421,7 +424,7 @@ impl Broker {
             .unwrap_or(cfg.visibility_timeout)
             .min(cfg.max_visibility);
         let mut wait = req.wait.min(cfg.max_wait);
-        if self.groups.waiting_count >= MAX_WAITING_POLLS {
+        if self.groups.waiting_count >= cfg.max_waiting_polls {
             wait = Duration::ZERO;
         }
         self.groups.next_waiter += 1;
