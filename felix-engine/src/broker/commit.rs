@@ -8,7 +8,8 @@
 //! State block layout (little-endian): `u32 count`, then per change `u8 op` (1 put,
 //! 2 delete), `u16 key_len`, key, and for a put `u32 value_len`, value.
 
-use std::collections::HashMap;
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -28,6 +29,9 @@ pub(crate) struct StateTable {
     values: HashMap<String, (Bytes, u64)>,
     /// Key plus value bytes of `values`, held under `state_max_bytes_per_shard`.
     bytes: usize,
+    /// How many keys have each version: the oldest is the first offset the state still
+    /// needs from the log, which retention must keep (`ShardLog::set_retention_floor`).
+    versions: BTreeMap<u64, usize>,
     /// The offset of the last commit applied.
     as_of: Option<u64>,
 }
@@ -49,10 +53,27 @@ impl StateTable {
                 Some(v) => self.values.insert(key, (v, offset)),
                 None => self.values.remove(&key),
             };
-            self.bytes -= old.map_or(0, |(v, _)| key_len + v.len());
-            self.bytes += added.unwrap_or(0);
+            if let Some((v, at)) = old {
+                self.bytes -= key_len + v.len();
+                if let Entry::Occupied(mut n) = self.versions.entry(at) {
+                    *n.get_mut() -= 1;
+                    if *n.get() == 0 {
+                        n.remove();
+                    }
+                }
+            }
+            if let Some(added) = added {
+                self.bytes += added;
+                *self.versions.entry(offset).or_default() += 1;
+            }
         }
         self.as_of = Some(offset);
+    }
+
+    /// The oldest offset holding a live key's value: what the log must keep for a restart
+    /// to rebuild this state (`None`: no state).
+    pub(crate) fn oldest_version(&self) -> Option<u64> {
+        self.versions.keys().next().copied()
     }
 
     /// The state's size once `changes` are applied in order.
@@ -190,9 +211,15 @@ impl Broker {
             &ext,
         )?;
         let offset = published.first_offset.expect("a durable shard has offsets");
-        self.streams[stream].shards[shard as usize]
-            .state
-            .apply_block(offset, &block);
+        let sh = &mut self.streams[stream].shards[shard as usize];
+        sh.state.apply_block(offset, &block);
+        let floor = sh.state.oldest_version();
+        if let Some(log) = sh.store.as_ref().map(|s| s.log) {
+            let slot = self.logs.as_mut().and_then(|l| l.slot_mut(log));
+            if let Some(shard_log) = slot.and_then(|s| s.log.stream_mut()) {
+                shard_log.set_retention_floor(floor);
+            }
+        }
         Ok(Committed::Written(published))
     }
 

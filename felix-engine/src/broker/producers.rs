@@ -349,13 +349,19 @@ pub(crate) struct Recovered {
 
 /// Recovery's producer marks and commit state, into a shard's tables.
 fn absorb_scanned(shard_log: &mut ShardLog, producers: &mut ProducerTable, state: &mut StateTable) {
+    let mut state_changed = false;
     while let Some(ext) = shard_log.take_scanned_ext() {
         if let Some(mark) = ext.producer {
             producers.record(mark, Some(ext.base), u64::from(ext.count));
         }
         if let Some(block) = &ext.state {
             state.apply_block(ext.base, block);
+            state_changed = true;
         }
+    }
+    // Retention keeps what the rebuilt state came from, for the next restart.
+    if state_changed {
+        shard_log.set_retention_floor(state.oldest_version());
     }
 }
 

@@ -384,6 +384,9 @@ pub(crate) struct ShardLog {
     /// The periodic interval ran out; the next sync clears it.
     periodic_due: bool,
     next_retention_check: Instant,
+    /// Offsets at or above this are kept whatever the retention bounds say: the owner still
+    /// needs them to rebuild what it keeps (a stream's commit state).
+    retention_floor: Option<u64>,
     /// The write lane: an append, a segment-creation step or a housekeeping task.
     lane: Option<OpId>,
     /// The lane holds an append; `appending_since` is when its oldest entry was appended.
@@ -413,6 +416,7 @@ impl ShardLog {
             id,
             dir,
             next_retention_check: now + cfg.retention_check_interval,
+            retention_floor: None,
             cfg,
             phase: Phase::Opening(Box::default()),
             replay: None,
@@ -784,6 +788,12 @@ impl ShardLog {
         Ok(ticket)
     }
 
+    /// Keeps every segment holding an offset at or above `floor` through retention (`None`:
+    /// retention alone decides).
+    pub(crate) fn set_retention_floor(&mut self, floor: Option<u64>) {
+        self.retention_floor = floor;
+    }
+
     /// Removes whole sealed segments from the head while a retention bound is exceeded.
     /// Runs on the retention timer; callable directly. Never touches the active segment, a
     /// segment being read, or anything while a compaction runs.
@@ -801,6 +811,9 @@ impl ShardLog {
             let (s0, s1) = (&self.segments[0], &self.segments[1]);
             // Sealed means its successor exists on disk, which happens only after its sync.
             if s1.stage != Stage::Ready || s0.reads_in_flight > 0 {
+                break;
+            }
+            if self.retention_floor.is_some_and(|floor| s0.end > floor) {
                 break;
             }
             let over_size = self.cfg.retention_bytes.is_some_and(|b| total > b);
