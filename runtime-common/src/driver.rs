@@ -479,3 +479,192 @@ impl<R: Runtime> Driver<R> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::UdpSocket as StdSocket;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    use bytes::Bytes;
+    use felix_engine::{AuthConfig, EngineConfig, FileOutput, OpId};
+
+    use super::*;
+
+    /// A runtime whose socket hands the driver a fixed number of receive batches and then
+    /// reports "not readable", so one call to `received` runs to a known end.
+    #[derive(Clone)]
+    struct Scripted;
+
+    impl Runtime for Scripted {
+        const NAME: &'static str = "scripted";
+        type Socket = ScriptedSocket;
+        type Timer = IdleTimer;
+
+        fn wrap_udp_socket(&self, _: StdSocket) -> io::Result<ScriptedSocket> {
+            Err(io::Error::other("the test builds its socket itself"))
+        }
+
+        fn new_timer(&self, _: Instant) -> IdleTimer {
+            IdleTimer
+        }
+
+        fn spawn(&self, _: impl Future<Output = ()> + Send + 'static) {
+            unreachable!("the driver under test spawns no tasks");
+        }
+
+        fn spawn_blocking(&self, work: impl FnOnce() + Send + 'static) {
+            work();
+        }
+    }
+
+    struct IdleTimer;
+
+    impl Timer for IdleTimer {
+        fn reset(&mut self, _: Instant) {}
+
+        fn poll_expired(&mut self, _: &mut Context<'_>) -> Poll<()> {
+            Poll::Pending
+        }
+    }
+
+    struct Script {
+        /// Reads still to be answered with a datagram; after them the socket is drained.
+        batches_left: usize,
+        /// Injected into the driver's completion channel during the first read, as if a
+        /// sync finished while the burst was being received.
+        completion: Option<(mpsc::UnboundedSender<FileCompletion>, FileCompletion)>,
+        /// At each read: had the driver handled the completion by then?
+        handled_at_read: Vec<bool>,
+    }
+
+    struct ScriptedSocket {
+        socket: StdSocket,
+        /// Sends the datagram each read receives, just before that read.
+        peer: StdSocket,
+        script: Mutex<Script>,
+        handled: Arc<AtomicBool>,
+    }
+
+    /// Runs a socket op, waiting out a datagram the loopback has not delivered yet. Bounded,
+    /// and only a wait: what the test asserts does not depend on how long it takes.
+    fn until_ready<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match op() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                result => return result,
+            }
+        }
+    }
+
+    impl UdpSocket for ScriptedSocket {
+        fn sock_ref(&self) -> quinn_udp::UdpSockRef<'_> {
+            (&self.socket).into()
+        }
+
+        fn poll_io<T>(
+            &self,
+            _: &mut Context<'_>,
+            interest: Interest,
+            op: impl FnMut() -> io::Result<T>,
+        ) -> Poll<io::Result<T>> {
+            if interest == Interest::Write {
+                return Poll::Ready(until_ready(op));
+            }
+            let mut script = self.script.lock().unwrap();
+            if script.batches_left == 0 {
+                // Drained. No waker is kept: the test never waits on the socket.
+                return Poll::Pending;
+            }
+            script.batches_left -= 1;
+            script
+                .handled_at_read
+                .push(self.handled.load(Ordering::SeqCst));
+            if let Some((done, completion)) = script.completion.take() {
+                done.unbounded_send(completion).unwrap();
+            }
+            // One datagram per read, so each read is exactly one batch.
+            let to = self.socket.local_addr()?;
+            self.peer.send_to(&[0u8; 8], to)?;
+            Poll::Ready(until_ready(op))
+        }
+    }
+
+    /// The bytes of the injected completion: dropped, and so marked handled, once the
+    /// engine has taken the completion (an in-memory engine keeps none).
+    struct Witness(Arc<AtomicBool>);
+
+    impl AsRef<[u8]> for Witness {
+        fn as_ref(&self) -> &[u8] {
+            &[]
+        }
+    }
+
+    impl Drop for Witness {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Polls once: the scripted socket never leaves the driver waiting.
+    fn poll_once<F: Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        match f
+            .as_mut()
+            .poll(&mut Context::from_waker(std::task::Waker::noop()))
+        {
+            Poll::Ready(out) => out,
+            Poll::Pending => panic!("the driver waited on the scripted runtime"),
+        }
+    }
+
+    /// Pins that a file completion arriving during a burst is handled after the receive
+    /// batch in hand and before the next is read: left until the wake ends, a finished sync
+    /// idles its log's sync lane and publishes move as one convoy (docs/durability.md,
+    /// "Session 3").
+    #[test]
+    fn a_completion_is_handled_between_receive_batches() {
+        let socket = StdSocket::bind("127.0.0.1:0").unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let state = UdpSocketState::new((&socket).into()).unwrap();
+        let handled = Arc::new(AtomicBool::new(false));
+        let scripted = ScriptedSocket {
+            socket,
+            peer: StdSocket::bind("127.0.0.1:0").unwrap(),
+            script: Mutex::new(Script {
+                batches_left: 3,
+                completion: None,
+                handled_at_read: Vec::new(),
+            }),
+            handled: handled.clone(),
+        };
+        let identity = crate::tls::generate(&[]).unwrap().identity;
+        let config = EngineConfig::new(identity, AuthConfig::Dev { seed: [7; 32] }, [9; 32]);
+        let engine = Engine::new(config, Instant::now(), 1_767_225_600_000_000).unwrap();
+        let (_control_tx, control) = mpsc::unbounded();
+        let mut driver = Driver::new(Scripted, engine, scripted, state, None, control);
+        // An id the engine never issued: an in-memory engine takes it and does nothing.
+        let completion = FileCompletion {
+            id: OpId(u64::MAX),
+            result: Ok(FileOutput::Data(Bytes::from_owner(Witness(
+                handled.clone(),
+            )))),
+        };
+        driver.socket.script.lock().unwrap().completion =
+            Some((driver.done_tx.clone(), completion));
+
+        poll_once(async {
+            let Poll::Ready(first) = poll_fn(|cx| Poll::Ready(driver.poll_recv(cx))).await else {
+                panic!("the first batch was not readable");
+            };
+            driver.received(first).await;
+        });
+
+        let seen = driver.socket.script.lock().unwrap().handled_at_read.clone();
+        // Read 1 brings the completion; reads 2 and 3 come after it was handled.
+        assert_eq!(seen, [false, true, true]);
+    }
+}
