@@ -31,6 +31,7 @@ fn name(kind: &FileOpKind) -> &'static str {
         FileOpKind::Truncate { .. } => "truncate",
         FileOpKind::Rename { .. } => "rename",
         FileOpKind::Remove { .. } => "remove",
+        FileOpKind::RemoveDir { .. } => "remove_dir",
     }
 }
 
@@ -135,6 +136,21 @@ impl MemDisk {
                 Some(_) => Ok(FileOutput::Done),
                 None => Err(not_found(&path)),
             },
+            FileOpKind::RemoveDir { path } => {
+                let has_entries = self.files.keys().any(|f| parent(f) == path)
+                    || self.dirs.iter().any(|d| parent(d) == path);
+                if !self.dirs.contains(&path) {
+                    Err(not_found(&path))
+                } else if has_entries {
+                    Err(FileError::new(
+                        FileErrorKind::Other,
+                        format!("{path}: directory not empty"),
+                    ))
+                } else {
+                    self.dirs.remove(&path);
+                    Ok(FileOutput::Done)
+                }
+            }
         };
         FileCompletion { id: op.id, result }
     }

@@ -182,6 +182,14 @@ fn a_token_needs_stream_manage_on_the_stream() {
     );
 }
 
+/// Directories of a tombstone still on the disk (none once a delete is finished).
+fn tombstone_dirs(disk: &felix_engine::testing::MemDisk) -> Vec<&String> {
+    disk.dirs
+        .iter()
+        .filter(|d| d.contains(".deleted."))
+        .collect()
+}
+
 fn on_commit() -> DurableConfig {
     DurableConfig {
         fsync: FsyncPolicy::OnCommit,
@@ -214,7 +222,7 @@ fn a_durable_stream_is_retired_and_starts_again_from_offset_zero() {
         format!(r#"{{"type":"stream_deleted","subscription_id":{sid}}}"#)
     );
     net.advance(Duration::from_millis(10));
-    // The old files are gone; only the tombstone's (now empty) directories remain.
+    // The old files are gone, and so are the tombstone's directories, down to its own.
     let old: Vec<_> = net
         .disk
         .files
@@ -222,7 +230,11 @@ fn a_durable_stream_is_retired_and_starts_again_from_offset_zero() {
         .filter(|f| f.contains(".deleted."))
         .collect();
     assert!(old.is_empty(), "{old:?}");
-    assert!(net.disk.dirs.iter().any(|d| d.contains("/.deleted.")));
+    assert_eq!(tombstone_dirs(&net.disk), Vec::<&String>::new());
+    assert!(
+        net.disk.dirs.contains("streams/t1/default/orders/0"),
+        "the new log's"
+    );
 
     // After a restart the stream holds only what came after the delete.
     let disk = std::mem::take(&mut net.disk);
@@ -242,7 +254,10 @@ fn a_tombstone_left_by_a_crash_is_finished_at_startup_and_never_opened() {
     publish(&mut net, p, pid, 1, &[b"a", b"b"]);
     let mut disk = std::mem::take(&mut net.disk);
     drop(net);
-    // A crash right after the rename: the tombstone still holds the shard's files.
+    // A crash right after the rename: the tombstone still holds the shard's files. One more
+    // shard's directory is already empty, as a crash part way through the removal leaves it.
+    disk.dirs
+        .insert("streams/t1/default/.deleted.1.1/7".to_owned());
     let moved: Vec<(String, Vec<u8>)> = disk
         .files
         .iter()
@@ -267,6 +282,8 @@ fn a_tombstone_left_by_a_crash_is_finished_at_startup_and_never_opened() {
         "startup removed the tombstone's files: {:?}",
         net.disk.files.keys().collect::<Vec<_>>()
     );
+    assert_eq!(tombstone_dirs(&net.disk), Vec::<&String>::new());
+    assert!(net.disk.dirs.contains("streams/t1/default"));
     let p = net.connect(&[]);
     let (pid, _) = net.auth_stream(p);
     assert_eq!(publish(&mut net, p, pid, 1, &[b"fresh"]), [Some(0)]);
@@ -300,6 +317,8 @@ fn a_groups_tombstone_left_by_a_crash_is_removed_at_startup() {
         "startup removed the groups tombstone's files: {files:?}"
     );
     assert!(files.iter().any(|f| *f == live), "{files:?}");
+    assert_eq!(tombstone_dirs(&net.disk), Vec::<&String>::new());
+    assert!(net.disk.dirs.contains("groups/t1/default/orders/0/workers"));
 }
 
 #[test]
@@ -396,6 +415,8 @@ fn a_deleted_streams_groups_go_with_it() {
             .any(|f| f.starts_with("groups/t1/default/orders/")),
         "the group log moved away"
     );
+    // Both tombstones, the stream's and its groups', are gone with their directories.
+    assert_eq!(tombstone_dirs(&net.disk), Vec::<&String>::new());
 
     // The recreated stream's group starts afresh: offset 0 of the new log is delivered,
     // not skipped by the old cursor.

@@ -312,6 +312,20 @@ impl FileExecutor {
                 fs::remove_file(self.resolve(path)?)?;
                 Ok(FileOutput::Done)
             }
+            FileOpKind::RemoveDir { path } => {
+                let dir = self.resolve(path)?;
+                // "" or "." is the root itself, which is the operator's, not the engine's.
+                if dir == self.root {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "the storage root is not removed",
+                    ));
+                }
+                // Never recursive: a directory that still has entries is refused
+                // (ENOTEMPTY, answered as `Other`), so nothing unlisted goes with it.
+                fs::remove_dir(dir)?;
+                Ok(FileOutput::Done)
+            }
         }
     }
 
@@ -639,7 +653,8 @@ fn file_error(kind: &FileOpKind, e: io::Error) -> FileError {
         | FileOpKind::Sync { path }
         | FileOpKind::SyncDir { path }
         | FileOpKind::Truncate { path, .. }
-        | FileOpKind::Remove { path } => path,
+        | FileOpKind::Remove { path }
+        | FileOpKind::RemoveDir { path } => path,
         FileOpKind::Rename { from, .. } => from,
     };
     FileError::new(class, format!("{path}: {e}"))
@@ -987,6 +1002,51 @@ mod tests {
             4096,
             "a cut file is dropped no further than its end"
         );
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn remove_dir_takes_only_an_empty_directory() {
+        let root = temp_root("rmdir");
+        let x = FileExecutor::new(&root);
+        let s = |v: &str| v.to_owned();
+        let rmdir = |p: &str| run(&x, FileOpKind::RemoveDir { path: s(p) });
+        run(&x, FileOpKind::CreateDir { path: s("t/a/b") }).unwrap();
+        run(&x, FileOpKind::Create { path: s("t/a/f") }).unwrap();
+        append(&x, "t/a/f", b"data");
+
+        // A file or a subdirectory inside keeps it, and nothing inside is touched.
+        let e = rmdir("t/a").unwrap_err();
+        assert_eq!(e.kind, FileErrorKind::Other, "{}", e.message);
+        assert!(e.message.contains("t/a"), "{}", e.message);
+        run(&x, FileOpKind::Remove { path: s("t/a/f") }).unwrap();
+        assert_eq!(rmdir("t/a").unwrap_err().kind, FileErrorKind::Other);
+        assert!(root.join("t/a/b").is_dir());
+
+        // Children first, then the directory itself; its parent stays.
+        rmdir("t/a/b").unwrap();
+        rmdir("t/a").unwrap();
+        assert!(!root.join("t/a").exists());
+        assert!(root.join("t").is_dir());
+        run(&x, FileOpKind::SyncDir { path: s("t") }).unwrap();
+
+        assert_eq!(rmdir("t/a").unwrap_err().kind, FileErrorKind::NotFound);
+        assert_eq!(rmdir("nope/x").unwrap_err().kind, FileErrorKind::NotFound);
+        // A file is not a directory; the root is never removed.
+        run(&x, FileOpKind::Create { path: s("t/g") }).unwrap();
+        assert_eq!(rmdir("t/g").unwrap_err().kind, FileErrorKind::Other);
+        assert!(root.join("t/g").is_file());
+        run(&x, FileOpKind::Remove { path: s("t/g") }).unwrap();
+        rmdir("t").unwrap();
+        for path in ["", "."] {
+            assert_eq!(
+                rmdir(path).unwrap_err().kind,
+                FileErrorKind::Other,
+                "{path:?}"
+            );
+        }
+        assert!(root.is_dir());
+        drop(x);
         fs::remove_dir_all(&root).unwrap();
     }
 

@@ -3,9 +3,10 @@
 //!
 //! Each file keeps its bytes and how many of them the last `Sync` made durable; each directory
 //! keeps its live entries and the ones its last `SyncDir` made durable (after
-//! FoundationDB's `AsyncFileNonDurable`). Ops complete after a latency the world draws; the
-//! effect happens at completion, so an op in flight at a crash may be lost or, for an
-//! append, land torn.
+//! FoundationDB's `AsyncFileNonDurable`); a removed directory is held aside until its
+//! parent's next `SyncDir`, and a power loss before that may bring it back. Ops complete
+//! after a latency the world draws; the effect happens at completion, so an op in flight at
+//! a crash may be lost or, for an append, land torn.
 
 use std::collections::BTreeMap;
 
@@ -47,6 +48,8 @@ pub(crate) struct SimDisk {
     files: BTreeMap<u64, SimFile>,
     next_inode: u64,
     dirs: BTreeMap<String, SimDir>,
+    /// Directories removed since their parent's last `SyncDir`, as they were.
+    removed_dirs: BTreeMap<String, SimDir>,
     /// Canary: a `Sync` reports success and persists nothing.
     pub(crate) sync_lies: bool,
     pub(crate) ops: u64,
@@ -94,6 +97,8 @@ impl SimDisk {
                 let mut at = path.as_str();
                 while !at.is_empty() {
                     self.dirs.entry(at.to_owned()).or_default();
+                    // Made again: a new directory, and the parent's entry is synced.
+                    self.removed_dirs.remove(at);
                     at = split(at).0;
                 }
                 Ok(FileOutput::Done)
@@ -166,6 +171,7 @@ impl SimDisk {
                     .get_mut(path)
                     .ok_or_else(|| err(FileErrorKind::NotFound, "no such directory", path))?;
                 d.durable = d.live.clone();
+                self.removed_dirs.retain(|sub, _| split(sub).0 != path);
                 Ok(FileOutput::Done)
             }
             FileOpKind::Truncate { path, len } => {
@@ -202,6 +208,22 @@ impl SimDisk {
                     None => Err(err(FileErrorKind::NotFound, "no such file", path)),
                 }
             }
+            FileOpKind::RemoveDir { path } => {
+                if path.is_empty() {
+                    return Err(err(FileErrorKind::Other, "the root stays", path));
+                }
+                let dir = self
+                    .dirs
+                    .get(path)
+                    .ok_or_else(|| err(FileErrorKind::NotFound, "no such directory", path))?;
+                let has_subdir = self.dirs.keys().any(|sub| split(sub).0 == path);
+                if !dir.live.is_empty() || has_subdir {
+                    return Err(err(FileErrorKind::Other, "directory not empty", path));
+                }
+                let dir = self.dirs.remove(path).expect("looked up above");
+                self.removed_dirs.insert(path.clone(), dir);
+                Ok(FileOutput::Done)
+            }
         }
     }
 
@@ -222,6 +244,7 @@ impl SimDisk {
             for d in self.dirs.values_mut() {
                 d.durable = d.live.clone();
             }
+            self.removed_dirs.clear();
             self.collect_garbage();
             return "process crash: page cache kept".to_owned();
         }
@@ -264,6 +287,14 @@ impl SimDisk {
             f.synced = f.data.len();
         }
         let mut dirs_reverted = 0;
+        // An unsynced removal is lost like any unsynced directory change. Parents sort
+        // first, so a directory only comes back into one that is there.
+        for (path, d) in std::mem::take(&mut self.removed_dirs) {
+            if self.dirs.contains_key(split(&path).0) && rng.chance(0.5) {
+                self.dirs.insert(path, d);
+                dirs_reverted += 1;
+            }
+        }
         for d in self.dirs.values_mut() {
             if d.live != d.durable && rng.chance(0.5) {
                 d.live = d.durable.clone();
@@ -295,6 +326,19 @@ mod tests {
 
     fn op(kind: FileOpKind) -> FileOp {
         FileOp { id: OpId(1), kind }
+    }
+
+    impl SimDisk {
+        fn clone_for_test(&self) -> SimDisk {
+            SimDisk {
+                files: self.files.clone(),
+                next_inode: self.next_inode,
+                dirs: self.dirs.clone(),
+                removed_dirs: self.removed_dirs.clone(),
+                sync_lies: self.sync_lies,
+                ops: 0,
+            }
+        }
     }
 
     fn data(d: &mut SimDisk, path: &str) -> Vec<u8> {
@@ -352,16 +396,44 @@ mod tests {
         d.execute(&op(FileOpKind::Sync { path: "f".into() }));
         // Seed chosen so the crash drops every unsynced byte.
         let lost = (0..64).any(|s| {
-            let mut copy = SimDisk {
-                files: d.files.clone(),
-                next_inode: d.next_inode,
-                dirs: d.dirs.clone(),
-                sync_lies: true,
-                ops: 0,
-            };
+            let mut copy = d.clone_for_test();
             copy.crash(CrashKind::Power, &[], &mut SimRng::new(s));
             data(&mut copy, "f").is_empty()
         });
         assert!(lost);
+    }
+
+    #[test]
+    fn remove_dir_needs_an_empty_directory_and_a_parent_sync_to_last() {
+        let kind = |d: &mut SimDisk, k: FileOpKind| d.execute(&op(k)).result.map_err(|e| e.kind);
+        let rmdir = |p: &str| FileOpKind::RemoveDir { path: p.into() };
+        let mut kept = 0;
+        for seed in 0..32 {
+            let mut d = SimDisk::new();
+            d.execute(&op(FileOpKind::CreateDir { path: "t/a".into() }));
+            d.execute(&op(FileOpKind::Create {
+                path: "t/a/f".into(),
+            }));
+            d.execute(&op(FileOpKind::SyncDir { path: "t/a".into() }));
+            assert_eq!(kind(&mut d, rmdir("t")), Err(FileErrorKind::Other));
+            assert_eq!(kind(&mut d, rmdir("t/a")), Err(FileErrorKind::Other));
+            d.execute(&op(FileOpKind::Remove {
+                path: "t/a/f".into(),
+            }));
+            d.execute(&op(FileOpKind::SyncDir { path: "t/a".into() }));
+            assert_eq!(kind(&mut d, rmdir("t/a")), Ok(FileOutput::Done));
+            assert_eq!(kind(&mut d, rmdir("t/a")), Err(FileErrorKind::NotFound));
+            let mut synced = d.clone_for_test();
+            synced.execute(&op(FileOpKind::SyncDir { path: "t".into() }));
+            // Not synced into `t`: a power loss may bring the (empty) directory back.
+            d.crash(CrashKind::Power, &[], &mut SimRng::new(seed));
+            if d.dirs.contains_key("t/a") {
+                kept += 1;
+                assert!(d.dirs["t/a"].live.is_empty(), "seed {seed}");
+            }
+            synced.crash(CrashKind::Power, &[], &mut SimRng::new(seed));
+            assert!(!synced.dirs.contains_key("t/a"), "seed {seed}");
+        }
+        assert!(kept > 0 && kept < 32, "{kept} of 32 came back");
     }
 }

@@ -781,5 +781,6 @@ fn describe(kind: &FileOpKind) -> String {
         FileOpKind::Sync { path } => format!("sync {path}"),
         FileOpKind::SyncDir { path } => format!("sync_dir {path}"),
         FileOpKind::Remove { path } => format!("remove {path}"),
+        FileOpKind::RemoveDir { path } => format!("remove_dir {path}"),
     }
 }

@@ -14,9 +14,10 @@
 //!    for good: recovery never opens a tombstone. Until both renames are durable a publish,
 //!    subscribe or group request that would recreate the stream waits (it is stalled on
 //!    the retirement's id and re-run then), so a new log never opens old files;
-//! 3. the tombstone's files are removed. A restart finds a leftover tombstone during its
-//!    walk and finishes this step. Empty directories stay: there is no directory removal
-//!    among the file ops.
+//! 3. the tombstone is removed depth first: a directory's files and subdirectories go, then
+//!    the directory itself (`RemoveDir`), up to the tombstone, after which the namespace
+//!    directory is synced. A restart finds a leftover tombstone during its walk and runs
+//!    this step again on what is left; anything already gone (`NotFound`) counts as done.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -28,7 +29,7 @@ use super::{mark_ready, seal, Broker, FanOut, Shard, Stream, StreamKey};
 use crate::session::encode_message;
 use crate::storage::layout;
 use crate::storage::ops::{
-    FileCompletion, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
+    FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
 };
 
 /// Retirement jobs take log ids from here up, far above any real log's.
@@ -78,8 +79,12 @@ struct Job {
     tombs: Vec<String>,
     stage: Stage,
     next_seq: u32,
-    /// Ops in flight in the current stage, with their paths.
-    in_flight: HashMap<OpId, String>,
+    /// Ops in flight in the current stage.
+    in_flight: HashMap<OpId, FileOpKind>,
+    /// Removal: directories listed and not yet removed, with how many of their entries are
+    /// still to go. At zero the directory itself goes. A directory whose entry failed keeps
+    /// a count above zero, so it and its ancestors stay for a restart.
+    left: HashMap<String, usize>,
 }
 
 /// Stream directories being retired, each a small state machine over file ops.
@@ -100,7 +105,7 @@ impl Retiring {
     fn op(job: &mut Job, id: LogId, kind: FileOpKind) -> FileOp {
         let op = OpId::new(id, job.next_seq);
         job.next_seq = job.next_seq.wrapping_add(1);
-        job.in_flight.insert(op, kind.path().to_owned());
+        job.in_flight.insert(op, kind.clone());
         FileOp { id: op, kind }
     }
 
@@ -128,6 +133,7 @@ impl Retiring {
             stage: Stage::Rename,
             next_seq: 0,
             in_flight: HashMap::new(),
+            left: HashMap::new(),
         };
         let op = Self::next_rename(&mut job, id).expect("one move at least");
         self.jobs.insert(id, job);
@@ -154,6 +160,7 @@ impl Retiring {
             stage: Stage::Remove,
             next_seq: 0,
             in_flight: HashMap::new(),
+            left: HashMap::new(),
         };
         let op = Self::op(&mut job, id, FileOpKind::ListDir { path: tomb });
         self.jobs.insert(id, job);
@@ -179,9 +186,10 @@ impl Retiring {
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
         };
-        let Some(path) = job.in_flight.remove(&c.id) else {
+        let Some(kind) = job.in_flight.remove(&c.id) else {
             return;
         };
+        let path = kind.path();
         let not_found = matches!(&c.result, Err(e) if e.kind == FileErrorKind::NotFound);
         if let Err(e) = &c.result {
             if !not_found {
@@ -217,23 +225,73 @@ impl Retiring {
                     ops.push(Self::op(job, id, FileOpKind::ListDir { path: tomb }));
                 }
             }
-            Stage::Remove => {
-                if let Ok(FileOutput::Listing(entries)) = c.result {
-                    for e in entries {
-                        let child = layout::join(&path, &e.name);
-                        let kind = if e.is_dir {
-                            FileOpKind::ListDir { path: child }
-                        } else {
-                            FileOpKind::Remove { path: child }
-                        };
-                        ops.push(Self::op(job, id, kind));
-                    }
-                }
-            }
+            Stage::Remove => Self::remove_step(job, id, kind, c.result, ops),
         }
         if job.in_flight.is_empty() && job.stage == Stage::Remove {
             tracing::debug!(tombs = ?job.tombs, "a deleted stream's files are gone");
             self.jobs.remove(&id);
+        }
+    }
+
+    /// One removal op finished. Directories go depth first: a listing sends out its
+    /// entries' removals, and the directory's own `RemoveDir` follows its last one.
+    fn remove_step(
+        job: &mut Job,
+        id: LogId,
+        kind: FileOpKind,
+        result: Result<FileOutput, FileError>,
+        ops: &mut Vec<FileOp>,
+    ) {
+        // Already gone counts as done: a crash may have got this far before.
+        let gone = match &result {
+            Ok(_) => true,
+            Err(e) => e.kind == FileErrorKind::NotFound,
+        };
+        match (kind, result) {
+            (FileOpKind::ListDir { path }, Ok(FileOutput::Listing(entries))) => {
+                if entries.is_empty() {
+                    ops.push(Self::op(job, id, FileOpKind::RemoveDir { path }));
+                    return;
+                }
+                job.left.insert(path.clone(), entries.len());
+                for e in entries {
+                    let child = layout::join(&path, &e.name);
+                    let kind = if e.is_dir {
+                        FileOpKind::ListDir { path: child }
+                    } else {
+                        FileOpKind::Remove { path: child }
+                    };
+                    ops.push(Self::op(job, id, kind));
+                }
+            }
+            (FileOpKind::RemoveDir { path }, _) if gone && job.tombs.contains(&path) => {
+                // Last, the tombstone's own name: durable once its parent is synced.
+                let (parent, _) = path.rsplit_once('/').expect("a tombstone has a parent");
+                let kind = FileOpKind::SyncDir {
+                    path: parent.to_owned(),
+                };
+                ops.push(Self::op(job, id, kind));
+            }
+            // One entry fewer in the parent, which goes too once it has none left.
+            (
+                FileOpKind::ListDir { path }
+                | FileOpKind::Remove { path }
+                | FileOpKind::RemoveDir { path },
+                _,
+            ) if gone => {
+                let parent = path.rsplit_once('/').map_or("", |(p, _)| p);
+                let Some(n) = job.left.get_mut(parent) else {
+                    return;
+                };
+                *n -= 1;
+                if *n == 0 {
+                    let (parent, _) = job.left.remove_entry(parent).expect("counted");
+                    ops.push(Self::op(job, id, FileOpKind::RemoveDir { path: parent }));
+                }
+            }
+            // The final sync, or a failure (logged) that leaves this directory and those
+            // above it for the next start.
+            _ => {}
         }
     }
 }
@@ -392,4 +450,134 @@ fn parent_dir(shard_dir: &str) -> String {
         .rsplit_once('/')
         .map(|(d, _)| d.to_owned())
         .expect("a shard dir has a parent")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::*;
+    use crate::storage::memfs::{Crash, MemFs};
+
+    const NS: &str = "streams/t/n";
+    const TOMB: &str = "streams/t/n/.deleted.1.1";
+
+    /// A tombstone as a rename leaves it, durable: two shards, one with a nested directory.
+    fn tombstone() -> MemFs {
+        let mut fs = MemFs::new();
+        let mut run = |kind| {
+            let done = fs.execute(FileOp { id: OpId(0), kind }).expect("alive");
+            assert!(done.result.is_ok(), "{done:?}");
+        };
+        for dir in ["0", "1/g"] {
+            run(FileOpKind::CreateDir {
+                path: format!("{TOMB}/{dir}"),
+            });
+        }
+        for file in ["0/a.seg", "0/b.seg", "1/g/c.seg"] {
+            let path = format!("{TOMB}/{file}");
+            run(FileOpKind::Create { path: path.clone() });
+            run(FileOpKind::Append {
+                path: path.clone(),
+                bytes: Bytes::from_static(b"old"),
+            });
+            run(FileOpKind::Sync { path });
+        }
+        for dir in ["0", "1/g"] {
+            run(FileOpKind::SyncDir {
+                path: format!("{TOMB}/{dir}"),
+            });
+        }
+        fs
+    }
+
+    /// What a startup walk does: finishes the tombstone if the namespace still lists it.
+    /// Returns every op performed, in order, or `None` if the disk died on the way.
+    fn finish_at_startup(fs: &mut MemFs) -> Option<Vec<FileOpKind>> {
+        let listed = fs.execute(FileOp {
+            id: OpId(0),
+            kind: FileOpKind::ListDir { path: NS.into() },
+        })?;
+        let Ok(FileOutput::Listing(entries)) = listed.result else {
+            panic!("{listed:?}");
+        };
+        let mut done = Vec::new();
+        if !entries.iter().any(|e| e.is_dir && is_tombstone(&e.name)) {
+            return Some(done);
+        }
+        let mut retiring = Retiring::default();
+        let mut queue = VecDeque::from([retiring.finish(TOMB.into())]);
+        while let Some(op) = queue.pop_front() {
+            done.push(op.kind.clone());
+            let c = fs.execute(op)?;
+            let (mut ops, mut notices) = (Vec::new(), Vec::new());
+            retiring.handle_completion(c, &mut ops, &mut notices);
+            queue.extend(ops);
+        }
+        assert!(retiring.jobs.is_empty(), "the job ends with its last op");
+        Some(done)
+    }
+
+    fn tombstone_gone(fs: &mut MemFs) -> bool {
+        let mut list = |path: &str| {
+            let kind = FileOpKind::ListDir { path: path.into() };
+            fs.execute(FileOp { id: OpId(0), kind })
+                .expect("alive")
+                .result
+        };
+        let Ok(FileOutput::Listing(entries)) = list(NS) else {
+            panic!("the namespace stays");
+        };
+        !entries.iter().any(|e| is_tombstone(&e.name))
+            && list(TOMB).is_err_and(|e| e.kind == FileErrorKind::NotFound)
+    }
+
+    #[test]
+    fn directories_go_after_their_contents_and_the_namespace_is_synced_last() {
+        let mut fs = tombstone();
+        let done = finish_at_startup(&mut fs).expect("no crash");
+        let pos = |want: &FileOpKind| done.iter().position(|k| k == want).expect("done");
+        let rmdir = |p: &str| FileOpKind::RemoveDir {
+            path: format!("{TOMB}{p}"),
+        };
+        let remove = |p: &str| FileOpKind::Remove {
+            path: format!("{TOMB}/{p}"),
+        };
+        assert!(pos(&remove("1/g/c.seg")) < pos(&rmdir("/1/g")));
+        assert!(pos(&rmdir("/1/g")) < pos(&rmdir("/1")));
+        assert!(pos(&remove("0/b.seg")) < pos(&rmdir("/0")));
+        assert!(pos(&rmdir("/0")) < pos(&rmdir("")));
+        assert_eq!(
+            done[done.len() - 2..],
+            [rmdir(""), FileOpKind::SyncDir { path: NS.into() }]
+        );
+        // Synced: a power loss now does not bring it back.
+        fs.crash(Crash::Power);
+        assert!(tombstone_gone(&mut fs));
+    }
+
+    #[test]
+    fn a_crash_at_any_step_of_the_removal_is_finished_by_the_next_start() {
+        let steps = {
+            let mut fs = tombstone();
+            let before = fs.writes;
+            finish_at_startup(&mut fs).expect("no crash");
+            fs.writes - before
+        };
+        for step in 0..steps {
+            for crash in [
+                Crash::Process,
+                Crash::Power,
+                Crash::PowerReordered(step as u64),
+            ] {
+                let mut fs = tombstone();
+                fs.crash_at_step(fs.writes + step, None);
+                assert!(finish_at_startup(&mut fs).is_none(), "step {step} crashes");
+                fs.crash(crash);
+                finish_at_startup(&mut fs).expect("no crash");
+                fs.crash(Crash::Power);
+                assert!(tombstone_gone(&mut fs), "step {step}, {crash:?}");
+            }
+        }
+    }
 }

@@ -1,12 +1,13 @@
 //! Test support: an in-memory filesystem that executes [`FileOp`]s, with crashes.
 //!
 //! Each file keeps what was written and what the last sync made durable; each directory
-//! keeps its live entries and the entries its last sync made durable. A crash is injected
-//! at a chosen write step (optionally tearing that step's append at a chosen byte), after
-//! which the filesystem swallows every op, and then [`MemFs::crash`] decides what a reboot
-//! finds: everything (a process crash: the page cache survives), only synced state (power
-//! loss), synced state plus a prefix of the unsynced bytes (partial writeback), or the
-//! unsynced sectors zeroed (the size reached the disk, the data did not).
+//! keeps its live entries and the entries its last sync made durable. A removed directory
+//! is kept aside until its parent is synced, and a power loss before that brings it back.
+//! A crash is injected at a chosen write step (optionally tearing that step's append at a
+//! chosen byte), after which the filesystem swallows every op, and then [`MemFs::crash`]
+//! decides what a reboot finds: everything (a process crash: the page cache survives), only
+//! synced state (power loss), synced state plus a prefix of the unsynced bytes (partial
+//! writeback), or the unsynced sectors zeroed (the size reached the disk, the data did not).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -52,9 +53,12 @@ type Fault = Box<dyn FnMut(&FileOpKind) -> Option<FileErrorKind>>;
 pub(crate) struct MemFs {
     files: HashMap<u64, MemFile>,
     next_inode: u64,
-    /// Existing directories (always durable: `CreateDir` syncs its parents).
+    /// Existing directories (a create is durable at once: `CreateDir` syncs its parents).
     dir_set: BTreeSet<String>,
     dirs: BTreeMap<String, MemDir>,
+    /// Directories removed since their parent's last sync, as they were: like an unlinked
+    /// file's entry, the removal is undone by a power loss until that sync.
+    removed_dirs: BTreeMap<String, MemDir>,
     /// Write steps (ops that change the filesystem) executed so far.
     pub(crate) writes: usize,
     crash_at: Option<usize>,
@@ -108,12 +112,29 @@ impl MemFs {
         self.tear = None;
         self.fault = None;
         if how == Crash::Process {
+            self.removed_dirs.clear();
             return;
         }
         let mut seed = match how {
             Crash::PowerReordered(seed) => seed | 1,
             _ => 0,
         };
+        // Parents sort before their children, so a directory comes back only into a parent
+        // that is there (it could not have been removed while it had the child).
+        for (path, d) in std::mem::take(&mut self.removed_dirs) {
+            if seed != 0 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                if seed % 2 == 0 {
+                    continue; // this removal reached the device
+                }
+            }
+            if self.dir_set.contains(split(&path).0) {
+                self.dir_set.insert(path.clone());
+                self.dirs.insert(path, d);
+            }
+        }
         for d in self.dirs.values_mut() {
             if seed == 0 {
                 d.live = d.durable.clone();
@@ -232,7 +253,10 @@ impl MemFs {
                     } else {
                         format!("{at}/{part}")
                     };
-                    self.dir_set.insert(at.clone());
+                    // A directory made again is a new one, and its parent's entry is synced.
+                    if self.dir_set.insert(at.clone()) {
+                        self.removed_dirs.remove(&at);
+                    }
                     self.dirs.entry(at.clone()).or_default();
                 }
                 Ok(FileOutput::Done)
@@ -319,6 +343,8 @@ impl MemFs {
                     .get_mut(&path)
                     .ok_or_else(|| err(NotFound, "no dir", &path))?;
                 d.durable = d.live.clone();
+                // Subdirectories removed from it are gone for good.
+                self.removed_dirs.retain(|sub, _| split(sub).0 != path);
                 Ok(FileOutput::Done)
             }
             FileOpKind::Truncate { path, len } => {
@@ -356,6 +382,28 @@ impl MemFs {
                     .remove(name)
                     .map(|_| FileOutput::Done)
                     .ok_or_else(|| err(NotFound, "no file", &path))
+            }
+            FileOpKind::RemoveDir { path } => {
+                if path.is_empty() {
+                    return Err(err(FileErrorKind::Other, "the root stays", &path));
+                }
+                let d = self
+                    .dirs
+                    .get(&path)
+                    .ok_or_else(|| err(NotFound, "no dir", &path))?;
+                let prefix = format!("{path}/");
+                let has_subdir = self
+                    .dir_set
+                    .range(prefix.clone()..)
+                    .next()
+                    .is_some_and(|sub| sub.starts_with(&prefix));
+                if !d.live.is_empty() || has_subdir {
+                    return Err(err(FileErrorKind::Other, "directory not empty", &path));
+                }
+                self.dir_set.remove(&path);
+                let d = self.dirs.remove(&path).expect("listed above");
+                self.removed_dirs.insert(path, d);
+                Ok(FileOutput::Done)
             }
         }
     }
@@ -486,5 +534,94 @@ mod tests {
         fs.crash(Crash::Power);
         assert_eq!(fs.file("d/x"), Some(&b"old"[..]));
         assert_eq!(fs.list("d"), vec!["x".to_string(), "x.tmp".to_string()]);
+    }
+
+    #[test]
+    fn remove_dir_takes_only_an_empty_directory_and_is_durable_after_a_parent_sync() {
+        let mut fs = MemFs::new();
+        let rmdir = |fs: &mut MemFs, p: &str| {
+            run(fs, FileOpKind::RemoveDir { path: p.into() }).expect("alive")
+        };
+        let kind = |r: Result<FileOutput, FileError>| r.unwrap_err().kind;
+        run(
+            &mut fs,
+            FileOpKind::CreateDir {
+                path: "t/a/b".into(),
+            },
+        );
+        run(
+            &mut fs,
+            FileOpKind::Create {
+                path: "t/a/f".into(),
+            },
+        );
+        run(&mut fs, FileOpKind::SyncDir { path: "t/a".into() });
+
+        // A file or a subdirectory keeps it.
+        assert_eq!(kind(rmdir(&mut fs, "t/a")), FileErrorKind::Other);
+        run(
+            &mut fs,
+            FileOpKind::Remove {
+                path: "t/a/f".into(),
+            },
+        );
+        assert_eq!(kind(rmdir(&mut fs, "t/a")), FileErrorKind::Other);
+        assert_eq!(rmdir(&mut fs, "t/a/b"), Ok(FileOutput::Done));
+        assert_eq!(rmdir(&mut fs, "t/a"), Ok(FileOutput::Done));
+        assert_eq!(kind(rmdir(&mut fs, "t/a")), FileErrorKind::NotFound);
+        assert_eq!(kind(rmdir(&mut fs, "nope")), FileErrorKind::NotFound);
+        assert_eq!(kind(rmdir(&mut fs, "")), FileErrorKind::Other);
+        let listed = run(&mut fs, FileOpKind::ListDir { path: "t".into() });
+        assert_eq!(listed, Some(Ok(FileOutput::Listing(Vec::new()))));
+
+        // Nothing was synced since: a power loss brings back both directories and the
+        // unlinked file, as it does an unsynced unlink anywhere.
+        let replay = |crash: Crash, sync_parent: bool| {
+            let mut fs = MemFs::new();
+            run(
+                &mut fs,
+                FileOpKind::CreateDir {
+                    path: "t/a/b".into(),
+                },
+            );
+            run(
+                &mut fs,
+                FileOpKind::Create {
+                    path: "t/a/f".into(),
+                },
+            );
+            run(&mut fs, FileOpKind::SyncDir { path: "t/a".into() });
+            run(
+                &mut fs,
+                FileOpKind::Remove {
+                    path: "t/a/f".into(),
+                },
+            );
+            rmdir(&mut fs, "t/a/b").unwrap();
+            rmdir(&mut fs, "t/a").unwrap();
+            if sync_parent {
+                run(&mut fs, FileOpKind::SyncDir { path: "t".into() });
+            }
+            fs.crash(crash);
+            fs
+        };
+        let fs = replay(Crash::Power, false);
+        assert_eq!(fs.list("t/a"), vec!["f".to_string()]);
+        assert!(fs.dir_set.contains("t/a/b"));
+        // Synced into `t`, the removal of `t/a` holds; so does everything a process crash
+        // leaves in the kernel.
+        for (crash, sync) in [(Crash::Power, true), (Crash::Process, false)] {
+            let fs = replay(crash, sync);
+            assert!(!fs.dir_set.contains("t/a"), "{crash:?}");
+            assert!(!fs.dir_set.contains("t/a/b"), "{crash:?}");
+            assert!(fs.file("t/a/f").is_none(), "{crash:?}");
+        }
+        // Reordered: either way, never a child without its parent.
+        for seed in 0..16 {
+            let fs = replay(Crash::PowerReordered(seed), false);
+            if fs.dir_set.contains("t/a/b") {
+                assert!(fs.dir_set.contains("t/a"), "seed {seed}");
+            }
+        }
     }
 }

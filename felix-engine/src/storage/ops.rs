@@ -9,7 +9,8 @@
 //! two ops in flight whose relative order matters (its writes go out one at a time; a sync
 //! may run beside a write, and vouches only for writes that completed before it was issued;
 //! renames and removals run alone; it never reads bytes it has not seen written, nor removes
-//! or renames over a file it is reading), so the executor needs no queue of its own.
+//! or renames over a file it is reading; a directory is removed only after everything in it
+//! is gone), so the executor needs no queue of its own.
 
 use bytes::Bytes;
 use std::fmt;
@@ -73,6 +74,10 @@ pub enum FileOpKind {
     Rename { from: String, to: String },
     /// Unlink the file. A missing file is [`FileErrorKind::NotFound`].
     Remove { path: String },
+    /// Remove an empty directory (`remove_dir`). A missing one is
+    /// [`FileErrorKind::NotFound`]; one that still has entries is an error (`Other`). Like
+    /// an unlink, the removal is durable only after a [`FileOpKind::SyncDir`] of its parent.
+    RemoveDir { path: String },
 }
 
 impl FileOpKind {
@@ -93,7 +98,8 @@ impl FileOpKind {
             | FileOpKind::Sync { path }
             | FileOpKind::SyncDir { path }
             | FileOpKind::Truncate { path, .. }
-            | FileOpKind::Remove { path } => path,
+            | FileOpKind::Remove { path }
+            | FileOpKind::RemoveDir { path } => path,
             FileOpKind::Rename { from, .. } => from,
         }
     }
@@ -110,6 +116,7 @@ impl FileOpKind {
             FileOpKind::Truncate { .. } => "truncate",
             FileOpKind::Rename { .. } => "rename",
             FileOpKind::Remove { .. } => "remove",
+            FileOpKind::RemoveDir { .. } => "remove_dir",
         }
     }
 }
