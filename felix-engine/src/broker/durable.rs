@@ -13,6 +13,7 @@ use bytes::Bytes;
 
 use crate::storage::cache_log::{CacheEvent, CacheLog};
 use crate::storage::counter_log::CounterLog;
+use crate::storage::driven::Driven;
 use crate::storage::group_log::GroupLog;
 use crate::storage::layout;
 use crate::storage::log::{LogConfig, ReadTicket, ShardLog};
@@ -101,49 +102,35 @@ impl AnyLog {
         self.shard().durable_offset()
     }
 
-    fn poll_op(&mut self) -> Option<FileOp> {
+    /// The log as the broker drives it, whatever its kind.
+    fn driven(&mut self) -> &mut dyn Driven {
         match self {
-            AnyLog::Stream(l) => l.poll_op(),
-            AnyLog::Cache(c) => c.poll_op(),
-            AnyLog::Counter(c) => c.poll_op(),
-            AnyLog::Group(g) => g.poll_op(),
+            AnyLog::Stream(l) => l,
+            AnyLog::Cache(c) => c,
+            AnyLog::Counter(c) => c,
+            AnyLog::Group(g) => g,
         }
     }
 
+    fn poll_op(&mut self) -> Option<FileOp> {
+        self.driven().poll_op()
+    }
+
+    /// Every kind's deadline is its segment log's.
     fn poll_timeout(&self) -> Option<Instant> {
-        match self {
-            AnyLog::Stream(l) => l.poll_timeout(),
-            AnyLog::Cache(c) => c.poll_timeout(),
-            AnyLog::Counter(c) => c.poll_timeout(),
-            AnyLog::Group(g) => g.poll_timeout(),
-        }
+        self.shard().poll_timeout()
     }
 
     fn handle_completion(&mut self, c: FileCompletion) {
-        match self {
-            AnyLog::Stream(l) => l.handle_completion(c),
-            AnyLog::Cache(cl) => cl.handle_completion(c),
-            AnyLog::Counter(cl) => cl.handle_completion(c),
-            AnyLog::Group(g) => g.handle_completion(c),
-        }
+        self.driven().handle_completion(c)
     }
 
     fn handle_timeout(&mut self, now: Instant, unix_micros: u64) {
-        match self {
-            AnyLog::Stream(l) => l.handle_timeout(now, unix_micros),
-            AnyLog::Cache(c) => c.handle_timeout(now, unix_micros),
-            AnyLog::Counter(c) => c.handle_timeout(now, unix_micros),
-            AnyLog::Group(g) => g.handle_timeout(now, unix_micros),
-        }
+        self.driven().handle_timeout(now, unix_micros)
     }
 
     fn sync_now(&mut self) {
-        match self {
-            AnyLog::Stream(l) => l.sync_now(),
-            AnyLog::Cache(c) => c.sync_now(),
-            AnyLog::Counter(c) => c.sync_now(),
-            AnyLog::Group(g) => g.sync_now(),
-        }
+        self.driven().sync_now()
     }
 
     fn is_idle(&self) -> bool {

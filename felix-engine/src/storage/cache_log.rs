@@ -19,10 +19,11 @@ use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use super::driven::Driven;
 use super::log::{
     AppendError, Batch, LogConfig, LogEvent, ReadError, ReadTicket, ShardLog, StorageError,
 };
-use super::ops::{FileCompletion, FileOp, LogId};
+use super::ops::LogId;
 use super::record::{self, DecodedEntry};
 
 /// Version byte at the start of every cache record.
@@ -199,9 +200,9 @@ pub(crate) enum CacheEvent {
     },
 }
 
-/// One cache shard on a log. Driven like [`ShardLog`]: inputs `handle_completion` and
-/// `handle_timeout`, commands `put`, `delete`, `get`, `compact`, outputs `poll_op`,
-/// `poll_event` and `poll_timeout`, drained after every call.
+/// One cache shard on a log, [`Driven`] like [`ShardLog`]: inputs `handle_completion`,
+/// `handle_timeout` and `sync_now`, commands `put`, `delete`, `get`, `compact`, outputs
+/// `poll_op`, `poll_event` and the log's deadline, drained after every call.
 #[derive(Debug)]
 pub(crate) struct CacheLog {
     log: ShardLog,
@@ -304,43 +305,14 @@ impl CacheLog {
         self.is_open() && garbage_heavy(&self.log, self.live_bytes)
     }
 
-    // ---- outputs ------------------------------------------------------------------------
-
-    #[must_use]
-    pub(crate) fn poll_op(&mut self) -> Option<FileOp> {
-        self.log.poll_op()
-    }
+    // ---- outputs (file ops and inputs: see `impl Driven`) -------------------------------
 
     #[must_use]
     pub(crate) fn poll_event(&mut self) -> Option<CacheEvent> {
         self.events.pop_front()
     }
 
-    #[must_use]
-    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        self.log.poll_timeout()
-    }
-
-    // ---- inputs -------------------------------------------------------------------------
-
-    pub(crate) fn handle_completion(&mut self, c: FileCompletion) {
-        self.log.handle_completion(c);
-        self.absorb();
-    }
-
-    pub(crate) fn handle_timeout(&mut self, now: Instant, unix_micros: u64) {
-        self.log.handle_timeout(now, unix_micros);
-        self.absorb();
-    }
-
     // ---- commands -----------------------------------------------------------------------
-
-    /// Asks for a sync of everything written so far, whatever the fsync mode (a graceful
-    /// stop drives the cache until [`ShardLog::is_idle`] holds for [`CacheLog::log`]).
-    pub(crate) fn sync_now(&mut self) {
-        self.log.sync_now();
-        self.absorb();
-    }
 
     /// Appends a put and returns its offset; it is visible and may be acknowledged once
     /// [`CacheEvent::Durable`] passes it. `unix_micros` is stored as the record's time.
@@ -708,6 +680,16 @@ impl CacheLog {
             Ok(CacheRecord::Delete { .. }) => Err(wrong(format!("record {offset} is a delete"))),
             Err(why) => Err(wrong(format!("record {offset} is {why}"))),
         }
+    }
+}
+
+impl Driven for CacheLog {
+    fn shard_mut(&mut self) -> &mut ShardLog {
+        &mut self.log
+    }
+
+    fn after_input(&mut self) {
+        self.absorb();
     }
 }
 

@@ -1,8 +1,8 @@
 //! CacheLog against memfs: visibility after durability, the rebuilt index, TTL across
 //! restarts, and compaction (offsets kept, garbage dropped, crash-safe at every step).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -11,50 +11,36 @@ use crate::storage::layout;
 use crate::storage::log::FsyncMode;
 use crate::storage::memfs::{Crash, MemFs};
 use crate::storage::ops::FileOpKind;
+use crate::storage::test_bench::{cfg, settle, Bench};
 
 const DIR: &str = "caches/t/ns/c/0";
 
 struct Rig {
-    fs: MemFs,
+    bench: Bench,
     cache: CacheLog,
-    cfg: LogConfig,
-    t0: Instant,
-    queue: VecDeque<FileOp>,
     durable: u64,
     opened: Option<(usize, u64)>,
     failed: Option<StorageError>,
     values: HashMap<ReadTicket, Result<Option<CachedValue>, ReadError>>,
     compacted: Vec<(u64, u64)>,
-    ops_seen: Vec<FileOpKind>,
     pending_gets: Vec<(ReadTicket, String)>,
     applied: Vec<Change>,
     scanned: HashMap<ReadTicket, Result<crate::storage::log::ReadBatch, ReadError>>,
 }
 
-fn cfg(segment_max_bytes: u64) -> LogConfig {
-    LogConfig {
-        fsync: FsyncMode::OnCommit,
-        segment_max_bytes,
-        ..LogConfig::default()
-    }
-}
-
 impl Rig {
     fn on(fs: MemFs, cfg: LogConfig) -> Rig {
-        let t0 = Instant::now();
-        let cache = CacheLog::open(LogId(9), DIR.into(), cfg.clone(), t0);
+        let (bench, cache) = Bench::open(fs, cfg, |cfg, t0| {
+            CacheLog::open(LogId(9), DIR.into(), cfg, t0)
+        });
         let mut rig = Rig {
-            fs,
+            bench,
             cache,
-            cfg,
-            t0,
-            queue: VecDeque::new(),
             durable: 0,
             opened: None,
             failed: None,
             values: HashMap::new(),
             compacted: Vec::new(),
-            ops_seen: Vec::new(),
             pending_gets: Vec::new(),
             applied: Vec::new(),
             scanned: HashMap::new(),
@@ -64,10 +50,7 @@ impl Rig {
     }
 
     fn collect(&mut self) {
-        while let Some(op) = self.cache.poll_op() {
-            self.ops_seen.push(op.kind.clone());
-            self.queue.push_back(op);
-        }
+        self.bench.take_ops(&mut self.cache);
         while let Some(e) = self.cache.poll_event() {
             match e {
                 CacheEvent::Opened { keys, next_offset } => self.opened = Some((keys, next_offset)),
@@ -90,30 +73,22 @@ impl Rig {
 
     fn step(&mut self) -> bool {
         self.collect();
-        let Some(op) = self.queue.pop_front() else {
+        if !self.bench.run_one(&mut self.cache) {
             return false;
-        };
-        if let Some(c) = self.fs.execute(op) {
-            self.cache.handle_completion(c);
         }
         self.collect();
         true
     }
 
     fn pump(&mut self) {
-        for _ in 0..100_000 {
-            if !self.step() {
-                return;
-            }
-        }
-        panic!("the cache did not settle");
+        settle("the cache", || self.step());
     }
 
     fn put(&mut self, key: &str, value: &str, expiry: Option<u64>) -> u64 {
         let v = Bytes::copy_from_slice(value.as_bytes());
         let off = self
             .cache
-            .put(self.t0, 5_000_000, key.as_bytes(), v, expiry)
+            .put(self.bench.t0, 5_000_000, key.as_bytes(), v, expiry)
             .expect("put");
         self.collect();
         off
@@ -122,7 +97,7 @@ impl Rig {
     fn del(&mut self, key: &str) -> Option<u64> {
         let off = self
             .cache
-            .delete(self.t0, 5_000_000, key.as_bytes())
+            .delete(self.bench.t0, 5_000_000, key.as_bytes())
             .expect("delete");
         self.collect();
         off
@@ -155,8 +130,7 @@ impl Rig {
     }
 
     fn reopen(self, crash: Crash) -> Rig {
-        let Rig { mut fs, cfg, .. } = self;
-        fs.crash(crash);
+        let (fs, cfg) = self.bench.crashed(crash);
         Rig::on(fs, cfg)
     }
 }
@@ -279,8 +253,12 @@ fn an_expiry_is_absolute_and_holds_across_a_restart() {
     // The expiry pass writes its delete: the expiry is a change in the log from then on.
     assert_eq!(rig.cache.expiring(), 1);
     let next = rig.cache.log().next_offset();
-    assert_eq!(rig.cache.expire_due(rig.t0, 10_000_000, 16), Ok(1));
-    assert_eq!(rig.cache.expire_due(rig.t0, 10_000_000, 16), Ok(0), "once");
+    assert_eq!(rig.cache.expire_due(rig.bench.t0, 10_000_000, 16), Ok(1));
+    assert_eq!(
+        rig.cache.expire_due(rig.bench.t0, 10_000_000, 16),
+        Ok(0),
+        "once"
+    );
     rig.pump();
     assert_eq!(rig.cache.log().next_offset(), next + 1);
     assert_eq!(rig.cache.expiring(), 0);
@@ -291,7 +269,7 @@ fn an_expiry_is_absolute_and_holds_across_a_restart() {
     // A delete of an expired key writes nothing.
     rig.put("old", "x", Some(1));
     rig.pump();
-    assert_eq!(rig.cache.delete(rig.t0, 2_000, b"old").unwrap(), None);
+    assert_eq!(rig.cache.delete(rig.bench.t0, 2_000, b"old").unwrap(), None);
 }
 
 /// Writes a history with plenty of garbage across many small segments. Keys are k00..k19.
@@ -317,7 +295,7 @@ fn history(rig: &mut Rig) -> Vec<String> {
 fn compaction_keeps_offsets_and_drops_superseded_deleted_and_expired_records() {
     let mut rig = Rig::on(MemFs::new(), cfg(600));
     let keys = history(&mut rig);
-    let files_before = rig.fs.list(DIR).len();
+    let files_before = rig.bench.fs.list(DIR).len();
     let bytes_before = rig.cache.log().total_bytes();
     let before = rig.snapshot(&keys, 1_000);
     // Deleted (k00, k07, k14) and expired (k04, k09, k14, k19: expiry 900 < 1000) are gone.
@@ -332,11 +310,11 @@ fn compaction_keeps_offsets_and_drops_superseded_deleted_and_expired_records() {
     let after = rig.snapshot(&keys, 1_000);
     assert_eq!(before, after, "same values at the same offsets");
     assert!(rig.cache.log().total_bytes() < bytes_before / 3);
-    assert!(rig.fs.list(DIR).len() < files_before);
-    assert!(rig.fs.list(DIR).iter().all(|n| n.ends_with(".seg")));
+    assert!(rig.bench.fs.list(DIR).len() < files_before);
+    assert!(rig.bench.fs.list(DIR).iter().all(|n| n.ends_with(".seg")));
 
     // The sealed files now hold exactly the live records, at their own offsets.
-    let (sealed, active_base) = stored_offsets(&rig.fs);
+    let (sealed, active_base) = stored_offsets(&rig.bench.fs);
     let mut live: Vec<u64> = after
         .values()
         .map(|(o, _)| *o)
@@ -431,20 +409,20 @@ fn crash_in_compaction(k: usize, tear: Option<usize>, crash: Crash) -> bool {
     let mut rig = Rig::on(MemFs::new(), cfg(600));
     let keys = history(&mut rig);
     let before = rig.snapshot(&keys, 1_000);
-    let base = rig.fs.writes;
-    rig.fs.crash_at_step(base + k, tear);
+    let base = rig.bench.fs.writes;
+    rig.bench.fs.crash_at_step(base + k, tear);
     assert!(rig.cache.compact(1_000));
     rig.pump();
-    let crashed = rig.fs.is_dead();
+    let crashed = rig.bench.fs.is_dead();
     let what = format!("compaction step {k} tear {tear:?} {crash:?}");
 
     let mut rig = rig.reopen(crash);
     assert!(rig.failed.is_none(), "{what}: {:?}", rig.failed);
     assert_eq!(rig.snapshot(&keys, 1_000), before, "{what}");
     assert!(
-        rig.fs.list(DIR).iter().all(|n| n.ends_with(".seg")),
+        rig.bench.fs.list(DIR).iter().all(|n| n.ends_with(".seg")),
         "{what}: leftovers {:?}",
-        rig.fs.list(DIR)
+        rig.bench.fs.list(DIR)
     );
     // A pass after the crash finishes the job.
     assert!(rig.cache.compact(1_000), "{what}");
@@ -459,10 +437,15 @@ fn a_crash_at_every_step_of_a_compaction_replays_to_the_same_cache() {
     // Count the pass's write steps once.
     let mut rig = Rig::on(MemFs::new(), cfg(600));
     history(&mut rig);
-    rig.ops_seen.clear();
+    rig.bench.ops_seen.clear();
     assert!(rig.cache.compact(1_000));
     rig.pump();
-    let steps: Vec<FileOpKind> = rig.ops_seen.into_iter().filter(|k| k.is_write()).collect();
+    let steps: Vec<FileOpKind> = rig
+        .bench
+        .ops_seen
+        .into_iter()
+        .filter(|k| k.is_write())
+        .collect();
     let names: Vec<&str> = steps.iter().map(|k| k.name()).collect();
     // Temporary files written and synced, renamed, the directory synced, then the rest.
     let first_rename = names.iter().position(|n| *n == "rename").unwrap();

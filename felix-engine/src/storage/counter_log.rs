@@ -17,8 +17,9 @@ use std::time::Instant;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::cache_log::{garbage_heavy, CacheEvent, MAX_CACHE_KEY_BYTES};
+use super::driven::Driven;
 use super::log::{AppendError, Batch, LogConfig, LogEvent, ShardLog, StorageError};
-use super::ops::{FileCompletion, FileOp, LogId};
+use super::ops::LogId;
 use super::record::{self, DecodedEntry};
 
 const COUNTER_RECORD_VERSION: u8 = 1;
@@ -87,7 +88,7 @@ struct Sum {
     bytes: u32,
 }
 
-/// One cache's counters on a log. Driven like [`super::cache_log::CacheLog`], and reports
+/// One cache's counters on a log. [`Driven`] like [`super::cache_log::CacheLog`], and reports
 /// the same events (`Opened`, `Durable`, `Compacted`, `CompactionFailed`, `Failed`).
 #[derive(Debug)]
 pub(crate) struct CounterLog {
@@ -138,34 +139,9 @@ impl CounterLog {
     }
 
     #[must_use]
-    pub(crate) fn poll_op(&mut self) -> Option<FileOp> {
-        self.log.poll_op()
-    }
-
-    #[must_use]
     pub(crate) fn poll_event(&mut self) -> Option<CacheEvent> {
         self.absorb();
         self.events.pop_front()
-    }
-
-    #[must_use]
-    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        self.log.poll_timeout()
-    }
-
-    pub(crate) fn handle_completion(&mut self, c: FileCompletion) {
-        self.log.handle_completion(c);
-        self.absorb();
-    }
-
-    pub(crate) fn handle_timeout(&mut self, now: Instant, unix_micros: u64) {
-        self.log.handle_timeout(now, unix_micros);
-        self.absorb();
-    }
-
-    pub(crate) fn sync_now(&mut self) {
-        self.log.sync_now();
-        self.absorb();
     }
 
     /// Adds `delta` and returns the record's offset and the sum including it. The add is
@@ -306,6 +282,16 @@ impl CounterLog {
                 LogEvent::Failed(e) => self.fail(e),
             }
         }
+    }
+}
+
+impl Driven for CounterLog {
+    fn shard_mut(&mut self) -> &mut ShardLog {
+        &mut self.log
+    }
+
+    fn after_input(&mut self) {
+        self.absorb();
     }
 }
 

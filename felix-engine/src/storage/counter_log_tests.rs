@@ -1,44 +1,28 @@
 //! CounterLog against memfs: sums visible once durable, rebuilt after a power loss, kept by
 //! compaction, and overflow refused.
 
-use std::collections::VecDeque;
-use std::time::Instant;
-
 use super::*;
-use crate::storage::log::FsyncMode;
 use crate::storage::memfs::{Crash, MemFs};
+use crate::storage::test_bench::{cfg, settle, Bench};
 
 const DIR: &str = "counters/t/ns/c/0";
 
 struct Rig {
-    fs: MemFs,
+    bench: Bench,
     counters: CounterLog,
-    cfg: LogConfig,
-    t0: Instant,
-    queue: VecDeque<FileOp>,
     durable: u64,
     compacted: usize,
     failed: Option<StorageError>,
 }
 
-fn cfg(segment_max_bytes: u64) -> LogConfig {
-    LogConfig {
-        fsync: FsyncMode::OnCommit,
-        segment_max_bytes,
-        ..LogConfig::default()
-    }
-}
-
 impl Rig {
     fn on(fs: MemFs, cfg: LogConfig) -> Rig {
-        let t0 = Instant::now();
-        let counters = CounterLog::open(LogId(3), DIR.into(), cfg.clone(), t0);
+        let (bench, counters) = Bench::open(fs, cfg, |cfg, t0| {
+            CounterLog::open(LogId(3), DIR.into(), cfg, t0)
+        });
         let mut rig = Rig {
-            fs,
+            bench,
             counters,
-            cfg,
-            t0,
-            queue: VecDeque::new(),
             durable: 0,
             compacted: 0,
             failed: None,
@@ -48,9 +32,7 @@ impl Rig {
     }
 
     fn collect(&mut self) {
-        while let Some(op) = self.counters.poll_op() {
-            self.queue.push_back(op);
-        }
+        self.bench.take_ops(&mut self.counters);
         while let Some(e) = self.counters.poll_event() {
             match e {
                 CacheEvent::Durable { up_to } => self.durable = up_to,
@@ -62,29 +44,22 @@ impl Rig {
     }
 
     fn pump(&mut self) {
-        for _ in 0..100_000 {
+        settle("the counters", || {
             self.collect();
-            let Some(op) = self.queue.pop_front() else {
-                return;
-            };
-            if let Some(c) = self.fs.execute(op) {
-                self.counters.handle_completion(c);
-            }
-        }
-        panic!("the counters did not settle");
+            self.bench.run_one(&mut self.counters)
+        });
     }
 
     fn add(&mut self, key: &str, delta: i64) -> i64 {
         let (_, sum) = self
             .counters
-            .add(self.t0, 1_000_000, key.as_bytes(), delta)
+            .add(self.bench.t0, 1_000_000, key.as_bytes(), delta)
             .expect("add");
         sum
     }
 
     fn reopen(self, crash: Crash) -> Rig {
-        let Rig { mut fs, cfg, .. } = self;
-        fs.crash(crash);
+        let (fs, cfg) = self.bench.crashed(crash);
         Rig::on(fs, cfg)
     }
 }
@@ -127,7 +102,7 @@ fn overflow_is_refused_and_writes_nothing() {
     assert_eq!(rig.add("big", i64::MAX), i64::MAX);
     let next = rig.counters.log().next_offset();
     assert_eq!(
-        rig.counters.add(rig.t0, 0, b"big", 1),
+        rig.counters.add(rig.bench.t0, 0, b"big", 1),
         Err(AddError::Overflow { sum: i64::MAX })
     );
     assert_eq!(rig.counters.log().next_offset(), next);
@@ -138,14 +113,17 @@ fn overflow_is_refused_and_writes_nothing() {
 fn a_key_at_the_limit_is_counted_and_one_byte_longer_refused() {
     let mut rig = Rig::on(MemFs::new(), cfg(1 << 20));
     let longest = vec![b'k'; MAX_CACHE_KEY_BYTES];
-    let (_, sum) = rig.counters.add(rig.t0, 0, &longest, 2).expect("fits");
+    let (_, sum) = rig
+        .counters
+        .add(rig.bench.t0, 0, &longest, 2)
+        .expect("fits");
     assert_eq!(sum, 2);
     rig.pump();
     assert_eq!(rig.counters.get(&longest), Some(2));
     let next = rig.counters.log().next_offset();
     let too_long = vec![b'k'; MAX_CACHE_KEY_BYTES + 1];
     assert_eq!(
-        rig.counters.add(rig.t0, 0, &too_long, 1),
+        rig.counters.add(rig.bench.t0, 0, &too_long, 1),
         Err(AddError::Append(AppendError::TooLarge(
             MAX_CACHE_KEY_BYTES + 1
         )))

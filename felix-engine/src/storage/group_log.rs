@@ -13,8 +13,9 @@ use std::time::Instant;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::cache_log::garbage_heavy;
+use super::driven::Driven;
 use super::log::{AppendError, Batch, LogConfig, LogEvent, ShardLog, StorageError};
-use super::ops::{FileCompletion, FileOp, LogId};
+use super::ops::LogId;
 use super::record::{self, DecodedEntry};
 
 /// Version byte at the start of every group record.
@@ -163,7 +164,7 @@ impl LiveAt {
     }
 }
 
-/// The group log of one shard. Driven like [`ShardLog`]; its events are the shard log's.
+/// The group log of one shard. [`Driven`] like [`ShardLog`]; its events are the shard log's.
 #[derive(Debug)]
 pub(crate) struct GroupLog {
     log: ShardLog,
@@ -199,33 +200,8 @@ impl GroupLog {
     }
 
     #[must_use]
-    pub(crate) fn poll_op(&mut self) -> Option<FileOp> {
-        self.log.poll_op()
-    }
-
-    #[must_use]
     pub(crate) fn poll_event(&mut self) -> Option<LogEvent> {
         self.events.pop_front()
-    }
-
-    #[must_use]
-    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        self.log.poll_timeout()
-    }
-
-    pub(crate) fn handle_completion(&mut self, c: FileCompletion) {
-        self.log.handle_completion(c);
-        self.absorb();
-    }
-
-    pub(crate) fn handle_timeout(&mut self, now: Instant, unix_micros: u64) {
-        self.log.handle_timeout(now, unix_micros);
-        self.absorb();
-    }
-
-    pub(crate) fn sync_now(&mut self) {
-        self.log.sync_now();
-        self.absorb();
     }
 
     /// Appends records as one entry and returns the offset every one of them is durable
@@ -327,6 +303,16 @@ impl GroupLog {
                 }
             }
         }
+    }
+}
+
+impl Driven for GroupLog {
+    fn shard_mut(&mut self) -> &mut ShardLog {
+        &mut self.log
+    }
+
+    fn after_input(&mut self) {
+        self.absorb();
     }
 }
 

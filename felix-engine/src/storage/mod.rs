@@ -7,6 +7,7 @@
 //! recovery rules.
 //!
 //! - `ops`: the file-op vocabulary shared with the runtime's executor;
+//! - `driven`: [`driven::Driven`], how every log is driven, written once;
 //! - `layout`: directory and file names under the storage root;
 //! - `record`: segment header, entry encoding with CRC32C, the entry scanner;
 //! - `segment`: one segment's offsets, byte counts and sparse index;
@@ -20,6 +21,7 @@
 
 pub(crate) mod cache_log;
 pub(crate) mod counter_log;
+pub(crate) mod driven;
 pub(crate) mod group_log;
 pub(crate) mod layout;
 pub(crate) mod log;
@@ -30,3 +32,5 @@ pub(crate) mod write_buffers;
 
 #[cfg(test)]
 pub(crate) mod memfs;
+#[cfg(test)]
+pub(crate) mod test_bench;
