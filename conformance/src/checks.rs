@@ -123,9 +123,8 @@ pub fn binary_layout(data: &[u8]) {
     let flags = Flags(u16::from_be_bytes([data[0], data[1]]));
     let payload = Bytes::copy_from_slice(&data[2..]);
     let decoded = BinaryFrame::decode(flags, &payload);
-    match (&decoded, flags.validate_frame()) {
-        (Ok(_), Err(e)) => panic!("decoded a frame with refused flags: {e}"),
-        _ => {}
+    if let (Ok(_), Err(e)) = (&decoded, flags.validate_frame()) {
+        panic!("decoded a frame with refused flags: {e}");
     }
     let Ok(frame) = decoded else {
         return;
