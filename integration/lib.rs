@@ -285,6 +285,14 @@ pub async fn assert_quiet(sub: &mut Subscription, ms: u64) {
     }
 }
 
+/// The wall clock in microseconds since the Unix epoch, as the broker stamps records.
+pub fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as u64
+}
+
 /// A name no other test uses (tests share nothing, but names make failures readable).
 pub fn unique(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);

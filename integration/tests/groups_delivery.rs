@@ -4,12 +4,12 @@
 
 mod durable_support;
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use durable_support::*;
 use felix_client::{Ack, Client, PollOptions};
-use felix_integration::unique;
+use felix_integration::{unique, unix_micros};
 use felix_runtime_tokio::felix_engine::{DurableConfig, GroupConfig};
 
 const NS: &str = "default";
@@ -147,13 +147,6 @@ async fn poll_ack_nack_dead_letter_redrive_and_discard() {
     assert_eq!(err.code(), Some(&felix_client::ErrorCode::InvalidRequest));
     c.close().await;
     stop(broker).await;
-}
-
-fn unix_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
 }
 
 #[tokio::test]

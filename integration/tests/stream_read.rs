@@ -3,19 +3,12 @@
 
 mod durable_support;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use durable_support::*;
 use felix_client::{Ack, Start};
-use felix_integration::{next_event, unique};
-
-fn unix_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
-}
+use felix_integration::{next_event, unique, unix_micros};
 
 #[tokio::test]
 async fn stream_read_pages_through_a_shard() {

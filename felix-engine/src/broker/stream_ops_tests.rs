@@ -64,6 +64,42 @@ impl Rig {
         self.now += d;
     }
 
+    /// Logs of 300-byte segments kept to 1000 bytes, with no tail cache: a few dozen
+    /// records roll several segments that retention then removes.
+    fn small_trimmed_log() -> LogConfig {
+        LogConfig {
+            fsync: FsyncMode::None,
+            segment_max_bytes: 300,
+            retention_bytes: Some(1000),
+            tail_cache_bytes: 0,
+            ..LogConfig::default()
+        }
+    }
+
+    /// Publishes 60 small records, then lets a retention check run.
+    fn fill_and_enforce_retention(&mut self) {
+        for i in 0..60u64 {
+            let payload = Bytes::from(format!("record {i:040}"));
+            self.retry(|r| {
+                let unix = r.unix();
+                r.b.publish(r.now, unix, &key(), None, None, vec![payload.clone()], None)
+            });
+        }
+        self.pump();
+        self.advance(crate::storage::log::DEFAULT_RETENTION_CHECK_INTERVAL);
+        let unix = self.unix();
+        self.b.handle_timeout(self.now, unix);
+        self.pump();
+    }
+
+    /// The oldest offset shard 0 of `key()` still holds.
+    fn start_offset(&self) -> u64 {
+        let i = self.b.stream_index[&key()];
+        let log = self.b.streams[i].shards[0].store.as_ref().unwrap().log;
+        let logs = self.b.logs.as_ref().unwrap();
+        logs.slot(log).unwrap().log.shard().start_offset()
+    }
+
     /// Runs file ops and log events until nothing is left.
     fn pump(&mut self) {
         for _ in 0..1000 {
@@ -610,13 +646,6 @@ fn offset_for_time_reads_on_when_the_first_page_holds_no_answer() {
 
 #[test]
 fn retention_keeps_what_commit_state_is_rebuilt_from() {
-    let small_and_trimmed = || LogConfig {
-        fsync: FsyncMode::None,
-        segment_max_bytes: 300,
-        retention_bytes: Some(1000),
-        tail_cache_bytes: 0,
-        ..LogConfig::default()
-    };
     let commit = |r: &mut Rig, value: &'static str| {
         let changes = [StateChange::Put {
             key: "early".into(),
@@ -628,40 +657,20 @@ fn retention_keeps_what_commit_state_is_rebuilt_from() {
             r.b.commit(r.now, unix, &key(), (b"m", None), event, &changes, None)
         });
     };
-    let fill_and_enforce = |r: &mut Rig| {
-        for i in 0..60u64 {
-            let payload = Bytes::from(format!("record {i:040}"));
-            r.retry(|r| {
-                let unix = r.unix();
-                r.b.publish(r.now, unix, &key(), None, None, vec![payload.clone()], None)
-            });
-        }
-        r.pump();
-        r.advance(crate::storage::log::DEFAULT_RETENTION_CHECK_INTERVAL);
-        let unix = r.unix();
-        r.b.handle_timeout(r.now, unix);
-        r.pump();
-    };
-    let start = |r: &Rig| {
-        let i = r.b.stream_index[&key()];
-        let log = r.b.streams[i].shards[0].store.as_ref().unwrap().log;
-        let logs = r.b.logs.as_ref().unwrap();
-        logs.slot(log).unwrap().log.shard().start_offset()
-    };
     let get = |r: &mut Rig| {
         r.retry(|r| r.b.state_get(r.now, &key(), (b"m", None), "early"))
             .value
     };
 
-    let mut r = Rig::with_log(MemFs::new(), small_and_trimmed());
+    let mut r = Rig::with_log(MemFs::new(), Rig::small_trimmed_log());
     commit(&mut r, "first");
-    fill_and_enforce(&mut r);
+    r.fill_and_enforce_retention();
     assert_eq!(
-        start(&r),
+        r.start_offset(),
         0,
         "the segment holding the only state write is kept"
     );
-    let mut r = Rig::with_log(r.fs, small_and_trimmed());
+    let mut r = Rig::with_log(r.fs, Rig::small_trimmed_log());
     assert_eq!(
         get(&mut r).as_deref(),
         Some(&b"first"[..]),
@@ -669,55 +678,27 @@ fn retention_keeps_what_commit_state_is_rebuilt_from() {
     );
 
     // A newer write of the key frees the old segments; the restarted state is the new one.
-    fill_and_enforce(&mut r);
+    r.fill_and_enforce_retention();
     commit(&mut r, "second");
-    fill_and_enforce(&mut r);
-    assert!(start(&r) > 0, "retention went on past the superseded write");
-    let mut r = Rig::with_log(r.fs, small_and_trimmed());
+    r.fill_and_enforce_retention();
+    assert!(
+        r.start_offset() > 0,
+        "retention went on past the superseded write"
+    );
+    let mut r = Rig::with_log(r.fs, Rig::small_trimmed_log());
     assert_eq!(get(&mut r).as_deref(), Some(&b"second"[..]));
     // The floor was rebuilt with the state: retention still keeps the live write.
-    fill_and_enforce(&mut r);
-    let mut r = Rig::with_log(r.fs, small_and_trimmed());
+    r.fill_and_enforce_retention();
+    let mut r = Rig::with_log(r.fs, Rig::small_trimmed_log());
     assert_eq!(get(&mut r).as_deref(), Some(&b"second"[..]));
 }
 
 #[test]
 fn stream_read_below_retention_is_answered_too_old() {
     use felix_proto::message::CursorErrorReason;
-    let mut r = Rig::with_log(
-        MemFs::new(),
-        LogConfig {
-            fsync: FsyncMode::None,
-            segment_max_bytes: 300,
-            retention_bytes: Some(1000),
-            tail_cache_bytes: 0,
-            ..LogConfig::default()
-        },
-    );
-    for i in 0..60u64 {
-        let payload = Bytes::from(format!("record {i:040}"));
-        r.retry(|r| {
-            let unix = r.unix();
-            r.b.publish(r.now, unix, &key(), None, None, vec![payload.clone()], None)
-        });
-    }
-    r.pump();
-    r.advance(crate::storage::log::DEFAULT_RETENTION_CHECK_INTERVAL);
-    let unix = r.unix();
-    r.b.handle_timeout(r.now, unix);
-    r.pump();
-    let start = {
-        let i = r.b.stream_index[&key()];
-        let log = r.b.streams[i].shards[0].store.as_ref().unwrap().log;
-        r.b.logs
-            .as_ref()
-            .unwrap()
-            .slot(log)
-            .unwrap()
-            .log
-            .shard()
-            .start_offset()
-    };
+    let mut r = Rig::with_log(MemFs::new(), Rig::small_trimmed_log());
+    r.fill_and_enforce_retention();
+    let start = r.start_offset();
     assert!(start > 0, "retention removed the oldest segments");
     let req = |from| PageRequest {
         shard: 0,

@@ -543,19 +543,23 @@ mod tests {
             run(fs, FileOpKind::RemoveDir { path: p.into() }).expect("alive")
         };
         let kind = |r: Result<FileOutput, FileError>| r.unwrap_err().kind;
-        run(
-            &mut fs,
-            FileOpKind::CreateDir {
-                path: "t/a/b".into(),
-            },
-        );
-        run(
-            &mut fs,
-            FileOpKind::Create {
-                path: "t/a/f".into(),
-            },
-        );
-        run(&mut fs, FileOpKind::SyncDir { path: "t/a".into() });
+        // A directory holding a file and a subdirectory, its entries durable.
+        let prepare = |fs: &mut MemFs| {
+            run(
+                fs,
+                FileOpKind::CreateDir {
+                    path: "t/a/b".into(),
+                },
+            );
+            run(
+                fs,
+                FileOpKind::Create {
+                    path: "t/a/f".into(),
+                },
+            );
+            run(fs, FileOpKind::SyncDir { path: "t/a".into() });
+        };
+        prepare(&mut fs);
 
         // A file or a subdirectory keeps it.
         assert_eq!(kind(rmdir(&mut fs, "t/a")), FileErrorKind::Other);
@@ -578,19 +582,7 @@ mod tests {
         // unlinked file, as it does an unsynced unlink anywhere.
         let replay = |crash: Crash, sync_parent: bool| {
             let mut fs = MemFs::new();
-            run(
-                &mut fs,
-                FileOpKind::CreateDir {
-                    path: "t/a/b".into(),
-                },
-            );
-            run(
-                &mut fs,
-                FileOpKind::Create {
-                    path: "t/a/f".into(),
-                },
-            );
-            run(&mut fs, FileOpKind::SyncDir { path: "t/a".into() });
+            prepare(&mut fs);
             run(
                 &mut fs,
                 FileOpKind::Remove {
