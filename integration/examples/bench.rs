@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_client::{Ack, Client, ClientConfig, Start, SubscriptionItem};
+use felix_integration::BenchBroker;
 use felix_runtime_tokio::BrokerOptions;
 use hdrhistogram::Histogram;
 
@@ -86,33 +87,15 @@ impl Target {
 
 /// Runs the broker on a runtime of its own, in its own threads, until the process ends.
 fn start_inprocess_broker() -> Target {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("broker".into())
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("broker-rt")
-                .enable_all()
-                .build()
-                .expect("broker runtime");
-            rt.block_on(async move {
-                let opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
-                let broker = felix_runtime_tokio::start(opts)
-                    .await
-                    .expect("broker starts");
-                tx.send(Target {
-                    addr: broker.local_addr(),
-                    ca_pem: broker.ca_cert_pem().as_bytes().to_vec(),
-                    token: broker.dev_token().expect("dev mode").to_owned(),
-                })
-                .expect("main thread waits");
-                // Keep it running for the life of the process.
-                std::future::pending::<()>().await;
-            });
-        })
-        .expect("broker thread");
-    rx.recv().expect("broker started")
+    let broker = BenchBroker::start(BrokerOptions::new("127.0.0.1:0".parse().expect("literal")));
+    let target = Target {
+        addr: broker.addr,
+        ca_pem: broker.ca_pem.clone(),
+        token: broker.token.clone(),
+    };
+    // Never stopped: its thread serves until the process exits.
+    std::mem::forget(broker);
+    target
 }
 
 fn main() {
