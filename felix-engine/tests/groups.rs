@@ -30,6 +30,16 @@ fn request(net: &mut Net, p: usize, sid: StreamId, body: &str) {
     net.run();
 }
 
+/// Two `group_poll`s (request ids 1 and 2) of up to `max_records` each, back to back.
+fn poll_twice(net: &mut Net, p: usize, sid: StreamId, max_records: usize) {
+    for request_id in [1, 2] {
+        let body = format!(
+            r#"{{"type":"group_poll",{ADDR},"max_records":{max_records},"request_id":{request_id}}}"#
+        );
+        request(net, p, sid, &body);
+    }
+}
+
 const ADDR: &str =
     r#""tenant_id":"t1","namespace":"default","stream":"jobs","shard":0,"group":"g""#;
 
@@ -161,16 +171,7 @@ fn a_poll_hands_out_at_most_1000_records_whatever_it_asks_for() {
     net.run();
     let (poller, _) = net.auth_stream(p);
     // 1000 is the broker's MAX_POLL_RECORDS.
-    for request_id in [1, 2] {
-        request(
-            &mut net,
-            p,
-            poller,
-            &format!(
-                r#"{{"type":"group_poll",{ADDR},"max_records":5000,"request_id":{request_id}}}"#
-            ),
-        );
-    }
+    poll_twice(&mut net, p, poller, 5000);
     let answers = json(&mut net, p, poller);
     let counts: Vec<usize> = answers
         .iter()
@@ -264,16 +265,7 @@ fn a_poll_answers_about_4_mib_of_payload_and_leaves_the_rest_owed() {
     }
     let (poller, _) = net.auth_stream(p);
     // 4 MiB is the broker's MAX_POLL_BYTES: the record that reaches it is the last one.
-    for request_id in [1, 2] {
-        request(
-            &mut net,
-            p,
-            poller,
-            &format!(
-                r#"{{"type":"group_poll",{ADDR},"max_records":20,"request_id":{request_id}}}"#
-            ),
-        );
-    }
+    poll_twice(&mut net, p, poller, 20);
     // The answers are larger than the stream window: read while the broker sends, bounded.
     let mut answers = Vec::new();
     for _ in 0..100 {
