@@ -406,8 +406,8 @@ impl Conn {
     pub(crate) fn fill_value(
         &mut self,
         id: StreamId,
-        log: crate::storage::ops::LogId,
-        ticket: crate::storage::log::ReadTicket,
+        log: felix_storage::ops::LogId,
+        ticket: felix_storage::log::ReadTicket,
         value: Result<Option<Bytes>, String>,
         value_reserve: usize,
     ) {

@@ -20,14 +20,14 @@ use quinn_proto::{
 };
 use tracing::{debug, warn};
 
-use crate::auth::Verifier;
 use crate::broker::{Broker, BrokerConfig, DurableSettings, Notice, StreamKey, SubscriberId};
 use crate::config::{AuthConfig, DurableConfig, EngineConfig, FsyncPolicy};
 use crate::conn::{Conn, CLOSE_CODE_NORMAL};
 use crate::seed;
-use crate::storage::log::{FsyncMode, LogConfig, ReadTicket};
-use crate::storage::ops::{FileCompletion, FileOp, LogId};
 use crate::tls::{AlpnSelector, TlsConfigError, TlsIdentity, TlsSettings};
+use felix_auth::Verifier;
+use felix_storage::log::{FsyncMode, LogConfig, ReadTicket};
+use felix_storage::ops::{FileCompletion, FileOp, LogId};
 
 pub use quinn_proto::EcnCodepoint;
 

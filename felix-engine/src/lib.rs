@@ -11,11 +11,9 @@
 //! - `conn`: one QUIC connection, its session streams and subscription event streams;
 //! - `session`: one client stream: `auth`, negotiated capabilities, requests and answers;
 //! - `broker`: streams, shards, subscriber queues, event batches and the cache;
-//! - `auth`: Felix tokens (Ed25519 JWTs) and permissions;
 //! - `tls`: rustls configs and per-connection ALPN selection;
 //! - `seed`: every random choice derived from [`EngineConfig::rng_seed`].
 
-pub(crate) mod auth;
 pub(crate) mod broker;
 mod config;
 mod conn;
@@ -23,7 +21,6 @@ mod engine;
 mod metrics;
 mod seed;
 mod session;
-pub(crate) mod storage;
 mod stream_delete;
 mod tls;
 
@@ -34,12 +31,12 @@ pub use engine::{
     SERVED_FLAGS,
 };
 pub use felix_proto::routing::RoutingMapping;
+pub use felix_storage::ops::{
+    DirEntry, FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
+};
 pub use metrics::{Histogram, Metrics, FSYNC_MICROS_BUCKETS, GROUP_COMMIT_BUCKETS};
 /// The rustls the engine builds its TLS with, for [`EngineConfig::crypto_provider`].
 pub use rustls;
-pub use storage::ops::{
-    DirEntry, FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
-};
 pub use stream_delete::DeleteStreamError;
 pub use tls::{TlsConfigError, TlsIdentity, ALPN_FELIX_V1};
 

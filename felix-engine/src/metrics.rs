@@ -16,7 +16,7 @@ use felix_proto::error::ErrorCode;
 
 use crate::broker::BrokerStats;
 use crate::engine::{Stats, Usage};
-use crate::storage::ops::{FileCompletion, FileOp, FileOpKind, OpId};
+use felix_storage::ops::{FileCompletion, FileOp, FileOpKind, OpId};
 
 /// Upper bounds (inclusive, microseconds) of the fsync latency buckets; a last `+Inf`
 /// bucket is implied.

@@ -30,15 +30,15 @@ use tracing::{debug, trace};
 
 use quinn_proto::{ConnectionHandle, StreamId};
 
-use crate::auth::{cache_object, name_charset_ok, stream_object, Action, Identity, NAME_MAX_BYTES};
 use crate::broker::CacheAnswer;
 use crate::broker::{
     BrokerError, CacheKey, Start, StreamKey, SubscribeError, SubscribeOpts, SubscriberId,
 };
 use crate::conn::ConnShared;
 use crate::engine::Core;
-use crate::storage::log::ReadTicket;
-use crate::storage::ops::LogId;
+use felix_auth::{cache_object, name_charset_ok, stream_object, Action, Identity, NAME_MAX_BYTES};
+use felix_storage::log::ReadTicket;
+use felix_storage::ops::LogId;
 
 mod cache_features;
 mod groups;
@@ -420,9 +420,9 @@ impl Session {
             Err(err) => {
                 debug!(tenant = %auth.tenant_id, %err, "auth refused");
                 cx.core.stats.auths_refused += 1;
-                cx.core.metrics.auth_refused(err.code());
+                cx.core.metrics.auth_refused(ErrorCode::Unauthenticated);
                 let msg = if coded {
-                    ErrorMessage::coded(err.code(), err.to_string())
+                    ErrorMessage::coded(ErrorCode::Unauthenticated, err.to_string())
                 } else {
                     ErrorMessage::plain(err.to_string())
                 };

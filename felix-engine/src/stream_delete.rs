@@ -3,9 +3,9 @@
 
 use std::fmt;
 
-use crate::auth::Verifier;
-use crate::auth::{stream_object, Action};
 use crate::broker::DeleteRefusal;
+use felix_auth::Verifier;
+use felix_auth::{stream_object, Action};
 
 /// Why [`Engine::delete_stream`](crate::Engine::delete_stream) (or `delete_stream_as`) did
 /// not delete. Each maps to one HTTP status on the ops endpoint.

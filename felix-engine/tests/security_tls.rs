@@ -3,10 +3,8 @@
 
 mod common;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine as _;
 use common::*;
-use ed25519_dalek::{Signer, SigningKey};
+use felix_auth::SigningKey;
 use felix_engine::{AuthConfig, EngineError};
 
 fn handshake_failed(net: &Net, p: usize) -> bool {
@@ -69,28 +67,18 @@ fn a_rotated_certificate_serves_new_handshakes_and_spares_open_connections() {
 }
 
 fn jwks(keys: &[(&str, &SigningKey)]) -> Vec<u8> {
-    let keys: Vec<_> = keys
-        .iter()
-        .map(|(kid, key)| {
-            serde_json::json!({"kty": "OKP", "crv": "Ed25519", "kid": kid,
-                "x": URL_SAFE_NO_PAD.encode(key.verifying_key().as_bytes())})
-        })
-        .collect();
-    serde_json::json!({ "keys": keys }).to_string().into_bytes()
+    felix_auth::jwks_document(keys).into_bytes()
 }
 
 fn token(kid: &str, key: &SigningKey) -> String {
     // The test network's engine starts at 2026-01-01T00:00:00Z.
     let now = 1_767_225_600u64;
-    let header = URL_SAFE_NO_PAD.encode(format!(r#"{{"alg":"EdDSA","kid":"{kid}"}}"#));
-    let claims = URL_SAFE_NO_PAD.encode(
-        serde_json::json!({"iss": "felix-auth", "aud": "felix-broker", "tid": "t1",
-            "iat": now, "exp": now + 3600, "perms": ["stream.publish:stream:t1/*"]})
-        .to_string(),
-    );
-    let signing_input = format!("{header}.{claims}");
-    let signature = URL_SAFE_NO_PAD.encode(key.sign(signing_input.as_bytes()).to_bytes());
-    format!("{signing_input}.{signature}")
+    let perms = vec!["stream.publish:stream:t1/*".to_owned()];
+    felix_auth::mint_token(
+        key,
+        kid,
+        &felix_auth::Claims::for_tenant("t1", perms, now, 3600),
+    )
 }
 
 fn auth(net: &mut Net, p: usize, token: &str) -> (quinn_proto::StreamId, serde_json::Value) {

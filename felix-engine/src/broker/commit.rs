@@ -17,8 +17,8 @@ use felix_proto::message::{PublishRefusalReason, StateChange};
 use felix_proto::ErrorCode;
 
 use super::{Broker, BrokerError, Published, StreamKey};
-use crate::storage::ops::LogId;
-use crate::storage::record::EntryExt;
+use felix_storage::ops::LogId;
+use felix_storage::record::EntryExt;
 
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;

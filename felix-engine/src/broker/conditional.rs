@@ -17,7 +17,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::{append_error, Broker, BrokerError, CacheKey};
-use crate::storage::ops::LogId;
+use felix_storage::ops::LogId;
 
 /// What a conditional write requires of the key's live entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,10 +9,10 @@ use felix_proto::ErrorCode;
 
 use super::durable::{LogState, Owner};
 use super::{append_error, Broker, BrokerError, CacheKey};
-use crate::storage::cache_log::MAX_CACHE_KEY_BYTES;
-use crate::storage::counter_log::{AddError, CounterLog};
-use crate::storage::layout;
-use crate::storage::ops::LogId;
+use felix_storage::cache_log::MAX_CACHE_KEY_BYTES;
+use felix_storage::counter_log::{AddError, CounterLog};
+use felix_storage::layout;
+use felix_storage::ops::LogId;
 
 impl Broker {
     /// The counters' log of a cache, open; `None` when it has none and `create` is false.

@@ -27,8 +27,8 @@ use felix_proto::message::{Message, StreamDeleted};
 use super::durable::{Logs, Notice, ShardStore};
 use super::{mark_ready, seal, Broker, FanOut, Shard, Stream, StreamKey};
 use crate::session::encode_message;
-use crate::storage::layout;
-use crate::storage::ops::{
+use felix_storage::layout;
+use felix_storage::ops::{
     FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
 };
 
@@ -457,7 +457,7 @@ mod tests {
     use std::collections::VecDeque;
 
     use super::*;
-    use crate::storage::memfs::{Crash, MemFs};
+    use felix_storage::memfs::{Crash, MemFs};
 
     const NS: &str = "streams/t/n";
     const TOMB: &str = "streams/t/n/.deleted.1.1";

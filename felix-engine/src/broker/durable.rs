@@ -11,13 +11,13 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::storage::cache_log::{CacheEvent, CacheLog};
-use crate::storage::counter_log::CounterLog;
-use crate::storage::driven::Driven;
-use crate::storage::group_log::GroupLog;
-use crate::storage::layout;
-use crate::storage::log::{LogConfig, ReadTicket, ShardLog};
-use crate::storage::ops::{
+use felix_storage::cache_log::{CacheEvent, CacheLog};
+use felix_storage::counter_log::CounterLog;
+use felix_storage::driven::Driven;
+use felix_storage::group_log::GroupLog;
+use felix_storage::layout;
+use felix_storage::log::{LogConfig, ReadTicket, ShardLog};
+use felix_storage::ops::{
     FileCompletion, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
 };
 
@@ -376,7 +376,7 @@ impl Logs {
                         .settings
                         .log
                         .segment_max_bytes
-                        .min(crate::storage::group_log::GROUP_SEGMENT_MAX_BYTES),
+                        .min(felix_storage::group_log::GROUP_SEGMENT_MAX_BYTES),
                     ..self.settings.log.clone()
                 };
                 AnyLog::Group(GroupLog::open(id, dir.clone(), cfg, now))
@@ -673,8 +673,8 @@ use felix_proto::ErrorCode;
 
 use super::{fan_in, mark_ready, seal, Broker, FanOut};
 use super::{BrokerError, CacheKey};
-use crate::storage::cache_log::{Lookup, MAX_CACHE_KEY_BYTES};
-use crate::storage::log::{LogEvent, ReadBatch, ReadError};
+use felix_storage::cache_log::{Lookup, MAX_CACHE_KEY_BYTES};
+use felix_storage::log::{LogEvent, ReadBatch, ReadError};
 
 /// Rounds of log events handled in one flush; anything left waits for the next turn (and
 /// [`Broker::poll_timeout`] asks for that turn at once).

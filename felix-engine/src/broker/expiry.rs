@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use super::Broker;
-use crate::storage::ops::LogId;
+use felix_storage::ops::LogId;
 
 /// Pause between expiry passes.
 pub(crate) const CACHE_EXPIRY_INTERVAL: Duration = Duration::from_secs(1);

@@ -40,16 +40,16 @@ use felix_proto::features::Features;
 use felix_proto::routing::{shard_for_key, RoutingMapping};
 use felix_proto::{ErrorCode, Flags};
 
-use crate::storage::layout;
-use crate::storage::log::{AppendError, Batch};
-use crate::storage::ops::LogId;
-use crate::storage::record::EntryExt;
 use cache::{CacheLimits, CacheStore};
 pub(crate) use commit::Committed;
 pub(crate) use delete::DeleteRefusal;
 pub(crate) use durable::{CacheAnswer, DurableSettings, Notice};
 use durable::{LogState, Logs, Owner, ShardStore, Unreleased};
 use encode::{encode_event_batch, encode_subscription_lagged, BatchView, MAX_PUBLISHER_LEN};
+use felix_storage::layout;
+use felix_storage::log::{AppendError, Batch};
+use felix_storage::ops::LogId;
+use felix_storage::record::EntryExt;
 pub(crate) use producers::{Guard, Guarded};
 pub(crate) use reads::{PageRequest, ReadAnswer, PAGE_FRAME_RESERVE};
 

@@ -17,9 +17,9 @@ use felix_proto::routing::shard_for_key;
 use super::commit::StateTable;
 use super::durable::Owner;
 use super::{Broker, BrokerError, LogState, Published, StreamKey};
-use crate::storage::log::ShardLog;
-use crate::storage::ops::LogId;
-use crate::storage::record::{EntryExt, ProducerMark};
+use felix_storage::log::ShardLog;
+use felix_storage::ops::LogId;
+use felix_storage::record::{EntryExt, ProducerMark};
 
 /// Batches remembered per producer per shard: a re-send older than this is `sequence_expired`.
 pub(crate) const REMEMBERED_BATCHES: usize = 64;

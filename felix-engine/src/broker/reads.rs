@@ -16,8 +16,8 @@ use felix_proto::ErrorCode;
 
 use super::{Broker, BrokerError, Notice, StreamKey};
 use crate::session::encode_message;
-use crate::storage::log::{ReadBatch, ReadError, ReadTicket, MAX_RECORDS_PER_READ, READ_MAX_BYTES};
-use crate::storage::ops::LogId;
+use felix_storage::log::{ReadBatch, ReadError, ReadTicket, MAX_RECORDS_PER_READ, READ_MAX_BYTES};
+use felix_storage::ops::LogId;
 
 /// Payload bytes one `stream_read` page carries at most.
 pub(crate) const PAGE_MAX_BYTES: usize = READ_MAX_BYTES as usize;

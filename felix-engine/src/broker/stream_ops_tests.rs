@@ -7,8 +7,8 @@ use bytes::Bytes;
 use felix_proto::message::{Message, PublishRefusalReason, StateChange};
 
 use super::*;
-use crate::storage::log::{FsyncMode, LogConfig};
-use crate::storage::memfs::MemFs;
+use felix_storage::log::{FsyncMode, LogConfig};
+use felix_storage::memfs::MemFs;
 
 const T0_MICROS: u64 = 1_700_000_000_000_000;
 
@@ -86,7 +86,7 @@ impl Rig {
             });
         }
         self.pump();
-        self.advance(crate::storage::log::DEFAULT_RETENTION_CHECK_INTERVAL);
+        self.advance(felix_storage::log::DEFAULT_RETENTION_CHECK_INTERVAL);
         let unix = self.unix();
         self.b.handle_timeout(self.now, unix);
         self.pump();
@@ -624,7 +624,7 @@ fn offset_for_time_after_the_clock_steps_back_still_answers_the_first_record_at_
 /// it), so the broker reads on from where that page stopped, which is the answer itself.
 #[test]
 fn offset_for_time_reads_on_when_the_first_page_holds_no_answer() {
-    use crate::storage::log::MAX_RECORDS_PER_READ;
+    use felix_storage::log::MAX_RECORDS_PER_READ;
     let mut r = Rig::new();
     let full_page: Vec<Bytes> = (0..MAX_RECORDS_PER_READ)
         .map(|i| Bytes::from(i.to_string()))
@@ -728,7 +728,7 @@ fn stream_read_below_retention_is_answered_too_old() {
 
 #[test]
 fn a_page_asking_for_more_than_the_limit_gets_the_limit() {
-    use crate::storage::log::MAX_RECORDS_PER_READ;
+    use felix_storage::log::MAX_RECORDS_PER_READ;
     let mut r = Rig::new();
     let per_batch = 500;
     let batches = MAX_RECORDS_PER_READ / per_batch + 1;

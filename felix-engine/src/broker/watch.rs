@@ -29,9 +29,9 @@ use felix_proto::message::{CacheEvent as CacheEventMsg, CacheWatchLagged, ErrorM
 use felix_proto::ErrorCode;
 
 use super::{Broker, BrokerError, CacheKey, CursorReason, Delivery, SubscribeError, SubscriberId};
-use crate::storage::cache_log::{CacheRecord, Change};
-use crate::storage::log::{ReadBatch, ReadError, ReadTicket};
-use crate::storage::ops::LogId;
+use felix_storage::cache_log::{CacheRecord, Change};
+use felix_storage::log::{ReadBatch, ReadError, ReadTicket};
+use felix_storage::ops::LogId;
 
 /// A snapshot or replay read asks the log for at most this many records and bytes.
 const WATCH_READ_RECORDS: usize = 1024;
@@ -191,7 +191,7 @@ impl Broker {
         let cache = self.cache_of(log)?;
         let applied = cache.applied_offset();
         let complete = cache.log().complete_from();
-        let snapshot = |cache: &crate::storage::cache_log::CacheLog| {
+        let snapshot = |cache: &felix_storage::cache_log::CacheLog| {
             VecDeque::from(cache.live_offsets(|k| filter.matches(k), unix_ms))
         };
         let (snapshot, next, resnapshot) = match start {

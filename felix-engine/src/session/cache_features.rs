@@ -6,8 +6,8 @@ use felix_proto::message::{self, CacheConditionResult, CacheWatchStarted, Counte
 use felix_proto::{ErrorCode, Features};
 
 use super::{encode_message, FailAnswer, FrameResult, Session, SessionCx};
-use crate::auth::Action;
 use crate::broker::{CacheKey, Condition, SubscribeError, WatchFilter, WatchStart};
+use felix_auth::Action;
 
 impl Session {
     /// `cache_watch`: answered `cache_watch_started`, then the changes arrive on an event

@@ -12,11 +12,11 @@ use felix_proto::message::{
 use felix_proto::{ErrorCode, Features, RetryClass};
 
 use super::{encode_message, FailAnswer, Held, Session, SessionCx};
-use crate::auth::{name_charset_ok, stream_object, Action, NAME_MAX_BYTES};
 use crate::broker::groups::{
     GroupAddr, PollRequest, PolledRecord, SeekTo, SettleOp, MAX_CONSUMER_BYTES,
 };
 use crate::broker::{BrokerError, StreamKey};
+use felix_auth::{name_charset_ok, stream_object, Action, NAME_MAX_BYTES};
 
 /// A held `group_records`: filled when the broker answers the poll.
 pub(crate) struct HeldGroup {
@@ -308,7 +308,7 @@ impl Session {
         &mut self,
         cx: &mut SessionCx<'_>,
         frame: Bytes,
-        durable_at: Option<(crate::storage::ops::LogId, u64)>,
+        durable_at: Option<(felix_storage::ops::LogId, u64)>,
     ) {
         match durable_at {
             Some((log, end)) => self.push_after_durable(cx, log, end, frame, FailAnswer::Error),

@@ -13,10 +13,10 @@ use felix_proto::message::{
 use felix_proto::Features;
 
 use super::{encode_message, FailAnswer, Held, HeldValue, Session, SessionCx};
-use crate::auth::Action;
 use crate::broker::{BrokerError, Guard, Guarded, PageRequest, Published, ReadAnswer, StreamKey};
-use crate::storage::log::ReadTicket;
-use crate::storage::ops::LogId;
+use felix_auth::Action;
+use felix_storage::log::ReadTicket;
+use felix_storage::ops::LogId;
 
 /// A publish guarded by a producer sequence or an expected offset, as either encoding
 /// carried it.

@@ -1,6 +1,6 @@
 //! Consumer groups over durable shards: polls (waiting ones included), settles, dead
 //! letters and administration, on top of the rules in [`state`] and the shard's group log
-//! ([`GroupLog`](crate::storage::group_log::GroupLog)).
+//! ([`GroupLog`](felix_storage::group_log::GroupLog)).
 //!
 //! A poll claims its records at once, so no other poll can take them, then reads their
 //! payloads from the shard's log as file operations; its answer leaves as
@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::storage::group_log::{DurableGroup, GroupOp, GroupRecord as LogRecord};
-use crate::storage::layout;
-use crate::storage::log::{ReadBatch, ReadError, ReadTicket};
-use crate::storage::ops::LogId;
+use felix_storage::group_log::{DurableGroup, GroupOp, GroupRecord as LogRecord};
+use felix_storage::layout;
+use felix_storage::log::{ReadBatch, ReadError, ReadTicket};
+use felix_storage::ops::LogId;
 
 use super::durable::{LogState, Notice, Owner};
 use super::{append_error, Broker, BrokerError, StreamKey};
@@ -876,9 +876,9 @@ impl Broker {
         &mut self,
         _now: Instant,
         id: LogId,
-        ev: crate::storage::log::LogEvent,
+        ev: felix_storage::log::LogEvent,
     ) {
-        use crate::storage::log::LogEvent;
+        use felix_storage::log::LogEvent;
         let logs = self.logs.as_mut().expect("called with logs");
         match ev {
             LogEvent::Opened { .. } => logs.opened(id, Ok(())),

@@ -31,7 +31,7 @@ struct MemDir {
 
 /// What survives a crash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Crash {
+pub enum Crash {
     /// The process died; the kernel kept every write and every directory change.
     Process,
     /// Power loss: only synced bytes and synced directory entries survive.
@@ -50,7 +50,7 @@ pub(crate) enum Crash {
 type Fault = Box<dyn FnMut(&FileOpKind) -> Option<FileErrorKind>>;
 
 #[derive(Default)]
-pub(crate) struct MemFs {
+pub struct MemFs {
     files: HashMap<u64, MemFile>,
     next_inode: u64,
     /// Existing directories (a create is durable at once: `CreateDir` syncs its parents).
@@ -60,7 +60,7 @@ pub(crate) struct MemFs {
     /// file's entry, the removal is undone by a power loss until that sync.
     removed_dirs: BTreeMap<String, MemDir>,
     /// Write steps (ops that change the filesystem) executed so far.
-    pub(crate) writes: usize,
+    pub writes: usize,
     crash_at: Option<usize>,
     tear: Option<usize>,
     dead: bool,
@@ -79,7 +79,7 @@ fn err(kind: FileErrorKind, what: &str, path: &str) -> FileError {
 }
 
 impl MemFs {
-    pub(crate) fn new() -> MemFs {
+    pub fn new() -> MemFs {
         let mut fs = MemFs::default();
         fs.dir_set.insert(String::new());
         fs.dirs.insert(String::new(), MemDir::default());
@@ -88,25 +88,22 @@ impl MemFs {
 
     /// The write step numbered `step` (0-based) is where the machine dies; if it is an
     /// append and `tear` is set, only that many of its bytes reach the page cache first.
-    pub(crate) fn crash_at_step(&mut self, step: usize, tear: Option<usize>) {
+    pub fn crash_at_step(&mut self, step: usize, tear: Option<usize>) {
         self.crash_at = Some(step);
         self.tear = tear;
     }
 
     /// Makes matching ops fail with the returned kind.
-    pub(crate) fn inject(
-        &mut self,
-        fault: impl FnMut(&FileOpKind) -> Option<FileErrorKind> + 'static,
-    ) {
+    pub fn inject(&mut self, fault: impl FnMut(&FileOpKind) -> Option<FileErrorKind> + 'static) {
         self.fault = Some(Box::new(fault));
     }
 
-    pub(crate) fn is_dead(&self) -> bool {
+    pub fn is_dead(&self) -> bool {
         self.dead
     }
 
     /// Reboots: applies `how` and makes the filesystem live again.
-    pub(crate) fn crash(&mut self, how: Crash) {
+    pub fn crash(&mut self, how: Crash) {
         self.dead = false;
         self.crash_at = None;
         self.tear = None;
@@ -186,12 +183,12 @@ impl MemFs {
     }
 
     /// A file's current bytes.
-    pub(crate) fn file(&self, path: &str) -> Option<&[u8]> {
+    pub fn file(&self, path: &str) -> Option<&[u8]> {
         self.lookup(path).map(|i| &self.files[&i].data[..])
     }
 
     /// Replaces a file's bytes as if the disk had them (for corruption tests).
-    pub(crate) fn put_file(&mut self, path: &str, bytes: Vec<u8>) {
+    pub fn put_file(&mut self, path: &str, bytes: Vec<u8>) {
         let inode = self.lookup(path).expect("file exists");
         let f = self.files.get_mut(&inode).expect("inode");
         f.data = bytes.clone();
@@ -199,7 +196,7 @@ impl MemFs {
     }
 
     /// Names of the files in a directory, sorted.
-    pub(crate) fn list(&self, dir: &str) -> Vec<String> {
+    pub fn list(&self, dir: &str) -> Vec<String> {
         self.dirs
             .get(dir)
             .map(|d| d.live.keys().cloned().collect())
@@ -207,7 +204,7 @@ impl MemFs {
     }
 
     /// Unlinks a file at once and durably (for tests that build damaged directories).
-    pub(crate) fn delete(&mut self, path: &str) {
+    pub fn delete(&mut self, path: &str) {
         let (dir, name) = split(path);
         let d = self.dirs.get_mut(dir).expect("dir");
         d.live.remove(name);
@@ -215,7 +212,7 @@ impl MemFs {
     }
 
     /// Runs one op. `None` when the machine is dead (the op never completes).
-    pub(crate) fn execute(&mut self, op: FileOp) -> Option<FileCompletion> {
+    pub fn execute(&mut self, op: FileOp) -> Option<FileCompletion> {
         if self.dead {
             return None;
         }
@@ -412,7 +409,7 @@ impl MemFs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::ops::OpId;
+    use crate::ops::OpId;
 
     fn run(fs: &mut MemFs, kind: FileOpKind) -> Option<Result<FileOutput, FileError>> {
         fs.execute(FileOp { id: OpId(0), kind }).map(|c| c.result)

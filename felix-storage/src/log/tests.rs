@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::*;
-use crate::storage::memfs::{Crash, MemFs};
-use crate::storage::ops::FileErrorKind;
+use crate::memfs::{Crash, MemFs};
+use crate::ops::FileErrorKind;
 
 pub(crate) const DIR: &str = "streams/t/ns/s/0";
 

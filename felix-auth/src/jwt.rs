@@ -9,27 +9,27 @@ use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
 /// The only `alg` accepted or produced.
-pub(crate) const ALG_EDDSA: &str = "EdDSA";
+pub const ALG_EDDSA: &str = "EdDSA";
 
 #[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct Header {
-    pub(crate) alg: String,
+pub struct Header {
+    pub alg: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) typ: Option<String>,
+    pub typ: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) kid: Option<String>,
+    pub kid: Option<String>,
 }
 
 /// `aud` is a string or an array of strings (RFC 7519 §4.1.3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub(crate) enum Audience {
+pub enum Audience {
     One(String),
     Many(Vec<String>),
 }
 
 impl Audience {
-    pub(crate) fn contains(&self, aud: &str) -> bool {
+    pub fn contains(&self, aud: &str) -> bool {
         match self {
             Audience::One(a) => a == aud,
             Audience::Many(list) => list.iter().any(|a| a == aud),
@@ -39,24 +39,41 @@ impl Audience {
 
 /// The claims of a Felix token. Unknown claims are ignored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Claims {
-    pub(crate) iss: String,
-    pub(crate) aud: Audience,
+pub struct Claims {
+    pub iss: String,
+    pub aud: Audience,
     #[serde(default)]
-    pub(crate) sub: String,
-    pub(crate) tid: String,
-    pub(crate) exp: u64,
+    pub sub: String,
+    pub tid: String,
+    pub exp: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) iat: Option<u64>,
+    pub iat: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) nbf: Option<u64>,
+    pub nbf: Option<u64>,
     #[serde(default)]
-    pub(crate) perms: Vec<String>,
+    pub perms: Vec<String>,
 }
 
-/// Signs `claims` as a compact JWS with `kid` in the header. Used by dev mode, tests, and
-/// (later) the `felix token` CLI.
-pub(crate) fn mint_token(key: &SigningKey, kid: &str, claims: &Claims) -> String {
+impl Claims {
+    /// Claims a broker accepts for `tenant`: the expected issuer and audience, issued at
+    /// `issued_at` (Unix seconds) and valid for `ttl_secs`.
+    pub fn for_tenant(tenant: &str, perms: Vec<String>, issued_at: u64, ttl_secs: u64) -> Claims {
+        Claims {
+            iss: crate::EXPECTED_ISSUER.to_owned(),
+            aud: Audience::One(crate::EXPECTED_AUDIENCE.to_owned()),
+            sub: String::new(),
+            tid: tenant.to_owned(),
+            exp: issued_at.saturating_add(ttl_secs),
+            iat: Some(issued_at),
+            nbf: None,
+            perms,
+        }
+    }
+}
+
+/// Signs `claims` as a compact JWS with `kid` in the header: the one minter, used by dev
+/// mode, `felix token` and every test that needs a token.
+pub fn mint_token(key: &SigningKey, kid: &str, claims: &Claims) -> String {
     let header = Header {
         alg: ALG_EDDSA.to_owned(),
         typ: Some("JWT".to_owned()),
@@ -73,17 +90,32 @@ pub(crate) fn mint_token(key: &SigningKey, kid: &str, claims: &Claims) -> String
     token
 }
 
+/// The JWKS document that publishes each key's public half under its `kid`, as a broker
+/// reads it.
+pub fn jwks_document(keys: &[(&str, &SigningKey)]) -> String {
+    let keys: Vec<serde_json::Value> = keys
+        .iter()
+        .map(|(kid, key)| {
+            let x = URL_SAFE_NO_PAD.encode(key.verifying_key().as_bytes());
+            serde_json::json!({
+                "kty": "OKP", "crv": "Ed25519", "kid": kid, "x": x, "alg": "EdDSA", "use": "sig",
+            })
+        })
+        .collect();
+    serde_json::json!({ "keys": keys }).to_string()
+}
+
 /// A token split and decoded, its signature not yet checked.
-pub(crate) struct Unverified<'a> {
-    pub(crate) header: Header,
+pub struct Unverified<'a> {
+    pub header: Header,
     /// The bytes the signature covers: `header.claims` as sent.
-    pub(crate) signing_input: &'a [u8],
-    pub(crate) claims_json: Vec<u8>,
-    pub(crate) signature: Signature,
+    pub signing_input: &'a [u8],
+    pub claims_json: Vec<u8>,
+    pub signature: Signature,
 }
 
 /// Splits and decodes a compact JWS. The error is a short reason for logs.
-pub(crate) fn parse(token: &str) -> Result<Unverified<'_>, &'static str> {
+pub fn parse(token: &str) -> Result<Unverified<'_>, &'static str> {
     let mut parts = token.split('.');
     let (Some(h), Some(c), Some(s), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -112,7 +144,7 @@ pub(crate) fn parse(token: &str) -> Result<Unverified<'_>, &'static str> {
 
 /// Checks an Ed25519 signature strictly (rejecting small-order keys and non-canonical
 /// signatures, which plain `verify` lets through).
-pub(crate) fn signature_ok(key: &VerifyingKey, token: &Unverified<'_>) -> bool {
+pub fn signature_ok(key: &VerifyingKey, token: &Unverified<'_>) -> bool {
     key.verify_strict(token.signing_input, &token.signature)
         .is_ok()
 }

@@ -9,24 +9,24 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// First bytes of every segment file.
-pub(crate) const SEGMENT_MAGIC: [u8; 4] = *b"FXLS";
+pub const SEGMENT_MAGIC: [u8; 4] = *b"FXLS";
 /// Version of the segment and entry layout. A reader refuses versions it does not know.
-pub(crate) const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 1;
 /// Size of the segment header.
-pub(crate) const SEGMENT_HEADER_LEN: u64 = 32;
+pub const SEGMENT_HEADER_LEN: u64 = 32;
 /// Header flag: a compaction output covering `[base, end)` with gaps between its offsets.
 const FLAG_COMPACTED: u16 = 1;
 
 /// Length and CRC in front of every entry body.
-pub(crate) const ENTRY_HEADER_LEN: usize = 8;
+pub const ENTRY_HEADER_LEN: usize = 8;
 /// Fixed part of a batch body: kind, publisher length, flags, count, base offset, time.
-pub(crate) const BATCH_FIXED_LEN: usize = 24;
+pub const BATCH_FIXED_LEN: usize = 24;
 /// Per-record cost inside an entry: the payload length.
-pub(crate) const RECORD_OVERHEAD: usize = 4;
+pub const RECORD_OVERHEAD: usize = 4;
 /// Largest entry (header included) a writer produces; a scanned length beyond it is damage.
-pub(crate) const MAX_ENTRY_BYTES: usize = 64 << 20;
+pub const MAX_ENTRY_BYTES: usize = 64 << 20;
 /// Longest publisher name an entry carries.
-pub(crate) const MAX_PUBLISHER_BYTES: usize = 255;
+pub const MAX_PUBLISHER_BYTES: usize = 255;
 
 const ENTRY_KIND_BATCH: u8 = 1;
 /// Entry flag: a producer mark (id, sequence, payload digest) follows the publisher.
@@ -38,23 +38,23 @@ const PRODUCER_MARK_LEN: usize = 24;
 /// An idempotent producer's batch as the log keeps it, so recovery can rebuild every
 /// producer's place from the log alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ProducerMark {
-    pub(crate) producer: u64,
-    pub(crate) sequence: u64,
+pub struct ProducerMark {
+    pub producer: u64,
+    pub sequence: u64,
     /// A digest of the batch's payloads, to tell a re-send from a reused sequence.
-    pub(crate) digest: u64,
+    pub digest: u64,
 }
 
 /// What an entry carries besides its records (both optional; none is a plain batch).
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct EntryExt<'a> {
-    pub(crate) producer: Option<ProducerMark>,
+pub struct EntryExt<'a> {
+    pub producer: Option<ProducerMark>,
     /// An atomic commit's state changes, opaque here.
-    pub(crate) state: Option<&'a [u8]>,
+    pub state: Option<&'a [u8]>,
 }
 
 impl EntryExt<'_> {
-    pub(crate) const NONE: EntryExt<'static> = EntryExt {
+    pub const NONE: EntryExt<'static> = EntryExt {
         producer: None,
         state: None,
     };
@@ -77,26 +77,26 @@ impl EntryExt<'_> {
 
 /// The extension of an entry recovery scanned, with the offsets it covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ScannedExt {
-    pub(crate) base: u64,
-    pub(crate) count: u32,
-    pub(crate) producer: Option<ProducerMark>,
-    pub(crate) state: Option<Bytes>,
+pub struct ScannedExt {
+    pub base: u64,
+    pub count: u32,
+    pub producer: Option<ProducerMark>,
+    pub state: Option<Bytes>,
 }
 
 /// The fixed header at the start of every segment file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct SegmentHeader {
+pub struct SegmentHeader {
     /// The first offset this segment covers; also its file name.
-    pub(crate) base: u64,
+    pub base: u64,
     /// For a compaction output: the exclusive end of the offset range it replaces. Offsets in
     /// it may have gaps (dropped records) but stay below this.
-    pub(crate) compacted_end: Option<u64>,
+    pub compacted_end: Option<u64>,
 }
 
 /// Why a segment header was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HeaderError {
+pub enum HeaderError {
     Short,
     AllZero,
     Magic,
@@ -106,7 +106,7 @@ pub(crate) enum HeaderError {
 }
 
 impl HeaderError {
-    pub(crate) fn describe(self) -> String {
+    pub fn describe(self) -> String {
         match self {
             HeaderError::Short => "segment header is cut short".into(),
             HeaderError::AllZero => "segment header is all zero".into(),
@@ -119,7 +119,7 @@ impl HeaderError {
 }
 
 impl SegmentHeader {
-    pub(crate) fn encode(&self) -> [u8; SEGMENT_HEADER_LEN as usize] {
+    pub fn encode(&self) -> [u8; SEGMENT_HEADER_LEN as usize] {
         let mut b = [0u8; SEGMENT_HEADER_LEN as usize];
         b[0..4].copy_from_slice(&SEGMENT_MAGIC);
         b[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -137,7 +137,7 @@ impl SegmentHeader {
         b
     }
 
-    pub(crate) fn decode(b: &[u8]) -> Result<SegmentHeader, HeaderError> {
+    pub fn decode(b: &[u8]) -> Result<SegmentHeader, HeaderError> {
         let n = SEGMENT_HEADER_LEN as usize;
         if b.len() < n {
             return Err(HeaderError::Short);
@@ -184,12 +184,12 @@ impl SegmentHeader {
 }
 
 /// Encoded size of an entry holding these payloads.
-pub(crate) fn entry_len<P: AsRef<[u8]>>(publisher: &[u8], payloads: &[P]) -> usize {
+pub fn entry_len<P: AsRef<[u8]>>(publisher: &[u8], payloads: &[P]) -> usize {
     entry_len_ext(publisher, payloads, &EntryExt::NONE)
 }
 
 /// Encoded size of an entry holding these payloads and this extension.
-pub(crate) fn entry_len_ext<P: AsRef<[u8]>>(
+pub fn entry_len_ext<P: AsRef<[u8]>>(
     publisher: &[u8],
     payloads: &[P],
     ext: &EntryExt<'_>,
@@ -206,7 +206,7 @@ pub(crate) fn entry_len_ext<P: AsRef<[u8]>>(
 
 /// Appends one entry to `out`. The caller has checked the limits (publisher ≤ 255 bytes,
 /// at least one payload, total ≤ [`MAX_ENTRY_BYTES`]).
-pub(crate) fn encode_entry<P: AsRef<[u8]>>(
+pub fn encode_entry<P: AsRef<[u8]>>(
     out: &mut BytesMut,
     base_offset: u64,
     time_us: u64,
@@ -225,7 +225,7 @@ pub(crate) fn encode_entry<P: AsRef<[u8]>>(
 
 /// [`encode_entry`] with an extension (producer mark, state block) between the publisher
 /// and the records.
-pub(crate) fn encode_entry_ext<P: AsRef<[u8]>>(
+pub fn encode_entry_ext<P: AsRef<[u8]>>(
     out: &mut BytesMut,
     base_offset: u64,
     time_us: u64,
@@ -270,24 +270,24 @@ fn entry_crc(len_field: &[u8], body: &[u8]) -> u32 {
 
 /// What the scanner learned about one whole, valid entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct EntryMeta {
-    pub(crate) base: u64,
-    pub(crate) count: u32,
-    pub(crate) time_us: u64,
+pub struct EntryMeta {
+    pub base: u64,
+    pub count: u32,
+    pub time_us: u64,
     /// Encoded size, header included.
-    pub(crate) len: u32,
+    pub len: u32,
 }
 
 impl EntryMeta {
     /// One past the last offset in the entry.
-    pub(crate) fn end(&self) -> u64 {
+    pub fn end(&self) -> u64 {
         self.base + u64::from(self.count)
     }
 }
 
 /// Why an entry was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Damage {
+pub enum Damage {
     /// The length field is zero, too small for a body, or past [`MAX_ENTRY_BYTES`].
     Length(u32),
     Checksum,
@@ -295,7 +295,7 @@ pub(crate) enum Damage {
 }
 
 impl Damage {
-    pub(crate) fn describe(self) -> String {
+    pub fn describe(self) -> String {
         match self {
             Damage::Length(n) => format!("entry length {n} is impossible"),
             Damage::Checksum => "entry checksum mismatch".into(),
@@ -306,7 +306,7 @@ impl Damage {
 
 /// One step of a scan over bytes that start at an entry boundary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Step {
+pub enum Step {
     /// A whole valid entry; the next starts `meta.len` bytes on.
     Entry(EntryMeta),
     /// The bytes end inside an entry: it needs `need` bytes from its start (just the
@@ -319,7 +319,7 @@ pub(crate) enum Step {
 }
 
 /// Looks at the entry at the start of `buf`.
-pub(crate) fn step(buf: &[u8]) -> Step {
+pub fn step(buf: &[u8]) -> Step {
     if buf.is_empty() {
         return Step::End;
     }
@@ -437,7 +437,7 @@ fn records_at(body: &[u8]) -> Option<usize> {
 }
 
 /// The extension of an entry [`step`] has validated, if it has one.
-pub(crate) fn scanned_ext(entry: &[u8], meta: &EntryMeta) -> Option<ScannedExt> {
+pub fn scanned_ext(entry: &[u8], meta: &EntryMeta) -> Option<ScannedExt> {
     let body = &entry[ENTRY_HEADER_LEN..];
     let flags = u16::from_le_bytes([body[2], body[3]]);
     if flags == 0 {
@@ -461,15 +461,15 @@ pub(crate) fn scanned_ext(entry: &[u8], meta: &EntryMeta) -> Option<ScannedExt> 
 
 /// A decoded entry; payloads and publisher are slices of the buffer it was read into.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DecodedEntry {
-    pub(crate) base: u64,
-    pub(crate) time_us: u64,
-    pub(crate) publisher: Option<Bytes>,
-    pub(crate) payloads: Vec<Bytes>,
+pub struct DecodedEntry {
+    pub base: u64,
+    pub time_us: u64,
+    pub publisher: Option<Bytes>,
+    pub payloads: Vec<Bytes>,
 }
 
 /// Decodes an entry [`step`] has already validated (`entry` is exactly its bytes).
-pub(crate) fn decode_entry(entry: &Bytes) -> DecodedEntry {
+pub fn decode_entry(entry: &Bytes) -> DecodedEntry {
     let body = entry.slice(ENTRY_HEADER_LEN..);
     let publisher_len = body[1] as usize;
     let count = u32_at(&body, 4) as usize;
@@ -493,11 +493,11 @@ pub(crate) fn decode_entry(entry: &Bytes) -> DecodedEntry {
     }
 }
 
-pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
+pub fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
-pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
+pub fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 

@@ -7,11 +7,11 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::*;
-use crate::storage::layout;
-use crate::storage::log::FsyncMode;
-use crate::storage::memfs::{Crash, MemFs};
-use crate::storage::ops::FileOpKind;
-use crate::storage::test_bench::{cfg, settle, Bench};
+use crate::layout;
+use crate::log::FsyncMode;
+use crate::memfs::{Crash, MemFs};
+use crate::ops::FileOpKind;
+use crate::test_bench::{cfg, settle, Bench};
 
 const DIR: &str = "caches/t/ns/c/0";
 
@@ -25,7 +25,7 @@ struct Rig {
     compacted: Vec<(u64, u64)>,
     pending_gets: Vec<(ReadTicket, String)>,
     applied: Vec<Change>,
-    scanned: HashMap<ReadTicket, Result<crate::storage::log::ReadBatch, ReadError>>,
+    scanned: HashMap<ReadTicket, Result<crate::log::ReadBatch, ReadError>>,
 }
 
 impl Rig {

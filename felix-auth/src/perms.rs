@@ -7,7 +7,7 @@ use std::fmt;
 /// The actions a broker enforces, plus the control-plane ones a token may also carry (kept so
 /// a token listing them parses, though the broker never asks for them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Action {
+pub enum Action {
     StreamPublish,
     StreamSubscribe,
     StreamManage,
@@ -21,7 +21,7 @@ pub(crate) enum Action {
 }
 
 impl Action {
-    pub(crate) const ALL: [Action; 10] = [
+    pub const ALL: [Action; 10] = [
         Action::StreamPublish,
         Action::StreamSubscribe,
         Action::StreamManage,
@@ -34,7 +34,7 @@ impl Action {
         Action::TenantManage,
     ];
 
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Action::StreamPublish => "stream.publish",
             Action::StreamSubscribe => "stream.subscribe",
@@ -49,7 +49,7 @@ impl Action {
         }
     }
 
-    pub(crate) fn from_name(s: &str) -> Option<Action> {
+    pub fn from_name(s: &str) -> Option<Action> {
         Action::ALL.into_iter().find(|a| a.as_str() == s)
     }
 }
@@ -62,15 +62,15 @@ impl fmt::Display for Action {
 
 /// One grant: an action over every object its pattern matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Permission {
-    pub(crate) action: Action,
-    pub(crate) object: String,
+pub struct Permission {
+    pub action: Action,
+    pub object: String,
 }
 
 impl Permission {
     /// Parses `"<action>:<kind>:<rest>"`. Actions this broker does not know (`rbac.view`,
     /// `node.manage`, ...) and malformed strings give `None`: they grant nothing here.
-    pub(crate) fn parse(s: &str) -> Option<Permission> {
+    pub fn parse(s: &str) -> Option<Permission> {
         let (action, object) = s.split_once(':')?;
         let action = Action::from_name(action)?;
         let (kind, rest) = object.split_once(':')?;
@@ -95,7 +95,7 @@ const TENANT_KINDS: [&str; 5] = ["tenant", "namespace", "stream", "cache", "grou
 
 /// The tenant an object belongs to, or `None` for objects outside any tenant (`cluster:*`,
 /// `node:...`) and malformed ones.
-pub(crate) fn object_tenant(object: &str) -> Option<&str> {
+pub fn object_tenant(object: &str) -> Option<&str> {
     let (kind, rest) = object.split_once(':')?;
     if !TENANT_KINDS.contains(&kind) {
         return None;
@@ -106,7 +106,7 @@ pub(crate) fn object_tenant(object: &str) -> Option<&str> {
 
 /// `*` matches any run of characters (possibly empty); every other byte matches itself.
 /// Greedy with one backtrack point: O(len(pattern) × len(text)) at worst, no recursion.
-pub(crate) fn glob_match(pattern: &str, text: &str) -> bool {
+pub fn glob_match(pattern: &str, text: &str) -> bool {
     let (p, t) = (pattern.as_bytes(), text.as_bytes());
     let (mut pi, mut ti) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
@@ -131,29 +131,29 @@ pub(crate) fn glob_match(pattern: &str, text: &str) -> bool {
 
 /// Longest tenant, namespace, stream or cache name, in bytes. Names are persisted (storage
 /// paths, object strings), so this is a rule of the broker rather than a knob.
-pub(crate) const NAME_MAX_BYTES: usize = 255;
+pub const NAME_MAX_BYTES: usize = 255;
 
 /// A tenant, namespace, stream or cache name: 1..=[`NAME_MAX_BYTES`] bytes of
 /// `[A-Za-z0-9._-]`. Nothing else can appear in one, so an object string built from names
 /// can never be ambiguous (`/` and `:` separate its parts, `*` is a wildcard).
-pub(crate) fn valid_name(name: &str) -> bool {
+pub fn valid_name(name: &str) -> bool {
     (1..=NAME_MAX_BYTES).contains(&name.len()) && name_charset_ok(name)
 }
 
 /// Every byte of `name` is one a name may hold (whatever its length).
-pub(crate) fn name_charset_ok(name: &str) -> bool {
+pub fn name_charset_ok(name: &str) -> bool {
     name.bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// The object a stream's operations are checked against, or `None` when a name breaks the
 /// naming rule ([`valid_name`]).
-pub(crate) fn stream_object(tenant: &str, namespace: &str, stream: &str) -> Option<String> {
+pub fn stream_object(tenant: &str, namespace: &str, stream: &str) -> Option<String> {
     scoped_object("stream", tenant, namespace, stream)
 }
 
 /// The object a cache's operations are checked against (same rules as [`stream_object`]).
-pub(crate) fn cache_object(tenant: &str, namespace: &str, cache: &str) -> Option<String> {
+pub fn cache_object(tenant: &str, namespace: &str, cache: &str) -> Option<String> {
     scoped_object("cache", tenant, namespace, cache)
 }
 

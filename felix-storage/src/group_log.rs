@@ -23,11 +23,11 @@ const GROUP_RECORD_VERSION: u8 = 1;
 /// version, op, group length, offset.
 const GROUP_RECORD_FIXED: usize = 12;
 /// Longest group name a record carries (names are checked far below this).
-pub(crate) const MAX_GROUP_NAME_BYTES: usize = u16::MAX as usize;
+pub const MAX_GROUP_NAME_BYTES: usize = u16::MAX as usize;
 
 /// What one group record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GroupOp {
+pub enum GroupOp {
     Cursor = 1,
     Dead = 2,
     Discard = 3,
@@ -52,14 +52,14 @@ impl GroupOp {
 
 /// One record: `op` on `group` at `offset` (0 for a delete).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct GroupRecord {
-    pub(crate) op: GroupOp,
-    pub(crate) group: String,
-    pub(crate) offset: u64,
+pub struct GroupRecord {
+    pub op: GroupOp,
+    pub group: String,
+    pub offset: u64,
 }
 
 impl GroupRecord {
-    pub(crate) fn encode(&self) -> Bytes {
+    pub fn encode(&self) -> Bytes {
         debug_assert!(self.group.len() <= MAX_GROUP_NAME_BYTES);
         let mut b = BytesMut::with_capacity(GROUP_RECORD_FIXED + self.group.len());
         b.put_u8(GROUP_RECORD_VERSION);
@@ -70,7 +70,7 @@ impl GroupRecord {
         b.freeze()
     }
 
-    pub(crate) fn decode(payload: &[u8]) -> Result<GroupRecord, &'static str> {
+    pub fn decode(payload: &[u8]) -> Result<GroupRecord, &'static str> {
         if payload.len() < GROUP_RECORD_FIXED {
             return Err("a group record shorter than its header");
         }
@@ -92,10 +92,10 @@ impl GroupRecord {
 
 /// A group as its log left it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct DurableGroup {
-    pub(crate) cursor: Option<u64>,
-    pub(crate) dead: BTreeSet<u64>,
-    pub(crate) redriven: BTreeSet<u64>,
+pub struct DurableGroup {
+    pub cursor: Option<u64>,
+    pub dead: BTreeSet<u64>,
+    pub redriven: BTreeSet<u64>,
 }
 
 impl DurableGroup {
@@ -124,7 +124,7 @@ impl DurableGroup {
 
 /// Segments of a group log roll at this size (or the configured one, if smaller), so
 /// compaction, which rewrites sealed segments only, has something to work on early.
-pub(crate) const GROUP_SEGMENT_MAX_BYTES: u64 = 4 << 20;
+pub const GROUP_SEGMENT_MAX_BYTES: u64 = 4 << 20;
 /// What one kept record costs on disk after compaction, about (entry header + record).
 const LIVE_RECORD_BYTES: u64 = 32 + GROUP_RECORD_FIXED as u64 + 16;
 
@@ -166,7 +166,7 @@ impl LiveAt {
 
 /// The group log of one shard. [`Driven`] like [`ShardLog`]; its events are the shard log's.
 #[derive(Debug)]
-pub(crate) struct GroupLog {
+pub struct GroupLog {
     log: ShardLog,
     /// Filled by replay while opening; taken once by the broker.
     recovered: HashMap<String, DurableGroup>,
@@ -178,7 +178,7 @@ pub(crate) struct GroupLog {
 }
 
 impl GroupLog {
-    pub(crate) fn open(id: LogId, dir: String, cfg: LogConfig, now: Instant) -> GroupLog {
+    pub fn open(id: LogId, dir: String, cfg: LogConfig, now: Instant) -> GroupLog {
         let mut g = GroupLog {
             log: ShardLog::open_replaying(id, dir, cfg, now),
             recovered: HashMap::new(),
@@ -190,23 +190,23 @@ impl GroupLog {
         g
     }
 
-    pub(crate) fn log(&self) -> &ShardLog {
+    pub fn log(&self) -> &ShardLog {
         &self.log
     }
 
     /// Every group the log holds, as replay left them (empty after the first call).
-    pub(crate) fn take_recovered(&mut self) -> HashMap<String, DurableGroup> {
+    pub fn take_recovered(&mut self) -> HashMap<String, DurableGroup> {
         std::mem::take(&mut self.recovered)
     }
 
     #[must_use]
-    pub(crate) fn poll_event(&mut self) -> Option<LogEvent> {
+    pub fn poll_event(&mut self) -> Option<LogEvent> {
         self.events.pop_front()
     }
 
     /// Appends records as one entry and returns the offset every one of them is durable
     /// below once [`LogEvent::Durable`] passes it.
-    pub(crate) fn append(
+    pub fn append(
         &mut self,
         now: Instant,
         unix_micros: u64,
@@ -243,14 +243,14 @@ impl GroupLog {
 
     /// Records still meaning something: a cursor per group, listed dead letters, owed
     /// redrives.
-    pub(crate) fn live_records(&self) -> usize {
+    pub fn live_records(&self) -> usize {
         self.live.values().map(LiveAt::count).sum()
     }
 
     /// Starts a compaction pass when the log is garbage-heavy by the cache logs' rule
     /// ([`garbage_heavy`]) over what its live records need: the sealed segments are
     /// rewritten with only the live records, at their own offsets.
-    pub(crate) fn compact_if_due(&mut self) -> bool {
+    pub fn compact_if_due(&mut self) -> bool {
         let live = self.live_records() as u64 * LIVE_RECORD_BYTES;
         if !self.log.is_open() || !garbage_heavy(&self.log, live) {
             return false;
@@ -319,9 +319,9 @@ impl Driven for GroupLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::cache_log::COMPACT_MIN_BYTES;
-    use crate::storage::log::FsyncMode;
-    use crate::storage::memfs::MemFs;
+    use crate::cache_log::COMPACT_MIN_BYTES;
+    use crate::log::FsyncMode;
+    use crate::memfs::MemFs;
 
     const DIR: &str = "groups/t/ns/s/0";
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 use super::log::ShardLog;
 use super::ops::{FileCompletion, FileOp};
 
-pub(crate) trait Driven {
+pub trait Driven {
     /// The segment log underneath.
     fn shard_mut(&mut self) -> &mut ShardLog;
     /// Runs after every input below.

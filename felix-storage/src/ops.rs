@@ -26,7 +26,7 @@ pub struct LogId(pub u32);
 pub struct OpId(pub u64);
 
 impl OpId {
-    pub(crate) fn new(log: LogId, seq: u32) -> OpId {
+    pub fn new(log: LogId, seq: u32) -> OpId {
         OpId(u64::from(log.0) << 32 | u64::from(seq))
     }
 
@@ -83,12 +83,12 @@ pub enum FileOpKind {
 impl FileOpKind {
     /// True for ops that change the filesystem (everything but reads and listings). The
     /// crash-injecting test layer counts these as the "write steps" a crash can land between.
-    pub(crate) fn is_write(&self) -> bool {
+    pub fn is_write(&self) -> bool {
         !matches!(self, FileOpKind::ListDir { .. } | FileOpKind::Read { .. })
     }
 
     /// The main path the op touches, for error messages.
-    pub(crate) fn path(&self) -> &str {
+    pub fn path(&self) -> &str {
         match self {
             FileOpKind::CreateDir { path }
             | FileOpKind::ListDir { path }
@@ -104,7 +104,7 @@ impl FileOpKind {
         }
     }
 
-    pub(crate) fn name(&self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         match self {
             FileOpKind::CreateDir { .. } => "create_dir",
             FileOpKind::ListDir { .. } => "list_dir",

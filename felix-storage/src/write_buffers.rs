@@ -41,6 +41,7 @@ impl WriteBuffers {
         self.retired.push_back(whole);
     }
 
+    #[cfg(test)]
     pub(crate) fn reused(&self) -> u64 {
         self.reused
     }
@@ -146,9 +147,9 @@ mod tests {
     /// every record still reads back right (from the tail cache and from the files).
     #[test]
     fn a_busy_log_reuses_its_write_buffers_and_loses_nothing() {
-        use crate::storage::log::{Batch, FsyncMode, LogConfig, LogEvent, ShardLog};
-        use crate::storage::memfs::MemFs;
-        use crate::storage::ops::{FileOpKind, LogId};
+        use crate::log::{Batch, FsyncMode, LogConfig, LogEvent, ShardLog};
+        use crate::memfs::MemFs;
+        use crate::ops::{FileOpKind, LogId};
         use std::time::Instant;
 
         let cfg = LogConfig {

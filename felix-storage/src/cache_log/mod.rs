@@ -19,12 +19,12 @@ use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::driven::Driven;
-use super::log::{
+use crate::driven::Driven;
+use crate::log::{
     AppendError, Batch, LogConfig, LogEvent, ReadError, ReadTicket, ShardLog, StorageError,
 };
-use super::ops::LogId;
-use super::record::{self, DecodedEntry};
+use crate::ops::LogId;
+use crate::record::{self, DecodedEntry};
 
 /// Version byte at the start of every cache record.
 const CACHE_RECORD_VERSION: u8 = 1;
@@ -33,16 +33,16 @@ const OP_DELETE: u8 = 2;
 /// Fixed part of a cache record: version, op, key length, expiry.
 const CACHE_RECORD_FIXED: usize = 12;
 /// Longest key a record can carry.
-pub(crate) const MAX_CACHE_KEY_BYTES: usize = u16::MAX as usize;
+pub const MAX_CACHE_KEY_BYTES: usize = u16::MAX as usize;
 /// Below this many bytes of segments a cache log is never compacted.
-pub(crate) const COMPACT_MIN_BYTES: u64 = 1 << 20;
+pub const COMPACT_MIN_BYTES: u64 = 1 << 20;
 /// Compaction is due when the log holds this many times its live bytes.
-pub(crate) const COMPACT_GARBAGE_RATIO: u64 = 4;
+pub const COMPACT_GARBAGE_RATIO: u64 = 4;
 
 /// The compaction trigger shared by the cache and counter logs: the log holds
 /// [`COMPACT_GARBAGE_RATIO`] times `live_bytes` (and at least [`COMPACT_MIN_BYTES`]) and no
 /// pass is running.
-pub(crate) fn garbage_heavy(log: &ShardLog, live_bytes: u64) -> bool {
+pub fn garbage_heavy(log: &ShardLog, live_bytes: u64) -> bool {
     let total = log.total_bytes();
     !log.compacting()
         && total >= COMPACT_MIN_BYTES
@@ -51,7 +51,7 @@ pub(crate) fn garbage_heavy(log: &ShardLog, live_bytes: u64) -> bool {
 
 /// One cache write as stored in a log record's payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum CacheRecord {
+pub enum CacheRecord {
     Put {
         key: Bytes,
         value: Bytes,
@@ -64,7 +64,7 @@ pub(crate) enum CacheRecord {
 }
 
 impl CacheRecord {
-    pub(crate) fn encode(&self) -> Bytes {
+    pub fn encode(&self) -> Bytes {
         let (op, key, value, expiry) = match self {
             CacheRecord::Put {
                 key,
@@ -85,7 +85,7 @@ impl CacheRecord {
     }
 
     /// Parses a payload; key and value are slices of it.
-    pub(crate) fn decode(payload: &Bytes) -> Result<CacheRecord, &'static str> {
+    pub fn decode(payload: &Bytes) -> Result<CacheRecord, &'static str> {
         if payload.len() < CACHE_RECORD_FIXED {
             return Err("a cache record shorter than its header");
         }
@@ -141,26 +141,26 @@ struct Staged {
 /// One write the cache applied (it became durable and visible), in offset order: what a
 /// cache watch delivers. A delete has no value.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Change {
-    pub(crate) offset: u64,
-    pub(crate) key: Bytes,
-    pub(crate) value: Option<Bytes>,
+pub struct Change {
+    pub offset: u64,
+    pub key: Bytes,
+    pub value: Option<Bytes>,
     /// Absolute Unix milliseconds; `None` never expires.
-    pub(crate) expiry_unix_ms: Option<u64>,
+    pub expiry_unix_ms: Option<u64>,
 }
 
 /// A value a get found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CachedValue {
-    pub(crate) value: Bytes,
-    pub(crate) expiry_unix_ms: Option<u64>,
+pub struct CachedValue {
+    pub value: Bytes,
+    pub expiry_unix_ms: Option<u64>,
     /// The offset of the put that wrote it.
-    pub(crate) offset: u64,
+    pub offset: u64,
 }
 
 /// What a get needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Lookup {
+pub enum Lookup {
     /// The key is not there (or has expired): no read needed.
     Absent,
     /// The value is being read; [`CacheEvent::Value`] with this ticket answers.
@@ -169,7 +169,7 @@ pub(crate) enum Lookup {
 
 /// What the cache log reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum CacheEvent {
+pub enum CacheEvent {
     /// The index is rebuilt: `keys` live keys, appends go on from `next_offset`.
     Opened {
         keys: usize,
@@ -196,7 +196,7 @@ pub(crate) enum CacheEvent {
     /// The answer to a [`CacheLog::scan`].
     Scanned {
         ticket: ReadTicket,
-        result: Result<super::log::ReadBatch, ReadError>,
+        result: Result<crate::log::ReadBatch, ReadError>,
     },
 }
 
@@ -204,7 +204,7 @@ pub(crate) enum CacheEvent {
 /// `handle_timeout` and `sync_now`, commands `put`, `delete`, `get`, `compact`, outputs
 /// `poll_op`, `poll_event` and the log's deadline, drained after every call.
 #[derive(Debug)]
-pub(crate) struct CacheLog {
+pub struct CacheLog {
     log: ShardLog,
     index: HashMap<Box<[u8]>, Slot>,
     live_bytes: u64,
@@ -223,7 +223,7 @@ pub(crate) struct CacheLog {
 }
 
 impl CacheLog {
-    pub(crate) fn open(id: LogId, dir: String, cfg: LogConfig, now: Instant) -> CacheLog {
+    pub fn open(id: LogId, dir: String, cfg: LogConfig, now: Instant) -> CacheLog {
         let mut c = CacheLog {
             log: ShardLog::open_replaying(id, dir, cfg, now),
             index: HashMap::new(),
@@ -243,33 +243,33 @@ impl CacheLog {
 
     // ---- getters ------------------------------------------------------------------------
 
-    pub(crate) fn log(&self) -> &ShardLog {
+    pub fn log(&self) -> &ShardLog {
         &self.log
     }
 
-    pub(crate) fn is_open(&self) -> bool {
+    pub fn is_open(&self) -> bool {
         self.log.is_open() && !self.failed
     }
 
     /// Live keys (expired ones not yet noticed included).
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.index.len()
     }
 
     /// Bytes of the entries live keys point at.
-    pub(crate) fn live_bytes(&self) -> u64 {
+    pub fn live_bytes(&self) -> u64 {
         self.live_bytes
     }
 
     /// Every write below this is applied: in the index, visible, and (while observed)
     /// reported. A watch joins live delivery here.
-    pub(crate) fn applied_offset(&self) -> u64 {
+    pub fn applied_offset(&self) -> u64 {
         self.applied
     }
 
     /// Offsets of the newest puts of live, unexpired keys that `matches` accepts, ascending:
     /// a watch's snapshot of the current state at [`CacheLog::applied_offset`].
-    pub(crate) fn live_offsets(&self, matches: impl Fn(&[u8]) -> bool, unix_ms: u64) -> Vec<u64> {
+    pub fn live_offsets(&self, matches: impl Fn(&[u8]) -> bool, unix_ms: u64) -> Vec<u64> {
         let mut out: Vec<u64> = self
             .index
             .iter()
@@ -283,7 +283,7 @@ impl CacheLog {
     /// The version (offset of the newest put) of a key's live entry, counting writes
     /// accepted but not durable yet: they become durable in order or not at all, so a
     /// condition checked against them is the one the key will have.
-    pub(crate) fn current_version(&self, key: &[u8], unix_ms: u64) -> Option<u64> {
+    pub fn current_version(&self, key: &[u8], unix_ms: u64) -> Option<u64> {
         let latest = match self.staged.iter().rev().find(|s| &*s.key == key) {
             Some(s) => s.slot,
             None => self.index.get(key).copied(),
@@ -292,7 +292,7 @@ impl CacheLog {
     }
 
     /// The version of a key's live, durable entry (what a get reads).
-    pub(crate) fn durable_version(&self, key: &[u8], unix_ms: u64) -> Option<u64> {
+    pub fn durable_version(&self, key: &[u8], unix_ms: u64) -> Option<u64> {
         self.index
             .get(key)
             .filter(|s| !s.expired(unix_ms))
@@ -301,14 +301,14 @@ impl CacheLog {
 
     /// True when the log holds [`COMPACT_GARBAGE_RATIO`] times its live bytes (and at least
     /// [`COMPACT_MIN_BYTES`]) and no pass is running.
-    pub(crate) fn compaction_due(&self) -> bool {
+    pub fn compaction_due(&self) -> bool {
         self.is_open() && garbage_heavy(&self.log, self.live_bytes)
     }
 
     // ---- outputs (file ops and inputs: see `impl Driven`) -------------------------------
 
     #[must_use]
-    pub(crate) fn poll_event(&mut self) -> Option<CacheEvent> {
+    pub fn poll_event(&mut self) -> Option<CacheEvent> {
         self.events.pop_front()
     }
 
@@ -316,7 +316,7 @@ impl CacheLog {
 
     /// Appends a put and returns its offset; it is visible and may be acknowledged once
     /// [`CacheEvent::Durable`] passes it. `unix_micros` is stored as the record's time.
-    pub(crate) fn put(
+    pub fn put(
         &mut self,
         now: Instant,
         unix_micros: u64,
@@ -353,7 +353,7 @@ impl CacheLog {
 
     /// Appends a delete if the key is present (counting writes not yet durable) and returns
     /// its offset; `None` if there was nothing to delete, and nothing is written.
-    pub(crate) fn delete(
+    pub fn delete(
         &mut self,
         now: Instant,
         unix_micros: u64,
@@ -383,13 +383,13 @@ impl CacheLog {
     }
 
     /// Reports every applied write as [`CacheEvent::Applied`] while on.
-    pub(crate) fn set_observed(&mut self, on: bool) {
+    pub fn set_observed(&mut self, on: bool) {
         self.observed = on;
     }
 
     /// Reads stored records from `from` on (as [`ShardLog::read`]), answered as
     /// [`CacheEvent::Scanned`]: how a watch replays history and reads its snapshot.
-    pub(crate) fn scan(
+    pub fn scan(
         &mut self,
         from: u64,
         max_records: usize,
@@ -405,7 +405,7 @@ impl CacheLog {
     }
 
     /// Looks a key up at `unix_ms`. A present key is read from the log.
-    pub(crate) fn get(&mut self, key: &[u8], unix_ms: u64) -> Result<Lookup, ReadError> {
+    pub fn get(&mut self, key: &[u8], unix_ms: u64) -> Result<Lookup, ReadError> {
         if !self.is_open() {
             return Err(ReadError::NotOpen);
         }
@@ -424,14 +424,14 @@ impl CacheLog {
 
     /// Keys in the index with an expiry (expired or not): the expiry pass has work while
     /// this is not zero.
-    pub(crate) fn expiring(&self) -> usize {
+    pub fn expiring(&self) -> usize {
         self.expiring
     }
 
     /// Writes a delete for up to `max` keys whose TTL has passed at `unix_micros` and that
     /// no accepted write has replaced since: an expiry becomes a change in the log, which
     /// watchers receive as a delete and compaction drops. Returns how many were written.
-    pub(crate) fn expire_due(
+    pub fn expire_due(
         &mut self,
         now: Instant,
         unix_micros: u64,
@@ -470,7 +470,7 @@ impl CacheLog {
 
     /// Drops up to `max` expired keys from the index (lazy expiry covers the rest). Writes
     /// nothing: the records stay expired after a restart and compaction drops them.
-    pub(crate) fn sweep_expired(&mut self, unix_ms: u64, max: usize) -> usize {
+    pub fn sweep_expired(&mut self, unix_ms: u64, max: usize) -> usize {
         let dead: Vec<Box<[u8]>> = self
             .index
             .iter()
@@ -487,7 +487,7 @@ impl CacheLog {
     /// Starts a compaction pass at `unix_ms`: expired keys are dropped, and the sealed
     /// segments are rewritten with only each live key's newest put. False if nothing is
     /// sealed or a pass is running.
-    pub(crate) fn compact(&mut self, unix_ms: u64) -> bool {
+    pub fn compact(&mut self, unix_ms: u64) -> bool {
         if !self.is_open() {
             return false;
         }
@@ -652,7 +652,7 @@ impl CacheLog {
     fn value_at(
         &self,
         offset: u64,
-        batch: super::log::ReadBatch,
+        batch: crate::log::ReadBatch,
     ) -> Result<Option<CachedValue>, ReadError> {
         let wrong = |what: String| {
             ReadError::Failed(StorageError::Corrupt {
@@ -694,5 +694,4 @@ impl Driven for CacheLog {
 }
 
 #[cfg(test)]
-#[path = "cache_log_tests.rs"]
 mod tests;

@@ -16,11 +16,11 @@ use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::cache_log::{garbage_heavy, CacheEvent, MAX_CACHE_KEY_BYTES};
-use super::driven::Driven;
-use super::log::{AppendError, Batch, LogConfig, LogEvent, ShardLog, StorageError};
-use super::ops::LogId;
-use super::record::{self, DecodedEntry};
+use crate::cache_log::{garbage_heavy, CacheEvent, MAX_CACHE_KEY_BYTES};
+use crate::driven::Driven;
+use crate::log::{AppendError, Batch, LogConfig, LogEvent, ShardLog, StorageError};
+use crate::ops::LogId;
+use crate::record::{self, DecodedEntry};
 
 const COUNTER_RECORD_VERSION: u8 = 1;
 const OP_ADD: u8 = 1;
@@ -29,15 +29,15 @@ const COUNTER_RECORD_FIXED: usize = 20;
 
 /// One applied add as stored in a record's payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CounterRecord {
-    pub(crate) key: Bytes,
-    pub(crate) delta: i64,
+pub struct CounterRecord {
+    pub key: Bytes,
+    pub delta: i64,
     /// The counter's value after this add.
-    pub(crate) sum: i64,
+    pub sum: i64,
 }
 
 impl CounterRecord {
-    pub(crate) fn encode(&self) -> Bytes {
+    pub fn encode(&self) -> Bytes {
         let mut b = BytesMut::with_capacity(COUNTER_RECORD_FIXED + self.key.len());
         b.put_u8(COUNTER_RECORD_VERSION);
         b.put_u8(OP_ADD);
@@ -48,7 +48,7 @@ impl CounterRecord {
         b.freeze()
     }
 
-    pub(crate) fn decode(payload: &Bytes) -> Result<CounterRecord, &'static str> {
+    pub fn decode(payload: &Bytes) -> Result<CounterRecord, &'static str> {
         if payload.len() < COUNTER_RECORD_FIXED {
             return Err("a counter record shorter than its header");
         }
@@ -72,7 +72,7 @@ impl CounterRecord {
 
 /// Why an add was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum AddError {
+pub enum AddError {
     /// The sum would leave the i64 range; nothing was written.
     Overflow {
         sum: i64,
@@ -88,10 +88,10 @@ struct Sum {
     bytes: u32,
 }
 
-/// One cache's counters on a log. [`Driven`] like [`super::cache_log::CacheLog`], and reports
+/// One cache's counters on a log. [`Driven`] like [`crate::cache_log::CacheLog`], and reports
 /// the same events (`Opened`, `Durable`, `Compacted`, `CompactionFailed`, `Failed`).
 #[derive(Debug)]
-pub(crate) struct CounterLog {
+pub struct CounterLog {
     log: ShardLog,
     sums: HashMap<Box<[u8]>, Sum>,
     staged: VecDeque<(Box<[u8]>, Sum)>,
@@ -101,7 +101,7 @@ pub(crate) struct CounterLog {
 }
 
 impl CounterLog {
-    pub(crate) fn open(id: LogId, dir: String, cfg: LogConfig, now: Instant) -> CounterLog {
+    pub fn open(id: LogId, dir: String, cfg: LogConfig, now: Instant) -> CounterLog {
         let mut c = CounterLog {
             log: ShardLog::open_replaying(id, dir, cfg, now),
             sums: HashMap::new(),
@@ -114,39 +114,39 @@ impl CounterLog {
         c
     }
 
-    pub(crate) fn log(&self) -> &ShardLog {
+    pub fn log(&self) -> &ShardLog {
         &self.log
     }
 
-    pub(crate) fn is_open(&self) -> bool {
+    pub fn is_open(&self) -> bool {
         self.log.is_open() && !self.failed
     }
 
     /// The durable sum of a counter; `None` if it was never written.
-    pub(crate) fn get(&self, key: &[u8]) -> Option<i64> {
+    pub fn get(&self, key: &[u8]) -> Option<i64> {
         self.sums.get(key).map(|s| s.value)
     }
 
     /// Counters written.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.sums.len()
     }
 
     /// As for a cache ([`garbage_heavy`]), live bytes being those of each counter's newest
     /// record.
-    pub(crate) fn compaction_due(&self) -> bool {
+    pub fn compaction_due(&self) -> bool {
         self.is_open() && garbage_heavy(&self.log, self.live_bytes)
     }
 
     #[must_use]
-    pub(crate) fn poll_event(&mut self) -> Option<CacheEvent> {
+    pub fn poll_event(&mut self) -> Option<CacheEvent> {
         self.absorb();
         self.events.pop_front()
     }
 
     /// Adds `delta` and returns the record's offset and the sum including it. The add is
     /// durable (and visible to gets) once [`CacheEvent::Durable`] passes the offset.
-    pub(crate) fn add(
+    pub fn add(
         &mut self,
         now: Instant,
         unix_micros: u64,
@@ -197,7 +197,7 @@ impl CounterLog {
 
     /// Starts a compaction pass keeping each counter's newest record. False if nothing is
     /// sealed or a pass is running.
-    pub(crate) fn compact(&mut self) -> bool {
+    pub fn compact(&mut self) -> bool {
         if !self.is_open() {
             return false;
         }
@@ -296,5 +296,4 @@ impl Driven for CounterLog {
 }
 
 #[cfg(test)]
-#[path = "counter_log_tests.rs"]
 mod tests;

@@ -16,21 +16,20 @@
 //! - `counter_log`: [`counter_log::CounterLog`], a cache's counters as a fold over a log.
 //! - `group_log`: [`group_log::GroupLog`], a shard's consumer-group cursors and dead letters.
 
-// The engine does not drive storage yet (issue 4 wires it); until then nothing calls in.
-#![allow(dead_code)]
+pub mod cache_log;
+pub mod counter_log;
+pub mod driven;
+pub mod group_log;
+pub mod layout;
+pub mod log;
+pub mod ops;
+pub mod record;
+mod segment;
+mod write_buffers;
 
-pub(crate) mod cache_log;
-pub(crate) mod counter_log;
-pub(crate) mod driven;
-pub(crate) mod group_log;
-pub(crate) mod layout;
-pub(crate) mod log;
-pub(crate) mod ops;
-pub(crate) mod record;
-pub(crate) mod segment;
-pub(crate) mod write_buffers;
-
-#[cfg(test)]
-pub(crate) mod memfs;
+/// The one in-memory disk with a crash model, for storage tests, engine tests and the
+/// simulator; never on the product path.
+#[cfg(any(test, feature = "testing"))]
+pub mod memfs;
 #[cfg(test)]
 pub(crate) mod test_bench;

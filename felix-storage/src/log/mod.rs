@@ -28,45 +28,45 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use super::layout::{self, FileName};
-use super::ops::{FileCompletion, FileError, FileOp, FileOpKind, FileOutput, LogId, OpId};
-use super::record::{
+use crate::layout::{self, FileName};
+use crate::ops::{FileCompletion, FileError, FileOp, FileOpKind, FileOutput, LogId, OpId};
+use crate::record::{
     self, DecodedEntry, EntryMeta, SegmentHeader, Step, MAX_ENTRY_BYTES, MAX_PUBLISHER_BYTES,
     SEGMENT_HEADER_LEN,
 };
-use super::segment::{Segment, Stage};
-use super::write_buffers::WriteBuffers;
+use crate::segment::{Segment, Stage};
+use crate::write_buffers::WriteBuffers;
 
 /// Segment size at which the log rolls to a new file.
-pub(crate) const DEFAULT_SEGMENT_MAX_BYTES: u64 = 64 << 20;
+pub const DEFAULT_SEGMENT_MAX_BYTES: u64 = 64 << 20;
 /// Default interval of [`FsyncMode::Periodic`].
-pub(crate) const DEFAULT_FSYNC_INTERVAL: Duration = Duration::from_millis(250);
+pub const DEFAULT_FSYNC_INTERVAL: Duration = Duration::from_millis(250);
 /// Recent entries kept in memory so tail reads (live subscribers catching up, cache gets of
 /// fresh keys) need no file op.
-pub(crate) const DEFAULT_TAIL_CACHE_BYTES: usize = 4 << 20;
+pub const DEFAULT_TAIL_CACHE_BYTES: usize = 4 << 20;
 /// Encoded bytes accepted but not yet written; past this, `append` refuses (backpressure).
-pub(crate) const DEFAULT_MAX_PENDING_BYTES: usize = 64 << 20;
+pub const DEFAULT_MAX_PENDING_BYTES: usize = 64 << 20;
 /// The most buffer space an append reserves ahead for the writes after it (a spare buffer
 /// stays with an idle log, so this bounds what each log can hold unused).
-pub(crate) const WRITE_BUFFER_MAX_BYTES: usize = 1 << 20;
+pub const WRITE_BUFFER_MAX_BYTES: usize = 1 << 20;
 /// How often retention bounds are checked when any is set.
-pub(crate) const DEFAULT_RETENTION_CHECK_INTERVAL: Duration = Duration::from_secs(60);
+pub const DEFAULT_RETENTION_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 /// Chunk size for recovery scans and compaction reads: memory per open stays bounded.
-pub(crate) const SCAN_READ_BYTES: u32 = 1 << 20;
+pub const SCAN_READ_BYTES: u32 = 1 << 20;
 /// Smallest and largest single read a range read issues.
-pub(crate) const READ_MIN_BYTES: u32 = 64 << 10;
-pub(crate) const READ_MAX_BYTES: u32 = 4 << 20;
+pub const READ_MIN_BYTES: u32 = 64 << 10;
+pub const READ_MAX_BYTES: u32 = 4 << 20;
 /// Read tickets outstanding at once, per log.
-pub(crate) const MAX_READS_IN_FLIGHT: usize = 256;
+pub const MAX_READS_IN_FLIGHT: usize = 256;
 /// Records returned by one read at most, whatever its byte budget.
-pub(crate) const MAX_RECORDS_PER_READ: usize = 10_000;
+pub const MAX_RECORDS_PER_READ: usize = 10_000;
 /// Power loss zero-fills whole sectors; the torn-tail rule reasons in these units.
 const SECTOR_BYTES: u64 = 512;
 /// Write padding. With direct I/O the runtime writes whole blocks of this size at aligned
 /// offsets, and the tail of the last block past the log's bytes is zeros (the next append
 /// rewrites that block). So any segment may end in fewer than this many zero bytes after
 /// its last entry, its length then being a multiple of this: that is padding, not damage.
-pub(crate) const WRITE_PADDING_BLOCK: u64 = 4096;
+pub const WRITE_PADDING_BLOCK: u64 = 4096;
 
 /// Whether zeros from `at` to the end of a file of `file_len` bytes are write padding
 /// ([`WRITE_PADDING_BLOCK`]); the caller checks that they are zeros.
@@ -78,7 +78,7 @@ fn is_write_padding(at: u64, file_len: u64) -> bool {
 
 /// When appended bytes are forced to the device, and so what an acknowledgement means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FsyncMode {
+pub enum FsyncMode {
     /// Never on the append path (only at segment roll and on request). Durable = written
     /// to the page cache: survives a process crash, not a machine crash.
     None,
@@ -98,7 +98,7 @@ impl Default for FsyncMode {
 impl FsyncMode {
     /// `none` | `periodic` | `on_commit` (`FELIX_DURABLE_FSYNC_MODE`); `interval` is used by
     /// `periodic` (`FELIX_DURABLE_FSYNC_INTERVAL_MS`).
-    pub(crate) fn parse(name: &str, interval: Duration) -> Result<FsyncMode, String> {
+    pub fn parse(name: &str, interval: Duration) -> Result<FsyncMode, String> {
         match name {
             "none" => Ok(FsyncMode::None),
             "periodic" if interval.is_zero() => Err("fsync interval must be above zero".into()),
@@ -113,16 +113,16 @@ impl FsyncMode {
 
 /// Settings for one log.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LogConfig {
-    pub(crate) fsync: FsyncMode,
-    pub(crate) segment_max_bytes: u64,
-    pub(crate) tail_cache_bytes: usize,
-    pub(crate) max_pending_bytes: usize,
+pub struct LogConfig {
+    pub fsync: FsyncMode,
+    pub segment_max_bytes: u64,
+    pub tail_cache_bytes: usize,
+    pub max_pending_bytes: usize,
     /// Delete the oldest sealed segments while the log is larger than this.
-    pub(crate) retention_bytes: Option<u64>,
+    pub retention_bytes: Option<u64>,
     /// Delete sealed segments whose newest record is older than this.
-    pub(crate) retention_age: Option<Duration>,
-    pub(crate) retention_check_interval: Duration,
+    pub retention_age: Option<Duration>,
+    pub retention_check_interval: Duration,
 }
 
 impl Default for LogConfig {
@@ -141,7 +141,7 @@ impl Default for LogConfig {
 
 /// A failure that stops a log: at open, or a write that leaves the files in doubt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum StorageError {
+pub enum StorageError {
     /// Bytes that are not a repairable torn tail are wrong. Refusing beats guessing, because
     /// the damaged record may have been acknowledged.
     Corrupt {
@@ -172,7 +172,7 @@ impl std::error::Error for StorageError {}
 
 /// Why `append` refused a batch. Nothing was assigned an offset.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum AppendError {
+pub enum AppendError {
     /// The log has not finished opening (or failed to).
     NotOpen,
     /// An earlier write or sync failed; nothing more is accepted until a restart re-reads
@@ -188,7 +188,7 @@ pub(crate) enum AppendError {
 
 /// Why `read` refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ReadError {
+pub enum ReadError {
     NotOpen,
     /// Those offsets existed and retention removed them; `oldest` is the first kept.
     Trimmed {
@@ -203,45 +203,45 @@ pub(crate) enum ReadError {
 
 /// One publish batch to append. Every record in it shares the time and publisher.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Batch<'a> {
+pub struct Batch<'a> {
     /// Wall-clock append time in µs since the Unix epoch (stored; drives retention by age).
-    pub(crate) time_us: u64,
+    pub time_us: u64,
     /// The publishing principal (≤ 255 bytes), or none.
-    pub(crate) publisher: Option<&'a [u8]>,
-    pub(crate) payloads: &'a [Bytes],
+    pub publisher: Option<&'a [u8]>,
+    pub payloads: &'a [Bytes],
 }
 
 /// Names a read; its result arrives as [`LogEvent::Read`] with the same ticket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct ReadTicket(pub(crate) u64);
+pub struct ReadTicket(pub u64);
 
 /// Records that share an entry: consecutive offsets from `first_offset`, unless the log is
 /// compacted, where each batch holds one record and offsets may skip.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct StoredBatch {
-    pub(crate) first_offset: u64,
-    pub(crate) time_us: u64,
-    pub(crate) publisher: Option<Bytes>,
-    pub(crate) payloads: Vec<Bytes>,
+pub struct StoredBatch {
+    pub first_offset: u64,
+    pub time_us: u64,
+    pub publisher: Option<Bytes>,
+    pub payloads: Vec<Bytes>,
 }
 
 /// What a read returned: records from the requested offset on, in order, and where the
 /// next read should start.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct ReadBatch {
-    pub(crate) batches: Vec<StoredBatch>,
-    pub(crate) next_offset: u64,
+pub struct ReadBatch {
+    pub batches: Vec<StoredBatch>,
+    pub next_offset: u64,
 }
 
 impl ReadBatch {
-    pub(crate) fn record_count(&self) -> usize {
+    pub fn record_count(&self) -> usize {
         self.batches.iter().map(|b| b.payloads.len()).sum()
     }
 }
 
 /// What the log reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum LogEvent {
+pub enum LogEvent {
     /// Recovery finished; appends and reads are accepted. `truncated_bytes` were cut from a
     /// torn tail (write padding cut from the newest segment is not counted: it held nothing).
     Opened {
@@ -312,7 +312,6 @@ enum Task {
 #[derive(Debug, Clone, Copy)]
 struct PendingEntry {
     base: u64,
-    end: u64,
     /// Position within the pending buffer.
     rel: usize,
     len: usize,
@@ -332,7 +331,6 @@ struct Pending {
 #[derive(Debug)]
 struct TailEntry {
     base: u64,
-    end: u64,
     bytes: Bytes,
 }
 
@@ -355,7 +353,7 @@ struct ReadJob {
 
 /// One shard's log. See the module docs for how to drive it.
 #[derive(Debug)]
-pub(crate) struct ShardLog {
+pub struct ShardLog {
     id: LogId,
     dir: String,
     cfg: LogConfig,
@@ -411,7 +409,7 @@ pub(crate) struct ShardLog {
 impl ShardLog {
     /// Starts opening the log in `dir` (relative to the storage root): recovery runs as file
     /// ops, and [`LogEvent::Opened`] (or [`LogEvent::Failed`]) says when it is done.
-    pub(crate) fn open(id: LogId, dir: String, cfg: LogConfig, now: Instant) -> ShardLog {
+    pub fn open(id: LogId, dir: String, cfg: LogConfig, now: Instant) -> ShardLog {
         let mut log = ShardLog {
             id,
             dir,
@@ -457,7 +455,7 @@ impl ShardLog {
 
     /// Like [`ShardLog::open`], and every valid entry recovery scans is also handed out
     /// through `take_replayed` (the cache rebuilds its key index this way).
-    pub(crate) fn open_replaying(id: LogId, dir: String, cfg: LogConfig, now: Instant) -> ShardLog {
+    pub fn open_replaying(id: LogId, dir: String, cfg: LogConfig, now: Instant) -> ShardLog {
         let mut log = ShardLog::open(id, dir, cfg, now);
         log.replay = Some(VecDeque::new());
         log
@@ -465,30 +463,30 @@ impl ShardLog {
 
     // ---- getters ------------------------------------------------------------------------
 
-    pub(crate) fn id(&self) -> LogId {
+    pub fn id(&self) -> LogId {
         self.id
     }
 
-    pub(crate) fn dir(&self) -> &str {
+    pub fn dir(&self) -> &str {
         &self.dir
     }
 
-    pub(crate) fn is_open(&self) -> bool {
+    pub fn is_open(&self) -> bool {
         matches!(self.phase, Phase::Ready)
     }
 
     /// The oldest offset still held (retention moves it up).
-    pub(crate) fn start_offset(&self) -> u64 {
+    pub fn start_offset(&self) -> u64 {
         self.segments.first().map_or(self.next_offset, |s| s.base)
     }
 
     /// The offset the next appended record gets.
-    pub(crate) fn next_offset(&self) -> u64 {
+    pub fn next_offset(&self) -> u64 {
         self.next_offset
     }
 
     /// Records below this are durable under the fsync mode (what may be acknowledged).
-    pub(crate) fn durable_offset(&self) -> u64 {
+    pub fn durable_offset(&self) -> u64 {
         match self.cfg.fsync {
             FsyncMode::OnCommit => self.synced_offset,
             FsyncMode::None | FsyncMode::Periodic(_) => self.written_offset,
@@ -496,26 +494,26 @@ impl ShardLog {
     }
 
     /// Records below this are on the device.
-    pub(crate) fn synced_offset(&self) -> u64 {
+    pub fn synced_offset(&self) -> u64 {
         self.synced_offset
     }
 
     /// Bytes in segment files, pending appends included.
-    pub(crate) fn total_bytes(&self) -> u64 {
+    pub fn total_bytes(&self) -> u64 {
         self.segments.iter().map(|s| s.len).sum()
     }
 
-    pub(crate) fn segment_count(&self) -> usize {
+    pub fn segment_count(&self) -> usize {
         self.segments.len()
     }
 
-    pub(crate) fn config(&self) -> &LogConfig {
+    pub fn config(&self) -> &LogConfig {
         &self.cfg
     }
 
     /// No op in flight or queued, nothing pending, nothing to sync. A shutdown calls
     /// [`ShardLog::sync_now`] and drives the log until this holds.
-    pub(crate) fn is_idle(&self) -> bool {
+    pub fn is_idle(&self) -> bool {
         self.inflight.is_empty()
             && self.ops.is_empty()
             && self.pending.iter().all(|p| p.buf.is_empty())
@@ -528,7 +526,7 @@ impl ShardLog {
 
     /// The next file op for the runtime.
     #[must_use]
-    pub(crate) fn poll_op(&mut self) -> Option<FileOp> {
+    pub fn poll_op(&mut self) -> Option<FileOp> {
         if std::mem::take(&mut self.write_due) {
             self.drive();
         }
@@ -537,14 +535,14 @@ impl ShardLog {
 
     /// The next thing that happened.
     #[must_use]
-    pub(crate) fn poll_event(&mut self) -> Option<LogEvent> {
+    pub fn poll_event(&mut self) -> Option<LogEvent> {
         self.events.pop_front()
     }
 
     /// When [`ShardLog::handle_timeout`] next has work: the periodic fsync of the oldest
     /// unsynced append, or the retention check.
     #[must_use]
-    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+    pub fn poll_timeout(&self) -> Option<Instant> {
         if !self.is_open() {
             return None;
         }
@@ -560,13 +558,13 @@ impl ShardLog {
         }
     }
 
-    #[cfg(test)]
-    pub(crate) fn scanned_ext_len(&self) -> usize {
+    #[cfg(any(test, feature = "testing"))]
+    pub fn scanned_ext_len(&self) -> usize {
         self.scanned_ext.len()
     }
 
     /// The next extension recovery scanned, oldest first.
-    pub(crate) fn take_scanned_ext(&mut self) -> Option<record::ScannedExt> {
+    pub fn take_scanned_ext(&mut self) -> Option<record::ScannedExt> {
         self.scanned_ext.pop_front()
     }
 
@@ -574,7 +572,7 @@ impl ShardLog {
     /// below the returned offset is stamped earlier, even if the clock stepped back, and
     /// the one wanted follows within about an index interval. `None` when every record is
     /// older.
-    pub(crate) fn seek_time(&self, at_micros: u64) -> Option<u64> {
+    pub fn seek_time(&self, at_micros: u64) -> Option<u64> {
         let i = self
             .segments
             .iter()
@@ -583,7 +581,7 @@ impl ShardLog {
     }
 
     /// Entries recovery scanned, for a log opened with [`ShardLog::open_replaying`].
-    pub(crate) fn take_replayed(&mut self) -> Option<DecodedEntry> {
+    pub fn take_replayed(&mut self) -> Option<DecodedEntry> {
         self.replay.as_mut()?.pop_front()
     }
 
@@ -591,7 +589,7 @@ impl ShardLog {
 
     /// Deadlines due at `now`; `unix_micros` is the same moment on the wall clock (retention
     /// by age compares it with stored append times).
-    pub(crate) fn handle_timeout(&mut self, now: Instant, unix_micros: u64) {
+    pub fn handle_timeout(&mut self, now: Instant, unix_micros: u64) {
         if !self.is_open() {
             return;
         }
@@ -608,7 +606,7 @@ impl ShardLog {
     }
 
     /// A file op finished.
-    pub(crate) fn handle_completion(&mut self, c: FileCompletion) {
+    pub fn handle_completion(&mut self, c: FileCompletion) {
         let Some(what) = self.inflight.remove(&c.id) else {
             return; // not ours, or from before a failure; nothing waits on it
         };
@@ -639,12 +637,12 @@ impl ShardLog {
 
     /// Appends one batch and returns the offset of its first record. The batch becomes
     /// durable later: watch for [`LogEvent::Durable`] covering it before acknowledging.
-    pub(crate) fn append(&mut self, now: Instant, batch: Batch<'_>) -> Result<u64, AppendError> {
+    pub fn append(&mut self, now: Instant, batch: Batch<'_>) -> Result<u64, AppendError> {
         self.append_ext(now, batch, &record::EntryExt::NONE)
     }
 
     /// [`ShardLog::append`] of an entry that also carries a producer mark or commit state.
-    pub(crate) fn append_ext(
+    pub fn append_ext(
         &mut self,
         now: Instant,
         batch: Batch<'_>,
@@ -719,7 +717,6 @@ impl ShardLog {
         seg.note_entry(pos, &meta);
         p.entries.push(PendingEntry {
             base: first,
-            end: meta.end(),
             rel,
             len,
         });
@@ -741,7 +738,7 @@ impl ShardLog {
 
     /// Asks for a sync of everything written so far, whatever the mode (shutdown, or a
     /// caller that wants a point on the device).
-    pub(crate) fn sync_now(&mut self) {
+    pub fn sync_now(&mut self) {
         self.sync_requested = true;
         self.drive();
     }
@@ -750,7 +747,7 @@ impl ShardLog {
     /// `max_bytes` (but always at least one record when there is one). Only durable records
     /// are returned. The result comes as [`LogEvent::Read`]; when the tail cache holds the
     /// range it is queued before this returns.
-    pub(crate) fn read(
+    pub fn read(
         &mut self,
         from_offset: u64,
         max_records: usize,
@@ -790,14 +787,14 @@ impl ShardLog {
 
     /// Keeps every segment holding an offset at or above `floor` through retention (`None`:
     /// retention alone decides).
-    pub(crate) fn set_retention_floor(&mut self, floor: Option<u64>) {
+    pub fn set_retention_floor(&mut self, floor: Option<u64>) {
         self.retention_floor = floor;
     }
 
     /// Removes whole sealed segments from the head while a retention bound is exceeded.
     /// Runs on the retention timer; callable directly. Never touches the active segment, a
     /// segment being read, or anything while a compaction runs.
-    pub(crate) fn enforce_retention(&mut self, unix_micros: u64) {
+    pub fn enforce_retention(&mut self, unix_micros: u64) {
         if !self.is_open() || self.compaction.is_some() || self.poison.is_some() {
             return;
         }
@@ -1100,7 +1097,6 @@ impl ShardLog {
                     self.tail_bytes += e.len;
                     self.tail.push_back(TailEntry {
                         base: e.base,
-                        end: e.end,
                         bytes: bytes.slice(e.rel..e.rel + e.len),
                     });
                 }
@@ -1447,7 +1443,7 @@ impl ShardLog {
         let next = match step {
             OpenStep::Listed => {
                 let FileOutput::Listing(entries) = output else {
-                    let error = FileError::new(super::ops::FileErrorKind::Other, "not a listing");
+                    let error = FileError::new(crate::ops::FileErrorKind::Other, "not a listing");
                     let e = StorageError::Io {
                         op: "list_dir",
                         path: dir,
@@ -1816,7 +1812,7 @@ impl ShardLog {
     /// Rewrites the sealed segments, keeping only the records whose offsets are in `keep`
     /// (ascending), each at its own offset. Returns false if nothing is sealed yet or a pass
     /// is already running. See `docs/storage-format.md`, "Compaction", for the crash order.
-    pub(crate) fn compact(&mut self, keep: Vec<u64>) -> bool {
+    pub fn compact(&mut self, keep: Vec<u64>) -> bool {
         if !self.is_open() || self.poison.is_some() || self.compaction.is_some() {
             return false;
         }
@@ -1863,14 +1859,14 @@ impl ShardLog {
         true
     }
 
-    pub(crate) fn compacting(&self) -> bool {
+    pub fn compacting(&self) -> bool {
         self.compaction.is_some()
     }
 
     /// The lowest offset from which this log still holds every record: below it,
     /// compaction has collapsed history (or a running pass may collapse it). A reader that
     /// must not miss a record cannot replay from below this.
-    pub(crate) fn complete_from(&self) -> u64 {
+    pub fn complete_from(&self) -> u64 {
         let compacted = self
             .segments
             .iter()
@@ -2363,5 +2359,4 @@ impl Compaction {
 }
 
 #[cfg(test)]
-#[path = "log_tests.rs"]
 mod tests;

@@ -14,13 +14,13 @@
 use std::fmt::Write;
 
 /// Longest escaped component kept verbatim; most filesystems allow 255 bytes.
-pub(crate) const MAX_COMPONENT_BYTES: usize = 200;
+pub const MAX_COMPONENT_BYTES: usize = 200;
 
 const SEGMENT_SUFFIX: &str = ".seg";
 const COMPACT_SUFFIX: &str = ".compact";
 
 /// One client-chosen name as a path component.
-pub(crate) fn escape(name: &str) -> String {
+pub fn escape(name: &str) -> String {
     if name.is_empty() {
         return "~".into();
     }
@@ -54,7 +54,7 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
 }
 
 /// The directory of one shard of a durable stream.
-pub(crate) fn stream_shard_dir(tenant: &str, namespace: &str, stream: &str, shard: u32) -> String {
+pub fn stream_shard_dir(tenant: &str, namespace: &str, stream: &str, shard: u32) -> String {
     format!(
         "streams/{}/{}/{}/{shard}",
         escape(tenant),
@@ -64,7 +64,7 @@ pub(crate) fn stream_shard_dir(tenant: &str, namespace: &str, stream: &str, shar
 }
 
 /// The directory of one shard of a cache.
-pub(crate) fn cache_shard_dir(tenant: &str, namespace: &str, cache: &str, shard: u32) -> String {
+pub fn cache_shard_dir(tenant: &str, namespace: &str, cache: &str, shard: u32) -> String {
     format!(
         "caches/{}/{}/{}/{shard}",
         escape(tenant),
@@ -74,7 +74,7 @@ pub(crate) fn cache_shard_dir(tenant: &str, namespace: &str, cache: &str, shard:
 }
 
 /// The directory of the counters of one shard of a cache (a root of their own).
-pub(crate) fn counter_shard_dir(tenant: &str, namespace: &str, cache: &str, shard: u32) -> String {
+pub fn counter_shard_dir(tenant: &str, namespace: &str, cache: &str, shard: u32) -> String {
     format!(
         "counters/{}/{}/{}/{shard}",
         escape(tenant),
@@ -83,24 +83,24 @@ pub(crate) fn counter_shard_dir(tenant: &str, namespace: &str, cache: &str, shar
     )
 }
 
-pub(crate) fn segment_name(base: u64) -> String {
+pub fn segment_name(base: u64) -> String {
     format!("{base:020}{SEGMENT_SUFFIX}")
 }
 
 /// Compaction writes its output here first; a leftover one is an unfinished pass.
-pub(crate) fn compact_name(base: u64) -> String {
+pub fn compact_name(base: u64) -> String {
     format!("{base:020}{COMPACT_SUFFIX}")
 }
 
 /// What a file in a shard directory is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FileName {
+pub enum FileName {
     Segment(u64),
     CompactTemp(u64),
     Other,
 }
 
-pub(crate) fn parse_name(name: &str) -> FileName {
+pub fn parse_name(name: &str) -> FileName {
     let digits = |s: &str| s.len() == 20 && s.bytes().all(|b| b.is_ascii_digit());
     if let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) {
         if digits(stem) {
@@ -119,7 +119,7 @@ pub(crate) fn parse_name(name: &str) -> FileName {
     FileName::Other
 }
 
-pub(crate) fn join(dir: &str, name: &str) -> String {
+pub fn join(dir: &str, name: &str) -> String {
     if dir.is_empty() {
         name.to_owned()
     } else {

@@ -2,8 +2,8 @@
 //! compaction, and overflow refused.
 
 use super::*;
-use crate::storage::memfs::{Crash, MemFs};
-use crate::storage::test_bench::{cfg, settle, Bench};
+use crate::memfs::{Crash, MemFs};
+use crate::test_bench::{cfg, settle, Bench};
 
 const DIR: &str = "counters/t/ns/c/0";
 

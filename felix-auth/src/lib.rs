@@ -14,34 +14,33 @@ use std::fmt;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use ed25519_dalek::{SigningKey, VerifyingKey};
-use felix_proto::ErrorCode;
 use serde::Deserialize;
 
-pub(crate) use jwt::{mint_token, Audience, Claims};
-pub(crate) use perms::{
+pub use ed25519_dalek::{SigningKey, VerifyingKey};
+pub use jwt::{jwks_document, mint_token, Audience, Claims};
+pub use perms::{
     cache_object, glob_match, name_charset_ok, object_tenant, stream_object, Action, Permission,
     NAME_MAX_BYTES,
 };
 
-pub(crate) const EXPECTED_ISSUER: &str = "felix-auth";
-pub(crate) const EXPECTED_AUDIENCE: &str = "felix-broker";
+pub const EXPECTED_ISSUER: &str = "felix-auth";
+pub const EXPECTED_AUDIENCE: &str = "felix-broker";
 /// Clock skew tolerated on `exp`, `nbf` and `iat`, in seconds.
-pub(crate) const CLOCK_SKEW_LEEWAY_SECS: u64 = 60;
+pub const CLOCK_SKEW_LEEWAY_SECS: u64 = 60;
 /// Longest token looked at; anything longer is refused before decoding.
-pub(crate) const MAX_TOKEN_BYTES: usize = 32 * 1024;
+pub const MAX_TOKEN_BYTES: usize = 32 * 1024;
 /// The tenant dev mode mints its token for.
-pub(crate) const DEV_TENANT: &str = "t1";
+pub const DEV_TENANT: &str = "t1";
 /// The `kid` of the dev-mode key.
-pub(crate) const DEV_KID: &str = "dev";
+pub const DEV_KID: &str = "dev";
 /// Lifetime of the dev-mode token.
-pub(crate) const DEV_TOKEN_TTL_SECS: u64 = 30 * 24 * 3600;
+pub const DEV_TOKEN_TTL_SECS: u64 = 30 * 24 * 3600;
 
 /// A credential was refused. Always answered `unauthenticated`; `reason` is for logs and the
 /// error message (it says what was wrong, never anything secret).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct AuthError {
-    pub(crate) reason: String,
+pub struct AuthError {
+    pub reason: String,
 }
 
 impl AuthError {
@@ -49,9 +48,6 @@ impl AuthError {
         AuthError {
             reason: reason.into(),
         }
-    }
-    pub(crate) fn code(&self) -> ErrorCode {
-        ErrorCode::Unauthenticated
     }
 }
 
@@ -63,8 +59,8 @@ impl fmt::Display for AuthError {
 
 /// The JWKS document could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct AuthConfigError {
-    pub(crate) reason: String,
+pub struct AuthConfigError {
+    pub reason: String,
 }
 
 impl fmt::Display for AuthConfigError {
@@ -97,7 +93,7 @@ struct Jwk {
 
 /// Verifies Felix tokens against a fixed set of Ed25519 keys, by `kid`.
 #[derive(Clone)]
-pub(crate) struct Verifier {
+pub struct Verifier {
     keys: HashMap<String, VerifyingKey>,
 }
 
@@ -113,7 +109,7 @@ impl Verifier {
     /// Reads a JWKS document: `{"keys":[{"kty":"OKP","crv":"Ed25519","kid":..,"x":..}]}`.
     /// Keys of other types (or for encryption) are skipped; a document with no usable key,
     /// a key without `kid`, a duplicate `kid` or a bad `x` is refused.
-    pub(crate) fn from_jwks(json: &[u8]) -> Result<Verifier, AuthConfigError> {
+    pub fn from_jwks(json: &[u8]) -> Result<Verifier, AuthConfigError> {
         let err = |reason: String| AuthConfigError { reason };
         let jwks: Jwks =
             serde_json::from_slice(json).map_err(|e| err(format!("not a JWKS document: {e}")))?;
@@ -149,7 +145,7 @@ impl Verifier {
 
     /// Dev mode: a key derived from `seed` (kid [`DEV_KID`]) and a token for tenant
     /// [`DEV_TENANT`] granting every action on every object of that tenant.
-    pub(crate) fn dev(seed: [u8; 32], unix_now_secs: u64) -> (Verifier, String) {
+    pub fn dev(seed: [u8; 32], unix_now_secs: u64) -> (Verifier, String) {
         let signing = SigningKey::from_bytes(&seed);
         let verifier = Verifier::with_key(DEV_KID, signing.verifying_key());
         let claims = Claims {
@@ -166,14 +162,14 @@ impl Verifier {
     }
 
     /// A verifier trusting one key.
-    pub(crate) fn with_key(kid: &str, key: VerifyingKey) -> Verifier {
+    pub fn with_key(kid: &str, key: VerifyingKey) -> Verifier {
         Verifier {
             keys: HashMap::from([(kid.to_owned(), key)]),
         }
     }
 
     /// Checks a token for a client authenticating as `tenant`, at `unix_now_secs`.
-    pub(crate) fn verify(
+    pub fn verify(
         &self,
         token: &str,
         tenant: &str,
@@ -252,7 +248,7 @@ impl Verifier {
 }
 
 /// Every broker-relevant permission over every object of `tenant`.
-pub(crate) fn full_permissions(tenant: &str) -> Vec<String> {
+pub fn full_permissions(tenant: &str) -> Vec<String> {
     Action::ALL
         .into_iter()
         .map(|action| {
@@ -275,10 +271,10 @@ pub(crate) fn full_permissions(tenant: &str) -> Vec<String> {
 
 /// Who a verified token speaks for, and what it may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Identity {
-    pub(crate) tenant: String,
-    pub(crate) subject: String,
-    pub(crate) perms: Vec<Permission>,
+pub struct Identity {
+    pub tenant: String,
+    pub subject: String,
+    pub perms: Vec<Permission>,
 }
 
 impl Identity {
@@ -289,7 +285,7 @@ impl Identity {
     /// over a stream and its groups (`group:T/ns/stream/group`); once a token grants one of
     /// the group actions on any `group:` object, stream grants stop covering groups for that
     /// action (it is scoped to the groups it names).
-    pub(crate) fn allows(&self, action: Action, object: &str) -> bool {
+    pub fn allows(&self, action: Action, object: &str) -> bool {
         if object_tenant(object) != Some(self.tenant.as_str()) {
             return false;
         }
