@@ -67,7 +67,7 @@ pub const TENANT: &str = "t1";
 
 /// Mints Felix tokens (EdDSA JWTs) with a key whose public half is in [`TokenMinter::jwks`].
 pub struct TokenMinter {
-    key: ring::signature::Ed25519KeyPair,
+    key: felix_auth::SigningKey,
     kid: String,
 }
 
@@ -98,44 +98,32 @@ impl Claims {
 impl TokenMinter {
     /// A minter with a fixed test key.
     pub fn new(kid: &str, seed: [u8; 32]) -> TokenMinter {
-        let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed).expect("seed");
         TokenMinter {
-            key,
+            key: felix_auth::SigningKey::from_bytes(&seed),
             kid: kid.into(),
         }
     }
 
     /// The JWKS document holding the public key.
     pub fn jwks(&self) -> Vec<u8> {
-        use base64::Engine as _;
-        use ring::signature::KeyPair as _;
-        let x =
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(self.key.public_key().as_ref());
-        serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": self.kid, "x": x}]})
-            .to_string()
-            .into_bytes()
+        felix_auth::jwks_document(&[(&self.kid, &self.key)]).into_bytes()
     }
 
-    /// A compact JWS for `claims`, signed by this key under `kid`.
+    /// A compact JWS for `claims`, signed by this key under `kid` (by `felix_auth`, the one
+    /// minter).
     pub fn mint_as(&self, kid: &str, claims: &Claims) -> String {
-        use base64::Engine as _;
-        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_secs() as i64;
-        let header = serde_json::json!({"alg": "EdDSA", "typ": "JWT", "kid": kid});
-        let body = serde_json::json!({
-            "iss": claims.iss, "aud": claims.aud, "sub": "integration-test", "tid": claims.tenant,
-            "iat": now - 10, "exp": now + claims.expires_in, "perms": claims.perms,
-        });
-        let mut token = b64.encode(header.to_string());
-        token.push('.');
-        token.push_str(&b64.encode(body.to_string()));
-        let signature = self.key.sign(token.as_bytes());
-        token.push('.');
-        token.push_str(&b64.encode(signature.as_ref()));
-        token
+        let now = unix_micros() / 1_000_000;
+        let claims = felix_auth::Claims {
+            iss: claims.iss.clone(),
+            aud: felix_auth::Audience::One(claims.aud.clone()),
+            sub: "integration-test".into(),
+            tid: claims.tenant.clone(),
+            exp: now.saturating_add_signed(claims.expires_in),
+            iat: Some(now - 10),
+            nbf: None,
+            perms: claims.perms.clone(),
+        };
+        felix_auth::mint_token(&self.key, kid, &claims)
     }
 
     /// A token signed under this minter's own `kid`.

@@ -17,7 +17,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
-pub use jwt::{jwks_document, mint_token, Audience, Claims};
+pub use jwt::{jwks_document, mint_token, sign_compact, Audience, Claims};
 pub use perms::{
     cache_object, glob_match, name_charset_ok, object_tenant, stream_object, Action, Permission,
     NAME_MAX_BYTES,

@@ -11,16 +11,7 @@ fn key(n: u8) -> SigningKey {
 }
 
 fn jwks(entries: &[(&str, &SigningKey)]) -> Vec<u8> {
-    let keys: Vec<_> = entries
-        .iter()
-        .map(|(kid, k)| {
-            serde_json::json!({
-                "kty": "OKP", "crv": "Ed25519", "kid": kid, "alg": "EdDSA", "use": "sig",
-                "x": URL_SAFE_NO_PAD.encode(k.verifying_key().to_bytes()),
-            })
-        })
-        .collect();
-    serde_json::to_vec(&serde_json::json!({ "keys": keys })).unwrap()
+    jwks_document(entries).into_bytes()
 }
 
 fn claims() -> Claims {

@@ -6,19 +6,16 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine as _;
 use clap::{ArgGroup, Args};
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
 use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey};
-use ed25519_dalek::{Signer, SigningKey};
-use serde_json::json;
+use ed25519_dalek::SigningKey;
 
 use crate::failure::Failure;
 
 /// The issuer and audience a broker requires.
-const ISSUER: &str = "felix-auth";
-const BROKER_AUDIENCE: &str = "felix-broker";
+const ISSUER: &str = felix_auth::EXPECTED_ISSUER;
+const BROKER_AUDIENCE: &str = felix_auth::EXPECTED_AUDIENCE;
 
 #[derive(Args, Debug)]
 #[command(group(ArgGroup::new("source").required(true).args(["key", "generate_key"])))]
@@ -100,56 +97,31 @@ pub(crate) struct Claims<'a> {
     pub(crate) ttl: Duration,
 }
 
-/// A compact JWS: base64url(header).base64url(claims).base64url(Ed25519 signature).
+/// A compact JWS: base64url(header).base64url(claims).base64url(Ed25519 signature), minted by
+/// `felix_auth`, the one minter the broker's own dev mode and every test use.
 pub(crate) fn mint(key: &SigningKey, kid: &str, claims: &Claims<'_>) -> String {
-    let header = json!({"alg": "EdDSA", "typ": "JWT", "kid": kid});
-    let body = json!({
-        "iss": ISSUER,
-        "aud": claims.audience,
-        "sub": claims.subject,
-        "tid": claims.tenant,
-        "iat": claims.issued_at,
-        "exp": claims.issued_at.saturating_add(claims.ttl.as_secs().max(1)),
-        "perms": claims.perms,
-    });
-    let mut token = URL_SAFE_NO_PAD.encode(header.to_string());
-    token.push('.');
-    token.push_str(&URL_SAFE_NO_PAD.encode(body.to_string()));
-    let signature = key.sign(token.as_bytes());
-    token.push('.');
-    token.push_str(&URL_SAFE_NO_PAD.encode(signature.to_bytes()));
-    token
+    let claims = felix_auth::Claims {
+        iss: ISSUER.to_owned(),
+        aud: felix_auth::Audience::One(claims.audience.to_owned()),
+        sub: claims.subject.to_owned(),
+        tid: claims.tenant.to_owned(),
+        exp: claims.issued_at.saturating_add(claims.ttl.as_secs().max(1)),
+        iat: Some(claims.issued_at),
+        nbf: None,
+        perms: claims.perms.clone(),
+    };
+    felix_auth::mint_token(key, kid, &claims)
 }
 
 /// The JWKS document holding the key's public half.
 pub(crate) fn jwks(key: &SigningKey, kid: &str) -> String {
-    let x = URL_SAFE_NO_PAD.encode(key.verifying_key().as_bytes());
-    json!({"keys": [{
-        "kty": "OKP", "crv": "Ed25519", "kid": kid, "x": x, "alg": "EdDSA", "use": "sig",
-    }]})
-    .to_string()
+    felix_auth::jwks_document(&[(kid, key)])
 }
 
 /// Every permission a broker (and the tenant's control-plane scope) knows, over all of the
 /// tenant's objects.
 pub(crate) fn full_permissions(tenant: &str) -> Vec<String> {
-    let streams = format!("stream:{tenant}/*");
-    let caches = format!("cache:{tenant}/*");
-    [
-        ("stream.publish", streams.as_str()),
-        ("stream.subscribe", &streams),
-        ("stream.manage", &streams),
-        ("group.consume", &streams),
-        ("group.manage", &streams),
-        ("cache.read", &caches),
-        ("cache.write", &caches),
-        ("cache.manage", &caches),
-        ("ns.manage", &format!("namespace:{tenant}/*")),
-        ("tenant.manage", &format!("tenant:{tenant}")),
-    ]
-    .iter()
-    .map(|(action, object)| format!("{action}:{object}"))
-    .collect()
+    felix_auth::full_permissions(tenant)
 }
 
 /// `ACTION:KIND:PATH`, each part non-empty; anything else would silently grant nothing.
@@ -221,7 +193,10 @@ fn unix_now() -> Result<u64, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
     use ed25519_dalek::{Signature, Verifier};
+    use serde_json::json;
 
     fn decode_json(part: &str) -> serde_json::Value {
         serde_json::from_slice(&URL_SAFE_NO_PAD.decode(part).unwrap()).unwrap()

@@ -14,7 +14,6 @@ use felix_proto::binary::{
 };
 use felix_proto::message::Message;
 use felix_proto::{ErrorCode, Flags, Frame, RetryClass};
-use ring::signature::{Ed25519KeyPair, KeyPair};
 use serde_json::{json, Value};
 
 const TENANT: &str = "t1";
@@ -28,34 +27,26 @@ fn b64() -> base64::engine::GeneralPurpose {
 
 struct Key {
     kid: &'static str,
-    pair: Ed25519KeyPair,
+    key: felix_auth::SigningKey,
 }
 
 impl Key {
     fn new(kid: &'static str, seed: u8) -> Key {
         Key {
             kid,
-            pair: Ed25519KeyPair::from_seed_unchecked(&[seed; 32]).unwrap(),
+            key: felix_auth::SigningKey::from_bytes(&[seed; 32]),
         }
     }
 
     fn jwk(&self) -> Value {
-        use base64::Engine as _;
-        json!({"kty": "OKP", "crv": "Ed25519", "kid": self.kid, "use": "sig",
-               "x": b64().encode(self.pair.public_key().as_ref())})
+        let doc: Value =
+            serde_json::from_str(&felix_auth::jwks_document(&[(self.kid, &self.key)])).unwrap();
+        doc["keys"][0].clone()
     }
 
     /// A compact JWS of `claims` signed by this key, its header naming `kid`.
     fn sign_as(&self, kid: &str, claims: &Value) -> String {
-        use base64::Engine as _;
-        let header = json!({"alg": "EdDSA", "typ": "JWT", "kid": kid});
-        let mut token = b64().encode(header.to_string());
-        token.push('.');
-        token.push_str(&b64().encode(claims.to_string()));
-        let signature = self.pair.sign(token.as_bytes());
-        token.push('.');
-        token.push_str(&b64().encode(signature.as_ref()));
-        token
+        felix_auth::sign_compact(&self.key, kid, claims.to_string().as_bytes())
     }
 
     fn sign(&self, claims: &Value) -> String {
