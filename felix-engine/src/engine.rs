@@ -1093,13 +1093,15 @@ impl Engine {
                         .flatten()
                         .map(|(_, ch, stream)| (ch, stream))
                         .collect();
-                    let reads: Vec<_> = self
+                    let mut reads: Vec<_> = self
                         .core
                         .value_waiters
                         .keys()
                         .filter(|(l, _)| *l == log)
                         .copied()
                         .collect();
+                    // Ticket order, not the hash map's: the answers go out in this order.
+                    reads.sort_unstable_by_key(|(_, t)| t.0);
                     for key in reads {
                         ready.extend(self.core.value_waiters.remove(&key));
                     }

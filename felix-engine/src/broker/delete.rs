@@ -19,13 +19,13 @@
 //!    directory is synced. A restart finds a leftover tombstone during its walk and runs
 //!    this step again on what is left; anything already gone (`NotFound`) counts as done.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use bytes::Bytes;
 use felix_proto::message::{Message, StreamDeleted};
 
 use super::durable::{Logs, Notice, ShardStore};
-use super::{mark_ready, seal, Broker, FanOut, Shard, Stream, StreamKey};
+use super::{mark_ready, seal, Broker, FanOut, Shard, Stream, StreamKey, SubscriberId};
 use crate::session::encode_message;
 use felix_storage::layout;
 use felix_storage::ops::{
@@ -90,7 +90,8 @@ struct Job {
 /// Stream directories being retired, each a small state machine over file ops.
 #[derive(Default)]
 pub(crate) struct Retiring {
-    jobs: HashMap<LogId, Job>,
+    /// Ordered: `blocking` answers the first match, which must not depend on a hash.
+    jobs: BTreeMap<LogId, Job>,
     next_id: u32,
     tombstones: u64,
 }
@@ -374,10 +375,18 @@ impl Broker {
             sh.dirty = false;
             seal(sh, &mut fan);
         }
-        for (id, sub) in self.subscribers.iter_mut() {
-            if sub.stream != index || sub.final_frame.is_some() {
+        // In id order, not the hash map's: the final frames are queued (and sent) in it.
+        let mut ids: Vec<SubscriberId> = self
+            .subscribers
+            .iter()
+            .filter(|(_, s)| s.stream == index && s.final_frame.is_none())
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        for id in ids {
+            let Some(sub) = self.subscribers.get_mut(&id) else {
                 continue;
-            }
+            };
             // Replay frames already encoded go out too; the rest of the replay cannot.
             if let Some(cu) = sub.catch_up.take() {
                 for f in cu.frames.into_iter().rev() {
@@ -396,7 +405,7 @@ impl Broker {
             } else {
                 Bytes::new()
             });
-            mark_ready(*id, sub, &mut self.ready);
+            mark_ready(id, sub, &mut self.ready);
         }
         for sh in &mut self.streams[index].shards {
             sh.subscribers.clear();

@@ -248,13 +248,15 @@ impl Broker {
     /// `log` is gone (its stream was deleted): every page read on it is answered with an
     /// error now, since its read will never land.
     pub(super) fn fail_page_reads(&mut self, log: LogId, why: &str) {
-        let gone: Vec<_> = self
+        let mut gone: Vec<_> = self
             .page_reads
             .pending
             .keys()
             .filter(|(l, _)| *l == log)
             .copied()
             .collect();
+        // Ticket order, not the hash map's: the answers go out in this order.
+        gone.sort_unstable_by_key(|(_, t)| t.0);
         for key in gone {
             let page = self.page_reads.pending.remove(&key).expect("listed");
             if let Some(logs) = self.logs.as_mut() {

@@ -11,7 +11,7 @@
 
 pub(crate) mod state;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -190,7 +190,8 @@ impl Serving {
 #[derive(Default)]
 pub(crate) struct Groups {
     cfg: GroupConfig,
-    shards: HashMap<(usize, u32), ShardGroups>,
+    /// Ordered: a timeout serves the waiting polls shard by shard in this order.
+    shards: BTreeMap<(usize, u32), ShardGroups>,
     polls: HashMap<u64, Poll>,
     next_waiter: u64,
     reads: HashMap<(LogId, ReadTicket), u64>,
