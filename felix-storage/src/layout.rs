@@ -3,6 +3,8 @@
 //! ```text
 //! <root>/streams/<tenant>/<namespace>/<stream>/<shard>/<base:020>.seg
 //! <root>/caches/<tenant>/<namespace>/<cache>/<shard>/<base:020>.seg
+//! <root>/counters/<tenant>/<namespace>/<cache>/<shard>/<base:020>.seg
+//! <root>/groups/<tenant>/<namespace>/<stream>/<shard>/<base:020>.seg
 //! ```
 //!
 //! Names come from clients, so each becomes one safe path component: bytes in
@@ -15,6 +17,15 @@ use std::fmt::Write;
 
 /// Longest escaped component kept verbatim; most filesystems allow 255 bytes.
 pub const MAX_COMPONENT_BYTES: usize = 200;
+
+/// Top-level directory of stream logs under the storage root.
+pub const STREAMS_DIR: &str = "streams";
+/// Top-level directory of cache logs.
+pub const CACHES_DIR: &str = "caches";
+/// Top-level directory of counter logs (one per cache that has counters).
+pub const COUNTERS_DIR: &str = "counters";
+/// Top-level directory of consumer-group logs (one per group per stream shard).
+pub const GROUPS_DIR: &str = "groups";
 
 const SEGMENT_SUFFIX: &str = ".seg";
 const COMPACT_SUFFIX: &str = ".compact";

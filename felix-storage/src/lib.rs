@@ -14,7 +14,9 @@
 //! - `log`: [`log::ShardLog`], recovery, appends, group commit, reads, retention, compaction;
 //! - `cache_log`: [`cache_log::CacheLog`], a key → offset index over a log, with TTL;
 //! - `counter_log`: [`counter_log::CounterLog`], a cache's counters as a fold over a log.
-//! - `group_log`: [`group_log::GroupLog`], a shard's consumer-group cursors and dead letters.
+//! - `group_log`: [`group_log::GroupLog`], a shard's consumer-group cursors and dead letters;
+//! - `table`: [`table::LogTable`], every log by id, completion routing, the startup walk;
+//! - `retire`: [`retire::Retiring`], a deleted stream's directories renamed and removed.
 
 pub mod cache_log;
 pub mod counter_log;
@@ -24,7 +26,9 @@ pub mod layout;
 pub mod log;
 pub mod ops;
 pub mod record;
+pub mod retire;
 mod segment;
+pub mod table;
 mod write_buffers;
 
 /// The one in-memory disk with a crash model, for storage tests, engine tests and the

@@ -1,27 +1,23 @@
-//! The broker's side of durable storage: one log per durable shard, the table that routes
-//! file completions to them, the records waiting to become durable before they fan out, and
-//! the startup walk that finds the logs already on disk.
+//! The broker's side of durable storage: the records waiting to become durable before they
+//! fan out, and the broker's work on log events (see `Broker::process_logs`).
 //!
-//! The logs themselves ([`ShardLog`]) are state machines over file operations; this module
-//! only owns them, multiplexes their operations by [`LogId`] and turns their events into
-//! broker work (see `Broker::process_logs` in the parent module).
+//! The logs and the table that routes file completions to them (and walks the disk at
+//! startup) are `felix_storage`'s [`LogTable`]; [`Logs`] is that table plus what the
+//! broker keys by its own ids (catch-up reads and readers refused `Busy`).
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::{Deref, DerefMut};
 use std::time::Instant;
 
 use bytes::Bytes;
 
 use felix_storage::cache_log::{CacheEvent, CacheLog};
-use felix_storage::counter_log::CounterLog;
-use felix_storage::driven::Driven;
-use felix_storage::group_log::GroupLog;
 use felix_storage::layout;
-use felix_storage::log::{LogConfig, ReadTicket, ShardLog};
-use felix_storage::ops::{
-    FileCompletion, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
-};
+use felix_storage::log::{LogConfig, ReadTicket};
+use felix_storage::ops::{FileCompletion, FileOp, LogId};
+use felix_storage::table::LogTable;
+pub(crate) use felix_storage::table::{AnyEvent, LogState, Owner, TableEvent};
 
-use super::groups::GROUPS_DIR;
 use super::SubscriberId;
 
 /// Records a catch-up read returns at most, and its payload byte budget.
@@ -29,131 +25,6 @@ pub(crate) const CATCH_UP_READ_RECORDS: usize = 1024;
 pub(crate) const CATCH_UP_READ_BYTES: usize = 1 << 20;
 /// Encoded catch-up frames a subscriber holds before the next read is issued.
 pub(crate) const CATCH_UP_FRAMES_AHEAD: usize = 4;
-
-/// The startup walk's own id: logs are numbered from 1.
-const DISCOVERY: LogId = LogId(0);
-/// Directory depth below `streams/` of a shard directory: tenant / namespace / stream / shard.
-const SHARD_DEPTH: usize = 4;
-/// Top-level directory of stream logs under the storage root.
-pub(crate) const STREAMS_DIR: &str = "streams";
-/// Top-level directory of cache logs under the storage root.
-pub(crate) const CACHES_DIR: &str = "caches";
-/// Top-level directory of counter logs (one per cache that has counters).
-pub(crate) const COUNTERS_DIR: &str = "counters";
-
-/// What kind of log a directory holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Stream,
-    Cache,
-    Counter,
-    Group,
-}
-
-/// A stream shard's log or a cache's.
-pub(crate) enum AnyLog {
-    Stream(ShardLog),
-    Cache(CacheLog),
-    Counter(CounterLog),
-    Group(GroupLog),
-}
-
-impl AnyLog {
-    /// The underlying segment log (for a cache, the one under its index).
-    pub(crate) fn shard(&self) -> &ShardLog {
-        match self {
-            AnyLog::Stream(l) => l,
-            AnyLog::Cache(c) => c.log(),
-            AnyLog::Counter(c) => c.log(),
-            AnyLog::Group(g) => g.log(),
-        }
-    }
-
-    /// A stream shard's log; `None` for a cache.
-    pub(crate) fn stream_mut(&mut self) -> Option<&mut ShardLog> {
-        match self {
-            AnyLog::Stream(l) => Some(l),
-            AnyLog::Cache(_) | AnyLog::Counter(_) | AnyLog::Group(_) => None,
-        }
-    }
-
-    pub(crate) fn group_mut(&mut self) -> Option<&mut GroupLog> {
-        match self {
-            AnyLog::Group(g) => Some(g),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn cache_mut(&mut self) -> Option<&mut CacheLog> {
-        match self {
-            AnyLog::Cache(c) => Some(c),
-            AnyLog::Stream(_) | AnyLog::Counter(_) | AnyLog::Group(_) => None,
-        }
-    }
-
-    pub(crate) fn counter_mut(&mut self) -> Option<&mut CounterLog> {
-        match self {
-            AnyLog::Counter(c) => Some(c),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn durable_offset(&self) -> u64 {
-        self.shard().durable_offset()
-    }
-
-    /// The log as the broker drives it, whatever its kind.
-    fn driven(&mut self) -> &mut dyn Driven {
-        match self {
-            AnyLog::Stream(l) => l,
-            AnyLog::Cache(c) => c,
-            AnyLog::Counter(c) => c,
-            AnyLog::Group(g) => g,
-        }
-    }
-
-    fn poll_op(&mut self) -> Option<FileOp> {
-        self.driven().poll_op()
-    }
-
-    /// Every kind's deadline is its segment log's.
-    fn poll_timeout(&self) -> Option<Instant> {
-        self.shard().poll_timeout()
-    }
-
-    fn handle_completion(&mut self, c: FileCompletion) {
-        self.driven().handle_completion(c)
-    }
-
-    fn handle_timeout(&mut self, now: Instant, unix_micros: u64) {
-        self.driven().handle_timeout(now, unix_micros)
-    }
-
-    fn sync_now(&mut self) {
-        self.driven().sync_now()
-    }
-
-    fn is_idle(&self) -> bool {
-        self.shard().is_idle()
-    }
-
-    pub(crate) fn poll_event(&mut self) -> Option<AnyEvent> {
-        match self {
-            AnyLog::Stream(l) => l.poll_event().map(AnyEvent::Stream),
-            AnyLog::Cache(c) => c.poll_event().map(AnyEvent::Cache),
-            // A counter log reports the cache events it shares (opened, durable, failed).
-            AnyLog::Counter(c) => c.poll_event().map(AnyEvent::Cache),
-            AnyLog::Group(g) => g.poll_event().map(AnyEvent::Group),
-        }
-    }
-}
-
-/// An event from either kind of log.
-pub(crate) enum AnyEvent {
-    Stream(LogEvent),
-    Cache(CacheEvent),
-    Group(LogEvent),
-}
 
 /// How the broker runs its durable shards.
 #[derive(Debug, Clone)]
@@ -164,30 +35,6 @@ pub(crate) struct DurableSettings {
     pub(crate) ack_after_write: bool,
     /// Consumer-group limits.
     pub(crate) groups: super::groups::GroupConfig,
-}
-
-/// Where a log is in its life.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum LogState {
-    Opening,
-    Open,
-    /// Open failed, or a write did; the message names the file.
-    Failed(String),
-}
-
-/// What a log holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Owner {
-    /// Found on disk at startup; no stream has used it since.
-    Unclaimed,
-    /// Shard `shard` of stream number `stream`.
-    Stream { stream: usize, shard: u32 },
-    /// A cache (its one shard).
-    Cache,
-    /// A cache's counters.
-    Counter,
-    /// The consumer groups of shard `shard` of stream number `stream`.
-    Groups { stream: usize, shard: u32 },
 }
 
 /// What the engine learns from the logs: when to release answers held for durability, when
@@ -213,19 +60,6 @@ pub(crate) enum Notice {
     },
 }
 
-pub(crate) struct LogSlot {
-    pub(crate) log: AnyLog,
-    pub(crate) owner: Owner,
-    pub(crate) state: LogState,
-    /// Opened by the startup walk: failing to open stops the broker from starting.
-    pub(crate) startup: bool,
-    /// Its deadline in [`Logs::timers`].
-    timer: Option<Instant>,
-    dirty: bool,
-    /// Catch-up readers refused `Busy`, retried when one of its reads lands.
-    pub(crate) blocked_readers: Vec<SubscriberId>,
-}
-
 /// Appended records waiting for durability before live fan-out. The payloads are the
 /// publish frame's own bytes (no copy).
 #[derive(Debug)]
@@ -246,27 +80,38 @@ pub(crate) struct ShardStore {
     pub(crate) released: u64,
 }
 
-/// Every log, routed by id, and the queues between them and the engine.
+impl From<TableEvent> for Notice {
+    fn from(e: TableEvent) -> Notice {
+        match e {
+            TableEvent::Opened { log } => Notice::Opened { log },
+            TableEvent::Failed { log } => Notice::Failed { log },
+        }
+    }
+}
+
+/// The storage table with the broker's own bookkeeping beside it. It derefs to the table:
+/// everything about logs is the table's; only what names a subscriber lives here.
 pub(crate) struct Logs {
-    pub(crate) settings: DurableSettings,
-    anchor: (Instant, u64),
-    slots: Vec<Option<LogSlot>>,
-    /// Logs by directory: a stream created on first use claims the one found at startup.
-    by_dir: HashMap<String, LogId>,
-    dirty: Vec<LogId>,
-    timers: BTreeSet<(Instant, LogId)>,
-    ops: VecDeque<FileOp>,
-    pub(crate) notices: VecDeque<Notice>,
+    table: LogTable<Notice>,
+    /// Every acknowledged publish is answered once durable (see [`DurableSettings`]).
+    pub(crate) ack_after_write: bool,
     /// Catch-up reads in flight and whose they are.
     pub(crate) reads: HashMap<(LogId, ReadTicket), SubscriberId>,
-    discovery: Discovery,
-    /// Startup logs not open yet.
-    startup_opening: usize,
-    /// Why the broker cannot start (a startup log is corrupt or unreadable).
-    pub(crate) fatal: Option<String>,
-    shutting_down: bool,
-    /// Deleted streams' directories being retired (`delete.rs`).
-    pub(super) retiring: super::delete::Retiring,
+    /// Catch-up readers refused `Busy` by a log, retried when one of its reads lands.
+    pub(crate) blocked_readers: BTreeMap<LogId, Vec<SubscriberId>>,
+}
+
+impl Deref for Logs {
+    type Target = LogTable<Notice>;
+    fn deref(&self) -> &LogTable<Notice> {
+        &self.table
+    }
+}
+
+impl DerefMut for Logs {
+    fn deref_mut(&mut self) -> &mut LogTable<Notice> {
+        &mut self.table
+    }
 }
 
 impl Logs {
@@ -274,390 +119,20 @@ impl Logs {
     /// `anchor` is an instant and the Unix microseconds it stood for (cache expiry and
     /// compaction compare stored wall-clock times).
     pub(crate) fn new(settings: DurableSettings, anchor: (Instant, u64)) -> Logs {
-        let mut logs = Logs {
-            settings,
-            anchor,
-            slots: Vec::new(),
-            by_dir: HashMap::new(),
-            dirty: Vec::new(),
-            timers: BTreeSet::new(),
-            ops: VecDeque::new(),
-            notices: VecDeque::new(),
+        Logs {
+            table: LogTable::new(settings.log, anchor),
+            ack_after_write: settings.ack_after_write,
             reads: HashMap::new(),
-            discovery: Discovery::default(),
-            startup_opening: 0,
-            fatal: None,
-            shutting_down: false,
-            retiring: Default::default(),
-        };
-        // `groups/` is walked only for tombstones: group logs open when first used.
-        for root in [STREAMS_DIR, CACHES_DIR, COUNTERS_DIR, GROUPS_DIR] {
-            let op = logs.discovery.list(root.to_owned(), 0);
-            logs.ops.push_back(op);
-        }
-        logs
-    }
-
-    /// The log already open (or opening) for a directory, if any.
-    pub(crate) fn find(&self, dir: &str) -> Option<LogId> {
-        self.by_dir.get(dir).copied()
-    }
-
-    /// Startup is over: every log on disk is open. Until then the engine takes no requests.
-    pub(crate) fn is_ready(&self) -> bool {
-        self.discovery.in_flight.is_empty() && self.startup_opening == 0 && self.fatal.is_none()
-    }
-
-    pub(crate) fn slot(&self, id: LogId) -> Option<&LogSlot> {
-        self.slots.get(id.0.checked_sub(1)? as usize)?.as_ref()
-    }
-
-    pub(crate) fn slot_mut(&mut self, id: LogId) -> Option<&mut LogSlot> {
-        self.slots.get_mut(id.0.checked_sub(1)? as usize)?.as_mut()
-    }
-
-    /// The log of a shard directory: the one found at startup, or a new one opening now.
-    pub(crate) fn claim(&mut self, dir: String, owner: Owner, now: Instant) -> LogId {
-        if let Some(&id) = self.by_dir.get(&dir) {
-            let slot = self.slot_mut(id).expect("by_dir names live slots");
-            slot.owner = owner;
-            return id;
-        }
-        let kind = match owner {
-            Owner::Cache => Kind::Cache,
-            Owner::Counter => Kind::Counter,
-            Owner::Groups { .. } => Kind::Group,
-            _ => Kind::Stream,
-        };
-        self.open(dir, kind, owner, now, false)
-    }
-
-    fn open(
-        &mut self,
-        dir: String,
-        kind: Kind,
-        owner: Owner,
-        now: Instant,
-        startup: bool,
-    ) -> LogId {
-        let id = LogId(self.slots.len() as u32 + 1);
-        let log = match kind {
-            Kind::Stream => AnyLog::Stream(ShardLog::open(
-                id,
-                dir.clone(),
-                self.settings.log.clone(),
-                now,
-            )),
-            // Retention is a stream bound: on a cache it would forget live keys. A cache is
-            // bounded by compaction instead.
-            Kind::Cache => {
-                let cfg = LogConfig {
-                    retention_bytes: None,
-                    retention_age: None,
-                    ..self.settings.log.clone()
-                };
-                AnyLog::Cache(CacheLog::open(id, dir.clone(), cfg, now))
-            }
-            // Counters are bounded by compaction too: retention would forget sums.
-            Kind::Counter => {
-                let cfg = LogConfig {
-                    retention_bytes: None,
-                    retention_age: None,
-                    ..self.settings.log.clone()
-                };
-                AnyLog::Counter(CounterLog::open(id, dir.clone(), cfg, now))
-            }
-            // Retention would forget cursors; small segments let compaction start early.
-            Kind::Group => {
-                let cfg = LogConfig {
-                    retention_bytes: None,
-                    retention_age: None,
-                    segment_max_bytes: self
-                        .settings
-                        .log
-                        .segment_max_bytes
-                        .min(felix_storage::group_log::GROUP_SEGMENT_MAX_BYTES),
-                    ..self.settings.log.clone()
-                };
-                AnyLog::Group(GroupLog::open(id, dir.clone(), cfg, now))
-            }
-        };
-        self.slots.push(Some(LogSlot {
-            log,
-            owner,
-            state: LogState::Opening,
-            startup,
-            timer: None,
-            dirty: false,
-            blocked_readers: Vec::new(),
-        }));
-        self.by_dir.insert(dir, id);
-        if startup {
-            self.startup_opening += 1;
-        }
-        self.mark_dirty(id);
-        id
-    }
-
-    /// Schedules the log's outputs to be collected at the end of the turn.
-    pub(crate) fn mark_dirty(&mut self, id: LogId) {
-        if let Some(slot) = self.slot_mut(id) {
-            if !slot.dirty {
-                slot.dirty = true;
-                self.dirty.push(id);
-            }
+            blocked_readers: BTreeMap::new(),
         }
     }
 
-    pub(crate) fn take_dirty(&mut self) -> Vec<LogId> {
-        std::mem::take(&mut self.dirty)
-    }
-
-    pub(crate) fn has_dirty(&self) -> bool {
-        !self.dirty.is_empty()
-    }
-
-    /// Moves a log's file ops to the outgoing queue and re-arms its timer; the caller then
-    /// drains its events.
-    pub(crate) fn collect_ops(&mut self, id: LogId) {
-        let Some(i) = id.0.checked_sub(1).map(|i| i as usize) else {
-            return;
-        };
-        let Some(Some(slot)) = self.slots.get_mut(i) else {
-            return;
-        };
-        slot.dirty = false;
-        while let Some(op) = slot.log.poll_op() {
-            self.ops.push_back(op);
-        }
-        let next = slot.log.poll_timeout();
-        if next != slot.timer {
-            if let Some(old) = slot.timer {
-                self.timers.remove(&(old, id));
-            }
-            if let Some(new) = next {
-                self.timers.insert((new, id));
-            }
-            slot.timer = next;
-        }
-    }
-
-    /// A log stopped: while opening that is a failed open, else its writes fail from here.
-    pub(crate) fn failed(&mut self, id: LogId, message: String) {
-        let opening = self.slot(id).is_some_and(|s| s.state == LogState::Opening);
-        if opening {
-            self.opened(id, Err(message));
-        } else if let Some(slot) = self.slot_mut(id) {
-            slot.state = LogState::Failed(message);
-        }
-        self.notices.push_back(Notice::Failed { log: id });
-    }
-
-    /// Unix milliseconds at `now`, from the anchor the engine gave.
-    pub(crate) fn unix_ms(&self, now: Instant) -> u64 {
-        let (at, micros) = self.anchor;
-        let micros = match now.checked_duration_since(at) {
-            Some(d) => micros.saturating_add(d.as_micros() as u64),
-            None => micros.saturating_sub(at.duration_since(now).as_micros() as u64),
-        };
-        micros / 1000
-    }
-
-    /// A log finished opening (or failed to); keeps the startup count.
-    pub(crate) fn opened(&mut self, id: LogId, result: Result<(), String>) {
-        let Some(slot) = self.slot_mut(id) else {
-            return;
-        };
-        let startup = std::mem::take(&mut slot.startup);
-        slot.state = match &result {
-            Ok(()) => LogState::Open,
-            Err(e) => LogState::Failed(e.clone()),
-        };
-        if startup {
-            self.startup_opening -= 1;
-            if let Err(e) = result {
-                self.fatal.get_or_insert(e);
-            }
-        }
-        self.notices.push_back(Notice::Opened { log: id });
-    }
-
-    pub(crate) fn poll_op(&mut self) -> Option<FileOp> {
-        self.ops.pop_front()
-    }
-
-    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.first().map(|&(at, _)| at)
-    }
-
-    /// Runs every log timer due at `now`.
-    pub(crate) fn handle_timeout(&mut self, now: Instant, unix_micros: u64) {
-        while let Some(&(at, id)) = self.timers.first() {
-            if at > now {
-                break;
-            }
-            self.timers.pop_first();
-            if let Some(slot) = self.slot_mut(id) {
-                slot.timer = None;
-                slot.log.handle_timeout(now, unix_micros);
-            }
-            self.mark_dirty(id);
-        }
-    }
-
-    /// Routes a completion to the log that issued the op (or to the startup walk).
-    pub(crate) fn handle_completion(&mut self, now: Instant, c: FileCompletion) {
-        let id = c.id.log();
-        if id == DISCOVERY {
-            return self.discovered(now, c);
-        }
-        if super::delete::is_retire_id(id) {
-            return self.retire_completion(c);
-        }
-        if let Some(slot) = self.slot_mut(id) {
-            slot.log.handle_completion(c);
-            self.mark_dirty(id);
-        }
-    }
-
-    fn discovered(&mut self, now: Instant, c: FileCompletion) {
-        let Some((dir, depth)) = self.discovery.in_flight.remove(&c.id) else {
-            return;
-        };
-        let entries = match c.result {
-            Ok(FileOutput::Listing(entries)) => entries,
-            Ok(_) => Vec::new(),
-            // No stream was ever stored: nothing to open.
-            Err(e) if e.kind == FileErrorKind::NotFound && depth == 0 => Vec::new(),
-            Err(e) => {
-                self.fatal
-                    .get_or_insert(format!("cannot list the storage directory {dir}: {e}"));
-                return;
-            }
-        };
-        let groups = dir.starts_with(GROUPS_DIR);
-        for entry in entries.into_iter().filter(|e| e.is_dir) {
-            let child = layout::join(&dir, &entry.name);
-            if depth == 2
-                && (groups || dir.starts_with(STREAMS_DIR))
-                && super::delete::is_tombstone(&entry.name)
-            {
-                // A stream (or its groups) deleted before a crash: never opened, its files
-                // go now.
-                let op = self.retiring.finish(child);
-                self.ops.push_back(op);
-                continue;
-            }
-            if groups {
-                // Down to the namespaces, where tombstones are; group logs are not opened.
-                if depth < 2 {
-                    let op = self.discovery.list(child, depth + 1);
-                    self.ops.push_back(op);
-                }
-                continue;
-            }
-            if depth + 1 < SHARD_DEPTH {
-                let op = self.discovery.list(child, depth + 1);
-                self.ops.push_back(op);
-            } else if entry.name.parse::<u32>().is_ok() {
-                if !self.by_dir.contains_key(&child) {
-                    let kind = if child.starts_with(CACHES_DIR) {
-                        Kind::Cache
-                    } else if child.starts_with(COUNTERS_DIR) {
-                        Kind::Counter
-                    } else {
-                        Kind::Stream
-                    };
-                    self.open(child, kind, Owner::Unclaimed, now, true);
-                }
-            } else {
-                tracing::warn!(dir = %child, "ignoring a directory that is not a shard");
-            }
-        }
-    }
-
-    /// Asks every log to sync what it has written (a graceful stop).
-    pub(crate) fn begin_shutdown(&mut self) {
-        self.shutting_down = true;
-        let ids: Vec<LogId> = self.live_ids().collect();
-        for id in ids {
-            if let Some(slot) = self.slot_mut(id) {
-                slot.log.sync_now();
-            }
-            self.mark_dirty(id);
-        }
-    }
-
-    /// No log has work left (after [`Logs::begin_shutdown`]: everything written is synced).
-    pub(crate) fn is_idle(&self) -> bool {
-        self.ops.is_empty()
-            && self.discovery.in_flight.is_empty()
-            && self.slots.iter().flatten().all(|s| s.log.is_idle())
-    }
-
-    /// Live logs whose directory starts with `prefix` (a deleted stream's shards).
-    pub(super) fn logs_under(&self, prefix: &str) -> Vec<LogId> {
-        let mut ids: Vec<LogId> = self
-            .by_dir
-            .iter()
-            .filter(|(dir, _)| dir.starts_with(prefix))
-            .map(|(_, id)| *id)
-            .collect();
-        ids.sort();
-        ids
-    }
-
-    pub(super) fn is_opening(&self, id: LogId) -> bool {
-        self.slot(id).is_some_and(|s| s.state == LogState::Opening)
-    }
-
-    /// Drops a log (its stream was deleted): completions of its ops still in flight are
-    /// ignored from now on, and nothing finds it by directory any more.
-    pub(super) fn forget(&mut self, id: LogId) {
-        let Some(slot) =
-            id.0.checked_sub(1)
-                .and_then(|i| self.slots.get_mut(i as usize))
-                .and_then(Option::take)
-        else {
-            return;
-        };
-        if let Some(at) = slot.timer {
-            self.timers.remove(&(at, id));
-        }
-        self.by_dir.retain(|_, l| *l != id);
-        self.dirty.retain(|l| *l != id);
+    /// Drops a log (its stream was deleted): its completions in flight are ignored from now
+    /// on, and nothing finds it by directory any more.
+    pub(crate) fn forget(&mut self, id: LogId) {
+        self.table.forget(id);
         self.reads.retain(|(l, _), _| *l != id);
-    }
-
-    pub(super) fn push_op(&mut self, op: FileOp) {
-        self.ops.push_back(op);
-    }
-
-    pub(super) fn live_ids(&self) -> impl Iterator<Item = LogId> + '_ {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.is_some())
-            .map(|(i, _)| LogId(i as u32 + 1))
-    }
-}
-
-/// The startup walk: `ListDir` down to every shard directory.
-#[derive(Default)]
-struct Discovery {
-    next_seq: u32,
-    in_flight: HashMap<OpId, (String, usize)>,
-}
-
-impl Discovery {
-    fn list(&mut self, dir: String, depth: usize) -> FileOp {
-        let id = OpId::new(DISCOVERY, self.next_seq);
-        self.next_seq = self.next_seq.wrapping_add(1);
-        self.in_flight.insert(id, (dir.clone(), depth));
-        FileOp {
-            id,
-            kind: FileOpKind::ListDir { path: dir },
-        }
+        self.blocked_readers.remove(&id);
     }
 }
 
@@ -683,7 +158,7 @@ const MAX_LOG_ROUNDS: usize = 8;
 impl Broker {
     /// Startup is over: every log found on disk is open (always true in memory).
     pub(crate) fn is_ready(&self) -> bool {
-        self.logs.as_ref().is_none_or(Logs::is_ready)
+        self.logs.as_ref().is_none_or(|l| l.is_ready())
     }
 
     /// Why the broker cannot start: a log found on disk could not be opened (corruption
@@ -694,9 +169,7 @@ impl Broker {
 
     /// Every acked publish is answered only once durable, with its offset.
     pub(crate) fn acks_after_write(&self) -> bool {
-        self.logs
-            .as_ref()
-            .is_some_and(|l| l.settings.ack_after_write)
+        self.logs.as_ref().is_some_and(|l| l.ack_after_write)
     }
 
     /// Records of `log` below this are durable.
@@ -736,7 +209,7 @@ impl Broker {
 
     /// Logs with events not handled yet: call [`Broker::flush`] again.
     pub(crate) fn has_storage_work(&self) -> bool {
-        self.logs.as_ref().is_some_and(Logs::has_dirty)
+        self.logs.as_ref().is_some_and(|l| l.has_dirty())
     }
 
     /// Syncs every log (a graceful stop); [`Broker::storage_idle`] says when it is done.
@@ -747,7 +220,7 @@ impl Broker {
     }
 
     pub(crate) fn storage_idle(&self) -> bool {
-        self.logs.as_ref().is_none_or(Logs::is_idle)
+        self.logs.as_ref().is_none_or(|l| l.is_idle())
     }
 
     /// Bytes in every log's segment files (a metrics gauge; walks every log).
@@ -755,11 +228,7 @@ impl Broker {
         let Some(logs) = self.logs.as_ref() else {
             return 0;
         };
-        logs.slots
-            .iter()
-            .flatten()
-            .map(|s| s.log.shard().total_bytes())
-            .sum()
+        logs.slots().map(|s| s.log.shard().total_bytes()).sum()
     }
 
     /// Handles the events of every log touched this turn.
@@ -840,10 +309,7 @@ impl Broker {
                 let logs = self.logs.as_mut().expect("called with logs");
                 let reader = logs.reads.remove(&(id, ticket));
                 // A read landed: readers refused `Busy` may go now.
-                let blocked = logs
-                    .slot_mut(id)
-                    .map(|s| std::mem::take(&mut s.blocked_readers))
-                    .unwrap_or_default();
+                let blocked = logs.blocked_readers.remove(&id).unwrap_or_default();
                 match (reader, result) {
                     (Some(reader), Some(result)) => self.on_catch_up_read(reader, result),
                     (None, Some(result)) => self.on_group_read(id, ticket, result),
@@ -1005,7 +471,7 @@ impl Broker {
                     cu.next = cu.next.max(oldest);
                 }
                 Err(ReadError::Busy) => {
-                    slot.blocked_readers.push(id);
+                    logs.blocked_readers.entry(log).or_default().push(id);
                     return;
                 }
                 Err(ReadError::NotOpen) => {

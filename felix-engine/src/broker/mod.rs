@@ -992,7 +992,7 @@ impl Broker {
     #[must_use]
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let leftover = self.has_storage_work().then_some(self.last_flush).flatten();
-        let logs = self.logs.as_ref().and_then(Logs::poll_timeout);
+        let logs = self.logs.as_ref().and_then(|l| l.poll_timeout());
         [
             self.cache.poll_timeout(),
             logs,

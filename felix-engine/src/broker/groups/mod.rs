@@ -37,7 +37,7 @@ pub(crate) const MAX_GROUPS_PER_SHARD: usize = 10_000;
 /// Longest consumer name.
 pub(crate) const MAX_CONSUMER_BYTES: usize = 128;
 /// Top-level directory of group logs under the storage root.
-pub(crate) const GROUPS_DIR: &str = "groups";
+pub(crate) use felix_storage::layout::GROUPS_DIR;
 
 /// Consumer-group limits (the `FELIX_GROUP_*` settings). Every one has a default.
 #[derive(Debug, Clone, PartialEq, Eq)]
