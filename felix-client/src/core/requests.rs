@@ -428,6 +428,8 @@ pub(crate) fn cache_delete_answer(answer: Answer) -> Result<Option<Bytes>, Clien
     }
 }
 
+// The wire forms of the requests above, and the reading of what answers them.
+
 fn binary_ack_mode(ack: Ack) -> Option<BinaryAckMode> {
     match ack {
         Ack::None => None,
