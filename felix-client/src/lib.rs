@@ -2,12 +2,14 @@
 //!
 //! A Felix client in two layers:
 //! - [`core`]: the protocol per stream as Sans-IO state machines — the `auth` offer and what
-//!   it negotiates, request encoding and answer correlation, event-stream decoding. No
-//!   sockets, no async, no clock; the front end below and the simulator both drive it.
+//!   it negotiates, every request's encoding and answer decoding (publishes, cache, groups,
+//!   watches, stream operations), answer correlation, event-stream decoding. No sockets, no
+//!   async, no clock; the front end below and the simulator both drive it.
 //! - `Client`: the async front end over quinn (rustls 0.23, `ring`), one QUIC connection
 //!   per client, written once and run on tokio (feature `tokio`, on by default) or smol
-//!   (feature `smol`), chosen by [`ClientConfig::runtime`](crate::ClientConfig). Build with
-//!   `default-features = false` for the core alone.
+//!   (feature `smol`), chosen by [`ClientConfig::runtime`](crate::ClientConfig). It is
+//!   plumbing: it writes the frames the core builds and hands the frames it reads to the
+//!   core. Build with `default-features = false` for the core alone.
 //!
 //! ```no_run
 //! # #[cfg(feature = "front-end")]
@@ -33,24 +35,28 @@ mod error;
 #[cfg(feature = "front-end")]
 mod runtime;
 #[cfg(feature = "front-end")]
-mod stream_ops;
-#[cfg(feature = "front-end")]
 mod transport;
 
 #[cfg(feature = "front-end")]
-pub use crate::client::cache_features::{Condition, ConditionResult};
+pub use crate::client::groups::Group;
 #[cfg(feature = "front-end")]
-pub use crate::client::groups::{Group, GroupInfo, GroupRecord, PollOptions};
-#[cfg(feature = "front-end")]
-pub use crate::client::watch::{CacheChange, CacheWatch, CacheWatchItem, WatchFilter, WatchStart};
+pub use crate::client::watch::CacheWatch;
 #[cfg(feature = "front-end")]
 pub use crate::client::{Client, ClientConfig, RawStream, Subscription, SubscriptionItem};
+#[cfg(feature = "front-end")]
+pub use crate::core::cache_features::{Condition, ConditionResult};
+#[cfg(feature = "front-end")]
+pub use crate::core::groups::{GroupInfo, GroupRecord, PollOptions};
+#[cfg(feature = "front-end")]
+pub use crate::core::stream_ops::{
+    Guarded, IdempotentBatch, IdempotentEncoding, StateValue, StreamPage,
+};
+#[cfg(feature = "front-end")]
+pub use crate::core::watch::{CacheChange, CacheWatchItem, WatchFilter, WatchStart};
 pub use crate::core::{Ack, Event, Offer, Start, SubscriptionEnd};
 pub use crate::error::ClientError;
 #[cfg(feature = "front-end")]
 pub use crate::runtime::Runtime;
-#[cfg(feature = "front-end")]
-pub use crate::stream_ops::{Guarded, IdempotentBatch, IdempotentEncoding, StateValue, StreamPage};
 #[cfg(feature = "front-end")]
 pub use crate::transport::CLIENT_ALPN;
 pub use felix_proto::message::{PublishRefusalReason, StateChange};

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use felix_client::core::{
-    auth_frame, read_auth_reply, read_subscribe_reply, subscribe_frame, Ack, Answer, Capabilities,
-    EventFrame, EventStreamReader, Offer, RequestKind, RequestStream, Start, SubscribeRequest,
-    SubscriptionEnd, Target,
+    auth_frame, read_auth_reply, read_subscribe_reply, read_watch_event, subscribe_frame, Ack,
+    Answer, CacheWatchItem, Capabilities, EventFrame, EventStreamReader, Offer, RequestKind,
+    RequestStream, Start, SubscribeRequest, SubscriptionEnd, Target,
 };
 use felix_engine::RoutingMapping;
 use felix_proto::routing::shard_for_key;
@@ -1404,11 +1404,10 @@ impl SimClient {
 /// A `cache_event` carrying a value (the canary drops only those: a put is what the
 /// watch invariant accounts for).
 fn is_put_change(frame: &Frame) -> bool {
-    frame.flags.is_empty()
-        && matches!(
-            felix_proto::message::Message::decode(&frame.payload),
-            Ok(felix_proto::message::Message::CacheEvent(e)) if e.value.is_some()
-        )
+    matches!(
+        read_watch_event(frame),
+        Ok(CacheWatchItem::Change(c)) if c.value.is_some()
+    )
 }
 
 fn protocol(client: usize, detail: String) -> Violation {

@@ -1,11 +1,12 @@
 //! The `auth` exchange every client stream starts with, and what it negotiates.
 
+use bytes::Bytes;
+use felix_proto::message::{self, Message};
 use felix_proto::negotiate::{client_view, BrokerAdvertisement, ClientNegotiated, PublishEncoding};
-use felix_proto::{Features, Flags};
+use felix_proto::{Features, Flags, Frame};
 
-use super::codec;
+use super::codec::{decode_json, frame_bytes, refusal, unexpected};
 use crate::error::ClientError;
-use felix_proto::Frame;
 
 /// What this client offers on `auth`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,9 +43,9 @@ impl Offer {
                 | Features::GROUP_PUBLISHER
                 | Features::GROUP_CLAIM_CONTROL
                 | Features::GROUP_ADMIN
-                // `timestamp_micros` on group records decodes (client/groups.rs).
+                // `timestamp_micros` on group records decodes (core/groups.rs).
                 | Features::RECORD_TIMESTAMPS
-                // `publish_refused` with `sequence_reused` decodes (stream_ops.rs).
+                // `publish_refused` with `sequence_reused` decodes (core/stream_ops.rs).
                 | Features::SEQUENCE_REUSED,
         }
     }
@@ -120,14 +121,37 @@ impl Capabilities {
 }
 
 /// Builds the `auth` frame (header included) for this identity and offer.
-pub fn auth_frame(tenant: &str, token: &str, offer: &Offer) -> bytes::Bytes {
-    codec::auth_frame(tenant, token, offer)
+pub fn auth_frame(tenant: &str, token: &str, offer: &Offer) -> Bytes {
+    let (flags, features, features_hi) = match offer.flags {
+        None => (None, None, None),
+        Some(flags) => {
+            let (lo, hi) = offer.features.to_words();
+            (
+                Some(u64::from(flags.0)),
+                (lo != 0).then_some(u64::from(lo)),
+                hi.map(u64::from),
+            )
+        }
+    };
+    frame_bytes(&Message::Auth(message::Auth {
+        tenant_id: tenant.to_owned(),
+        token: token.to_owned(),
+        client_flags: flags,
+        client_features: features,
+        client_features_hi: features_hi,
+    }))
 }
 
 /// Reads the broker's answer to `auth`: `auth_ok` or `ok` yields the stream's
 /// capabilities; `error` is the refusal; anything else is a protocol violation.
 pub fn read_auth_reply(offer: &Offer, frame: &Frame) -> Result<Capabilities, ClientError> {
-    let ad = codec::auth_reply(frame)?;
+    // `Some(advertisement)` for `auth_ok`, `None` for plain `ok`.
+    let ad = match decode_json(frame)? {
+        Message::AuthOk(ok) => Some(ok.advertisement()),
+        Message::Ok => None,
+        Message::Error(e) => return Err(refusal(e)),
+        other => return Err(unexpected(&other, "auth_ok, ok or error")),
+    };
     Ok(capabilities(offer, ad.as_ref()))
 }
 

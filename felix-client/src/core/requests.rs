@@ -4,11 +4,16 @@
 use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
+use felix_proto::binary::{
+    encode_publish_batch_frame, AckMode as BinaryAckMode, AckResult, AckedPrefix, PublishAck,
+    PublishBatchHeader,
+};
+use felix_proto::message::{self, Message};
 use felix_proto::negotiate::PublishEncoding;
-use felix_proto::Frame;
+use felix_proto::{Flags, Frame};
 
 use super::auth::Capabilities;
-use super::codec::{self, Answered};
+use super::codec::{decode_json, frame_bytes, refusal, unexpected};
 use crate::error::ClientError;
 
 /// Outstanding acked publishes a stream allows when the broker granted no window. Answers
@@ -178,10 +183,10 @@ impl RequestStream {
         let request_id = acked.then(|| self.take_id());
         let frame = match self.caps.publish_encoding(acked, key.is_some()) {
             PublishEncoding::Binary(flags) => {
-                codec::binary_publish(flags, &self.tenant, target, payloads, key, ack, request_id)?
+                binary_publish(flags, &self.tenant, target, payloads, key, ack, request_id)?
             }
             PublishEncoding::Json => {
-                codec::json_publish(&self.tenant, target, payloads, key, ack, request_id)?
+                json_publish(&self.tenant, target, payloads, key, ack, request_id)?
             }
         };
         if let Some(id) = request_id {
@@ -199,7 +204,7 @@ impl RequestStream {
         ttl_ms: Option<u64>,
     ) -> Result<Encoded, ClientError> {
         let id = self.take_id();
-        let frame = codec::cache_put(&self.tenant, target, key, value, ttl_ms, id)?;
+        let frame = cache_put(&self.tenant, target, key, value, ttl_ms, id)?;
         self.others.insert(id, RequestKind::CachePut);
         Ok(Encoded {
             request_id: Some(id),
@@ -210,7 +215,7 @@ impl RequestStream {
     /// Encodes `cache_get`.
     pub fn cache_get(&mut self, target: Target<'_>, key: &str) -> Result<Encoded, ClientError> {
         let id = self.take_id();
-        let frame = codec::cache_get(&self.tenant, target, key, id)?;
+        let frame = cache_get(&self.tenant, target, key, id)?;
         self.others.insert(id, RequestKind::CacheGet);
         Ok(Encoded {
             request_id: Some(id),
@@ -227,7 +232,7 @@ impl RequestStream {
             ));
         }
         let id = self.take_id();
-        let frame = codec::cache_delete(&self.tenant, target, key, id)?;
+        let frame = cache_delete(&self.tenant, target, key, id)?;
         self.others.insert(id, RequestKind::CacheDelete);
         Ok(Encoded {
             request_id: Some(id),
@@ -250,18 +255,17 @@ impl RequestStream {
             )));
         }
         let id = self.take_id();
-        let mut frame = Vec::new();
-        build(&self.tenant, id).encode_frame_into(&mut frame);
+        let frame = frame_bytes(&build(&self.tenant, id));
         self.others.insert(id, kind);
         Ok(Encoded {
             request_id: Some(id),
-            frame: Bytes::from(frame),
+            frame,
         })
     }
 
     /// Reads one frame the broker sent on this stream.
     pub fn handle_frame(&mut self, frame: &Frame) -> Result<Completion, ClientError> {
-        let answered = codec::request_answer(&self.caps, frame)?;
+        let answered = request_answer(&self.caps, frame)?;
         match answered {
             Answered::Publish { request_id, result } => {
                 let position = self.publishes.iter().position(|id| *id == request_id);
@@ -377,4 +381,290 @@ impl RequestStream {
         out.extend(others);
         out
     }
+}
+
+/// The offset a publish's answer gave (`None`: no offset on the wire).
+#[cfg_attr(not(feature = "front-end"), allow(dead_code))]
+pub(crate) fn published_answer(answer: Answer) -> Result<Option<u64>, ClientError> {
+    match answer {
+        Answer::Published { offset } => Ok(offset),
+        other => Err(ClientError::protocol(format!(
+            "{other:?} answered a publish"
+        ))),
+    }
+}
+
+/// Checks `cache_put`'s answer.
+#[cfg_attr(not(feature = "front-end"), allow(dead_code))]
+pub(crate) fn cache_put_answer(answer: Answer) -> Result<(), ClientError> {
+    match answer {
+        Answer::CacheStored => Ok(()),
+        other => Err(ClientError::protocol(format!(
+            "{other:?} answered cache_put"
+        ))),
+    }
+}
+
+/// The value `cache_get` read (`None` when absent or expired), version or not.
+#[cfg_attr(not(feature = "front-end"), allow(dead_code))]
+pub(crate) fn cache_get_answer(answer: Answer) -> Result<Option<Bytes>, ClientError> {
+    match answer {
+        Answer::CacheValue(v) => Ok(v),
+        Answer::VersionedValue { value, .. } => Ok(Some(value)),
+        other => Err(ClientError::protocol(format!(
+            "{other:?} answered cache_get"
+        ))),
+    }
+}
+
+/// The value `cache_delete` removed (`None` if there was none).
+#[cfg_attr(not(feature = "front-end"), allow(dead_code))]
+pub(crate) fn cache_delete_answer(answer: Answer) -> Result<Option<Bytes>, ClientError> {
+    match answer {
+        Answer::CacheValue(v) => Ok(v),
+        other => Err(ClientError::protocol(format!(
+            "{other:?} answered cache_delete"
+        ))),
+    }
+}
+
+// The wire forms of the requests above, and the reading of what answers them.
+
+fn binary_ack_mode(ack: Ack) -> Option<BinaryAckMode> {
+    match ack {
+        Ack::None => None,
+        Ack::PerMessage => Some(BinaryAckMode::PerMessage),
+        Ack::PerBatch => Some(BinaryAckMode::PerBatch),
+    }
+}
+
+fn check_name(field: &str, value: &str) -> Result<(), ClientError> {
+    if value.len() > usize::from(u16::MAX) {
+        return Err(ClientError::Usage(format!(
+            "{field} is longer than 65535 bytes"
+        )));
+    }
+    Ok(())
+}
+
+fn binary_publish(
+    flags: Flags,
+    tenant: &str,
+    target: Target<'_>,
+    payloads: &[Bytes],
+    key: Option<&[u8]>,
+    ack: Ack,
+    request_id: Option<u64>,
+) -> Result<Bytes, ClientError> {
+    check_name("tenant", tenant)?;
+    check_name("namespace", target.namespace)?;
+    check_name("stream", target.name)?;
+    if key.is_some_and(|k| k.len() > usize::from(u16::MAX)) {
+        return Err(ClientError::Usage(
+            "routing key is longer than 65535 bytes".into(),
+        ));
+    }
+    if payloads.len() > u32::MAX as usize || payloads.iter().any(|p| p.len() > u32::MAX as usize) {
+        return Err(ClientError::Usage("batch too large for one frame".into()));
+    }
+    let acked = match (binary_ack_mode(ack), request_id) {
+        (Some(ack_mode), Some(request_id)) => Some(AckedPrefix {
+            request_id,
+            ack_mode,
+        }),
+        _ => None,
+    };
+    let header = PublishBatchHeader {
+        acked,
+        idempotent: None,
+        key,
+        tenant_id: tenant,
+        namespace: target.namespace,
+        stream: target.name,
+    };
+    debug_assert_eq!(
+        header.flags(),
+        flags,
+        "negotiated layout and header disagree"
+    );
+    let payload_len: usize = payloads.iter().map(|p| 4 + p.len()).sum();
+    if payload_len > u32::MAX as usize - 1024 {
+        return Err(ClientError::Usage("batch too large for one frame".into()));
+    }
+    Ok(encode_publish_batch_frame(&header, payloads))
+}
+
+fn json_publish(
+    tenant: &str,
+    target: Target<'_>,
+    payloads: &[Bytes],
+    key: Option<&[u8]>,
+    ack: Ack,
+    request_id: Option<u64>,
+) -> Result<Bytes, ClientError> {
+    let ack = match ack {
+        Ack::None => message::AckMode::None,
+        Ack::PerMessage => message::AckMode::PerMessage,
+        Ack::PerBatch => message::AckMode::PerBatch,
+    };
+    Ok(frame_bytes(&Message::PublishBatch(message::PublishBatch {
+        tenant_id: tenant.to_owned(),
+        namespace: target.namespace.to_owned(),
+        stream: target.name.to_owned(),
+        payloads: payloads.to_vec(),
+        key: key.map(Bytes::copy_from_slice),
+        shard: None,
+        request_id,
+        ack: Some(ack),
+    })))
+}
+
+fn cache_put(
+    tenant: &str,
+    target: Target<'_>,
+    key: &str,
+    value: &[u8],
+    ttl_ms: Option<u64>,
+    request_id: u64,
+) -> Result<Bytes, ClientError> {
+    Ok(frame_bytes(&Message::CachePut(message::CachePut {
+        tenant_id: tenant.to_owned(),
+        namespace: target.namespace.to_owned(),
+        cache: target.name.to_owned(),
+        key: key.to_owned(),
+        value: Bytes::copy_from_slice(value),
+        request_id: Some(request_id),
+        ttl_ms,
+    })))
+}
+
+fn cache_get(
+    tenant: &str,
+    target: Target<'_>,
+    key: &str,
+    request_id: u64,
+) -> Result<Bytes, ClientError> {
+    Ok(frame_bytes(&Message::CacheGet(message::CacheGet {
+        tenant_id: tenant.to_owned(),
+        namespace: target.namespace.to_owned(),
+        cache: target.name.to_owned(),
+        key: key.to_owned(),
+        request_id: Some(request_id),
+    })))
+}
+
+fn cache_delete(
+    tenant: &str,
+    target: Target<'_>,
+    key: &str,
+    request_id: u64,
+) -> Result<Bytes, ClientError> {
+    Ok(frame_bytes(&Message::CacheDelete(message::CacheDelete {
+        tenant_id: tenant.to_owned(),
+        namespace: target.namespace.to_owned(),
+        cache: target.name.to_owned(),
+        key: key.to_owned(),
+        request_id: Some(request_id),
+    })))
+}
+
+/// What one frame on a request stream answers.
+#[derive(Debug)]
+enum Answered {
+    /// A publish's answer (binary ack, `publish_ok` or `publish_error`).
+    Publish {
+        request_id: u64,
+        result: Result<Answer, ClientError>,
+    },
+    /// Any other request's answer.
+    Other {
+        request_id: u64,
+        result: Result<Answer, ClientError>,
+    },
+    /// A refusal of a request of any kind (`error`, `unsupported`); `None` when it names no
+    /// request.
+    Refusal {
+        request_id: Option<u64>,
+        error: ClientError,
+    },
+}
+
+fn request_answer(caps: &Capabilities, frame: &Frame) -> Result<Answered, ClientError> {
+    if frame.flags.contains(Flags::BINARY_PUBLISH_ACK) {
+        // An ack may carry only bits we offered (a receiver refuses an unknown bit).
+        let offered = caps.offer.flags.unwrap_or(Flags::ORIGINAL_V1);
+        if !offered.contains(frame.flags) {
+            return Err(ClientError::protocol(format!(
+                "ack flags {:#06x} include bits we did not offer",
+                frame.flags.0
+            )));
+        }
+        let ack = PublishAck::decode(frame.flags, &frame.payload)?;
+        let result = match ack.result {
+            AckResult::Ok { offset } => Ok(Answer::Published { offset }),
+            AckResult::Err { message, code, .. } => {
+                let (code, retry) = match code {
+                    Some((c, r)) => (Some(c), Some(r)),
+                    None => (None, None),
+                };
+                Err(ClientError::server(code, retry, message))
+            }
+        };
+        return Ok(Answered::Publish {
+            request_id: ack.request_id,
+            result,
+        });
+    }
+    let message = decode_json(frame)?;
+    Ok(match message {
+        Message::PublishOk(ok) => Answered::Publish {
+            request_id: ok.request_id,
+            result: Ok(Answer::Published { offset: ok.offset }),
+        },
+        Message::PublishError(e) => Answered::Publish {
+            request_id: e.request_id,
+            result: Err(ClientError::server(e.code, e.retry, e.message)),
+        },
+        Message::CacheOk(ok) => Answered::Other {
+            request_id: ok.request_id,
+            result: Ok(Answer::CacheStored),
+        },
+        Message::CacheValue(v) => match v.request_id {
+            Some(request_id) => Answered::Other {
+                request_id,
+                result: Ok(match (v.value, v.version) {
+                    (Some(value), Some(version)) => Answer::VersionedValue { value, version },
+                    (value, _) => Answer::CacheValue(value),
+                }),
+            },
+            None => return Err(ClientError::protocol("cache_value without a request_id")),
+        },
+        Message::CounterValue(v) => Answered::Other {
+            request_id: v.request_id,
+            result: Ok(Answer::Counter(v.value)),
+        },
+        Message::CacheConditionResult(r) => Answered::Other {
+            request_id: r.request_id,
+            result: Ok(Answer::Condition {
+                applied: r.applied,
+                version: r.version,
+            }),
+        },
+        Message::Error(e) => Answered::Refusal {
+            request_id: None,
+            error: refusal(e),
+        },
+        Message::Unsupported(u) => Answered::Refusal {
+            request_id: u.request_id,
+            error: ClientError::Unsupported {
+                request_type: u.request_type,
+            },
+        },
+        other => {
+            return Err(unexpected(
+                &other,
+                "an answer to a publish or cache request",
+            ))
+        }
+    })
 }

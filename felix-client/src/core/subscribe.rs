@@ -2,10 +2,12 @@
 //! event stream (`event_stream_hello`, then event batches, then maybe a final frame).
 
 use bytes::Bytes;
+use felix_proto::binary::EventBatch as BinaryEventBatch;
+use felix_proto::message::{self, Message};
 use felix_proto::{Flags, Frame};
 
 use super::auth::Capabilities;
-use super::codec;
+use super::codec::{decode_json, frame_bytes, refusal, unexpected};
 use crate::error::ClientError;
 
 /// Where a subscription starts.
@@ -46,12 +48,49 @@ pub struct Subscribed {
 
 /// Builds the `subscribe` frame.
 pub fn subscribe_frame(tenant: &str, request: &SubscribeRequest<'_>) -> Result<Bytes, ClientError> {
-    codec::subscribe(tenant, request)
+    let start = match request.start {
+        Start::Latest => None,
+        Start::Earliest => Some(message::Start::Earliest),
+        Start::Offset(n) => Some(message::Start::Offset(n)),
+    };
+    Ok(frame_bytes(&Message::Subscribe(message::Subscribe {
+        tenant_id: tenant.to_owned(),
+        namespace: request.namespace.to_owned(),
+        stream: request.stream.to_owned(),
+        subscription_id: None,
+        start,
+        shard: request.shard.map(u64::from),
+        queue_capacity: None,
+    })))
 }
 
 /// Reads the answer on the subscribe stream: `subscribed`, or a refusal.
 pub fn read_subscribe_reply(frame: &Frame) -> Result<Subscribed, ClientError> {
-    codec::subscribe_reply(frame)
+    match decode_json(frame)? {
+        Message::Subscribed(s) => Ok(Subscribed {
+            subscription_id: s.subscription_id,
+            start_offset: s.start_offset,
+            live_offset: s.live_offset,
+        }),
+        Message::Error(e) => Err(refusal(e)),
+        Message::SubscribeCursorError(e) => Err(ClientError::server(
+            Some(felix_proto::ErrorCode::InvalidRequest),
+            None,
+            format!(
+                "cursor {}: requested {}, available {}",
+                match e.reason {
+                    message::CursorErrorReason::TooOld => "too_old",
+                    message::CursorErrorReason::InFuture => "in_future",
+                },
+                e.requested,
+                e.available
+            ),
+        )),
+        Message::Unsupported(u) => Err(ClientError::Unsupported {
+            request_type: u.request_type,
+        }),
+        other => Err(unexpected(&other, "subscribed")),
+    }
 }
 
 /// One event.
@@ -151,7 +190,7 @@ impl EventStreamReader {
                 frame.flags.0, self.allowed.0
             )));
         }
-        let decoded = codec::event_frame(frame)?;
+        let decoded = event_frame(frame)?;
         match (&decoded, self.subscription_id) {
             (EventFrame::Hello { subscription_id }, None) => {
                 self.subscription_id = Some(*subscription_id);
@@ -182,4 +221,40 @@ impl EventStreamReader {
         self.ended = true;
         Ok(SubscriptionEnd::Closed)
     }
+}
+
+fn event_frame(frame: &Frame) -> Result<EventFrame, ClientError> {
+    if frame.flags.intersects(Flags(
+        Flags::BINARY_EVENT_BATCH.0 | Flags::BINARY_EVENT_BATCH_SHARED.0,
+    )) {
+        let batch = BinaryEventBatch::decode(frame.flags, &frame.payload)?;
+        return Ok(EventFrame::Batch(EventBatch {
+            base_offset: batch.base_offset,
+            payloads: batch.events.into_iter().map(|e| e.payload).collect(),
+        }));
+    }
+    Ok(match decode_json(frame)? {
+        Message::EventStreamHello(h) => EventFrame::Hello {
+            subscription_id: h.subscription_id,
+        },
+        Message::EventBatch(b) => EventFrame::Batch(EventBatch {
+            base_offset: b.base_offset,
+            payloads: b.payloads,
+        }),
+        Message::Event(e) => EventFrame::Batch(EventBatch {
+            base_offset: e.offset,
+            payloads: vec![e.payload],
+        }),
+        Message::SubscriptionLagged(l) => EventFrame::End(SubscriptionEnd::Lagged {
+            resume_from: l.resume_from,
+        }),
+        Message::ShardMoved(m) => EventFrame::End(SubscriptionEnd::ShardMoved {
+            resume_from: m.resume_from,
+            node_id: m.node_id,
+            addr: m.addr,
+        }),
+        Message::StreamDeleted(_) => EventFrame::End(SubscriptionEnd::StreamDeleted),
+        Message::Error(e) => return Err(refusal(e)),
+        other => return Err(unexpected(&other, "an event-stream frame")),
+    })
 }

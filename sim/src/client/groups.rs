@@ -1,7 +1,8 @@
 //! The consumer-group workload of a simulated worker (durable runs only): on a stream of its
 //! own, one request at a time, it polls the group `workers` on a random shard (with a random
 //! wait and visibility), then acks or nacks what it holds. Every handout goes to the
-//! `group_claims` invariant; every request to `requests_answered`.
+//! `group_claims` invariant; every request to `requests_answered`. The requests and the
+//! reading of their answers are felix-client's core (`GroupRef`, `read_group_answer`).
 //!
 //! The auditor drains the group once the run is quiet: per shard it polls (waiting long
 //! enough for every worker's claim to lapse) and acks everything it gets, until a poll finds
@@ -11,8 +12,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use felix_proto::message::{self, Message};
+use felix_client::core::{
+    read_group_answer, GroupAnswer, GroupCall, GroupRef, GroupRequest, PollOptions,
+};
+use felix_client::ClientError;
 use felix_proto::Frame;
 use quinn_proto::StreamId;
 
@@ -29,7 +32,8 @@ enum Asked {
         sent: Instant,
         visibility: Duration,
     },
-    Settle,
+    /// An ack or a nack.
+    Settle(GroupCall),
     Describe {
         shard: u32,
     },
@@ -60,10 +64,25 @@ impl GroupWork {
     }
 }
 
-fn encode(msg: &Message) -> Bytes {
-    let mut out = Vec::new();
-    msg.encode_frame_into(&mut out);
-    Bytes::from(out)
+impl Asked {
+    fn call(&self) -> GroupCall {
+        match self {
+            Asked::Poll { .. } => GroupCall::Poll,
+            Asked::Settle(call) => *call,
+            Asked::Describe { .. } => GroupCall::Describe,
+        }
+    }
+}
+
+/// The workload's group on `shard`.
+fn group(shard: u32) -> GroupRef<'static> {
+    GroupRef {
+        tenant: TENANT,
+        namespace: NAMESPACE,
+        stream: STREAM,
+        shard,
+        group: GROUP,
+    }
 }
 
 impl SimClient {
@@ -99,51 +118,34 @@ impl SimClient {
         }
         work.next_rid += 1;
         let rid = work.next_rid;
-        let (msg, asked, what) = if settle && !work.held.is_empty() {
+        let (req, asked, what) = if settle && !work.held.is_empty() {
             let (shard, offset, attempts) = work.held.swap_remove(pick % work.held.len());
             ctx.oracle.groups.released(shard, offset, (me, gen), now);
-            let msg = if nack {
-                Message::GroupNack(message::GroupNack {
-                    tenant_id: TENANT.into(),
-                    namespace: NAMESPACE.into(),
-                    stream: STREAM.into(),
-                    shard: u64::from(shard),
-                    group: GROUP.into(),
-                    offset,
-                    request_id: rid,
-                    delay_ms: None,
-                    attempts: Some(attempts),
-                })
+            let req = if nack {
+                group(shard).nack(offset, None, Some(attempts), rid)
             } else {
-                Message::GroupAck(message::GroupAck {
-                    tenant_id: TENANT.into(),
-                    namespace: NAMESPACE.into(),
-                    stream: STREAM.into(),
-                    shard: u64::from(shard),
-                    group: GROUP.into(),
-                    offset,
-                    request_id: rid,
-                })
+                group(shard).ack(offset, rid)
             };
             let what = format!(
                 "group {} {shard}/{offset}",
                 if nack { "nack" } else { "ack" }
             );
-            (msg, Asked::Settle, what)
+            let asked = Asked::Settle(req.call);
+            (req, asked, what)
         } else {
-            let msg = poll(shard, max, wait_ms, visibility, rid);
+            let req = poll(shard, max, wait_ms, visibility, rid);
             let asked = Asked::Poll {
                 shard,
                 sent: now,
                 visibility,
             };
             (
-                msg,
+                req,
                 asked,
                 format!("group_poll shard {shard} wait {wait_ms}"),
             )
         };
-        s.out.push_back(encode(&msg));
+        s.out.push_back(req.frame);
         ctx.oracle
             .request_sent((me, gen, s.no, rid), now, what.clone());
         ctx.log(now, format_args!("c{me} {what} req {rid}"));
@@ -179,33 +181,22 @@ impl SimClient {
         let shard = drain.shard;
         work.next_rid += 1;
         let rid = work.next_rid;
-        let (msg, asked) = if drain.done {
-            let msg = Message::GroupDescribe(message::GroupDescribe {
-                tenant_id: TENANT.into(),
-                namespace: NAMESPACE.into(),
-                stream: STREAM.into(),
-                shard: u64::from(shard),
-                group: GROUP.into(),
-                request_id: rid,
-            });
-            (msg, Asked::Describe { shard })
+        let (req, asked) = if drain.done {
+            (group(shard).describe(rid), Asked::Describe { shard })
         } else {
             // Long enough for every worker's claim (2 s at most) to lapse meanwhile.
             let visibility = Duration::from_secs(60);
-            let msg = poll(shard, 1000, 3000, visibility, rid);
+            let req = poll(shard, 1000, 3000, visibility, rid);
             let asked = Asked::Poll {
                 shard,
                 sent: now,
                 visibility,
             };
-            (msg, asked)
+            (req, asked)
         };
-        s.out.push_back(encode(&msg));
-        ctx.oracle.request_sent(
-            (me, gen, s.no, rid),
-            now,
-            format!("drain {}", msg.type_name()),
-        );
+        let what = format!("drain {}", req.call.name());
+        s.out.push_back(req.frame);
+        ctx.oracle.request_sent((me, gen, s.no, rid), now, what);
         work.asked.push_back((rid, asked));
     }
 
@@ -224,24 +215,22 @@ impl SimClient {
             return Err(protocol(me, "a group answer with no request".into()));
         };
         ctx.oracle.request_answered((me, gen, no, rid));
-        let msg = Message::decode(&frame.payload)
-            .map_err(|e| protocol(me, format!("group answer: {e}")))?;
-        match (asked, msg) {
+        match (&asked, read_group_answer(asked.call(), frame)) {
             (
-                Asked::Poll {
+                &Asked::Poll {
                     shard,
                     sent,
                     visibility,
                 },
-                Message::GroupRecords(r),
+                Ok((answered, GroupAnswer::Records(records))),
             ) => {
-                if r.request_id != rid {
+                if answered != rid {
                     return Err(protocol(
                         me,
-                        format!("group_records for {} not {rid}", r.request_id),
+                        format!("group_records for {answered} not {rid}"),
                     ));
                 }
-                for rec in r.records {
+                for rec in records {
                     ctx.oracle.groups.handed(
                         shard,
                         rec.offset,
@@ -273,26 +262,19 @@ impl SimClient {
                         conn.group.next_rid += 1;
                         let rid = conn.group.next_rid;
                         ctx.oracle.groups.released(shard, offset, (me, gen), now);
-                        s.out
-                            .push_back(encode(&Message::GroupAck(message::GroupAck {
-                                tenant_id: TENANT.into(),
-                                namespace: NAMESPACE.into(),
-                                stream: STREAM.into(),
-                                shard: u64::from(shard),
-                                group: GROUP.into(),
-                                offset,
-                                request_id: rid,
-                            })));
+                        s.out.push_back(group(shard).ack(offset, rid).frame);
                         ctx.oracle.request_sent(
                             (me, gen, no, rid),
                             now,
                             format!("drain ack {offset}"),
                         );
-                        conn.group.asked.push_back((rid, Asked::Settle));
+                        conn.group
+                            .asked
+                            .push_back((rid, Asked::Settle(GroupCall::Ack)));
                     }
                 }
             }
-            (Asked::Describe { shard }, Message::GroupInfo(info)) => {
+            (&Asked::Describe { shard }, Ok((_, GroupAnswer::Info(info)))) => {
                 ctx.log(
                     now,
                     format_args!(
@@ -308,17 +290,18 @@ impl SimClient {
                     drain.done = false;
                 }
             }
-            (Asked::Settle, Message::CacheOk(ok)) if ok.request_id == rid => {}
+            (Asked::Settle(_), Ok((answered, GroupAnswer::Done))) if answered == rid => {}
             // A lapsed claim (stale), or a log still failing after a crash: refusals the
             // workload takes as they come.
-            (_, Message::Error(e)) => {
+            (_, Err(ClientError::Server { message, .. })) => {
                 self.stats.refusals += 1;
-                ctx.log(now, format_args!("c{me} group refused: {}", e.message));
+                ctx.log(now, format_args!("c{me} group refused: {message}"));
             }
-            (_, other) => {
+            (_, Err(e)) => return Err(protocol(me, format!("group answer: {e}"))),
+            (_, Ok((answered, other))) => {
                 return Err(protocol(
                     me,
-                    format!("{} answered a group request", other.type_name()),
+                    format!("{other:?} (request {answered}) answered {asked:?} (request {rid})"),
                 ));
             }
         }
@@ -330,18 +313,19 @@ impl SimClient {
 }
 
 /// An anonymous `group_poll` of the workload's group.
-fn poll(shard: u32, max_records: u64, wait_ms: u64, visibility: Duration, rid: u64) -> Message {
-    Message::GroupPoll(message::GroupPoll {
-        tenant_id: TENANT.into(),
-        namespace: NAMESPACE.into(),
-        stream: STREAM.into(),
-        shard: u64::from(shard),
-        group: GROUP.into(),
+fn poll(
+    shard: u32,
+    max_records: u64,
+    wait_ms: u64,
+    visibility: Duration,
+    rid: u64,
+) -> GroupRequest {
+    let opts = PollOptions {
         max_records,
-        wait_ms: Some(wait_ms),
-        request_id: rid,
+        wait: Duration::from_millis(wait_ms),
+        visibility: Some(visibility),
         consumer: None,
-        reclaim: None,
-        visibility_ms: Some(visibility.as_millis() as u64),
-    })
+        reclaim: false,
+    };
+    group(shard).poll(&opts, rid)
 }

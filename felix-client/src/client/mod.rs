@@ -20,8 +20,14 @@ use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
 
 use crate::runtime::{timeout, Runtime};
 
+pub(crate) mod cache_features;
 pub(crate) mod groups;
+pub(crate) mod stream_ops;
+pub(crate) mod watch;
 
+use crate::core::requests::{
+    cache_delete_answer, cache_get_answer, cache_put_answer, published_answer,
+};
 use crate::core::{
     auth_frame, read_auth_reply, read_subscribe_reply, subscribe_frame, Ack, Answer, Capabilities,
     Encoded, Event, EventFrame, EventStreamReader, Offer, RequestKind, RequestStream, Start,
@@ -29,9 +35,6 @@ use crate::core::{
 };
 use crate::error::ClientError;
 use crate::transport::quic_client_config;
-
-pub(crate) mod cache_features;
-pub(crate) mod watch;
 
 /// How to reach and authenticate to a broker.
 #[derive(Clone)]
@@ -276,10 +279,7 @@ impl Client {
             .await?;
         match answer {
             None => Ok(None),
-            Some(Answer::Published { offset }) => Ok(offset),
-            Some(other) => Err(ClientError::protocol(format!(
-                "{other:?} answered a publish"
-            ))),
+            Some(answer) => published_answer(answer),
         }
     }
 
@@ -297,15 +297,10 @@ impl Client {
             name: cache,
         };
         let ttl_ms = ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
-        match self
-            .cache_call(|core| core.cache_put(target, key, &value, ttl_ms))
-            .await?
-        {
-            Answer::CacheStored => Ok(()),
-            other => Err(ClientError::protocol(format!(
-                "{other:?} answered cache_put"
-            ))),
-        }
+        cache_put_answer(
+            self.cache_call(|core| core.cache_put(target, key, &value, ttl_ms))
+                .await?,
+        )
     }
 
     /// Reads `key`; `None` when absent or expired.
@@ -319,13 +314,7 @@ impl Client {
             namespace,
             name: cache,
         };
-        match self.cache_call(|core| core.cache_get(target, key)).await? {
-            Answer::CacheValue(v) => Ok(v),
-            Answer::VersionedValue { value, .. } => Ok(Some(value)),
-            other => Err(ClientError::protocol(format!(
-                "{other:?} answered cache_get"
-            ))),
-        }
+        cache_get_answer(self.cache_call(|core| core.cache_get(target, key)).await?)
     }
 
     /// Removes `key`, returning the value it held (`None` if there was none).
@@ -339,15 +328,10 @@ impl Client {
             namespace,
             name: cache,
         };
-        match self
-            .cache_call(|core| core.cache_delete(target, key))
-            .await?
-        {
-            Answer::CacheValue(v) => Ok(v),
-            other => Err(ClientError::protocol(format!(
-                "{other:?} answered cache_delete"
-            ))),
-        }
+        cache_delete_answer(
+            self.cache_call(|core| core.cache_delete(target, key))
+                .await?,
+        )
     }
 
     /// Subscribes to shard 0 of `namespace/stream` on a new stream, and waits for both the

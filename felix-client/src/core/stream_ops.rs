@@ -1,0 +1,301 @@
+//! Stream calls beyond publish and subscribe: idempotent producers, `publish_if`, atomic
+//! commits, bounded reads and routing questions. Each is one request (request id 1, as the
+//! reference client sends them, one call per stream) and one JSON answer; the builders
+//! here make the request and the readers read the answer.
+
+use bytes::Bytes;
+use felix_proto::binary::{
+    encode_publish_batch_frame, AckMode as BinaryAckMode, AckedPrefix, ProducerSeq,
+    PublishBatchHeader,
+};
+use felix_proto::message::{self, Message, PublishRefusalReason, StateChange};
+use felix_proto::Frame;
+
+use super::codec::{decode_json, frame_bytes};
+use crate::error::ClientError;
+
+/// How a guarded publish (`publish_idempotent`, `publish_if`) or a conditional commit ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Guarded {
+    /// Written, or already written by an earlier send of the same batch: the batch's first
+    /// offset (absent on an in-memory stream).
+    Written(Option<u64>),
+    /// Nothing was written, for this reason.
+    Refused(PublishRefusalReason),
+}
+
+/// Which encoding an idempotent batch travels in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdempotentEncoding {
+    /// JSON `publish_idempotent`.
+    Json,
+    /// The binary publish frame with flag 0x0100.
+    Binary,
+}
+
+/// One idempotent batch: the producer, its sequence on the shard, and the records.
+#[derive(Debug, Clone)]
+pub struct IdempotentBatch<'a> {
+    pub namespace: &'a str,
+    pub stream: &'a str,
+    /// The routing key (shard 0 without one).
+    pub key: Option<Bytes>,
+    pub producer_id: u64,
+    pub sequence: u64,
+    pub payloads: Vec<Bytes>,
+}
+
+/// A page of records read by `stream_read`.
+pub type StreamPage = message::StreamRecords;
+
+/// A state key as `state_get` read it.
+pub type StateValue = message::StateValue;
+
+const REQUEST_ID: u64 = 1;
+
+/// `producer_init`: asks for a new idempotent producer id.
+pub(crate) fn producer_init_frame() -> Bytes {
+    frame_bytes(&Message::ProducerInit(message::ProducerInit {
+        request_id: REQUEST_ID,
+    }))
+}
+
+/// An idempotent batch in `encoding`.
+pub(crate) fn idempotent_frame(
+    tenant: &str,
+    batch: IdempotentBatch<'_>,
+    encoding: IdempotentEncoding,
+) -> Bytes {
+    match encoding {
+        IdempotentEncoding::Json => {
+            frame_bytes(&Message::PublishIdempotent(message::PublishIdempotent {
+                tenant_id: tenant.to_owned(),
+                namespace: batch.namespace.to_owned(),
+                stream: batch.stream.to_owned(),
+                payloads: batch.payloads,
+                key: batch.key,
+                shard: None,
+                request_id: REQUEST_ID,
+                producer_id: batch.producer_id,
+                sequence: batch.sequence,
+            }))
+        }
+        IdempotentEncoding::Binary => {
+            let header = PublishBatchHeader {
+                acked: Some(AckedPrefix {
+                    request_id: REQUEST_ID,
+                    ack_mode: BinaryAckMode::PerBatch,
+                }),
+                idempotent: Some(ProducerSeq {
+                    producer_id: batch.producer_id,
+                    sequence: batch.sequence,
+                }),
+                key: batch.key.as_deref(),
+                tenant_id: tenant,
+                namespace: batch.namespace,
+                stream: batch.stream,
+            };
+            encode_publish_batch_frame(&header, &batch.payloads)
+        }
+    }
+}
+
+/// `publish_if`: `payloads` only if they would start at exactly `expected_offset`.
+pub(crate) fn publish_if_frame(
+    tenant: &str,
+    namespace: &str,
+    stream: &str,
+    key: Option<Bytes>,
+    expected_offset: u64,
+    payloads: Vec<Bytes>,
+) -> Bytes {
+    frame_bytes(&Message::PublishIf(message::PublishIf {
+        tenant_id: tenant.to_owned(),
+        namespace: namespace.to_owned(),
+        stream: stream.to_owned(),
+        payloads,
+        key,
+        shard: None,
+        expected_offset,
+        request_id: REQUEST_ID,
+    }))
+}
+
+/// `commit`: `event` and `changes` to the state of the shard `entity_key` routes to, as
+/// one record; with `expected_offset`, only if the shard's tail is there.
+pub(crate) fn commit_frame(
+    tenant: &str,
+    namespace: &str,
+    stream: &str,
+    entity_key: Bytes,
+    event: Bytes,
+    changes: Vec<StateChange>,
+    expected_offset: Option<u64>,
+) -> Bytes {
+    frame_bytes(&Message::Commit(message::Commit {
+        tenant_id: tenant.to_owned(),
+        namespace: namespace.to_owned(),
+        stream: stream.to_owned(),
+        entity_key,
+        shard: None,
+        event,
+        changes,
+        request_id: REQUEST_ID,
+        expected_offset,
+    }))
+}
+
+/// `state_get`: `key` in the state of the shard `entity_key` routes to.
+pub(crate) fn state_get_frame(
+    tenant: &str,
+    namespace: &str,
+    stream: &str,
+    entity_key: Bytes,
+    key: &str,
+) -> Bytes {
+    frame_bytes(&Message::StateGet(message::StateGet {
+        tenant_id: tenant.to_owned(),
+        namespace: namespace.to_owned(),
+        stream: stream.to_owned(),
+        entity_key,
+        shard: None,
+        key: key.to_owned(),
+        request_id: REQUEST_ID,
+    }))
+}
+
+/// `stream_read`: one page of a durable shard's records from `from`, stopping before `end`.
+pub(crate) fn stream_read_frame(
+    tenant: &str,
+    namespace: &str,
+    stream: &str,
+    shard: u32,
+    from: u64,
+    end: Option<u64>,
+    max_records: Option<u32>,
+) -> Bytes {
+    frame_bytes(&Message::StreamRead(message::StreamRead {
+        tenant_id: tenant.to_owned(),
+        namespace: namespace.to_owned(),
+        stream: stream.to_owned(),
+        shard: shard.into(),
+        from,
+        end,
+        max_records: max_records.map(u64::from),
+        max_bytes: None,
+        request_id: REQUEST_ID,
+    }))
+}
+
+/// `offset_for_time`: the first offset on a durable shard appended at or after `at_micros`.
+pub(crate) fn offset_for_time_frame(
+    tenant: &str,
+    namespace: &str,
+    stream: &str,
+    shard: u32,
+    at_micros: u64,
+) -> Bytes {
+    frame_bytes(&Message::OffsetForTime(message::OffsetForTime {
+        tenant_id: tenant.to_owned(),
+        namespace: namespace.to_owned(),
+        stream: stream.to_owned(),
+        shard: shard.into(),
+        at_micros,
+        request_id: REQUEST_ID,
+    }))
+}
+
+/// `topology`: the brokers this one says a client may connect to.
+pub(crate) fn topology_frame() -> Bytes {
+    frame_bytes(&Message::Topology)
+}
+
+/// `stream_shards`: how many shards the broker says a stream has.
+pub(crate) fn stream_shards_frame(tenant: &str, namespace: &str, stream: &str) -> Bytes {
+    frame_bytes(&Message::StreamShards(message::StreamShards {
+        tenant_id: tenant.to_owned(),
+        namespace: namespace.to_owned(),
+        stream: stream.to_owned(),
+        request_id: REQUEST_ID,
+    }))
+}
+
+fn refused(msg: Message, expected: &str) -> ClientError {
+    match msg {
+        Message::Error(e) => ClientError::server(e.code, e.retry, e.message),
+        Message::PublishError(e) => ClientError::server(e.code, e.retry, e.message),
+        Message::Unsupported(u) => ClientError::Unsupported {
+            request_type: u.request_type,
+        },
+        Message::SubscribeCursorError(c) => ClientError::Server {
+            code: None,
+            retry: None,
+            message: format!(
+                "offset {} is {:?}: {} is available",
+                c.requested, c.reason, c.available
+            ),
+        },
+        other => ClientError::protocol(format!(
+            "got {} where {expected} was expected",
+            other.type_name()
+        )),
+    }
+}
+
+/// The id `producer_init` was answered with.
+pub(crate) fn read_producer_init(frame: &Frame) -> Result<u64, ClientError> {
+    match decode_json(frame)? {
+        Message::ProducerInitOk(ok) => Ok(ok.producer_id),
+        other => Err(refused(other, "producer_init_ok")),
+    }
+}
+
+/// How an idempotent publish, `publish_if` or `commit` ended.
+pub(crate) fn read_guarded(frame: &Frame) -> Result<Guarded, ClientError> {
+    match decode_json(frame)? {
+        Message::PublishOk(ok) => Ok(Guarded::Written(ok.offset)),
+        Message::CommitOk(ok) => Ok(Guarded::Written(Some(ok.offset))),
+        Message::PublishRefused(r) => Ok(Guarded::Refused(r.reason)),
+        other => Err(refused(other, "publish_ok or publish_refused")),
+    }
+}
+
+/// The answer to `state_get`.
+pub(crate) fn read_state_value(frame: &Frame) -> Result<StateValue, ClientError> {
+    match decode_json(frame)? {
+        Message::StateValue(v) => Ok(v),
+        other => Err(refused(other, "state_value")),
+    }
+}
+
+/// The page `stream_read` was answered with.
+pub(crate) fn read_stream_records(frame: &Frame) -> Result<StreamPage, ClientError> {
+    match decode_json(frame)? {
+        Message::StreamRecords(page) => Ok(page),
+        other => Err(refused(other, "stream_records")),
+    }
+}
+
+/// The offset `offset_for_time` was answered with (`None`: no record that recent).
+pub(crate) fn read_offset_value(frame: &Frame) -> Result<Option<u64>, ClientError> {
+    match decode_json(frame)? {
+        Message::OffsetValue(v) => Ok(v.offset),
+        other => Err(refused(other, "offset_value")),
+    }
+}
+
+/// The answer to `topology`.
+pub(crate) fn read_topology(frame: &Frame) -> Result<message::TopologyView, ClientError> {
+    match decode_json(frame)? {
+        Message::TopologyView(v) => Ok(v),
+        other => Err(refused(other, "topology_view")),
+    }
+}
+
+/// The shard count `stream_shards` was answered with.
+pub(crate) fn read_stream_shards(frame: &Frame) -> Result<u64, ClientError> {
+    match decode_json(frame)? {
+        Message::StreamShardsView(v) => Ok(v.shards),
+        other => Err(refused(other, "stream_shards_view")),
+    }
+}
