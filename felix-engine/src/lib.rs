@@ -15,26 +15,27 @@
 //! - `seed`: every random choice derived from [`EngineConfig::rng_seed`].
 
 pub(crate) mod broker;
+mod clock;
 mod config;
 mod conn;
 mod engine;
 mod metrics;
+mod node;
 mod seed;
-mod session;
 mod stream_delete;
 mod tls;
 
 pub use broker::groups::GroupConfig;
 pub use config::*;
 pub use engine::{
-    Datagram, EcnCodepoint, Engine, EngineError, Output, Stats, Transmit, Usage, SERVED_FEATURES,
-    SERVED_FLAGS,
+    Datagram, EcnCodepoint, Engine, EngineError, Output, Transmit, SERVED_FEATURES, SERVED_FLAGS,
 };
 pub use felix_proto::routing::RoutingMapping;
 pub use felix_storage::ops::{
     DirEntry, FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
 };
 pub use metrics::{Histogram, Metrics, FSYNC_MICROS_BUCKETS, GROUP_COMMIT_BUCKETS};
+pub use node::{Stats, Usage};
 /// The rustls the engine builds its TLS with, for [`EngineConfig::crypto_provider`].
 pub use rustls;
 pub use stream_delete::DeleteStreamError;

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use felix_proto::error::ErrorCode;
 
 use crate::broker::BrokerStats;
-use crate::engine::{Stats, Usage};
+use crate::node::{Stats, Usage};
 use felix_storage::ops::{FileCompletion, FileOp, FileOpKind, OpId};
 
 /// Upper bounds (inclusive, microseconds) of the fsync latency buckets; a last `+Inf`

@@ -189,7 +189,6 @@ pub struct LogSlot {
 pub struct LogTable<N> {
     /// What each new log is opened with (kinds adjust it: caches keep no retention).
     log_config: LogConfig,
-    anchor: (Instant, u64),
     slots: Vec<Option<LogSlot>>,
     /// Logs by directory: a stream created on first use claims the one found at startup.
     by_dir: HashMap<String, LogId>,
@@ -209,12 +208,9 @@ pub struct LogTable<N> {
 
 impl<N: From<TableEvent>> LogTable<N> {
     /// Starts the walk over the storage root that opens every log already on disk.
-    /// `anchor` is an instant and the Unix microseconds it stood for (cache expiry and
-    /// compaction compare stored wall-clock times).
-    pub fn new(log_config: LogConfig, anchor: (Instant, u64)) -> LogTable<N> {
+    pub fn new(log_config: LogConfig) -> LogTable<N> {
         let mut logs = LogTable {
             log_config,
-            anchor,
             slots: Vec::new(),
             by_dir: HashMap::new(),
             dirty: Vec::new(),
@@ -392,16 +388,6 @@ impl<N: From<TableEvent>> LogTable<N> {
         }
         self.notices
             .push_back(TableEvent::Failed { log: id }.into());
-    }
-
-    /// Unix milliseconds at `now`, from the anchor the engine gave.
-    pub fn unix_ms(&self, now: Instant) -> u64 {
-        let (at, micros) = self.anchor;
-        let micros = match now.checked_duration_since(at) {
-            Some(d) => micros.saturating_add(d.as_micros() as u64),
-            None => micros.saturating_sub(at.duration_since(now).as_micros() as u64),
-        };
-        micros / 1000
     }
 
     /// A log finished opening (or failed to); keeps the startup count.

@@ -25,8 +25,8 @@ use bytes::Bytes;
 use felix_proto::message::{Message, StreamDeleted};
 
 use super::durable::{Notice, ShardStore};
+use super::encode::encode_message;
 use super::{mark_ready, seal, Broker, FanOut, Shard, Stream, StreamKey, SubscriberId};
-use crate::session::encode_message;
 use felix_storage::layout;
 use felix_storage::ops::LogId;
 

@@ -19,6 +19,7 @@ use felix_storage::table::LogTable;
 pub(crate) use felix_storage::table::{AnyEvent, LogState, Owner, TableEvent};
 
 use super::SubscriberId;
+use crate::clock::UnixAnchor;
 
 /// Records a catch-up read returns at most, and its payload byte budget.
 pub(crate) const CATCH_UP_READ_RECORDS: usize = 1024;
@@ -99,6 +100,7 @@ pub(crate) struct Logs {
     pub(crate) reads: HashMap<(LogId, ReadTicket), SubscriberId>,
     /// Catch-up readers refused `Busy` by a log, retried when one of its reads lands.
     pub(crate) blocked_readers: BTreeMap<LogId, Vec<SubscriberId>>,
+    anchor: UnixAnchor,
 }
 
 impl Deref for Logs {
@@ -116,15 +118,21 @@ impl DerefMut for Logs {
 
 impl Logs {
     /// Starts the walk over the storage root that opens every log already on disk.
-    /// `anchor` is an instant and the Unix microseconds it stood for (cache expiry and
-    /// compaction compare stored wall-clock times).
-    pub(crate) fn new(settings: DurableSettings, anchor: (Instant, u64)) -> Logs {
+    /// `anchor` gives wall-clock time: cache expiry and compaction compare stored Unix
+    /// times.
+    pub(crate) fn new(settings: DurableSettings, anchor: UnixAnchor) -> Logs {
         Logs {
-            table: LogTable::new(settings.log, anchor),
+            table: LogTable::new(settings.log),
+            anchor,
             ack_after_write: settings.ack_after_write,
             reads: HashMap::new(),
             blocked_readers: BTreeMap::new(),
         }
+    }
+
+    /// Unix milliseconds at `now`.
+    pub(crate) fn unix_ms(&self, now: Instant) -> u64 {
+        self.anchor.unix_ms(now)
     }
 
     /// Drops a log (its stream was deleted): its completions in flight are ignored from now

@@ -8,6 +8,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use felix_proto::binary::{encode_event_batch_frame, EventBatchHeader};
 use felix_proto::frame::{encode_frame_header, HEADER_LEN};
+use felix_proto::message::Message;
 use felix_proto::Flags;
 
 /// Longest publisher name a batch can carry (`u8` length prefix); a longer one is not sent.
@@ -159,4 +160,11 @@ mod tests {
             .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
             .collect()
     }
+}
+
+/// A JSON message as a whole frame, header included.
+pub(crate) fn encode_message(msg: &Message) -> Bytes {
+    let mut out = Vec::new();
+    msg.encode_frame_into(&mut out);
+    Bytes::from(out)
 }

@@ -21,6 +21,7 @@ mod delete;
 mod drain;
 pub(crate) mod durable;
 mod encode;
+pub(crate) use encode::encode_message;
 mod expiry;
 pub(crate) mod groups;
 mod producers;
@@ -544,7 +545,7 @@ impl Broker {
     pub(crate) fn with_storage(
         cfg: BrokerConfig,
         settings: DurableSettings,
-        anchor: (Instant, u64),
+        anchor: crate::clock::UnixAnchor,
     ) -> Broker {
         let mut b = Broker::new(cfg);
         b.groups = groups::Groups::new(settings.groups.clone());

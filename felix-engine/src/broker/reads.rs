@@ -14,8 +14,8 @@ use felix_proto::message::{
 };
 use felix_proto::ErrorCode;
 
+use super::encode::encode_message;
 use super::{Broker, BrokerError, Notice, StreamKey};
-use crate::session::encode_message;
 use felix_storage::log::{ReadBatch, ReadError, ReadTicket, MAX_RECORDS_PER_READ, READ_MAX_BYTES};
 use felix_storage::ops::LogId;
 

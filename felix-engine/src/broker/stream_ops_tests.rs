@@ -49,7 +49,7 @@ impl Rig {
             ack_after_write: true,
             groups: Default::default(),
         };
-        let b = Broker::with_storage(cfg, settings, (t0, T0_MICROS));
+        let b = Broker::with_storage(cfg, settings, crate::clock::UnixAnchor::new(t0, T0_MICROS));
         let mut rig = Rig { b, fs, t0, now: t0 };
         rig.pump();
         assert!(rig.b.is_ready(), "{:?}", rig.b.storage_fatal());

@@ -30,12 +30,13 @@ use tracing::{debug, trace};
 
 use quinn_proto::{ConnectionHandle, StreamId};
 
+use crate::broker::encode_message;
 use crate::broker::CacheAnswer;
 use crate::broker::{
     BrokerError, CacheKey, Start, StreamKey, SubscribeError, SubscribeOpts, SubscriberId,
 };
 use crate::conn::ConnShared;
-use crate::engine::Core;
+use crate::node::Core;
 use felix_auth::{cache_object, name_charset_ok, stream_object, Action, Identity, NAME_MAX_BYTES};
 use felix_storage::log::ReadTicket;
 use felix_storage::ops::LogId;
@@ -1334,11 +1335,4 @@ fn ack_frame(ack: &PublishAck) -> Bytes {
     encode_frame_header(ack.flags(), len, &mut out);
     ack.encode_into(&mut out);
     out.freeze()
-}
-
-/// A JSON message as a whole frame, header included.
-pub(crate) fn encode_message(msg: &Message) -> Bytes {
-    let mut out = Vec::new();
-    msg.encode_frame_into(&mut out);
-    Bytes::from(out)
 }

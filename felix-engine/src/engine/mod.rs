@@ -1,7 +1,6 @@
 //! [`Engine`]: the broker node. Owns the QUIC endpoint, its connections, the broker and the
 //! token verifier, and moves bytes between them.
 
-#[path = "drain.rs"]
 mod drain;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -12,7 +11,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
 use felix_proto::negotiate::BrokerCapabilities;
-use felix_proto::routing::RoutingMapping;
 use felix_proto::{Features, Flags};
 use quinn_proto::{
     ConnectionHandle, DatagramEvent, Endpoint, EndpointConfig, IdleTimeout, ServerConfig, StreamId,
@@ -20,13 +18,15 @@ use quinn_proto::{
 };
 use tracing::{debug, warn};
 
-use crate::broker::{Broker, BrokerConfig, DurableSettings, Notice, StreamKey, SubscriberId};
+use crate::broker::{Broker, BrokerConfig, DurableSettings, Notice, StreamKey};
+use crate::clock::UnixAnchor;
 use crate::config::{AuthConfig, DurableConfig, EngineConfig, FsyncPolicy};
 use crate::conn::{Conn, CLOSE_CODE_NORMAL};
+use crate::node::{Core, Limits, Stats, Usage};
 use crate::seed;
 use crate::tls::{AlpnSelector, TlsConfigError, TlsIdentity, TlsSettings};
 use felix_auth::Verifier;
-use felix_storage::log::{FsyncMode, LogConfig, ReadTicket};
+use felix_storage::log::{FsyncMode, LogConfig};
 use felix_storage::ops::{FileCompletion, FileOp, LogId};
 
 pub use quinn_proto::EcnCodepoint;
@@ -155,194 +155,6 @@ impl std::error::Error for EngineError {}
 impl From<TlsConfigError> for EngineError {
     fn from(e: TlsConfigError) -> Self {
         EngineError::Tls(e)
-    }
-}
-
-/// Plain counters, for logs and tests.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Connections open now (including closing ones not yet drained).
-    pub connections: u64,
-    /// Connections accepted since start.
-    pub connections_accepted: u64,
-    /// Connection attempts refused (limit reached or shutting down).
-    pub connections_refused: u64,
-    /// Client bidirectional streams accepted.
-    pub streams_accepted: u64,
-    /// Felix frames read from clients.
-    pub frames_received: u64,
-    /// Felix frames handed to QUIC (answers and deliveries).
-    pub frames_sent: u64,
-    /// Streams that authenticated.
-    pub auths_accepted: u64,
-    /// `auth` requests refused.
-    pub auths_refused: u64,
-    /// Publish requests (binary or JSON batches) accepted.
-    pub publishes: u64,
-    /// Publish requests refused.
-    pub publishes_refused: u64,
-    /// Records published.
-    pub published_records: u64,
-    /// Subscriptions granted.
-    pub subscriptions: u64,
-    /// Event batches a full subscriber queue dropped.
-    pub dropped_batches: u64,
-    /// Cache requests answered.
-    pub cache_requests: u64,
-    /// Requests answered `unsupported` or by closing the stream.
-    pub unsupported_requests: u64,
-    /// File operations handed to the runtime.
-    pub file_ops: u64,
-    /// Answers held until the log made their records durable, then sent.
-    pub answers_after_write: u64,
-    /// Records consumer groups skipped because retention removed them first.
-    pub group_skipped_records: u64,
-}
-
-/// What the engine holds right now: the quantities its limits bound. Walked on demand by
-/// [`Engine::usage`], for tests, fuzzing and diagnostics; not for a hot path.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// Connections open or draining.
-    pub connections: usize,
-    /// Session (client bidirectional) streams over every connection.
-    pub sessions: usize,
-    /// The most session streams one connection has open and not authenticated.
-    pub max_unauthenticated_per_connection: usize,
-    /// The most answers one session holds unwritten (queued or waiting for durability).
-    pub max_session_backlog: usize,
-    /// Bytes of partly received frames over every connection.
-    pub buffered_bytes: usize,
-    /// The most such bytes on one connection.
-    pub max_connection_buffered_bytes: usize,
-    /// The most bytes of answers one connection holds unwritten (queued or held).
-    pub max_connection_unwritten_bytes: usize,
-    /// Subscriptions over every connection.
-    pub subscriptions: usize,
-    /// The most subscriptions on one connection.
-    pub max_connection_subscriptions: usize,
-    /// The most frames one subscriber has queued.
-    pub max_subscriber_queue: usize,
-    /// The most event bytes queued for one connection's subscribers.
-    pub max_connection_event_bytes: usize,
-    /// Streams the broker holds.
-    pub streams: usize,
-}
-
-/// Limits the connection and session code reads on every turn.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    pub(crate) auth_timeout: Duration,
-    pub(crate) idle_connection_reap: Duration,
-    pub(crate) preauth_max_frame_bytes: u32,
-    pub(crate) max_frame_bytes: u32,
-    /// Unwritten answers per stream before it is no longer read (the publish window).
-    pub(crate) stream_answer_backlog: usize,
-    pub(crate) read_chunk_bytes: usize,
-    pub(crate) max_subscriptions_per_connection: usize,
-    pub(crate) preauth_max_streams_per_connection: usize,
-    pub(crate) max_connection_buffered_bytes: usize,
-    pub(crate) max_buffered_bytes: usize,
-    pub(crate) max_connection_unwritten_bytes: usize,
-    /// What a cache value not yet read from its log counts for against the above.
-    pub(crate) value_reserve: usize,
-}
-
-/// What every connection shares: the broker, the verifier, the negotiated capabilities and
-/// the subscription routes.
-pub(crate) struct Core {
-    pub(crate) limits: Limits,
-    pub(crate) broker: Broker,
-    pub(crate) verifier: Verifier,
-    pub(crate) capabilities: BrokerCapabilities,
-    /// How keys route to shards, as `stream_shards_view` reports it.
-    pub(crate) routing_mapping: RoutingMapping,
-    /// Shards of a stream created on first use, as routing answers report it.
-    pub(crate) default_shards: u32,
-    /// `now` at construction and the Unix time it stood for, in microseconds.
-    anchor: (Instant, u64),
-    /// Where each subscriber's event stream is.
-    pub(crate) routes: BTreeMap<SubscriberId, (ConnectionHandle, StreamId)>,
-    /// Session streams holding an answer until a log is durable up to an offset, per log in
-    /// offset order (appends register in the order they take offsets).
-    waiters: HashMap<LogId, VecDeque<(u64, ConnectionHandle, StreamId)>>,
-    /// Session streams whose next request met a log still opening.
-    stalled: HashMap<LogId, Vec<(ConnectionHandle, StreamId)>>,
-    /// Session streams holding a `cache_value` until a log read answers.
-    value_waiters: HashMap<(LogId, ReadTicket), (ConnectionHandle, StreamId)>,
-    /// Session streams holding a `group_records` until the broker answers the poll.
-    group_waiters: HashMap<u64, (ConnectionHandle, StreamId)>,
-    next_subscription_id: u64,
-    pub(crate) stats: Stats,
-    pub(crate) metrics: crate::metrics::Metrics,
-    /// Bytes of partly received frames over every connection (see `Conn::sync_buffered`).
-    pub(crate) buffered_bytes: usize,
-    /// Connections holding streams back for a buffer budget.
-    pub(crate) starved_conns: BTreeSet<ConnectionHandle>,
-    /// Connections open (each one's fair share of the broker's buffer budget).
-    pub(crate) open_connections: usize,
-}
-
-impl Core {
-    /// Unix time at `now`, from the anchor the runtime gave at construction.
-    pub(crate) fn unix_micros(&self, now: Instant) -> u64 {
-        let (at, micros) = self.anchor;
-        match now.checked_duration_since(at) {
-            Some(d) => micros.saturating_add(d.as_micros() as u64),
-            None => micros.saturating_sub(at.duration_since(now).as_micros() as u64),
-        }
-    }
-
-    pub(crate) fn unix_secs(&self, now: Instant) -> u64 {
-        self.unix_micros(now) / 1_000_000
-    }
-
-    /// A fresh wire `subscription_id`.
-    pub(crate) fn next_subscription_id(&mut self) -> u64 {
-        self.next_subscription_id += 1;
-        self.next_subscription_id
-    }
-
-    pub(crate) fn unsubscribe(&mut self, id: SubscriberId) {
-        self.routes.remove(&id);
-        self.broker.unsubscribe(id);
-    }
-
-    /// Remembers that the session on `stream` holds an answer until `log` is durable below
-    /// `end`.
-    pub(crate) fn wait_durable(
-        &mut self,
-        log: LogId,
-        end: u64,
-        ch: ConnectionHandle,
-        stream: StreamId,
-    ) {
-        self.waiters
-            .entry(log)
-            .or_default()
-            .push_back((end, ch, stream));
-    }
-
-    /// Remembers that the session on `stream` holds a `cache_value` until `log` answers the
-    /// read `ticket`.
-    pub(crate) fn wait_value(
-        &mut self,
-        log: LogId,
-        ticket: ReadTicket,
-        ch: ConnectionHandle,
-        stream: StreamId,
-    ) {
-        self.value_waiters.insert((log, ticket), (ch, stream));
-    }
-
-    /// Remembers that the session on `stream` holds a `group_records` for poll `waiter`.
-    pub(crate) fn wait_group(&mut self, waiter: u64, ch: ConnectionHandle, stream: StreamId) {
-        self.group_waiters.insert(waiter, (ch, stream));
-    }
-
-    /// Remembers that the session on `stream` stopped at a request for a log still opening.
-    pub(crate) fn wait_opened(&mut self, log: LogId, ch: ConnectionHandle, stream: StreamId) {
-        self.stalled.entry(log).or_default().push((ch, stream));
     }
 }
 
@@ -583,7 +395,11 @@ impl Engine {
             // Durable shards have offsets and stored times: acks can wait for the write,
             // subscriptions end with `subscription_lagged`, events carry their times.
             Some(d) => (
-                Broker::with_storage(broker_config, durable_settings(d), (now, unix_micros)),
+                Broker::with_storage(
+                    broker_config,
+                    durable_settings(d),
+                    UnixAnchor::new(now, unix_micros),
+                ),
                 BrokerCapabilities {
                     flags: SERVED_FLAGS.union(Flags::EVENT_BATCH_TIMESTAMPS),
                     features: SERVED_FEATURES
@@ -619,7 +435,7 @@ impl Engine {
             capabilities,
             routing_mapping: config.routing_mapping,
             default_shards: config.default_shards.max(1),
-            anchor: (now, unix_micros),
+            anchor: UnixAnchor::new(now, unix_micros),
             routes: BTreeMap::new(),
             waiters: HashMap::new(),
             stalled: HashMap::new(),

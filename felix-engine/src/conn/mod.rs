@@ -1,6 +1,8 @@
 //! One QUIC connection: its quinn-proto state machine, the Felix session on each client
 //! bidirectional stream, and the event stream (broker-opened uni stream) of each subscription.
 
+pub(crate) mod session;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
 use std::time::Instant;
@@ -13,8 +15,8 @@ use quinn_proto::{
 use tracing::{debug, trace};
 
 use crate::broker::{Delivery, SubscriberId};
-use crate::engine::Core;
-use crate::session::{FrameResult, NewSubscription, Session, SessionCx};
+use crate::node::Core;
+use session::{FrameResult, NewSubscription, Session, SessionCx};
 
 /// Application error code on STOP_SENDING / RESET_STREAM after a protocol error.
 const STREAM_CODE_PROTOCOL: VarInt = VarInt::from_u32(1);
@@ -761,7 +763,7 @@ impl Conn {
     }
 
     /// Adds what this connection holds to `usage`.
-    pub(crate) fn add_usage(&self, usage: &mut crate::engine::Usage, value_reserve: usize) {
+    pub(crate) fn add_usage(&self, usage: &mut crate::node::Usage, value_reserve: usize) {
         let _ = value_reserve; // only the debug recount reads it
         usage.connections += 1;
         usage.sessions += self.sessions.len();
