@@ -185,7 +185,7 @@ impl Broker {
                 tail,
             }));
         }
-        let table = &self.streams[stream].shards[shard as usize].state;
+        let table = &self.streams[stream].shards[shard as usize].state.commits;
         let after = table.bytes_after(changes);
         let limit = self.cfg.state_max_bytes_per_shard;
         if after > limit && after > table.bytes {
@@ -212,8 +212,8 @@ impl Broker {
         )?;
         let offset = published.first_offset.expect("a durable shard has offsets");
         let sh = &mut self.streams[stream].shards[shard as usize];
-        sh.state.apply_block(offset, &block);
-        let floor = sh.state.oldest_version();
+        sh.state.apply(Some(offset), 1, None, Some(&block));
+        let floor = sh.state.commits.oldest_version();
         if let Some(log) = sh.store.as_ref().map(|s| s.log) {
             let slot = self.logs.as_mut().and_then(|l| l.slot_mut(log));
             if let Some(shard_log) = slot.and_then(|s| s.log.stream_mut()) {
@@ -240,8 +240,8 @@ impl Broker {
             ));
         }
         let sh = &self.streams[stream].shards[shard as usize];
-        let found = sh.state.values.get(state_key);
-        let as_of = sh.state.as_of;
+        let found = sh.state.commits.values.get(state_key);
+        let as_of = sh.state.commits.as_of;
         let log = sh.store.as_ref().map(|s| s.log);
         Ok(StateAnswer {
             value: found.map(|(v, _)| v.clone()),

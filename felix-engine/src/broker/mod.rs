@@ -21,7 +21,9 @@ mod delete;
 mod drain;
 pub(crate) mod durable;
 mod encode;
+mod shard;
 pub(crate) use encode::encode_message;
+use shard::{Shard, ShardState};
 mod expiry;
 pub(crate) mod groups;
 mod producers;
@@ -339,48 +341,6 @@ fn variant_index(flags: Flags) -> usize {
         | usize::from(flags.contains(Flags::EVENT_BATCH_TIMESTAMPS)) << 2
 }
 
-#[derive(Default)]
-struct OpenBatch {
-    base_seq: u64,
-    payloads: Vec<Bytes>,
-    /// One append time per payload, only on shards that store times.
-    times: Vec<u64>,
-    publisher: Option<Box<str>>,
-    bytes: usize,
-}
-
-struct Shard {
-    /// Offsets (and stored record times) go on the wire: durable storage turns this on.
-    has_offsets: bool,
-    /// Durable shards: the log and the records waiting to be durable before they fan out.
-    store: Option<ShardStore>,
-    /// Sequence number the next record gets; its offset where offsets are on.
-    next_seq: u64,
-    subscribers: Vec<SubscriberId>,
-    open: OpenBatch,
-    /// Listed in `Broker::dirty` (its open batch is non-empty).
-    dirty: bool,
-    /// Idempotent producers' places on this shard (`producers.rs`).
-    producers: producers::ProducerTable,
-    /// The state atomic commits wrote on this shard (`commit.rs`).
-    state: commit::StateTable,
-}
-
-impl Shard {
-    fn new() -> Shard {
-        Shard {
-            has_offsets: false,
-            store: None,
-            next_seq: 0,
-            subscribers: Vec::new(),
-            open: OpenBatch::default(),
-            dirty: false,
-            producers: producers::ProducerTable::default(),
-            state: commit::StateTable::default(),
-        }
-    }
-}
-
 struct Stream {
     shards: Vec<Shard>,
 }
@@ -480,7 +440,7 @@ pub(crate) struct Broker {
     producer_ids: u64,
     /// What recovery read back from stream logs that no stream has claimed yet, folded
     /// (`producers.rs`); a stream that claims the log takes its tables from here.
-    recovered: HashMap<LogId, producers::Recovered>,
+    recovered: HashMap<LogId, ShardState>,
     /// Cache watches (`watch.rs`); they share subscriber ids and the ready queue.
     watches: watch::Watches,
     /// Consumer groups (durable shards only).
@@ -1101,8 +1061,7 @@ impl Broker {
                 );
                 // What recovery read back before this claim comes first, in log order.
                 if let Some(r) = self.recovered.remove(&log) {
-                    sh.producers = r.producers;
-                    sh.state = r.state;
+                    sh.state = r;
                 }
                 let slot = logs.slot(log).expect("just claimed");
                 // A log found at startup is open already; a new one sets this when it opens.

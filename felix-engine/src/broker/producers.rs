@@ -14,8 +14,8 @@ use bytes::Bytes;
 use felix_proto::message::PublishRefusalReason;
 use felix_proto::routing::shard_for_key;
 
-use super::commit::StateTable;
 use super::durable::Owner;
+use super::shard::ShardState;
 use super::{Broker, BrokerError, LogState, Published, StreamKey};
 use felix_storage::log::ShardLog;
 use felix_storage::ops::LogId;
@@ -109,7 +109,7 @@ impl ProducerTable {
     }
 
     /// The producer appended `sequence` at `first` (live, or as recovery read it back).
-    fn record(&mut self, mark: ProducerMark, first: Option<u64>, count: u64) {
+    pub(super) fn record(&mut self, mark: ProducerMark, first: Option<u64>, count: u64) {
         self.clock += 1;
         let clock = self.clock;
         let p = self.by_id.entry(mark.producer).or_default();
@@ -214,7 +214,7 @@ impl Broker {
             LogState::Open => {}
         }
         let shard_log = slot.log.stream_mut().expect("a stream's log");
-        absorb_scanned(shard_log, &mut sh.producers, &mut sh.state);
+        absorb_scanned(shard_log, &mut sh.state);
         Ok((stream, Some(shard_log.next_offset())))
     }
 
@@ -233,7 +233,7 @@ impl Broker {
         let Some(shard_log) = slot.log.stream_mut() else {
             return;
         };
-        let (producers, state) = match owner {
+        let state = match owner {
             Owner::Stream { stream, shard } => {
                 let Some(sh) = self
                     .streams
@@ -242,15 +242,12 @@ impl Broker {
                 else {
                     return;
                 };
-                (&mut sh.producers, &mut sh.state)
+                &mut sh.state
             }
-            Owner::Unclaimed => {
-                let r = self.recovered.entry(log).or_default();
-                (&mut r.producers, &mut r.state)
-            }
+            Owner::Unclaimed => self.recovered.entry(log).or_default(),
             _ => return,
         };
-        absorb_scanned(shard_log, producers, state);
+        absorb_scanned(shard_log, state);
     }
 
     /// Appends `payloads` only if `guard` holds, answering a re-sent idempotent batch with
@@ -293,7 +290,7 @@ impl Broker {
             }
             Guard::Sequence { producer, sequence } => {
                 let digest = payload_digest(&payloads);
-                let table = &self.streams[stream].shards[shard as usize].producers;
+                let table = &self.streams[stream].shards[shard as usize].state.producers;
                 let earlier = match table.check(producer, sequence, digest) {
                     Check::Append => None,
                     Check::Duplicate { first, count } => Some((first, count)),
@@ -331,37 +328,31 @@ impl Broker {
             None,
             &ext,
         )?;
-        if let Some(mark) = mark {
-            self.streams[stream].shards[shard as usize]
-                .producers
-                .record(mark, published.first_offset, count);
-        }
+        self.streams[stream].shards[shard as usize].state.apply(
+            published.first_offset,
+            count,
+            mark,
+            None,
+        );
         Ok(Guarded::Written(published))
     }
 }
 
-/// The tables recovery rebuilds for a stream log that no stream has claimed yet.
-#[derive(Debug, Default)]
-pub(crate) struct Recovered {
-    pub(super) producers: ProducerTable,
-    pub(super) state: StateTable,
-}
-
-/// Recovery's producer marks and commit state, into a shard's tables.
-fn absorb_scanned(shard_log: &mut ShardLog, producers: &mut ProducerTable, state: &mut StateTable) {
+/// Recovery's entries, folded into a shard's state (or, for a log no stream has claimed
+/// yet, into the state kept for it until one does).
+fn absorb_scanned(shard_log: &mut ShardLog, state: &mut ShardState) {
     let mut state_changed = false;
     while let Some(ext) = shard_log.take_scanned_ext() {
-        if let Some(mark) = ext.producer {
-            producers.record(mark, Some(ext.base), u64::from(ext.count));
-        }
-        if let Some(block) = &ext.state {
-            state.apply_block(ext.base, block);
-            state_changed = true;
-        }
+        state_changed |= state.apply(
+            Some(ext.base),
+            u64::from(ext.count),
+            ext.producer,
+            ext.state.as_deref(),
+        );
     }
     // Retention keeps what the rebuilt state came from, for the next restart.
     if state_changed {
-        shard_log.set_retention_floor(state.oldest_version());
+        shard_log.set_retention_floor(state.commits.oldest_version());
     }
 }
 
