@@ -2,11 +2,9 @@
 //! in-memory broker: versions on gets, put-if-absent and compare-and-set, delete-if, and
 //! racing writers of which exactly one wins each round.
 
-mod durable_support;
-
 use bytes::Bytes;
-use durable_support::*;
 use felix_client::{Client, Condition, ConditionResult};
+use felix_integration::durable_support::*;
 use felix_integration::unique;
 
 async fn basic_rules(c: &Client, cache: &str) {

@@ -2,9 +2,7 @@
 //! it, a counter never written reads as absent (not zero), concurrent adds all count, and
 //! the sums survive a broker restart on the same storage.
 
-mod durable_support;
-
-use durable_support::*;
+use felix_integration::durable_support::*;
 use felix_integration::unique;
 
 #[tokio::test]

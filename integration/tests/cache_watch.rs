@@ -3,13 +3,11 @@
 //! gapless resume under concurrent writes, a resnapshot after compaction, and a watch that
 //! falls behind ending with `cache_watch_lagged`.
 
-mod durable_support;
-
 use std::time::Duration;
 
 use bytes::Bytes;
-use durable_support::*;
 use felix_client::{CacheChange, CacheWatch, CacheWatchItem, Client, WatchFilter, WatchStart};
+use felix_integration::durable_support::*;
 use felix_integration::{unique, within};
 use felix_runtime_tokio::felix_engine::DurableConfig;
 use felix_runtime_tokio::{BrokerOptions, RunningBroker};

@@ -2,11 +2,9 @@
 //! shard; `state_get` reads the state back with the commit's offset as its version, also
 //! after a restart; a conditional commit against a stale tail writes nothing.
 
-mod durable_support;
-
 use bytes::Bytes;
-use durable_support::*;
 use felix_client::{Guarded, PublishRefusalReason, Start, StateChange};
+use felix_integration::durable_support::*;
 use felix_integration::{next_event, unique};
 
 fn put(key: &str, value: &str) -> StateChange {

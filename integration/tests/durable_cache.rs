@@ -1,12 +1,10 @@
 //! A durable cache end to end: values, deletes and absolute TTLs as they were after a
 //! restart.
 
-mod durable_support;
-
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use durable_support::*;
+use felix_integration::durable_support::*;
 use felix_integration::unique;
 
 #[tokio::test]

@@ -1,11 +1,9 @@
 //! Durable publishing end to end: offsets on acks (when the ack comes after the write) and on
 //! events, and records surviving a broker restart.
 
-mod durable_support;
-
 use bytes::Bytes;
-use durable_support::*;
 use felix_client::{Ack, Start};
+use felix_integration::durable_support::*;
 use felix_integration::{next_event, unique, within};
 use felix_proto::Features;
 use felix_runtime_tokio::felix_engine::DurableConfig;

@@ -1,13 +1,11 @@
 //! Replay from the log: `earliest` and `{"offset": n}` joined with live delivery with no gap
 //! and no duplicate, and both cursor errors.
 
-mod durable_support;
-
 use std::time::Duration;
 
 use bytes::Bytes;
-use durable_support::*;
 use felix_client::{Ack, ClientError, Start};
+use felix_integration::durable_support::*;
 use felix_integration::{next_event, unique};
 use felix_runtime_tokio::felix_engine::DurableConfig;
 

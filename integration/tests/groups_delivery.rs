@@ -2,13 +2,11 @@
 //! attempts counted, dead letters after the attempt bound, redrive and discard, two
 //! groups over one shard, a waiting poll woken by a publish, and each record's append time.
 
-mod durable_support;
-
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use durable_support::*;
 use felix_client::{Ack, Client, PollOptions};
+use felix_integration::durable_support::*;
 use felix_integration::{unique, unix_micros};
 use felix_runtime_tokio::felix_engine::{DurableConfig, GroupConfig};
 

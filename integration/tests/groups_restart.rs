@@ -1,11 +1,9 @@
 //! A group's position, dead letters and redrives survive a broker restart; its claims do
 //! not (what was in flight is delivered again: at-least-once).
 
-mod durable_support;
-
 use bytes::Bytes;
-use durable_support::*;
 use felix_client::{Ack, PollOptions};
+use felix_integration::durable_support::*;
 use felix_integration::unique;
 
 const NS: &str = "default";

@@ -1,13 +1,11 @@
 //! Retention outranks a group: records removed before the group reached them are skipped
 //! (reported as `skipped_before`), and the group moves on rather than stalling.
 
-mod durable_support;
-
 use std::time::Duration;
 
 use bytes::Bytes;
-use durable_support::*;
 use felix_client::{Ack, PollOptions, Start};
+use felix_integration::durable_support::*;
 use felix_integration::unique;
 use felix_runtime_tokio::felix_engine::DurableConfig;
 

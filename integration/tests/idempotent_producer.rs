@@ -2,13 +2,11 @@
 //! first copy's offset (JSON and the binary 0x0100 frame), also after a broker restart; a
 //! gap is refused with the expected sequence; a reused sequence is refused.
 
-mod durable_support;
-
 use bytes::Bytes;
-use durable_support::*;
 use felix_client::{
     Client, Guarded, IdempotentBatch, IdempotentEncoding, PublishRefusalReason, Start,
 };
+use felix_integration::durable_support::*;
 use felix_integration::{broker, next_event, unique};
 use felix_proto::Features;
 

@@ -2,13 +2,11 @@
 //! hits, misses and deletes, accepted and refused auths, and errors by code — each moved by
 //! exactly the amount done. `/livez` and `/readyz` answer on the same endpoint.
 
-mod ops_support;
-
 use bytes::Bytes;
 use felix_client::{Ack, Client, Start};
+use felix_integration::ops_support::{get, scrape, value};
 use felix_integration::{client_config, next_event, start_broker, unique, within};
 use felix_runtime_tokio::BrokerOptions;
-use ops_support::{get, scrape, value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_move_by_what_clients_did() {

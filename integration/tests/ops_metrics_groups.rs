@@ -1,15 +1,12 @@
 //! `/metrics` counts consumer-group requests by operation: a poll, two acks and a describe
 //! move `felix_broker_group_operations_total` by exactly that.
 
-mod durable_support;
-mod ops_support;
-
 use bytes::Bytes;
-use durable_support::*;
 use felix_client::{Ack, PollOptions};
+use felix_integration::durable_support::*;
+use felix_integration::ops_support::{scrape, value};
 use felix_integration::{start_broker, unique, within};
 use felix_runtime_tokio::BrokerOptions;
-use ops_support::{scrape, value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_requests_are_counted_by_operation() {

@@ -2,17 +2,14 @@
 //! answers `/livez` 200 and `/readyz` 503 while it scans its logs, and `/readyz` 200 once it
 //! serves. The durable gauges and histograms (log bytes, fsync latency, group commit) move.
 
-mod durable_support;
-mod ops_support;
-
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use durable_support::{client, on_commit, TempDir};
 use felix_client::Ack;
+use felix_integration::durable_support::{client, on_commit, TempDir};
+use felix_integration::ops_support::{get, scrape, value};
 use felix_integration::{start_broker, unique, within};
 use felix_runtime_tokio::BrokerOptions;
-use ops_support::{get, scrape, value};
 
 /// Records of 64 KiB, 16 per publish: 1 MiB a request.
 const RECORD: usize = 64 * 1024;

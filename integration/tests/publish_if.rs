@@ -1,11 +1,9 @@
 //! `publish_if`: of writers racing for one offset exactly one is written; the others are
 //! refused with the tail, and a writer that resumes from the tail wins the next slot.
 
-mod durable_support;
-
 use bytes::Bytes;
-use durable_support::*;
 use felix_client::{Guarded, PublishRefusalReason};
+use felix_integration::durable_support::*;
 use felix_integration::unique;
 
 #[tokio::test]

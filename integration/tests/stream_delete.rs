@@ -3,15 +3,13 @@
 //! stream starts again at offset 0, a restart keeps it deleted, and the endpoint answers
 //! 204 / 401 / 403 / 404.
 
-mod durable_support;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use bytes::Bytes;
-use durable_support::*;
 use felix_client::{Ack, Start, SubscriptionEnd, SubscriptionItem};
+use felix_integration::durable_support::*;
 use felix_integration::{
     client_config, next_event, start_broker, unique, within, Claims, TokenMinter,
 };

@@ -1,13 +1,11 @@
 //! Bounded reads: `stream_read` pages through a durable shard without subscribing, and
 //! `offset_for_time` gives an offset a subscription then starts at.
 
-mod durable_support;
-
 use std::time::Duration;
 
 use bytes::Bytes;
-use durable_support::*;
 use felix_client::{Ack, Start};
+use felix_integration::durable_support::*;
 use felix_integration::{next_event, unique, unix_micros};
 
 #[tokio::test]

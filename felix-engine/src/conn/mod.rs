@@ -3,8 +3,8 @@
 
 pub(crate) mod session;
 
+use core::net::IpAddr;
 use std::collections::{BTreeMap, VecDeque};
-use std::net::IpAddr;
 use std::time::Instant;
 
 use bytes::Bytes;

@@ -1,8 +1,6 @@
 //! Scraping the broker's ops endpoint (`/metrics`, `/livez`, `/readyz`) with a plain
 //! HTTP/1.1 GET over a std TCP stream.
 
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

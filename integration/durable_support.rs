@@ -1,12 +1,10 @@
 //! Shared by the `durable_*` tests: a broker on a temporary storage directory, restartable
 //! on the same directory, and clients for it.
 
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 
+use crate::{client_config, start_broker, unique, within};
 use felix_client::{Client, ClientConfig};
-use felix_integration::{client_config, start_broker, unique, within};
 use felix_runtime_tokio::felix_engine::{DurableConfig, FsyncPolicy};
 use felix_runtime_tokio::{BrokerOptions, RunningBroker};
 
