@@ -34,8 +34,9 @@ pub use quinn_proto::EcnCodepoint;
 /// Rounds of storage work (log events, released answers, deliveries) within one turn.
 const MAX_SETTLE_ROUNDS: usize = 8;
 
-/// Frame flags this broker decodes and produces. Not 0x0080 (forwarded-ack owner), 0x2000
-/// (publisher) or 0x4000 (timestamps, added with durable storage): not implemented.
+/// Frame flags this broker decodes and produces in every mode. A durable broker adds 0x4000
+/// (record timestamps on event batches). Not 0x0080 (the forwarded-ack owner hint: a single
+/// broker never forwards) nor 0x2000 (the publisher on event batches): not served.
 pub const SERVED_FLAGS: Flags = Flags(
     0x0001
         | 0x0002
