@@ -208,17 +208,6 @@ pub(crate) enum CursorReason {
     InFuture,
 }
 
-impl CursorReason {
-    /// The `reason` of `subscribe_cursor_error`.
-    #[allow(dead_code)] // no in-memory shard refuses a cursor; durable ones will
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            CursorReason::TooOld => "too_old",
-            CursorReason::InFuture => "in_future",
-        }
-    }
-}
-
 /// Why a subscribe was refused: a coded error, or a `subscribe_cursor_error`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SubscribeError {
