@@ -250,7 +250,7 @@ pub async fn spawn_broker_binary(path: &str) -> (std::process::Child, SocketAddr
         .env("FELIX_DEV_TOKEN_EXPORT", &token)
         .env("RUST_LOG", "warn")
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {path}: {e} (build it with cargo build --release -p felix-runtime-tokio)"));
+        .unwrap_or_else(|e| panic!("cannot start {path}: {e} (build it with cargo build --release --bin felix-broker)"));
     let mut child = child;
     for _ in 0..100 {
         if let (Ok(ca_pem), Ok(token)) = (std::fs::read(&ca), std::fs::read_to_string(&token)) {
@@ -369,6 +369,7 @@ pub fn broker_binary() -> PathBuf {
         workspace.join("runtime-common/src"),
         workspace.join("runtime-tokio/src"),
         workspace.join("runtime-smol/src"),
+        workspace.join("felix-broker/src"),
         workspace.join("felix-proto/src"),
     ]);
     let fresh = |p: &Path| {
@@ -395,7 +396,7 @@ pub fn broker_binary() -> PathBuf {
         .args([
             "build",
             "-p",
-            "felix-runtime-tokio",
+            "felix-broker",
             "--bin",
             "felix-broker",
         ])
