@@ -178,4 +178,3 @@ impl fmt::Debug for RunningBroker {
             .finish_non_exhaustive()
     }
 }
-

@@ -86,7 +86,8 @@ mod tests {
     /// On smol (broker and client), with no tokio runtime anywhere.
     #[test]
     fn the_embedding_example_runs_on_smol() {
-        let dir = std::env::temp_dir().join(format!("felix-embed-test-smol-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("felix-embed-test-smol-{}", std::process::id()));
         let received = smol::block_on(async {
             let deadline = async {
                 smol::Timer::after(std::time::Duration::from_secs(30)).await;

@@ -85,7 +85,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
 mod tests {
     #[tokio::test]
     async fn the_embedding_example_runs_on_tokio() {
-        let dir = std::env::temp_dir().join(format!("felix-embed-test-tokio-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("felix-embed-test-tokio-{}", std::process::id()));
         let received = tokio::time::timeout(std::time::Duration::from_secs(30), super::run(&dir))
             .await
             .expect("in time")

@@ -1,5 +1,5 @@
-//! The operator's HTTP endpoint: `/metrics` (Prometheus text, `felix_broker_*`), `/livez`
-//! and `/readyz`.
+//! The operator's HTTP endpoint: `/metrics` (Prometheus text, `felix_broker_*`, rendered by
+//! [`super::metrics`]), `/livez` and `/readyz`.
 //!
 //! It is deliberately tiny and runtime-neutral: one plain thread accepts on a blocking
 //! `std::net::TcpListener` and serves each request on a short-lived thread (at most
