@@ -241,7 +241,11 @@ pub async fn spawn_broker_binary(path: &str) -> (std::process::Child, SocketAddr
         .env("FELIX_DEV_TOKEN_EXPORT", &token)
         .env("RUST_LOG", "warn")
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {path}: {e} (build it with cargo build --release -p felix-runtime-tokio)"));
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start {path}: {e} (build it with cargo build --release --bin felix-broker)"
+            )
+        });
     let mut child = child;
     for _ in 0..100 {
         if let (Ok(ca_pem), Ok(token)) = (std::fs::read(&ca), std::fs::read_to_string(&token)) {
@@ -360,6 +364,7 @@ pub fn broker_binary() -> PathBuf {
         workspace.join("runtime-common/src"),
         workspace.join("runtime-tokio/src"),
         workspace.join("runtime-smol/src"),
+        workspace.join("felix-broker/src"),
         workspace.join("felix-proto/src"),
     ]);
     let fresh = |p: &Path| {
@@ -383,13 +388,7 @@ pub fn broker_binary() -> PathBuf {
     // A separate target directory: the one this test runs from may be locked by cargo.
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
-        .args([
-            "build",
-            "-p",
-            "felix-runtime-tokio",
-            "--bin",
-            "felix-broker",
-        ])
+        .args(["build", "-p", "felix-broker", "--bin", "felix-broker"])
         .env("CARGO_TARGET_DIR", target.join("crash-test"))
         .current_dir(&workspace)
         .status()

@@ -6,7 +6,7 @@
 //! A load test, run by hand (it takes minutes and most of a 2-core machine):
 //!
 //! ```text
-//! cargo build --release -p felix-runtime-tokio
+//! cargo build --release --bin felix-broker
 //! FELIX_BROKER_BIN=target/release/felix-broker \
 //!   cargo test --release -p felix-integration --test security_memory_check -- --ignored --nocapture
 //! ```

@@ -20,21 +20,9 @@ use futures_core::Stream;
 use quinn_udp::{RecvMeta, UdpSocketState, BATCH_SIZE};
 use tracing::{debug, info, warn};
 
+use crate::control::Control;
 use crate::files::FileExecutor;
-use crate::ops_http::ScrapeRequest;
 use crate::runtime::{Interest, Runtime, Timer, UdpSocket};
-
-/// What the rest of the process asks of the drive loop, which owns the engine.
-pub(crate) enum Control {
-    /// A metrics snapshot, for the ops endpoint.
-    Scrape(ScrapeRequest),
-    /// A rotated certificate and key (`Engine::set_tls_identity`).
-    TlsIdentity(felix_engine::TlsIdentity),
-    /// A changed JWKS document (`Engine::set_jwks`).
-    Jwks(Vec<u8>),
-    /// An operator's stream deletion (`stream_delete.rs`).
-    DeleteStream(crate::stream_delete::DeleteRequest),
-}
 
 /// Receive calls per wake-up before yielding to the timer and the stop signal.
 const MAX_RECV_BATCHES_PER_WAKE: usize = 64;
@@ -317,7 +305,7 @@ impl<R: Runtime> Driver<R> {
                 Ok(()) => info!("verifying tokens against the changed JWKS"),
                 Err(e) => warn!(error = %e, "refused the changed JWKS; the old keys stay"),
             },
-            Control::DeleteStream(req) => crate::stream_delete::run(&mut self.engine, req),
+            Control::DeleteStream(req) => crate::ops::stream_delete::run(&mut self.engine, req),
         }
     }
 

@@ -1,25 +1,24 @@
 //! # felix-runtime-common
 //!
 //! Everything the Felix runtime adapters share, written once: the drive loop over the
-//! Sans-IO engine ([`start`]), the options and the running-broker handle, configuration
-//! from the environment ([`config`]), TLS loading and generation, the file executor
-//! ([`files`]) and the `felix-broker` process ([`process`]).
+//! Sans-IO engine ([`start`], `driver.rs`), the options, the running-broker handle and the
+//! commands it sends the loop (`control.rs`), configuration from the environment
+//! ([`config`]), TLS loading and generation, the file executor ([`files`]), the operator's
+//! HTTP endpoint ([`ops`]), certificate and JWKS reloads and the `felix-broker` process
+//! ([`process`]).
 //!
 //! An adapter implements [`Runtime`] — register a UDP socket, make a timer, spawn a task,
 //! run blocking work — and nothing else. `felix-runtime-tokio` and `felix-runtime-smol` are
 //! the two there are; `docs/runtimes.md` says how to add a third.
 
 pub mod config;
+mod control;
 mod driver;
-// The executor is shared by every runtime; it still lives beside the tokio adapter, where it
-// was written (and is maintained), and is compiled here so no adapter depends on another.
-#[path = "../../runtime-tokio/src/files.rs"]
 pub mod files;
-pub mod ops_http;
+pub mod ops;
 pub mod process;
 mod reload;
 mod runtime;
-mod stream_delete;
 mod tls;
 
 use std::fmt;
@@ -35,6 +34,9 @@ use quinn_udp::UdpSocketState;
 use ring::rand::{SecureRandom, SystemRandom};
 use tracing::info;
 
+use crate::ops::http::{OpsServer, OpsState};
+
+pub use crate::control::RunningBroker;
 pub use crate::runtime::{Interest, Runtime, Timer, UdpSocket};
 pub use felix_engine;
 /// The `quinn-udp` the adapters' [`UdpSocket::sock_ref`] speaks.
@@ -163,160 +165,6 @@ impl fmt::Debug for BrokerOptions {
     }
 }
 
-/// A broker running in the background on some runtime. Dropping it stops the broker too
-/// (at once, without draining or waiting); [`RunningBroker::shutdown`] — or awaiting the
-/// handle — drains it, closes its connections and syncs its logs, and waits for all that.
-pub struct RunningBroker {
-    runtime: &'static str,
-    local_addr: SocketAddr,
-    files: Option<Arc<files::FileExecutor>>,
-    ca_cert_pem: String,
-    dev_token: Option<String>,
-    stop: Option<oneshot::Sender<()>>,
-    stopped: Option<oneshot::Receiver<()>>,
-    ops: Option<ops_http::OpsServer>,
-    ops_state: Arc<ops_http::OpsState>,
-    watcher: Option<reload::Watcher>,
-}
-
-impl RunningBroker {
-    /// The runtime it runs on (`"tokio"`, `"smol"`).
-    pub fn runtime(&self) -> &'static str {
-        self.runtime
-    }
-
-    /// The bound address (with the real port when 0 was asked for).
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
-    }
-
-    /// The PEM clients should trust: the generated CA, or the configured certificate chain.
-    pub fn ca_cert_pem(&self) -> &str {
-        &self.ca_cert_pem
-    }
-
-    /// The dev-mode token (tenant `t1`, every permission); `None` with a JWKS.
-    pub fn dev_token(&self) -> Option<&str> {
-        self.dev_token.as_deref()
-    }
-
-    /// Where `/metrics`, `/livez` and `/readyz` are served, when enabled.
-    pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.ops.as_ref().map(ops_http::OpsServer::local_addr)
-    }
-
-    /// Serves this certificate chain (PEM, leaf first) and key to new connections from now
-    /// on; established ones keep theirs. Fails if the PEM does not parse; a key the engine
-    /// refuses is logged and the old identity stays.
-    pub fn rotate_tls(&self, cert_pem: &[u8], key_pem: &[u8]) -> io::Result<()> {
-        let identity = tls::from_pem(cert_pem, key_pem)?;
-        self.send_control(driver::Control::TlsIdentity(identity))
-    }
-
-    /// Verifies new streams' tokens against this JWKS document from now on (only for a
-    /// broker started with a JWKS); authenticated streams keep their identity.
-    pub fn rotate_jwks(&self, jwks: Vec<u8>) -> io::Result<()> {
-        self.send_control(driver::Control::Jwks(jwks))
-    }
-
-    /// Watches the files `reload` names (the configured certificate, key and JWKS) and
-    /// rotates whenever they change, polling every `reload.interval`. Replaces an earlier
-    /// watch; stops with the broker.
-    pub fn watch_files(&mut self, reload: &config::Reload) -> io::Result<()> {
-        self.watcher = None;
-        self.watcher = reload::Watcher::spawn(reload, self.ops_state.control.clone())?;
-        Ok(())
-    }
-
-    /// Deletes a stream (trusted: no token is checked; the ops endpoint's
-    /// `DELETE /v1/streams/…` checks one). Its subscriptions end — with `stream_deleted`
-    /// where the client offered it — and the next publish or subscribe creates it afresh.
-    pub async fn delete_stream(
-        &self,
-        tenant: &str,
-        namespace: &str,
-        stream: &str,
-    ) -> Result<(), felix_engine::DeleteStreamError> {
-        let stopped =
-            || felix_engine::DeleteStreamError::Unavailable("the broker has stopped".into());
-        let (tx, rx) = oneshot::channel();
-        let req = stream_delete::DeleteRequest {
-            token: None,
-            tenant: tenant.into(),
-            namespace: namespace.into(),
-            stream: stream.into(),
-            reply: Box::new(move |outcome| {
-                let _ = tx.send(outcome);
-            }),
-        };
-        self.send_control(driver::Control::DeleteStream(req))
-            .map_err(|_| stopped())?;
-        rx.await.map_err(|_| stopped())?
-    }
-
-    fn send_control(&self, control: driver::Control) -> io::Result<()> {
-        self.ops_state
-            .control
-            .unbounded_send(control)
-            .map_err(|_| io::Error::other("the broker has stopped"))
-    }
-
-    /// What the file executor has done (with a storage directory), readable from any thread
-    /// while the broker runs.
-    pub fn file_stats(&self) -> Option<files::FileStats> {
-        self.files.as_ref().map(|f| f.stats())
-    }
-
-    /// A handle on the file executor's counters that outlives this value.
-    pub fn file_executor(&self) -> Option<Arc<files::FileExecutor>> {
-        self.files.clone()
-    }
-
-    /// Stops gracefully and waits until done: drains first (new connections and new work
-    /// are refused `draining`, answers already owed are delivered, held ones once their
-    /// logs sync; at most 10 s), then closes every connection with code 0, syncs the logs
-    /// and ends the drive loop. `/readyz` turns 503 at once.
-    pub async fn shutdown(mut self) -> io::Result<()> {
-        self.ops_state.set_ready(false);
-        if let Some(stop) = self.stop.take() {
-            // A value asks for the graceful drain (dropping the sender stops at once).
-            let _ = stop.send(());
-        }
-        match self.stopped.take() {
-            Some(stopped) => stopped
-                .await
-                .map_err(|_| io::Error::other("the broker task ended without stopping")),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Awaiting the handle shuts the broker down cleanly, as [`RunningBroker::shutdown`].
-impl std::future::IntoFuture for RunningBroker {
-    type Output = io::Result<()>;
-    type IntoFuture = std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<()>> + Send>>;
-
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.shutdown())
-    }
-}
-
-impl Drop for RunningBroker {
-    fn drop(&mut self) {
-        // Dropping the sender is the stop signal.
-        drop(self.stop.take());
-    }
-}
-
-impl fmt::Debug for RunningBroker {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RunningBroker")
-            .field("runtime", &self.runtime)
-            .field("local_addr", &self.local_addr)
-            .finish_non_exhaustive()
-    }
-}
-
 fn random_seed(rng: &SystemRandom) -> io::Result<[u8; 32]> {
     let mut seed = [0u8; 32];
     rng.fill(&mut seed)
@@ -386,9 +234,9 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
     let dev_token = engine.dev_token().map(str::to_owned);
 
     // The endpoint comes up before recovery, so probes see "live, not ready" meanwhile.
-    let (ops_state, control) = ops_http::OpsState::new();
+    let (ops_state, control) = OpsState::new();
     let ops = match opts.metrics_bind {
-        Some(addr) => match ops_http::OpsServer::start(addr, ops_state.clone()) {
+        Some(addr) => match OpsServer::start(addr, ops_state.clone()) {
             Ok(server) => Some(server),
             Err(e) if opts.metrics_bind_optional => {
                 tracing::warn!(%addr, error = %e, "metrics endpoint disabled: cannot bind");

@@ -16,7 +16,7 @@ use futures_channel::mpsc;
 use tracing::warn;
 
 use crate::config::Reload;
-use crate::driver::Control;
+use crate::control::Control;
 use crate::tls;
 
 /// A file's identity for change detection: modification time and length.

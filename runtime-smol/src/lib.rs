@@ -6,7 +6,7 @@
 //! and file ops on the `blocking` pool.
 //!
 //! The builder and handle are the same as on tokio ([`BrokerOptions`], [`RunningBroker`]);
-//! `examples/embed.rs` is a whole program, run as a test by `tests/embed_example.rs`.
+//! `examples/embed.rs` is a whole program, and a test under `cargo test`.
 //!
 //! ```no_run
 //! # fn demo() -> std::io::Result<()> {

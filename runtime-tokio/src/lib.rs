@@ -3,8 +3,7 @@
 //! Runs the Felix engine on tokio. This crate is only the adapter — a UDP socket registered
 //! with tokio's reactor, a `tokio::time::Sleep` as the one timer, `spawn` and
 //! `spawn_blocking` — for the drive loop written once in `felix-runtime-common`. The
-//! `felix-broker` binary lives here too and runs on tokio (default) or smol
-//! (`--runtime smol`).
+//! `felix-broker` binary, on this adapter or on smol, is the `felix-broker` crate.
 //!
 //! ## Embedding a broker
 //!
@@ -12,8 +11,8 @@
 //! runtime (real QUIC on the address asked for, real files with a storage directory) and
 //! returns the [`RunningBroker`] handle: its address, the CA certificate to trust, a dev
 //! token, the metrics endpoint. Await the handle (or call `shutdown`) to stop cleanly;
-//! dropping it stops the broker without waiting. `examples/embed.rs` is a whole program, run
-//! as a test by `tests/embed_example.rs`.
+//! dropping it stops the broker without waiting. `examples/embed.rs` is a whole program, and a
+//! test under `cargo test`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -1,7 +1,7 @@
 //! The file executor: performs the engine's [`FileOp`]s on real files under the storage root.
 //!
 //! Nothing here knows about tokio: [`FileExecutor::execute`] is a plain blocking call, so any
-//! runtime runs it on its own blocking pool (tokio's `spawn_blocking` in [`crate::driver`],
+//! runtime runs it on its own blocking pool (tokio's `spawn_blocking` in `driver.rs`,
 //! `smol::unblock` elsewhere). Ops may run concurrently: the engine never has two in flight
 //! whose order matters (an append and a sync of the same file may run at once; the log
 //! counts on the sync only for writes that completed before it was issued), so the executor
@@ -37,7 +37,7 @@ pub const MAX_OPEN_FILES: usize = 512;
 /// The page size drop-behind reasons in (advice about part of a page is ignored anyway).
 const PAGE: u64 = 4096;
 /// How much of a file's synced end stays in the page cache after each sync by default; the
-/// rest is dropped behind the writer (see [`Handle::drop_behind`]). Readers of the newest
+/// rest is dropped behind the writer (see `Handle::drop_behind`). Readers of the newest
 /// data (catch-up close to the tail) keep hitting memory.
 pub const DEFAULT_CACHE_BEHIND_BYTES: u64 = 32 << 20;
 /// Overrides [`DEFAULT_CACHE_BEHIND_BYTES`] (read by `felix_runtime_common::config`): a byte

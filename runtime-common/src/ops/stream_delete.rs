@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use felix_engine::{DeleteStreamError, Engine};
 use tracing::{info, warn};
 
-use crate::driver::Control;
-use crate::ops_http::OpsState;
+use super::http::OpsState;
+use crate::control::Control;
 
 /// Where the drive loop sends a deletion's outcome.
 pub(crate) type DeleteReply = Box<dyn FnOnce(Result<(), DeleteStreamError>) + Send>;

@@ -1,0 +1,8 @@
+//! What the operator reaches over HTTP, beside the QUIC listener: the endpoint itself
+//! ([`http`]: `/livez`, `/readyz`, the routing), the `/metrics` exposition ([`metrics`]) and
+//! the operator's stream deletion (`stream_delete`: `DELETE /v1/streams/…` and the drive
+//! loop's side of it). All of it runs on plain threads, the same under every runtime.
+
+pub mod http;
+pub mod metrics;
+pub(crate) mod stream_delete;
