@@ -131,8 +131,8 @@ async fn serves_both_alpn_modes_and_shuts_down_with_code_zero(runtime: &str) {
         Some(&b"felix/1"[..])
     );
 
-    // Connect is 40 sequential authenticated streams for the real client: time them.
-    let started = Instant::now();
+    // Connect is 40 sequential authenticated streams for the real client: each is answered.
+    // How long they take is a benchmark figure (`bench -- connect`), not a pass/fail line.
     for _ in 0..40 {
         let (mut send, mut recv) = plain.open_bi().await.unwrap();
         let auth =
@@ -140,11 +140,6 @@ async fn serves_both_alpn_modes_and_shuts_down_with_code_zero(runtime: &str) {
         send.write_all(&json_frame(&auth)).await.unwrap();
         assert_eq!(read_frame(&mut recv).await["type"], "auth_ok");
     }
-    let elapsed = started.elapsed();
-    assert!(
-        elapsed < Duration::from_secs(2),
-        "40 auths took {elapsed:?} on {runtime}"
-    );
 
     broker.shutdown().await.unwrap();
     for conn in [plain, felix] {
