@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::*;
+use crate::layout;
 use crate::memfs::{Crash, MemFs};
 use crate::ops::FileErrorKind;
+use crate::record::{Step, MAX_ENTRY_BYTES, SEGMENT_HEADER_LEN};
 
 pub(crate) const DIR: &str = "streams/t/ns/s/0";
 
