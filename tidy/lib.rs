@@ -140,9 +140,7 @@ pub fn code_only(src: &str) -> String {
             };
             match len {
                 Some(n) => {
-                    for _ in 0..n {
-                        out.push(b' ');
-                    }
+                    out.resize(out.len() + n, b' ');
                     i += n;
                 }
                 None => {

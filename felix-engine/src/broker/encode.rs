@@ -66,6 +66,13 @@ pub(crate) fn encode_subscription_lagged(subscription_id: u64, resume_from: u64)
     out.freeze()
 }
 
+/// A JSON message as a whole frame, header included.
+pub(crate) fn encode_message(msg: &Message) -> Bytes {
+    let mut out = Vec::new();
+    msg.encode_frame_into(&mut out);
+    Bytes::from(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,11 +167,4 @@ mod tests {
             .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
             .collect()
     }
-}
-
-/// A JSON message as a whole frame, header included.
-pub(crate) fn encode_message(msg: &Message) -> Bytes {
-    let mut out = Vec::new();
-    msg.encode_frame_into(&mut out);
-    Bytes::from(out)
 }

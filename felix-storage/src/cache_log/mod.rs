@@ -256,6 +256,10 @@ impl CacheLog {
         self.index.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
     /// Bytes of the entries live keys point at.
     pub fn live_bytes(&self) -> u64 {
         self.live_bytes

@@ -132,6 +132,10 @@ impl CounterLog {
         self.sums.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.sums.is_empty()
+    }
+
     /// As for a cache ([`garbage_heavy`]), live bytes being those of each counter's newest
     /// record.
     pub fn compaction_due(&self) -> bool {
