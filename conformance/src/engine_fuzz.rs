@@ -24,11 +24,11 @@ use std::time::{Duration, Instant};
 
 use arbitrary::{Arbitrary, Unstructured};
 use bytes::{Bytes, BytesMut};
-use felix_engine::testing::MemDisk;
 use felix_engine::{
     AuthConfig, Datagram, DurableConfig, Engine, EngineConfig, FsyncPolicy, Output, TlsIdentity,
 };
 use felix_proto::{Flags, Frame, FrameDecoder};
+use felix_storage::memfs::MemFs;
 use quinn_proto::crypto::rustls::QuicClientConfig;
 use quinn_proto::{
     ClientConfig, Connection, ConnectionHandle, DatagramEvent, Dir, Endpoint, EndpointConfig,
@@ -463,7 +463,7 @@ fn tls() -> &'static (TlsIdentity, CertificateDer<'static>) {
 struct World {
     now: Instant,
     engine: Engine,
-    disk: MemDisk,
+    disk: MemFs,
     client: Endpoint,
     client_config: ClientConfig,
     clients: Vec<Client>,
@@ -543,7 +543,7 @@ impl World {
         let mut world = World {
             now,
             engine,
-            disk: MemDisk::default(),
+            disk: MemFs::new(),
             client: Endpoint::new(Arc::new(endpoint_config), None, true, None),
             client_config,
             clients: Vec::new(),
@@ -911,7 +911,7 @@ impl World {
             }
         }
         for op in ops {
-            let completion = self.disk.execute(op);
+            let completion = self.disk.execute(op).expect("the disk never crashes here");
             self.engine.handle_file_completion(self.now, completion);
         }
         if self.process_client_events() {

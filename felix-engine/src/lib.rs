@@ -39,7 +39,3 @@ pub use metrics::{Histogram, Metrics, FSYNC_MICROS_BUCKETS, GROUP_COMMIT_BUCKETS
 pub use rustls;
 pub use stream_delete::DeleteStreamError;
 pub use tls::{TlsConfigError, TlsIdentity, ALPN_FELIX_V1};
-
-#[cfg(feature = "test-support")]
-#[doc(hidden)]
-pub mod testing;

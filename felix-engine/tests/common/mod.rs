@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-pub use felix_engine::testing::MemDisk;
 use felix_engine::{
     AuthConfig, Datagram, DurableConfig, Engine, EngineConfig, FileOp, FileOpKind, Output,
     TlsIdentity,
 };
 use felix_proto::{Frame, FrameDecoder};
+pub use felix_storage::memfs::MemFs;
 use quinn_proto::crypto::rustls::QuicClientConfig;
 use quinn_proto::{
     ClientConfig, Connection, ConnectionError, ConnectionHandle, DatagramEvent, Dir, Endpoint,
@@ -89,7 +89,7 @@ pub struct Net {
     /// Datagrams the engine sent, for tests that look at GSO batches.
     pub engine_transmits: Vec<felix_engine::Transmit>,
     /// Where the engine's file ops run.
-    pub disk: MemDisk,
+    pub disk: MemFs,
     /// File ops handed out and not yet performed (held ones wait here).
     pub pending_ops: Vec<FileOp>,
     /// Ops of these kinds wait until [`Net::release_held_ops`].
@@ -123,7 +123,7 @@ impl Net {
             client_keep_alive: None,
             buf: Vec::new(),
             engine_transmits: Vec::new(),
-            disk: MemDisk::default(),
+            disk: MemFs::new(),
             pending_ops: Vec::new(),
             hold: |_| false,
         }
@@ -131,12 +131,12 @@ impl Net {
 
     /// An engine with durable storage on an in-memory disk, recovered and ready.
     pub fn durable(durable: DurableConfig, tweak: impl FnOnce(&mut EngineConfig)) -> Net {
-        Net::durable_on(MemDisk::default(), durable, tweak)
+        Net::durable_on(MemFs::new(), durable, tweak)
     }
 
     /// Like [`Net::durable`], over a disk with files already on it (a restart).
     pub fn durable_on(
-        disk: MemDisk,
+        disk: MemFs,
         durable: DurableConfig,
         tweak: impl FnOnce(&mut EngineConfig),
     ) -> Net {
@@ -146,7 +146,7 @@ impl Net {
     /// Like [`Net::durable_on`], started at this Unix time (µs).
     pub fn durable_on_at(
         unix_micros: u64,
-        disk: MemDisk,
+        disk: MemFs,
         durable: DurableConfig,
         tweak: impl FnOnce(&mut EngineConfig),
     ) -> Net {
@@ -180,7 +180,7 @@ impl Net {
                 continue;
             }
             let op = self.pending_ops.remove(i);
-            let c = self.disk.execute(op);
+            let c = self.disk.execute(op).expect("the disk never crashes here");
             self.engine.handle_file_completion(self.now, c);
             ran = true;
         }
