@@ -3,14 +3,12 @@
 //! many), offsets on acks and events, replay from the log joined with live delivery, cursor
 //! errors, and records surviving a restart.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use felix_engine::{DurableConfig, FileOpKind, FsyncPolicy};
 use felix_proto::binary::{AckResult, EventBatch, PublishAck};
 use felix_proto::{Flags, Frame};
+use felix_testkit::*;
 use quinn_proto::StreamId;
 use serde_json::Value;
 

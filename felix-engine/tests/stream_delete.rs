@@ -2,14 +2,12 @@
 //! client that offered FEATURE_STREAM_DELETED and just finish for one that did not; the
 //! stream comes back afresh; a durable stream's files are retired and stay gone.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use felix_engine::{DeleteStreamError, DurableConfig, FsyncPolicy};
 use felix_proto::binary::{AckResult, EventBatch, PublishAck};
 use felix_proto::frame::Frame;
+use felix_testkit::*;
 use quinn_proto::StreamId;
 
 /// The real client's auth, with or without its extended feature word (0xF holds

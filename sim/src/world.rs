@@ -141,7 +141,7 @@ impl World {
         };
         let mut tls_rng = root.fork("tls");
         let provider = crate::crypto::seeded_provider(tls_rng.fork("provider"));
-        let identity = crate::crypto::identity(tls_rng.seed32());
+        let identity = felix_testkit::ed25519_identity(tls_rng.seed32());
         let mut config =
             EngineConfig::new(identity, AuthConfig::Dev { seed: [7; 32] }, plan.seed32());
         config.crypto_provider = Some(provider.clone());
