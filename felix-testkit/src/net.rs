@@ -43,6 +43,9 @@ pub struct Peer {
     pub stopped: Vec<(StreamId, VarInt)>,
 }
 
+/// One engine, the client connections to it ([`Net::connect`]), the disk its file ops run
+/// on, and the virtual clock: [`Net::run`] moves datagrams and file ops until nothing moves,
+/// [`Net::advance`] lets time pass, firing every timer on both sides at its instant.
 pub struct Net {
     pub now: Instant,
     pub engine: Engine,
@@ -245,7 +248,7 @@ impl Net {
                 stopped,
                 ..
             } = peer;
-            let on_event = |conn: &mut Connection, ev| match ev {
+            let mut on_event = |conn: &mut Connection, ev| match ev {
                 Event::Connected => *connected = true,
                 Event::ConnectionLost { reason } => *lost = Some(reason),
                 Event::Stream(StreamEvent::Opened { dir: Dir::Uni }) => {
@@ -258,7 +261,6 @@ impl Net {
                 }
                 _ => {}
             };
-            let mut on_event = on_event;
             while poll_connection(&mut self.client, *ch, conn, &mut on_event) {}
         }
     }
