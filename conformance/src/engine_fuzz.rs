@@ -9,8 +9,10 @@
 //!   good token and carried only whole, valid requests, the broker sends exactly one answer
 //!   per request that asks for one, once the network settles.
 //!
-//! The client side is a quinn-proto client endpoint, built here (the same shape as
-//! `felix-engine/tests/common`), rather than a hook inside the engine: the fuzzer then drives
+//! The client side is a quinn-proto client endpoint built from felix-testkit's pieces (the
+//! ones under the engine tests' `Net`; this harness keeps its own loop, which gives every
+//! client its own address and tracks each stream's requests), rather than a hook inside the
+//! engine: the fuzzer then drives
 //! the very path a hostile peer reaches — QUIC stream events, the connection's read loop and
 //! buffer budget, the session — and the engine needs no test-only API beyond its public
 //! `usage()` getter. The cost is a TLS handshake per input (a few hundred inputs a second).
@@ -23,18 +25,16 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use arbitrary::{Arbitrary, Unstructured};
-use bytes::{Bytes, BytesMut};
-use felix_engine::testing::MemDisk;
-use felix_engine::{
-    AuthConfig, Datagram, DurableConfig, Engine, EngineConfig, FsyncPolicy, Output, TlsIdentity,
+use bytes::Bytes;
+use felix_engine::{AuthConfig, DurableConfig, Engine, EngineConfig, FsyncPolicy, Output};
+use felix_proto::FrameDecoder;
+use felix_testkit::{
+    binary_frame, client_config, client_endpoint, client_tls, json_frame, poll_connection,
+    quic_crypto, read_stream, shared_tls, to_client, to_engine, ClientTransport, MemFs, Trust,
 };
-use felix_proto::{Flags, Frame, FrameDecoder};
-use quinn_proto::crypto::rustls::QuicClientConfig;
 use quinn_proto::{
-    ClientConfig, Connection, ConnectionHandle, DatagramEvent, Dir, Endpoint, EndpointConfig,
-    Event, StreamEvent, StreamId, TransportConfig, VarInt,
+    ClientConfig, Connection, ConnectionHandle, Dir, Endpoint, Event, StreamEvent, StreamId, VarInt,
 };
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 /// Actions read from one input.
 const MAX_ACTIONS: usize = 48;
@@ -259,22 +259,6 @@ fn stream_name(n: u8) -> String {
     format!("s{}", n % 8)
 }
 
-fn json_frame(text: &str) -> Vec<u8> {
-    Frame::new(Flags::NONE, Bytes::copy_from_slice(text.as_bytes()))
-        .to_bytes()
-        .to_vec()
-}
-
-fn raw_frame(flags: u16, payload: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(12 + payload.len());
-    v.extend_from_slice(b"FLX1");
-    v.extend_from_slice(&1u16.to_be_bytes());
-    v.extend_from_slice(&flags.to_be_bytes());
-    v.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    v.extend_from_slice(payload);
-    v
-}
-
 fn b64(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -313,7 +297,7 @@ impl Req {
                     p.extend_from_slice(&(payload.len() as u32).to_be_bytes());
                     p.extend_from_slice(payload);
                 }
-                (raw_frame(flags, &p), *acked)
+                (binary_frame(flags, &p), *acked)
             }
             Req::PublishJson {
                 acked,
@@ -437,33 +421,10 @@ struct Client {
     events: BTreeMap<StreamId, (FrameDecoder, bool)>,
 }
 
-/// A CA and a `localhost` leaf, made once per process (key generation is the slow part).
-fn tls() -> &'static (TlsIdentity, CertificateDer<'static>) {
-    static TLS: OnceLock<(TlsIdentity, CertificateDer<'static>)> = OnceLock::new();
-    TLS.get_or_init(|| {
-        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-        let ca_key = KeyPair::generate().expect("ca key");
-        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca_cert = ca.self_signed(&ca_key).expect("ca");
-        let issuer = Issuer::new(ca, ca_key);
-        let leaf_key = KeyPair::generate().expect("leaf key");
-        let leaf = CertificateParams::new(vec!["localhost".to_owned()]).expect("leaf params");
-        let leaf_cert = leaf.signed_by(&leaf_key, &issuer).expect("leaf");
-        (
-            TlsIdentity {
-                cert_chain: vec![leaf_cert.der().clone()],
-                key: PrivateKeyDer::try_from(leaf_key.serialize_der()).expect("key"),
-            },
-            ca_cert.der().clone(),
-        )
-    })
-}
-
 struct World {
     now: Instant,
     engine: Engine,
-    disk: MemDisk,
+    disk: MemFs,
     client: Endpoint,
     client_config: ClientConfig,
     clients: Vec<Client>,
@@ -478,9 +439,13 @@ struct World {
 
 impl World {
     fn new(setup: Setup) -> World {
-        let (identity, ca) = tls();
-        let mut config =
-            EngineConfig::new(identity.clone(), AuthConfig::Dev { seed: [7; 32] }, [9; 32]);
+        // A CA and a `localhost` leaf, made once per process (key generation is slow).
+        let tls = shared_tls();
+        let mut config = EngineConfig::new(
+            tls.identity.clone(),
+            AuthConfig::Dev { seed: [7; 32] },
+            [9; 32],
+        );
         config.max_connections = MAX_CONNECTIONS;
         config.preauth_max_streams_per_connection = PREAUTH_MAX_STREAMS;
         config.max_subscriptions_per_connection = MAX_SUBSCRIPTIONS;
@@ -516,35 +481,21 @@ impl World {
         let engine = Engine::new(config, now, 1_767_225_600_000_000).expect("engine builds");
         let token = engine.dev_token().expect("dev mode").to_owned();
 
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(ca.clone()).expect("root");
-        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .expect("tls 1.3")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        if setup.alpn {
-            tls.alpn_protocols = vec![b"felix/1".to_vec()];
-        }
-        let mut client_config = ClientConfig::new(Arc::new(
-            QuicClientConfig::try_from(tls).expect("quic client config"),
-        ));
-        let mut transport = TransportConfig::default();
-        transport
-            .stream_receive_window(VarInt::from_u32(256 * 1024))
-            .max_concurrent_uni_streams(VarInt::from_u32(64))
-            .max_concurrent_bidi_streams(VarInt::from_u32(0));
-        client_config.transport_config(Arc::new(transport));
-        let mut endpoint_config = EndpointConfig::default();
-        endpoint_config.rng_seed(Some([3; 32]));
+        let alpn: &[&[u8]] = if setup.alpn { &[b"felix/1"] } else { &[] };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let crypto = quic_crypto(client_tls(provider, Trust::Ca(tls.ca.clone()), alpn));
+        let transport = ClientTransport {
+            stream_window: 256 * 1024,
+            max_uni_streams: 64,
+            keep_alive: None,
+        };
+        let client_config = client_config(crypto, &transport);
 
         let mut world = World {
             now,
             engine,
-            disk: MemDisk::default(),
-            client: Endpoint::new(Arc::new(endpoint_config), None, true, None),
+            disk: MemFs::new(),
+            client: client_endpoint(Some([3; 32])),
             client_config,
             clients: Vec::new(),
             server: "127.0.0.1:5000".parse().expect("literal"),
@@ -720,7 +671,7 @@ impl World {
                 };
                 self.clients[c].streams[s].clean = false;
                 let payload: Vec<u8> = payload.into_iter().take(4096).collect();
-                self.write(c, s, &raw_frame(flags, &payload));
+                self.write(c, s, &binary_frame(flags, &payload));
             }
             Action::Finish { conn, stream } => {
                 let Some((c, s)) = self.pick(conn, stream) else {
@@ -858,29 +809,10 @@ impl World {
                 self.flush(c, s);
             }
         }
-        for i in 0..self.clients.len() {
-            let remote = self.addrs[&self.clients[i].ch];
-            loop {
-                self.buf.clear();
-                let Some(t) = self.clients[i]
-                    .conn
-                    .poll_transmit(self.now, 10, &mut self.buf)
-                else {
-                    break;
-                };
-                moved = true;
-                let data = BytesMut::from(&self.buf[..t.size]);
-                self.engine.handle_datagram(
-                    self.now,
-                    Datagram {
-                        remote,
-                        local_ip: None,
-                        ecn: None,
-                        data,
-                        segment_size: t.segment_size,
-                    },
-                );
-            }
+        for client in &mut self.clients {
+            let remote = self.addrs[&client.ch];
+            let (engine, buf) = (&mut self.engine, &mut self.buf);
+            moved |= to_engine(&mut client.conn, engine, self.now, remote, buf);
         }
         let mut out = Vec::new();
         let mut ops = Vec::new();
@@ -893,25 +825,14 @@ impl World {
                     continue;
                 }
             };
-            let segment = t.segment_size.unwrap_or(t.size).max(1);
-            for datagram in out[..t.size].chunks(segment) {
-                let mut resp = Vec::new();
-                if let Some(DatagramEvent::ConnectionEvent(ch, ev)) = self.client.handle(
-                    self.now,
-                    self.server,
-                    None,
-                    None,
-                    BytesMut::from(datagram),
-                    &mut resp,
-                ) {
-                    if let Some(client) = self.clients.iter_mut().find(|c| c.ch == ch) {
-                        client.conn.handle_event(ev);
-                    }
+            for (ch, ev) in to_client(&mut self.client, self.now, self.server, &t, &out) {
+                if let Some(client) = self.clients.iter_mut().find(|c| c.ch == ch) {
+                    client.conn.handle_event(ev);
                 }
             }
         }
         for op in ops {
-            let completion = self.disk.execute(op);
+            let completion = self.disk.execute(op).expect("the disk never crashes here");
             self.engine.handle_file_completion(self.now, completion);
         }
         if self.process_client_events() {
@@ -925,32 +846,28 @@ impl World {
         let mut moved = false;
         for client in &mut self.clients {
             loop {
-                let mut any = false;
-                while let Some(ev) = client.conn.poll_endpoint_events() {
-                    any = true;
-                    if let Some(reply) = self.client.handle_event(client.ch, ev) {
-                        client.conn.handle_event(reply);
-                    }
-                }
-                while let Some(ev) = client.conn.poll() {
-                    any = true;
-                    match ev {
-                        Event::ConnectionLost { .. } => client.lost = true,
-                        Event::Stream(StreamEvent::Stopped { id, .. }) => {
-                            if let Some(st) = client.streams.iter_mut().find(|s| s.id == id) {
-                                st.refused = true;
-                            }
+                let Client {
+                    ch,
+                    conn,
+                    lost,
+                    streams,
+                    events,
+                    ..
+                } = &mut *client;
+                let mut any = poll_connection(&mut self.client, *ch, conn, |conn, ev| match ev {
+                    Event::ConnectionLost { .. } => *lost = true,
+                    Event::Stream(StreamEvent::Stopped { id, .. }) => {
+                        if let Some(st) = streams.iter_mut().find(|s| s.id == id) {
+                            st.refused = true;
                         }
-                        Event::Stream(StreamEvent::Opened { dir: Dir::Uni }) => {
-                            while let Some(id) = client.conn.streams().accept(Dir::Uni) {
-                                client
-                                    .events
-                                    .insert(id, (FrameDecoder::new(64 << 20), false));
-                            }
-                        }
-                        _ => {}
                     }
-                }
+                    Event::Stream(StreamEvent::Opened { dir: Dir::Uni }) => {
+                        while let Some(id) = conn.streams().accept(Dir::Uni) {
+                            events.insert(id, (FrameDecoder::new(64 << 20), false));
+                        }
+                    }
+                    _ => {}
+                });
                 if read_all(client) {
                     any = true;
                 }
@@ -1065,10 +982,10 @@ fn read_all(client: &mut Client) -> bool {
         if st.ended {
             continue;
         }
-        let (read, ended, reset) = read_stream(&mut client.conn, st.id, &mut st.decoder);
-        any |= read;
-        st.ended = ended;
-        st.refused |= reset;
+        let r = read_stream(&mut client.conn, st.id, &mut st.decoder);
+        any |= r.read;
+        st.ended = r.ended();
+        st.refused |= r.reset.is_some();
         while let Some(frame) = st.decoder.next_frame().expect("broker frames decode") {
             felix_proto::decode_frame(&frame).expect("broker answers decode");
             st.answers += 1;
@@ -1078,48 +995,12 @@ fn read_all(client: &mut Client) -> bool {
         if *ended {
             continue;
         }
-        let (read, end, _) = read_stream(&mut client.conn, *id, decoder);
-        any |= read;
-        *ended = end;
+        let r = read_stream(&mut client.conn, *id, decoder);
+        any |= r.read;
+        *ended = r.ended();
         while let Some(frame) = decoder.next_frame().expect("event frames decode") {
             felix_proto::decode_frame(&frame).expect("event frames decode");
         }
     }
     any
-}
-
-/// Reads what the stream holds into `decoder`: (anything read, the stream ended, it was
-/// reset).
-fn read_stream(
-    conn: &mut Connection,
-    id: StreamId,
-    decoder: &mut FrameDecoder,
-) -> (bool, bool, bool) {
-    let mut any = false;
-    let mut ended = false;
-    let mut reset = false;
-    if let Ok(mut chunks) = conn.recv_stream(id).read(true) {
-        loop {
-            match chunks.next(usize::MAX) {
-                Ok(Some(chunk)) => {
-                    any = true;
-                    decoder.feed_bytes(chunk.bytes);
-                }
-                Ok(None) => {
-                    ended = true;
-                    break;
-                }
-                Err(quinn_proto::ReadError::Blocked) => break,
-                Err(quinn_proto::ReadError::Reset(_)) => {
-                    ended = true;
-                    reset = true;
-                    break;
-                }
-            }
-        }
-        let _ = chunks.finalize();
-    } else {
-        ended = true;
-    }
-    (any, ended, reset)
 }

@@ -40,7 +40,3 @@ pub use node::{Stats, Usage};
 pub use rustls;
 pub use stream_delete::DeleteStreamError;
 pub use tls::{TlsConfigError, TlsIdentity, ALPN_FELIX_V1};
-
-#[cfg(feature = "test-support")]
-#[doc(hidden)]
-pub mod testing;

@@ -1,9 +1,7 @@
 //! `auth` on every stream: what the broker advertises to the real client's offer, plain `ok`
 //! to a client that offers nothing, and refusals.
 
-mod common;
-
-use common::*;
+use felix_testkit::*;
 
 /// Frame flags served (0x1F7F) and features served, as the real client's offer is answered:
 /// the low word with the EXTENDED marker, and STREAM_DELETED (0x2) in the extended word.

@@ -2,9 +2,7 @@
 //! drops new ones) while publishers keep getting acks, and a publisher that stops reading its
 //! acks stops being read at the publish window.
 
-mod common;
-
-use common::*;
+use felix_testkit::*;
 
 fn subscribe(net: &mut Net, p: usize, stream: &str) -> quinn_proto::StreamId {
     let (id, _) = net.auth_stream(p);

@@ -3,13 +3,11 @@
 //! (joined with live delivery without a gap or a duplicate), the watch queue limit at its
 //! edge, and the requests refused.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use felix_engine::{DurableConfig, FileOpKind, FsyncPolicy};
 use felix_proto::Frame;
+use felix_testkit::*;
 use quinn_proto::StreamId;
 use serde_json::Value;
 

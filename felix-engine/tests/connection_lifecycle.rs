@@ -1,11 +1,9 @@
 //! Connections: ALPN with and without, the authentication deadline, reaping abandoned
 //! connections, stream credit that keeps coming, and shutdown.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use felix_testkit::*;
 use quinn_proto::{ConnectionError, VarInt};
 
 fn app_close(net: &Net, p: usize) -> Option<(u64, String)> {

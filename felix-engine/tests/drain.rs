@@ -3,12 +3,10 @@
 //! with its offset, and `is_drained` holds only once it has been; the metrics count the
 //! refusals.
 
-mod common;
-
-use common::*;
 use felix_engine::{DurableConfig, FileOpKind, FsyncPolicy};
 use felix_proto::binary::{AckResult, PublishAck};
 use felix_proto::{ErrorCode, Frame};
+use felix_testkit::*;
 
 /// What one binary ack said: an offset (if any) or an error code (if any).
 type AckOutcome = Result<Option<u64>, Option<ErrorCode>>;

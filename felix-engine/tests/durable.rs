@@ -3,14 +3,12 @@
 //! many), offsets on acks and events, replay from the log joined with live delivery, cursor
 //! errors, and records surviving a restart.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use felix_engine::{DurableConfig, FileOpKind, FsyncPolicy};
 use felix_proto::binary::{AckResult, EventBatch, PublishAck};
 use felix_proto::{Flags, Frame};
+use felix_testkit::*;
 use quinn_proto::StreamId;
 use serde_json::Value;
 
@@ -151,7 +149,7 @@ fn under_on_commit_acks_wait_for_the_fsync_and_carry_offsets() {
         [(2, Some(1)), (3, Some(2))],
         "acked after the fsync, with offsets"
     );
-    assert!(net.disk.files.values().any(|f| !f.is_empty()));
+    assert!(net.disk.files().values().any(|f| !f.is_empty()));
 }
 
 #[test]
@@ -387,12 +385,13 @@ fn a_corrupt_log_stops_the_engine_from_becoming_ready() {
     drop(net);
     // Flip a byte inside the first record (past the 32-byte segment header).
     let (path, bytes) = disk
-        .files
-        .iter_mut()
+        .files()
+        .into_iter()
         .find(|(p, _)| p.ends_with(".seg"))
         .unwrap();
-    let path = path.clone();
+    let mut bytes = bytes.to_vec();
     bytes[40] ^= 0xff;
+    disk.put_file(&path, bytes);
 
     let mut net = Net::new(|c| c.durable = Some(on_commit()));
     net.disk = disk;
@@ -557,7 +556,7 @@ fn retention_removes_whole_old_segments_and_moves_earliest() {
     assert_eq!(net.read_frames(p, sid).len(), 40);
     let segments = |net: &Net| {
         net.disk
-            .files
+            .files()
             .keys()
             .filter(|k| k.ends_with(".seg"))
             .count()
@@ -594,7 +593,7 @@ fn an_overwritten_cache_is_compacted_and_keeps_its_values() {
     let (sid, _) = net.auth_stream(p);
     let cache_bytes = |net: &Net| -> usize {
         net.disk
-            .files
+            .files()
             .iter()
             .filter(|(k, _)| k.starts_with("caches/"))
             .map(|(_, v)| v.len())

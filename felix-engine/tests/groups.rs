@@ -2,12 +2,10 @@
 //! clock: the exact answers the real client expects, a waiting poll answered in the turn
 //! its record is released, and a wait that ends empty at its deadline.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use felix_engine::{DurableConfig, FsyncPolicy, GroupConfig};
+use felix_testkit::*;
 use quinn_proto::StreamId;
 use serde_json::Value;
 

@@ -1,12 +1,10 @@
 //! `timestamp_micros` on a polled record: sent only to a client that offered
 //! FEATURE_RECORD_TIMESTAMPS (0x400_0000), and it is the record's append time.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use felix_engine::{DurableConfig, FsyncPolicy};
+use felix_testkit::*;
 use quinn_proto::StreamId;
 use serde_json::Value;
 

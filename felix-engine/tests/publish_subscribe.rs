@@ -1,11 +1,9 @@
 //! A publish is acked in its own encoding and reaches every subscriber as one shared event
 //! batch on the subscription's event stream.
 
-mod common;
-
-use common::*;
 use felix_proto::binary::EventBatch;
 use felix_proto::Flags;
+use felix_testkit::*;
 
 /// Subscribes the way the real client does: `subscribe` then FIN, read `subscribed`, then
 /// STOP_SENDING the control stream. Returns the event stream after its hello.

@@ -1,12 +1,10 @@
 //! Requests on authenticated streams: the cache (with TTL on the fake clock), routing
 //! answers, requests this broker does not serve, and frames that cannot be read.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use felix_engine::DeclaredStream;
+use felix_testkit::*;
 
 #[test]
 fn cache_put_get_delete_with_ttl() {

@@ -3,9 +3,7 @@
 //! whole frames with a bad inside are refused and the stream goes on. The connection and its
 //! other streams never notice.
 
-mod common;
-
-use common::*;
+use felix_testkit::*;
 use quinn_proto::{StreamId, VarInt};
 
 const CACHE_GET: &str = r#"{"type":"cache_get","tenant_id":"t1","namespace":"default","cache":"c","key":"k","request_id":9}"#;

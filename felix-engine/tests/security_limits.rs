@@ -6,11 +6,9 @@
 //! per-connection buffer budget (backpressure.rs), subscriptions per connection
 //! (requests.rs).
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use felix_testkit::*;
 use quinn_proto::{ConnectionError, Dir, TransportErrorCode};
 
 fn json(frame: &felix_proto::Frame) -> serde_json::Value {

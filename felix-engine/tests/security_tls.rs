@@ -1,11 +1,9 @@
 //! TLS and key rotation on a running engine: `require_alpn`, client certificates,
 //! `set_tls_identity` (operator certificate rotation) and `set_jwks` (token key rotation).
 
-mod common;
-
-use common::*;
 use felix_auth::SigningKey;
 use felix_engine::{AuthConfig, EngineError};
+use felix_testkit::*;
 
 fn handshake_failed(net: &Net, p: usize) -> bool {
     !net.peers[p].connected && net.peers[p].lost.is_some()
@@ -64,21 +62,6 @@ fn a_rotated_certificate_serves_new_handshakes_and_spares_open_connections() {
     assert_eq!(acks.len(), 1);
     let (_, answer) = net.auth_stream(before);
     assert!(text(&answer).starts_with(r#"{"type":"auth_ok""#));
-}
-
-fn jwks(keys: &[(&str, &SigningKey)]) -> Vec<u8> {
-    felix_auth::jwks_document(keys).into_bytes()
-}
-
-fn token(kid: &str, key: &SigningKey) -> String {
-    // The test network's engine starts at 2026-01-01T00:00:00Z.
-    let now = 1_767_225_600u64;
-    let perms = vec!["stream.publish:stream:t1/*".to_owned()];
-    felix_auth::mint_token(
-        key,
-        kid,
-        &felix_auth::Claims::for_tenant("t1", perms, now, 3600),
-    )
 }
 
 fn auth(net: &mut Net, p: usize, token: &str) -> (quinn_proto::StreamId, serde_json::Value) {

@@ -2,14 +2,12 @@
 //! client that offered FEATURE_STREAM_DELETED and just finish for one that did not; the
 //! stream comes back afresh; a durable stream's files are retired and stay gone.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use felix_engine::{DeleteStreamError, DurableConfig, FsyncPolicy};
 use felix_proto::binary::{AckResult, EventBatch, PublishAck};
 use felix_proto::frame::Frame;
+use felix_testkit::*;
 use quinn_proto::StreamId;
 
 /// The real client's auth, with or without its extended feature word (0xF holds
@@ -183,8 +181,8 @@ fn a_token_needs_stream_manage_on_the_stream() {
 }
 
 /// Directories of a tombstone still on the disk (none once a delete is finished).
-fn tombstone_dirs(disk: &felix_engine::testing::MemDisk) -> Vec<&String> {
-    disk.dirs
+fn tombstone_dirs(disk: &felix_storage::memfs::MemFs) -> Vec<&String> {
+    disk.dirs()
         .iter()
         .filter(|d| d.contains(".deleted."))
         .collect()
@@ -225,14 +223,14 @@ fn a_durable_stream_is_retired_and_starts_again_from_offset_zero() {
     // The old files are gone, and so are the tombstone's directories, down to its own.
     let old: Vec<_> = net
         .disk
-        .files
-        .keys()
+        .files()
+        .into_keys()
         .filter(|f| f.contains(".deleted."))
         .collect();
     assert!(old.is_empty(), "{old:?}");
     assert_eq!(tombstone_dirs(&net.disk), Vec::<&String>::new());
     assert!(
-        net.disk.dirs.contains("streams/t1/default/orders/0"),
+        net.disk.has_dir("streams/t1/default/orders/0"),
         "the new log's"
     );
 
@@ -256,34 +254,31 @@ fn a_tombstone_left_by_a_crash_is_finished_at_startup_and_never_opened() {
     drop(net);
     // A crash right after the rename: the tombstone still holds the shard's files. One more
     // shard's directory is already empty, as a crash part way through the removal leaves it.
-    disk.dirs
-        .insert("streams/t1/default/.deleted.1.1/7".to_owned());
+    disk.plant_dir("streams/t1/default/.deleted.1.1/7");
     let moved: Vec<(String, Vec<u8>)> = disk
-        .files
+        .files()
         .iter()
         .filter(|(f, _)| f.starts_with("streams/t1/default/orders/"))
-        .map(|(f, d)| (f.replace("/orders/", "/.deleted.1.1/"), d.clone()))
+        .map(|(f, d)| (f.replace("/orders/", "/.deleted.1.1/"), d.to_vec()))
         .collect();
     assert!(!moved.is_empty());
-    disk.files
-        .retain(|f, _| !f.starts_with("streams/t1/default/orders/"));
-    disk.dirs
-        .retain(|d| !d.starts_with("streams/t1/default/orders"));
+    disk.retain_files(|f| !f.starts_with("streams/t1/default/orders/"));
+    disk.retain_dirs(|d| !d.starts_with("streams/t1/default/orders"));
     for (f, d) in moved {
         let dir = f.rsplit_once('/').unwrap().0.to_owned();
-        disk.dirs.insert(dir.rsplit_once('/').unwrap().0.to_owned());
-        disk.dirs.insert(dir);
-        disk.files.insert(f, d);
+        disk.plant_dir(dir.rsplit_once('/').unwrap().0);
+        disk.plant_dir(&dir);
+        disk.plant_file(&f, d);
     }
 
     let mut net = Net::durable_on(disk, on_commit(), |_| {});
     assert!(
-        !net.disk.files.keys().any(|f| f.contains(".deleted.")),
+        !net.disk.files().keys().any(|f| f.contains(".deleted.")),
         "startup removed the tombstone's files: {:?}",
-        net.disk.files.keys().collect::<Vec<_>>()
+        net.disk.files().keys().collect::<Vec<_>>()
     );
     assert_eq!(tombstone_dirs(&net.disk), Vec::<&String>::new());
-    assert!(net.disk.dirs.contains("streams/t1/default"));
+    assert!(net.disk.has_dir("streams/t1/default"));
     let p = net.connect(&[]);
     let (pid, _) = net.auth_stream(p);
     assert_eq!(publish(&mut net, p, pid, 1, &[b"fresh"]), [Some(0)]);
@@ -304,21 +299,22 @@ fn a_groups_tombstone_left_by_a_crash_is_removed_at_startup() {
     for f in [tomb, live] {
         let mut dir = f;
         while let Some((parent, _)) = dir.rsplit_once('/') {
-            disk.dirs.insert(parent.to_owned());
+            disk.plant_dir(parent);
             dir = parent;
         }
-        disk.files.insert(f.to_owned(), b"group log bytes".to_vec());
+        disk.plant_file(f, b"group log bytes".to_vec());
     }
 
     let net = Net::durable_on(disk, on_commit(), |_| {});
-    let files: Vec<&String> = net.disk.files.keys().collect();
+    let files = net.disk.files();
+    let files: Vec<&String> = files.keys().collect();
     assert!(
         !files.iter().any(|f| f.contains(".deleted.")),
         "startup removed the groups tombstone's files: {files:?}"
     );
     assert!(files.iter().any(|f| *f == live), "{files:?}");
     assert_eq!(tombstone_dirs(&net.disk), Vec::<&String>::new());
-    assert!(net.disk.dirs.contains("groups/t1/default/orders/0/workers"));
+    assert!(net.disk.has_dir("groups/t1/default/orders/0/workers"));
 }
 
 #[test]
@@ -342,7 +338,7 @@ fn a_publish_during_the_rename_waits_for_it_and_never_sees_the_old_log() {
     );
     assert!(
         net.disk
-            .files
+            .files()
             .keys()
             .any(|f| f.starts_with("streams/t1/default/orders/")),
         "the old files are still in place"
@@ -410,7 +406,7 @@ fn a_deleted_streams_groups_go_with_it() {
     );
     assert!(
         !net.disk
-            .files
+            .files()
             .keys()
             .any(|f| f.starts_with("groups/t1/default/orders/")),
         "the group log moved away"

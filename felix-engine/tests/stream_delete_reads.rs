@@ -1,10 +1,8 @@
 //! A `stream_read` whose file read is still out when its stream is deleted is answered with
 //! an error at once, never left waiting for a read that will not land.
 
-mod common;
-
-use common::*;
 use felix_engine::{DurableConfig, FileOpKind, FsyncPolicy};
+use felix_testkit::*;
 use serde_json::Value;
 
 fn on_commit() -> DurableConfig {

@@ -3,10 +3,8 @@
 //! answered with the first copy's offset, a gap refused with the expected sequence; and the
 //! exact answers to `publish_if`, `commit`, `state_get`, `stream_read` and `offset_for_time`.
 
-mod common;
-
-use common::*;
 use felix_engine::{DurableConfig, FsyncPolicy};
+use felix_testkit::*;
 
 fn on_commit() -> DurableConfig {
     DurableConfig {

@@ -4,20 +4,18 @@
 //! would differ in every handshake byte. Here ring's provider keeps its ciphers and
 //! signatures but gets `secure_random` from the run's seeded RNG and one key-exchange group,
 //! X25519 implemented with `x25519-dalek` on secrets drawn from that RNG. The certificate is
-//! Ed25519 with a key derived from the seed, and Ed25519 signatures are deterministic. None of
-//! this is secure, and none of it is used outside the simulator.
+//! felix-testkit's Ed25519 one with a key derived from the seed (Ed25519 signatures are
+//! deterministic), and the clients' configuration is the kit's. None of this is secure, and
+//! none of it is used outside the simulator.
 
 use std::sync::{Arc, Mutex};
 
-use felix_engine::TlsIdentity;
 use quinn_proto::{ConnectionId, ConnectionIdGenerator};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{
     ActiveKeyExchange, CryptoProvider, GetRandomFailed, SecureRandom, SharedSecret,
     SupportedKxGroup,
 };
-use rustls::{DigitallySignedStruct, NamedGroup, SignatureScheme};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::NamedGroup;
 
 use crate::rng::SimRng;
 
@@ -90,97 +88,16 @@ pub(crate) fn seeded_provider(rng: SimRng) -> Arc<CryptoProvider> {
     Arc::new(provider)
 }
 
-/// A self-signed Ed25519 certificate for `localhost`, the key derived from `seed`.
-pub(crate) fn identity(seed: [u8; 32]) -> TlsIdentity {
-    let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed).expect("ed25519 seed");
-    let public = ring::signature::KeyPair::public_key(&pair)
-        .as_ref()
-        .to_vec();
-    // PKCS#8 v2 (RFC 5958) with the public key, the form ring and rcgen both read.
-    let mut der = vec![
-        0x30, 0x53, 0x02, 0x01, 0x01, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04,
-        0x20,
-    ];
-    der.extend_from_slice(&seed);
-    der.extend_from_slice(&[0xa1, 0x23, 0x03, 0x21, 0x00]);
-    der.extend_from_slice(&public);
-    let pkcs8 = PrivatePkcs8KeyDer::from(der);
-    let key = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&pkcs8, &rcgen::PKCS_ED25519)
-        .expect("rcgen reads the key");
-    let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
-    let cert = params.self_signed(&key).expect("self-signed certificate");
-    TlsIdentity {
-        cert_chain: vec![cert.der().clone()],
-        key: PrivateKeyDer::Pkcs8(pkcs8),
-    }
-}
-
-/// Accepts the broker's certificate without a chain (the simulated clients know whom they
-/// talk to) but still checks the handshake signature with the provider's algorithms.
-#[derive(Debug)]
-struct TrustTheBroker(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for TrustTheBroker {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-/// The clients' QUIC crypto: TLS 1.3 on the seeded provider, no resumption (a resumed
-/// handshake would put real ticket ages on the wire).
+/// The clients' QUIC crypto: TLS 1.3 on the seeded provider, trusting the broker's seeded
+/// certificate ([`felix_testkit::ed25519_identity`]) without a chain, no resumption (a
+/// resumed handshake would put real ticket ages on the wire).
 pub(crate) fn client_crypto(
     provider: Arc<CryptoProvider>,
 ) -> Arc<quinn_proto::crypto::rustls::QuicClientConfig> {
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .expect("TLS 1.3")
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(TrustTheBroker(provider)))
-        .with_no_client_auth();
+    let mut tls = felix_testkit::client_tls(provider, felix_testkit::Trust::AnyCertificate, &[]);
     tls.resumption = rustls::client::Resumption::disabled();
     tls.enable_early_data = false;
-    Arc::new(
-        quinn_proto::crypto::rustls::QuicClientConfig::try_from(tls).expect("QUIC client config"),
-    )
+    felix_testkit::quic_crypto(tls)
 }
 
 /// Connection ids drawn from a seeded RNG (quinn's default draws from the OS).

@@ -14,7 +14,7 @@ use felix_engine::{
 
 use crate::client::{Ctx, Role, Setup, SimClient, NAMESPACE, STREAM, TENANT};
 use crate::clock::VirtualClock;
-use crate::disk::{CrashKind, SimDisk};
+use crate::disk::{CrashKind, MemFs};
 use crate::invariants::{idempotent_once, no_acked_loss, requests_answered};
 use crate::net::{NetConfig, Network, Node};
 use crate::oracle::{Oracle, Promise, Violation};
@@ -94,7 +94,7 @@ pub(crate) struct World {
     queue: EventQueue<Ev>,
     trace: Trace,
     net: Network,
-    disk: SimDisk,
+    disk: MemFs,
     disk_rng: SimRng,
     disk_slowness: u32,
     crash_rng: SimRng,
@@ -141,7 +141,7 @@ impl World {
         };
         let mut tls_rng = root.fork("tls");
         let provider = crate::crypto::seeded_provider(tls_rng.fork("provider"));
-        let identity = crate::crypto::identity(tls_rng.seed32());
+        let identity = felix_testkit::ed25519_identity(tls_rng.seed32());
         let mut config =
             EngineConfig::new(identity, AuthConfig::Dev { seed: [7; 32] }, plan.seed32());
         config.crypto_provider = Some(provider.clone());
@@ -189,7 +189,7 @@ impl World {
         };
         let mut net_rng = root.fork("net");
         let net = Network::new(NetConfig::draw(&mut net_rng), net_rng.fork("route"));
-        let mut disk = SimDisk::new();
+        let mut disk = MemFs::new();
         disk.sync_lies = opts.canary == Some(Canary::LyingSync);
         let workers = plan.range(2..7) as usize;
         let clock = VirtualClock::new();
@@ -318,7 +318,7 @@ impl World {
             self.crashes,
             self.net.stats.sent,
             self.net.stats.dropped,
-            self.disk.ops,
+            self.disk.ops(),
             self.clock.elapsed().as_secs_f64() * 1e3,
             wall.as_secs_f64() * 1e3,
         )
@@ -347,14 +347,14 @@ impl World {
                 .as_ref()
                 .is_some_and(|b| !b.engine.storage_idle());
             let answering = waiting > 0 && waiting < backlog.0;
-            let progressing = writing && self.disk.ops > backlog.1;
+            let progressing = writing && self.disk.ops() > backlog.1;
             if !(answering || progressing) || extensions >= MAX_EXTENSIONS {
                 break;
             }
             self.log(format_args!(
                 "drain: {waiting} requests waiting, storage busy {writing}: extending"
             ));
-            backlog = (waiting, self.disk.ops);
+            backlog = (waiting, self.disk.ops());
             extensions += 1;
             end += EXTENSION;
         }
@@ -506,7 +506,10 @@ impl World {
                     return Ok(());
                 }
                 self.in_flight.remove(&op.id);
-                let completion = self.disk.execute(&op);
+                let completion = self
+                    .disk
+                    .execute(op.clone())
+                    .expect("the simulated disk dies only through crash_drawn");
                 let ok = completion.result.is_ok();
                 self.trace.event(
                     self.clock.elapsed(),
@@ -532,7 +535,7 @@ impl World {
                     self.crashes += 1;
                     let in_flight: Vec<FileOp> =
                         std::mem::take(&mut self.in_flight).into_values().collect();
-                    let what = self.disk.crash(kind, &in_flight, &mut self.crash_rng);
+                    let what = self.disk.crash_drawn(kind, &in_flight, &mut self.crash_rng);
                     self.log(format_args!("broker crashed: {what}"));
                     let down = self
                         .crash_rng

@@ -1,60 +1,30 @@
-//! An in-process network for engine tests: the [`Engine`] on one side, a real quinn-proto
-//! *client* endpoint on the other, datagrams shuttled between the two state machines by hand
-//! and time moved by a fake clock. No sockets, no threads, no sleeping.
-
-#![allow(dead_code)]
+//! An in-process network for engine tests: the [`Engine`] on one side, real quinn-proto
+//! *client* connections on the other, datagrams shuttled between the two state machines by
+//! hand and time moved by a fake clock. No sockets, no threads, no sleeping.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-pub use felix_engine::testing::MemDisk;
-use felix_engine::{
-    AuthConfig, Datagram, DurableConfig, Engine, EngineConfig, FileOp, FileOpKind, Output,
-    TlsIdentity,
-};
+use felix_engine::{AuthConfig, DurableConfig, Engine, EngineConfig, FileOp, FileOpKind, Output};
 use felix_proto::{Frame, FrameDecoder};
-use quinn_proto::crypto::rustls::QuicClientConfig;
+use felix_storage::memfs::MemFs;
 use quinn_proto::{
-    ClientConfig, Connection, ConnectionError, ConnectionHandle, DatagramEvent, Dir, Endpoint,
-    EndpointConfig, Event, StreamEvent, StreamId, TransportConfig, VarInt,
+    Connection, ConnectionError, ConnectionHandle, Dir, Endpoint, Event, StreamEvent, StreamId,
+    VarInt,
 };
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::CertificateDer;
 
-/// The offer felix-client 0.6.2 sends on every stream (peer-client-wire.md §3), minus the token.
-pub const REAL_CLIENT_FLAGS: u64 = 8191;
-pub const REAL_CLIENT_FEATURES: u64 = 4_218_945_535;
-pub const REAL_CLIENT_FEATURES_HI: u64 = 15;
+use crate::frames::real_client_auth;
+use crate::quic::{
+    client_config, client_endpoint, client_tls, poll_connection, quic_crypto, read_stream,
+    to_client, to_engine, ClientTransport, Trust,
+};
+use crate::tls::tls;
 
 /// Steps of datagram shuttling before a test is declared stuck.
 const MAX_STEPS: usize = 100_000;
-
-pub struct Tls {
-    pub identity: TlsIdentity,
-    pub ca: CertificateDer<'static>,
-}
-
-/// A CA and a leaf for `localhost` signed by it.
-pub fn tls() -> Tls {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca, ca_key);
-    let leaf_key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
-    Tls {
-        identity: TlsIdentity {
-            cert_chain: vec![leaf_cert.der().clone()],
-            key: PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap(),
-        },
-        ca: ca_cert.der().clone(),
-    }
-}
 
 /// One client connection and what it has seen.
 pub struct Peer {
@@ -73,6 +43,9 @@ pub struct Peer {
     pub stopped: Vec<(StreamId, VarInt)>,
 }
 
+/// One engine, the client connections to it ([`Net::connect`]), the disk its file ops run
+/// on, and the virtual clock: [`Net::run`] moves datagrams and file ops until nothing moves,
+/// [`Net::advance`] lets time pass, firing every timer on both sides at its instant.
 pub struct Net {
     pub now: Instant,
     pub engine: Engine,
@@ -89,7 +62,7 @@ pub struct Net {
     /// Datagrams the engine sent, for tests that look at GSO batches.
     pub engine_transmits: Vec<felix_engine::Transmit>,
     /// Where the engine's file ops run.
-    pub disk: MemDisk,
+    pub disk: MemFs,
     /// File ops handed out and not yet performed (held ones wait here).
     pub pending_ops: Vec<FileOp>,
     /// Ops of these kinds wait until [`Net::release_held_ops`].
@@ -115,7 +88,7 @@ impl Net {
             now,
             engine,
             server_addr: "127.0.0.1:5000".parse().unwrap(),
-            client: Endpoint::new(Arc::new(EndpointConfig::default()), None, true, None),
+            client: client_endpoint(None),
             client_addr: "127.0.0.1:40000".parse().unwrap(),
             ca: tls.ca,
             peers: Vec::new(),
@@ -123,7 +96,7 @@ impl Net {
             client_keep_alive: None,
             buf: Vec::new(),
             engine_transmits: Vec::new(),
-            disk: MemDisk::default(),
+            disk: MemFs::new(),
             pending_ops: Vec::new(),
             hold: |_| false,
         }
@@ -131,12 +104,12 @@ impl Net {
 
     /// An engine with durable storage on an in-memory disk, recovered and ready.
     pub fn durable(durable: DurableConfig, tweak: impl FnOnce(&mut EngineConfig)) -> Net {
-        Net::durable_on(MemDisk::default(), durable, tweak)
+        Net::durable_on(MemFs::new(), durable, tweak)
     }
 
     /// Like [`Net::durable`], over a disk with files already on it (a restart).
     pub fn durable_on(
-        disk: MemDisk,
+        disk: MemFs,
         durable: DurableConfig,
         tweak: impl FnOnce(&mut EngineConfig),
     ) -> Net {
@@ -146,7 +119,7 @@ impl Net {
     /// Like [`Net::durable_on`], started at this Unix time (µs).
     pub fn durable_on_at(
         unix_micros: u64,
-        disk: MemDisk,
+        disk: MemFs,
         durable: DurableConfig,
         tweak: impl FnOnce(&mut EngineConfig),
     ) -> Net {
@@ -180,7 +153,7 @@ impl Net {
                 continue;
             }
             let op = self.pending_ops.remove(i);
-            let c = self.disk.execute(op);
+            let c = self.disk.execute(op).expect("the disk never crashes here");
             self.engine.handle_file_completion(self.now, c);
             ran = true;
         }
@@ -193,24 +166,14 @@ impl Net {
 
     /// Starts a connection; `alpn` lists the protocols the client offers.
     pub fn start_connect(&mut self, alpn: &[&[u8]]) -> usize {
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(self.ca.clone()).unwrap();
-        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        let mut config = ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()));
-        let mut transport = TransportConfig::default();
-        transport
-            .stream_receive_window(VarInt::from_u32(self.client_stream_window))
-            .max_concurrent_uni_streams(VarInt::from_u32(1024))
-            .max_concurrent_bidi_streams(VarInt::from_u32(0))
-            .keep_alive_interval(self.client_keep_alive);
-        config.transport_config(Arc::new(transport));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = client_tls(provider, Trust::Ca(self.ca.clone()), alpn);
+        let transport = ClientTransport {
+            stream_window: self.client_stream_window,
+            max_uni_streams: 1024,
+            keep_alive: self.client_keep_alive,
+        };
+        let config = client_config(quic_crypto(tls), &transport);
         let (ch, conn) = self
             .client
             .connect(self.now, config, self.server_addr, "localhost")
@@ -245,28 +208,9 @@ impl Net {
     pub fn step(&mut self) -> bool {
         let mut moved = false;
         // Client → engine.
-        for i in 0..self.peers.len() {
-            loop {
-                self.buf.clear();
-                let Some(t) = self.peers[i]
-                    .conn
-                    .poll_transmit(self.now, 10, &mut self.buf)
-                else {
-                    break;
-                };
-                moved = true;
-                let data = BytesMut::from(&self.buf[..t.size]);
-                self.engine.handle_datagram(
-                    self.now,
-                    Datagram {
-                        remote: self.client_addr,
-                        local_ip: None,
-                        ecn: None,
-                        data,
-                        segment_size: t.segment_size,
-                    },
-                );
-            }
+        for peer in &mut self.peers {
+            let (engine, buf) = (&mut self.engine, &mut self.buf);
+            moved |= to_engine(&mut peer.conn, engine, self.now, self.client_addr, buf);
         }
         // Engine → client (and → disk).
         let mut out = Vec::new();
@@ -281,25 +225,9 @@ impl Net {
             };
             self.engine_transmits.push(t);
             assert_eq!(t.destination, self.client_addr);
-            let segment = t.segment_size.unwrap_or(t.size);
-            for datagram in out[..t.size].chunks(segment) {
-                let mut resp = Vec::new();
-                match self.client.handle(
-                    self.now,
-                    self.server_addr,
-                    None,
-                    None,
-                    BytesMut::from(datagram),
-                    &mut resp,
-                ) {
-                    Some(DatagramEvent::ConnectionEvent(ch, ev)) => {
-                        let peer = self.peers.iter_mut().find(|p| p.ch == ch).expect("peer");
-                        peer.conn.handle_event(ev);
-                    }
-                    Some(DatagramEvent::Response(_))
-                    | Some(DatagramEvent::NewConnection(_))
-                    | None => {}
-                }
+            for (ch, ev) in to_client(&mut self.client, self.now, self.server_addr, &t, &out) {
+                let peer = self.peers.iter_mut().find(|p| p.ch == ch).expect("peer");
+                peer.conn.handle_event(ev);
             }
         }
         self.process_client_events();
@@ -311,34 +239,29 @@ impl Net {
 
     fn process_client_events(&mut self) {
         for peer in &mut self.peers {
-            loop {
-                let mut any = false;
-                while let Some(ev) = peer.conn.poll_endpoint_events() {
-                    any = true;
-                    if let Some(reply) = self.client.handle_event(peer.ch, ev) {
-                        peer.conn.handle_event(reply);
+            let Peer {
+                ch,
+                conn,
+                connected,
+                lost,
+                incoming_uni,
+                stopped,
+                ..
+            } = peer;
+            let mut on_event = |conn: &mut Connection, ev| match ev {
+                Event::Connected => *connected = true,
+                Event::ConnectionLost { reason } => *lost = Some(reason),
+                Event::Stream(StreamEvent::Opened { dir: Dir::Uni }) => {
+                    while let Some(id) = conn.streams().accept(Dir::Uni) {
+                        incoming_uni.push(id);
                     }
                 }
-                while let Some(ev) = peer.conn.poll() {
-                    any = true;
-                    match ev {
-                        Event::Connected => peer.connected = true,
-                        Event::ConnectionLost { reason } => peer.lost = Some(reason),
-                        Event::Stream(StreamEvent::Opened { dir: Dir::Uni }) => {
-                            while let Some(id) = peer.conn.streams().accept(Dir::Uni) {
-                                peer.incoming_uni.push(id);
-                            }
-                        }
-                        Event::Stream(StreamEvent::Stopped { id, error_code }) => {
-                            peer.stopped.push((id, error_code))
-                        }
-                        _ => {}
-                    }
+                Event::Stream(StreamEvent::Stopped { id, error_code }) => {
+                    stopped.push((id, error_code))
                 }
-                if !any {
-                    break;
-                }
-            }
+                _ => {}
+            };
+            while poll_connection(&mut self.client, *ch, conn, &mut on_event) {}
         }
     }
 
@@ -429,22 +352,12 @@ impl Net {
             .decoders
             .entry(id)
             .or_insert_with(|| FrameDecoder::new(64 << 20));
-        if let Ok(mut chunks) = peer.conn.recv_stream(id).read(true) {
-            loop {
-                match chunks.next(usize::MAX) {
-                    Ok(Some(chunk)) => decoder.feed_bytes(chunk.bytes),
-                    Ok(None) => {
-                        peer.finished.push(id);
-                        break;
-                    }
-                    Err(quinn_proto::ReadError::Blocked) => break,
-                    Err(quinn_proto::ReadError::Reset(code)) => {
-                        peer.reset.push((id, code));
-                        break;
-                    }
-                }
-            }
-            let _ = chunks.finalize();
+        let r = read_stream(&mut peer.conn, id, decoder);
+        if r.finished {
+            peer.finished.push(id);
+        }
+        if let Some(code) = r.reset {
+            peer.reset.push((id, code));
         }
         let mut frames = Vec::new();
         while let Some(f) = decoder.next_frame().expect("broker frames decode") {
@@ -477,81 +390,4 @@ impl Net {
         );
         self.peers[p].incoming_uni.remove(0)
     }
-}
-
-/// A JSON frame.
-pub fn json_frame(json: &str) -> Vec<u8> {
-    let mut v = Vec::with_capacity(12 + json.len());
-    v.extend_from_slice(b"FLX1");
-    v.extend_from_slice(&1u16.to_be_bytes());
-    v.extend_from_slice(&0u16.to_be_bytes());
-    v.extend_from_slice(&(json.len() as u32).to_be_bytes());
-    v.extend_from_slice(json.as_bytes());
-    v
-}
-
-/// A binary frame with the given flags.
-pub fn binary_frame(flags: u16, payload: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(12 + payload.len());
-    v.extend_from_slice(b"FLX1");
-    v.extend_from_slice(&1u16.to_be_bytes());
-    v.extend_from_slice(&flags.to_be_bytes());
-    v.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    v.extend_from_slice(payload);
-    v
-}
-
-/// The `auth` felix-client 0.6.2 sends, byte for byte.
-pub fn real_client_auth(tenant: &str, token: &str) -> Vec<u8> {
-    json_frame(&format!(
-        r#"{{"type":"auth","tenant_id":"{tenant}","token":"{token}","client_flags":{REAL_CLIENT_FLAGS},"client_features":{REAL_CLIENT_FEATURES},"client_features_hi":{REAL_CLIENT_FEATURES_HI}}}"#
-    ))
-}
-
-/// A binary publish as the real client encodes it: acked (0x0009) when `request_id` is set,
-/// keyed (0x0040) when `key` is.
-pub fn binary_publish(
-    request_id: Option<u64>,
-    key: Option<&[u8]>,
-    stream: &str,
-    payloads: &[&[u8]],
-) -> Vec<u8> {
-    let mut flags = 0x0001u16;
-    let mut p = Vec::new();
-    if let Some(id) = request_id {
-        flags |= 0x0008;
-        p.extend_from_slice(&id.to_be_bytes());
-        p.push(1);
-    }
-    if let Some(k) = key {
-        flags |= 0x0040;
-        p.extend_from_slice(&(k.len() as u16).to_be_bytes());
-        p.extend_from_slice(k);
-    }
-    for s in ["t1", "default", stream] {
-        p.extend_from_slice(&(s.len() as u16).to_be_bytes());
-        p.extend_from_slice(s.as_bytes());
-    }
-    p.extend_from_slice(&(payloads.len() as u32).to_be_bytes());
-    for payload in payloads {
-        p.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-        p.extend_from_slice(payload);
-    }
-    binary_frame(flags, &p)
-}
-
-/// The frame's payload as text (for JSON frames).
-pub fn text(frame: &Frame) -> &str {
-    assert_eq!(
-        frame.flags.bits(),
-        0,
-        "expected a JSON frame, got flags {:#06x}",
-        frame.flags.bits()
-    );
-    std::str::from_utf8(&frame.payload).unwrap()
-}
-
-/// A whole frame as bytes.
-pub fn bytes_of(frame: &Frame) -> Bytes {
-    frame.to_bytes()
 }
