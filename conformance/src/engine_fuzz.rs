@@ -824,6 +824,7 @@ impl World {
                     ops.push(op);
                     continue;
                 }
+                other => panic!("an engine output the fuzz harness does not handle: {other:?}"),
             };
             for (ch, ev) in to_client(&mut self.client, self.now, self.server, &t, &out) {
                 if let Some(client) = self.clients.iter_mut().find(|c| c.ch == ch) {

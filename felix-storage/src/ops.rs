@@ -45,6 +45,7 @@ pub struct FileOp {
 
 /// What a [`FileOp`] does. Every path is relative to the storage root.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FileOpKind {
     /// Create the directory and any missing parents (`create_dir_all`), then fsync the
     /// parent of every component it created, so the new entries survive a power loss.

@@ -222,6 +222,7 @@ impl Net {
                     self.pending_ops.push(op);
                     continue;
                 }
+                other => panic!("an engine output this harness does not handle: {other:?}"),
             };
             self.engine_transmits.push(t);
             assert_eq!(t.destination, self.client_addr);

@@ -680,6 +680,7 @@ impl World {
                     self.queue
                         .push(now + latency, Ev::FileDone { generation, op });
                 }
+                other => unreachable!("an engine output the simulator does not model: {other:?}"),
             }
         }
         if !b.ready && b.engine.is_ready() {
@@ -785,5 +786,6 @@ fn describe(kind: &FileOpKind) -> String {
         FileOpKind::SyncDir { path } => format!("sync_dir {path}"),
         FileOpKind::Remove { path } => format!("remove {path}"),
         FileOpKind::RemoveDir { path } => format!("remove_dir {path}"),
+        other => format!("{} {}", other.name(), other.path()),
     }
 }

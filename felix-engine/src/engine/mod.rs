@@ -120,6 +120,7 @@ pub struct Transmit {
 
 /// What the engine asks its runtime to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Output {
     /// Send datagrams.
     Transmit(Transmit),
