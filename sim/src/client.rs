@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use felix_client::core::{
-    auth_frame, read_auth_reply, read_subscribe_reply, read_watch_event, subscribe_frame, Ack,
-    Answer, CacheWatchItem, Capabilities, EventFrame, EventStreamReader, Offer, RequestKind,
-    RequestStream, Start, SubscribeRequest, SubscriptionEnd, Target,
+    auth_frame, read_auth_reply, read_guarded_reply, read_subscribe_reply, read_watch_event,
+    subscribe_frame, Ack, Answer, CacheWatchItem, Capabilities, EventFrame, EventStreamReader,
+    Offer, RequestKind, RequestStream, Start, SubscribeRequest, SubscriptionEnd, Target,
 };
 use felix_engine::RoutingMapping;
 use felix_proto::routing::shard_for_key;
@@ -816,7 +816,10 @@ impl SimClient {
                     }
                     Purpose::Watch => {
                         let w = self.watcher.as_ref().expect("a watcher opens this stream");
-                        s.out.push_back(w.request());
+                        let f = w
+                            .request(&caps)
+                            .map_err(|e| protocol(me, format!("cache_watch encode: {e}")))?;
+                        s.out.push_back(f);
                         let what = format!("cache_watch from {:?}", w.resume);
                         ctx.oracle
                             .request_sent((me, gen, no, u64::MAX), now, what.clone());
@@ -1266,19 +1269,10 @@ impl SimClient {
         ctx: &mut Ctx<'_>,
     ) -> Result<(), Violation> {
         let me = self.id;
-        if !frame.flags.is_empty() {
-            return Err(protocol(
-                me,
-                format!(
-                    "flags {:#06x} answering an idempotent publish",
-                    frame.flags.0
-                ),
-            ));
-        }
-        let msg = felix_proto::message::Message::decode(&frame.payload)
+        let reply = read_guarded_reply(frame)
             .map_err(|e| protocol(me, format!("idempotent answer: {e}")))?;
         let waiting = self.producer.in_flight();
-        let outcome = self.producer.on_answer(msg);
+        let outcome = self.producer.on_answer(reply);
         if let (Some(rid), None) = (waiting, self.producer.in_flight()) {
             ctx.oracle.request_answered((me, gen, no, rid));
         }

@@ -1,6 +1,7 @@
 //! A simulated idempotent producer: one per worker, kept across its client's connections.
 //! It numbers its batches on each shard from 0, sends one at a time (JSON `publish_idempotent` or the
-//! binary 0x0100 frame, drawn per send) on a stream of its own, and re-sends the same batch
+//! binary 0x0100 frame, drawn per send, both built by the client core) on a stream of its own,
+//! each under the next request id of that stream, and re-sends the same batch
 //! under the same sequence after a lost connection or an error until it is answered
 //! `publish_ok`. The broker must land each batch once (`invariants/idempotent_once.rs`).
 //!
@@ -10,11 +11,11 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use felix_engine::RoutingMapping;
-use felix_proto::binary::{
-    encode_publish_batch_frame, AckMode, AckedPrefix, ProducerSeq, PublishBatchHeader,
+use felix_client::core::{
+    idempotent_frame, Guarded, GuardedReply, IdempotentBatch, IdempotentEncoding,
 };
-use felix_proto::message::{self, Message};
+use felix_engine::RoutingMapping;
+use felix_proto::message;
 use felix_proto::routing::shard_for_key;
 
 use crate::client::{NAMESPACE, STREAM, TENANT};
@@ -25,7 +26,7 @@ use crate::rng::SimRng;
 pub(crate) struct Batch {
     pub(crate) sequence: u64,
     pub(crate) shard: u32,
-    key: Option<Vec<u8>>,
+    key: Option<Bytes>,
     pub(crate) payloads: Vec<Bytes>,
 }
 
@@ -94,7 +95,7 @@ impl Producer {
         } else {
             let key = rng
                 .chance(0.5)
-                .then(|| format!("key{}", rng.below(16)).into_bytes());
+                .then(|| Bytes::from(format!("key{}", rng.below(16))));
             let n = 1 + rng.below(3) as usize;
             let pad = rng.below(200) as usize;
             let payloads = (0..n)
@@ -118,36 +119,24 @@ impl Producer {
         self.next_request += 1;
         self.in_flight = Some(request_id);
         let batch = self.pending.as_ref().expect("set above");
-        let frame = if rng.chance(0.5) {
-            let header = PublishBatchHeader {
-                acked: Some(AckedPrefix {
-                    request_id,
-                    ack_mode: AckMode::PerBatch,
-                }),
-                idempotent: Some(ProducerSeq {
-                    producer_id: self.id,
-                    sequence: batch.sequence,
-                }),
-                key: batch.key.as_deref(),
-                tenant_id: TENANT,
+        let encoding = if rng.chance(0.5) {
+            IdempotentEncoding::Binary
+        } else {
+            IdempotentEncoding::Json
+        };
+        let frame = idempotent_frame(
+            TENANT,
+            IdempotentBatch {
                 namespace: NAMESPACE,
                 stream: STREAM,
-            };
-            encode_publish_batch_frame(&header, &batch.payloads)
-        } else {
-            let msg = Message::PublishIdempotent(message::PublishIdempotent {
-                tenant_id: TENANT.into(),
-                namespace: NAMESPACE.into(),
-                stream: STREAM.into(),
-                payloads: batch.payloads.clone(),
-                key: batch.key.clone().map(Bytes::from),
-                shard: None,
-                request_id,
+                key: batch.key.clone(),
                 producer_id: self.id,
                 sequence: batch.sequence,
-            });
-            msg.to_frame().to_bytes()
-        };
+                payloads: batch.payloads.clone(),
+            },
+            encoding,
+            request_id,
+        );
         Some((frame, request_id, batch))
     }
 
@@ -168,32 +157,30 @@ impl Producer {
     }
 
     /// An answer on the producer's stream.
-    pub(crate) fn on_answer(&mut self, msg: Message) -> Outcome {
-        let (request_id, result) = match msg {
-            Message::PublishOk(ok) => (ok.request_id, Ok(ok.offset)),
-            Message::PublishRefused(r) => (r.request_id, Err(Some(r.reason))),
-            Message::PublishError(e) => (e.request_id, Err(None)),
-            // One send at a time: an uncorrelated error can only be about it.
-            other => {
-                self.in_flight = None;
-                return Outcome::Retry(format!("{other:?}"));
-            }
+    pub(crate) fn on_answer(&mut self, reply: GuardedReply) -> Outcome {
+        let Some(request_id) = reply.request_id else {
+            // One send at a time: an uncorrelated refusal can only be about it.
+            self.in_flight = None;
+            return Outcome::Retry(match reply.result {
+                Err(e) => e.to_string(),
+                Ok(g) => format!("{g:?} naming no request"),
+            });
         };
         if self.in_flight != Some(request_id) {
             return Outcome::Stray;
         }
         self.in_flight = None;
-        match result {
-            Ok(offset) => {
+        match reply.result {
+            Ok(Guarded::Written(offset)) => {
                 let batch = self.pending.take().expect("a send in flight has a batch");
                 self.next_sequence.insert(batch.shard, batch.sequence + 1);
                 Outcome::Written(batch, offset)
             }
-            Err(Some(reason)) => {
+            Ok(Guarded::Refused(reason)) => {
                 let batch = self.pending.take().expect("a send in flight has a batch");
                 Outcome::Refused(batch, reason)
             }
-            Err(None) => Outcome::Retry("publish_error".into()),
+            Err(e) => Outcome::Retry(e.to_string()),
         }
     }
 }

@@ -1,11 +1,16 @@
 //! A worker's cache watch in durable runs: one prefix watch on the whole cache, kept up
 //! across lags, refusals and reconnects by resuming from the offset after the last change
-//! it saw. What it sees goes to [`WatchView`] (the `watch_gapless` invariant).
+//! it saw. What it sees goes to [`WatchView`] (the `watch_gapless` invariant). The frames
+//! are the client core's (`felix_client::core::watch_frame` and its readers).
 
 use std::time::Instant;
 
 use bytes::Bytes;
-use felix_proto::message::{self, Message};
+use felix_client::core::{
+    read_watch_answer, read_watch_event, watch_frame, CacheWatchItem, Capabilities, WatchFilter,
+    WatchReply, WatchStart,
+};
+use felix_client::ClientError;
 use felix_proto::Frame;
 
 use crate::client::{CACHE, NAMESPACE, TENANT};
@@ -31,22 +36,18 @@ pub(crate) enum WatchEnd {
 }
 
 impl CacheWatcher {
-    /// The `cache_watch` request for the next watch of the chain.
-    pub(crate) fn request(&self) -> Bytes {
-        let mut out = Vec::new();
-        Message::CacheWatch(message::CacheWatch {
-            tenant_id: TENANT.into(),
-            namespace: NAMESPACE.into(),
-            cache: CACHE.into(),
-            key: None,
-            prefix: Some(String::new()),
-            shard: None,
-            from_offset: self.resume,
-            retained: None,
-            subscription_id: None,
-        })
-        .encode_frame_into(&mut out);
-        Bytes::from(out)
+    /// The `cache_watch` request for the next watch of the chain, on a stream
+    /// authenticated with `caps`.
+    pub(crate) fn request(&self, caps: &Capabilities) -> Result<Bytes, ClientError> {
+        let start = self.resume.map_or(WatchStart::Live, WatchStart::From);
+        watch_frame(
+            caps,
+            TENANT,
+            NAMESPACE,
+            CACHE,
+            WatchFilter::Prefix(String::new()),
+            start,
+        )
     }
 
     /// The answer to `cache_watch`. A refusal breaks the chain (the next watch starts
@@ -57,13 +58,13 @@ impl CacheWatcher {
         who: &str,
         frame: &Frame,
     ) -> Result<String, Violation> {
-        let msg = Message::decode(&frame.payload).map_err(|e| Violation {
+        let reply = read_watch_answer(frame).map_err(|e| Violation {
             invariant: "broker_protocol",
             detail: format!("{who}: cache_watch answer: {e}"),
         })?;
-        match msg {
-            Message::CacheWatchStarted(s) => {
-                let resnapshot = s.resnapshot == Some(true);
+        match reply {
+            WatchReply::Started(s) => {
+                let resnapshot = s.resnapshot;
                 self.current = Some(s.subscription_id);
                 // The checkpoint: a later watch resumes here even if no change arrives, and
                 // a resnapshot's values below it are current state, not history to replay.
@@ -76,17 +77,20 @@ impl CacheWatcher {
                     s.subscription_id, self.resume, s.resume_offset
                 ))
             }
-            Message::SubscribeCursorError(e) => Err(Violation {
+            WatchReply::CursorRefused {
+                reason,
+                requested,
+                available,
+            } => Err(Violation {
                 invariant: NAME,
                 detail: format!(
-                    "{who}: resuming the watch at {} was refused ({:?}, available {}): a change it saw is gone",
-                    e.requested, e.reason, e.available
+                    "{who}: resuming the watch at {requested} was refused ({reason:?}, available {available}): a change it saw is gone"
                 ),
             }),
-            other => {
+            WatchReply::Refused(e) => {
                 self.resume = None;
                 self.view.restart();
-                Ok(format!("watch refused: {other:?}"))
+                Ok(format!("watch refused: {e}"))
             }
         }
     }
@@ -101,30 +105,27 @@ impl CacheWatcher {
             invariant: "broker_protocol",
             detail: format!("{who}: {detail}"),
         };
-        if !frame.flags.is_empty() {
-            return Err(bad(format!(
-                "a binary frame ({:#06x}) on a cache watch",
-                frame.flags.0
-            )));
-        }
-        match Message::decode(&frame.payload).map_err(|e| bad(e.to_string()))? {
-            Message::CacheEvent(e) => {
-                self.view.on_change(who, e.offset, e.value.as_ref())?;
-                self.resume = Some(self.resume.map_or(e.offset + 1, |r| r.max(e.offset + 1)));
+        match read_watch_event(frame) {
+            Ok(CacheWatchItem::Change(c)) => {
+                self.view.on_change(who, c.offset, c.value.as_ref())?;
+                self.resume = Some(self.resume.map_or(c.offset + 1, |r| r.max(c.offset + 1)));
                 Ok(None)
             }
-            Message::CacheWatchLagged(l) => {
-                self.view.on_lagged(who, l.resume_from)?;
+            Ok(CacheWatchItem::Lagged { resume_from }) => {
+                self.view.on_lagged(who, resume_from)?;
                 self.lagged += 1;
-                self.resume = Some(l.resume_from);
+                self.resume = Some(resume_from);
                 self.current = None;
-                Ok(Some(WatchEnd::Lagged(l.resume_from)))
+                Ok(Some(WatchEnd::Lagged(resume_from)))
             }
-            Message::Error(e) => {
+            // The broker's `error` ends the watch.
+            Err(ClientError::Server { message, .. }) => {
                 self.current = None;
-                Ok(Some(WatchEnd::Error(e.message)))
+                Ok(Some(WatchEnd::Error(message)))
             }
-            other => Err(bad(format!("{} on a cache watch", other.type_name()))),
+            // Only the front end reads a stream's end as an item; this reader never does.
+            Ok(CacheWatchItem::End) => Err(bad("an end item for a cache watch frame".into())),
+            Err(e) => Err(bad(e.to_string())),
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::core::stream_ops::{
     read_guarded, read_offset_value, read_producer_init, read_state_value, read_stream_records,
     read_stream_shards, read_topology, state_get_frame, stream_read_frame, stream_shards_frame,
     topology_frame, Guarded, IdempotentBatch, IdempotentEncoding, StateValue, StreamPage,
+    REQUEST_ID,
 };
 use crate::error::ClientError;
 
@@ -40,7 +41,7 @@ impl Client {
         batch: IdempotentBatch<'_>,
         encoding: IdempotentEncoding,
     ) -> Result<Guarded, ClientError> {
-        let frame = idempotent_frame(self.tenant(), batch, encoding);
+        let frame = idempotent_frame(self.tenant(), batch, encoding, REQUEST_ID);
         read_guarded(&self.one_shot(frame).await?)
     }
 

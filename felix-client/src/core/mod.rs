@@ -10,9 +10,10 @@
 //! - [`subscribe_frame`] / [`read_subscribe_reply`] and [`EventStreamReader`]: the subscribe
 //!   exchange and the event stream that follows it.
 //! - [`GroupRef`] / [`read_group_answer`]: consumer-group calls and their answers.
-//! - `watch`: cache watches, their answer and [`read_watch_event`] for their changes.
-//! - `stream_ops`: idempotent batches, `publish_if`, commits, reads and routing questions,
-//!   one request and one answer each.
+//! - [`watch_frame`] / [`read_watch_answer`]: cache watches, their answer and
+//!   [`read_watch_event`] for their changes.
+//! - `stream_ops`: idempotent batches ([`idempotent_frame`] / [`read_guarded_reply`]),
+//!   `publish_if`, commits, reads and routing questions, one request and one answer each.
 //!
 //! Inputs are whole [`felix_proto::Frame`]s (use [`felix_proto::FrameDecoder`] on the bytes);
 //! outputs are encoded frames as `Bytes`. Nothing here blocks, reads a clock or owns I/O.
@@ -40,11 +41,18 @@ pub use groups::{
 pub use requests::{
     Ack, Answer, Completion, Encoded, RequestKind, RequestStream, Target, DEFAULT_UNWINDOWED_LIMIT,
 };
+pub use stream_ops::{
+    idempotent_frame, read_guarded_reply, Guarded, GuardedReply, IdempotentBatch,
+    IdempotentEncoding,
+};
 pub use subscribe::{
     read_subscribe_reply, subscribe_frame, Event, EventBatch, EventFrame, EventStreamReader, Start,
     SubscribeRequest, Subscribed, SubscriptionEnd,
 };
-pub use watch::{read_watch_event, CacheChange, CacheWatchItem};
+pub use watch::{
+    read_watch_answer, read_watch_event, watch_frame, CacheChange, CacheWatchItem, WatchFilter,
+    WatchReply, WatchStart, WatchStarted,
+};
 
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,8 @@
 //! Stream calls beyond publish and subscribe: idempotent producers, `publish_if`, atomic
 //! commits, bounded reads and routing questions. Each is one request (request id 1, as the
 //! reference client sends them, one call per stream) and one JSON answer; the builders
-//! here make the request and the readers read the answer.
+//! here make the request and the readers read the answer. An idempotent batch takes its
+//! request id from the caller, for a producer that keeps one stream for all its sends.
 
 use bytes::Bytes;
 use felix_proto::binary::{
@@ -51,7 +52,8 @@ pub type StreamPage = message::StreamRecords;
 /// A state key as `state_get` read it.
 pub type StateValue = message::StateValue;
 
-const REQUEST_ID: u64 = 1;
+/// The id a one-call stream's request carries.
+pub(crate) const REQUEST_ID: u64 = 1;
 
 /// `producer_init`: asks for a new idempotent producer id.
 pub(crate) fn producer_init_frame() -> Bytes {
@@ -60,11 +62,12 @@ pub(crate) fn producer_init_frame() -> Bytes {
     }))
 }
 
-/// An idempotent batch in `encoding`.
-pub(crate) fn idempotent_frame(
+/// An idempotent batch in `encoding`, under `request_id` (its answer names it).
+pub fn idempotent_frame(
     tenant: &str,
     batch: IdempotentBatch<'_>,
     encoding: IdempotentEncoding,
+    request_id: u64,
 ) -> Bytes {
     match encoding {
         IdempotentEncoding::Json => {
@@ -75,7 +78,7 @@ pub(crate) fn idempotent_frame(
                 payloads: batch.payloads,
                 key: batch.key,
                 shard: None,
-                request_id: REQUEST_ID,
+                request_id,
                 producer_id: batch.producer_id,
                 sequence: batch.sequence,
             }))
@@ -83,7 +86,7 @@ pub(crate) fn idempotent_frame(
         IdempotentEncoding::Binary => {
             let header = PublishBatchHeader {
                 acked: Some(AckedPrefix {
-                    request_id: REQUEST_ID,
+                    request_id,
                     ack_mode: BinaryAckMode::PerBatch,
                 }),
                 idempotent: Some(ProducerSeq {
@@ -250,14 +253,43 @@ pub(crate) fn read_producer_init(frame: &Frame) -> Result<u64, ClientError> {
     }
 }
 
+/// An answer to a guarded publish or commit, with the request id it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardedReply {
+    /// The id the answer carries; `None` for a refusal that names no request (`error`).
+    pub request_id: Option<u64>,
+    /// How the request ended; `Err` for a refusal (`publish_error`, `error`, ...).
+    pub result: Result<Guarded, ClientError>,
+}
+
+const GUARDED_ANSWERS: &str = "publish_ok or publish_refused";
+
+/// Reads the answer to an idempotent publish, `publish_if` or `commit`. `Err` for a frame
+/// that answers none of them.
+pub fn read_guarded_reply(frame: &Frame) -> Result<GuardedReply, ClientError> {
+    let (request_id, result) = match decode_json(frame)? {
+        Message::PublishOk(ok) => (Some(ok.request_id), Ok(Guarded::Written(ok.offset))),
+        Message::CommitOk(ok) => (Some(ok.request_id), Ok(Guarded::Written(Some(ok.offset)))),
+        Message::PublishRefused(r) => (Some(r.request_id), Ok(Guarded::Refused(r.reason))),
+        Message::PublishError(e) => (
+            Some(e.request_id),
+            Err(ClientError::server(e.code, e.retry, e.message)),
+        ),
+        Message::Unsupported(u) => (
+            u.request_id,
+            Err(refused(Message::Unsupported(u), GUARDED_ANSWERS)),
+        ),
+        refusal @ (Message::Error(_) | Message::SubscribeCursorError(_)) => {
+            (None, Err(refused(refusal, GUARDED_ANSWERS)))
+        }
+        other => return Err(refused(other, GUARDED_ANSWERS)),
+    };
+    Ok(GuardedReply { request_id, result })
+}
+
 /// How an idempotent publish, `publish_if` or `commit` ended.
 pub(crate) fn read_guarded(frame: &Frame) -> Result<Guarded, ClientError> {
-    match decode_json(frame)? {
-        Message::PublishOk(ok) => Ok(Guarded::Written(ok.offset)),
-        Message::CommitOk(ok) => Ok(Guarded::Written(Some(ok.offset))),
-        Message::PublishRefused(r) => Ok(Guarded::Refused(r.reason)),
-        other => Err(refused(other, "publish_ok or publish_refused")),
-    }
+    read_guarded_reply(frame)?.result
 }
 
 /// The answer to `state_get`.

@@ -3,7 +3,7 @@
 //! ended by `cache_watch_lagged`).
 
 use bytes::Bytes;
-use felix_proto::message::{self, Message};
+use felix_proto::message::{self, CursorErrorReason, Message};
 use felix_proto::{Features, Frame};
 
 use super::auth::Capabilities;
@@ -66,9 +66,23 @@ pub struct WatchStarted {
     pub retained_count: Option<u64>,
 }
 
+/// What the answer on a watch stream said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchReply {
+    Started(WatchStarted),
+    /// The requested `from_offset` cannot be served (`subscribe_cursor_error`).
+    CursorRefused {
+        reason: CursorErrorReason,
+        requested: u64,
+        available: u64,
+    },
+    /// Any other refusal (`error`, `unsupported`).
+    Refused(ClientError),
+}
+
 /// Builds the `cache_watch` frame; refused locally unless the broker advertised
 /// `FEATURE_CACHE_WATCH`.
-pub(crate) fn watch_frame(
+pub fn watch_frame(
     caps: &Capabilities,
     tenant: &str,
     namespace: &str,
@@ -101,34 +115,49 @@ pub(crate) fn watch_frame(
     })))
 }
 
-/// Reads the answer on the watch stream: `cache_watch_started`, or a refusal.
-pub(crate) fn read_watch_reply(frame: &Frame) -> Result<WatchStarted, ClientError> {
+/// Reads the answer on the watch stream. `Err` for a frame that does not answer
+/// `cache_watch`.
+pub fn read_watch_answer(frame: &Frame) -> Result<WatchReply, ClientError> {
     if !frame.flags.is_empty() {
         return Err(ClientError::protocol("a binary answer to cache_watch"));
     }
     match Message::decode(&frame.payload)? {
-        Message::CacheWatchStarted(s) => Ok(WatchStarted {
+        Message::CacheWatchStarted(s) => Ok(WatchReply::Started(WatchStarted {
             subscription_id: s.subscription_id,
             resume_offset: s.resume_offset,
             resnapshot: s.resnapshot == Some(true),
             retained_count: s.retained_count,
+        })),
+        Message::Error(e) => Ok(WatchReply::Refused(refusal(e))),
+        Message::SubscribeCursorError(e) => Ok(WatchReply::CursorRefused {
+            reason: e.reason,
+            requested: e.requested,
+            available: e.available,
         }),
-        Message::Error(e) => Err(refusal(e)),
-        Message::SubscribeCursorError(e) => Err(ClientError::server(
-            Some(felix_proto::ErrorCode::InvalidRequest),
-            None,
-            format!(
-                "cursor: requested {}, available {}",
-                e.requested, e.available
-            ),
-        )),
-        Message::Unsupported(u) => Err(ClientError::Unsupported {
+        Message::Unsupported(u) => Ok(WatchReply::Refused(ClientError::Unsupported {
             request_type: u.request_type,
-        }),
+        })),
         other => Err(ClientError::protocol(format!(
             "{} answered cache_watch",
             other.type_name()
         ))),
+    }
+}
+
+/// Reads the answer on the watch stream: `cache_watch_started`, or a refusal.
+pub(crate) fn read_watch_reply(frame: &Frame) -> Result<WatchStarted, ClientError> {
+    match read_watch_answer(frame)? {
+        WatchReply::Started(started) => Ok(started),
+        WatchReply::CursorRefused {
+            requested,
+            available,
+            ..
+        } => Err(ClientError::server(
+            Some(felix_proto::ErrorCode::InvalidRequest),
+            None,
+            format!("cursor: requested {requested}, available {available}"),
+        )),
+        WatchReply::Refused(e) => Err(e),
     }
 }
 
