@@ -28,7 +28,7 @@ pub struct ConditionResult {
 
 impl RequestStream {
     /// Encodes `counter_add` (needs `FEATURE_COUNTERS`).
-    pub(crate) fn counter_add(
+    pub fn counter_add(
         &mut self,
         target: Target<'_>,
         key: &str,
@@ -47,11 +47,7 @@ impl RequestStream {
     }
 
     /// Encodes `counter_get` (needs `FEATURE_COUNTERS`).
-    pub(crate) fn counter_get(
-        &mut self,
-        target: Target<'_>,
-        key: &str,
-    ) -> Result<Encoded, ClientError> {
+    pub fn counter_get(&mut self, target: Target<'_>, key: &str) -> Result<Encoded, ClientError> {
         self.feature_request(RequestKind::Counter, Features::COUNTERS, |tenant, id| {
             Message::CounterGet(message::CounterGet {
                 tenant_id: tenant.to_owned(),
@@ -64,7 +60,7 @@ impl RequestStream {
     }
 
     /// Encodes `cache_put_if` (needs `FEATURE_CACHE_CONDITIONAL`).
-    pub(crate) fn cache_put_if(
+    pub fn cache_put_if(
         &mut self,
         target: Target<'_>,
         key: &str,
@@ -91,7 +87,7 @@ impl RequestStream {
     }
 
     /// Encodes `cache_delete_if` (needs `FEATURE_CACHE_CONDITIONAL`).
-    pub(crate) fn cache_delete_if(
+    pub fn cache_delete_if(
         &mut self,
         target: Target<'_>,
         key: &str,
@@ -122,7 +118,7 @@ impl RequestStream {
 }
 
 /// The sum `counter_add` answered (it always has one).
-pub(crate) fn counter_add_answer(answer: Answer) -> Result<i64, ClientError> {
+pub fn counter_add_answer(answer: Answer) -> Result<i64, ClientError> {
     match answer {
         Answer::Counter(Some(sum)) => Ok(sum),
         other => Err(ClientError::protocol(format!(
@@ -132,7 +128,7 @@ pub(crate) fn counter_add_answer(answer: Answer) -> Result<i64, ClientError> {
 }
 
 /// The sum `counter_get` answered; `None` if the counter was never written.
-pub(crate) fn counter_get_answer(answer: Answer) -> Result<Option<i64>, ClientError> {
+pub fn counter_get_answer(answer: Answer) -> Result<Option<i64>, ClientError> {
     match answer {
         Answer::Counter(sum) => Ok(sum),
         other => Err(ClientError::protocol(format!(
@@ -142,7 +138,7 @@ pub(crate) fn counter_get_answer(answer: Answer) -> Result<Option<i64>, ClientEr
 }
 
 /// A `cache_get` answer read for its version: `None` when the key is absent.
-pub(crate) fn versioned_value_answer(answer: Answer) -> Result<Option<(Bytes, u64)>, ClientError> {
+pub fn versioned_value_answer(answer: Answer) -> Result<Option<(Bytes, u64)>, ClientError> {
     match answer {
         Answer::VersionedValue { value, version } => Ok(Some((value, version))),
         Answer::CacheValue(None) => Ok(None),
@@ -153,7 +149,7 @@ pub(crate) fn versioned_value_answer(answer: Answer) -> Result<Option<(Bytes, u6
 }
 
 /// What a conditional write was answered.
-pub(crate) fn condition_answer(answer: Answer) -> Result<ConditionResult, ClientError> {
+pub fn condition_answer(answer: Answer) -> Result<ConditionResult, ClientError> {
     match answer {
         Answer::Condition { applied, version } => Ok(ConditionResult { applied, version }),
         other => Err(ClientError::protocol(format!(

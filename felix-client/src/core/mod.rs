@@ -20,18 +20,16 @@
 //! `codec` is the leaf every family shares (JSON framing, refusals).
 
 mod auth;
-// What only the async front end calls is `pub(crate)` (the crate root re-exports the types
-// its API names); what the simulator drives too is re-exported below.
-#[cfg_attr(not(feature = "front-end"), allow(dead_code))]
-pub(crate) mod cache_features;
+// Every family is public: the core is the client protocol for any driver (our front end, the
+// simulator, an embedder's own loop), so nothing in it is dead when the front end is off. The
+// most used items are re-exported below.
+pub mod cache_features;
 mod codec;
-pub(crate) mod groups;
-pub(crate) mod requests;
-#[cfg_attr(not(feature = "front-end"), allow(dead_code))]
-pub(crate) mod stream_ops;
+pub mod groups;
+pub mod requests;
+pub mod stream_ops;
 mod subscribe;
-#[cfg_attr(not(feature = "front-end"), allow(dead_code))]
-pub(crate) mod watch;
+pub mod watch;
 
 pub use auth::{auth_frame, capabilities, read_auth_reply, Capabilities, Offer};
 pub use groups::{

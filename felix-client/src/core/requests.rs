@@ -384,8 +384,7 @@ impl RequestStream {
 }
 
 /// The offset a publish's answer gave (`None`: no offset on the wire).
-#[cfg_attr(not(feature = "front-end"), allow(dead_code))]
-pub(crate) fn published_answer(answer: Answer) -> Result<Option<u64>, ClientError> {
+pub fn published_answer(answer: Answer) -> Result<Option<u64>, ClientError> {
     match answer {
         Answer::Published { offset } => Ok(offset),
         other => Err(ClientError::protocol(format!(
@@ -395,8 +394,7 @@ pub(crate) fn published_answer(answer: Answer) -> Result<Option<u64>, ClientErro
 }
 
 /// Checks `cache_put`'s answer.
-#[cfg_attr(not(feature = "front-end"), allow(dead_code))]
-pub(crate) fn cache_put_answer(answer: Answer) -> Result<(), ClientError> {
+pub fn cache_put_answer(answer: Answer) -> Result<(), ClientError> {
     match answer {
         Answer::CacheStored => Ok(()),
         other => Err(ClientError::protocol(format!(
@@ -406,8 +404,7 @@ pub(crate) fn cache_put_answer(answer: Answer) -> Result<(), ClientError> {
 }
 
 /// The value `cache_get` read (`None` when absent or expired), version or not.
-#[cfg_attr(not(feature = "front-end"), allow(dead_code))]
-pub(crate) fn cache_get_answer(answer: Answer) -> Result<Option<Bytes>, ClientError> {
+pub fn cache_get_answer(answer: Answer) -> Result<Option<Bytes>, ClientError> {
     match answer {
         Answer::CacheValue(v) => Ok(v),
         Answer::VersionedValue { value, .. } => Ok(Some(value)),
@@ -418,8 +415,7 @@ pub(crate) fn cache_get_answer(answer: Answer) -> Result<Option<Bytes>, ClientEr
 }
 
 /// The value `cache_delete` removed (`None` if there was none).
-#[cfg_attr(not(feature = "front-end"), allow(dead_code))]
-pub(crate) fn cache_delete_answer(answer: Answer) -> Result<Option<Bytes>, ClientError> {
+pub fn cache_delete_answer(answer: Answer) -> Result<Option<Bytes>, ClientError> {
     match answer {
         Answer::CacheValue(v) => Ok(v),
         other => Err(ClientError::protocol(format!(

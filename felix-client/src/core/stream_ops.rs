@@ -53,10 +53,10 @@ pub type StreamPage = message::StreamRecords;
 pub type StateValue = message::StateValue;
 
 /// The id a one-call stream's request carries.
-pub(crate) const REQUEST_ID: u64 = 1;
+pub const REQUEST_ID: u64 = 1;
 
 /// `producer_init`: asks for a new idempotent producer id.
-pub(crate) fn producer_init_frame() -> Bytes {
+pub fn producer_init_frame() -> Bytes {
     frame_bytes(&Message::ProducerInit(message::ProducerInit {
         request_id: REQUEST_ID,
     }))
@@ -104,7 +104,7 @@ pub fn idempotent_frame(
 }
 
 /// `publish_if`: `payloads` only if they would start at exactly `expected_offset`.
-pub(crate) fn publish_if_frame(
+pub fn publish_if_frame(
     tenant: &str,
     namespace: &str,
     stream: &str,
@@ -126,7 +126,7 @@ pub(crate) fn publish_if_frame(
 
 /// `commit`: `event` and `changes` to the state of the shard `entity_key` routes to, as
 /// one record; with `expected_offset`, only if the shard's tail is there.
-pub(crate) fn commit_frame(
+pub fn commit_frame(
     tenant: &str,
     namespace: &str,
     stream: &str,
@@ -149,7 +149,7 @@ pub(crate) fn commit_frame(
 }
 
 /// `state_get`: `key` in the state of the shard `entity_key` routes to.
-pub(crate) fn state_get_frame(
+pub fn state_get_frame(
     tenant: &str,
     namespace: &str,
     stream: &str,
@@ -168,7 +168,7 @@ pub(crate) fn state_get_frame(
 }
 
 /// `stream_read`: one page of a durable shard's records from `from`, stopping before `end`.
-pub(crate) fn stream_read_frame(
+pub fn stream_read_frame(
     tenant: &str,
     namespace: &str,
     stream: &str,
@@ -191,7 +191,7 @@ pub(crate) fn stream_read_frame(
 }
 
 /// `offset_for_time`: the first offset on a durable shard appended at or after `at_micros`.
-pub(crate) fn offset_for_time_frame(
+pub fn offset_for_time_frame(
     tenant: &str,
     namespace: &str,
     stream: &str,
@@ -209,12 +209,12 @@ pub(crate) fn offset_for_time_frame(
 }
 
 /// `topology`: the brokers this one says a client may connect to.
-pub(crate) fn topology_frame() -> Bytes {
+pub fn topology_frame() -> Bytes {
     frame_bytes(&Message::Topology)
 }
 
 /// `stream_shards`: how many shards the broker says a stream has.
-pub(crate) fn stream_shards_frame(tenant: &str, namespace: &str, stream: &str) -> Bytes {
+pub fn stream_shards_frame(tenant: &str, namespace: &str, stream: &str) -> Bytes {
     frame_bytes(&Message::StreamShards(message::StreamShards {
         tenant_id: tenant.to_owned(),
         namespace: namespace.to_owned(),
@@ -246,7 +246,7 @@ fn refused(msg: Message, expected: &str) -> ClientError {
 }
 
 /// The id `producer_init` was answered with.
-pub(crate) fn read_producer_init(frame: &Frame) -> Result<u64, ClientError> {
+pub fn read_producer_init(frame: &Frame) -> Result<u64, ClientError> {
     match decode_json(frame)? {
         Message::ProducerInitOk(ok) => Ok(ok.producer_id),
         other => Err(refused(other, "producer_init_ok")),
@@ -288,12 +288,12 @@ pub fn read_guarded_reply(frame: &Frame) -> Result<GuardedReply, ClientError> {
 }
 
 /// How an idempotent publish, `publish_if` or `commit` ended.
-pub(crate) fn read_guarded(frame: &Frame) -> Result<Guarded, ClientError> {
+pub fn read_guarded(frame: &Frame) -> Result<Guarded, ClientError> {
     read_guarded_reply(frame)?.result
 }
 
 /// The answer to `state_get`.
-pub(crate) fn read_state_value(frame: &Frame) -> Result<StateValue, ClientError> {
+pub fn read_state_value(frame: &Frame) -> Result<StateValue, ClientError> {
     match decode_json(frame)? {
         Message::StateValue(v) => Ok(v),
         other => Err(refused(other, "state_value")),
@@ -301,7 +301,7 @@ pub(crate) fn read_state_value(frame: &Frame) -> Result<StateValue, ClientError>
 }
 
 /// The page `stream_read` was answered with.
-pub(crate) fn read_stream_records(frame: &Frame) -> Result<StreamPage, ClientError> {
+pub fn read_stream_records(frame: &Frame) -> Result<StreamPage, ClientError> {
     match decode_json(frame)? {
         Message::StreamRecords(page) => Ok(page),
         other => Err(refused(other, "stream_records")),
@@ -309,7 +309,7 @@ pub(crate) fn read_stream_records(frame: &Frame) -> Result<StreamPage, ClientErr
 }
 
 /// The offset `offset_for_time` was answered with (`None`: no record that recent).
-pub(crate) fn read_offset_value(frame: &Frame) -> Result<Option<u64>, ClientError> {
+pub fn read_offset_value(frame: &Frame) -> Result<Option<u64>, ClientError> {
     match decode_json(frame)? {
         Message::OffsetValue(v) => Ok(v.offset),
         other => Err(refused(other, "offset_value")),
@@ -317,7 +317,7 @@ pub(crate) fn read_offset_value(frame: &Frame) -> Result<Option<u64>, ClientErro
 }
 
 /// The answer to `topology`.
-pub(crate) fn read_topology(frame: &Frame) -> Result<message::TopologyView, ClientError> {
+pub fn read_topology(frame: &Frame) -> Result<message::TopologyView, ClientError> {
     match decode_json(frame)? {
         Message::TopologyView(v) => Ok(v),
         other => Err(refused(other, "topology_view")),
@@ -325,7 +325,7 @@ pub(crate) fn read_topology(frame: &Frame) -> Result<message::TopologyView, Clie
 }
 
 /// The shard count `stream_shards` was answered with.
-pub(crate) fn read_stream_shards(frame: &Frame) -> Result<u64, ClientError> {
+pub fn read_stream_shards(frame: &Frame) -> Result<u64, ClientError> {
     match decode_json(frame)? {
         Message::StreamShardsView(v) => Ok(v.shards),
         other => Err(refused(other, "stream_shards_view")),

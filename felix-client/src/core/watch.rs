@@ -145,7 +145,7 @@ pub fn read_watch_answer(frame: &Frame) -> Result<WatchReply, ClientError> {
 }
 
 /// Reads the answer on the watch stream: `cache_watch_started`, or a refusal.
-pub(crate) fn read_watch_reply(frame: &Frame) -> Result<WatchStarted, ClientError> {
+pub fn read_watch_reply(frame: &Frame) -> Result<WatchStarted, ClientError> {
     match read_watch_answer(frame)? {
         WatchReply::Started(started) => Ok(started),
         WatchReply::CursorRefused {
