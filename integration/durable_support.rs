@@ -31,10 +31,9 @@ impl Drop for TempDir {
 }
 
 pub fn on_commit() -> DurableConfig {
-    DurableConfig {
-        fsync: FsyncPolicy::OnCommit,
-        ..DurableConfig::default()
-    }
+    let mut durable_config = DurableConfig::default();
+    durable_config.fsync = FsyncPolicy::OnCommit;
+    durable_config
 }
 
 pub fn periodic() -> DurableConfig {

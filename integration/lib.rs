@@ -163,12 +163,9 @@ pub async fn broker_with(configure: impl FnOnce(&mut EngineConfig) + Send + 'sta
 
 /// Declares `namespace/stream` of tenant [`TENANT`] with `shards` shards.
 pub fn declare_stream(config: &mut EngineConfig, namespace: &str, stream: &str, shards: u32) {
-    config.declared_streams.push(DeclaredStream {
-        tenant: TENANT.into(),
-        namespace: namespace.into(),
-        stream: stream.into(),
-        shards,
-    });
+    config
+        .declared_streams
+        .push(DeclaredStream::new(TENANT, namespace, stream, shards));
 }
 
 impl TestBroker {

@@ -468,13 +468,15 @@ impl World {
         config.connection_receive_window = 256 * 1024;
         config.durable = match setup.storage {
             Storage::Memory => None,
-            Storage::Durable => Some(DurableConfig {
-                fsync: FsyncPolicy::None,
-                ..DurableConfig::default()
+            Storage::Durable => Some({
+                let mut durable_config = DurableConfig::default();
+                durable_config.fsync = FsyncPolicy::None;
+                durable_config
             }),
-            Storage::OnCommit => Some(DurableConfig {
-                fsync: FsyncPolicy::OnCommit,
-                ..DurableConfig::default()
+            Storage::OnCommit => Some({
+                let mut durable_config = DurableConfig::default();
+                durable_config.fsync = FsyncPolicy::OnCommit;
+                durable_config
             }),
         };
         let now = Instant::now();

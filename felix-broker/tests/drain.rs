@@ -189,9 +189,10 @@ async fn drain_loses_nothing(runtime: &str) {
     let broker = felix_runtime_tokio::start(
         BrokerOptions::ephemeral()
             .storage_dir(dir.0.join("data"))
-            .durable(DurableConfig {
-                fsync: FsyncPolicy::OnCommit,
-                ..DurableConfig::default()
+            .durable({
+                let mut durable_config = DurableConfig::default();
+                durable_config.fsync = FsyncPolicy::OnCommit;
+                durable_config
             }),
     )
     .await

@@ -151,6 +151,7 @@ impl FsyncPolicy {
 /// The engine only names files relative to that directory; the runtime performs the
 /// operations ([`crate::Output::FileOp`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DurableConfig {
     /// See [`FsyncPolicy`].
     pub fsync: FsyncPolicy,
@@ -215,6 +216,7 @@ impl std::fmt::Debug for AuthConfig {
 
 /// A stream declared with a fixed shard count (others are created on first use).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeclaredStream {
     /// Tenant id.
     pub tenant: String,
@@ -226,8 +228,26 @@ pub struct DeclaredStream {
     pub shards: u32,
 }
 
+impl DeclaredStream {
+    /// A stream `tenant/namespace/stream` with `shards` shards.
+    pub fn new(
+        tenant: impl Into<String>,
+        namespace: impl Into<String>,
+        stream: impl Into<String>,
+        shards: u32,
+    ) -> DeclaredStream {
+        DeclaredStream {
+            tenant: tenant.into(),
+            namespace: namespace.into(),
+            stream: stream.into(),
+            shards,
+        }
+    }
+}
+
 /// Everything the engine needs. Build one with [`EngineConfig::new`] and adjust fields.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct EngineConfig {
     /// The certificate and key the endpoint presents (replace it on a running engine with
     /// [`crate::Engine::set_tls_identity`]).

@@ -12,10 +12,9 @@ use quinn_proto::StreamId;
 use serde_json::Value;
 
 fn periodic() -> DurableConfig {
-    DurableConfig {
-        fsync: FsyncPolicy::Periodic(Duration::from_millis(250)),
-        ..DurableConfig::default()
-    }
+    let mut durable_config = DurableConfig::default();
+    durable_config.fsync = FsyncPolicy::Periodic(Duration::from_millis(250));
+    durable_config
 }
 
 fn json(frame: &Frame) -> Value {

@@ -28,9 +28,10 @@ fn acks(frames: &[Frame]) -> Vec<(u64, AckOutcome)> {
 
 #[test]
 fn draining_answers_what_is_owed_and_refuses_new_work() {
-    let durable = DurableConfig {
-        fsync: FsyncPolicy::OnCommit,
-        ..DurableConfig::default()
+    let durable = {
+        let mut durable_config = DurableConfig::default();
+        durable_config.fsync = FsyncPolicy::OnCommit;
+        durable_config
     };
     let mut net = Net::durable(durable, |_| {});
     let p = net.connect(&[]);

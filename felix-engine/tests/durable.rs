@@ -13,17 +13,15 @@ use quinn_proto::StreamId;
 use serde_json::Value;
 
 fn on_commit() -> DurableConfig {
-    DurableConfig {
-        fsync: FsyncPolicy::OnCommit,
-        ..DurableConfig::default()
-    }
+    let mut durable_config = DurableConfig::default();
+    durable_config.fsync = FsyncPolicy::OnCommit;
+    durable_config
 }
 
 fn periodic() -> DurableConfig {
-    DurableConfig {
-        fsync: FsyncPolicy::Periodic(Duration::from_millis(250)),
-        ..DurableConfig::default()
-    }
+    let mut durable_config = DurableConfig::default();
+    durable_config.fsync = FsyncPolicy::Periodic(Duration::from_millis(250));
+    durable_config
 }
 
 fn is_sync(kind: &FileOpKind) -> bool {
@@ -291,9 +289,10 @@ fn replay_from_earliest_and_from_an_offset_joins_live_with_no_gap_or_duplicate()
 #[test]
 fn records_appended_while_a_replay_reads_the_disk_arrive_once_and_in_order() {
     // No tail cache: every replay read is a file read, which the test holds.
-    let durable = DurableConfig {
-        tail_cache_bytes: 0,
-        ..periodic()
+    let durable = {
+        let mut durable_config = periodic();
+        durable_config.tail_cache_bytes = 0;
+        durable_config
     };
     let mut net = Net::durable(durable, |c| c.event_batch_max_records = 5);
     let (s, p) = (net.connect(&[]), net.connect(&[]));
@@ -542,11 +541,12 @@ fn cache_values_and_absolute_expiries_survive_a_restart() {
 
 #[test]
 fn retention_removes_whole_old_segments_and_moves_earliest() {
-    let durable = DurableConfig {
-        segment_max_bytes: 256,
-        retention_bytes: Some(600),
-        retention_check_interval: Duration::from_secs(1),
-        ..periodic()
+    let durable = {
+        let mut durable_config = periodic();
+        durable_config.segment_max_bytes = 256;
+        durable_config.retention_bytes = Some(600);
+        durable_config.retention_check_interval = Duration::from_secs(1);
+        durable_config
     };
     let mut net = Net::durable(durable, |_| {});
     net.client_keep_alive = Some(Duration::from_secs(2));
@@ -584,9 +584,10 @@ fn retention_removes_whole_old_segments_and_moves_earliest() {
 #[test]
 fn an_overwritten_cache_is_compacted_and_keeps_its_values() {
     use base64::Engine as _;
-    let durable = DurableConfig {
-        segment_max_bytes: 16 * 1024,
-        ..on_commit()
+    let durable = {
+        let mut durable_config = on_commit();
+        durable_config.segment_max_bytes = 16 * 1024;
+        durable_config
     };
     let mut net = Net::durable(durable.clone(), |_| {});
     let p = net.connect(&[]);
@@ -694,9 +695,10 @@ fn a_graceful_stop_syncs_stream_and_cache_logs_whatever_the_mode() {
         FsyncPolicy::Periodic(Duration::from_secs(3600)),
     ] {
         let mut net = Net::durable(
-            DurableConfig {
-                fsync,
-                ..DurableConfig::default()
+            {
+                let mut durable_config = DurableConfig::default();
+                durable_config.fsync = fsync;
+                durable_config
             },
             |_| {},
         );

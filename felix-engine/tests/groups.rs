@@ -10,10 +10,9 @@ use quinn_proto::StreamId;
 use serde_json::Value;
 
 fn on_commit() -> DurableConfig {
-    DurableConfig {
-        fsync: FsyncPolicy::OnCommit,
-        ..DurableConfig::default()
-    }
+    let mut durable_config = DurableConfig::default();
+    durable_config.fsync = FsyncPolicy::OnCommit;
+    durable_config
 }
 
 fn json(net: &mut Net, p: usize, sid: StreamId) -> Vec<Value> {
@@ -291,12 +290,14 @@ fn a_poll_answers_about_4_mib_of_payload_and_leaves_the_rest_owed() {
 
 #[test]
 fn polls_wait_up_to_the_limit_and_one_more_is_answered_at_once() {
-    let durable = DurableConfig {
-        groups: GroupConfig {
-            max_waiting_polls: 3,
-            ..GroupConfig::default()
-        },
-        ..on_commit()
+    let durable = {
+        let mut durable_config = on_commit();
+        durable_config.groups = {
+            let mut group_config = GroupConfig::default();
+            group_config.max_waiting_polls = 3;
+            group_config
+        };
+        durable_config
     };
     let mut net = Net::durable(durable, |_| {});
     let p = net.connect(&[]);

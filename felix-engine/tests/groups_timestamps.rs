@@ -35,9 +35,10 @@ fn poll(net: &mut Net, p: usize, sid: StreamId, group: &str, rid: u64) -> Value 
 
 #[test]
 fn a_polled_record_carries_its_append_time_only_when_offered() {
-    let durable = DurableConfig {
-        fsync: FsyncPolicy::OnCommit,
-        ..DurableConfig::default()
+    let durable = {
+        let mut durable_config = DurableConfig::default();
+        durable_config.fsync = FsyncPolicy::OnCommit;
+        durable_config
     };
     let mut net = Net::durable(durable, |_| {});
     let p = net.connect(&[]);

@@ -98,12 +98,8 @@ fn cache_of_another_tenant_is_forbidden_and_the_stream_goes_on() {
 #[test]
 fn routing_answers_for_a_single_broker() {
     let mut net = Net::new(|c| {
-        c.declared_streams.push(DeclaredStream {
-            tenant: "t1".into(),
-            namespace: "default".into(),
-            stream: "wide".into(),
-            shards: 3,
-        })
+        c.declared_streams
+            .push(DeclaredStream::new("t1", "default", "wide", 3))
     });
     let p = net.connect(&[]);
     let (id, _) = net.auth_stream(p);

@@ -189,10 +189,9 @@ fn tombstone_dirs(disk: &felix_storage::memfs::MemFs) -> Vec<&String> {
 }
 
 fn on_commit() -> DurableConfig {
-    DurableConfig {
-        fsync: FsyncPolicy::OnCommit,
-        ..DurableConfig::default()
-    }
+    let mut durable_config = DurableConfig::default();
+    durable_config.fsync = FsyncPolicy::OnCommit;
+    durable_config
 }
 
 #[test]

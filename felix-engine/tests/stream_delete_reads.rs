@@ -6,10 +6,9 @@ use felix_testkit::*;
 use serde_json::Value;
 
 fn on_commit() -> DurableConfig {
-    DurableConfig {
-        fsync: FsyncPolicy::OnCommit,
-        ..DurableConfig::default()
-    }
+    let mut durable_config = DurableConfig::default();
+    durable_config.fsync = FsyncPolicy::OnCommit;
+    durable_config
 }
 
 #[test]

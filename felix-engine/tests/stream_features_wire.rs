@@ -7,10 +7,9 @@ use felix_engine::{DurableConfig, FsyncPolicy};
 use felix_testkit::*;
 
 fn on_commit() -> DurableConfig {
-    DurableConfig {
-        fsync: FsyncPolicy::OnCommit,
-        ..DurableConfig::default()
-    }
+    let mut durable_config = DurableConfig::default();
+    durable_config.fsync = FsyncPolicy::OnCommit;
+    durable_config
 }
 
 /// `[u64 request_id][u8 ack=2][u64 producer][u64 sequence]` then the batch body for

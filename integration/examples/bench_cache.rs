@@ -167,9 +167,10 @@ fn main() {
     std::fs::create_dir_all(&dir).expect("storage dir");
     let mut opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal"));
     opts.storage_dir = Some(dir.clone());
-    opts.durable = DurableConfig {
-        fsync,
-        ..DurableConfig::default()
+    opts.durable = {
+        let mut durable_config = DurableConfig::default();
+        durable_config.fsync = fsync;
+        durable_config
     };
     let broker = BenchBroker::start(opts);
     println!("fsync: {fsync:?}");

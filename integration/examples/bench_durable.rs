@@ -308,10 +308,11 @@ fn run_one(
         let _ = std::fs::remove_dir_all(&dir);
         // Acks after the write in every durable mode, so each is measured doing the same
         // thing: answering with an offset once its mode calls the record durable.
-        let durable = DurableConfig {
-            fsync,
-            ack_on_commit: true,
-            ..DurableConfig::default()
+        let durable = {
+            let mut durable_config = DurableConfig::default();
+            durable_config.fsync = fsync;
+            durable_config.ack_on_commit = true;
+            durable_config
         };
         (dir.clone(), durable)
     });

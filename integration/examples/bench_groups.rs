@@ -56,12 +56,13 @@ fn main() {
     let acks_in_flight: usize = arg("acks-in-flight", 32);
     let wakeups: usize = arg("wakeups", 50);
     let fsync: String = arg("fsync", "periodic".to_string());
-    let durable = DurableConfig {
-        fsync: match fsync.as_str() {
+    let durable = {
+        let mut durable_config = DurableConfig::default();
+        durable_config.fsync = match fsync.as_str() {
             "on_commit" => FsyncPolicy::OnCommit,
             _ => DurableConfig::default().fsync,
-        },
-        ..DurableConfig::default()
+        };
+        durable_config
     };
     let dir = std::env::temp_dir().join(format!("felix-bench-groups-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -39,9 +39,10 @@ fn start_broker(dir: PathBuf) -> BenchBroker {
     // `--direct-io off`: buffered appends, so the restarted pass reads a warm page cache
     // (direct appends leave nothing there).
     opts.direct_io = arg("direct-io", "on".to_owned()) != "off";
-    opts.durable = DurableConfig {
-        fsync: FsyncPolicy::Periodic(Duration::from_millis(250)),
-        ..DurableConfig::default()
+    opts.durable = {
+        let mut durable_config = DurableConfig::default();
+        durable_config.fsync = FsyncPolicy::Periodic(Duration::from_millis(250));
+        durable_config
     };
     BenchBroker::start(opts)
 }

@@ -121,9 +121,10 @@ async fn sums_survive_compaction_and_a_restart_after_it() {
     let dir = TempDir::new("counters-compact");
     let cache = unique("compacted");
     // Small segments, so sealed ones fill with superseded records and compaction runs.
-    let durable = || felix_runtime_tokio::felix_engine::DurableConfig {
-        segment_max_bytes: 64 * 1024,
-        ..periodic()
+    let durable = || {
+        let mut durable_config = periodic();
+        durable_config.segment_max_bytes = 64 * 1024;
+        durable_config
     };
     // Long keys make each record a few hundred bytes: ~1 MiB of log in a few thousand adds.
     let key = |i: usize| format!("{i}-{}", "k".repeat(300));

@@ -9,7 +9,6 @@ use bytes::Bytes;
 use felix_client::{CacheChange, CacheWatch, CacheWatchItem, Client, WatchFilter, WatchStart};
 use felix_integration::durable_support::*;
 use felix_integration::{unique, within};
-use felix_runtime_tokio::felix_engine::DurableConfig;
 use felix_runtime_tokio::{BrokerOptions, RunningBroker};
 
 async fn change(w: &mut CacheWatch) -> CacheChange {
@@ -226,9 +225,10 @@ async fn a_resumed_watch_misses_nothing_under_concurrent_writes() {
 #[tokio::test]
 async fn a_resume_into_compacted_history_is_a_marked_resnapshot() {
     let dir = TempDir::new("watch-compact");
-    let durable = DurableConfig {
-        segment_max_bytes: 64 * 1024,
-        ..periodic()
+    let durable = {
+        let mut durable_config = periodic();
+        durable_config.segment_max_bytes = 64 * 1024;
+        durable_config
     };
     let broker = start(dir.path(), durable).await;
     let c = client(&broker).await;

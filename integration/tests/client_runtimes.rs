@@ -76,10 +76,11 @@ impl Drop for TempDir {
 fn durable(dir: &TempDir, bind: SocketAddr) -> BrokerOptions {
     let mut opts = BrokerOptions::new(bind);
     opts.storage_dir = Some(dir.0.clone());
-    opts.durable = DurableConfig {
-        fsync: FsyncPolicy::OnCommit,
-        ack_on_commit: true,
-        ..DurableConfig::default()
+    opts.durable = {
+        let mut durable_config = DurableConfig::default();
+        durable_config.fsync = FsyncPolicy::OnCommit;
+        durable_config.ack_on_commit = true;
+        durable_config
     };
     opts
 }

@@ -6,7 +6,6 @@ use felix_client::{Ack, Start};
 use felix_integration::durable_support::*;
 use felix_integration::{next_event, unique, within};
 use felix_proto::Features;
-use felix_runtime_tokio::felix_engine::DurableConfig;
 
 fn batch(prefix: &str, i: usize, n: usize) -> Vec<Bytes> {
     (0..n)
@@ -79,13 +78,11 @@ async fn periodic_acks_carry_offsets_only_when_the_ack_waits_for_the_write() {
     stop(broker).await;
 
     // FELIX_ACK_ON_COMMIT=true does the same for every client.
-    let broker = start(
-        dir.path(),
-        DurableConfig {
-            ack_on_commit: true,
-            ..periodic()
-        },
-    )
+    let broker = start(dir.path(), {
+        let mut durable_config = periodic();
+        durable_config.ack_on_commit = true;
+        durable_config
+    })
     .await;
     let plain = client(&broker).await;
     let offset = plain

@@ -7,7 +7,6 @@ use bytes::Bytes;
 use felix_client::{Ack, ClientError, Start};
 use felix_integration::durable_support::*;
 use felix_integration::{next_event, unique};
-use felix_runtime_tokio::felix_engine::DurableConfig;
 
 fn record(i: u64) -> Bytes {
     Bytes::from(format!("record-{i:06}"))
@@ -80,12 +79,13 @@ fn cursor_error(e: ClientError) -> String {
 #[tokio::test]
 async fn offsets_past_the_tail_or_below_retention_are_cursor_errors() {
     let dir = TempDir::new("durable-cursor");
-    let durable = DurableConfig {
-        segment_max_bytes: 4096,
-        retention_bytes: Some(16 * 1024),
-        retention_check_interval: Duration::from_millis(50),
-        ack_on_commit: true,
-        ..periodic()
+    let durable = {
+        let mut durable_config = periodic();
+        durable_config.segment_max_bytes = 4096;
+        durable_config.retention_bytes = Some(16 * 1024);
+        durable_config.retention_check_interval = Duration::from_millis(50);
+        durable_config.ack_on_commit = true;
+        durable_config
     };
     let broker = start(dir.path(), durable).await;
     let c = client(&broker).await;

@@ -13,13 +13,13 @@ use felix_runtime_tokio::felix_engine::{DurableConfig, GroupConfig};
 const NS: &str = "default";
 
 fn groups_config() -> DurableConfig {
-    DurableConfig {
-        groups: GroupConfig {
-            max_attempts: 3,
-            ..GroupConfig::default()
-        },
-        ..on_commit()
-    }
+    let mut durable_config = on_commit();
+    durable_config.groups = {
+        let mut group_config = GroupConfig::default();
+        group_config.max_attempts = 3;
+        group_config
+    };
+    durable_config
 }
 
 fn now_poll(max: u64) -> PollOptions {

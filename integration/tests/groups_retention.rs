@@ -7,18 +7,18 @@ use bytes::Bytes;
 use felix_client::{Ack, PollOptions, Start};
 use felix_integration::durable_support::*;
 use felix_integration::unique;
-use felix_runtime_tokio::felix_engine::DurableConfig;
 
 const NS: &str = "default";
 
 #[tokio::test]
 async fn a_group_behind_retention_skips_what_was_removed() {
     let dir = TempDir::new("groups-retention");
-    let durable = DurableConfig {
-        segment_max_bytes: 4096,
-        retention_bytes: Some(16 * 1024),
-        retention_check_interval: Duration::from_millis(50),
-        ..periodic()
+    let durable = {
+        let mut durable_config = periodic();
+        durable_config.segment_max_bytes = 4096;
+        durable_config.retention_bytes = Some(16 * 1024);
+        durable_config.retention_check_interval = Duration::from_millis(50);
+        durable_config
     };
     let broker = start(dir.path(), durable).await;
     let c = client(&broker).await;

@@ -46,6 +46,7 @@ const DEFAULT_FSYNC_INTERVAL_MS: u64 = felix_engine::DEFAULT_FSYNC_INTERVAL.as_m
 pub const CONFIG_FILE_VARS: &[&str] = &["FELIX_CONFIG", "FELIX_BROKER_CONFIG"];
 
 /// A configuration the binary can run.
+#[non_exhaustive]
 pub struct Config {
     /// What to start.
     pub options: BrokerOptions,
@@ -554,12 +555,12 @@ fn declared_streams(
             }
             None => return Err(ConfigError(format!("{}: missing", at(&key("shards"))))),
         };
-        out.push(DeclaredStream {
-            tenant: text("tenant")?,
-            namespace: text("namespace")?,
-            stream: text("stream")?,
+        out.push(DeclaredStream::new(
+            text("tenant")?,
+            text("namespace")?,
+            text("stream")?,
             shards,
-        });
+        ));
     }
     Ok(out)
 }

@@ -49,6 +49,7 @@ const SOCKET_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 pub type ConfigureEngine = Box<dyn FnOnce(&mut EngineConfig) + Send>;
 
 /// How to start a broker.
+#[non_exhaustive]
 pub struct BrokerOptions {
     /// Where to listen; port 0 picks a free one.
     pub bind: SocketAddr,

@@ -145,18 +145,14 @@ impl World {
         let mut config =
             EngineConfig::new(identity, AuthConfig::Dev { seed: [7; 32] }, plan.seed32());
         config.crypto_provider = Some(provider.clone());
-        config.declared_streams = vec![DeclaredStream {
-            tenant: TENANT.into(),
-            namespace: NAMESPACE.into(),
-            stream: STREAM.into(),
-            shards: SHARDS,
-        }];
+        config.declared_streams = vec![DeclaredStream::new(TENANT, NAMESPACE, STREAM, SHARDS)];
         config.subscriber_queue_capacity = *plan.pick(&[2, 8, 64, 512]);
         config.event_batch_max_records = *plan.pick(&[4, 64, 1024]);
         config.quic_idle_timeout = Duration::from_secs(10);
-        let durable = |fsync| DurableConfig {
-            fsync,
-            ..DurableConfig::default()
+        let durable = |fsync| {
+            let mut durable_config = DurableConfig::default();
+            durable_config.fsync = fsync;
+            durable_config
         };
         config.durable = match mode {
             Mode::Memory => None,
@@ -169,10 +165,9 @@ impl World {
                         plan.duration(Duration::from_millis(20), Duration::from_millis(500)),
                     )
                 };
-                Some(DurableConfig {
-                    ack_on_commit: true,
-                    ..durable(fsync)
-                })
+                let mut d = durable(fsync);
+                d.ack_on_commit = true;
+                Some(d)
             }
             Mode::PeriodicNoCrash => Some(durable(FsyncPolicy::Periodic(Duration::from_millis(
                 plan.range(20..500),

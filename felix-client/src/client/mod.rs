@@ -38,6 +38,7 @@ use crate::transport::quic_client_config;
 
 /// How to reach and authenticate to a broker.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// The broker's client listener.
     pub addr: SocketAddr,

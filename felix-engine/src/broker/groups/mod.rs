@@ -41,6 +41,7 @@ pub(crate) use felix_storage::layout::GROUPS_DIR;
 
 /// Consumer-group limits (the `FELIX_GROUP_*` settings). Every one has a default.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GroupConfig {
     /// Deliveries of one record before it is dead-lettered instead.
     pub max_attempts: u32,
