@@ -490,6 +490,7 @@ impl World {
             stream_window: 256 * 1024,
             max_uni_streams: 64,
             keep_alive: None,
+            idle_timeout: None,
         };
         let client_config = client_config(crypto, &transport);
 

@@ -32,6 +32,7 @@ pub use frames::{
 };
 pub use net::{Net, Peer};
 pub use quic::{
+    client_transport,
     client_config, client_endpoint, client_tls, poll_connection, quic_crypto, read_stream,
     to_client, to_engine, ClientTransport, StreamRead, Trust,
 };

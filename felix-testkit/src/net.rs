@@ -172,6 +172,7 @@ impl Net {
             stream_window: self.client_stream_window,
             max_uni_streams: 1024,
             keep_alive: self.client_keep_alive,
+            idle_timeout: None,
         };
         let config = client_config(quic_crypto(tls), &transport);
         let (ch, conn) = self

@@ -66,18 +66,29 @@ pub struct ClientTransport {
     /// Event streams the broker may have open at once.
     pub max_uni_streams: u32,
     pub keep_alive: Option<Duration>,
+    /// Idle timeout the client asks for; `None` leaves quinn's default.
+    pub idle_timeout: Option<Duration>,
 }
 
 /// A connection configuration: `crypto`, and `transport` (the broker opens no bidi streams).
 pub fn client_config(crypto: Arc<QuicClientConfig>, transport: &ClientTransport) -> ClientConfig {
     let mut config = ClientConfig::new(crypto);
+    config.transport_config(client_transport(transport));
+    config
+}
+
+/// The transport settings of [`client_config`], for a caller that builds the rest of its
+/// `ClientConfig` itself (the simulator seeds its connection ids).
+pub fn client_transport(transport: &ClientTransport) -> Arc<TransportConfig> {
     let mut t = TransportConfig::default();
     t.stream_receive_window(VarInt::from_u32(transport.stream_window))
         .max_concurrent_uni_streams(VarInt::from_u32(transport.max_uni_streams))
         .max_concurrent_bidi_streams(VarInt::from_u32(0))
         .keep_alive_interval(transport.keep_alive);
-    config.transport_config(Arc::new(t));
-    config
+    if let Some(idle) = transport.idle_timeout {
+        t.max_idle_timeout(Some(idle.try_into().expect("an idle timeout QUIC can carry")));
+    }
+    Arc::new(t)
 }
 
 /// A client endpoint with quinn's defaults, its endpoint randomness fixed by `rng_seed` if

@@ -218,15 +218,13 @@ impl SimClient {
         let mut config = ClientConfig::new(s.crypto);
         config
             .initial_dst_cid_provider(crate::crypto::initial_cid_provider(rng.fork("initial cid")));
-        let mut transport = TransportConfig::default();
         let window: u32 = if s.slow { 16 * 1024 } else { 1024 * 1024 };
-        transport
-            .stream_receive_window(VarInt::from_u32(window))
-            .max_concurrent_uni_streams(VarInt::from_u32(64))
-            .max_concurrent_bidi_streams(VarInt::from_u32(0))
-            .keep_alive_interval(Some(Duration::from_millis(1000)))
-            .max_idle_timeout(Some(VarInt::from_u32(5_000).into()));
-        config.transport_config(Arc::new(transport));
+        config.transport_config(felix_testkit::client_transport(&felix_testkit::ClientTransport {
+            stream_window: window,
+            max_uni_streams: 64,
+            keep_alive: Some(Duration::from_millis(1000)),
+            idle_timeout: Some(Duration::from_millis(5_000)),
+        }));
         let subs = match s.role {
             Role::Auditor => (0..s.shards)
                 .map(|shard| SubSpec {
@@ -1411,31 +1409,10 @@ fn protocol(client: usize, detail: String) -> Violation {
     }
 }
 
-/// Reads what the stream has into `decoder`. Returns (read anything, stream ended).
+
+/// Reads what `id` has (the kit's reader): whether anything arrived, and whether the
+/// stream ended (finished or reset).
 fn read_into(quic: &mut Connection, id: StreamId, decoder: &mut FrameDecoder) -> (bool, bool) {
-    let mut got = false;
-    let mut ended = false;
-    let mut recv = quic.recv_stream(id);
-    let Ok(mut chunks) = recv.read(true) else {
-        return (false, false);
-    };
-    loop {
-        match chunks.next(usize::MAX) {
-            Ok(Some(chunk)) => {
-                got = true;
-                decoder.feed_bytes(chunk.bytes);
-            }
-            Ok(None) => {
-                ended = true;
-                break;
-            }
-            Err(quinn_proto::ReadError::Blocked) => break,
-            Err(quinn_proto::ReadError::Reset(_)) => {
-                ended = true;
-                break;
-            }
-        }
-    }
-    let _ = chunks.finalize();
-    (got, ended)
+    let r = felix_testkit::read_stream(quic, id, decoder);
+    (r.read, r.finished || r.reset.is_some())
 }
