@@ -172,7 +172,11 @@ async fn jwks_mode(runtime: &str) {
         .await
         .err()
         .expect("a JWKS without keys is refused");
-    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{runtime}: {err}");
+    assert_eq!(
+        err.kind(),
+        std::io::ErrorKind::InvalidInput,
+        "{runtime}: {err}"
+    );
     assert!(
         err.to_string()
             .starts_with("auth configuration: unusable JWKS"),
@@ -274,7 +278,11 @@ async fn binary_on(args: &[&str], vars: &[(&str, &str)], runtime: &str) {
     for alpn in [None, Some(&b"felix/1"[..])] {
         let (conn, answer) = connect_and_auth(addr, &ca, alpn, token.trim()).await;
         assert_eq!(answer["type"], "auth_ok");
-        assert_eq!(negotiated_alpn(&conn).as_deref(), alpn, "the offer is echoed");
+        assert_eq!(
+            negotiated_alpn(&conn).as_deref(),
+            alpn,
+            "the offer is echoed"
+        );
         drop(conn);
     }
     let (conn, _) = connect_and_auth(addr, &ca, None, token.trim()).await;

@@ -115,7 +115,8 @@ async fn require_alpn_refuses_clients_that_offer_none() {
     // carries as crypto error 0x178: not a timeout, an auth refusal or any other failure.
     match broker.connect(|c| c.offer_alpn = false).await {
         Err(ClientError::Connection(m)) => assert!(
-            m.starts_with("handshake:") && m.contains("the cryptographic handshake failed: error 120"),
+            m.starts_with("handshake:")
+                && m.contains("the cryptographic handshake failed: error 120"),
             "{m}"
         ),
         Err(other) => panic!("expected the TLS alert, got {other:?}"),

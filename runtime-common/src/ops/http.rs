@@ -110,7 +110,11 @@ impl OpsServer {
         OpsServer::start_timed(addr, state, TIMING)
     }
 
-    fn start_timed(addr: SocketAddr, state: Arc<OpsState>, timing: Timing) -> io::Result<OpsServer> {
+    fn start_timed(
+        addr: SocketAddr,
+        state: Arc<OpsState>,
+        timing: Timing,
+    ) -> io::Result<OpsServer> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
