@@ -168,10 +168,9 @@ async fn jwks_mode(runtime: &str) {
     let mut opts = BrokerOptions::new("127.0.0.1:0".parse().unwrap());
     opts.jwks = Some(b"{}".to_vec());
     // Refused for the JWKS, not for some other start-up failure (a port, a certificate).
-    let err = start(runtime, opts)
-        .await
-        .err()
-        .expect("a JWKS without keys is refused");
+    let Err(err) = start(runtime, opts).await else {
+        panic!("{runtime}: a JWKS without keys is refused");
+    };
     assert_eq!(
         err.kind(),
         std::io::ErrorKind::InvalidInput,
