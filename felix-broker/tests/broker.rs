@@ -65,6 +65,15 @@ async fn read_frame(recv: &mut quinn::RecvStream) -> serde_json::Value {
     serde_json::from_slice(&payload).unwrap()
 }
 
+/// The protocol the handshake selected, if any.
+fn negotiated_alpn(conn: &quinn::Connection) -> Option<Vec<u8>> {
+    conn.handshake_data()
+        .unwrap()
+        .downcast::<quinn::crypto::rustls::HandshakeData>()
+        .unwrap()
+        .protocol
+}
+
 /// Connects, authenticates one stream with the real client's offer, and returns the answer.
 async fn connect_and_auth(
     addr: SocketAddr,
@@ -109,27 +118,10 @@ async fn serves_both_alpn_modes_and_shuts_down_with_code_zero(runtime: &str) {
 
     let (plain, answer) = connect_and_auth(addr, &ca, None, &token).await;
     assert_eq!(answer["type"], "auth_ok");
-    assert_eq!(
-        plain
-            .handshake_data()
-            .unwrap()
-            .downcast::<quinn::crypto::rustls::HandshakeData>()
-            .unwrap()
-            .protocol,
-        None
-    );
+    assert_eq!(negotiated_alpn(&plain), None);
     let (felix, answer) = connect_and_auth(addr, &ca, Some(b"felix/1"), &token).await;
     assert_eq!(answer["type"], "auth_ok");
-    assert_eq!(
-        felix
-            .handshake_data()
-            .unwrap()
-            .downcast::<quinn::crypto::rustls::HandshakeData>()
-            .unwrap()
-            .protocol
-            .as_deref(),
-        Some(&b"felix/1"[..])
-    );
+    assert_eq!(negotiated_alpn(&felix).as_deref(), Some(&b"felix/1"[..]));
 
     // Connect is 40 sequential authenticated streams for the real client: each is answered.
     // How long they take is a benchmark figure (`bench -- connect`), not a pass/fail line.
@@ -175,7 +167,20 @@ async fn jwks_mode(runtime: &str) {
 
     let mut opts = BrokerOptions::new("127.0.0.1:0".parse().unwrap());
     opts.jwks = Some(b"{}".to_vec());
-    assert!(start(runtime, opts).await.is_err());
+    // Refused for the JWKS, not for some other start-up failure (a port, a certificate).
+    let Err(err) = start(runtime, opts).await else {
+        panic!("{runtime}: a JWKS without keys is refused");
+    };
+    assert_eq!(
+        err.kind(),
+        std::io::ErrorKind::InvalidInput,
+        "{runtime}: {err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("auth configuration: unusable JWKS"),
+        "{runtime}: {err}"
+    );
 }
 
 #[tokio::test]
@@ -272,6 +277,11 @@ async fn binary_on(args: &[&str], vars: &[(&str, &str)], runtime: &str) {
     for alpn in [None, Some(&b"felix/1"[..])] {
         let (conn, answer) = connect_and_auth(addr, &ca, alpn, token.trim()).await;
         assert_eq!(answer["type"], "auth_ok");
+        assert_eq!(
+            negotiated_alpn(&conn).as_deref(),
+            alpn,
+            "the offer is echoed"
+        );
         drop(conn);
     }
     let (conn, _) = connect_and_auth(addr, &ca, None, token.trim()).await;

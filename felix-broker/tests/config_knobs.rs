@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use felix_client::{Client, ClientConfig};
+use felix_client::{Client, ClientConfig, ClientError};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -63,9 +63,20 @@ fn spawn(dir: PathBuf, vars: &[(&str, &str)]) -> Broker {
         cmd.env(k, v);
     }
     let mut child = cmd.spawn().unwrap();
-    for _ in 0..200 {
+    // Polls for the exported files; the deadline is generous (a loaded machine starts slowly)
+    // and only fails a broker that never starts.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the broker exited at start-up: {status}");
+        }
         if let (Ok(ca), Ok(token)) = (std::fs::read(&ca), std::fs::read_to_string(&token)) {
             let token = token.trim().to_owned();
+            if token.is_empty() {
+                // Exported but not yet written.
+                std::thread::sleep(Duration::from_millis(25));
+                continue;
+            }
             return Broker {
                 child,
                 addr,
@@ -88,20 +99,29 @@ impl Broker {
         c
     }
 
-    async fn connect(&self, adjust: impl FnOnce(&mut ClientConfig)) -> Result<Client, String> {
+    async fn connect(&self, adjust: impl FnOnce(&mut ClientConfig)) -> Result<Client, ClientError> {
         let mut config = self.config();
         adjust(&mut config);
         tokio::time::timeout(Duration::from_secs(10), Client::connect(config))
             .await
             .expect("connect settles in time")
-            .map_err(|e| e.to_string())
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn require_alpn_refuses_clients_that_offer_none() {
     let broker = spawn(temp_dir("alpn"), &[("FELIX_TLS_REQUIRE_ALPN", "true")]);
-    assert!(broker.connect(|c| c.offer_alpn = false).await.is_err());
+    // Refused by the TLS handshake with alert no_application_protocol (120), which QUIC
+    // carries as crypto error 0x178: not a timeout, an auth refusal or any other failure.
+    match broker.connect(|c| c.offer_alpn = false).await {
+        Err(ClientError::Connection(m)) => assert!(
+            m.starts_with("handshake:")
+                && m.contains("the cryptographic handshake failed: error 120"),
+            "{m}"
+        ),
+        Err(other) => panic!("expected the TLS alert, got {other:?}"),
+        Ok(_) => panic!("connected without offering ALPN"),
+    }
     broker
         .connect(|c| c.offer_alpn = true)
         .await
@@ -114,10 +134,15 @@ async fn require_alpn_refuses_clients_that_offer_none() {
 async fn connections_per_ip_are_limited() {
     let broker = spawn(temp_dir("per-ip"), &[("FELIX_MAX_CONNECTIONS_PER_IP", "1")]);
     let first = broker.connect(|_| {}).await.unwrap();
-    assert!(
-        broker.connect(|_| {}).await.is_err(),
-        "a second connection from 127.0.0.1"
-    );
+    // docs/limits.md: past the limit the handshake is refused with CONNECTION_REFUSED.
+    match broker.connect(|_| {}).await {
+        Err(ClientError::Connection(m)) => assert!(
+            m.contains("the server refused to accept a new connection"),
+            "{m}"
+        ),
+        Err(other) => panic!("expected CONNECTION_REFUSED, got {other:?}"),
+        Ok(_) => panic!("a second connection from 127.0.0.1 was accepted"),
+    }
     first.close().await;
 }
 

@@ -232,17 +232,38 @@ fn published_messages_reach_a_subscriber_started_from_latest() {
     assert_eq!(stdout, "one\ntwo\nthree\nfour\n");
 }
 
+/// Reads `child`'s stdout on a thread: its first line (with its newline) arrives on the
+/// channel as soon as it is printed; the thread's result is everything after it, to EOF.
+fn first_line_then_rest(child: &mut Child) -> (mpsc::Receiver<String>, JoinHandle<String>) {
+    let mut reader = BufReader::new(child.stdout.take().expect("stdout piped"));
+    let (tx, rx) = mpsc::channel();
+    let rest = std::thread::spawn(move || {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let _ = tx.send(line);
+        let mut rest = String::new();
+        reader.read_to_string(&mut rest).unwrap();
+        rest
+    });
+    (rx, rest)
+}
+
 #[test]
 fn a_subscription_cut_off_by_the_broker_exits_non_zero() {
     let mut broker = Broker::start(None);
-    let sub = Subscriber::start(broker.felix().args(["sub", "orders", "--hex"]));
+    let mut sub = Subscriber::start(broker.felix().args(["sub", "orders", "--hex"]));
     let out = run(broker.felix().args(["pub", "orders", "hi"]));
     assert!(out.status.success(), "pub: {}", text(&out.stderr));
-    // Give the event time to arrive before the broker goes away.
-    std::thread::sleep(Duration::from_millis(200));
+    // The broker goes away once the event has arrived: wait for its line, not a guessed time.
+    let (first, rest) = first_line_then_rest(&mut sub.child);
+    let first = first
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the event is printed");
+    assert_eq!(first, "6869\n");
     broker.stop();
-    let (status, stdout, stderr) = sub.finish(Duration::from_secs(15));
-    assert_eq!(stdout, "6869\n");
+    let status = wait_bounded(&mut sub.child, Duration::from_secs(15));
+    assert_eq!(rest.join().unwrap(), "", "nothing after the one event");
+    let stderr = sub.stderr.iter().collect::<Vec<_>>().join("\n");
     let code = status.code().expect("exited");
     assert!(code == 4 || code == 5, "exit {code}, stderr {stderr}");
     assert!(stderr.starts_with("felix: "), "{stderr}");
@@ -289,11 +310,11 @@ fn cache_commands_exit_by_outcome() {
     let del_again = cache(&["del", "sessions", "alice"]);
     assert_eq!(del_again.status.code(), Some(1));
 
-    // A value from stdin, kept byte for byte.
+    // A value from stdin, kept byte for byte (a TTL long enough not to race the read).
     let out = run_with_stdin(
         broker
             .felix()
-            .args(["cache", "put", "sessions", "bob", "--ttl", "400ms"]),
+            .args(["cache", "put", "sessions", "bob", "--ttl", "10m"]),
         Some(b"multi\nline"),
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -301,11 +322,24 @@ fn cache_commands_exit_by_outcome() {
         text(&cache(&["get", "sessions", "bob"]).stdout),
         "multi\nline\n"
     );
-    std::thread::sleep(Duration::from_millis(700));
+    // A short TTL ends its value: wait for the miss instead of sleeping past the TTL and
+    // hoping. The deadline only fails a TTL that never took effect (or was read as seconds).
+    let put = cache(&["put", "sessions", "dave", "v", "--ttl", "400ms"]);
+    assert_eq!(put.status.code(), Some(0), "{}", text(&put.stderr));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let get = cache(&["get", "sessions", "dave"]);
+        match get.status.code() {
+            Some(1) => break,
+            Some(0) => assert!(Instant::now() < deadline, "a 400 ms TTL never expired"),
+            other => panic!("get: {other:?} {}", text(&get.stderr)),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(
         cache(&["get", "sessions", "bob"]).status.code(),
-        Some(1),
-        "expired"
+        Some(0),
+        "the other key's TTL is its own"
     );
 
     let bad_ttl = cache(&["put", "sessions", "carol", "v", "--ttl", "soon"]);

@@ -68,7 +68,18 @@ async fn counters_answer_their_sums_and_survive_a_restart() {
     c.counter_add("default", &cache, "max", i64::MAX)
         .await
         .unwrap();
-    assert!(c.counter_add("default", &cache, "max", 1).await.is_err());
+    // Refused as an invalid request (the sum leaves the 64-bit range), not as any other
+    // failure: a dropped connection or a refused permission is not this promise.
+    let err = c
+        .counter_add("default", &cache, "max", 1)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&felix_client::ErrorCode::InvalidRequest),
+        "{err}"
+    );
+    assert!(err.to_string().contains("leaves the 64-bit range"), "{err}");
     c.close().await;
     stop(broker).await;
 

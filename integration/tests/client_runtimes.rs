@@ -274,15 +274,18 @@ fn spawn_binary(dir: &std::path::Path, addr: SocketAddr) -> (Child, Vec<u8>, Str
         .stderr(Stdio::null())
         .spawn()
         .expect("start felix-broker");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Generous: a loaded machine starts slowly; only a broker that never starts fails here.
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let (Ok(ca), Ok(token)) = (std::fs::read(&ca), std::fs::read_to_string(&token)) {
-            return (child, ca, token.trim().to_owned());
+            if !token.trim().is_empty() {
+                return (child, ca, token.trim().to_owned());
+            }
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("felix-broker did not export its CA and token within 10 s");
+            panic!("felix-broker did not export its CA and token within 60 s");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -298,27 +301,36 @@ async fn a_subscription_is_told_when_the_broker_is_killed() {
 }
 
 /// `kill -9` sends no CONNECTION_CLOSE and the broker that replaces it knows nothing of the
-/// connection: only the client's idle timeout can notice, and it must, within its bound.
+/// connection: only the client's idle timeout can notice, and it must. That it is *this
+/// client's* timeout (1 s) that decides is shown by order, not by a wall-clock ceiling: a
+/// second client whose own timeout is an hour (so the broker's 30 s applies) has not noticed
+/// yet when the first reports. The deadline only fails a subscription never told.
 async fn killed_broker(runtime: Runtime) {
     let dir = TempDir::new("sdk-killed");
     let addr: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse().unwrap();
     let (mut child, ca, token) = spawn_binary(&dir.0, addr);
-    let mut config = client_config(addr, ca, &token);
-    config.runtime = runtime;
-    config.idle_timeout = Duration::from_secs(1);
-    let client = bounded(15, Client::connect(config)).await.unwrap();
-    let stream = unique("killed");
-    let mut sub = bounded(10, client.subscribe("default", &stream, Start::Latest))
-        .await
-        .unwrap();
+    let subscribed = |idle: Duration| {
+        let mut config = client_config(addr, ca.clone(), &token);
+        config.runtime = runtime;
+        config.idle_timeout = idle;
+        async move {
+            let client = bounded(60, Client::connect(config)).await.unwrap();
+            let stream = unique("killed");
+            let sub = bounded(60, client.subscribe("default", &stream, Start::Latest))
+                .await
+                .unwrap();
+            (client, sub)
+        }
+    };
+    let (_client, mut sub) = subscribed(Duration::from_secs(1)).await;
+    let (_slow_client, mut slow_sub) = subscribed(Duration::from_secs(3_600)).await;
 
     child.kill().expect("kill -9");
     child.wait().expect("reaped");
-    let killed = Instant::now();
     let (mut child, ..) = spawn_binary(&dir.0, addr);
 
-    let reported = bounded(10, sub.next()).await;
-    let after = killed.elapsed();
+    let reported = bounded(60, sub.next()).await;
+    let slow_reported = smol::future::poll_once(slow_sub.next()).await;
     let _ = child.kill();
     let _ = child.wait();
     assert!(
@@ -326,7 +338,7 @@ async fn killed_broker(runtime: Runtime) {
         "{runtime:?}: the subscription must report the lost broker, got {reported:?}"
     );
     assert!(
-        after < Duration::from_secs(5),
-        "{runtime:?}: reported after {after:?}, with a 1 s idle timeout"
+        slow_reported.is_none(),
+        "{runtime:?}: the client with the longer idle timeout noticed as soon: {slow_reported:?}"
     );
 }

@@ -108,8 +108,8 @@ async fn fanout_reaches_every_subscriber() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscription_survives_the_control_stream_closing() {
     // The client FINs its side of the subscribe stream and STOP_SENDINGs the broker's side
-    // as soon as `subscribed` arrives, like the reference client. Give the broker time to
-    // see both before publishing: the subscription must not go with the control stream.
+    // as soon as `subscribed` arrives, like the reference client. The broker must have seen
+    // both before the publish: the subscription must not go with the control stream.
     let broker = broker().await;
     let client = broker.client().await;
     let stream = unique("control-closed");
@@ -117,7 +117,16 @@ async fn subscription_survives_the_control_stream_closing() {
         .subscribe("default", &stream, Start::Latest)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Instead of sleeping: one answered request. The FIN went with the subscribe request and
+    // STOP_SENDING was queued before `subscribe` returned, so this request's packet leaves no
+    // earlier than both; once it is answered the broker has processed them.
+    assert_eq!(
+        client
+            .cache_get("default", "control-closed", "k")
+            .await
+            .unwrap(),
+        None
+    );
     client
         .publish(
             "default",

@@ -52,6 +52,22 @@ const BUSY_LINGER: Duration = Duration::from_secs(1);
 /// its socket open.
 const BUSY_CLOSER_QUEUE: usize = 32;
 
+/// The endpoint's time bounds. Production uses the constants above; tests pick their own so
+/// that what they check is an order or an outcome ("answered at all", "cut off while the
+/// client was still sending") rather than a wall-clock figure.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    /// [`REQUEST_TIMEOUT`].
+    request: Duration,
+    /// [`BUSY_LINGER`].
+    busy_linger: Duration,
+}
+
+const TIMING: Timing = Timing {
+    request: REQUEST_TIMEOUT,
+    busy_linger: BUSY_LINGER,
+};
+
 /// A scrape's question to the drive loop: where to send the snapshot.
 pub(crate) type ScrapeRequest = std_mpsc::SyncSender<Metrics>;
 
@@ -91,13 +107,21 @@ pub(crate) struct OpsServer {
 impl OpsServer {
     /// Binds `addr` and starts serving.
     pub(crate) fn start(addr: SocketAddr, state: Arc<OpsState>) -> io::Result<OpsServer> {
+        OpsServer::start_timed(addr, state, TIMING)
+    }
+
+    fn start_timed(
+        addr: SocketAddr,
+        state: Arc<OpsState>,
+        timing: Timing,
+    ) -> io::Result<OpsServer> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let thread = std::thread::Builder::new()
             .name("felix-ops-http".into())
-            .spawn(move || accept_loop(listener, state, stopping))?;
+            .spawn(move || accept_loop(listener, state, stopping, timing))?;
         info!(%addr, "metrics and health endpoint listening");
         Ok(OpsServer {
             addr,
@@ -122,13 +146,13 @@ impl Drop for OpsServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, state: Arc<OpsState>, stop: Arc<AtomicBool>) {
+fn accept_loop(listener: TcpListener, state: Arc<OpsState>, stop: Arc<AtomicBool>, timing: Timing) {
     let (busy_tx, busy_rx) = std_mpsc::sync_channel(BUSY_CLOSER_QUEUE);
     let closer = std::thread::Builder::new()
         .name("felix-ops-closer".into())
         .spawn({
             let stop = stop.clone();
-            move || close_busy(busy_rx, &stop)
+            move || close_busy(busy_rx, &stop, timing.busy_linger)
         });
     let closer = match closer {
         Ok(closer) => Some(closer),
@@ -157,7 +181,7 @@ fn accept_loop(listener: TcpListener, state: Arc<OpsState>, stop: Arc<AtomicBool
             .spawn({
                 let active = active.clone();
                 move || {
-                    if let Err(e) = serve(conn, &state) {
+                    if let Err(e) = serve(conn, &state, timing.request) {
                         debug!(error = %e, "ops request failed");
                     }
                     active.fetch_sub(1, Ordering::SeqCst);
@@ -191,19 +215,19 @@ fn refuse_busy(mut conn: TcpStream, closer: &std_mpsc::SyncSender<TcpStream>) {
 }
 
 /// The closer thread: one busy connection at a time, each until its client closes.
-fn close_busy(busy: std_mpsc::Receiver<TcpStream>, stop: &AtomicBool) {
+fn close_busy(busy: std_mpsc::Receiver<TcpStream>, stop: &AtomicBool, linger: Duration) {
     for conn in busy {
         if !stop.load(Ordering::SeqCst) {
-            drain_until_closed(conn);
+            drain_until_closed(conn, linger);
         }
     }
 }
 
-/// Reads and discards until the client closes, `MAX_REQUEST_BYTES` have come or
-/// `BUSY_LINGER` has passed. Closing with nothing unread sends a FIN, not a reset, so the
+/// Reads and discards until the client closes, `MAX_REQUEST_BYTES` have come or `linger`
+/// (`BUSY_LINGER`) has passed. Closing with nothing unread sends a FIN, not a reset, so the
 /// answer already sent survives.
-fn drain_until_closed(mut conn: TcpStream) {
-    let deadline = Instant::now() + BUSY_LINGER;
+fn drain_until_closed(mut conn: TcpStream, linger: Duration) {
+    let deadline = Instant::now() + linger;
     if conn.set_nonblocking(false).is_err() {
         return;
     }
@@ -222,11 +246,11 @@ fn drain_until_closed(mut conn: TcpStream) {
     }
 }
 
-fn serve(mut conn: TcpStream, state: &OpsState) -> io::Result<()> {
-    conn.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+fn serve(mut conn: TcpStream, state: &OpsState, timeout: Duration) -> io::Result<()> {
+    conn.set_write_timeout(Some(timeout))?;
     // One deadline for the whole request, so a client dripping bytes cannot hold a slot
     // past it (a per-read timeout alone would restart with every byte).
-    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let deadline = Instant::now() + timeout;
     let mut request = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < MAX_REQUEST_BYTES {
@@ -260,7 +284,7 @@ fn serve(mut conn: TcpStream, state: &OpsState) -> io::Result<()> {
             respond(&mut conn, 200, "text/plain", "ready\n", head_only)
         }
         "/readyz" => respond(&mut conn, 503, "text/plain", "not ready\n", head_only),
-        "/metrics" => match scrape(state) {
+        "/metrics" => match scrape(state, timeout) {
             Some(metrics) => {
                 let ready = state.ready.load(Ordering::SeqCst);
                 let body = render(metrics, ready).map_err(io::Error::other)?;
@@ -280,10 +304,10 @@ fn serve(mut conn: TcpStream, state: &OpsState) -> io::Result<()> {
 }
 
 /// Asks the drive loop for a snapshot.
-fn scrape(state: &OpsState) -> Option<Metrics> {
+fn scrape(state: &OpsState, timeout: Duration) -> Option<Metrics> {
     let (tx, rx) = std_mpsc::sync_channel(1);
     state.control.unbounded_send(Control::Scrape(tx)).ok()?;
-    match rx.recv_timeout(REQUEST_TIMEOUT) {
+    match rx.recv_timeout(timeout) {
         Ok(m) => Some(m),
         Err(e) => {
             warn!(error = %e, "the drive loop did not answer a scrape");
@@ -377,52 +401,78 @@ mod tests {
         loop_thread.join().unwrap();
     }
 
+    /// A deadline for what a test waits on; generous, so only a hung server fails on it.
+    const HUNG: Duration = Duration::from_secs(60);
+
+    /// An hour: longer than any test runs, so reaching an outcome at all proves the server
+    /// did not wait this long for it.
+    const NEVER: Duration = Duration::from_secs(3_600);
+
+    fn server_with(request: Duration, busy_linger: Duration) -> OpsServer {
+        let (state, _control) = OpsState::new();
+        let timing = Timing {
+            request,
+            busy_linger,
+        };
+        OpsServer::start_timed("127.0.0.1:0".parse().unwrap(), state, timing).unwrap()
+    }
+
     /// A request of exactly `MAX_REQUEST_BYTES` with no end of headers is answered at once,
-    /// not after the read timeout: the server stops reading at the limit.
+    /// not after the read timeout: the server stops reading at the limit. With an hour's
+    /// request timeout an answer at all shows it (a server that read on would answer nothing
+    /// until the hour had passed, and the client's `HUNG` read timeout fails it).
     #[test]
     fn a_request_at_the_size_limit_is_answered_without_waiting_for_more() {
-        let (state, _control) = OpsState::new();
-        let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
+        let server = server_with(NEVER, BUSY_LINGER);
         let mut text = String::from("GET /livez HTTP/1.1\r\nX-Pad: ");
         text.push_str(&"a".repeat(MAX_REQUEST_BYTES - text.len()));
         assert_eq!(text.len(), MAX_REQUEST_BYTES);
-        let started = std::time::Instant::now();
-        let answer = request(server.local_addr(), &text);
+        let mut conn = TcpStream::connect(server.local_addr()).unwrap();
+        conn.set_read_timeout(Some(HUNG)).unwrap();
+        conn.write_all(text.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let read = conn.read_to_string(&mut answer);
+        assert!(read.is_ok(), "{read:?}");
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-        assert!(
-            started.elapsed() < REQUEST_TIMEOUT,
-            "waited for the timeout"
-        );
     }
 
-    /// A client that drips its request a byte at a time is cut off once `REQUEST_TIMEOUT`
-    /// has passed since it connected, not kept while each byte restarts a read timeout.
+    /// A client that drips its request a byte at a time is cut off once the request timeout
+    /// has passed since it connected, not kept while each byte restarts a read timeout: with
+    /// a 1 s timeout and a minute of dripping, the cut comes while the client still sends.
     #[test]
     fn a_dripping_request_is_cut_off_at_the_request_timeout() {
-        let (state, _control) = OpsState::new();
-        let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
+        const DRIP: usize = 240; // 250 ms apart: a minute
+        let server = server_with(Duration::from_secs(1), BUSY_LINGER);
         let mut conn = TcpStream::connect(server.local_addr()).unwrap();
-        conn.set_read_timeout(Some(REQUEST_TIMEOUT * 3)).unwrap();
+        conn.set_read_timeout(Some(HUNG * 2)).unwrap();
         let mut writer = conn.try_clone().unwrap();
-        let started = std::time::Instant::now();
-        let drip = std::thread::spawn(move || {
-            for byte in b"GET /livez HTTP/1.1\r\nX-Slow: ".iter().cycle().take(60) {
-                if writer.write_all(&[*byte]).is_err() {
-                    return;
+        let sent = Arc::new(AtomicUsize::new(0));
+        let drip = std::thread::spawn({
+            let sent = sent.clone();
+            move || {
+                for byte in b"GET /livez HTTP/1.1\r\nX-Slow: ".iter().cycle().take(DRIP) {
+                    if writer.write_all(&[*byte]).is_err() {
+                        return;
+                    }
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(250));
                 }
-                std::thread::sleep(Duration::from_millis(250));
             }
         });
         let mut answer = Vec::new();
         // The server closes (or resets, with drip bytes unread): either ends the read.
         let outcome = conn.read_to_end(&mut answer);
-        let took = started.elapsed();
+        let sent_when_cut = sent.load(Ordering::SeqCst);
         assert!(
             !matches!(&outcome, Err(e) if e.kind() == io::ErrorKind::WouldBlock
                 || e.kind() == io::ErrorKind::TimedOut),
-            "still open after {took:?}"
+            "still open after the client's {:?}",
+            HUNG * 2
         );
-        assert!(took < REQUEST_TIMEOUT * 2, "cut off only after {took:?}");
+        assert!(
+            sent_when_cut < DRIP,
+            "cut off only once the client stopped ({sent_when_cut} bytes)"
+        );
         assert!(answer.is_empty(), "{answer:?}");
         drop(conn);
         drip.join().unwrap();
@@ -449,7 +499,7 @@ mod tests {
 
     /// Retries `/livez` until a slot serves it (held connections free theirs once dropped).
     fn wait_until_served(addr: SocketAddr) {
-        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let deadline = Instant::now() + HUNG;
         loop {
             let answer = request(addr, "GET /livez HTTP/1.1\r\n\r\n");
             if answer.starts_with("HTTP/1.1 200") {
@@ -463,7 +513,7 @@ mod tests {
     /// Connects while every slot is held and reads the whole busy answer, sending nothing.
     fn busy_connection(addr: SocketAddr) -> TcpStream {
         let mut conn = TcpStream::connect(addr).unwrap();
-        conn.set_read_timeout(Some(REQUEST_TIMEOUT)).unwrap();
+        conn.set_read_timeout(Some(HUNG)).unwrap();
         let mut busy = String::new();
         conn.read_to_string(&mut busy).unwrap();
         assert!(
@@ -484,69 +534,71 @@ mod tests {
         conn.write_all(b"x").is_err()
     }
 
-    /// A busy client that neither sends nor closes is let go `BUSY_LINGER` after it
-    /// connected, not before and not much later.
+    /// Probes until the server has closed `conn`; fails only a connection never closed.
+    fn wait_closed_by_server(conn: &mut TcpStream) {
+        let deadline = Instant::now() + HUNG;
+        while !closed_by_server(conn) {
+            assert!(Instant::now() < deadline, "still open after {HUNG:?}");
+        }
+    }
+
+    /// A busy client that neither sends nor closes is let go after the linger, and not
+    /// before it (how much later a loaded machine gets to it is not a pass/fail line).
     #[test]
     fn a_silent_busy_connection_is_closed_after_the_linger() {
-        let (state, _control) = OpsState::new();
-        let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
+        let server = server_with(REQUEST_TIMEOUT, BUSY_LINGER);
         let held = hold_all_slots(server.local_addr());
         let started = Instant::now();
         let mut conn = busy_connection(server.local_addr());
-        while !closed_by_server(&mut conn) {
-            assert!(started.elapsed() < BUSY_LINGER * 3, "still open");
-        }
+        wait_closed_by_server(&mut conn);
         let took = started.elapsed();
         assert!(took >= BUSY_LINGER, "closed after {took:?}");
         drop(held);
     }
 
     /// Draining a busy connection stops at `MAX_REQUEST_BYTES`: a client that has sent that
-    /// much is closed at once instead of being waited for.
+    /// much is closed at once instead of being waited for. With an hour's linger, being
+    /// closed at all shows it.
     #[test]
     fn a_busy_connection_is_drained_of_at_most_the_request_limit() {
-        let (state, _control) = OpsState::new();
-        let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
+        let server = server_with(REQUEST_TIMEOUT, NEVER);
         let held = hold_all_slots(server.local_addr());
-        let started = Instant::now();
         let mut conn = TcpStream::connect(server.local_addr()).unwrap();
+        conn.set_read_timeout(Some(HUNG)).unwrap();
         conn.write_all(&[b'a'; MAX_REQUEST_BYTES]).unwrap();
         let mut busy = String::new();
         conn.read_to_string(&mut busy).unwrap();
         assert!(busy.starts_with("HTTP/1.1 503"), "{busy}");
-        while !closed_by_server(&mut conn) {
-            assert!(
-                started.elapsed() < BUSY_LINGER / 2,
-                "waited as if under the limit"
-            );
-        }
+        wait_closed_by_server(&mut conn);
         drop(held);
     }
 
     /// With the closer busy and its queue full, further busy connections are still accepted
-    /// and answered (and closed at once), and the endpoint serves again once slots free.
+    /// and answered (and closed at once), and the endpoint serves again once slots free. The
+    /// closer lingers an hour on the one it holds: accepting that waited for it would not
+    /// answer the later connections within their `HUNG` read timeout.
     #[test]
     fn a_full_closer_queue_does_not_stop_accepting() {
-        let (state, _control) = OpsState::new();
-        let server = OpsServer::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
+        const PAST_THE_QUEUE: usize = 4;
+        let server = server_with(REQUEST_TIMEOUT, NEVER);
         let addr = server.local_addr();
         let held = hold_all_slots(addr);
-        let started = Instant::now();
         // One for the closer to linger on, a queue's worth, and a few that cannot fit.
-        let busy: Vec<TcpStream> = (0..1 + BUSY_CLOSER_QUEUE + 4)
+        let busy: Vec<TcpStream> = (0..1 + BUSY_CLOSER_QUEUE + PAST_THE_QUEUE)
             .map(|_| busy_connection(addr))
             .collect();
-        let took = started.elapsed();
-        assert!(
-            took < BUSY_LINGER / 2,
-            "accepting waited for the closer: {took:?}"
-        );
-        // As in `closed_by_server`, but probed all at once to keep the test short.
+        // As in `closed_by_server`, but probed all at once; until those past the queue are
+        // seen closed (nothing else closes within the hour's linger).
         let probe = |mut c: &TcpStream| c.write_all(b"x").is_err();
-        busy.iter().for_each(|c| _ = probe(c));
-        std::thread::sleep(Duration::from_millis(50));
-        let dropped = busy.iter().filter(|c| probe(c)).count();
-        assert!(dropped >= 1, "the queue never filled");
+        let deadline = Instant::now() + HUNG;
+        let dropped = loop {
+            let dropped = busy.iter().filter(|c| probe(c)).count();
+            if dropped >= PAST_THE_QUEUE {
+                break dropped;
+            }
+            assert!(Instant::now() < deadline, "only {dropped} closed at once");
+            std::thread::sleep(Duration::from_millis(10));
+        };
         // At least a full queue stays open (plus the closer's own connection, unless the
         // closer had not taken its first one yet when the queue filled, as under load).
         assert!(
@@ -577,7 +629,7 @@ mod tests {
         let held = hold_all_slots(addr);
         for i in 0..20 {
             let mut conn = TcpStream::connect(addr).unwrap();
-            conn.set_read_timeout(Some(REQUEST_TIMEOUT)).unwrap();
+            conn.set_read_timeout(Some(HUNG)).unwrap();
             conn.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
                 .unwrap();
             let mut busy = String::new();
