@@ -32,9 +32,8 @@ pub use frames::{
 };
 pub use net::{Net, Peer};
 pub use quic::{
-    client_transport,
-    client_config, client_endpoint, client_tls, poll_connection, quic_crypto, read_stream,
-    to_client, to_engine, ClientTransport, StreamRead, Trust,
+    client_config, client_endpoint, client_tls, client_transport, poll_connection, quic_crypto,
+    read_stream, to_client, to_engine, ClientTransport, StreamRead, Trust,
 };
 pub use tls::{ed25519_identity, shared_tls, tls, Tls};
 pub use tokens::{jwks, token};

@@ -86,7 +86,9 @@ pub fn client_transport(transport: &ClientTransport) -> Arc<TransportConfig> {
         .max_concurrent_bidi_streams(VarInt::from_u32(0))
         .keep_alive_interval(transport.keep_alive);
     if let Some(idle) = transport.idle_timeout {
-        t.max_idle_timeout(Some(idle.try_into().expect("an idle timeout QUIC can carry")));
+        t.max_idle_timeout(Some(
+            idle.try_into().expect("an idle timeout QUIC can carry"),
+        ));
     }
     Arc::new(t)
 }

@@ -19,7 +19,7 @@ use felix_proto::routing::shard_for_key;
 use felix_proto::{Frame, FrameDecoder};
 use quinn_proto::{
     ClientConfig, Connection, ConnectionHandle, DatagramEvent, Dir, Endpoint, Event, StreamEvent,
-    StreamId, TransportConfig, VarInt,
+    StreamId,
 };
 
 use crate::invariants::{cache_reads, idempotent_once, offsets, subscriber_order::SubscriberView};
@@ -219,12 +219,14 @@ impl SimClient {
         config
             .initial_dst_cid_provider(crate::crypto::initial_cid_provider(rng.fork("initial cid")));
         let window: u32 = if s.slow { 16 * 1024 } else { 1024 * 1024 };
-        config.transport_config(felix_testkit::client_transport(&felix_testkit::ClientTransport {
-            stream_window: window,
-            max_uni_streams: 64,
-            keep_alive: Some(Duration::from_millis(1000)),
-            idle_timeout: Some(Duration::from_millis(5_000)),
-        }));
+        config.transport_config(felix_testkit::client_transport(
+            &felix_testkit::ClientTransport {
+                stream_window: window,
+                max_uni_streams: 64,
+                keep_alive: Some(Duration::from_millis(1000)),
+                idle_timeout: Some(Duration::from_millis(5_000)),
+            },
+        ));
         let subs = match s.role {
             Role::Auditor => (0..s.shards)
                 .map(|shard| SubSpec {
@@ -1408,7 +1410,6 @@ fn protocol(client: usize, detail: String) -> Violation {
         detail: format!("c{client}: {detail}"),
     }
 }
-
 
 /// Reads what `id` has (the kit's reader): whether anything arrived, and whether the
 /// stream ended (finished or reset).
