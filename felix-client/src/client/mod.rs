@@ -611,6 +611,9 @@ struct ChannelState {
     core: RequestStream,
     waiters: HashMap<u64, Waiter>,
     failed: Option<ClientError>,
+    /// The broker stopped reading this stream: nothing more is written, but the answers it
+    /// sent before are still read and delivered; new requests go to another stream.
+    writes_closed: Option<ClientError>,
 }
 
 impl ChannelState {
@@ -645,6 +648,7 @@ impl RequestChannel {
                 core,
                 waiters: HashMap::new(),
                 failed: None,
+                writes_closed: None,
             }),
             window,
         });
@@ -686,7 +690,7 @@ impl RequestChannel {
             };
             let rx = {
                 let mut state = self.state.lock().expect("request stream state");
-                if let Some(e) = &state.failed {
+                if let Some(e) = state.failed.as_ref().or(state.writes_closed.as_ref()) {
                     return Err(e.clone());
                 }
                 let encoded = encode(&mut state.core)?;
@@ -719,20 +723,25 @@ impl RequestChannel {
         self.window.close();
     }
 
+    /// The broker stopped reading: see [`ChannelState::writes_closed`].
+    fn close_writes(&self, error: ClientError) {
+        let mut state = self.state.lock().expect("request stream state");
+        state.writes_closed.get_or_insert(error);
+    }
+
     fn failure(&self) -> ClientError {
         let state = self.state.lock().expect("request stream state");
         state
             .failed
             .clone()
+            .or_else(|| state.writes_closed.clone())
             .unwrap_or_else(|| ClientError::Connection("request stream closed".into()))
     }
 
+    /// No new request may use this stream (it failed, or the broker stopped reading it).
     fn is_failed(&self) -> bool {
-        self.state
-            .lock()
-            .expect("request stream state")
-            .failed
-            .is_some()
+        let state = self.state.lock().expect("request stream state");
+        state.failed.is_some() || state.writes_closed.is_some()
     }
 
     async fn read_answers(self: Arc<Self>, mut recv: quinn::RecvStream, mut decoder: FrameDecoder) {
@@ -787,7 +796,13 @@ async fn write_frames(
     while queued.recv_many(&mut batch, WRITE_QUEUE_FRAMES).await > 0 {
         if let Err(e) = send.write_all_chunks(&mut batch).await {
             if let Some(channel) = channel.upgrade() {
-                channel.fail(write_error(e));
+                match e {
+                    // The broker stopped reading, e.g. it refused a frame on its header. What
+                    // it answered first is still arriving: the reader delivers it, and fails
+                    // whatever is left when the stream ends.
+                    quinn::WriteError::Stopped(_) => channel.close_writes(write_error(e)),
+                    e => channel.fail(write_error(e)),
+                }
             }
             return;
         }
