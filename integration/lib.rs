@@ -345,12 +345,22 @@ fn newest_source(dirs: &[PathBuf]) -> SystemTime {
     newest
 }
 
+/// `path` as given if absolute, else relative to the workspace root: tests run in their
+/// crate's directory, but the commands in the docs are written from the root.
+pub fn from_workspace(path: &str) -> PathBuf {
+    let path = Path::new(path);
+    if path.is_absolute() {
+        return path.to_path_buf();
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
 /// The `felix-broker` binary for tests that run the real process: `FELIX_BROKER_BIN` if set,
 /// else the newest of `target/{release,debug}/felix-broker` that is not older than the
 /// broker's sources, else one built here into `target/crash-test`.
 pub fn broker_binary() -> PathBuf {
     if let Ok(path) = std::env::var("FELIX_BROKER_BIN") {
-        return PathBuf::from(path);
+        return from_workspace(&path);
     }
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let target = std::env::var("CARGO_TARGET_DIR")

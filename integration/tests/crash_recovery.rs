@@ -213,6 +213,14 @@ async fn acknowledged_records_survive_kill_9_at_random_moments() {
         "crash_recovery: seed {seed} (replay: FELIX_CRASH_SEED={seed} cargo test -p felix-integration --test crash_recovery), broker {}",
         bin.display()
     );
+    // A failure's first line names the seed, whatever panicked (this thread or a task).
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        eprintln!(
+            "crash_recovery FAILED with seed {seed}: replay with FELIX_CRASH_SEED={seed} cargo test -p felix-integration --test crash_recovery"
+        );
+        default_hook(info);
+    }));
     let mut rng = Rng(seed);
     let work = std::env::temp_dir().join(unique("felix-crash"));
     let storage = work.join("storage");
