@@ -102,8 +102,13 @@ async fn certificate_and_jwks_files_are_rotated_while_running() {
     );
 
     // A half-written key (garbage) is not taken: the first certificate stays.
+    let refused = broker.reload_refusals();
     replace(&key, b"not a key");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Wait until the watcher has looked at the garbage and refused it, not for a guessed time.
+    eventually("the garbage key refused", async || {
+        broker.reload_refusals() > refused
+    })
+    .await;
     assert!(connects(addr, &ca1, &old_token).await);
 
     replace(&cert, chain2.as_bytes());

@@ -81,6 +81,12 @@ impl RunningBroker {
         self.send_control(Control::Jwks(jwks))
     }
 
+    /// How many changed certificate, key or JWKS files the watcher could not use (each is
+    /// logged, and the files in use stay). Zero when nothing is watched.
+    pub fn reload_refusals(&self) -> u64 {
+        self.watcher.as_ref().map_or(0, |w| w.refused())
+    }
+
     /// Watches the files `reload` names (the configured certificate, key and JWKS) and
     /// rotates whenever they change, polling every `reload.interval`. Replaces an earlier
     /// watch; stops with the broker.

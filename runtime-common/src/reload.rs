@@ -7,7 +7,7 @@
 //! and the old one stays until the file changes again.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
@@ -49,8 +49,9 @@ impl Watched {
         }
     }
 
-    /// Looks once; `Some` when the files changed and held still since the last look.
-    fn poll(&mut self) -> Option<Control> {
+    /// Looks once; `Some` when the files changed and held still since the last look. A
+    /// change that cannot be used is counted in `refused`.
+    fn poll(&mut self, refused: &AtomicU64) -> Option<Control> {
         let now: Vec<Signature> = self.paths.iter().map(|p| signature(p)).collect();
         if now == self.seen {
             self.pending = None;
@@ -66,6 +67,7 @@ impl Watched {
             Ok(control) => Some(control),
             Err(e) => {
                 warn!(error = %e, "a changed file could not be used; the old one stays");
+                refused.fetch_add(1, Ordering::SeqCst);
                 None
             }
         }
@@ -89,6 +91,8 @@ fn read_jwks(paths: &[PathBuf]) -> Result<Control, String> {
 #[derive(Debug)]
 pub(crate) struct Watcher {
     stop: Arc<AtomicBool>,
+    /// Changed files that could not be used (and were not applied).
+    refused: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -113,13 +117,21 @@ impl Watcher {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
+        let refused = Arc::new(AtomicU64::new(0));
+        let counting = refused.clone();
         let thread = std::thread::Builder::new()
             .name("felix-reload".into())
-            .spawn(move || watch(watched, interval, control, stopping))?;
+            .spawn(move || watch(watched, interval, control, stopping, &counting))?;
         Ok(Some(Watcher {
             stop,
+            refused,
             thread: Some(thread),
         }))
+    }
+
+    /// How many changed files could not be used so far.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::SeqCst)
     }
 }
 
@@ -128,11 +140,12 @@ fn watch(
     interval: Duration,
     control: mpsc::UnboundedSender<Control>,
     stop: Arc<AtomicBool>,
+    refused: &AtomicU64,
 ) {
     while !stop.load(Ordering::SeqCst) {
         std::thread::park_timeout(interval);
         for w in &mut watched {
-            if let Some(message) = w.poll() {
+            if let Some(message) = w.poll(refused) {
                 if control.unbounded_send(message).is_err() {
                     return; // the broker is gone
                 }
