@@ -1,7 +1,7 @@
 //! The rules `tests/tidy.rs` holds the workspace to, as pure functions over source text and
 //! `cargo metadata`, so each rule can be shown catching a planted violation.
 //!
-//! - No `#[path]` attribute anywhere: a file's place in the tree is its place in the crate.
+//! - No `path` attribute on a module anywhere: a file's place in the tree is its place in the crate.
 //! - The Sans-IO core (felix-proto, felix-storage, felix-auth, felix-engine, the client's
 //!   `core/`) reads no clock, draws no OS randomness and touches no file, socket, thread or
 //!   lock outside test code.
@@ -258,7 +258,7 @@ pub fn declared_mods(stripped: &str) -> Vec<String> {
     mods
 }
 
-/// Lines of one file that hold a `#[path]` attribute.
+/// Lines of one file that hold a `path` attribute (see [`PATH_ATTRIBUTE`]).
 pub fn path_attributes(file: &str, src: &str) -> Vec<Violation> {
     code_only(src)
         .lines()
@@ -266,7 +266,7 @@ pub fn path_attributes(file: &str, src: &str) -> Vec<Violation> {
         .filter(|(_, l)| l.contains(PATH_ATTRIBUTE))
         .map(|(n, _)| Violation {
             place: format!("{file}:{}", n + 1),
-            what: "a #[path] attribute: move the file where its module is".into(),
+            what: "a path attribute on a module: move the file where its module is".into(),
         })
         .collect()
 }

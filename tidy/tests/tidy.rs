@@ -65,7 +65,7 @@ fn no_path_attributes() {
             &std::fs::read_to_string(f).unwrap(),
         ));
     }
-    report("#[path] attributes", v);
+    report("path attributes on modules", v);
 }
 
 #[test]
