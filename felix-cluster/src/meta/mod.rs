@@ -1,0 +1,454 @@
+//! The cluster's metadata: a deterministic state machine over ordered maps.
+//!
+//! Every node applies the same committed [`Command`]s in the same order and must reach the
+//! same state, so nothing here iterates a hash map, reads a clock or depends on which node
+//! applies it. Commands are idempotent: a node re-proposes what it needs until it sees it
+//! applied, because raft may drop a proposal (a leader change) without saying so.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::NodeId;
+use crate::placement::{self, Load, ShardAssignment};
+
+/// A stream or cache, by its scope.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ObjectKey {
+    pub tenant: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(tenant: &str, namespace: &str, name: &str) -> ObjectKey {
+        ObjectKey {
+            tenant: tenant.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.tenant, self.namespace, self.name)
+    }
+}
+
+/// What an acknowledgement on a stream promises (docs/replication.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Consistency {
+    Leader,
+    Quorum,
+}
+
+impl fmt::Display for Consistency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Consistency::Leader => "leader",
+            Consistency::Quorum => "quorum",
+        })
+    }
+}
+
+/// A stream as declared (or as created on first use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamSpec {
+    pub shards: u32,
+    pub replication_factor: u8,
+    pub consistency: Consistency,
+}
+
+/// A cache as declared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheSpec {
+    pub shards: u32,
+    pub replication_factor: u8,
+}
+
+/// Everything one node's configuration declares. Every node of a cluster is given the same.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Declarations {
+    #[serde(with = "pairs")]
+    pub streams: BTreeMap<ObjectKey, StreamSpec>,
+    #[serde(with = "pairs")]
+    pub caches: BTreeMap<ObjectKey, CacheSpec>,
+}
+
+impl Declarations {
+    /// The first difference from `cluster`'s declarations, in words that name the object.
+    pub fn disagreement(&self, cluster: &Declarations) -> Option<String> {
+        fn first<V: PartialEq + fmt::Debug>(
+            kind: &str,
+            mine: &BTreeMap<ObjectKey, V>,
+            theirs: &BTreeMap<ObjectKey, V>,
+        ) -> Option<String> {
+            for (k, v) in mine {
+                match theirs.get(k) {
+                    None => {
+                        return Some(format!(
+                            "{kind} {k} is declared here but not by the cluster"
+                        ))
+                    }
+                    Some(c) if c != v => {
+                        return Some(format!(
+                            "{kind} {k} is declared here as {v:?} but the cluster has {c:?}"
+                        ))
+                    }
+                    Some(_) => {}
+                }
+            }
+            theirs
+                .keys()
+                .find(|k| !mine.contains_key(k))
+                .map(|k| format!("{kind} {k} is declared by the cluster but not here"))
+        }
+        first("stream", &self.streams, &cluster.streams)
+            .or_else(|| first("cache", &self.caches, &cluster.caches))
+    }
+}
+
+/// A cluster member as it announced itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Where clients reach it; `None` keeps it out of `topology`.
+    pub client_addr: Option<String>,
+    /// The identity of its disk: a node that comes back with another has lost its state.
+    pub storage_id: String,
+    /// As the control plane's leader last judged it.
+    pub up: bool,
+}
+
+/// One shard's current assignment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardMeta {
+    pub replicas: Vec<NodeId>,
+    /// `None` while no qualifying replica can lead it.
+    pub leader: Option<NodeId>,
+    /// Bumped on every leadership change; never reused.
+    pub generation: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacedStream {
+    pub spec: StreamSpec,
+    pub shards: Vec<ShardMeta>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacedCache {
+    pub spec: CacheSpec,
+    pub shards: Vec<ShardMeta>,
+}
+
+/// A change to the metadata: the data of one raft entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Command {
+    /// A node announces itself (again after every restart; a no-op when nothing changed).
+    Join {
+        node: NodeId,
+        client_addr: Option<String>,
+        storage_id: String,
+    },
+    /// A node's declared streams and caches. The first applied become the cluster's; a later
+    /// node that disagrees is refused.
+    Declare {
+        node: NodeId,
+        declarations: Declarations,
+    },
+    /// A stream created by its first publish or subscribe, not declared.
+    CreateStream { key: ObjectKey, spec: StreamSpec },
+    /// The control plane's leader saw a member go quiet, or come back.
+    Liveness { node: NodeId, up: bool },
+}
+
+impl Command {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a command always serializes")
+    }
+
+    pub fn decode(data: &[u8]) -> Result<Command, String> {
+        serde_json::from_slice(data).map_err(|e| e.to_string())
+    }
+}
+
+/// What applying a command did, for the node to act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    Joined(NodeId),
+    /// The node's storage identity differs from the one recorded: it lost its disk.
+    Rejoined {
+        node: NodeId,
+        previous_storage: String,
+    },
+    Declared(NodeId),
+    Refused {
+        node: NodeId,
+        reason: String,
+    },
+    Placed(ObjectKey),
+    Liveness {
+        node: NodeId,
+        up: bool,
+    },
+    /// Already true: nothing changed.
+    Unchanged,
+    /// The entry did not decode or named something impossible; applied as nothing, on every
+    /// node alike.
+    Invalid(String),
+}
+
+/// The state machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Metadata {
+    /// The voters, sorted: placement's candidates.
+    pub voters: Vec<NodeId>,
+    pub members: BTreeMap<NodeId, Member>,
+    /// The cluster's declarations, once the first node's were applied.
+    pub declarations: Option<Declarations>,
+    pub declared_by: BTreeMap<NodeId, bool>,
+    pub refused: BTreeMap<NodeId, String>,
+    #[serde(with = "pairs")]
+    pub streams: BTreeMap<ObjectKey, PlacedStream>,
+    #[serde(with = "pairs")]
+    pub caches: BTreeMap<ObjectKey, PlacedCache>,
+    /// The last raft index applied.
+    pub applied: u64,
+}
+
+impl Metadata {
+    pub fn new(voters: Vec<NodeId>) -> Metadata {
+        let mut voters = voters;
+        voters.sort();
+        Metadata {
+            voters,
+            members: BTreeMap::new(),
+            declarations: None,
+            declared_by: BTreeMap::new(),
+            refused: BTreeMap::new(),
+            streams: BTreeMap::new(),
+            caches: BTreeMap::new(),
+            applied: 0,
+        }
+    }
+
+    /// Applies the entry at `index` (its raw data; empty entries are raft's own).
+    pub fn apply_entry(&mut self, index: u64, data: &[u8]) -> Applied {
+        self.applied = index;
+        if data.is_empty() {
+            return Applied::Unchanged;
+        }
+        match Command::decode(data) {
+            Ok(cmd) => self.apply(&cmd),
+            Err(e) => Applied::Invalid(e),
+        }
+    }
+
+    fn load(&self) -> Load {
+        let mut load = Load::default();
+        for s in self.streams.values() {
+            load.add(&assignments(&s.shards));
+        }
+        for c in self.caches.values() {
+            load.add(&assignments(&c.shards));
+        }
+        load
+    }
+
+    fn apply(&mut self, cmd: &Command) -> Applied {
+        match cmd {
+            Command::Join {
+                node,
+                client_addr,
+                storage_id,
+            } => {
+                if !self.voters.contains(node) {
+                    return Applied::Invalid(format!("{node} is not a voter"));
+                }
+                let previous = self.members.insert(
+                    node.clone(),
+                    Member {
+                        client_addr: client_addr.clone(),
+                        storage_id: storage_id.clone(),
+                        up: true,
+                    },
+                );
+                match previous {
+                    None => Applied::Joined(node.clone()),
+                    Some(p) if p.storage_id != *storage_id => Applied::Rejoined {
+                        node: node.clone(),
+                        previous_storage: p.storage_id,
+                    },
+                    Some(p) if p.client_addr == *client_addr && p.up => Applied::Unchanged,
+                    Some(_) => Applied::Joined(node.clone()),
+                }
+            }
+            Command::Declare { node, declarations } => {
+                if !self.voters.contains(node) {
+                    return Applied::Invalid(format!("{node} is not a voter"));
+                }
+                match &self.declarations {
+                    None => {
+                        let mut placed = Vec::new();
+                        // Validate everything before placing anything: a refused declaration
+                        // leaves no half-placed cluster.
+                        for (k, s) in &declarations.streams {
+                            if let Err(e) = self.check(s.shards, s.replication_factor) {
+                                return self.refuse(node, format!("stream {k}: {e}"));
+                            }
+                        }
+                        for (k, c) in &declarations.caches {
+                            if let Err(e) = self.check(c.shards, c.replication_factor) {
+                                return self.refuse(node, format!("cache {k}: {e}"));
+                            }
+                        }
+                        for (k, s) in &declarations.streams {
+                            self.place_stream(k, *s);
+                            placed.push(k.clone());
+                        }
+                        for (k, c) in &declarations.caches {
+                            let shards = self.place(k, "cache", c.shards, c.replication_factor);
+                            self.caches
+                                .insert(k.clone(), PlacedCache { spec: *c, shards });
+                        }
+                        self.declarations = Some(declarations.clone());
+                        self.declared_by.insert(node.clone(), true);
+                        self.refused.remove(node);
+                        Applied::Declared(node.clone())
+                    }
+                    Some(cluster) => match declarations.disagreement(cluster) {
+                        Some(reason) => self.refuse(node, reason),
+                        None if self.declared_by.get(node) == Some(&true) => Applied::Unchanged,
+                        None => {
+                            self.declared_by.insert(node.clone(), true);
+                            self.refused.remove(node);
+                            Applied::Declared(node.clone())
+                        }
+                    },
+                }
+            }
+            Command::CreateStream { key, spec } => {
+                if self.streams.contains_key(key) {
+                    return Applied::Unchanged;
+                }
+                if let Err(e) = self.check(spec.shards, spec.replication_factor) {
+                    return Applied::Invalid(format!("stream {key}: {e}"));
+                }
+                self.place_stream(key, *spec);
+                Applied::Placed(key.clone())
+            }
+            Command::Liveness { node, up } => match self.members.get_mut(node) {
+                Some(m) if m.up != *up => {
+                    m.up = *up;
+                    Applied::Liveness {
+                        node: node.clone(),
+                        up: *up,
+                    }
+                }
+                Some(_) => Applied::Unchanged,
+                None => Applied::Invalid(format!("{node} has not joined")),
+            },
+        }
+    }
+
+    fn refuse(&mut self, node: &NodeId, reason: String) -> Applied {
+        self.refused.insert(node.clone(), reason.clone());
+        Applied::Refused {
+            node: node.clone(),
+            reason,
+        }
+    }
+
+    fn check(&self, shards: u32, rf: u8) -> Result<(), placement::PlacementError> {
+        // A dry run on a scratch load: the same checks `place` makes.
+        placement::place(&self.voters, &mut Load::default(), "", shards.min(1), rf).map(|_| ())?;
+        if shards == 0 {
+            return Err(placement::PlacementError::NoShards);
+        }
+        Ok(())
+    }
+
+    fn place(&mut self, key: &ObjectKey, kind: &str, shards: u32, rf: u8) -> Vec<ShardMeta> {
+        let mut load = self.load();
+        let name = format!("{kind}:{key}");
+        placement::place(&self.voters, &mut load, &name, shards, rf)
+            .expect("checked before placing")
+            .into_iter()
+            .map(|a| ShardMeta {
+                leader: Some(a.leader().clone()),
+                replicas: a.replicas,
+                generation: 1,
+            })
+            .collect()
+    }
+
+    fn place_stream(&mut self, key: &ObjectKey, spec: StreamSpec) {
+        let shards = self.place(key, "stream", spec.shards, spec.replication_factor);
+        self.streams
+            .insert(key.clone(), PlacedStream { spec, shards });
+    }
+
+    /// Members that can serve and have a client address, in name order: `topology`'s answer.
+    pub fn serving_members(&self) -> impl Iterator<Item = (&NodeId, &str)> {
+        self.members
+            .iter()
+            .filter(|(_, m)| m.up)
+            .filter_map(|(n, m)| m.client_addr.as_deref().map(|a| (n, a)))
+    }
+
+    /// Serializes the whole state: a raft snapshot's data.
+    pub fn snapshot(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("metadata always serializes")
+    }
+
+    pub fn restore(data: &[u8]) -> Result<Metadata, String> {
+        serde_json::from_slice(data).map_err(|e| e.to_string())
+    }
+}
+
+fn assignments(shards: &[ShardMeta]) -> Vec<ShardAssignment> {
+    shards
+        .iter()
+        .map(|s| {
+            // Count the current leader first so moves are balanced by who serves now.
+            let mut replicas = s.replicas.clone();
+            if let Some(l) = &s.leader {
+                if let Some(i) = replicas.iter().position(|r| r == l) {
+                    replicas.swap(0, i);
+                }
+            }
+            ShardAssignment { replicas }
+        })
+        .collect()
+}
+
+/// Maps keyed by [`ObjectKey`] as lists of pairs: JSON object keys must be strings, and a list
+/// keeps the map's order on the wire too.
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<K: Serialize, V: Serialize, S: Serializer>(
+        map: &BTreeMap<K, V>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_seq(map.iter())
+    }
+
+    pub(super) fn deserialize<'de, K, V, D>(d: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        Ok(Vec::<(K, V)>::deserialize(d)?.into_iter().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,265 @@
+use super::*;
+
+fn n(s: &str) -> NodeId {
+    NodeId::new(s)
+}
+
+fn meta() -> Metadata {
+    Metadata::new(vec![n("n3"), n("n1"), n("n2")])
+}
+
+fn join(node: &str, addr: Option<&str>, storage: &str) -> Command {
+    Command::Join {
+        node: n(node),
+        client_addr: addr.map(String::from),
+        storage_id: storage.into(),
+    }
+}
+
+fn decls(shards: u32, rf: u8) -> Declarations {
+    let mut d = Declarations::default();
+    d.streams.insert(
+        ObjectKey::new("t1", "default", "orders"),
+        StreamSpec {
+            shards,
+            replication_factor: rf,
+            consistency: Consistency::Quorum,
+        },
+    );
+    d.caches.insert(
+        ObjectKey::new("t1", "default", "sessions"),
+        CacheSpec {
+            shards: 3,
+            replication_factor: 1,
+        },
+    );
+    d
+}
+
+fn apply(m: &mut Metadata, cmds: &[Command]) -> Vec<Applied> {
+    cmds.iter()
+        .map(|c| {
+            let next = m.applied + 1;
+            m.apply_entry(next, &c.encode())
+        })
+        .collect()
+}
+
+#[test]
+fn join_then_the_same_join_changes_nothing_and_a_new_disk_is_a_rejoin() {
+    let mut m = meta();
+    let got = apply(
+        &mut m,
+        &[
+            join("n1", Some("127.0.0.1:5001"), "disk-a"),
+            join("n1", Some("127.0.0.1:5001"), "disk-a"),
+            join("n1", Some("127.0.0.1:5009"), "disk-a"),
+            join("n1", Some("127.0.0.1:5009"), "disk-b"),
+            join("n9", None, "x"),
+        ],
+    );
+    assert_eq!(
+        got,
+        vec![
+            Applied::Joined(n("n1")),
+            Applied::Unchanged,
+            Applied::Joined(n("n1")),
+            Applied::Rejoined {
+                node: n("n1"),
+                previous_storage: "disk-a".into()
+            },
+            Applied::Invalid("n9 is not a voter".into()),
+        ]
+    );
+    assert_eq!(m.applied, 5);
+    assert_eq!(m.members[&n("n1")].storage_id, "disk-b");
+}
+
+#[test]
+fn the_first_declaration_is_the_clusters_and_a_disagreeing_node_is_refused_by_name() {
+    let mut m = meta();
+    let got = apply(
+        &mut m,
+        &[
+            Command::Declare {
+                node: n("n2"),
+                declarations: decls(6, 3),
+            },
+            Command::Declare {
+                node: n("n1"),
+                declarations: decls(6, 3),
+            },
+            Command::Declare {
+                node: n("n1"),
+                declarations: decls(6, 3),
+            },
+            Command::Declare {
+                node: n("n3"),
+                declarations: decls(4, 3),
+            },
+        ],
+    );
+    assert_eq!(got[0], Applied::Declared(n("n2")));
+    assert_eq!(got[1], Applied::Declared(n("n1")));
+    assert_eq!(got[2], Applied::Unchanged);
+    assert_eq!(
+        got[3],
+        Applied::Refused {
+            node: n("n3"),
+            reason: "stream t1/default/orders is declared here as StreamSpec { shards: 4, \
+                     replication_factor: 3, consistency: Quorum } but the cluster has \
+                     StreamSpec { shards: 6, replication_factor: 3, consistency: Quorum }"
+                .into()
+        }
+    );
+    assert!(m.refused.contains_key(&n("n3")));
+    let orders = &m.streams[&ObjectKey::new("t1", "default", "orders")];
+    assert_eq!(orders.shards.len(), 6);
+    assert!(orders
+        .shards
+        .iter()
+        .all(|s| s.replicas.len() == 3 && s.generation == 1));
+    assert_eq!(
+        m.caches[&ObjectKey::new("t1", "default", "sessions")]
+            .shards
+            .len(),
+        3
+    );
+}
+
+#[test]
+fn a_declaration_that_cannot_be_placed_is_refused_whole() {
+    let mut m = meta();
+    let got = apply(
+        &mut m,
+        &[Command::Declare {
+            node: n("n1"),
+            declarations: decls(2, 4),
+        }],
+    );
+    assert_eq!(
+        got,
+        vec![Applied::Refused {
+            node: n("n1"),
+            reason: "stream t1/default/orders: replication_factor 4 needs that many nodes; \
+                     the cluster has 3"
+                .into()
+        }]
+    );
+    assert!(m.declarations.is_none());
+    assert!(m.streams.is_empty() && m.caches.is_empty());
+}
+
+#[test]
+fn missing_objects_are_named_from_either_side() {
+    let mine = decls(6, 3);
+    let mut theirs = decls(6, 3);
+    theirs.streams.insert(
+        ObjectKey::new("t1", "default", "extra"),
+        StreamSpec {
+            shards: 1,
+            replication_factor: 1,
+            consistency: Consistency::Leader,
+        },
+    );
+    assert_eq!(
+        mine.disagreement(&theirs).as_deref(),
+        Some("stream t1/default/extra is declared by the cluster but not here")
+    );
+    assert_eq!(
+        theirs.disagreement(&mine).as_deref(),
+        Some("stream t1/default/extra is declared here but not by the cluster")
+    );
+    assert_eq!(mine.disagreement(&mine.clone()), None);
+}
+
+#[test]
+fn created_streams_are_placed_once_and_liveness_changes_topology() {
+    let mut m = meta();
+    let key = ObjectKey::new("t1", "ns", "auto");
+    let spec = StreamSpec {
+        shards: 1,
+        replication_factor: 1,
+        consistency: Consistency::Leader,
+    };
+    let got = apply(
+        &mut m,
+        &[
+            join("n1", Some("a:1"), "d1"),
+            join("n2", Some("a:2"), "d2"),
+            join("n3", None, "d3"),
+            Command::CreateStream {
+                key: key.clone(),
+                spec,
+            },
+            Command::CreateStream {
+                key: key.clone(),
+                spec,
+            },
+            Command::Liveness {
+                node: n("n2"),
+                up: false,
+            },
+            Command::Liveness {
+                node: n("n2"),
+                up: false,
+            },
+        ],
+    );
+    assert_eq!(got[3], Applied::Placed(key.clone()));
+    assert_eq!(got[4], Applied::Unchanged);
+    assert_eq!(
+        got[5],
+        Applied::Liveness {
+            node: n("n2"),
+            up: false
+        }
+    );
+    assert_eq!(got[6], Applied::Unchanged);
+    let serving: Vec<_> = m
+        .serving_members()
+        .map(|(n, a)| (n.0.clone(), a.to_string()))
+        .collect();
+    assert_eq!(serving, vec![("n1".to_string(), "a:1".to_string())]);
+}
+
+#[test]
+fn garbage_entries_apply_as_nothing_and_empty_entries_are_rafts_own() {
+    let mut m = meta();
+    assert_eq!(m.apply_entry(1, b""), Applied::Unchanged);
+    assert!(matches!(
+        m.apply_entry(2, b"{not json"),
+        Applied::Invalid(_)
+    ));
+    assert!(matches!(
+        m.apply_entry(3, br#"{"op":"nope"}"#),
+        Applied::Invalid(_)
+    ));
+    assert_eq!(m.applied, 3);
+    assert!(m.members.is_empty());
+}
+
+#[test]
+fn same_commands_same_bytes_and_a_snapshot_restores_exactly() {
+    let cmds = [
+        join("n2", Some("a:2"), "d2"),
+        Command::Declare {
+            node: n("n2"),
+            declarations: decls(6, 3),
+        },
+        join("n1", Some("a:1"), "d1"),
+        Command::CreateStream {
+            key: ObjectKey::new("t9", "x", "y"),
+            spec: StreamSpec {
+                shards: 2,
+                replication_factor: 2,
+                consistency: Consistency::Leader,
+            },
+        },
+    ];
+    let (mut a, mut b) = (meta(), meta());
+    apply(&mut a, &cmds);
+    apply(&mut b, &cmds);
+    assert_eq!(a.snapshot(), b.snapshot());
+    assert_eq!(Metadata::restore(&a.snapshot()).unwrap(), a);
+}

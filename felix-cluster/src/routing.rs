@@ -1,0 +1,198 @@
+//! What a node does with a client request, given who leads the request's shard.
+//!
+//! The two paths chose opposite answers on purpose, as the client expects
+//! (`peer-client-cluster-wire.md`): writes that any node may accept are *forwarded* (a publish
+//! never fails because it reached the wrong node), while readers and leader-only operations are
+//! *redirected* (served locally they would look like a quiet stream; forwarded, an idempotent
+//! or conditional write could reach the leader twice through two nodes).
+
+use crate::ids::NodeId;
+
+/// A request, by how it may be routed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestClass {
+    /// `publish`, binary batches of every ack mode, keyed or not.
+    Publish,
+    /// `cache_get`, `cache_put`, `cache_delete`, `counter_add`, `counter_get` and the
+    /// conditional cache writes.
+    CacheOp,
+    /// `subscribe`, on any shard.
+    Subscribe,
+    /// `cache_watch`.
+    CacheWatch,
+    /// Every consumer-group request: only the shard's leader holds its groups.
+    Group,
+    /// `commit`, `publish_if`, `publish_idempotent`, `state_get`, `stream_read`,
+    /// `offset_for_time`: answered only by the leader, never forwarded.
+    LeaderOnly,
+}
+
+/// Who serves a shard, as this node's metadata says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// This node leads it and serves it now.
+    Local,
+    /// Another node leads it at `generation`; `addr` is its client-facing address, when known.
+    Remote {
+        node: NodeId,
+        addr: Option<String>,
+        generation: u64,
+    },
+    /// Nobody leads it (no qualifying replica, or not placed yet).
+    Unassigned,
+}
+
+/// `shard_unavailable`'s `detail.reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable {
+    /// No node leads the shard.
+    NotAssigned,
+}
+
+impl Unavailable {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Unavailable::NotAssigned => "not_assigned",
+        }
+    }
+}
+
+/// The decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Serve it here.
+    Serve,
+    /// Send it to `to` and relay the answer, in the client stream's order.
+    Forward { to: NodeId },
+    /// Answer the `not_leader` message naming the owner.
+    Redirect {
+        node: NodeId,
+        addr: Option<String>,
+        generation: u64,
+    },
+    /// Answer an `error` with code `not_leader` (class `redirect`) naming the owner in prose:
+    /// the client did not offer `FEATURE_REDIRECT`.
+    NotLeaderError { node: NodeId },
+    /// Answer `shard_unavailable` (class `retry`).
+    Unavailable(Unavailable),
+}
+
+/// Routes one request. `client_redirect` says the client offered `FEATURE_REDIRECT`.
+pub fn route(class: RequestClass, owner: &Owner, client_redirect: bool) -> Route {
+    match owner {
+        Owner::Local => Route::Serve,
+        Owner::Unassigned => Route::Unavailable(Unavailable::NotAssigned),
+        Owner::Remote {
+            node,
+            addr,
+            generation,
+        } => match class {
+            RequestClass::Publish | RequestClass::CacheOp => Route::Forward { to: node.clone() },
+            RequestClass::Subscribe
+            | RequestClass::CacheWatch
+            | RequestClass::Group
+            | RequestClass::LeaderOnly => {
+                if client_redirect {
+                    Route::Redirect {
+                        node: node.clone(),
+                        addr: addr.clone(),
+                        generation: *generation,
+                    }
+                } else {
+                    Route::NotLeaderError { node: node.clone() }
+                }
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLASSES: [RequestClass; 6] = [
+        RequestClass::Publish,
+        RequestClass::CacheOp,
+        RequestClass::Subscribe,
+        RequestClass::CacheWatch,
+        RequestClass::Group,
+        RequestClass::LeaderOnly,
+    ];
+
+    fn remote() -> Owner {
+        Owner::Remote {
+            node: NodeId::new("n2"),
+            addr: Some("127.0.0.1:5002".into()),
+            generation: 7,
+        }
+    }
+
+    /// Every class against every owner view, with and without FEATURE_REDIRECT, as one table of
+    /// exact outputs.
+    #[test]
+    fn every_class_every_owner() {
+        let mut got = String::new();
+        for owner in [Owner::Local, remote(), Owner::Unassigned] {
+            for class in CLASSES {
+                for redirect in [true, false] {
+                    got.push_str(&format!(
+                        "{:?} {class:?} redirect={redirect} -> {:?}\n",
+                        match &owner {
+                            Owner::Local => "local",
+                            Owner::Remote { .. } => "remote",
+                            Owner::Unassigned => "unassigned",
+                        },
+                        route(class, &owner, redirect)
+                    ));
+                }
+            }
+        }
+        let fwd = r#"Forward { to: n2 }"#;
+        let redirect = r#"Redirect { node: n2, addr: Some("127.0.0.1:5002"), generation: 7 }"#;
+        let err = r#"NotLeaderError { node: n2 }"#;
+        let unavailable = "Unavailable(NotAssigned)";
+        let mut want = String::new();
+        for (owner, per_class) in [
+            ("local", [["Serve", "Serve"]; 6]),
+            (
+                "remote",
+                [
+                    [fwd, fwd],
+                    [fwd, fwd],
+                    [redirect, err],
+                    [redirect, err],
+                    [redirect, err],
+                    [redirect, err],
+                ],
+            ),
+            ("unassigned", [[unavailable, unavailable]; 6]),
+        ] {
+            for (class, answers) in CLASSES.iter().zip(per_class) {
+                for (redirect, answer) in [true, false].into_iter().zip(answers) {
+                    want.push_str(&format!(
+                        "{owner:?} {class:?} redirect={redirect} -> {answer}\n"
+                    ));
+                }
+            }
+        }
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_redirect_keeps_a_missing_address_missing() {
+        let owner = Owner::Remote {
+            node: NodeId::new("n3"),
+            addr: None,
+            generation: 1,
+        };
+        assert_eq!(
+            route(RequestClass::Subscribe, &owner, true),
+            Route::Redirect {
+                node: NodeId::new("n3"),
+                addr: None,
+                generation: 1
+            }
+        );
+        assert_eq!(Unavailable::NotAssigned.reason(), "not_assigned");
+    }
+}
