@@ -101,19 +101,6 @@ impl Voters {
         Ok(Voters { names, by_name })
     }
 
-    /// The set used by the pure decisions' tests, which need no quorum rule.
-    #[cfg(test)]
-    pub(crate) fn any(names: &[&str]) -> Voters {
-        let mut names: Vec<NodeId> = names.iter().map(|n| NodeId::new(*n)).collect();
-        names.sort();
-        let by_name = names
-            .iter()
-            .zip(1u64..)
-            .map(|(n, i)| (n.clone(), i))
-            .collect();
-        Voters { names, by_name }
-    }
-
     pub fn names(&self) -> &[NodeId] {
         &self.names
     }

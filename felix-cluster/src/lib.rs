@@ -11,6 +11,10 @@
 //! Like every core crate it reads no clock, draws no OS randomness (see `control::election`
 //! for the one place raft-rs would) and touches no file or socket.
 
+// raft-rs's generated protobuf types carry hidden bookkeeping fields; building them from
+// `default()` field by field reads better than struct literals that must spell those out.
+#![allow(clippy::field_reassign_with_default)]
+
 pub mod control;
 pub mod ids;
 pub mod meta;

@@ -1,1 +1,456 @@
-//! placeholder
+//! The control plane: raft-rs's `RawNode` over the metadata, driven Sans-IO.
+//!
+//! Inputs are the caller's time (`handle_timeout`), raft messages from authenticated peers
+//! (`handle_message`) and confirmations that a record is durable (`persisted`); outputs, drained
+//! with `poll_output`, are messages to send, records to append and sync, and what each applied
+//! entry changed. raft-rs is handed one `Ready` at a time: its entries and hard state become one
+//! record, and the messages raft says need them durable (votes, append answers) are held until
+//! that record is confirmed. Metadata is small, so it lives in memory and is rebuilt on start
+//! from the log.
+//!
+//! What this adds to raft-rs, each for a failure others have paid for:
+//! - elections follow the node's seed (`election.rs`), so a simulated run repeats;
+//! - `check_quorum` and `pre_vote` are on: a partitioned leader steps down, and a node that
+//!   rejoins does not disrupt a healthy term;
+//! - a node whose disk is blank neither votes nor counts as a voter until it has caught up, or
+//!   until a majority of voters says it is blank too (a fresh cluster): a voter with a wiped
+//!   log would otherwise help elect a leader that lacks committed entries;
+//! - every proposal is retried until its effect is applied (commands are idempotent), since raft
+//!   drops proposals across leader changes without a word; nothing waits on one forever.
+
+mod election;
+pub mod record;
+pub mod store;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use raft::eraftpb::{Message, MessageType};
+use raft::{RawNode, StateRole};
+
+use crate::ids::{NodeId, Voters};
+use crate::meta::{Applied, Command, Metadata, ObjectKey, StreamSpec};
+use election::{ElectionRange, SeededRng};
+use store::MetaStore;
+
+/// How the control plane keeps time.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    pub node: NodeId,
+    pub voters: Voters,
+    /// Seeds the election jitter; the engine derives it from its own seed.
+    pub seed: u64,
+    /// One raft tick.
+    pub tick: Duration,
+    /// Election timeout in ticks; each timer is drawn from `[election_ticks, 2 × election_ticks)`.
+    pub election_ticks: usize,
+    pub heartbeat_ticks: usize,
+    /// How often an unapplied proposal is made again.
+    pub retry: Duration,
+    /// Silence after which the control plane's leader marks a member down.
+    pub down_after: Duration,
+}
+
+impl ControlConfig {
+    /// Defaults for a cluster on one network: 100 ms ticks, elections after 1–2 s of silence.
+    pub fn new(node: NodeId, voters: Voters, seed: u64, lease: Duration) -> ControlConfig {
+        ControlConfig {
+            node,
+            voters,
+            seed,
+            tick: Duration::from_millis(100),
+            election_ticks: 10,
+            heartbeat_ticks: 2,
+            retry: Duration::from_millis(500),
+            down_after: lease / 2,
+        }
+    }
+}
+
+/// Something the caller must do.
+#[derive(Debug)]
+pub enum ControlOutput {
+    /// Send a raft message to a peer.
+    Send { to: NodeId, message: Message },
+    /// Append `record` to the metadata log, sync it, then call [`ControlPlane::persisted`]
+    /// with `ready`.
+    Persist { ready: u64, record: Vec<u8> },
+    /// A committed entry was applied to the metadata.
+    Applied(Applied),
+}
+
+/// Why this node will not vote yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum DiskGuard {
+    /// Voting normally.
+    Open,
+    /// Blank disk: waiting to hear either a leader (then catching up to the commit it
+    /// announced) or a majority of blank peers.
+    Blank {
+        blank_peers: BTreeSet<NodeId>,
+        catch_up_to: Option<u64>,
+    },
+}
+
+pub struct ControlPlane {
+    cfg: ControlConfig,
+    node: RawNode<MetaStore>,
+    range: ElectionRange,
+    rng: SeededRng,
+    meta: Metadata,
+    next_tick: Instant,
+    /// The `Ready` whose record is being written, and the messages that wait for it.
+    in_flight: Option<(u64, Vec<Message>)>,
+    out: VecDeque<ControlOutput>,
+    /// Commands whose effect this node needs and has not seen applied.
+    wanted: Vec<Command>,
+    next_retry: Instant,
+    last_heard: BTreeMap<NodeId, Instant>,
+    guard: DiskGuard,
+    was_leader: bool,
+}
+
+impl ControlPlane {
+    /// Starts from `store` (replayed from disk, or blank).
+    pub fn new(cfg: ControlConfig, store: MetaStore, now: Instant) -> ControlPlane {
+        let voters = cfg.voters.names().to_vec();
+        let mut meta = Metadata::new(voters);
+        // Rebuild the metadata from what was committed before the restart; raft is then told
+        // these are applied so it does not hand them over again.
+        let commit = store.hard_state().commit;
+        let mut applied = Vec::new();
+        for e in store.entries_after_snapshot() {
+            if e.index <= commit {
+                applied.push(meta.apply_entry(e.index, &e.data));
+            }
+        }
+        let guard = if store.is_blank() {
+            DiskGuard::Blank {
+                blank_peers: BTreeSet::new(),
+                catch_up_to: None,
+            }
+        } else {
+            DiskGuard::Open
+        };
+        let id = cfg.voters.raft_id(&cfg.node).expect("the node is a voter");
+        let range = ElectionRange {
+            min: cfg.election_ticks,
+            max: cfg.election_ticks * 2,
+        };
+        let raft_cfg = raft::Config {
+            id,
+            election_tick: cfg.election_ticks,
+            heartbeat_tick: cfg.heartbeat_ticks,
+            min_election_tick: range.min,
+            max_election_tick: range.max,
+            check_quorum: true,
+            pre_vote: true,
+            applied: meta.applied,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            ..Default::default()
+        };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let node = RawNode::new(&raft_cfg, store, &logger).expect("a valid raft config");
+        let mut rng = SeededRng::new(cfg.seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut node = node;
+        election::reseed_if_reset(&mut node, range, &mut rng);
+        let next_tick = now + cfg.tick;
+        ControlPlane {
+            next_retry: now,
+            cfg,
+            node,
+            range,
+            rng,
+            meta,
+            next_tick,
+            in_flight: None,
+            out: applied.into_iter().map(ControlOutput::Applied).collect(),
+            wanted: Vec::new(),
+            last_heard: BTreeMap::new(),
+            guard,
+            was_leader: false,
+        }
+    }
+
+    /// The metadata as applied here.
+    pub fn metadata(&self) -> &Metadata {
+        &self.meta
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.node.raft.state == StateRole::Leader
+    }
+
+    /// The control plane's leader, as this node knows it.
+    pub fn leader(&self) -> Option<&NodeId> {
+        match self.node.raft.leader_id {
+            0 => None,
+            id => self.cfg.voters.name(id),
+        }
+    }
+
+    pub fn term(&self) -> u64 {
+        self.node.raft.term
+    }
+
+    /// False while a blank disk keeps this node from voting.
+    pub fn votes(&self) -> bool {
+        self.guard == DiskGuard::Open
+    }
+
+    /// The election timer raft will use next, in ticks (for the seed hook's test).
+    pub fn election_timeout_ticks(&self) -> usize {
+        self.node.raft.randomized_election_timeout()
+    }
+
+    /// Asks for `cmd`'s effect until it is applied. A second identical wish is ignored.
+    pub fn want(&mut self, cmd: Command, now: Instant) {
+        if !self.wanted.contains(&cmd) && !reflected(&self.meta, &cmd) {
+            self.wanted.push(cmd);
+            self.next_retry = now;
+        }
+    }
+
+    /// Asks for a stream created on first use.
+    pub fn want_stream(&mut self, key: ObjectKey, spec: StreamSpec, now: Instant) {
+        self.want(Command::CreateStream { key, spec }, now);
+    }
+
+    /// The next time [`ControlPlane::handle_timeout`] has work.
+    pub fn poll_timeout(&self) -> Instant {
+        if self.wanted.is_empty() {
+            self.next_tick
+        } else {
+            self.next_tick.min(self.next_retry)
+        }
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while self.next_tick <= now {
+            self.next_tick += self.cfg.tick;
+            self.node.tick();
+            election::reseed_if_reset(&mut self.node, self.range, &mut self.rng);
+            self.maybe_lift_guard();
+        }
+        self.leader_duties(now);
+        if !self.wanted.is_empty() && self.next_retry <= now {
+            self.next_retry = now + self.cfg.retry;
+            self.propose_wanted();
+        }
+        self.drive();
+    }
+
+    /// A raft message from `from`, whose identity the peer handshake established.
+    pub fn handle_message(&mut self, now: Instant, from: &NodeId, message: Message) {
+        let Some(from_id) = self.cfg.voters.raft_id(from) else {
+            return;
+        };
+        if message.from != from_id || message.to != self.node.raft.id {
+            // A message must be from the peer that sent it and for us; anything else is a
+            // confused or hostile peer and raft-rs would trust it.
+            return;
+        }
+        self.last_heard.insert(from.clone(), now);
+        if let DiskGuard::Blank {
+            blank_peers,
+            catch_up_to,
+        } = &mut self.guard
+        {
+            match message.msg_type {
+                MessageType::MsgRequestVote | MessageType::MsgRequestPreVote => {
+                    // Not answered: a blank voter must not help elect anyone. What the request
+                    // says about the candidate's log is evidence for a fresh cluster.
+                    if message.index == 0 && message.log_term == 0 {
+                        blank_peers.insert(from.clone());
+                    }
+                    self.maybe_lift_guard();
+                    self.drive();
+                    return;
+                }
+                MessageType::MsgAppend | MessageType::MsgSnapshot => {
+                    *catch_up_to = Some(catch_up_to.unwrap_or(0).max(message.commit));
+                }
+                _ => {}
+            }
+        }
+        let _ = self.node.step(message);
+        election::reseed_if_reset(&mut self.node, self.range, &mut self.rng);
+        self.maybe_lift_guard();
+        self.drive();
+    }
+
+    /// The record of `ready` is durable.
+    pub fn persisted(&mut self, ready: u64) {
+        let Some((number, held)) = self.in_flight.take_if(|(n, _)| *n == ready) else {
+            return;
+        };
+        self.node.on_persist_ready(number);
+        self.send_all(held);
+        self.drive();
+    }
+
+    pub fn poll_output(&mut self) -> Option<ControlOutput> {
+        self.out.pop_front()
+    }
+
+    fn maybe_lift_guard(&mut self) {
+        let lift = match &self.guard {
+            DiskGuard::Open => false,
+            DiskGuard::Blank {
+                blank_peers,
+                catch_up_to,
+            } => {
+                let fresh_cluster = blank_peers.len() + 1 >= self.cfg.voters.quorum();
+                let caught_up = catch_up_to.is_some_and(|c| self.meta.applied >= c);
+                fresh_cluster || caught_up
+            }
+        };
+        if lift {
+            self.guard = DiskGuard::Open;
+        }
+    }
+
+    /// What only the leader decides: who is down.
+    fn leader_duties(&mut self, now: Instant) {
+        let leader = self.is_leader();
+        if leader && !self.was_leader {
+            // Everyone gets a fresh allowance from the moment this node took over; it knows
+            // nothing older about them.
+            for n in self.cfg.voters.names() {
+                self.last_heard.insert(n.clone(), now);
+            }
+        }
+        self.was_leader = leader;
+        if !leader {
+            return;
+        }
+        let mut changes = Vec::new();
+        for (n, m) in &self.meta.members {
+            if *n == self.cfg.node {
+                continue;
+            }
+            let heard = self.last_heard.get(n).copied().unwrap_or(now);
+            let quiet = now.saturating_duration_since(heard) > self.cfg.down_after;
+            if m.up == quiet {
+                changes.push(Command::Liveness {
+                    node: n.clone(),
+                    up: !quiet,
+                });
+            }
+        }
+        // A verdict that no longer holds is not pursued.
+        self.wanted.retain(|c| match c {
+            Command::Liveness { node, up } => !changes.iter().any(
+                |x| matches!(x, Command::Liveness { node: n2, up: u2 } if n2 == node && u2 != up),
+            ),
+            _ => true,
+        });
+        for c in changes {
+            self.want(c, now);
+        }
+    }
+
+    fn propose_wanted(&mut self) {
+        if self.node.raft.leader_id == 0 {
+            return;
+        }
+        for i in 0..self.wanted.len() {
+            let data = self.wanted[i].encode();
+            // Dropped when there is no leader or a transfer is under way: retried later.
+            let _ = self.node.propose(Vec::new(), data);
+            election::reseed_if_reset(&mut self.node, self.range, &mut self.rng);
+        }
+    }
+
+    /// Hands raft's work to the caller, one record at a time.
+    fn drive(&mut self) {
+        while self.in_flight.is_none() && self.node.has_ready() {
+            let mut rd = self.node.ready();
+            let msgs = rd.take_messages();
+            self.send_all(msgs);
+            if !rd.snapshot().is_empty() {
+                let snap = rd.snapshot().clone();
+                self.node.mut_store().apply_snapshot(&snap);
+                if let Ok(m) = Metadata::restore(&snap.data) {
+                    self.meta = m;
+                }
+            }
+            let committed = rd.take_committed_entries();
+            self.apply(&committed);
+            let entries = rd.take_entries();
+            self.node.mut_store().append(&entries);
+            let hs = rd.hs().cloned();
+            if let Some(hs) = &hs {
+                self.node.mut_store().set_hard_state(hs.clone());
+            }
+            let persisted_msgs = rd.take_persisted_messages();
+            if entries.is_empty() && hs.is_none() && rd.snapshot().is_empty() {
+                self.send_all(persisted_msgs);
+                let mut light = self.node.advance_append(rd);
+                self.send_all(light.take_messages());
+                let committed = light.take_committed_entries();
+                self.apply(&committed);
+                self.node.advance_apply();
+                continue;
+            }
+            let mut record = Vec::new();
+            record::encode(&entries, hs.as_ref(), &mut record);
+            let number = rd.number();
+            self.out.push_back(ControlOutput::Persist {
+                ready: number,
+                record,
+            });
+            self.in_flight = Some((number, persisted_msgs));
+            self.node.advance_append_async(rd);
+            self.node.advance_apply();
+        }
+    }
+
+    fn apply(&mut self, entries: &[raft::eraftpb::Entry]) {
+        for e in entries {
+            let applied = self.meta.apply_entry(e.index, &e.data);
+            if applied != Applied::Unchanged {
+                self.out.push_back(ControlOutput::Applied(applied));
+            }
+        }
+        if !entries.is_empty() {
+            let meta = &self.meta;
+            self.wanted.retain(|c| !reflected(meta, c));
+            self.maybe_lift_guard();
+        }
+    }
+
+    fn send_all(&mut self, msgs: Vec<Message>) {
+        for m in msgs {
+            if let Some(to) = self.cfg.voters.name(m.to) {
+                self.out.push_back(ControlOutput::Send {
+                    to: to.clone(),
+                    message: m,
+                });
+            }
+        }
+    }
+}
+
+/// Whether `cmd`'s effect is already in the metadata.
+fn reflected(meta: &Metadata, cmd: &Command) -> bool {
+    match cmd {
+        Command::Join {
+            node,
+            client_addr,
+            storage_id,
+        } => meta
+            .members
+            .get(node)
+            .is_some_and(|m| m.up && m.client_addr == *client_addr && m.storage_id == *storage_id),
+        Command::Declare { node, .. } => {
+            meta.declared_by.get(node) == Some(&true) || meta.refused.contains_key(node)
+        }
+        Command::CreateStream { key, .. } => meta.streams.contains_key(key),
+        Command::Liveness { node, up } => meta.members.get(node).is_some_and(|m| m.up == *up),
+    }
+}
+
+#[cfg(test)]
+mod tests;
