@@ -3,6 +3,7 @@
 //! The engine never reads the environment or files: the runtime builds an [`EngineConfig`]
 //! (from its own config layer) and hands it over whole.
 
+use core::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -226,6 +227,111 @@ pub struct DeclaredStream {
     pub stream: String,
     /// Number of shards.
     pub shards: u32,
+    /// In a cluster: how many nodes hold each shard (1..=5; 1 outside a cluster).
+    pub replication_factor: u8,
+    /// In a cluster: what an acknowledgement waits for.
+    pub consistency: Consistency,
+}
+
+/// What a cluster stream's acknowledgement promises (docs/replication.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Consistency {
+    /// The leader holds the record under its fsync mode.
+    #[default]
+    Leader,
+    /// A majority of the replica set, leader included, holds it durably.
+    Quorum,
+}
+
+/// A cache declared for a cluster, placed like a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeclaredCache {
+    pub tenant: String,
+    pub namespace: String,
+    pub cache: String,
+    /// Number of shards (default 1).
+    pub shards: u32,
+    /// How many nodes hold each shard (1..=5).
+    pub replication_factor: u8,
+}
+
+impl DeclaredCache {
+    pub fn new(
+        tenant: impl Into<String>,
+        namespace: impl Into<String>,
+        cache: impl Into<String>,
+        replication_factor: u8,
+    ) -> DeclaredCache {
+        DeclaredCache {
+            tenant: tenant.into(),
+            namespace: namespace.into(),
+            cache: cache.into(),
+            shards: 1,
+            replication_factor,
+        }
+    }
+}
+
+/// One node of the cluster as this node reaches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerAddr {
+    /// Its `FELIX_NODE_ID`.
+    pub node_id: String,
+    /// Where this node dials it (possibly through a relay): `FELIX_CLUSTER_PEERS`.
+    pub addr: SocketAddr,
+}
+
+/// Peer mTLS material: this node's identity, whose leaf certificate names its node id (as a
+/// DNS subject alternative name), and the CA that signs every node's.
+#[derive(Debug, Clone)]
+pub struct PeerTls {
+    pub identity: TlsIdentity,
+    pub ca: Vec<CertificateDer<'static>>,
+}
+
+/// How many forwarded requests may wait on one peer before new ones wait to be read.
+pub const DEFAULT_FORWARD_WINDOW: usize = 1024;
+/// The shard leadership lease.
+pub const DEFAULT_LEASE: Duration = Duration::from_millis(2000);
+
+/// This node's place in a cluster (docs/cluster.md). `None` in [`EngineConfig::cluster`] is a
+/// single node, as before.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClusterConfig {
+    /// `FELIX_NODE_ID`.
+    pub node_id: String,
+    /// Every node, this one included (3 or 5): `FELIX_CLUSTER_PEERS`.
+    pub peers: Vec<PeerAddr>,
+    /// What clients are told this node's address is: `FELIX_CLIENT_ADVERTISE_ADDR`.
+    pub client_advertise_addr: Option<String>,
+    /// `FELIX_LEASE_MS`.
+    pub lease: Duration,
+    /// `None` only with `FELIX_INTERNAL_ALLOW_UNAUTHENTICATED=true`: peers then use the
+    /// client-facing certificate and do not verify each other.
+    pub peer_tls: Option<PeerTls>,
+    /// `[[caches]]`.
+    pub declared_caches: Vec<DeclaredCache>,
+    /// Replicas of a stream created on first use (`limits.default_replication_factor`).
+    pub default_replication_factor: u8,
+    /// See [`DEFAULT_FORWARD_WINDOW`] (`limits.forward_window`).
+    pub forward_window: usize,
+}
+
+impl ClusterConfig {
+    pub fn new(node_id: impl Into<String>, peers: Vec<PeerAddr>) -> ClusterConfig {
+        ClusterConfig {
+            node_id: node_id.into(),
+            peers,
+            client_advertise_addr: None,
+            lease: DEFAULT_LEASE,
+            peer_tls: None,
+            declared_caches: Vec::new(),
+            default_replication_factor: 1,
+            forward_window: DEFAULT_FORWARD_WINDOW,
+        }
+    }
 }
 
 impl DeclaredStream {
@@ -241,6 +347,8 @@ impl DeclaredStream {
             namespace: namespace.into(),
             stream: stream.into(),
             shards,
+            replication_factor: 1,
+            consistency: Consistency::Leader,
         }
     }
 }
@@ -340,6 +448,9 @@ pub struct EngineConfig {
 
     /// Durable streams and caches; `None` keeps everything in memory.
     pub durable: Option<DurableConfig>,
+
+    /// This node's cluster; `None` is a single node.
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl EngineConfig {
@@ -387,6 +498,7 @@ impl EngineConfig {
             cache_max_total_bytes: DEFAULT_CACHE_MAX_TOTAL_BYTES,
             cache_watch_queue_capacity: DEFAULT_CACHE_WATCH_QUEUE_CAPACITY,
             durable: None,
+            cluster: None,
         }
     }
 }
