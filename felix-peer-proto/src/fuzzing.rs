@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use crate::frame::PeerFrameDecoder;
 use crate::scope::ShardId;
-use crate::{decode_body, decode_frame, encode_frame, Family, PeerKind, KIND_TABLE};
+use crate::{decode_body, decode_frame, encode_frame, Family, PeerKind};
 
 /// The generation the fuzz view holds for every shard: below it is stale.
 const CURRENT_GENERATION: u64 = 2;
@@ -56,12 +56,4 @@ pub fn family(family: Family, data: &[u8]) {
         }
     }
     assert_eq!(got, vec![msg]);
-}
-
-/// Every kind the table puts in `family`, for a target's seed list.
-pub fn kinds_of(family: Family) -> impl Iterator<Item = PeerKind> {
-    KIND_TABLE
-        .iter()
-        .filter(move |s| s.family == family)
-        .map(|s| s.kind)
 }
