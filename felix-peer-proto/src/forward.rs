@@ -77,7 +77,12 @@ pub struct ForwardAnswer {
 impl Body for ForwardAnswer {
     fn encode(&self, out: &mut Vec<u8>) -> Result<(), PeerEncodeError> {
         out.extend_from_slice(&self.forward_id.to_be_bytes());
-        put_blob(out, &self.frame, Limit::ForwardedFrame, "forward_answer.frame")
+        put_blob(
+            out,
+            &self.frame,
+            Limit::ForwardedFrame,
+            "forward_answer.frame",
+        )
     }
 
     fn decode(r: &mut Reader<'_>) -> Result<ForwardAnswer, PeerDecodeError> {

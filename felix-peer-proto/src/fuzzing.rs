@@ -35,7 +35,10 @@ pub fn family(family: Family, data: &[u8]) {
         return;
     };
     if let Some(scope) = msg.scope() {
-        assert!(scope.generation >= CURRENT_GENERATION, "a stale scope decoded");
+        assert!(
+            scope.generation >= CURRENT_GENERATION,
+            "a stale scope decoded"
+        );
     }
     assert_eq!(kind.shard_scoped(), msg.scope().is_some());
     let mut again = Vec::new();

@@ -256,7 +256,11 @@ impl RaftConfState {
     fn encode(&self, out: &mut Vec<u8>) -> Result<(), PeerEncodeError> {
         put_nodes(out, &self.voters, "raft.conf_state.voters")?;
         put_nodes(out, &self.learners, "raft.conf_state.learners")?;
-        put_nodes(out, &self.voters_outgoing, "raft.conf_state.voters_outgoing")?;
+        put_nodes(
+            out,
+            &self.voters_outgoing,
+            "raft.conf_state.voters_outgoing",
+        )?;
         put_nodes(out, &self.learners_next, "raft.conf_state.learners_next")?;
         out.push(self.auto_leave.into());
         Ok(())

@@ -123,7 +123,10 @@ impl ShardScope {
 
     /// Holds the scope against the receiver's view: unknown shard, or a generation older
     /// than the current one, is refused.
-    pub(crate) fn check<V: GenerationView + ?Sized>(&self, view: &V) -> Result<(), PeerDecodeError> {
+    pub(crate) fn check<V: GenerationView + ?Sized>(
+        &self,
+        view: &V,
+    ) -> Result<(), PeerDecodeError> {
         match view.current(&self.shard) {
             None => Err(PeerDecodeError::UnknownShard {
                 shard: Box::new(self.shard.clone()),

@@ -30,10 +30,7 @@ fn hello() -> PeerMessage {
 fn the_header_is_refused_before_the_body() {
     let mut f = frame(&hello());
     f[0] = b'G';
-    assert_eq!(
-        decode(f),
-        Err(PeerDecodeError::BadMagic { found: *b"GXP" })
-    );
+    assert_eq!(decode(f), Err(PeerDecodeError::BadMagic { found: *b"GXP" }));
     let mut f = frame(&hello());
     f[3] = 2;
     assert_eq!(decode(f), Err(PeerDecodeError::BadVersion { found: 2 }));
@@ -58,7 +55,10 @@ fn the_header_is_refused_before_the_body() {
 fn unknown_enum_numbers_are_refused() {
     // The raft message type: one past the proto's last (MsgRequestPreVoteResponse = 18).
     let mut f = frame(&PeerMessage::Raft(RaftMessage::default()));
-    assert_eq!(RaftMessageType::from_number(18), Some(RaftMessageType::RequestPreVoteResponse));
+    assert_eq!(
+        RaftMessageType::from_number(18),
+        Some(RaftMessageType::RequestPreVoteResponse)
+    );
     f[HEADER_LEN] = 19;
     assert_eq!(
         decode(f),

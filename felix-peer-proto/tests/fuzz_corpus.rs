@@ -64,8 +64,9 @@ fn the_seeds_decode() {
                     "peer_raft" => Family::Raft,
                     _ => Family::Forward,
                 };
-                let kind =
-                    felix_peer_proto::PeerKind::from_code(u16::from(family as u8) << 8 | u16::from(low))?;
+                let kind = felix_peer_proto::PeerKind::from_code(
+                    u16::from(family as u8) << 8 | u16::from(low),
+                )?;
                 felix_peer_proto::decode_body(kind, &Bytes::copy_from_slice(body), &view).ok()
             })
             .count();

@@ -33,6 +33,11 @@ fn view(s: &ShardId) -> Option<u64> {
     (s == &scope().shard).then_some(9)
 }
 
+/// The hex of a golden frame, laid out field by field with spaces and newlines between.
+fn unspaced(golden: &str) -> String {
+    golden.split_whitespace().collect()
+}
+
 /// One sample per kind, and its frame in hex.
 fn samples() -> Vec<(PeerMessage, &'static str)> {
     vec![
@@ -44,11 +49,11 @@ fn samples() -> Vec<(PeerMessage, &'static str)> {
                 storage_id: *b"0123456789abcdef",
                 incarnation: 7,
             }),
-            concat!(
-                "46585001", "0101", "00000022",
-                "0002", "6331", "0002", "6e31", "0001",
-                "30313233343536373839616263646566", "0000000000000007",
-            ),
+            "
+                46585001 0101 00000022
+                0002 6331 0002 6e31 0001
+                30313233343536373839616263646566 0000000000000007
+            ",
         ),
         (
             PeerMessage::HelloAck(Hello {
@@ -58,11 +63,11 @@ fn samples() -> Vec<(PeerMessage, &'static str)> {
                 storage_id: [0xA5; 16],
                 incarnation: 3,
             }),
-            concat!(
-                "46585001", "0102", "00000022",
-                "0002", "6331", "0002", "6e32", "0001",
-                "a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5", "0000000000000003",
-            ),
+            "
+                46585001 0102 00000022
+                0002 6331 0002 6e32 0001
+                a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5 0000000000000003
+            ",
         ),
         (
             PeerMessage::HelloRefused(HelloRefused {
@@ -71,10 +76,10 @@ fn samples() -> Vec<(PeerMessage, &'static str)> {
                 node_id: "n3".into(),
                 protocol_version: 1,
             }),
-            concat!(
-                "46585001", "0103", "0000000b",
-                "01", "0002", "6332", "0002", "6e33", "0001",
-            ),
+            "
+                46585001 0103 0000000b
+                01 0002 6332 0002 6e33 0001
+            ",
         ),
         (
             PeerMessage::Raft(RaftMessage {
@@ -102,19 +107,19 @@ fn samples() -> Vec<(PeerMessage, &'static str)> {
                 deprecated_priority: 0,
                 priority: -1,
             }),
-            concat!(
-                "46585001", "0201", "00000080",
-                "03",
-                "0000000000000002", "0000000000000001", "0000000000000005",
-                "0000000000000004", "000000000000000a", "0000000000000009",
-                "0000000000000004", "0000000000000000",
-                "00", "0000000000000000", "0000000000000000", "ffffffffffffffff",
-                "00000000",
-                "00000001",
-                "00", "0000000000000005", "000000000000000b", "00",
-                "00000003", "707574", "00000000",
-                "00",
-            ),
+            "
+                46585001 0201 00000080
+                03
+                0000000000000002 0000000000000001 0000000000000005
+                0000000000000004 000000000000000a 0000000000000009
+                0000000000000004 0000000000000000
+                00 0000000000000000 0000000000000000 ffffffffffffffff
+                00000000
+                00000001
+                00 0000000000000005 000000000000000b 00
+                00000003 707574 00000000
+                00
+            ",
         ),
         (
             PeerMessage::Forward(Forward {
@@ -124,25 +129,25 @@ fn samples() -> Vec<(PeerMessage, &'static str)> {
                 principal: "svc".into(),
                 frame: client_frame(),
             }),
-            concat!(
-                "46585001", "0301", "00000042",
-                "000000000000002a",
-                "0002", "6331", "01", "0001", "74", "0002", "6e73", "0006", "6f7264657273",
-                "00000003", "0000000000000009",
-                "0001", "74", "0003", "737663",
-                "0000000e", "464c58310001000000000002", "7b7d",
-            ),
+            "
+                46585001 0301 00000042
+                000000000000002a
+                0002 6331 01 0001 74 0002 6e73 0006 6f7264657273
+                00000003 0000000000000009
+                0001 74 0003 737663
+                0000000e 464c58310001000000000002 7b7d
+            ",
         ),
         (
             PeerMessage::ForwardAnswer(ForwardAnswer {
                 forward_id: 42,
                 frame: client_frame(),
             }),
-            concat!(
-                "46585001", "0302", "0000001a",
-                "000000000000002a",
-                "0000000e", "464c58310001000000000002", "7b7d",
-            ),
+            "
+                46585001 0302 0000001a
+                000000000000002a
+                0000000e 464c58310001000000000002 7b7d
+            ",
         ),
         (
             PeerMessage::ForwardRefused(ForwardRefused {
@@ -153,10 +158,10 @@ fn samples() -> Vec<(PeerMessage, &'static str)> {
                     generation: 10,
                 }),
             }),
-            concat!(
-                "46585001", "0303", "00000017",
-                "000000000000002a", "0006", "01", "0002", "6e32", "000000000000000a",
-            ),
+            "
+                46585001 0303 00000017
+                000000000000002a 0006 01 0002 6e32 000000000000000a
+            ",
         ),
     ]
 }
@@ -185,24 +190,24 @@ fn snapshot_sample() -> (PeerMessage, &'static str) {
             }),
             ..RaftMessage::default()
         }),
-        concat!(
-            "46585001", "0201", "000000a3",
-            "07",
-            "0000000000000003", "0000000000000001", "0000000000000002",
-            "0000000000000000", "0000000000000000", "0000000000000000",
-            "0000000000000000", "0000000000000000",
-            "00", "0000000000000000", "0000000000000000", "0000000000000000",
-            "00000000",
-            "00000000",
-            "01", "00000001", "53",
-            "01", "0000000000000064", "0000000000000002",
-            "01",
-            "00000002", "0000000000000001", "0000000000000002",
-            "00000000",
-            "00000001", "0000000000000003",
-            "00000000",
-            "01",
-        ),
+        "
+                46585001 0201 000000a3
+                07
+                0000000000000003 0000000000000001 0000000000000002
+                0000000000000000 0000000000000000 0000000000000000
+                0000000000000000 0000000000000000
+                00 0000000000000000 0000000000000000 0000000000000000
+                00000000
+                00000000
+                01 00000001 53
+                01 0000000000000064 0000000000000002
+                01
+                00000002 0000000000000001 0000000000000002
+                00000000
+                00000001 0000000000000003
+                00000000
+                01
+            ",
     )
 }
 
@@ -224,8 +229,9 @@ fn each_kind_encodes_to_its_golden_bytes_and_back() {
     for (msg, golden) in all_samples() {
         let mut out = Vec::new();
         encode_frame(&msg, &mut out).unwrap();
-        assert_eq!(hex::encode(&out), golden, "{}", msg.kind().name());
-        let decoded = decode_frame(&Bytes::from(hex::decode(golden).unwrap()), &view).unwrap();
+        assert_eq!(hex::encode(&out), unspaced(golden), "{}", msg.kind().name());
+        let bytes = hex::decode(unspaced(golden)).unwrap();
+        let decoded = decode_frame(&Bytes::from(bytes), &view).unwrap();
         assert_eq!(decoded, msg);
     }
 }
@@ -233,7 +239,7 @@ fn each_kind_encodes_to_its_golden_bytes_and_back() {
 #[test]
 fn every_truncation_is_refused_without_a_panic() {
     for (msg, golden) in all_samples() {
-        let bytes = hex::decode(golden).unwrap();
+        let bytes = hex::decode(unspaced(golden)).unwrap();
         for cut in 0..bytes.len() {
             let prefix = Bytes::copy_from_slice(&bytes[..cut]);
             assert!(
