@@ -2,8 +2,8 @@
 //! `cargo metadata`, so each rule can be shown catching a planted violation.
 //!
 //! - No `path` attribute on a module anywhere: a file's place in the tree is its place in the crate.
-//! - The Sans-IO core (felix-proto, felix-storage, felix-auth, felix-engine, the client's
-//!   `core/`) reads no clock, draws no OS randomness and touches no file, socket, thread or
+//! - The Sans-IO core (felix-proto, felix-peer-proto, felix-storage, felix-auth, felix-engine,
+//!   the client's `core/`) reads no clock, draws no OS randomness and touches no file, socket, thread or
 //!   lock outside test code.
 //! - No module-wide `allow(dead_code)`: dead code is deleted, test-only code is `cfg(test)`.
 //! - Dependency arrows run one way (see [`ARROW_RULES`]).
@@ -334,7 +334,13 @@ pub struct ArrowRule {
     pub why: &'static str,
 }
 
-const CORE: &[&str] = &["felix-proto", "felix-storage", "felix-auth", "felix-engine"];
+const CORE: &[&str] = &[
+    "felix-proto",
+    "felix-peer-proto",
+    "felix-storage",
+    "felix-auth",
+    "felix-engine",
+];
 
 pub const ARROW_RULES: &[ArrowRule] = &[
     ArrowRule {
@@ -346,6 +352,22 @@ pub const ARROW_RULES: &[ArrowRule] = &[
         from: &["felix-storage", "felix-auth"],
         to: &["felix-*"],
         why: "storage and auth depend on no other workspace crate",
+    },
+    ArrowRule {
+        from: &["felix-peer-proto"],
+        to: &[
+            "felix-storage",
+            "felix-auth",
+            "felix-engine",
+            "felix-cluster",
+            "felix-client",
+            "felix-testkit",
+            "felix-runtime-*",
+            "felix-conformance",
+            "raft*",
+            "protobuf*",
+        ],
+        why: "the peer protocol depends on felix-proto alone in the workspace, and never on raft or protobuf (RUSTSEC-2024-0437)",
     },
     ArrowRule {
         from: &["felix-runtime-tokio"],
@@ -463,6 +485,29 @@ fn also_bad() { std::thread::spawn(|| {}); }
             [
                 "felix-runtime-tokio -> felix-runtime-smol (dev)",
                 "felix-storage -> felix-proto (normal)"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_peer_protocol_may_use_felix_proto_and_nothing_else_of_ours_nor_raft() {
+        let meta = serde_json::json!({"packages": [
+            {"name": "felix-peer-proto", "dependencies": [
+                {"name": "felix-proto", "kind": null},
+                {"name": "felix-peer-proto", "kind": "dev"},
+                {"name": "felix-storage", "kind": null},
+                {"name": "raft-proto", "kind": null},
+                {"name": "protobuf", "kind": "dev"},
+            ]},
+        ]});
+        let v = arrow_violations(&meta, ARROW_RULES);
+        let places: Vec<&str> = v.iter().map(|v| v.place.as_str()).collect();
+        assert_eq!(
+            places,
+            [
+                "felix-peer-proto -> felix-storage (normal)",
+                "felix-peer-proto -> protobuf (dev)",
+                "felix-peer-proto -> raft-proto (normal)",
             ]
         );
     }

@@ -11,6 +11,7 @@ use felix_tidy::{
 /// The Sans-IO core: each root module file, walked through its `mod` declarations.
 const CORE_ROOTS: &[&str] = &[
     "felix-proto/src/lib.rs",
+    "felix-peer-proto/src/lib.rs",
     "felix-storage/src/lib.rs",
     "felix-auth/src/lib.rs",
     "felix-engine/src/lib.rs",

@@ -1,0 +1,144 @@
+//! Each decode error, provoked by one changed byte of a valid frame.
+
+use bytes::Bytes;
+use felix_peer_proto::{
+    decode_frame, encode_frame, Hello, HelloRefusal, HelloRefused, NoShards, PeerDecodeError,
+    PeerFrameDecoder, PeerMessage, RaftEntry, RaftMessage, RaftMessageType, HEADER_LEN,
+};
+
+fn frame(msg: &PeerMessage) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_frame(msg, &mut out).unwrap();
+    out
+}
+
+fn decode(bytes: Vec<u8>) -> Result<PeerMessage, PeerDecodeError> {
+    decode_frame(&Bytes::from(bytes), &NoShards)
+}
+
+fn hello() -> PeerMessage {
+    PeerMessage::Hello(Hello {
+        cluster_id: "c".into(),
+        node_id: "n".into(),
+        protocol_version: 1,
+        storage_id: [0; 16],
+        incarnation: 0,
+    })
+}
+
+#[test]
+fn the_header_is_refused_before_the_body() {
+    let mut f = frame(&hello());
+    f[0] = b'G';
+    assert_eq!(decode(f), Err(PeerDecodeError::BadMagic { found: *b"GXP" }));
+    let mut f = frame(&hello());
+    f[3] = 2;
+    assert_eq!(decode(f), Err(PeerDecodeError::BadVersion { found: 2 }));
+    let mut f = frame(&hello());
+    f[5] = 0x7F;
+    assert_eq!(
+        decode(f.clone()),
+        Err(PeerDecodeError::UnknownKind { code: 0x017F })
+    );
+    // The stream decoder refuses an unknown kind on the header alone and stays refused.
+    let mut d = PeerFrameDecoder::default();
+    d.feed(&f[..HEADER_LEN]);
+    assert_eq!(
+        d.next_frame(),
+        Err(PeerDecodeError::UnknownKind { code: 0x017F })
+    );
+    d.feed(&frame(&hello()));
+    assert!(d.next_frame().is_err());
+}
+
+#[test]
+fn unknown_enum_numbers_are_refused() {
+    // The raft message type: one past the proto's last (MsgRequestPreVoteResponse = 18).
+    let mut f = frame(&PeerMessage::Raft(RaftMessage::default()));
+    assert_eq!(
+        RaftMessageType::from_number(18),
+        Some(RaftMessageType::RequestPreVoteResponse)
+    );
+    f[HEADER_LEN] = 19;
+    assert_eq!(
+        decode(f),
+        Err(PeerDecodeError::InvalidValue {
+            field: "raft.msg_type",
+            value: 19
+        })
+    );
+    // The entry type, first byte of the first entry.
+    let msg = PeerMessage::Raft(RaftMessage {
+        entries: vec![RaftEntry::default()],
+        ..RaftMessage::default()
+    });
+    let mut f = frame(&msg);
+    let entry_at = HEADER_LEN + 1 + 64 + 1 + 24 + 4 + 4;
+    f[entry_at] = 3;
+    assert_eq!(
+        decode(f),
+        Err(PeerDecodeError::InvalidValue {
+            field: "raft.entry.entry_type",
+            value: 3
+        })
+    );
+    // A refusal reason.
+    let refused = PeerMessage::HelloRefused(HelloRefused {
+        reason: HelloRefusal::UnknownNode,
+        cluster_id: String::new(),
+        node_id: String::new(),
+        protocol_version: 1,
+    });
+    let mut f = frame(&refused);
+    f[HEADER_LEN] = 0;
+    assert_eq!(
+        decode(f),
+        Err(PeerDecodeError::InvalidValue {
+            field: "hello_refused.reason",
+            value: 0
+        })
+    );
+}
+
+#[test]
+fn a_bool_is_zero_or_one() {
+    let mut f = frame(&PeerMessage::Raft(RaftMessage::default()));
+    // `reject` follows the type and eight u64s.
+    f[HEADER_LEN + 1 + 64] = 2;
+    assert_eq!(
+        decode(f),
+        Err(PeerDecodeError::InvalidValue {
+            field: "raft.reject",
+            value: 2
+        })
+    );
+}
+
+#[test]
+fn strings_must_be_utf8() {
+    let mut f = frame(&hello());
+    // cluster_id "c" is the byte after its u16 length.
+    f[HEADER_LEN + 2] = 0xFF;
+    assert_eq!(
+        decode(f),
+        Err(PeerDecodeError::BadUtf8 {
+            field: "hello.cluster_id"
+        })
+    );
+}
+
+#[test]
+fn a_forged_count_fails_before_anything_is_sized_from_it() {
+    let mut f = frame(&PeerMessage::Raft(RaftMessage::default()));
+    // Claim 1000 entries (under the limit) with no bytes behind them.
+    let count_at = HEADER_LEN + 1 + 64 + 1 + 24 + 4;
+    f[count_at..count_at + 4].copy_from_slice(&1000u32.to_be_bytes());
+    assert_eq!(
+        decode(f),
+        Err(PeerDecodeError::Truncated {
+            field: "raft.entries",
+            needed: 1000 * 26,
+            available: 1
+        })
+    );
+}
