@@ -21,6 +21,7 @@
 mod election;
 pub mod record;
 pub mod store;
+pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
