@@ -339,6 +339,7 @@ const CORE: &[&str] = &[
     "felix-peer-proto",
     "felix-storage",
     "felix-auth",
+    "felix-cluster",
     "felix-engine",
 ];
 
@@ -368,6 +369,18 @@ pub const ARROW_RULES: &[ArrowRule] = &[
             "protobuf*",
         ],
         why: "the peer protocol depends on felix-proto alone in the workspace, and never on raft or protobuf (RUSTSEC-2024-0437)",
+    },
+    ArrowRule {
+        from: &["felix-cluster"],
+        to: &[
+            "felix-storage",
+            "felix-auth",
+            "felix-engine",
+            "felix-client",
+            "felix-testkit",
+            "felix-runtime-*",
+        ],
+        why: "the cluster's decisions depend on the peer protocol alone in the workspace; the engine wires them",
     },
     ArrowRule {
         from: &["felix-runtime-tokio"],

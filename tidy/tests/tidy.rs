@@ -14,6 +14,7 @@ const CORE_ROOTS: &[&str] = &[
     "felix-peer-proto/src/lib.rs",
     "felix-storage/src/lib.rs",
     "felix-auth/src/lib.rs",
+    "felix-cluster/src/lib.rs",
     "felix-engine/src/lib.rs",
     "felix-client/src/core/mod.rs",
 ];
