@@ -16,6 +16,7 @@
 
 pub(crate) mod broker;
 mod clock;
+mod cluster;
 mod config;
 mod conn;
 mod engine;

@@ -139,6 +139,8 @@ pub(crate) struct Core {
     pub(crate) starved_conns: BTreeSet<ConnectionHandle>,
     /// Connections open (each one's fair share of the broker's buffer budget).
     pub(crate) open_connections: usize,
+    /// This node's cluster, when it is one of several.
+    pub(crate) cluster: Option<crate::cluster::ClusterNode>,
 }
 
 impl Core {

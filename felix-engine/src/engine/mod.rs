@@ -124,6 +124,8 @@ pub struct Transmit {
 pub enum Output {
     /// Send datagrams.
     Transmit(Transmit),
+    /// Send datagrams from the internal (peer) socket, `FELIX_INTERNAL_BIND`.
+    PeerTransmit(Transmit),
     /// Perform a file operation under the storage directory and hand its completion, with
     /// the same id, to [`Engine::handle_file_completion`]. Operations may run concurrently
     /// and complete in any order; at most [`DurableConfig::max_inflight_file_ops`] are out
@@ -417,6 +419,31 @@ impl Engine {
 
         // In-memory cache versions start at this run's wall-clock time (protocol.md).
         broker.start_cache_versions_at(unix_micros);
+        let cluster = match &config.cluster {
+            None => None,
+            Some(c) => {
+                let provider = config
+                    .crypto_provider
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+                let node = crate::cluster::ClusterNode::new(
+                    c,
+                    &config.declared_streams,
+                    &config.tls,
+                    provider,
+                    &seed,
+                    now,
+                )
+                .map_err(EngineError::Config)?;
+                Some(node)
+            }
+        };
+        let mut capabilities = capabilities;
+        if cluster.is_some() {
+            // A cluster member redirects readers and names the owner on forwarded acks.
+            capabilities.features = capabilities.features.union(Features::REDIRECT);
+            capabilities.flags = capabilities.flags.union(Flags::BINARY_PUBLISH_ACK_OWNER);
+        }
         let core = Core {
             limits: Limits {
                 auth_timeout: config.auth_timeout,
@@ -449,6 +476,7 @@ impl Engine {
             buffered_bytes: 0,
             starved_conns: BTreeSet::new(),
             open_connections: 0,
+            cluster,
         };
 
         Ok(Engine {
@@ -510,8 +538,21 @@ impl Engine {
         self.settle(now);
     }
 
+    /// Feeds a datagram that arrived on the internal (peer) socket. One turn.
+    pub fn handle_peer_datagram(&mut self, now: Instant, datagram: Datagram) {
+        if let Some(c) = self.core.cluster.as_mut() {
+            c.handle_datagram(now, datagram);
+        }
+        self.settle(now);
+    }
+
     /// Runs every timer due at `now`. One turn.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(c) = self.core.cluster.as_mut() {
+            if c.poll_timeout() <= now {
+                c.handle_timeout(now);
+            }
+        }
         while let Some(&(at, ch)) = self.timers.first() {
             if at > now {
                 break;
@@ -647,6 +688,11 @@ impl Engine {
             buf.extend_from_slice(&bytes);
             return Some(Output::Transmit(t));
         }
+        if let Some(c) = self.core.cluster.as_mut() {
+            if let Some(t) = c.poll_transmit(now, buf) {
+                return Some(Output::PeerTransmit(t));
+            }
+        }
         while let Some(&ch) = self.send_queue.front() {
             let Some(conn) = self.conns.get_mut(&ch) else {
                 self.send_queue.pop_front();
@@ -682,10 +728,11 @@ impl Engine {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let conns = self.timers.first().map(|&(at, _)| at);
-        match (conns, self.core.broker.poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let cluster = self.core.cluster.as_ref().map(|c| c.poll_timeout());
+        [conns, self.core.broker.poll_timeout(), cluster]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     // ---- getters ------------------------------------------------------------------------
@@ -704,6 +751,18 @@ impl Engine {
     /// true without durable storage). Feed no datagrams before this.
     pub fn is_ready(&self) -> bool {
         self.core.broker.is_ready()
+    }
+
+    /// Ready to serve clients: storage is open and, in a cluster, this node has joined and
+    /// its declarations were accepted (what `/readyz` reports).
+    pub fn is_serving(&self) -> bool {
+        self.is_ready() && self.core.cluster.as_ref().is_none_or(|c| c.is_serving())
+    }
+
+    /// Why this node must stop: the cluster refused its declarations (the message names the
+    /// stream or cache that disagrees).
+    pub fn cluster_error(&self) -> Option<&str> {
+        self.core.cluster.as_ref().and_then(|c| c.refusal())
     }
 
     /// Why this broker must not start: a log found at startup could not be opened (for

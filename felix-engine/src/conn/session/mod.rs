@@ -42,6 +42,7 @@ use felix_storage::log::ReadTicket;
 use felix_storage::ops::LogId;
 
 mod cache_features;
+mod cluster;
 mod groups;
 mod stream_ops;
 
@@ -434,6 +435,11 @@ impl Session {
     }
 
     fn on_message(&mut self, msg: Message, cx: &mut SessionCx<'_>) -> FrameResult {
+        if let Some(target) = cluster::target(&msg) {
+            if self.answered_elsewhere(&target, cx) {
+                return FrameResult::Continue;
+            }
+        }
         match msg {
             Message::Auth(_) => {
                 self.push_error(
@@ -574,6 +580,15 @@ impl Session {
             | Message::GroupDescribe(_)
             | Message::GroupDelete(_)) => self.on_group(m, cx),
             Message::ShardOwners(o) => {
+                if let Some(answer) = self.cluster_owners(
+                    cx,
+                    o.kind,
+                    (&o.tenant_id, &o.namespace, &o.name),
+                    o.request_id,
+                ) {
+                    self.push_message(&answer);
+                    return FrameResult::Continue;
+                }
                 let shards = match o.kind {
                     ShardKind::Stream => self.stream_width(
                         cx,
@@ -611,7 +626,11 @@ impl Session {
             Message::StateGet(g) => self.on_state_get(g, cx),
             Message::StreamRead(r) => self.on_stream_read(r, cx),
             Message::OffsetForTime(o) => self.on_offset_for_time(o, cx),
-            Message::Topology => self.on_topology(),
+            Message::Topology => {
+                if !self.cluster_topology(cx) {
+                    self.on_topology()
+                }
+            }
             other if sent_only_by_brokers(&other) => {
                 // An answer or an event-stream frame on a request stream: the client has its
                 // streams mixed up, but the frame boundaries are intact, so the stream goes on.
@@ -794,9 +813,16 @@ impl Session {
             }
             return;
         }
+        let key = view.key_bytes();
+        if cx.core.cluster.is_some() {
+            let names = (header.tenant_id, header.namespace, header.stream);
+            let t = cluster::binary_publish_target(names, key.as_deref(), request_id);
+            if self.answered_elsewhere(&t, cx) {
+                return;
+            }
+        }
         let payloads: Vec<Bytes> = view.payloads().collect();
         let tally = crate::metrics::PublishTally::of(&payloads);
-        let key = view.key_bytes();
         let unix = cx.core.unix_micros(cx.now);
         let target = &self
             .auth

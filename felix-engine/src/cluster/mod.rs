@@ -1,0 +1,368 @@
+//! This node's part in a cluster: the control plane (felix-cluster's raft-rs driver) over the
+//! peer links (`peers.rs`), and the views of the metadata that sessions route by.
+//!
+//! Metadata is small and kept in memory. A node's raft log is in memory too in this version:
+//! a restarted node comes back blank, and the control plane's disk guard keeps it from voting
+//! until it has caught up from the others (docs/cluster.md, "Restarts").
+
+mod peers;
+
+use core::net::SocketAddr;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use felix_cluster::control::store::MetaStore;
+use felix_cluster::control::wire::{from_peer, to_peer};
+use felix_cluster::control::{ControlConfig, ControlOutput, ControlPlane};
+use felix_cluster::meta::{
+    Applied, CacheSpec, Command, Consistency as MetaConsistency, Declarations, ObjectKey,
+    ShardMeta, StreamSpec,
+};
+use felix_cluster::routing::Owner;
+use felix_cluster::{NodeId, Voters};
+use felix_peer_proto::PeerMessage;
+use tracing::{info, warn};
+
+use crate::config::{ClusterConfig, Consistency, DeclaredStream};
+use crate::engine::{Datagram, Transmit};
+use crate::tls::TlsIdentity;
+use peers::{Identity, PeerCrypto, PeerEvent, PeerNet};
+
+/// A shard's owner as `shard_owners` reports it.
+pub(crate) struct OwnerEntry {
+    pub(crate) node_id: Option<String>,
+    pub(crate) addr: Option<String>,
+    pub(crate) generation: u64,
+}
+
+pub(crate) struct ClusterNode {
+    me: NodeId,
+    net: PeerNet,
+    control: ControlPlane,
+    /// Why the cluster refused this node (its declarations disagree): fatal.
+    refusal: Option<String>,
+    default_replication_factor: u8,
+}
+
+/// Every node computes the same id from the same peer list: a stable hash of the names.
+fn cluster_id(voters: &Voters) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for n in voters.names() {
+        for b in n.as_str().bytes().chain(std::iter::once(b',')) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("felix-{h:016x}")
+}
+
+fn declarations(streams: &[DeclaredStream], cfg: &ClusterConfig) -> Declarations {
+    let mut d = Declarations::default();
+    for s in streams {
+        d.streams.insert(
+            ObjectKey::new(&s.tenant, &s.namespace, &s.stream),
+            StreamSpec {
+                shards: s.shards,
+                replication_factor: s.replication_factor,
+                consistency: match s.consistency {
+                    Consistency::Leader => MetaConsistency::Leader,
+                    Consistency::Quorum => MetaConsistency::Quorum,
+                },
+            },
+        );
+    }
+    for c in &cfg.declared_caches {
+        d.caches.insert(
+            ObjectKey::new(&c.tenant, &c.namespace, &c.cache),
+            CacheSpec {
+                shards: c.shards,
+                replication_factor: c.replication_factor,
+            },
+        );
+    }
+    d
+}
+
+impl ClusterNode {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        cfg: &ClusterConfig,
+        declared_streams: &[DeclaredStream],
+        client_identity: &TlsIdentity,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+        seed: &[u8; 32],
+        now: Instant,
+    ) -> Result<ClusterNode, String> {
+        let voters = Voters::new(cfg.peers.iter().map(|p| NodeId::new(&p.node_id)).collect())
+            .map_err(|e| format!("FELIX_CLUSTER_PEERS: {e}"))?;
+        let me = NodeId::new(&cfg.node_id);
+        if voters.raft_id(&me).is_none() {
+            return Err(format!(
+                "FELIX_CLUSTER_PEERS does not list this node ({})",
+                cfg.node_id
+            ));
+        }
+        let derived = crate::seed::derive(seed, b"felix cluster node");
+        let storage_id: [u8; 16] = derived[..16].try_into().expect("16 bytes");
+        let incarnation = u64::from_be_bytes(derived[16..24].try_into().expect("8 bytes"));
+        let crypto = PeerCrypto {
+            identity: cfg
+                .peer_tls
+                .as_ref()
+                .map_or_else(|| client_identity.clone(), |t| t.identity.clone()),
+            ca: cfg.peer_tls.as_ref().map(|t| t.ca.clone()),
+            provider,
+        };
+        let dial: BTreeMap<String, SocketAddr> = cfg
+            .peers
+            .iter()
+            .map(|p| (p.node_id.clone(), p.addr))
+            .collect();
+        let identity = Identity {
+            cluster_id: cluster_id(&voters),
+            node_id: cfg.node_id.clone(),
+            storage_id,
+            incarnation,
+        };
+        let names = voters.names().iter().map(|n| n.0.clone()).collect();
+        let net = PeerNet::new(identity, names, dial, &crypto, seed, now)?;
+        let control_seed = u64::from_be_bytes(derived[24..32].try_into().expect("8 bytes"));
+        let store = MetaStore::new(voters.raft_ids());
+        let control_cfg = ControlConfig::new(me.clone(), voters, control_seed, cfg.lease);
+        let mut control = ControlPlane::new(control_cfg, store, now);
+        let storage_hex: String = storage_id.iter().map(|b| format!("{b:02x}")).collect();
+        control.want(
+            Command::Join {
+                node: me.clone(),
+                client_addr: cfg.client_advertise_addr.clone(),
+                storage_id: storage_hex,
+            },
+            now,
+        );
+        control.want(
+            Command::Declare {
+                node: me.clone(),
+                declarations: declarations(declared_streams, cfg),
+            },
+            now,
+        );
+        let mut node = ClusterNode {
+            me,
+            net,
+            control,
+            refusal: None,
+            default_replication_factor: cfg.default_replication_factor.max(1),
+        };
+        node.pump(now);
+        Ok(node)
+    }
+
+    pub(crate) fn handle_datagram(&mut self, now: Instant, datagram: Datagram) {
+        self.net.handle_datagram(now, datagram);
+        self.pump(now);
+    }
+
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        self.net.handle_timeout(now);
+        if self.control.poll_timeout() <= now {
+            self.control.handle_timeout(now);
+        }
+        self.pump(now);
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Instant {
+        match self.net.poll_timeout() {
+            Some(at) => at.min(self.control.poll_timeout()),
+            None => self.control.poll_timeout(),
+        }
+    }
+
+    pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        let t = self.net.poll_transmit(now, buf);
+        if t.is_none() {
+            self.pump(now);
+        }
+        t
+    }
+
+    /// Moves messages between the links and the control plane until neither has more.
+    fn pump(&mut self, now: Instant) {
+        for _ in 0..64 {
+            let mut any = false;
+            while let Some(event) = self.net.poll_event() {
+                any = true;
+                let PeerEvent::Message { from, message } = event;
+                match message {
+                    PeerMessage::Raft(m) => {
+                        if let Some(m) = from_peer(m) {
+                            self.control.handle_message(now, &NodeId::new(from), m);
+                        }
+                    }
+                    other => warn!(%from, kind = ?other.kind(), "peer message not served yet"),
+                }
+            }
+            while let Some(out) = self.control.poll_output() {
+                any = true;
+                match out {
+                    ControlOutput::Send { to, message } => {
+                        self.net
+                            .send(to.as_str(), &PeerMessage::Raft(to_peer(&message)));
+                    }
+                    // The metadata log lives in memory: durable as soon as it is written.
+                    ControlOutput::Persist { ready, .. } => self.control.persisted(ready),
+                    ControlOutput::Applied(a) => self.on_applied(a),
+                }
+            }
+            self.net.pump(now);
+            if !any {
+                return;
+            }
+        }
+    }
+
+    fn on_applied(&mut self, applied: Applied) {
+        match applied {
+            Applied::Refused { node, reason } if node == self.me => {
+                warn!(%reason, "the cluster refused this node's declarations");
+                self.refusal = Some(reason);
+            }
+            Applied::Declared(node) if node == self.me => {
+                info!(node = %node, "joined the cluster's declarations");
+            }
+            _ => {}
+        }
+    }
+
+    /// Why this node must stop: the cluster refused it.
+    pub(crate) fn refusal(&self) -> Option<&str> {
+        self.refusal.as_deref()
+    }
+
+    /// Joined, its declarations accepted: it can serve.
+    pub(crate) fn is_serving(&self) -> bool {
+        let meta = self.control.metadata();
+        self.refusal.is_none()
+            && meta.members.get(&self.me).is_some_and(|m| m.up)
+            && meta.declared_by.get(&self.me) == Some(&true)
+    }
+
+    /// `topology`'s answer: every member that can serve and has a client address.
+    pub(crate) fn topology(&self) -> Vec<(String, String)> {
+        self.control
+            .metadata()
+            .serving_members()
+            .map(|(n, a)| (n.0.clone(), a.to_owned()))
+            .collect()
+    }
+
+    fn member_addr(&self, node: &NodeId) -> Option<String> {
+        self.control
+            .metadata()
+            .members
+            .get(node)
+            .and_then(|m| m.client_addr.clone())
+    }
+
+    fn owner_of(&self, shard: &ShardMeta) -> Owner {
+        match &shard.leader {
+            Some(l) if *l == self.me => Owner::Local,
+            Some(l) => Owner::Remote {
+                node: l.clone(),
+                addr: self.member_addr(l),
+                generation: shard.generation,
+            },
+            None => Owner::Unassigned,
+        }
+    }
+
+    fn stream_shards_meta(&self, key: &ObjectKey) -> Option<&[ShardMeta]> {
+        self.control
+            .metadata()
+            .streams
+            .get(key)
+            .map(|s| s.shards.as_slice())
+    }
+
+    /// Who serves shard `shard` of a stream; `None` for a stream not placed yet.
+    pub(crate) fn stream_owner(
+        &self,
+        tenant: &str,
+        namespace: &str,
+        stream: &str,
+        shard: u32,
+    ) -> Option<Owner> {
+        let shards = self.stream_shards_meta(&ObjectKey::new(tenant, namespace, stream))?;
+        Some(
+            shards
+                .get(shard as usize)
+                .map_or(Owner::Unassigned, |s| self.owner_of(s)),
+        )
+    }
+
+    /// Who serves a cache (its one shard).
+    pub(crate) fn cache_owner(&self, tenant: &str, namespace: &str, cache: &str) -> Option<Owner> {
+        let c = self
+            .control
+            .metadata()
+            .caches
+            .get(&ObjectKey::new(tenant, namespace, cache))?;
+        Some(
+            c.shards
+                .first()
+                .map_or(Owner::Unassigned, |s| self.owner_of(s)),
+        )
+    }
+
+    /// A placed stream's width.
+    pub(crate) fn stream_width(&self, tenant: &str, namespace: &str, stream: &str) -> Option<u32> {
+        self.stream_shards_meta(&ObjectKey::new(tenant, namespace, stream))
+            .map(|s| s.len() as u32)
+    }
+
+    /// Asks the cluster to place a stream first used here.
+    pub(crate) fn place_stream(
+        &mut self,
+        now: Instant,
+        tenant: &str,
+        namespace: &str,
+        stream: &str,
+        shards: u32,
+    ) {
+        let spec = StreamSpec {
+            shards: shards.max(1),
+            replication_factor: self.default_replication_factor,
+            consistency: MetaConsistency::Leader,
+        };
+        self.control
+            .want_stream(ObjectKey::new(tenant, namespace, stream), spec, now);
+        self.pump(now);
+    }
+
+    /// Every shard's owner, for `shard_owners`; `None` for an object not placed.
+    pub(crate) fn owners(
+        &self,
+        cache: bool,
+        tenant: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Vec<OwnerEntry>> {
+        let key = ObjectKey::new(tenant, namespace, name);
+        let meta = self.control.metadata();
+        let shards = if cache {
+            meta.caches.get(&key).map(|c| c.shards.as_slice())
+        } else {
+            meta.streams.get(&key).map(|s| s.shards.as_slice())
+        }?;
+        Some(
+            shards
+                .iter()
+                .map(|s| OwnerEntry {
+                    node_id: s.leader.as_ref().map(|l| l.0.clone()),
+                    addr: s.leader.as_ref().and_then(|l| self.member_addr(l)),
+                    generation: s.generation,
+                })
+                .collect(),
+        )
+    }
+}

@@ -1,0 +1,688 @@
+//! Links to the other nodes: a QUIC endpoint of its own on the internal listener, ALPN
+//! `felix-peer/1`, one link dialed to each peer.
+//!
+//! A link carries one bidirectional stream, opened by the dialer, which starts with `hello`
+//! and its answer. A peer is known by that handshake (its node id, and under mTLS the
+//! certificate that must name it), never by a datagram's source address: a relay between two
+//! nodes rewrites it. Each node sends on the link it dialed and answers on the link it
+//! accepted, so every message has one path and a lost link is redialed by the side that owns it.
+
+use core::net::SocketAddr;
+use std::any::Any;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use felix_peer_proto::{
+    encode_frame, Hello, HelloRefusal, HelloRefused, NoShards, PeerFrameDecoder, PeerMessage, ALPN,
+    PEER_PROTOCOL_VERSION,
+};
+use quinn_proto::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn_proto::{
+    ClientConfig, ConnectionHandle, DatagramEvent, Dir, Endpoint, EndpointConfig, Event,
+    IdleTimeout, ServerConfig, StreamEvent, StreamId, TransportConfig, VarInt,
+};
+use rustls_pki_types::{CertificateDer, ServerName};
+use tracing::{debug, warn};
+
+use crate::engine::{Datagram, Transmit};
+use crate::tls::TlsIdentity;
+
+/// The most bytes queued for a peer that is not reachable; beyond it messages are dropped
+/// (raft resends what matters).
+pub(crate) const MAX_PEER_BACKLOG_BYTES: usize = 8 << 20;
+/// A lost link is dialed again after this, doubling up to [`MAX_REDIAL`].
+const FIRST_REDIAL: Duration = Duration::from_millis(100);
+const MAX_REDIAL: Duration = Duration::from_secs(2);
+/// Peers detect a dead link from its idle timeout; raft's heartbeats keep a live one busy.
+const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the links report.
+#[derive(Debug)]
+pub(crate) enum PeerEvent {
+    Message { from: String, message: PeerMessage },
+}
+
+/// Who this node is on the wire.
+#[derive(Debug, Clone)]
+pub(crate) struct Identity {
+    pub(crate) cluster_id: String,
+    pub(crate) node_id: String,
+    pub(crate) storage_id: [u8; 16],
+    pub(crate) incarnation: u64,
+}
+
+/// The TLS a link runs.
+pub(crate) struct PeerCrypto {
+    pub(crate) identity: TlsIdentity,
+    /// `Some`: mutual TLS with certificates from this CA naming their node. `None`: peers do
+    /// not authenticate each other (an explicit operator choice).
+    pub(crate) ca: Option<Vec<CertificateDer<'static>>>,
+    pub(crate) provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+struct Link {
+    quic: quinn_proto::Connection,
+    /// The peer we dialed, or `None` on an accepted link until its hello names it.
+    dialed: Option<String>,
+    peer: Option<String>,
+    stream: Option<StreamId>,
+    decoder: PeerFrameDecoder,
+    /// Frames not yet taken by the stream.
+    outbox: BytesMut,
+    /// The dialer has its hello answered; the acceptor has answered one.
+    ready: bool,
+}
+
+enum Dialing {
+    Link(ConnectionHandle),
+    After(Instant, Duration),
+}
+
+pub(crate) struct PeerNet {
+    me: Identity,
+    voters: Vec<String>,
+    dial: BTreeMap<String, SocketAddr>,
+    verify_names: bool,
+    endpoint: Endpoint,
+    client_config: ClientConfig,
+    links: BTreeMap<ConnectionHandle, Link>,
+    dialing: BTreeMap<String, Dialing>,
+    /// Frames for a peer whose link is not up yet.
+    backlog: BTreeMap<String, BytesMut>,
+    endpoint_transmits: VecDeque<(Transmit, Vec<u8>)>,
+    send_order: VecDeque<ConnectionHandle>,
+    events: VecDeque<PeerEvent>,
+    scratch: Vec<u8>,
+    /// The latest input's time, for closes decided while reading.
+    now: Instant,
+    /// The earliest link deadline, as of the last pump (quinn's needs `&mut`).
+    link_deadline: Option<Instant>,
+}
+
+fn transport() -> TransportConfig {
+    let mut t = TransportConfig::default();
+    t.max_concurrent_bidi_streams(VarInt::from_u32(16))
+        .max_concurrent_uni_streams(VarInt::from_u32(0))
+        .max_idle_timeout(Some(
+            IdleTimeout::try_from(PEER_IDLE_TIMEOUT).expect("small"),
+        ))
+        .keep_alive_interval(Some(PEER_IDLE_TIMEOUT / 3));
+    t
+}
+
+fn server_config(c: &PeerCrypto, token_key: Arc<ring::hkdf::Prk>) -> Result<ServerConfig, String> {
+    let builder = rustls::ServerConfig::builder_with_provider(c.provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?;
+    let builder = match &c.ca {
+        None => builder.with_no_client_auth(),
+        Some(cas) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in cas {
+                roots
+                    .add(ca.clone())
+                    .map_err(|e| format!("internal CA: {e}"))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                roots.into(),
+                c.provider.clone(),
+            )
+            .build()
+            .map_err(|e| format!("internal CA: {e}"))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut tls = builder
+        .with_single_cert(c.identity.cert_chain.clone(), c.identity.key.clone_key())
+        .map_err(|e| format!("internal certificate: {e}"))?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    tls.max_early_data_size = 0;
+    let quic = QuicServerConfig::try_from(Arc::new(tls)).map_err(|e| e.to_string())?;
+    let mut server = ServerConfig::new(Arc::new(quic), token_key);
+    server.transport_config(Arc::new(transport()));
+    server.validation_token.sent(0);
+    Ok(server)
+}
+
+/// Accepts any server certificate: only for `FELIX_INTERNAL_ALLOW_UNAUTHENTICATED`.
+#[derive(Debug)]
+struct TrustAnyPeer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for TrustAnyPeer {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn client_config(c: &PeerCrypto) -> Result<ClientConfig, String> {
+    let builder = rustls::ClientConfig::builder_with_provider(c.provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?;
+    let mut tls = match &c.ca {
+        Some(cas) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in cas {
+                roots
+                    .add(ca.clone())
+                    .map_err(|e| format!("internal CA: {e}"))?;
+            }
+            builder
+                .with_root_certificates(roots)
+                .with_client_auth_cert(c.identity.cert_chain.clone(), c.identity.key.clone_key())
+                .map_err(|e| format!("internal certificate: {e}"))?
+        }
+        None => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(TrustAnyPeer(c.provider.clone())))
+            .with_no_client_auth(),
+    };
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let quic = QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let mut config = ClientConfig::new(Arc::new(quic));
+    config.transport_config(Arc::new(transport()));
+    Ok(config)
+}
+
+/// Whether the peer's leaf certificate names `node_id` (as a DNS name).
+fn certificate_names(identity: Option<Box<dyn Any>>, node_id: &str) -> bool {
+    let Some(chain) = identity.and_then(|i| i.downcast::<Vec<CertificateDer<'static>>>().ok())
+    else {
+        return false;
+    };
+    let Some(leaf) = chain.first() else {
+        return false;
+    };
+    let Ok(name) = ServerName::try_from(node_id) else {
+        return false;
+    };
+    webpki::EndEntityCert::try_from(leaf)
+        .is_ok_and(|cert| cert.verify_is_valid_for_subject_name(&name).is_ok())
+}
+
+impl PeerNet {
+    pub(crate) fn new(
+        me: Identity,
+        voters: Vec<String>,
+        dial: BTreeMap<String, SocketAddr>,
+        crypto: &PeerCrypto,
+        seed: &[u8; 32],
+        now: Instant,
+    ) -> Result<PeerNet, String> {
+        let peer_seed = crate::seed::derive(seed, b"felix peer endpoint");
+        let server = server_config(crypto, crate::seed::token_key(&peer_seed))?;
+        let mut endpoint_config = EndpointConfig::new(crate::seed::reset_key(&peer_seed));
+        endpoint_config
+            .cid_generator(move || Box::new(crate::seed::SeededCidGenerator::new(&peer_seed)))
+            .rng_seed(Some(crate::seed::endpoint_rng_seed(&peer_seed)));
+        let endpoint = Endpoint::new(
+            Arc::new(endpoint_config),
+            Some(Arc::new(server)),
+            true,
+            None,
+        );
+        let mut net = PeerNet {
+            link_deadline: None,
+            now,
+            me,
+            voters,
+            dial,
+            verify_names: crypto.ca.is_some(),
+            endpoint,
+            client_config: client_config(crypto)?,
+            links: BTreeMap::new(),
+            dialing: BTreeMap::new(),
+            backlog: BTreeMap::new(),
+            endpoint_transmits: VecDeque::new(),
+            send_order: VecDeque::new(),
+            events: VecDeque::new(),
+            scratch: Vec::new(),
+        };
+        net.dial_due(now);
+        Ok(net)
+    }
+
+    /// Dials every peer not dialed yet, and those whose redial time has come.
+    fn dial_due(&mut self, now: Instant) {
+        let peers: Vec<(String, SocketAddr)> = self
+            .dial
+            .iter()
+            .filter(|(n, _)| **n != self.me.node_id)
+            .map(|(n, a)| (n.clone(), *a))
+            .collect();
+        for (peer, addr) in peers {
+            let backoff = match self.dialing.get(&peer) {
+                Some(Dialing::Link(_)) => continue,
+                Some(Dialing::After(at, _)) if *at > now => continue,
+                Some(Dialing::After(_, backoff)) => *backoff,
+                None => FIRST_REDIAL,
+            };
+            // Under mTLS the server's certificate must name the peer, as its hello will.
+            let name = if self.verify_names {
+                peer.as_str()
+            } else {
+                "felix-peer"
+            };
+            match self
+                .endpoint
+                .connect(now, self.client_config.clone(), addr, name)
+            {
+                Ok((ch, quic)) => {
+                    self.links.insert(
+                        ch,
+                        Link {
+                            quic,
+                            dialed: Some(peer.clone()),
+                            peer: Some(peer.clone()),
+                            stream: None,
+                            decoder: PeerFrameDecoder::new(
+                                felix_peer_proto::limits::MAX_FRAME_BODY_BYTES,
+                            ),
+                            outbox: BytesMut::new(),
+                            ready: false,
+                        },
+                    );
+                    self.dialing.insert(peer, Dialing::Link(ch));
+                    self.send_order.push_back(ch);
+                }
+                Err(e) => {
+                    warn!(%peer, %addr, error = %e, "cannot dial peer");
+                    let next = (backoff * 2).min(MAX_REDIAL);
+                    self.dialing
+                        .insert(peer, Dialing::After(now + backoff, next));
+                }
+            }
+        }
+    }
+
+    /// Queues `message` for `to`, over its link once that is up.
+    pub(crate) fn send(&mut self, to: &str, message: &PeerMessage) {
+        let mut frame = Vec::new();
+        if let Err(e) = encode_frame(message, &mut frame) {
+            warn!(%to, error = %e, "peer message not sent");
+            return;
+        }
+        let link = match self.dialing.get(to) {
+            Some(Dialing::Link(ch)) => self.links.get_mut(ch).filter(|l| l.ready),
+            _ => None,
+        };
+        match link {
+            Some(link) => link.outbox.extend_from_slice(&frame),
+            None => {
+                let backlog = self.backlog.entry(to.to_owned()).or_default();
+                if backlog.len() + frame.len() > MAX_PEER_BACKLOG_BYTES {
+                    debug!(%to, "peer backlog full; dropping a message");
+                    return;
+                }
+                backlog.extend_from_slice(&frame);
+            }
+        }
+    }
+
+    pub(crate) fn poll_event(&mut self) -> Option<PeerEvent> {
+        self.events.pop_front()
+    }
+
+    pub(crate) fn handle_datagram(&mut self, now: Instant, datagram: Datagram) {
+        self.now = now;
+        let Datagram {
+            remote,
+            local_ip,
+            ecn,
+            mut data,
+            segment_size,
+        } = datagram;
+        let segment = segment_size.unwrap_or(data.len()).max(1);
+        while !data.is_empty() {
+            let one = data.split_to(segment.min(data.len()));
+            self.scratch.clear();
+            match self
+                .endpoint
+                .handle(now, remote, local_ip, ecn, one, &mut self.scratch)
+            {
+                Some(DatagramEvent::ConnectionEvent(ch, event)) => {
+                    if let Some(link) = self.links.get_mut(&ch) {
+                        link.quic.handle_event(event);
+                    }
+                }
+                Some(DatagramEvent::NewConnection(incoming)) => {
+                    self.scratch.clear();
+                    match self.endpoint.accept(incoming, now, &mut self.scratch, None) {
+                        Ok((ch, quic)) => {
+                            self.links.insert(
+                                ch,
+                                Link {
+                                    quic,
+                                    dialed: None,
+                                    peer: None,
+                                    stream: None,
+                                    decoder: PeerFrameDecoder::new(
+                                        felix_peer_proto::limits::MAX_FRAME_BODY_BYTES,
+                                    ),
+                                    outbox: BytesMut::new(),
+                                    ready: false,
+                                },
+                            );
+                            self.send_order.push_back(ch);
+                        }
+                        Err(e) => {
+                            if let Some(t) = e.response {
+                                self.queue_endpoint_transmit(t);
+                            }
+                        }
+                    }
+                }
+                Some(DatagramEvent::Response(t)) => self.queue_endpoint_transmit(t),
+                None => {}
+            }
+        }
+        self.pump(now);
+    }
+
+    fn queue_endpoint_transmit(&mut self, t: quinn_proto::Transmit) {
+        if self.endpoint_transmits.len() >= 256 {
+            return;
+        }
+        let bytes = self.scratch[..t.size].to_vec();
+        self.endpoint_transmits.push_back((
+            Transmit {
+                destination: t.destination,
+                ecn: t.ecn,
+                size: t.size,
+                segment_size: t.segment_size,
+                src_ip: t.src_ip,
+            },
+            bytes,
+        ));
+    }
+
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        self.now = now;
+        for link in self.links.values_mut() {
+            if link.quic.poll_timeout().is_some_and(|at| at <= now) {
+                link.quic.handle_timeout(now);
+            }
+        }
+        self.dial_due(now);
+        self.pump(now);
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        let links = self.link_deadline.into_iter();
+        let redials = self.dialing.values().filter_map(|d| match d {
+            Dialing::After(at, _) => Some(*at),
+            Dialing::Link(_) => None,
+        });
+        links.chain(redials).min()
+    }
+
+    pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        if let Some((t, bytes)) = self.endpoint_transmits.pop_front() {
+            buf.extend_from_slice(&bytes);
+            return Some(t);
+        }
+        for _ in 0..self.send_order.len() {
+            let ch = self.send_order.pop_front()?;
+            let Some(link) = self.links.get_mut(&ch) else {
+                continue;
+            };
+            self.send_order.push_back(ch);
+            if let Some(t) = link.quic.poll_transmit(now, 1, buf) {
+                return Some(Transmit {
+                    destination: t.destination,
+                    ecn: t.ecn,
+                    size: t.size,
+                    segment_size: t.segment_size,
+                    src_ip: t.src_ip,
+                });
+            }
+        }
+        self.pump(now);
+        None
+    }
+
+    /// Handles every link's events, reads and writes; removes dead links.
+    pub(crate) fn pump(&mut self, now: Instant) {
+        self.now = now;
+        let handles: Vec<ConnectionHandle> = self.links.keys().copied().collect();
+        for ch in handles {
+            self.pump_link(now, ch);
+        }
+        self.link_deadline = self
+            .links
+            .values_mut()
+            .filter_map(|l| l.quic.poll_timeout())
+            .min();
+    }
+
+    fn pump_link(&mut self, now: Instant, ch: ConnectionHandle) {
+        let hello = PeerMessage::Hello(self.me_hello());
+        let Some(link) = self.links.get_mut(&ch) else {
+            return;
+        };
+        while let Some(event) = link.quic.poll_endpoint_events() {
+            if let Some(reply) = self.endpoint.handle_event(ch, event) {
+                link.quic.handle_event(reply);
+            }
+        }
+        let mut lost = false;
+        while let Some(event) = link.quic.poll() {
+            match event {
+                Event::Connected => {
+                    if link.dialed.is_some() {
+                        if let Some(id) = link.quic.streams().open(Dir::Bi) {
+                            link.stream = Some(id);
+                            let mut frame = Vec::new();
+                            if encode_frame(&hello, &mut frame).is_ok() {
+                                link.outbox.extend_from_slice(&frame);
+                            }
+                        }
+                    }
+                }
+                Event::Stream(StreamEvent::Opened { dir: Dir::Bi }) => {
+                    if let Some(id) = link.quic.streams().accept(Dir::Bi) {
+                        if link.dialed.is_none() && link.stream.is_none() {
+                            link.stream = Some(id);
+                        }
+                    }
+                }
+                Event::ConnectionLost { reason } => {
+                    debug!(peer = ?link.peer, %reason, "peer link lost");
+                    lost = true;
+                }
+                _ => {}
+            }
+        }
+        if lost {
+            let link = self.links.remove(&ch).expect("present");
+            if let Some(peer) = link.dialed {
+                self.dialing
+                    .insert(peer, Dialing::After(now + FIRST_REDIAL, FIRST_REDIAL * 2));
+            }
+            return;
+        }
+        self.read_link(ch);
+        self.write_link(ch);
+        let Some(link) = self.links.get_mut(&ch) else {
+            return;
+        };
+        while let Some(event) = link.quic.poll_endpoint_events() {
+            if let Some(reply) = self.endpoint.handle_event(ch, event) {
+                link.quic.handle_event(reply);
+            }
+        }
+    }
+
+    fn me_hello(&self) -> Hello {
+        Hello {
+            cluster_id: self.me.cluster_id.clone(),
+            node_id: self.me.node_id.clone(),
+            protocol_version: PEER_PROTOCOL_VERSION,
+            storage_id: self.me.storage_id,
+            incarnation: self.me.incarnation,
+        }
+    }
+
+    fn read_link(&mut self, ch: ConnectionHandle) {
+        let mut frames = Vec::new();
+        let mut broken = None;
+        {
+            let Some(link) = self.links.get_mut(&ch) else {
+                return;
+            };
+            let Some(id) = link.stream else {
+                return;
+            };
+            let mut stream = link.quic.recv_stream(id);
+            if let Ok(mut chunks) = stream.read(true) {
+                while let Ok(Some(chunk)) = chunks.next(usize::MAX) {
+                    link.decoder.feed_bytes(chunk.bytes);
+                }
+                let _ = chunks.finalize();
+            }
+            loop {
+                match link.decoder.next_frame() {
+                    Ok(Some(frame)) => match frame.decode(&NoShards) {
+                        Ok(m) => frames.push(m),
+                        Err(e) => {
+                            broken = Some(e.to_string());
+                            break;
+                        }
+                    },
+                    Ok(None) => break,
+                    Err(e) => {
+                        broken = Some(e.to_string());
+                        break;
+                    }
+                }
+            }
+        }
+        for message in frames {
+            self.on_message(ch, message);
+        }
+        if let Some(why) = broken {
+            self.close(ch, &format!("unreadable peer frame: {why}"));
+        }
+    }
+
+    fn on_message(&mut self, ch: ConnectionHandle, message: PeerMessage) {
+        let Some(link) = self.links.get_mut(&ch) else {
+            return;
+        };
+        if !link.ready {
+            match (link.dialed.is_some(), message) {
+                // The acceptor: the first frame must be a hello from a member it can trust.
+                (false, PeerMessage::Hello(h)) => {
+                    let refusal = if h.cluster_id != self.me.cluster_id {
+                        Some(HelloRefusal::WrongCluster)
+                    } else if h.node_id == self.me.node_id || !self.voters.contains(&h.node_id) {
+                        Some(HelloRefusal::UnknownNode)
+                    } else if h.protocol_version != PEER_PROTOCOL_VERSION {
+                        Some(HelloRefusal::UnsupportedVersion)
+                    } else if self.verify_names
+                        && !certificate_names(
+                            link.quic.crypto_session().peer_identity(),
+                            &h.node_id,
+                        )
+                    {
+                        Some(HelloRefusal::IdentityMismatch)
+                    } else {
+                        None
+                    };
+                    let answer = match refusal {
+                        Some(reason) => PeerMessage::HelloRefused(HelloRefused {
+                            reason,
+                            cluster_id: self.me.cluster_id.clone(),
+                            node_id: self.me.node_id.clone(),
+                            protocol_version: PEER_PROTOCOL_VERSION,
+                        }),
+                        None => PeerMessage::HelloAck(self.me_hello()),
+                    };
+                    let mut frame = Vec::new();
+                    let _ = encode_frame(&answer, &mut frame);
+                    let link = self.links.get_mut(&ch).expect("present");
+                    link.outbox.extend_from_slice(&frame);
+                    if let Some(reason) = refusal {
+                        warn!(node = %h.node_id, ?reason, "refused a peer's hello");
+                        link.ready = false;
+                        return;
+                    }
+                    link.peer = Some(h.node_id);
+                    link.ready = true;
+                }
+                (true, PeerMessage::HelloAck(h)) if link.peer.as_deref() == Some(&h.node_id) => {
+                    link.ready = true;
+                    let peer = h.node_id;
+                    if let Some(backlog) = self.backlog.remove(&peer) {
+                        link.outbox.extend_from_slice(&backlog);
+                    }
+                }
+                (_, other) => {
+                    let why = format!("{:?} before the hello was answered", other.kind());
+                    self.close(ch, &why);
+                }
+            }
+            return;
+        }
+        let from = link.peer.clone().expect("a ready link knows its peer");
+        self.events.push_back(PeerEvent::Message { from, message });
+    }
+
+    fn write_link(&mut self, ch: ConnectionHandle) {
+        let Some(link) = self.links.get_mut(&ch) else {
+            return;
+        };
+        let Some(id) = link.stream else {
+            return;
+        };
+        while !link.outbox.is_empty() {
+            match link.quic.send_stream(id).write(&link.outbox) {
+                Ok(n) if n > 0 => {
+                    let _ = link.outbox.split_to(n);
+                }
+                _ => break,
+            }
+        }
+    }
+
+    fn close(&mut self, ch: ConnectionHandle, why: &str) {
+        if let Some(link) = self.links.get_mut(&ch) {
+            warn!(peer = ?link.peer, why, "closing a peer link");
+            link.quic.close(
+                self.now,
+                VarInt::from_u32(1),
+                Bytes::copy_from_slice(why.as_bytes()),
+            );
+        }
+    }
+}
