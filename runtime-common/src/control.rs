@@ -39,9 +39,17 @@ pub struct RunningBroker {
     pub(crate) ops: Option<http::OpsServer>,
     pub(crate) ops_state: Arc<http::OpsState>,
     pub(crate) watcher: Option<reload::Watcher>,
+    /// Resolves with the reason when the broker stops itself (its cluster refused it).
+    pub(crate) failed: Option<oneshot::Receiver<String>>,
 }
 
 impl RunningBroker {
+    /// Resolves with the reason if the broker stops by itself: a cluster refused this node
+    /// (its declarations disagree, naming the stream). Never resolves otherwise.
+    pub fn take_failure(&mut self) -> Option<oneshot::Receiver<String>> {
+        self.failed.take()
+    }
+
     /// The runtime it runs on (`"tokio"`, `"smol"`).
     pub fn runtime(&self) -> &'static str {
         self.runtime

@@ -46,6 +46,8 @@ enum Wake {
     /// Stop; `true` drains first (a `shutdown`), `false` stops at once (the handle dropped).
     Stop(bool),
     Received(io::Result<usize>),
+    /// A batch on the internal (peer) socket.
+    PeerReceived(io::Result<usize>),
     Completed(FileCompletion),
     Timer,
     Control(Control),
@@ -69,6 +71,20 @@ pub(crate) struct Driver<R: Runtime> {
     done_rx: mpsc::UnboundedReceiver<FileCompletion>,
     /// Scrapes and rotations from the rest of the process.
     control: Option<mpsc::UnboundedReceiver<Control>>,
+    /// The internal socket of a cluster member, with its state and receive buffers.
+    peer: Option<PeerSocket<R>>,
+    /// Where `/readyz` reads from, and where a cluster's refusal of this node is reported.
+    readiness: Option<(
+        Arc<crate::ops::http::OpsState>,
+        Option<oneshot::Sender<String>>,
+    )>,
+}
+
+struct PeerSocket<R: Runtime> {
+    socket: R::Socket,
+    state: UdpSocketState,
+    bufs: Vec<Vec<u8>>,
+    metas: Vec<RecvMeta>,
 }
 
 impl<R: Runtime> Driver<R> {
@@ -97,7 +113,50 @@ impl<R: Runtime> Driver<R> {
             done_tx,
             done_rx,
             control: Some(control),
+            peer: None,
+            readiness: None,
         }
+    }
+
+    pub(crate) fn with_peer_socket(mut self, peer: Option<(R::Socket, UdpSocketState)>) -> Self {
+        self.peer = peer.map(|(socket, state)| PeerSocket {
+            socket,
+            state,
+            bufs: (0..BATCH_SIZE)
+                .map(|_| vec![0u8; u16::MAX as usize])
+                .collect(),
+            metas: vec![RecvMeta::default(); BATCH_SIZE],
+        });
+        self
+    }
+
+    pub(crate) fn with_readiness(
+        mut self,
+        ops: Arc<crate::ops::http::OpsState>,
+        failed: oneshot::Sender<String>,
+    ) -> Self {
+        self.readiness = Some((ops, Some(failed)));
+        self
+    }
+
+    /// A cluster member reports readiness as it joins; a refused one stops. True to stop.
+    fn check_cluster(&mut self) -> bool {
+        if self.peer.is_none() {
+            return false;
+        }
+        let Some((ops, failed)) = self.readiness.as_mut() else {
+            return false;
+        };
+        if let Some(why) = self.engine.cluster_error() {
+            tracing::error!(reason = why, "the cluster refused this node; stopping");
+            ops.set_ready(false);
+            if let Some(tx) = failed.take() {
+                let _ = tx.send(why.to_owned());
+            }
+            return true;
+        }
+        ops.set_ready(self.engine.is_serving());
+        false
     }
 
     /// Startup recovery: performs file ops until every log on disk is open. Fails, naming
@@ -134,6 +193,9 @@ impl<R: Runtime> Driver<R> {
     pub(crate) async fn run(mut self, mut stop: oneshot::Receiver<()>) {
         loop {
             self.flush().await;
+            if self.check_cluster() {
+                break;
+            }
             match self.wait(Some(&mut stop), true, None).await {
                 Wake::Stop(drain) => {
                     if drain {
@@ -255,6 +317,9 @@ impl<R: Runtime> Driver<R> {
                 if let Poll::Ready(result) = self.poll_recv(cx) {
                     return Poll::Ready(Wake::Received(result));
                 }
+                if let Poll::Ready(result) = self.poll_peer_recv(cx) {
+                    return Poll::Ready(Wake::PeerReceived(result));
+                }
             }
             if let Poll::Ready(Some(scrape)) = self.poll_control(cx) {
                 return Poll::Ready(scrape);
@@ -272,6 +337,7 @@ impl<R: Runtime> Driver<R> {
     async fn handle(&mut self, wake: Wake) {
         match wake {
             Wake::Received(result) => self.received(result).await,
+            Wake::PeerReceived(result) => self.peer_received(result).await,
             Wake::Completed(c) => self.completed(c),
             Wake::Timer => self.timer_fired(),
             Wake::Control(c) => self.control(c),
@@ -332,6 +398,56 @@ impl<R: Runtime> Driver<R> {
                 std::array::from_fn(|_| IoSliceMut::new(bufs.next().expect("BATCH_SIZE buffers")));
             state.recv(socket.sock_ref(), &mut iovs, metas)
         })
+    }
+
+    fn poll_peer_recv(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let Some(PeerSocket {
+            socket,
+            state,
+            bufs,
+            metas,
+        }) = self.peer.as_mut()
+        else {
+            return Poll::Pending;
+        };
+        socket.poll_io(cx, Interest::Read, || {
+            let mut bufs = bufs.iter_mut();
+            let mut iovs: [IoSliceMut<'_>; BATCH_SIZE] =
+                std::array::from_fn(|_| IoSliceMut::new(bufs.next().expect("BATCH_SIZE buffers")));
+            state.recv(socket.sock_ref(), &mut iovs, metas)
+        })
+    }
+
+    /// Peer traffic is light (raft, forwards): one batch per wake, then back to clients.
+    async fn peer_received(&mut self, result: io::Result<usize>) {
+        let n = match result {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return,
+            Err(e) => {
+                warn!(error = %e, "internal UDP receive failed");
+                return;
+            }
+        };
+        let now = Instant::now();
+        let Some(peer) = self.peer.as_ref() else {
+            return;
+        };
+        let datagrams: Vec<Datagram> = (0..n)
+            .map(|i| {
+                let meta = peer.metas[i];
+                Datagram {
+                    remote: meta.addr,
+                    local_ip: meta.dst_ip,
+                    ecn: meta.ecn.and_then(|e| EcnCodepoint::from_bits(e as u8)),
+                    data: BytesMut::from(&peer.bufs[i][..meta.len]),
+                    segment_size: (meta.stride < meta.len).then_some(meta.stride),
+                }
+            })
+            .collect();
+        for d in datagrams {
+            self.engine.handle_peer_datagram(now, d);
+        }
+        self.flush().await;
     }
 
     /// Feeds a received batch and whatever else the socket holds, up to the per-wake bound,
@@ -426,6 +542,7 @@ impl<R: Runtime> Driver<R> {
             match output {
                 Output::Transmit(t) => self.send(&t).await,
                 Output::FileOp(op) => self.submit(op),
+                Output::PeerTransmit(t) => self.send_peer(&t).await,
                 // The engine and this loop are built together; a new output kind is wired here
                 // in the same change that adds it.
                 other => unreachable!("an engine output this loop does not handle: {other:?}"),
@@ -443,6 +560,34 @@ impl<R: Runtime> Driver<R> {
                 }
             }
             segment => self.send_one(t, contents, segment).await,
+        }
+    }
+
+    /// Sends on the internal socket, one datagram at a time (peer links send no GSO trains).
+    async fn send_peer(&self, t: &Transmit) {
+        let Some(peer) = self.peer.as_ref() else {
+            return;
+        };
+        let contents = &self.out[..t.size];
+        for one in contents.chunks(t.segment_size.unwrap_or(contents.len()).max(1)) {
+            let transmit = quinn_udp::Transmit {
+                destination: t.destination,
+                ecn: t
+                    .ecn
+                    .and_then(|e| quinn_udp::EcnCodepoint::from_bits(e as u8)),
+                contents: one,
+                segment_size: None,
+                src_ip: t.src_ip,
+            };
+            let sent = poll_fn(|cx| {
+                peer.socket.poll_io(cx, Interest::Write, || {
+                    peer.state.send(peer.socket.sock_ref(), &transmit)
+                })
+            })
+            .await;
+            if let Err(e) = sent {
+                debug!(error = %e, destination = %t.destination, "internal UDP send failed");
+            }
         }
     }
 

@@ -75,6 +75,9 @@ pub struct BrokerOptions {
     /// Appends go around the page cache (`O_DIRECT`) where the file system allows it
     /// (default `true`; see [`files`]).
     pub direct_io: bool,
+    /// The internal (peer) listener, `FELIX_INTERNAL_BIND`: needed by a cluster member
+    /// ([`felix_engine::EngineConfig::cluster`]).
+    pub internal_bind: Option<SocketAddr>,
     /// A failure to bind `metrics_bind` only logs a warning (for a default address that
     /// another process may hold) instead of failing the start.
     pub metrics_bind_optional: bool,
@@ -92,6 +95,7 @@ impl BrokerOptions {
             durable: DurableConfig::default(),
             metrics_bind: None,
             metrics_bind_optional: false,
+            internal_bind: None,
             cache_behind_bytes: Some(files::DEFAULT_CACHE_BEHIND_BYTES),
             direct_io: true,
         }
@@ -230,6 +234,7 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0);
+    let clustered = config.cluster.is_some();
     let engine = Engine::new(config, Instant::now(), unix_micros)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let dev_token = engine.dev_token().map(str::to_owned);
@@ -252,6 +257,25 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         },
         None => None,
     };
+    let peer = match (clustered, opts.internal_bind) {
+        (false, _) => None,
+        (true, None) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a cluster member needs an internal listener (FELIX_INTERNAL_BIND)",
+            ))
+        }
+        (true, Some(addr)) => {
+            let std_socket = std::net::UdpSocket::bind(addr)
+                .map_err(|e| io::Error::new(e.kind(), format!("internal listener {addr}: {e}")))?;
+            std_socket.set_nonblocking(true)?;
+            let state = UdpSocketState::new((&std_socket).into())?;
+            let local = std_socket.local_addr()?;
+            info!(%local, "internal listener for peers");
+            Some((runtime.wrap_udp_socket(std_socket)?, state))
+        }
+    };
+    let (failed_tx, failed) = oneshot::channel();
     let mut driver = driver::Driver::new(
         runtime.clone(),
         engine,
@@ -259,13 +283,16 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         state,
         executor.clone(),
         control,
-    );
+    )
+    .with_peer_socket(peer)
+    .with_readiness(ops_state.clone(), failed_tx);
     if let Some(dir) = &opts.storage_dir {
         let began = Instant::now();
         driver.recover().await?;
         info!(dir = %dir.display(), took = ?began.elapsed(), "durable storage recovered");
     }
-    ops_state.set_ready(true);
+    // A cluster member is ready once it has joined; the loop reports that.
+    ops_state.set_ready(!clustered);
     let (stop, stop_rx) = oneshot::channel();
     let (stopped_tx, stopped) = oneshot::channel();
     runtime.spawn(async move {
@@ -284,5 +311,6 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         ops,
         ops_state,
         watcher: None,
+        failed: Some(failed),
     })
 }

@@ -190,9 +190,36 @@ pub async fn serve<R: Runtime>(runtime: R, config: Config) -> io::Result<()> {
             ),
         }
     }
-    match signal.await {
-        Ok(name) => info!("{name}"),
-        Err(_) => return Err(io::Error::other("the signal thread ended")),
+    // The first of: a signal, or the broker stopping itself (its cluster refused it).
+    let mut signal = signal;
+    let mut failed = broker.take_failure();
+    let ended = std::future::poll_fn(|cx| {
+        use std::future::Future;
+        use std::pin::Pin;
+        use std::task::Poll;
+        if let Poll::Ready(r) = Pin::new(&mut signal).poll(cx) {
+            return Poll::Ready(Ok(r));
+        }
+        if let Some(f) = failed.as_mut() {
+            match Pin::new(f).poll(cx) {
+                Poll::Ready(Ok(why)) => return Poll::Ready(Err(why)),
+                // The loop ended without a reason: keep waiting for the signal.
+                Poll::Ready(Err(_)) => failed = None,
+                Poll::Pending => {}
+            }
+        }
+        Poll::Pending
+    })
+    .await;
+    match ended {
+        Ok(Ok(name)) => info!("{name}"),
+        Ok(Err(_)) => return Err(io::Error::other("the signal thread ended")),
+        Err(why) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the cluster refused this node: {why}"),
+            ))
+        }
     }
     broker.shutdown().await?;
     info!("stopped");

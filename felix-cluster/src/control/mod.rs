@@ -275,10 +275,37 @@ impl ControlPlane {
                 _ => {}
             }
         }
+        let mut message = message;
+        if message.msg_type == MessageType::MsgHeartbeat && self.guard != DiskGuard::Open {
+            // The leader still thinks this node holds what it held before its disk went
+            // blank, and says so in the commit a heartbeat carries; raft-rs would abort on a
+            // commit beyond its log. Nothing here is committed until appends bring it.
+            let last = self.node.store().last_index_now();
+            message.commit = message.commit.min(last);
+        }
         let _ = self.node.step(message);
         election::reseed_if_reset(&mut self.node, self.range, &mut self.rng);
         self.maybe_lift_guard();
         self.drive();
+    }
+
+    /// `node` has (re)connected, perhaps after a restart that lost its log. A leader forgets
+    /// what it knew of that node's log and probes it again from the start: raft-rs would
+    /// otherwise trust the old match and never resend what the node lost.
+    pub fn peer_reconnected(&mut self, node: &NodeId) {
+        if !self.is_leader() {
+            return;
+        }
+        let Some(id) = self.cfg.voters.raft_id(node) else {
+            return;
+        };
+        if id == self.node.raft.id {
+            return;
+        }
+        if let Some(pr) = self.node.raft.mut_prs().get_mut(id) {
+            pr.matched = 0;
+            pr.become_probe();
+        }
     }
 
     /// The record of `ready` is durable.

@@ -61,6 +61,12 @@ impl Cluster {
     fn wipe(&mut self, node: &NodeId) {
         self.disks.insert(node.clone(), Vec::new());
         self.start(node);
+        // What the peer handshake tells every other node when the restarted one dials it.
+        for (name, p) in self.planes.iter_mut() {
+            if name != node {
+                p.peer_reconnected(node);
+            }
+        }
     }
 
     /// Delivers everything pending, then advances the clock one tick; `rounds` times.
@@ -343,4 +349,25 @@ fn a_blank_voter_does_not_elect_a_leader_that_lacks_committed_entries() {
             .all(|p| p.metadata().members.contains_key(&n("n1")))
             && c.planes[&n("n2")].votes()
     });
+}
+
+/// A follower restarts blank while the leader carries on: the leader probes it from the
+/// start, it catches up to every entry, and votes again. Without the probe reset raft-rs
+/// would trust the old match and never resend what the follower lost.
+#[test]
+fn a_follower_that_comes_back_blank_catches_up_from_the_leader() {
+    let mut c = Cluster::new(21);
+    c.run_until(100, |c| c.leaders().len() == 1);
+    c.join_all();
+    c.run_until(100, |c| {
+        c.planes.values().all(|p| p.metadata().members.len() == 3)
+    });
+    let leader = c.leaders()[0].clone();
+    let follower = c.planes.keys().find(|n| **n != leader).unwrap().clone();
+    let want = c.planes[&leader].metadata().clone();
+    c.wipe(&follower);
+    assert!(!c.planes[&follower].votes());
+    c.run_until(50, |c| c.planes[&follower].votes());
+    assert_eq!(c.planes[&follower].metadata().members, want.members);
+    assert_eq!(c.leaders(), vec![leader], "no election was needed");
 }

@@ -192,7 +192,13 @@ impl ClusterNode {
             let mut any = false;
             while let Some(event) = self.net.poll_event() {
                 any = true;
-                let PeerEvent::Message { from, message } = event;
+                let (from, message) = match event {
+                    PeerEvent::Message { from, message } => (from, *message),
+                    PeerEvent::Connected { from } => {
+                        self.control.peer_reconnected(&NodeId::new(from));
+                        continue;
+                    }
+                };
                 match message {
                     PeerMessage::Raft(m) => {
                         if let Some(m) = from_peer(m) {

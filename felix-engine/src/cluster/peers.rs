@@ -41,7 +41,14 @@ const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// What the links report.
 #[derive(Debug)]
 pub(crate) enum PeerEvent {
-    Message { from: String, message: PeerMessage },
+    Message {
+        from: String,
+        message: Box<PeerMessage>,
+    },
+    /// A peer dialed in and named itself (after a restart, or a lost link).
+    Connected {
+        from: String,
+    },
 }
 
 /// Who this node is on the wire.
@@ -498,14 +505,12 @@ impl PeerNet {
         let mut lost = false;
         while let Some(event) = link.quic.poll() {
             match event {
-                Event::Connected => {
-                    if link.dialed.is_some() {
-                        if let Some(id) = link.quic.streams().open(Dir::Bi) {
-                            link.stream = Some(id);
-                            let mut frame = Vec::new();
-                            if encode_frame(&hello, &mut frame).is_ok() {
-                                link.outbox.extend_from_slice(&frame);
-                            }
+                Event::Connected if link.dialed.is_some() => {
+                    if let Some(id) = link.quic.streams().open(Dir::Bi) {
+                        link.stream = Some(id);
+                        let mut frame = Vec::new();
+                        if encode_frame(&hello, &mut frame).is_ok() {
+                            link.outbox.extend_from_slice(&frame);
                         }
                     }
                 }
@@ -637,6 +642,9 @@ impl PeerNet {
                         link.ready = false;
                         return;
                     }
+                    self.events.push_back(PeerEvent::Connected {
+                        from: h.node_id.clone(),
+                    });
                     link.peer = Some(h.node_id);
                     link.ready = true;
                 }
@@ -655,7 +663,10 @@ impl PeerNet {
             return;
         }
         let from = link.peer.clone().expect("a ready link knows its peer");
-        self.events.push_back(PeerEvent::Message { from, message });
+        self.events.push_back(PeerEvent::Message {
+            from,
+            message: Box::new(message),
+        });
     }
 
     fn write_link(&mut self, ch: ConnectionHandle) {

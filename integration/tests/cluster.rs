@@ -1,0 +1,324 @@
+//! Three brokers on loopback as one cluster, in this process: they join through their peer
+//! links, every node answers `topology` and `shard_owners` from the same metadata, a reader
+//! that reaches a node not leading its shard is redirected to the one that does, and a node
+//! that stops leaves the topology and rejoins when it comes back.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use felix_client::{Offer, Start};
+use felix_integration::ops_support::get;
+use felix_integration::{
+    client_config, free_udp_port, start_broker, unique, within, Claims, TokenMinter, TENANT,
+};
+use felix_proto::message::{self, Message, ShardKind};
+use felix_proto::ErrorCode;
+use felix_runtime_tokio::felix_engine::{ClusterConfig, DeclaredStream, PeerAddr};
+use felix_runtime_tokio::{BrokerOptions, RunningBroker};
+
+const NODES: [&str; 3] = ["n1", "n2", "n3"];
+
+struct Node {
+    id: &'static str,
+    client: SocketAddr,
+    internal: SocketAddr,
+    ops: SocketAddr,
+}
+
+struct Cluster {
+    nodes: Vec<Node>,
+    brokers: Vec<Option<RunningBroker>>,
+    jwks: Vec<u8>,
+    token: String,
+    stream: String,
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+impl Cluster {
+    async fn start(shards: u32) -> Cluster {
+        let minter = TokenMinter::new("k1", [7; 32]);
+        let token = minter.mint(&Claims::new(
+            TENANT,
+            &[
+                "stream.publish:stream:t1/*/*",
+                "stream.subscribe:stream:t1/*/*",
+                "cache.read:cache:t1/*/*",
+                "cache.write:cache:t1/*/*",
+            ],
+        ));
+        let nodes: Vec<Node> = NODES
+            .iter()
+            .map(|id| Node {
+                id,
+                client: loopback(free_udp_port()),
+                internal: loopback(free_udp_port()),
+                ops: loopback(free_tcp_port()),
+            })
+            .collect();
+        let mut c = Cluster {
+            nodes,
+            brokers: Vec::new(),
+            jwks: minter.jwks(),
+            token,
+            stream: unique("orders"),
+        };
+        for i in 0..NODES.len() {
+            let b = c.boot(i, shards).await;
+            c.brokers.push(Some(b));
+        }
+        for i in 0..NODES.len() {
+            c.wait_ready(i).await;
+        }
+        c
+    }
+
+    async fn boot(&self, i: usize, shards: u32) -> RunningBroker {
+        let node = &self.nodes[i];
+        let mut opts = BrokerOptions::new(node.client);
+        opts.jwks = Some(self.jwks.clone());
+        opts.internal_bind = Some(node.internal);
+        opts.metrics_bind = Some(node.ops);
+        let peers: Vec<PeerAddr> = self
+            .nodes
+            .iter()
+            .map(|n| PeerAddr {
+                node_id: n.id.into(),
+                addr: n.internal,
+            })
+            .collect();
+        let (id, advertise, stream) = (node.id, node.client.to_string(), self.stream.clone());
+        let opts = opts.configure_engine(move |e| {
+            let mut cluster = ClusterConfig::new(id, peers);
+            cluster.client_advertise_addr = Some(advertise);
+            e.cluster = Some(cluster);
+            e.declared_streams
+                .push(DeclaredStream::new(TENANT, "default", &stream, shards));
+        });
+        within(10, start_broker(opts)).await.expect("node starts")
+    }
+
+    /// Polls `/readyz`: the node says itself when it has joined. Bounded.
+    async fn wait_ready(&self, i: usize) {
+        let ops = self.nodes[i].ops;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ready = tokio::task::spawn_blocking(move || get(ops, "/readyz"))
+                .await
+                .unwrap()
+                .is_some_and(|(status, _)| status == 200);
+            if ready {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{} never became ready", NODES[i]);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn client(&self, i: usize, offer: Offer) -> felix_client::Client {
+        let b = self.brokers[i].as_ref().expect("running");
+        let mut config = client_config(
+            self.nodes[i].client,
+            b.ca_cert_pem().as_bytes().to_vec(),
+            &self.token,
+        );
+        config.offer = offer;
+        within(15, felix_client::Client::connect(config))
+            .await
+            .expect("connects")
+    }
+
+    async fn ask(&self, i: usize, offer: Offer, ask: &Message) -> Message {
+        let c = self.client(i, offer).await;
+        let mut raw = c.open_raw_stream(true).await.unwrap();
+        raw.send(ask.to_frame().to_bytes()).await.unwrap();
+        let frame = within(10, raw.recv_frame())
+            .await
+            .unwrap()
+            .expect("an answer");
+        Message::decode(&frame.payload).unwrap()
+    }
+
+    async fn owners(&self, i: usize) -> Vec<message::ShardOwner> {
+        let ask = Message::ShardOwners(message::ShardOwners {
+            tenant_id: TENANT.into(),
+            namespace: "default".into(),
+            name: self.stream.clone(),
+            kind: ShardKind::Stream,
+            request_id: 1,
+        });
+        match self.ask(i, Offer::reference_client(), &ask).await {
+            Message::ShardOwnersView(v) => v.owners,
+            other => panic!("expected shard_owners_view, got {other:?}"),
+        }
+    }
+
+    async fn topology(&self, i: usize) -> Vec<(String, String)> {
+        let c = self.client(i, Offer::reference_client()).await;
+        let view = c.topology().await.unwrap();
+        c.close().await;
+        view.brokers
+            .into_iter()
+            .map(|b| (b.node_id, b.addr))
+            .collect()
+    }
+
+    fn expected_topology(&self, without: Option<usize>) -> Vec<(String, String)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != without)
+            .map(|(_, n)| (n.id.to_owned(), n.client.to_string()))
+            .collect()
+    }
+
+    async fn shutdown(mut self) {
+        for b in self.brokers.iter_mut() {
+            if let Some(b) = b.take() {
+                within(15, b.shutdown()).await.expect("clean shutdown");
+            }
+        }
+    }
+}
+
+fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn subscribe(stream: &str, shard: u64) -> Message {
+    Message::Subscribe(message::Subscribe {
+        tenant_id: TENANT.into(),
+        namespace: "default".into(),
+        stream: stream.into(),
+        shard: Some(shard),
+        start: Some(message::Start::Earliest),
+        subscription_id: None,
+        queue_capacity: None,
+    })
+}
+
+#[tokio::test]
+async fn three_nodes_agree_on_topology_and_owners_and_redirect_readers() {
+    let c = Cluster::start(6).await;
+    for (i, name) in NODES.iter().enumerate() {
+        assert_eq!(
+            c.topology(i).await,
+            c.expected_topology(None),
+            "topology from {name}"
+        );
+    }
+    let owners = c.owners(0).await;
+    assert_eq!(owners.len(), 6);
+    for i in 1..3 {
+        assert_eq!(
+            c.owners(i).await,
+            owners,
+            "every node names the same owners"
+        );
+    }
+    let mut led = std::collections::BTreeMap::new();
+    for o in &owners {
+        let node = o.node_id.clone().expect("every shard has a leader");
+        let at = c.nodes.iter().find(|n| n.id == node).unwrap();
+        assert_eq!(o.addr.as_deref(), Some(at.client.to_string().as_str()));
+        assert_eq!(o.generation, Some(1));
+        *led.entry(node).or_insert(0) += 1;
+    }
+    assert_eq!(
+        led.values().copied().collect::<Vec<_>>(),
+        vec![2, 2, 2],
+        "leaders balanced: {led:?}"
+    );
+
+    // A subscribe for a shard n2 leads, sent to n1: the not_leader message names n2.
+    let shard = owners
+        .iter()
+        .find(|o| o.node_id.as_deref() == Some("n2"))
+        .unwrap()
+        .shard;
+    let answer = c
+        .ask(0, Offer::reference_client(), &subscribe(&c.stream, shard))
+        .await;
+    let n2 = c.nodes[1].client.to_string();
+    assert_eq!(
+        answer,
+        Message::NotLeader(message::NotLeader {
+            node_id: "n2".into(),
+            addr: Some(n2),
+            generation: 1
+        })
+    );
+    // A client that did not offer FEATURE_REDIRECT gets the coded error instead.
+    let mut plain = Offer::reference_client();
+    plain.features = plain.features.without(felix_proto::Features::REDIRECT);
+    match c.ask(0, plain, &subscribe(&c.stream, shard)).await {
+        Message::Error(e) => assert_eq!(e.code, Some(ErrorCode::NotLeader), "{e:?}"),
+        other => panic!("expected a coded error, got {other:?}"),
+    }
+    // At the owner itself the subscription is served.
+    let sub = c.client(1, Offer::reference_client()).await;
+    let shard32 = u32::try_from(shard).unwrap();
+    let mut events = within(
+        10,
+        sub.subscribe_shard("default", &c.stream, Start::Latest, Some(shard32)),
+    )
+    .await
+    .expect("the owner serves its shard");
+    // A key that routes to that shard, published at its owner, reaches the subscriber.
+    let key = (0..1000)
+        .map(|i| format!("key-{i}"))
+        .find(|k| {
+            let mapping = felix_proto::routing::RoutingMapping::Modulo;
+            felix_proto::routing::shard_for_key(Some(k.as_bytes()), 6, mapping) == shard32
+        })
+        .expect("some key lands on the shard");
+    let publisher = c.client(1, Offer::reference_client()).await;
+    publisher
+        .publish(
+            "default",
+            &c.stream,
+            vec![bytes::Bytes::from_static(b"hello")],
+            Some(bytes::Bytes::from(key)),
+            felix_client::Ack::PerBatch,
+        )
+        .await
+        .expect("the owner takes a publish for its shard");
+    let event = felix_integration::next_event(&mut events).await;
+    assert_eq!(&event.payload[..], b"hello");
+    c.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_stopped_node_leaves_the_topology_and_rejoins() {
+    let mut c = Cluster::start(3).await;
+    let b = c.brokers[2].take().unwrap();
+    within(15, b.shutdown()).await.unwrap();
+    // Down within two leases (the control plane's leader marks it after one half).
+    let deadline = Instant::now() + Duration::from_secs(8);
+    loop {
+        if c.topology(0).await == c.expected_topology(Some(2)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "n3 still listed: {:?}",
+            c.topology(0).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.brokers[2] = Some(c.boot(2, 3).await);
+    c.wait_ready(2).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.topology(0).await != c.expected_topology(None) {
+        assert!(Instant::now() < deadline, "n3 did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(c.topology(2).await, c.expected_topology(None));
+    c.shutdown().await;
+}
