@@ -28,6 +28,7 @@ use bytes::Bytes;
 use felix_proto::message::{CacheEvent as CacheEventMsg, CacheWatchLagged, ErrorMessage, Message};
 use felix_proto::ErrorCode;
 
+use super::cache::{DurableKind, DurableWrite};
 use super::{Broker, BrokerError, CacheKey, CursorReason, Delivery, SubscribeError, SubscriberId};
 use felix_storage::cache_log::{CacheRecord, Change};
 use felix_storage::log::{ReadBatch, ReadError, ReadTicket};
@@ -186,7 +187,7 @@ impl Broker {
             )
             .into());
         }
-        let log = self.cache_log(now, key, true)?.expect("created");
+        let log = self.durable_log_for(now, key, DurableKind::Cache, DurableWrite::Watch)?;
         let unix_ms = unix_micros / 1000;
         let cache = self.cache_of(log)?;
         let applied = cache.applied_offset();
