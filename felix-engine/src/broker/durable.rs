@@ -792,7 +792,7 @@ impl Broker {
             }
             ev => ev,
         };
-        let watch_reading = self.watches.reading(id);
+        let watch_reading = self.watches_hold_compaction(id);
         let logs = self.logs.as_mut().expect("called with logs");
         match ev {
             CacheEvent::Opened { keys, next_offset } => {
