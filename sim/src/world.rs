@@ -134,9 +134,7 @@ impl World {
                 | Canary::DropWatchChange
                 | Canary::StaleCacheRead
                 | Canary::MisrouteClaim,
-            ) => {
-                *plan.pick(&[Mode::OnCommitPowerLoss, Mode::AckAfterWriteProcessCrash])
-            }
+            ) => *plan.pick(&[Mode::OnCommitPowerLoss, Mode::AckAfterWriteProcessCrash]),
             None => *plan.pick(&[
                 Mode::Memory,
                 Mode::Memory,

@@ -18,7 +18,10 @@ fn a_small_sweep_passes() {
     }
     // The group invariant judged something: a workload that stopped polling would pass
     // it vacuously.
-    assert!(claims_checked > 0, "no group handout was checked in 12 seeds");
+    assert!(
+        claims_checked > 0,
+        "no group handout was checked in 12 seeds"
+    );
 }
 
 /// Seeds that once found something, kept so it stays fixed (see docs/simulator.md).

@@ -248,14 +248,9 @@ impl SimClient {
                     }
                 }
                 for (offset, attempts) in got {
-                    ctx.oracle.groups.handed(
-                        shard,
-                        offset,
-                        (me, gen),
-                        sent,
-                        now,
-                        visibility,
-                    )?;
+                    ctx.oracle
+                        .groups
+                        .handed(shard, offset, (me, gen), sent, now, visibility)?;
                     ctx.log(
                         now,
                         format_args!("c{me} group got {shard}/{offset} attempt {attempts}"),
