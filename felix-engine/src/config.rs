@@ -93,6 +93,20 @@ pub const DEFAULT_STATE_MAX_BYTES_PER_SHARD: usize = 64 * 1024 * 1024;
 /// Change frames one live cache watch may have queued; at the next change past it the watch
 /// ends with `cache_watch_lagged` naming that change (re-watching from it is gapless).
 pub const DEFAULT_CACHE_WATCH_QUEUE_CAPACITY: usize = 4096;
+/// Durable caches this broker holds, each one log under `caches/`. Creating one more (a put
+/// or a watch naming a cache never written) is refused `limit_exceeded`; caches found on disk
+/// at startup are all opened, whatever their number.
+pub const DEFAULT_DURABLE_CACHE_MAX_LOGS: usize = 1024;
+/// Counter logs (one per cache that has counters, under `counters/`), bounded as above.
+pub const DEFAULT_COUNTER_MAX_LOGS: usize = 1024;
+/// Keys over every durable cache and counter log together (each is an index entry in
+/// memory). A put or add that would create one more is refused `limit_exceeded`.
+pub const DEFAULT_DURABLE_CACHE_MAX_KEYS: usize = 1 << 20;
+/// Bytes of the live entries (key, value and record framing) over every durable cache and
+/// counter log together. A write that would grow them past it is refused `limit_exceeded`;
+/// writes that shrink them go through. Compaction keeps each log within a few times its
+/// live bytes, so this also bounds the disk the caches take.
+pub const DEFAULT_DURABLE_CACHE_MAX_TOTAL_BYTES: u64 = 1 << 30;
 /// Largest cache key.
 pub const DEFAULT_CACHE_MAX_KEY_BYTES: usize = 1024;
 /// Largest cache value.
@@ -445,6 +459,14 @@ pub struct EngineConfig {
     pub cache_max_total_bytes: usize,
     /// See [`DEFAULT_CACHE_WATCH_QUEUE_CAPACITY`].
     pub cache_watch_queue_capacity: usize,
+    /// See [`DEFAULT_DURABLE_CACHE_MAX_LOGS`].
+    pub durable_cache_max_logs: usize,
+    /// See [`DEFAULT_COUNTER_MAX_LOGS`].
+    pub counter_max_logs: usize,
+    /// See [`DEFAULT_DURABLE_CACHE_MAX_KEYS`].
+    pub durable_cache_max_keys: usize,
+    /// See [`DEFAULT_DURABLE_CACHE_MAX_TOTAL_BYTES`].
+    pub durable_cache_max_total_bytes: u64,
 
     /// Durable streams and caches; `None` keeps everything in memory.
     pub durable: Option<DurableConfig>,
@@ -497,6 +519,10 @@ impl EngineConfig {
             cache_max_value_bytes: DEFAULT_CACHE_MAX_VALUE_BYTES,
             cache_max_total_bytes: DEFAULT_CACHE_MAX_TOTAL_BYTES,
             cache_watch_queue_capacity: DEFAULT_CACHE_WATCH_QUEUE_CAPACITY,
+            durable_cache_max_logs: DEFAULT_DURABLE_CACHE_MAX_LOGS,
+            counter_max_logs: DEFAULT_COUNTER_MAX_LOGS,
+            durable_cache_max_keys: DEFAULT_DURABLE_CACHE_MAX_KEYS,
+            durable_cache_max_total_bytes: DEFAULT_DURABLE_CACHE_MAX_TOTAL_BYTES,
             durable: None,
             cluster: None,
         }

@@ -275,6 +275,10 @@ pub const SETTINGS: &[Setting] = &[
     limit!("limits.cache_max_value_bytes", &["FELIX_CACHE_MAX_VALUE_BYTES"], int cache_max_value_bytes),
     limit!("limits.cache_max_total_bytes", &["FELIX_CACHE_MAX_TOTAL_BYTES"], int cache_max_total_bytes),
     limit!("limits.cache_watch_queue_capacity", &["FELIX_CACHE_WATCH_QUEUE_CAPACITY"], int cache_watch_queue_capacity),
+    limit!("limits.durable_cache_max_logs", &["FELIX_DURABLE_CACHE_MAX_LOGS"], int durable_cache_max_logs),
+    limit!("limits.counter_max_logs", &["FELIX_COUNTER_MAX_LOGS"], int counter_max_logs),
+    limit!("limits.durable_cache_max_keys", &["FELIX_DURABLE_CACHE_MAX_KEYS"], int durable_cache_max_keys),
+    limit!("limits.durable_cache_max_total_bytes", &["FELIX_DURABLE_CACHE_MAX_TOTAL_BYTES"], int durable_cache_max_total_bytes),
 ];
 
 /// Sections of the file; every other table is refused.
@@ -848,6 +852,24 @@ mod tests {
         assert_eq!(e.max_connection_unwritten_bytes, 200_000);
         assert_eq!(e.max_connection_event_bytes, 300_000);
         assert_eq!(e.state_max_bytes_per_shard, 4096);
+        let e = engine_of(
+            from_vars(vars(&[
+                ("FELIX_DURABLE_CACHE_MAX_LOGS", "11"),
+                ("FELIX_COUNTER_MAX_LOGS", "12"),
+                ("FELIX_DURABLE_CACHE_MAX_KEYS", "13"),
+                ("FELIX_DURABLE_CACHE_MAX_TOTAL_BYTES", "14"),
+            ]))
+            .unwrap(),
+        );
+        assert_eq!(
+            (
+                e.durable_cache_max_logs,
+                e.counter_max_logs,
+                e.durable_cache_max_keys,
+                e.durable_cache_max_total_bytes
+            ),
+            (11, 12, 13, 14)
+        );
         let c = from_vars(vars(&[("FELIX_DURABLE_CACHE_BEHIND_BYTES", "4096")])).unwrap();
         assert_eq!(c.options.cache_behind_bytes, Some(4096));
         let e = from_vars(vars(&[("FELIX_DURABLE_CACHE_BEHIND_BYTES", "lots")])).unwrap_err();

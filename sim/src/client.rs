@@ -56,6 +56,11 @@ pub(crate) struct Ctx<'a> {
     pub(crate) resend_as_new: bool,
     /// Canary: drop one put change for a cache watcher without telling anyone.
     pub(crate) drop_one_watch_change: &'a mut bool,
+    /// Canary: values first read per key, answered again for every later get of it.
+    pub(crate) stale_cache: Option<&'a mut BTreeMap<String, Bytes>>,
+    /// Canary: a record handed to worker `.0` (shard `.1`, offset `.2`) waiting to turn up
+    /// in another worker's poll answer.
+    pub(crate) misroute_claim: Option<&'a mut Option<(usize, u32, u64)>>,
     /// True once the fault phase is over: no new work, only reading and reconnecting.
     pub(crate) quiet: bool,
 }
@@ -977,7 +982,16 @@ impl SimClient {
                 );
                 ctx.oracle.cache_write_done(&key, index, outcome);
             }
-            (Some(ReqMeta::CacheGet { key, sent }), Ok(Answer::CacheValue(v))) => {
+            (Some(ReqMeta::CacheGet { key, sent }), Ok(Answer::CacheValue(mut v))) => {
+                if let Some(stale) = ctx.stale_cache.as_deref_mut() {
+                    match (stale.get(&key), &v) {
+                        (Some(first), _) => v = Some(first.clone()),
+                        (None, Some(read)) => {
+                            stale.insert(key.clone(), read.clone());
+                        }
+                        (None, None) => {}
+                    }
+                }
                 ctx.log(
                     now,
                     format_args!(

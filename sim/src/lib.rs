@@ -49,6 +49,12 @@ pub enum Canary {
     ResendAsNew,
     /// One put change vanishes on its way to a cache watcher (caught by `watch_gapless`).
     DropWatchChange,
+    /// A read cache in front of the broker that is never invalidated: a get of a key read
+    /// before answers the value first read (caught by `cache_reads`).
+    StaleCacheRead,
+    /// A record one worker's poll was handed also turns up in the next poll answer of
+    /// another worker, as if misrouted (caught by `group_claims`).
+    MisrouteClaim,
 }
 
 impl std::str::FromStr for Canary {
@@ -59,8 +65,10 @@ impl std::str::FromStr for Canary {
             "lying-sync" => Ok(Canary::LyingSync),
             "resend-as-new" => Ok(Canary::ResendAsNew),
             "drop-watch-change" => Ok(Canary::DropWatchChange),
+            "stale-cache-read" => Ok(Canary::StaleCacheRead),
+            "misroute-claim" => Ok(Canary::MisrouteClaim),
             other => Err(format!(
-                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new or drop-watch-change"
+                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new, drop-watch-change, stale-cache-read or misroute-claim"
             )),
         }
     }
@@ -103,6 +111,8 @@ pub struct Outcome {
     pub trace: Vec<String>,
     /// One line about the run (mode, counts, virtual and wall time).
     pub summary: String,
+    /// Group handouts the `group_claims` invariant checked (0 in memory runs).
+    pub group_claims_checked: u64,
 }
 
 /// Runs one seed to its end (or its first violation).

@@ -112,6 +112,9 @@ pub(crate) struct World {
     drop_one_event_frame: bool,
     resend_as_new: bool,
     drop_one_watch_change: bool,
+    /// Canaries: the stale read cache, and the record waiting to be misrouted.
+    stale_cache: Option<BTreeMap<String, Bytes>>,
+    misroute_claim: Option<Option<(usize, u32, u64)>>,
     quiet: bool,
     workers: usize,
     steps: u64,
@@ -125,9 +128,13 @@ impl World {
         let mode = match opts.canary {
             // The canaries break promises only durable runs make.
             Some(Canary::LyingSync) => Mode::OnCommitPowerLoss,
-            Some(Canary::DropEventFrame | Canary::ResendAsNew | Canary::DropWatchChange) => {
-                *plan.pick(&[Mode::OnCommitPowerLoss, Mode::AckAfterWriteProcessCrash])
-            }
+            Some(
+                Canary::DropEventFrame
+                | Canary::ResendAsNew
+                | Canary::DropWatchChange
+                | Canary::StaleCacheRead
+                | Canary::MisrouteClaim,
+            ) => *plan.pick(&[Mode::OnCommitPowerLoss, Mode::AckAfterWriteProcessCrash]),
             None => *plan.pick(&[
                 Mode::Memory,
                 Mode::Memory,
@@ -213,6 +220,8 @@ impl World {
             drop_one_event_frame: opts.canary == Some(Canary::DropEventFrame),
             resend_as_new: opts.canary == Some(Canary::ResendAsNew),
             drop_one_watch_change: opts.canary == Some(Canary::DropWatchChange),
+            stale_cache: (opts.canary == Some(Canary::StaleCacheRead)).then(BTreeMap::new),
+            misroute_claim: (opts.canary == Some(Canary::MisrouteClaim)).then_some(None),
             quiet: false,
             workers,
             steps: 0,
@@ -296,18 +305,20 @@ impl World {
             violation,
             trace: self.trace.take_lines(),
             summary,
+            group_claims_checked: self.oracle.groups.checked,
         }
     }
 
     fn summary(&self, wall: Duration) -> String {
         format!(
-            "mode {:?}, {} workers, {} events, {} acked publishes, {} events seen, {} cache reads checked, {} watch changes, {} lagged, {} crashes, {} datagrams ({} dropped), {} file ops, {:.0} ms virtual in {:.0} ms",
+            "mode {:?}, {} workers, {} events, {} acked publishes, {} events seen, {} cache reads checked, {} group claims checked, {} watch changes, {} lagged, {} crashes, {} datagrams ({} dropped), {} file ops, {:.0} ms virtual in {:.0} ms",
             self.mode,
             self.workers,
             self.trace.count(),
             self.oracle.acked_count,
             self.oracle.events_seen,
             self.oracle.cache_reads_checked,
+            self.oracle.groups.checked,
             self.clients.iter().map(SimClient::watch_changes).sum::<u64>(),
             self.oracle.lagged,
             self.crashes,
@@ -569,6 +580,8 @@ impl World {
             drop_one_event_frame: &mut self.drop_one_event_frame,
             resend_as_new: self.resend_as_new,
             drop_one_watch_change: &mut self.drop_one_watch_change,
+            stale_cache: self.stale_cache.as_mut(),
+            misroute_claim: self.misroute_claim.as_mut(),
             quiet: self.quiet,
         };
         (&mut self.clients[i], ctx)
@@ -717,7 +730,7 @@ impl World {
         }
         self.oracle
             .groups
-            .check_drained(|shard| self.oracle.known_tail(shard))?;
+            .check_drained(SHARDS, |shard| self.oracle.known_tail(shard))?;
         let start = self.clock.at(Duration::ZERO);
         for c in &self.clients {
             c.check_watch(&self.oracle, start)?;

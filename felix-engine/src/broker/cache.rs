@@ -9,7 +9,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use felix_proto::ErrorCode;
 
-use super::{BrokerError, CacheKey};
+use super::{Broker, BrokerError, CacheKey};
+use felix_storage::cache_log::put_entry_bytes;
+use felix_storage::counter_log::add_entry_bytes;
+use felix_storage::layout;
+use felix_storage::ops::LogId;
+use felix_storage::table::AnyLog;
 
 /// At most this many expired entries are removed per sweep, so one timer turn stays short.
 pub(crate) const CACHE_SWEEP_MAX_ENTRIES: usize = 1024;
@@ -302,6 +307,190 @@ impl CacheStore {
         self.total_bytes -= cost(key, &entry.value);
         self.entries -= 1;
         Some(entry)
+    }
+}
+
+// ---- durable caches and counters: what they hold, against their limits ------------------
+
+/// The two kinds of log a durable cache's limits count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DurableKind {
+    Cache,
+    Counter,
+}
+
+/// What a write asks of the durable limits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DurableWrite<'a> {
+    /// A cache put of this key and value size.
+    Put { key: &'a str, value_len: usize },
+    /// A counter add to this key.
+    Add { key: &'a str },
+    /// A watch: it may create the cache's log, and writes nothing.
+    Watch,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct LogUsage {
+    keys: u64,
+    bytes: u64,
+}
+
+/// Keys and live bytes of every durable cache and counter log, as last seen per log, and
+/// how many logs of each kind there are. A log is refreshed from itself whenever it reports
+/// an event (applied writes, expiry, compaction all do) and just before each write to it,
+/// so the one being written is exact and the others are at most one event old.
+#[derive(Default)]
+pub(crate) struct DurableUsage {
+    logs: HashMap<LogId, (DurableKind, LogUsage)>,
+    keys: u64,
+    bytes: u64,
+    caches: usize,
+    counters: usize,
+}
+
+impl DurableUsage {
+    fn note(&mut self, log: LogId, kind: DurableKind, now: LogUsage) {
+        match self.logs.insert(log, (kind, now)) {
+            Some((_, old)) => {
+                self.keys -= old.keys;
+                self.bytes -= old.bytes;
+            }
+            None => match kind {
+                DurableKind::Cache => self.caches += 1,
+                DurableKind::Counter => self.counters += 1,
+            },
+        }
+        self.keys += now.keys;
+        self.bytes += now.bytes;
+    }
+
+    fn count(&self, kind: DurableKind) -> usize {
+        match kind {
+            DurableKind::Cache => self.caches,
+            DurableKind::Counter => self.counters,
+        }
+    }
+}
+
+fn limit_exceeded(message: String) -> BrokerError {
+    BrokerError::new(ErrorCode::LimitExceeded, message)
+}
+
+impl Broker {
+    /// Refreshes what `log` holds from the log itself; logs of other kinds are ignored.
+    pub(super) fn note_durable_usage(&mut self, log: LogId) {
+        let Some(slot) = self.logs.as_ref().and_then(|l| l.slot(log)) else {
+            return;
+        };
+        let (kind, usage) = match &slot.log {
+            AnyLog::Cache(c) => (
+                DurableKind::Cache,
+                LogUsage {
+                    keys: c.len() as u64,
+                    bytes: c.live_bytes(),
+                },
+            ),
+            AnyLog::Counter(c) => (
+                DurableKind::Counter,
+                LogUsage {
+                    keys: c.len() as u64,
+                    bytes: c.live_bytes(),
+                },
+            ),
+            AnyLog::Stream(_) | AnyLog::Group(_) => return,
+        };
+        self.durable_usage.note(log, kind, usage);
+    }
+
+    /// The log a durable-cache write goes to, opened (created if new) once the write is
+    /// within `durable_cache_max_logs` / `counter_max_logs`, `durable_cache_max_keys` and
+    /// `durable_cache_max_total_bytes`. A write that creates no key and grows nothing always
+    /// fits; a log still opening stalls the request as [`Broker::cache_log`] does.
+    pub(crate) fn durable_log_for(
+        &mut self,
+        now: Instant,
+        key: &CacheKey,
+        kind: DurableKind,
+        write: DurableWrite<'_>,
+    ) -> Result<LogId, BrokerError> {
+        let dir = match kind {
+            DurableKind::Cache => {
+                layout::cache_shard_dir(&key.tenant, &key.namespace, &key.cache, 0)
+            }
+            DurableKind::Counter => {
+                layout::counter_shard_dir(&key.tenant, &key.namespace, &key.cache, 0)
+            }
+        };
+        let existing = self.logs.as_ref().and_then(|l| l.find(&dir));
+        if existing.is_none() {
+            let (max, name, what) = match kind {
+                DurableKind::Cache => (
+                    self.cfg.durable_cache_max_logs,
+                    "durable_cache_max_logs",
+                    "durable caches",
+                ),
+                DurableKind::Counter => (
+                    self.cfg.counter_max_logs,
+                    "counter_max_logs",
+                    "counter logs",
+                ),
+            };
+            let have = self.durable_usage.count(kind);
+            if have >= max {
+                return Err(limit_exceeded(format!(
+                    "the broker holds {have} {what}: one more exceeds {name} ({max})"
+                )));
+            }
+        }
+        let opened = match kind {
+            DurableKind::Cache => self.cache_log(now, key, true),
+            DurableKind::Counter => self.counter_log(now, key, true),
+        };
+        if existing.is_none() {
+            // Counted from its claim on, so logs still opening count against the limit.
+            if let Some(id) = self.logs.as_ref().and_then(|l| l.find(&dir)) {
+                self.durable_usage
+                    .note(id, kind, LogUsage { keys: 0, bytes: 0 });
+            }
+        }
+        let log = opened?.expect("created");
+        self.note_durable_usage(log);
+        let slot = self.logs.as_ref().and_then(|l| l.slot(log)).expect("open");
+        // (bytes the key holds now, bytes it would hold), `None` for a key not held.
+        let (held, after) = match (write, &slot.log) {
+            (DurableWrite::Watch, _) => return Ok(log),
+            (DurableWrite::Put { key, value_len }, AnyLog::Cache(c)) => (
+                c.entry_bytes(key.as_bytes()),
+                put_entry_bytes(key.len(), value_len),
+            ),
+            (DurableWrite::Add { key }, AnyLog::Counter(c)) => match c.get(key.as_bytes()) {
+                // An add to an existing counter rewrites a record of the same size.
+                Some(_) => return Ok(log),
+                None => (None, add_entry_bytes(key.len())),
+            },
+            _ => return Err(BrokerError::storage("not the log this write needs")),
+        };
+        let usage = &self.durable_usage;
+        if held.is_none() {
+            let max = self.cfg.durable_cache_max_keys;
+            if usage.keys >= max {
+                return Err(limit_exceeded(format!(
+                    "durable caches and counters hold {} keys: a new one exceeds \
+                     durable_cache_max_keys ({max})",
+                    usage.keys
+                )));
+            }
+        }
+        let max = self.cfg.durable_cache_max_total_bytes;
+        let total = usage.bytes - held.unwrap_or(0).min(usage.bytes) + after;
+        if total > usage.bytes && total > max {
+            return Err(limit_exceeded(format!(
+                "durable caches and counters would hold {total} bytes, past \
+                 durable_cache_max_total_bytes ({max})"
+            )));
+        }
+        Ok(log)
     }
 }
 

@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use super::cache::{DurableKind, DurableWrite};
 use super::{append_error, Broker, BrokerError, CacheKey};
 use felix_storage::ops::LogId;
 
@@ -87,7 +88,11 @@ impl Broker {
             return Ok(applied(Some(version), None));
         }
         self.cache_sizes(k, &value)?;
-        let log = self.cache_log(now, key, true)?.expect("created");
+        let write = DurableWrite::Put {
+            key: k,
+            value_len: value.len(),
+        };
+        let log = self.durable_log_for(now, key, DurableKind::Cache, write)?;
         let cache = self.cache_of(log)?;
         let current = cache.current_version(k.as_bytes(), unix_micros / 1000);
         if !condition.holds(current) {

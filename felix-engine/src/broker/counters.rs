@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use felix_proto::ErrorCode;
 
+use super::cache::{DurableKind, DurableWrite};
 use super::durable::{LogState, Owner};
 use super::{append_error, Broker, BrokerError, CacheKey};
 use felix_storage::cache_log::MAX_CACHE_KEY_BYTES;
@@ -17,7 +18,7 @@ use felix_storage::ops::LogId;
 impl Broker {
     /// The counters' log of a cache, open; `None` when it has none and `create` is false.
     /// A log still opening stalls the request.
-    fn counter_log(
+    pub(super) fn counter_log(
         &mut self,
         now: Instant,
         key: &CacheKey,
@@ -76,7 +77,8 @@ impl Broker {
         delta: i64,
     ) -> Result<(LogId, u64, i64), BrokerError> {
         self.counter_key_fits(k)?;
-        let log = self.counter_log(now, key, true)?.expect("created");
+        let log =
+            self.durable_log_for(now, key, DurableKind::Counter, DurableWrite::Add { key: k })?;
         match self
             .counters_of(log)?
             .add(now, unix_micros, k.as_bytes(), delta)

@@ -693,7 +693,11 @@ impl Broker {
         ttl_ms: Option<u64>,
     ) -> Result<(LogId, u64), BrokerError> {
         self.cache_sizes(k, &value)?;
-        let log = self.cache_log(now, key, true)?.expect("created");
+        let write = super::cache::DurableWrite::Put {
+            key: k,
+            value_len: value.len(),
+        };
+        let log = self.durable_log_for(now, key, super::cache::DurableKind::Cache, write)?;
         // TTL is an absolute Unix time in the record: it means the same after a restart.
         let expiry = ttl_ms.and_then(|ms| (unix_micros / 1000).checked_add(ms));
         let offset = self
@@ -773,6 +777,8 @@ impl Broker {
     }
 
     fn on_cache_event(&mut self, now: Now, id: LogId, ev: CacheEvent) {
+        // What the log holds may have changed: the durable-cache limits count it.
+        self.note_durable_usage(id);
         // Hooks for cache watches (`watch.rs`): changes, their reads, compaction held off
         // while one reads, and a failed log ending them.
         let ev = match ev {
@@ -786,7 +792,7 @@ impl Broker {
             }
             ev => ev,
         };
-        let watch_reading = self.watches.reading(id);
+        let watch_reading = self.watches_hold_compaction(id);
         let logs = self.logs.as_mut().expect("called with logs");
         match ev {
             CacheEvent::Opened { keys, next_offset } => {

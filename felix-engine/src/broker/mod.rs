@@ -90,6 +90,11 @@ pub(crate) struct BrokerConfig {
     pub(crate) cache_watch_queue_capacity: usize,
     /// Committed state (keys plus values) one shard may hold; see `commit.rs`.
     pub(crate) state_max_bytes_per_shard: usize,
+    /// Durable caches and counter logs, and what they hold together (`cache.rs`).
+    pub(crate) durable_cache_max_logs: usize,
+    pub(crate) counter_max_logs: usize,
+    pub(crate) durable_cache_max_keys: u64,
+    pub(crate) durable_cache_max_total_bytes: u64,
 }
 
 impl Default for BrokerConfig {
@@ -109,6 +114,10 @@ impl Default for BrokerConfig {
             max_owner_event_bytes: usize::MAX,
             cache_watch_queue_capacity: crate::config::DEFAULT_CACHE_WATCH_QUEUE_CAPACITY,
             state_max_bytes_per_shard: crate::config::DEFAULT_STATE_MAX_BYTES_PER_SHARD,
+            durable_cache_max_logs: crate::config::DEFAULT_DURABLE_CACHE_MAX_LOGS,
+            counter_max_logs: crate::config::DEFAULT_COUNTER_MAX_LOGS,
+            durable_cache_max_keys: crate::config::DEFAULT_DURABLE_CACHE_MAX_KEYS as u64,
+            durable_cache_max_total_bytes: crate::config::DEFAULT_DURABLE_CACHE_MAX_TOTAL_BYTES,
         }
     }
 }
@@ -432,6 +441,8 @@ pub(crate) struct Broker {
     recovered: HashMap<LogId, ShardState>,
     /// Cache watches (`watch.rs`); they share subscriber ids and the ready queue.
     watches: watch::Watches,
+    /// What the durable caches and counter logs hold, for their limits (`cache.rs`).
+    durable_usage: cache::DurableUsage,
     /// Consumer groups (durable shards only).
     groups: groups::Groups,
     /// Stopping: new work is refused (`drain.rs`).
@@ -482,6 +493,7 @@ impl Broker {
             producer_ids: 0,
             recovered: HashMap::new(),
             watches: watch::Watches::default(),
+            durable_usage: cache::DurableUsage::default(),
             groups: groups::Groups::default(),
             draining: false,
             cache_expiry: None,

@@ -8,11 +8,12 @@
 //! took it would have. On an in-memory shard the table lives in memory only.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_proto::message::PublishRefusalReason;
 use felix_proto::routing::shard_for_key;
+use felix_proto::ErrorCode;
 
 use super::durable::Owner;
 use super::shard::ShardState;
@@ -23,8 +24,15 @@ use felix_storage::record::{EntryExt, ProducerMark};
 
 /// Batches remembered per producer per shard: a re-send older than this is `sequence_expired`.
 pub(crate) const REMEMBERED_BATCHES: usize = 64;
-/// Producers remembered per shard; past it the least recently used is forgotten.
+/// Producers remembered per shard. At the cap a new producer may take the place of the
+/// least recently used one only if that one has been idle for
+/// [`PRODUCER_IDLE_BEFORE_EVICTION`]; otherwise the new one is refused `limit_exceeded`, so
+/// a publisher minting producers cannot push out the dedup state of one that is writing.
 pub(crate) const MAX_PRODUCERS_PER_SHARD: usize = 4096;
+/// How long a producer must have sent nothing to the shard before a new one may take its
+/// place in a full table (it then answers `unknown_producer`). Producers recovered from the
+/// log count from the shard's first guarded request after the restart.
+pub(crate) const PRODUCER_IDLE_BEFORE_EVICTION: Duration = Duration::from_secs(300);
 
 /// What a guarded publish must satisfy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +68,8 @@ struct Producer {
     next: u64,
     recent: VecDeque<Remembered>,
     last_used: u64,
+    /// When it last wrote here; `None` for one only recovery has seen.
+    touched: Option<Instant>,
 }
 
 /// What the table says about a batch.
@@ -79,6 +89,8 @@ pub(crate) struct ProducerTable {
     /// scanning every producer on each write once the table is full.
     by_use: BTreeMap<u64, u64>,
     clock: u64,
+    /// The first guarded request's instant: where recovered producers' idleness counts from.
+    live_since: Option<Instant>,
 }
 
 impl ProducerTable {
@@ -130,6 +142,29 @@ impl ProducerTable {
             if let Some((_, id)) = self.by_use.pop_first() {
                 self.by_id.remove(&id);
             }
+        }
+    }
+
+    /// Whether `producer` may write now: one the table knows always may; a new one may
+    /// while the table is under its cap, or at it once the least recently used producer
+    /// has been idle for [`PRODUCER_IDLE_BEFORE_EVICTION`] (its place is taken on record).
+    fn admits(&mut self, producer: u64, now: Instant) -> bool {
+        let live_since = *self.live_since.get_or_insert(now);
+        if self.by_id.contains_key(&producer) || self.by_id.len() < MAX_PRODUCERS_PER_SHARD {
+            return true;
+        }
+        let Some(lru) = self.by_use.first_key_value().map(|(_, id)| *id) else {
+            return true;
+        };
+        let last = self.by_id[&lru].touched.unwrap_or(live_since);
+        now.saturating_duration_since(last) >= PRODUCER_IDLE_BEFORE_EVICTION
+    }
+
+    /// The producer wrote at `now` (after [`ProducerTable::record`]).
+    fn touch(&mut self, producer: u64, now: Instant) {
+        self.live_since.get_or_insert(now);
+        if let Some(p) = self.by_id.get_mut(&producer) {
+            p.touched = Some(now);
         }
     }
 
@@ -290,8 +325,18 @@ impl Broker {
             }
             Guard::Sequence { producer, sequence } => {
                 let digest = payload_digest(&payloads);
-                let table = &self.streams[stream].shards[shard as usize].state.producers;
+                let table = &mut self.streams[stream].shards[shard as usize].state.producers;
                 let earlier = match table.check(producer, sequence, digest) {
+                    Check::Append if !table.admits(producer, now) => {
+                        return Err(BrokerError::new(
+                            ErrorCode::LimitExceeded,
+                            format!(
+                                "the shard remembers {MAX_PRODUCERS_PER_SHARD} producers, none \
+                                 idle for {} s: a new producer is refused",
+                                PRODUCER_IDLE_BEFORE_EVICTION.as_secs()
+                            ),
+                        ))
+                    }
                     Check::Append => None,
                     Check::Duplicate { first, count } => Some((first, count)),
                     Check::Reused { .. } if sequence_reused => {
@@ -328,12 +373,11 @@ impl Broker {
             None,
             &ext,
         )?;
-        self.streams[stream].shards[shard as usize].state.apply(
-            published.first_offset,
-            count,
-            mark,
-            None,
-        );
+        let state = &mut self.streams[stream].shards[shard as usize].state;
+        state.apply(published.first_offset, count, mark, None);
+        if let Some(mark) = mark {
+            state.producers.touch(mark.producer, now);
+        }
         Ok(Guarded::Written(published))
     }
 }
@@ -448,6 +492,60 @@ mod tests {
             Check::Refuse(PublishRefusalReason::UnknownProducer)
         );
         assert_eq!(t.by_use.len(), t.by_id.len(), "one use entry per producer");
+    }
+
+    #[test]
+    fn a_full_table_takes_a_new_producer_only_in_place_of_an_idle_one() {
+        let t0 = Instant::now();
+        let mut t = ProducerTable::default();
+        let cap = MAX_PRODUCERS_PER_SHARD as u64;
+        for p in 0..cap {
+            assert!(t.admits(p, t0));
+            t.record(mark(p, 0, 0), Some(p), 1);
+            t.touch(p, t0);
+        }
+        // Producer 0 keeps writing; the others went quiet at t0.
+        let busy = t0 + PRODUCER_IDLE_BEFORE_EVICTION - Duration::from_nanos(1);
+        t.record(mark(0, 1, 0), Some(cap), 1);
+        t.touch(0, busy);
+        // One instant short of the idle time, a newcomer would push out producer 1.
+        assert!(!t.admits(cap, busy), "no producer is idle long enough yet");
+        assert!(t.admits(0, busy), "a known producer always writes");
+        assert_eq!(t.len(), MAX_PRODUCERS_PER_SHARD);
+        // At the idle time the least recently used (producer 1) gives up its place.
+        let idle = t0 + PRODUCER_IDLE_BEFORE_EVICTION;
+        assert!(t.admits(cap, idle));
+        t.record(mark(cap, 0, 0), Some(cap + 1), 1);
+        t.touch(cap, idle);
+        assert_eq!(t.len(), MAX_PRODUCERS_PER_SHARD);
+        assert_eq!(
+            t.check(1, 1, 0),
+            Check::Refuse(PublishRefusalReason::UnknownProducer)
+        );
+        assert_eq!(t.check(0, 2, 0), Check::Append, "the busy one is kept");
+        // A flood of newcomers can only take idle places: the busy producer survives it.
+        let mut taken = 0;
+        for p in cap + 1..3 * cap {
+            if t.admits(p, idle) {
+                t.record(mark(p, 0, 0), Some(p), 1);
+                t.touch(p, idle);
+                taken += 1;
+            }
+        }
+        assert_eq!(taken, cap - 2, "every idle place, and no more");
+        assert_eq!(t.check(0, 2, 0), Check::Append);
+    }
+
+    #[test]
+    fn recovered_producers_count_as_busy_from_the_first_request() {
+        let t0 = Instant::now();
+        let mut t = ProducerTable::default();
+        for p in 0..MAX_PRODUCERS_PER_SHARD as u64 {
+            t.record(mark(p, 0, 0), Some(p), 1);
+        }
+        let cap = MAX_PRODUCERS_PER_SHARD as u64;
+        assert!(!t.admits(cap, t0), "recovered producers may still re-send");
+        assert!(t.admits(cap, t0 + PRODUCER_IDLE_BEFORE_EVICTION));
     }
 
     #[test]

@@ -28,6 +28,7 @@ use bytes::Bytes;
 use felix_proto::message::{CacheEvent as CacheEventMsg, CacheWatchLagged, ErrorMessage, Message};
 use felix_proto::ErrorCode;
 
+use super::cache::{DurableKind, DurableWrite};
 use super::{Broker, BrokerError, CacheKey, CursorReason, Delivery, SubscribeError, SubscriberId};
 use felix_storage::cache_log::{CacheRecord, Change};
 use felix_storage::log::{ReadBatch, ReadError, ReadTicket};
@@ -86,7 +87,8 @@ struct CatchUp {
     next: u64,
     reading: bool,
     frames: VecDeque<Bytes>,
-    /// A read failed: this frame ends the watch.
+    /// A read failed, or compaction had to pass the watch: this frame ends it, after the
+    /// frames held.
     failed: Option<Bytes>,
 }
 
@@ -133,11 +135,12 @@ impl Watches {
         }
     }
 
-    /// Some watch of `log` is reading it (compaction waits).
+    /// Some watch of `log` is reading it (compaction waits). One whose catch-up was ended
+    /// reads no more.
     pub(crate) fn reading(&self, log: LogId) -> bool {
-        self.map
-            .values()
-            .any(|w| w.log == log && w.catch_up.is_some() && !w.live)
+        self.map.values().any(|w| {
+            w.log == log && !w.live && w.catch_up.as_ref().is_some_and(|cu| cu.failed.is_none())
+        })
     }
 }
 
@@ -186,7 +189,7 @@ impl Broker {
             )
             .into());
         }
-        let log = self.cache_log(now, key, true)?.expect("created");
+        let log = self.durable_log_for(now, key, DurableKind::Cache, DurableWrite::Watch)?;
         let unix_ms = unix_micros / 1000;
         let cache = self.cache_of(log)?;
         let applied = cache.applied_offset();
@@ -341,6 +344,62 @@ impl Broker {
         if !lagged.is_empty() {
             list.retain(|id| !lagged.contains(id));
         }
+    }
+
+    /// Whether compaction of `log` must wait for a watch catching up on it. When a pass is
+    /// due, a catch-up whose read-ahead is full and that is not reading (its client has
+    /// stopped reading the event stream) no longer holds it: the watch is ended with
+    /// `cache_watch_lagged`, after the frames it holds, naming the first offset it has not
+    /// read (the next snapshot value, else the replay's next record). Re-watching from
+    /// there is gapless, or a resnapshot once the pass has collapsed that history. Without
+    /// this, one idle watch would keep its log from ever being compacted.
+    pub(super) fn watches_hold_compaction(&mut self, log: LogId) -> bool {
+        if !self.watches.reading(log) {
+            return false;
+        }
+        let due = self
+            .logs
+            .as_mut()
+            .and_then(|l| l.slot_mut(log))
+            .and_then(|s| s.log.cache_mut())
+            .is_some_and(|c| c.compaction_due());
+        if !due {
+            return true;
+        }
+        // In id order, so the ready queue's order does not depend on the map's.
+        let mut ids: Vec<SubscriberId> = self
+            .watches
+            .map
+            .iter()
+            .filter(|(_, w)| w.log == log && !w.live)
+            .map(|(&id, _)| id)
+            .collect();
+        ids.sort_unstable_by_key(|id| id.0);
+        for id in ids {
+            let w = self.watches.map.get_mut(&id).expect("listed");
+            let Some(cu) = w.catch_up.as_mut() else {
+                continue;
+            };
+            let held_bytes: usize = cu.frames.iter().map(Bytes::len).sum();
+            let stalled = !cu.reading
+                && cu.failed.is_none()
+                && (cu.frames.len() >= WATCH_FRAMES_AHEAD || held_bytes >= WATCH_BYTES_AHEAD);
+            if !stalled {
+                continue;
+            }
+            let resume_from = cu.snapshot.front().copied().unwrap_or(cu.next);
+            tracing::debug!(
+                log = log.0,
+                resume_from,
+                "an idle watch ends so its log compacts"
+            );
+            cu.failed = Some(lagged_frame(resume_from));
+            if !w.ready {
+                w.ready = true;
+                self.ready.push_back(id);
+            }
+        }
+        self.watches.reading(log)
     }
 
     /// A cache log failed: its watches end with an error after what they hold.

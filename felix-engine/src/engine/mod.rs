@@ -386,6 +386,10 @@ impl Engine {
             max_owner_event_bytes: config.max_connection_event_bytes,
             state_max_bytes_per_shard: config.state_max_bytes_per_shard,
             cache_watch_queue_capacity: config.cache_watch_queue_capacity,
+            durable_cache_max_logs: config.durable_cache_max_logs,
+            counter_max_logs: config.counter_max_logs,
+            durable_cache_max_keys: config.durable_cache_max_keys as u64,
+            durable_cache_max_total_bytes: config.durable_cache_max_total_bytes,
         };
         let (mut broker, capabilities) = match &config.durable {
             None => (

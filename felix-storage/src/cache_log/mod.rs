@@ -49,6 +49,12 @@ pub fn garbage_heavy(log: &ShardLog, live_bytes: u64) -> bool {
         && total > COMPACT_GARBAGE_RATIO.saturating_mul(live_bytes)
 }
 
+/// Encoded size of the log entry a put of this key and value writes: what the key counts
+/// for in [`CacheLog::live_bytes`] once applied (limits are checked against it).
+pub fn put_entry_bytes(key_len: usize, value_len: usize) -> u64 {
+    (record::entry_len::<&[u8]>(b"", &[&[]]) + CACHE_RECORD_FIXED + key_len + value_len) as u64
+}
+
 /// One cache write as stored in a log record's payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CacheRecord {
@@ -263,6 +269,12 @@ impl CacheLog {
     /// Bytes of the entries live keys point at.
     pub fn live_bytes(&self) -> u64 {
         self.live_bytes
+    }
+
+    /// What the key's applied entry counts for in [`CacheLog::live_bytes`]; `None` when
+    /// the index holds no entry for it (expired ones not yet noticed count).
+    pub fn entry_bytes(&self, key: &[u8]) -> Option<u64> {
+        self.index.get(key).map(|s| u64::from(s.bytes))
     }
 
     /// Every write below this is applied: in the index, visible, and (while observed)

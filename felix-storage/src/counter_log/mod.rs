@@ -88,6 +88,12 @@ struct Sum {
     bytes: u32,
 }
 
+/// Encoded size of the log entry an add to a counter with this key writes: what a new
+/// counter adds to [`CounterLog::live_bytes`] (an add to an existing one adds nothing).
+pub fn add_entry_bytes(key_len: usize) -> u64 {
+    (record::entry_len::<&[u8]>(b"", &[&[]]) + COUNTER_RECORD_FIXED + key_len) as u64
+}
+
 /// One cache's counters on a log. [`Driven`] like [`crate::cache_log::CacheLog`], and reports
 /// the same events (`Opened`, `Durable`, `Compacted`, `CompactionFailed`, `Failed`).
 #[derive(Debug)]
@@ -134,6 +140,11 @@ impl CounterLog {
 
     pub fn is_empty(&self) -> bool {
         self.sums.is_empty()
+    }
+
+    /// Bytes of each counter's newest record.
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
     }
 
     /// As for a cache ([`garbage_heavy`]), live bytes being those of each counter's newest

@@ -230,21 +230,32 @@ impl SimClient {
                         format!("group_records for {answered} not {rid}"),
                     ));
                 }
-                for rec in records {
-                    ctx.oracle.groups.handed(
-                        shard,
-                        rec.offset,
-                        (me, gen),
-                        sent,
-                        now,
-                        visibility,
-                    )?;
-                    let attempts = rec.attempts.unwrap_or(1);
+                let mut got: Vec<(u64, u64)> = records
+                    .iter()
+                    .map(|r| (r.offset, r.attempts.unwrap_or(1)))
+                    .collect();
+                if let Some(slot) = ctx.misroute_claim.as_deref_mut() {
+                    // Canary: another worker's record joins this answer; this answer's
+                    // first record waits to do the same to the next worker.
+                    let worker = self.role == super::Role::Worker;
+                    match *slot {
+                        Some((from, s, offset)) if worker && from != me && s == shard => {
+                            got.push((offset, 1));
+                            *slot = None;
+                        }
+                        None if worker => *slot = got.first().map(|&(o, _)| (me, shard, o)),
+                        _ => {}
+                    }
+                }
+                for (offset, attempts) in got {
+                    ctx.oracle
+                        .groups
+                        .handed(shard, offset, (me, gen), sent, now, visibility)?;
                     ctx.log(
                         now,
-                        format_args!("c{me} group got {shard}/{} attempt {attempts}", rec.offset),
+                        format_args!("c{me} group got {shard}/{offset} attempt {attempts}"),
                     );
-                    conn.group.held.push((shard, rec.offset, attempts));
+                    conn.group.held.push((shard, offset, attempts));
                 }
                 if let Some(drain) = conn.group.drain.as_mut() {
                     // The auditor finishes what it takes, all at once (answers come back in

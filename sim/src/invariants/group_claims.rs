@@ -41,11 +41,26 @@ impl GroupClaims {
         self.drained.insert(shard, (cursor, tail));
     }
 
-    /// At the end: on every shard the auditor drained, every record is finished (acked or
-    /// dead-lettered), so the cursor is at the tail, and the tail holds every record anyone
-    /// was told about (`known_tail`). A drain that did not finish is not judged.
-    pub(crate) fn check_drained(&self, known_tail: impl Fn(u32) -> u64) -> Result<(), Violation> {
-        for (&shard, &(cursor, tail)) in &self.drained {
+    /// At the end: the auditor drained every one of the `shards`, and on each every record
+    /// is finished (acked or dead-lettered), so the cursor is at the tail, and the tail
+    /// holds every record anyone was told about (`known_tail`). A drain that did not finish
+    /// is a failure, not a pass: skipping it would let a group that stopped handing out
+    /// records go unjudged.
+    pub(crate) fn check_drained(
+        &self,
+        shards: u32,
+        known_tail: impl Fn(u32) -> u64,
+    ) -> Result<(), Violation> {
+        for shard in 0..shards {
+            let Some(&(cursor, tail)) = self.drained.get(&shard) else {
+                return Err(Violation {
+                    invariant: "group_claims",
+                    detail: format!(
+                        "the auditor's drain of shard {shard} did not finish by the end of the run ({} of {shards} shards drained)",
+                        self.drained.len()
+                    ),
+                });
+            };
             if cursor != tail || tail < known_tail(shard) {
                 return Err(Violation {
                     invariant: "group_claims",
@@ -126,6 +141,21 @@ impl GroupClaims {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_drain_that_did_not_finish_fails_and_a_finished_one_is_judged() {
+        let mut g = GroupClaims::default();
+        let v = g.check_drained(2, |_| 4).unwrap_err();
+        assert!(v.detail.contains("shard 0 did not finish"), "{v}");
+        g.drained(0, 4, 4);
+        let v = g.check_drained(2, |_| 4).unwrap_err();
+        assert!(v.detail.contains("shard 1 did not finish"), "{v}");
+        g.drained(1, 3, 4);
+        let v = g.check_drained(2, |_| 4).unwrap_err();
+        assert!(v.detail.contains("stands at 3 on shard 1"), "{v}");
+        g.drained(1, 4, 4);
+        assert!(g.check_drained(2, |_| 4).is_ok());
+    }
 
     #[test]
     fn overlapping_standing_claims_are_caught_and_released_ones_are_not() {

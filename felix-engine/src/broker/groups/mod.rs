@@ -106,12 +106,14 @@ pub(crate) struct PollRequest {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum SettleOp {
     Ack,
+    /// `attempts` is the client's number as sent: a delivery count is a `u32`, so one
+    /// past that range names no claim and is answered `stale_claim`, never truncated.
     Nack {
         delay: Option<Duration>,
-        attempts: Option<u32>,
+        attempts: Option<u64>,
     },
     Extend {
-        attempts: u32,
+        attempts: u64,
         by: Duration,
     },
     DeadLetter,

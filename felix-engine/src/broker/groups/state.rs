@@ -10,8 +10,13 @@
 //! Durable changes come out as [`Write`]s for the group log; the in-flight state is
 //! memory only, by design (a restart redelivers from the cursor: at-least-once).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
+
+/// Entries `reclaimed_by` may hold beyond one per record in flight before it is pruned to
+/// the members holding claims: it stays below `max_in_flight` plus this, and a prune runs
+/// at most once per this many new member names.
+pub(crate) const RECLAIMED_BY_SLACK: usize = 1024;
 
 /// A change the group log must record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,8 +134,13 @@ pub(crate) struct GroupState {
     dead: BTreeSet<u64>,
     /// Redriven records below the cursor, still owed (durable).
     redriven: BTreeSet<u64>,
-    /// The newest connection each member reclaimed from.
+    /// The newest connection each member reclaimed from. Pruned to the members holding
+    /// claims once it outgrows them by [`RECLAIMED_BY_SLACK`] (see `reserve`).
     reclaimed_by: HashMap<Member, u64>,
+    /// The newest connection among the pruned entries: a member without an entry reclaims
+    /// only from a connection newer than this, so pruning never lets an older connection
+    /// take a newer one's claims.
+    reclaim_floor: Option<u64>,
     /// Records retention removed before the group reached them.
     pub(crate) skipped: u64,
 }
@@ -157,6 +167,7 @@ impl GroupState {
             dead,
             redriven: BTreeSet::new(),
             reclaimed_by: HashMap::new(),
+            reclaim_floor: None,
             skipped: 0,
         };
         for off in redriven {
@@ -383,10 +394,18 @@ impl GroupState {
     /// Reserves for `conn` every claim `member` holds from an older connection, once per
     /// connection and never for one older than the last that reclaimed.
     fn reserve(&mut self, now: Instant, conn: u64, member: &Member, visibility: Duration) {
-        if self.reclaimed_by.get(member).is_some_and(|&c| c >= conn) {
+        let last = self
+            .reclaimed_by
+            .get(member)
+            .copied()
+            .or(self.reclaim_floor);
+        if last.is_some_and(|c| c >= conn) {
             return;
         }
         self.reclaimed_by.insert(member.clone(), conn);
+        if self.reclaimed_by.len() > self.inflight.len() + RECLAIMED_BY_SLACK {
+            self.prune_reclaimed_by(member);
+        }
         let held: Vec<u64> = self
             .inflight
             .iter()
@@ -454,6 +473,37 @@ impl GroupState {
         Ok(())
     }
 
+    /// Keeps the entries of members that hold a claim (and `keep`'s); what the others
+    /// guarded is kept as the floor. One entry per member name ever seen would otherwise
+    /// stay for the group's life. Runs once per [`RECLAIMED_BY_SLACK`] new names at most,
+    /// and walks the records in flight.
+    fn prune_reclaimed_by(&mut self, keep: &Member) {
+        let holding: HashSet<&Member> = self
+            .inflight
+            .values()
+            .filter_map(|e| match &e.hold {
+                Hold::Claimed {
+                    member: Some(m), ..
+                } => Some(m),
+                _ => None,
+            })
+            .collect();
+        let mut floor = self.reclaim_floor;
+        self.reclaimed_by.retain(|m, &mut c| {
+            let stays = m == keep || holding.contains(m);
+            if !stays {
+                floor = floor.max(Some(c));
+            }
+            stays
+        });
+        self.reclaim_floor = floor;
+    }
+
+    #[cfg(test)]
+    fn reclaimed_by_len(&self) -> usize {
+        self.reclaimed_by.len()
+    }
+
     /// `group_nack`: hands a record back, at once or after `delay`. With `attempts` set,
     /// only the claim made with that delivery count is handed back.
     pub(crate) fn nack(
@@ -461,7 +511,7 @@ impl GroupState {
         now: Instant,
         off: u64,
         delay: Option<Duration>,
-        attempts: Option<u32>,
+        attempts: Option<u64>,
         tail: u64,
     ) -> Result<(), GroupError> {
         let Some(e) = self.inflight.get(&off) else {
@@ -471,7 +521,7 @@ impl GroupState {
         };
         if let Some(n) = attempts {
             let standing = matches!(e.hold, Hold::Claimed { until, .. } if until > now);
-            if !standing || e.attempts != n {
+            if !standing || u64::from(e.attempts) != n {
                 return Err(GroupError::Stale(format!(
                     "the claim on offset {off} from delivery {n} no longer stands"
                 )));
@@ -490,7 +540,7 @@ impl GroupState {
         &mut self,
         now: Instant,
         off: u64,
-        attempts: u32,
+        attempts: u64,
         by: Duration,
     ) -> Result<(), GroupError> {
         let stale = || {
@@ -504,7 +554,7 @@ impl GroupState {
                 until,
                 conn,
                 member,
-            } if *until > now && e.attempts == attempts => {
+            } if *until > now && u64::from(e.attempts) == attempts => {
                 let hold = Hold::Claimed {
                     until: now + by,
                     conn: *conn,
@@ -674,6 +724,63 @@ mod tests {
             Err(GroupError::Stale(_))
         ));
         assert_eq!(g.extend(lapsed, 0, 2, Duration::from_secs(5)), Ok(()));
+    }
+
+    #[test]
+    fn reclaimed_by_is_pruned_to_the_members_holding_claims_and_never_steals_after() {
+        let now = Instant::now();
+        let mut g = fresh();
+        let mut w = Vec::new();
+        let member = |n: usize| ("p".to_owned(), format!("m{n}"));
+        let poll = |conn: u64, m: &'static Member, max: usize| Take {
+            member: Some(m),
+            reclaim: true,
+            ..take(conn, max)
+        };
+        // A member holding a claim from connection 1.
+        let holder: &'static Member = Box::leak(Box::new(member(0)));
+        assert_eq!(
+            offsets(&g.take(now, &poll(1, holder, 1), view(1), BOUNDS, &mut w)),
+            vec![0]
+        );
+        // Many one-off member names, each reclaiming once from a newer connection.
+        let names = 3 * RECLAIMED_BY_SLACK;
+        for n in 1..=names {
+            let m: &'static Member = Box::leak(Box::new(member(n)));
+            g.take(now, &poll(1 + n as u64, m, 0), view(1), BOUNDS, &mut w);
+            assert!(
+                g.reclaimed_by_len() <= g.in_flight() + RECLAIMED_BY_SLACK + 1,
+                "{} entries after {n} names",
+                g.reclaimed_by_len()
+            );
+        }
+        assert!(g.reclaimed_by_len() < names / 2, "pruned");
+        // The holder kept its entry; a member pruned away cannot reclaim from a connection
+        // older than the ones pruned (it would take a newer connection's claims).
+        let pruned: &'static Member = Box::leak(Box::new(member(1)));
+        let newer = 5 * names as u64;
+        let plain = Take {
+            reclaim: false,
+            ..poll(newer, pruned, 1)
+        };
+        assert_eq!(
+            offsets(&g.take(now, &plain, view(2), BOUNDS, &mut w)),
+            vec![1]
+        );
+        let old_conn = 2;
+        assert!(
+            g.take(now, &poll(old_conn, pruned, 1), view(2), BOUNDS, &mut w)
+                .is_empty(),
+            "the old connection took the newer one's claim"
+        );
+        // A new incarnation of the holder (a newer connection) still reclaims its claim.
+        let newest = 10 * names as u64;
+        let got = g.take(now, &poll(newest, holder, 1), view(2), BOUNDS, &mut w);
+        assert_eq!(
+            offsets(&got),
+            vec![0],
+            "reclaimed by the holder's new connection"
+        );
     }
 
     #[test]
@@ -969,7 +1076,7 @@ mod tests {
                         if let Some(&(off, a)) =
                             standing.get(next(standing.len() as u64 + 1) as usize)
                         {
-                            g.nack(now, off, None, Some(a), tail).unwrap();
+                            g.nack(now, off, None, Some(u64::from(a)), tail).unwrap();
                             claims.remove(&off);
                         }
                     }

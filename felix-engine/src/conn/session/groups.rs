@@ -98,7 +98,7 @@ impl Session {
             Message::GroupNack(m) => {
                 let op = SettleOp::Nack {
                     delay: millis(m.delay_ms),
-                    attempts: m.attempts.filter(|&a| a > 0).map(|a| a as u32),
+                    attempts: m.attempts.filter(|&a| a > 0),
                 };
                 self.group_settle(cx, named!(m), m.offset, m.request_id, op)
             }
@@ -110,7 +110,7 @@ impl Session {
                     );
                 }
                 let op = SettleOp::Extend {
-                    attempts: m.attempts as u32,
+                    attempts: m.attempts,
                     by: Duration::from_millis(m.extend_ms),
                 };
                 self.group_settle(cx, named!(m), m.offset, m.request_id, op)
