@@ -301,7 +301,13 @@ pub const SETTINGS: &[Setting] = &[
 /// Sections of the file; every other table is refused.
 const SECTIONS: &[&str] = &["tls", "auth", "durable", "groups", "limits", "cluster"];
 /// Keys of a `[[caches]]` entry.
-const CACHE_KEYS: &[&str] = &["tenant", "namespace", "cache", "shards", "replication_factor"];
+const CACHE_KEYS: &[&str] = &[
+    "tenant",
+    "namespace",
+    "cache",
+    "shards",
+    "replication_factor",
+];
 /// `limits.default_replication_factor` unless configured: one copy, as a single node has.
 const DEFAULT_REPLICATION_FACTOR: u8 = 1;
 /// The most replicas a shard can have: every node of the largest cluster (5 voters).
@@ -452,16 +458,7 @@ fn resolve(
     let probe = probe_config();
     let mut values: Vec<(Setting, Option<Value>, Source)> = SETTINGS
         .iter()
-        .map(|s| {
-            let v = match s.default {
-                Default_::Unset => None,
-                Default_::Int(n) => Some(int_value(n)),
-                Default_::Bool(b) => Some(Value::Boolean(b)),
-                Default_::Text(t) => Some(Value::from(t)),
-                Default_::Engine(getter) => Some(int_value(getter(&probe))),
-            };
-            (*s, v, Source::Default)
-        })
+        .map(|s| (*s, default_value(s, &probe), Source::Default))
         .collect();
     let mut streams = Vec::new();
     let mut caches = Vec::new();
@@ -530,6 +527,17 @@ fn resolve(
         streams,
         caches,
     })
+}
+
+/// A setting's default value (`None`: unset); `probe` gives the engine's defaults.
+fn default_value(s: &Setting, probe: &EngineConfig) -> Option<Value> {
+    match s.default {
+        Default_::Unset => None,
+        Default_::Int(n) => Some(int_value(n)),
+        Default_::Bool(b) => Some(Value::Boolean(b)),
+        Default_::Text(t) => Some(Value::from(t)),
+        Default_::Engine(getter) => Some(int_value(getter(probe))),
+    }
 }
 
 fn int_value(n: u64) -> Value {
@@ -625,12 +633,8 @@ fn declared_streams(
             }
             None => return Err(ConfigError(format!("{}: missing", at(&key("shards"))))),
         };
-        let mut d = DeclaredStream::new(
-            text("tenant")?,
-            text("namespace")?,
-            text("stream")?,
-            shards,
-        );
+        let mut d =
+            DeclaredStream::new(text("tenant")?, text("namespace")?, text("stream")?, shards);
         d.replication_factor =
             replication_factor(t.get("replication_factor"), &key, at)?.unwrap_or(1);
         d.consistency = match t.get("consistency") {
@@ -718,9 +722,8 @@ fn declared_caches(
                 )))
             }
         };
-        let rf = replication_factor(t.get("replication_factor"), &key, at)?.ok_or_else(|| {
-            ConfigError(format!("{}: missing", at(&key("replication_factor"))))
-        })?;
+        let rf = replication_factor(t.get("replication_factor"), &key, at)?
+            .ok_or_else(|| ConfigError(format!("{}: missing", at(&key("replication_factor")))))?;
         let mut d = DeclaredCache::new(text("tenant")?, text("namespace")?, text("cache")?, rf);
         d.shards = shards;
         out.push(d);
@@ -888,9 +891,10 @@ const CLUSTER_ONLY: &[&str] = &[
 /// The `cluster.*` settings, the two cluster limits and `[[caches]]`: the engine's
 /// [`ClusterConfig`] and the internal bind address, or neither without `cluster.node_id`.
 ///
-/// Without a node id, a cluster setting given anyway (even at its default value) is refused
-/// rather than ignored: a node that was meant to join a cluster and quietly runs alone would
-/// answer clients with data the cluster never sees.
+/// Without a node id, a cluster setting with a value other than its default is refused rather
+/// than ignored: a node that was meant to join a cluster and quietly runs alone would answer
+/// clients with data the cluster never sees. Defaults pass, so `--print-config` output (which
+/// spells every default) loads again.
 fn cluster(
     effective: &Effective,
     name: &impl Fn(&str) -> String,
@@ -900,10 +904,12 @@ fn cluster(
     client_bind: SocketAddr,
 ) -> Result<(Option<ClusterConfig>, Option<SocketAddr>), ConfigError> {
     let Some(node_id) = text("cluster.node_id") else {
-        let given: Vec<String> = CLUSTER_ONLY
+        let probe = probe_config();
+        let given: Vec<String> = effective
+            .values
             .iter()
-            .filter(|k| !matches!(effective.get(k), Some((_, Source::Default)) | None))
-            .map(|k| name(k))
+            .filter(|(s, v, _)| CLUSTER_ONLY.contains(&s.key) && *v != default_value(s, &probe))
+            .map(|(s, _, _)| name(s.key))
             .collect();
         if !given.is_empty() {
             return Err(ConfigError(format!(
@@ -929,7 +935,8 @@ fn cluster(
         return Ok((None, None));
     };
     let node_id = node_id.trim().to_owned();
-    check_node_id(&node_id).map_err(|why| ConfigError(format!("{}: {why}", name("cluster.node_id"))))?;
+    check_node_id(&node_id)
+        .map_err(|why| ConfigError(format!("{}: {why}", name("cluster.node_id"))))?;
 
     let missing: Vec<String> = ["cluster.internal_bind", "cluster.peers"]
         .iter()
@@ -976,12 +983,17 @@ fn cluster(
     };
     let lease_ms = positive(int, name, "cluster.lease_ms")?
         .unwrap_or(felix_engine::DEFAULT_LEASE.as_millis() as u64);
-    let forward_window = positive(int, name, "limits.forward_window")?
-        .map_or(Ok(felix_engine::DEFAULT_FORWARD_WINDOW), |n| {
+    let forward_window = positive(int, name, "limits.forward_window")?.map_or(
+        Ok(felix_engine::DEFAULT_FORWARD_WINDOW),
+        |n| {
             usize::try_from(n).map_err(|_| {
-                ConfigError(format!("{}: {n} is out of range", name("limits.forward_window")))
+                ConfigError(format!(
+                    "{}: {n} is out of range",
+                    name("limits.forward_window")
+                ))
             })
-        })?;
+        },
+    )?;
     let nodes = peers.len();
     let default_rf = match int("limits.default_replication_factor") {
         None => DEFAULT_REPLICATION_FACTOR,
@@ -1068,8 +1080,8 @@ fn internal_tls(
     let read = |k: &str, path: &str| {
         std::fs::read(path).map_err(|e| ConfigError(format!("{}={path:?}: {e}", name(k))))
     };
-    let identity = crate::tls::from_pem(&read(KEYS[0], cert)?, &read(KEYS[1], key)?)
-        .map_err(|e| {
+    let identity =
+        crate::tls::from_pem(&read(KEYS[0], cert)?, &read(KEYS[1], key)?).map_err(|e| {
             ConfigError(format!(
                 "{} and {} ({cert:?}, {key:?}): {e}",
                 name(KEYS[0]),
@@ -1509,5 +1521,466 @@ shards = 4
         let path = file("by-var", "[limits]\npublish_window = 7");
         let c = from_vars(vars(&[("FELIX_CONFIG", path.to_str().unwrap())])).unwrap();
         assert_eq!(engine_of(c).publish_window, 7);
+    }
+
+    // Cluster settings (docs/cluster.md).
+
+    const PEERS3: &str = "n1=127.0.0.1:7101,n2=localhost:7102,n3=127.0.0.1:7103";
+
+    /// PEM files for peer mTLS in a fresh directory: (cert, key, ca).
+    fn peer_tls_files(name: &str) -> (String, String, String) {
+        let dir = std::env::temp_dir().join(format!("felix-config-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["n1".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let paths = ["cert.pem", "key.pem", "ca.pem"].map(|f| dir.join(f));
+        std::fs::write(&paths[0], cert.pem()).unwrap();
+        std::fs::write(&paths[1], key.serialize_pem()).unwrap();
+        std::fs::write(&paths[2], cert.pem()).unwrap();
+        let [a, b, c] = paths.map(|p| p.to_str().unwrap().to_owned());
+        (a, b, c)
+    }
+
+    /// A node `n1` of [`PEERS3`], unauthenticated, plus `extra`.
+    fn node<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        let mut v = vec![
+            ("FELIX_NODE_ID", "n1"),
+            ("FELIX_INTERNAL_BIND", "127.0.0.1:7101"),
+            ("FELIX_CLUSTER_PEERS", PEERS3),
+            ("FELIX_INTERNAL_ALLOW_UNAUTHENTICATED", "true"),
+        ];
+        v.extend_from_slice(extra);
+        v
+    }
+
+    fn cluster_of(pairs: &[(&str, &str)]) -> Result<(ClusterConfig, SocketAddr), ConfigError> {
+        let c = from_vars(vars(pairs))?;
+        let bind = c
+            .internal_bind
+            .expect("a cluster node has an internal bind");
+        Ok((engine_of(c).cluster.expect("a cluster config"), bind))
+    }
+
+    fn refused(pairs: &[(&str, &str)]) -> String {
+        from_vars(vars(pairs)).unwrap_err().0
+    }
+
+    #[test]
+    fn a_cluster_node_gets_its_cluster_config_with_defaults() {
+        let (c, bind) = cluster_of(&node(&[])).unwrap();
+        assert_eq!(bind, "127.0.0.1:7101".parse().unwrap());
+        assert_eq!(c.node_id, "n1");
+        let peers: Vec<(String, SocketAddr)> = c
+            .peers
+            .iter()
+            .map(|p| (p.node_id.clone(), p.addr))
+            .collect();
+        assert_eq!(
+            peers,
+            [
+                ("n1".to_owned(), "127.0.0.1:7101".parse().unwrap()),
+                ("n2".to_owned(), "127.0.0.1:7102".parse().unwrap()),
+                ("n3".to_owned(), "127.0.0.1:7103".parse().unwrap()),
+            ],
+            "localhost resolves to 127.0.0.1"
+        );
+        assert_eq!(c.lease, Duration::from_millis(2000));
+        assert_eq!(c.default_replication_factor, 1);
+        assert_eq!(c.forward_window, felix_engine::DEFAULT_FORWARD_WINDOW);
+        assert_eq!(c.client_advertise_addr, None);
+        assert!(c.peer_tls.is_none(), "allowed unauthenticated");
+        assert!(c.declared_caches.is_empty());
+
+        let (c, _) = cluster_of(&node(&[
+            ("FELIX_CLIENT_ADVERTISE_ADDR", "broker-1.example:5000"),
+            ("FELIX_LEASE_MS", "1"),
+            ("FELIX_DEFAULT_REPLICATION_FACTOR", "3"),
+            ("FELIX_FORWARD_WINDOW", "1"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.client_advertise_addr.as_deref(),
+            Some("broker-1.example:5000")
+        );
+        assert_eq!(c.lease, Duration::from_millis(1));
+        assert_eq!(c.default_replication_factor, 3);
+        assert_eq!(c.forward_window, 1);
+
+        // No node id: a single node, as before.
+        let c = from_vars(vars(&[])).unwrap();
+        assert_eq!(c.internal_bind, None);
+        assert!(c.options.configure_engine.is_none());
+    }
+
+    #[test]
+    fn the_peer_list_names_three_or_five_distinct_nodes_including_this_one() {
+        let five = "n1=127.0.0.1:1,n2=127.0.0.1:2,n3=127.0.0.1:3,n4=127.0.0.1:4,n5=127.0.0.1:5";
+        let (c, _) = cluster_of(&node(&[("FELIX_CLUSTER_PEERS", five)])).unwrap();
+        assert_eq!(c.peers.len(), 5);
+        for (peers, needle) in [
+            ("n1=127.0.0.1:1,n2=127.0.0.1:2", "the list names 2"),
+            (
+                "n1=127.0.0.1:1,n2=127.0.0.1:2,n3=127.0.0.1:3,n4=127.0.0.1:4",
+                "names 4",
+            ),
+            (
+                "n2=127.0.0.1:2,n3=127.0.0.1:3,n4=127.0.0.1:4",
+                "this node (n1) is not in the list",
+            ),
+            (
+                "n1=127.0.0.1:1,n1=127.0.0.1:2,n3=127.0.0.1:3",
+                "entry 2 \"n1=127.0.0.1:2\": node n1 is listed twice",
+            ),
+            (
+                "n1=127.0.0.1:1,n2=127.0.0.1:1,n3=127.0.0.1:3",
+                "entry 2 \"n2=127.0.0.1:1\": 127.0.0.1:1 is also node n1's address",
+            ),
+            (
+                "n1=127.0.0.1:1,n2:127.0.0.1:2,n3=127.0.0.1:3",
+                "entry 2 \"n2:127.0.0.1:2\": expected id=host:port",
+            ),
+            ("n1=127.0.0.1:1,,n3=127.0.0.1:3", "entry 2 \"\": is empty"),
+            (
+                "n1=127.0.0.1:1,n2=127.0.0.1,n3=127.0.0.1:3",
+                "entry 2 \"n2=127.0.0.1\": expected host:port",
+            ),
+            (
+                "n1=127.0.0.1:1,n2=127.0.0.1:99999,n3=127.0.0.1:3",
+                "entry 2",
+            ),
+            ("n1=127.0.0.1:1,n2=127.0.0.1:0,n3=127.0.0.1:3", "port 0"),
+            (
+                "n1=127.0.0.1:1,n 2=127.0.0.1:2,n3=127.0.0.1:3",
+                "node id \"n 2\"",
+            ),
+            (
+                "n1=127.0.0.1:1,n2=no-such-host.invalid:2,n3=127.0.0.1:3",
+                "cannot resolve",
+            ),
+        ] {
+            let e = refused(&node(&[("FELIX_CLUSTER_PEERS", peers)]));
+            assert!(
+                e.contains("FELIX_CLUSTER_PEERS") && e.contains(needle),
+                "{peers}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_node_id_needs_an_internal_bind_peers_and_peer_tls() {
+        let e = refused(&[("FELIX_NODE_ID", "n1")]);
+        assert!(
+            e.contains("FELIX_NODE_ID is set")
+                && e.contains("`cluster.internal_bind` and `cluster.peers`"),
+            "{e}"
+        );
+        let e = refused(&[("FELIX_NODE_ID", "n1"), ("FELIX_CLUSTER_PEERS", PEERS3)]);
+        assert!(e.contains("`cluster.internal_bind` must be set"), "{e}");
+        let e = refused(&node(&[("FELIX_NODE_ID", "n/1")]));
+        assert!(
+            e.contains("FELIX_NODE_ID") && e.contains("[A-Za-z0-9._-]"),
+            "{e}"
+        );
+        let long = "n".repeat(MAX_NODE_ID_LEN + 1);
+        assert!(refused(&node(&[("FELIX_NODE_ID", &long)])).contains("1 to 64 bytes"));
+        let e = refused(&node(&[("FELIX_INTERNAL_BIND", "here")]));
+        assert!(e.contains("FELIX_INTERNAL_BIND=\"here\""), "{e}");
+        let e = refused(&node(&[("FELIX_QUIC_BIND", "127.0.0.1:7101")]));
+        assert!(
+            e.contains("FELIX_INTERNAL_BIND") && e.contains("FELIX_QUIC_BIND"),
+            "{e}"
+        );
+        let e = refused(&node(&[("FELIX_CLIENT_ADVERTISE_ADDR", "broker-1")]));
+        assert!(
+            e.contains("FELIX_CLIENT_ADVERTISE_ADDR") && e.contains("host:port"),
+            "{e}"
+        );
+
+        // Peer mTLS: all three files, or none and the explicit opt-out.
+        let mut bare = node(&[]);
+        bare.retain(|(k, _)| *k != "FELIX_INTERNAL_ALLOW_UNAUTHENTICATED");
+        let e = refused(&bare);
+        for var in [
+            "FELIX_INTERNAL_TLS_CERT",
+            "FELIX_INTERNAL_TLS_KEY",
+            "FELIX_INTERNAL_TLS_CA",
+            "FELIX_INTERNAL_ALLOW_UNAUTHENTICATED",
+        ] {
+            assert!(e.contains(var), "{var}: {e}");
+        }
+        let e = refused(&node(&[("FELIX_INTERNAL_ALLOW_UNAUTHENTICATED", "false")]));
+        assert!(e.contains("missing FELIX_INTERNAL_TLS_CERT"), "{e}");
+        let e = refused(&node(&[(
+            "FELIX_INTERNAL_ALLOW_UNAUTHENTICATED",
+            "perhaps",
+        )]));
+        assert!(e.contains("FELIX_INTERNAL_ALLOW_UNAUTHENTICATED"), "{e}");
+        let (cert, key, ca) = peer_tls_files("peer-tls");
+        let mut with = bare.clone();
+        with.push(("FELIX_INTERNAL_TLS_CERT", &cert));
+        let e = refused(&with);
+        assert!(
+            e.contains("missing FELIX_INTERNAL_TLS_KEY, FELIX_INTERNAL_TLS_CA")
+                && !e.contains("ALLOW_UNAUTHENTICATED"),
+            "a partial set is a mistake, not a choice: {e}"
+        );
+        with.push(("FELIX_INTERNAL_TLS_KEY", &key));
+        with.push(("FELIX_INTERNAL_TLS_CA", &ca));
+        let (c, _) = cluster_of(&with).unwrap();
+        let tls = c.peer_tls.expect("peer mTLS");
+        assert_eq!(tls.identity.cert_chain.len(), 1);
+        assert_eq!(tls.ca.len(), 1);
+        let mut broken = with.clone();
+        broken.retain(|(k, _)| *k != "FELIX_INTERNAL_TLS_CA");
+        broken.push(("FELIX_INTERNAL_TLS_CA", &key));
+        let e = refused(&broken);
+        assert!(
+            e.contains("FELIX_INTERNAL_TLS_CA") && e.contains("no certificate"),
+            "{e}"
+        );
+        let mut missing = with.clone();
+        missing.retain(|(k, _)| *k != "FELIX_INTERNAL_TLS_KEY");
+        missing.push(("FELIX_INTERNAL_TLS_KEY", "/definitely/not/here"));
+        let e = refused(&missing);
+        assert!(
+            e.contains("FELIX_INTERNAL_TLS_KEY=\"/definitely/not/here\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn cluster_limits_and_the_lease_are_refused_outside_their_range() {
+        for (var, value, needle) in [
+            ("FELIX_DEFAULT_REPLICATION_FACTOR", "0", "1 to 5"),
+            (
+                "FELIX_DEFAULT_REPLICATION_FACTOR",
+                "4",
+                "at most the 3 nodes",
+            ),
+            ("FELIX_DEFAULT_REPLICATION_FACTOR", "6", "1 to 5"),
+            (
+                "FELIX_DEFAULT_REPLICATION_FACTOR",
+                "many",
+                "unsigned integer",
+            ),
+            ("FELIX_FORWARD_WINDOW", "0", "above zero"),
+            ("FELIX_LEASE_MS", "0", "above zero"),
+            ("FELIX_LEASE_MS", "-5", "unsigned integer"),
+        ] {
+            let e = refused(&node(&[(var, value)]));
+            assert!(e.contains(var) && e.contains(needle), "{var}={value}: {e}");
+        }
+    }
+
+    #[test]
+    fn cluster_settings_without_a_node_id_are_refused_naming_them() {
+        for (var, value) in [
+            ("FELIX_INTERNAL_BIND", "127.0.0.1:7101"),
+            ("FELIX_CLUSTER_PEERS", PEERS3),
+            ("FELIX_CLIENT_ADVERTISE_ADDR", "a:1"),
+            ("FELIX_LEASE_MS", "2001"),
+            ("FELIX_INTERNAL_TLS_CERT", "/a"),
+            ("FELIX_INTERNAL_TLS_KEY", "/a"),
+            ("FELIX_INTERNAL_TLS_CA", "/a"),
+            ("FELIX_INTERNAL_ALLOW_UNAUTHENTICATED", "true"),
+            ("FELIX_DEFAULT_REPLICATION_FACTOR", "2"),
+            ("FELIX_FORWARD_WINDOW", "8"),
+        ] {
+            let e = refused(&[(var, value)]);
+            assert!(
+                e.contains(var) && e.contains("set FELIX_NODE_ID"),
+                "{var}: {e}"
+            );
+        }
+        // Their defaults, spelled out (as --print-config does), are not a cluster.
+        let c = from_vars(vars(&[
+            ("FELIX_LEASE_MS", "2000"),
+            ("FELIX_DEFAULT_REPLICATION_FACTOR", "1"),
+            ("FELIX_INTERNAL_ALLOW_UNAUTHENTICATED", "false"),
+        ]))
+        .unwrap();
+        assert_eq!(c.internal_bind, None);
+        let caches = file(
+            "caches-alone",
+            "[[caches]]\ntenant = \"t1\"\nnamespace = \"n\"\ncache = \"c\"\nreplication_factor = 1",
+        );
+        let e = load(Some(&caches), vars(&[])).unwrap_err().0;
+        assert!(
+            e.contains("[[caches]] (t1/n/c)") && e.contains("FELIX_NODE_ID"),
+            "{e}"
+        );
+        let replicated = file(
+            "replicated-alone",
+            "[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 1\nreplication_factor = 2",
+        );
+        let e = load(Some(&replicated), vars(&[])).unwrap_err().0;
+        assert!(
+            e.contains("stream t1/n/s: replication_factor 2 needs a cluster"),
+            "{e}"
+        );
+    }
+
+    const CLUSTER_FILE: &str = r#"
+quic_bind = "127.0.0.1:7001"
+
+[cluster]
+node_id = "n2"
+internal_bind = "127.0.0.1:7102"
+peers = "n1=127.0.0.1:7101,n2=127.0.0.1:7102,n3=127.0.0.1:7103"
+client_advertise_addr = "127.0.0.1:7001"
+lease_ms = 3000
+internal_allow_unauthenticated = true
+
+[limits]
+default_replication_factor = 2
+forward_window = 64
+
+[[streams]]
+tenant = "t1"
+namespace = "orders"
+stream = "created"
+shards = 6
+replication_factor = 3
+consistency = "quorum"
+
+[[streams]]
+tenant = "t1"
+namespace = "orders"
+stream = "plain"
+shards = 1
+
+[[caches]]
+tenant = "t1"
+namespace = "app"
+cache = "sessions"
+replication_factor = 3
+shards = 2
+
+[[caches]]
+tenant = "t1"
+namespace = "app"
+cache = "small"
+replication_factor = 1
+"#;
+
+    #[test]
+    fn cluster_file_declarations_reach_the_engine_and_print_again() {
+        let path = file("cluster", CLUSTER_FILE);
+        let c = load(Some(&path), vars(&[])).unwrap();
+        let printed = c.effective.render();
+        let e = engine_of(c);
+        let cluster = e.cluster.clone().unwrap();
+        assert_eq!(cluster.node_id, "n2");
+        assert_eq!(cluster.lease, Duration::from_secs(3));
+        assert_eq!(cluster.default_replication_factor, 2);
+        assert_eq!(cluster.forward_window, 64);
+        assert_eq!(
+            cluster.client_advertise_addr.as_deref(),
+            Some("127.0.0.1:7001")
+        );
+        let s = &e.declared_streams;
+        assert_eq!(
+            (s[0].shards, s[0].replication_factor, s[0].consistency),
+            (6, 3, Consistency::Quorum)
+        );
+        assert_eq!(
+            (s[1].replication_factor, s[1].consistency),
+            (1, Consistency::Leader),
+            "defaults"
+        );
+        let d = &cluster.declared_caches;
+        assert_eq!(
+            (d[0].cache.as_str(), d[0].shards, d[0].replication_factor),
+            ("sessions", 2, 3)
+        );
+        assert_eq!(
+            (d[1].cache.as_str(), d[1].shards, d[1].replication_factor),
+            ("small", 1, 1),
+            "shards default to 1"
+        );
+
+        for expected in [
+            "node_id = \"n2\"",
+            "peers = \"n1=127.0.0.1:7101,n2=127.0.0.1:7102,n3=127.0.0.1:7103\"",
+            "lease_ms = 3000",
+            "default_replication_factor = 2",
+            "forward_window = 64",
+            "internal_allow_unauthenticated = true",
+            "consistency = \"quorum\"",
+            "replication_factor = 3",
+            "cache = \"sessions\"",
+            "# internal_tls_cert is unset",
+        ] {
+            assert!(printed.contains(expected), "{expected} not in\n{printed}");
+        }
+        let again = file("cluster-printed", &printed);
+        let e2 = engine_of(load(Some(&again), vars(&[])).unwrap());
+        assert_eq!(e2.declared_streams, e.declared_streams);
+        assert_eq!(e2.cluster.unwrap().declared_caches, cluster.declared_caches);
+    }
+
+    #[test]
+    fn bad_cluster_declarations_in_the_file_are_refused_with_their_name() {
+        let node = "[cluster]\nnode_id = \"n1\"\ninternal_bind = \"127.0.0.1:7101\"\n\
+                    peers = \"n1=127.0.0.1:7101,n2=127.0.0.1:7102,n3=127.0.0.1:7103\"\n\
+                    internal_allow_unauthenticated = true\n";
+        let stream =
+            "[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 1\n";
+        let cache = "[[caches]]\ntenant = \"t1\"\nnamespace = \"n\"\ncache = \"c\"\n";
+        for (text, needle) in [
+            (
+                format!("{node}{stream}replication_factor = 0"),
+                "`streams[0].replication_factor`",
+            ),
+            (
+                format!("{node}{stream}replication_factor = 6"),
+                "expected 1 to 5, found 6",
+            ),
+            (
+                format!("{node}{stream}replication_factor = 4"),
+                "stream t1/n/s: replication_factor 4 is more than the 3 nodes",
+            ),
+            (
+                format!("{node}{stream}consistency = \"all\""),
+                "`streams[0].consistency`",
+            ),
+            (
+                format!("{node}{stream}consistency = 1"),
+                "expected \"leader\" or \"quorum\"",
+            ),
+            (format!("{node}{cache}"), "`caches[0].replication_factor`"),
+            (
+                format!("{node}{cache}replication_factor = 0"),
+                "expected 1 to 5",
+            ),
+            (
+                format!("{node}{cache}replication_factor = 4"),
+                "cache t1/n/c: replication_factor 4",
+            ),
+            (
+                format!("{node}{cache}replication_factor = 1\nshards = 0"),
+                "`caches[0].shards`",
+            ),
+            (
+                format!("{node}{cache}replication_factor = 1\nttl = 3"),
+                "`caches[0].ttl`",
+            ),
+            (
+                format!(
+                    "{node}[[caches]]\nnamespace = \"n\"\ncache = \"c\"\nreplication_factor = 1"
+                ),
+                "`caches[0].tenant`",
+            ),
+            (format!("caches = 3\n{node}"), "expected [[caches]] tables"),
+            (format!("{node}node_name = \"x\""), "`cluster.node_name`"),
+            (format!("{node}lease_ms = \"long\""), "`cluster.lease_ms`"),
+        ] {
+            let path = file("bad-cluster", &text);
+            let e = load(Some(&path), vars(&[])).unwrap_err();
+            assert!(e.0.contains(needle), "{text:?}: {e}");
+        }
     }
 }
