@@ -296,7 +296,9 @@ fn lay_out(dir: &Path, count: usize, runtime: Option<&str>) -> Result<Vec<Node>,
         write(&cert, cert_pem.as_bytes())?;
         write(&key, key_pem.as_bytes())?;
         restrict(&key)?;
-        let text = node_config(node, runtime, &cert, &key, &ca_path, &jwks_path, &data, &peers);
+        let text = node_config(
+            node, runtime, &cert, &key, &ca_path, &jwks_path, &data, &peers,
+        );
         write(&node.config, text.as_bytes())?;
     }
     Ok(nodes)
@@ -402,7 +404,10 @@ impl Certificates {
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
         let cert = params.signed_by(&key, &self.issuer)?;
-        Ok((format!("{}{}", cert.pem(), self.ca_pem), key.serialize_pem()))
+        Ok((
+            format!("{}{}", cert.pem(), self.ca_pem),
+            key.serialize_pem(),
+        ))
     }
 }
 
@@ -563,7 +568,9 @@ fn stop_all(running: &mut [(String, Child)]) {
                 }
                 Ok(None) if Instant::now() < deadline => std::thread::sleep(POLL),
                 _ => {
-                    eprintln!("felix cluster: node {id} did not stop within {STOP_GRACE:?}; killing it");
+                    eprintln!(
+                        "felix cluster: node {id} did not stop within {STOP_GRACE:?}; killing it"
+                    );
                     let _ = child.kill();
                     let _ = child.wait();
                     break;

@@ -196,7 +196,11 @@ fn cluster_up_starts_three_nodes_and_stops_them_all_on_sigint() {
         ["n1", "n2", "n3"]
     );
     let clients: Vec<String> = nodes.iter().map(|n| n.client.to_string()).collect();
-    assert_eq!(seeds, clients.join(","), "the seeds are the client addresses");
+    assert_eq!(
+        seeds,
+        clients.join(","),
+        "the seeds are the client addresses"
+    );
 
     for file in ["ca.pem", "jwks.json", "token"] {
         assert!(dir.join(file).is_file(), "{file}");
@@ -213,14 +217,25 @@ fn cluster_up_starts_three_nodes_and_stops_them_all_on_sigint() {
     for node in &nodes {
         let config = std::fs::read_to_string(dir.join(format!("node{}.toml", &node.id[1..])))
             .expect("node config");
-        assert!(config.contains(&format!("node_id = \"{}\"", node.id)), "{config}");
-        assert!(config.contains(&format!("quic_bind = \"{}\"", node.client)), "{config}");
+        assert!(
+            config.contains(&format!("node_id = \"{}\"", node.id)),
+            "{config}"
+        );
+        assert!(
+            config.contains(&format!("quic_bind = \"{}\"", node.client)),
+            "{config}"
+        );
         for pem in ["cert.pem", "key.pem"] {
             let text = std::fs::read_to_string(dir.join(&node.id).join(pem)).unwrap();
             assert!(text.contains("-----BEGIN"), "{pem}");
         }
         assert!(dir.join(&node.id).join("data").is_dir());
-        assert_eq!(http_status(node.ops, "/livez"), Some(200), "node {}", node.id);
+        assert_eq!(
+            http_status(node.ops, "/livez"),
+            Some(200),
+            "node {}",
+            node.id
+        );
         assert!(exists(node.pid));
     }
 
@@ -233,7 +248,12 @@ fn cluster_up_starts_three_nodes_and_stops_them_all_on_sigint() {
     reader.join().unwrap();
     assert_eq!(status.code(), Some(0), "stderr:\n{stderr}");
     for node in &nodes {
-        assert!(!exists(node.pid), "node {} (pid {}) still runs", node.id, node.pid);
+        assert!(
+            !exists(node.pid),
+            "node {} (pid {}) still runs",
+            node.id,
+            node.pid
+        );
     }
 }
 

@@ -225,7 +225,8 @@ macro_rules! limit {
 }
 
 /// Every setting, in the order `--print-config` shows them (top-level keys first, as TOML
-/// requires). Sections: `tls`, `auth`, `durable`, `groups`, `limits`; `[[streams]]` declares streams.
+/// requires). Sections: `tls`, `auth`, `durable`, `groups`, `limits`, `cluster`; `[[streams]]`
+/// declares streams, `[[caches]]` caches (cluster only).
 #[rustfmt::skip]
 pub const SETTINGS: &[Setting] = &[
     plain("quic_bind", &["FELIX_QUIC_BIND"], Kind::Text, Default_::Text(DEFAULT_QUIC_BIND)),
