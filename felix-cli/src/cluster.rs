@@ -65,7 +65,7 @@ struct UpArgs {
     /// The runtime every node runs on.
     #[arg(long, value_parser = ["tokio", "smol"])]
     runtime: Option<String>,
-    /// How long each node may take to answer its health endpoint.
+    /// How long the nodes together may take to answer their health endpoints.
     #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
     start_timeout: Duration,
 }
@@ -450,8 +450,10 @@ fn start_all(
         running.push((node.id.clone(), child));
     }
     let _ = std::io::stdout().flush();
+    // One bound for the whole start: the nodes come up side by side.
+    let deadline = Instant::now() + timeout;
     for (node, (_, child)) in nodes.iter().zip(running.iter_mut()) {
-        match wait_healthy(node, child, stop, timeout)? {
+        match wait_healthy(node, child, stop, deadline, timeout)? {
             Health::Ready | Health::Stopped => {}
             Health::Alive => {
                 // TODO(issue 17): a cluster node's /readyz turns 200 only once the engine has
@@ -477,14 +479,14 @@ enum Health {
     Stopped,
 }
 
-/// Polls `/readyz` (and `/livez`) until ready, the bound, a signal or the node's exit.
+/// Polls `/readyz` (and `/livez`) until ready, the deadline, a signal or the node's exit.
 fn wait_healthy(
     node: &Node,
     child: &mut Child,
     stop: &AtomicBool,
+    deadline: Instant,
     timeout: Duration,
 ) -> Result<Health, Failure> {
-    let deadline = Instant::now() + timeout;
     let mut alive = false;
     loop {
         if stop.load(Ordering::SeqCst) {

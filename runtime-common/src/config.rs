@@ -913,9 +913,14 @@ fn cluster(
             .map(|(s, _, _)| name(s.key))
             .collect();
         if !given.is_empty() {
+            let (verb, them) = if given.len() == 1 {
+                ("applies", "it")
+            } else {
+                ("apply", "them")
+            };
             return Err(ConfigError(format!(
-                "{} only apply to a cluster node: set FELIX_NODE_ID (cluster.node_id) too, or \
-                 remove them",
+                "{} only {verb} to a cluster node: set FELIX_NODE_ID (cluster.node_id) too, or \
+                 remove {them}",
                 given.join(", ")
             )));
         }
@@ -939,11 +944,14 @@ fn cluster(
     check_node_id(&node_id)
         .map_err(|why| ConfigError(format!("{}: {why}", name("cluster.node_id"))))?;
 
-    let missing: Vec<String> = ["cluster.internal_bind", "cluster.peers"]
-        .iter()
-        .filter(|k| text(k).is_none())
-        .map(|k| name(k))
-        .collect();
+    let missing: Vec<String> = [
+        ("cluster.internal_bind", "FELIX_INTERNAL_BIND"),
+        ("cluster.peers", "FELIX_CLUSTER_PEERS"),
+    ]
+    .iter()
+    .filter(|(k, _)| text(k).is_none())
+    .map(|(k, var)| format!("{var} ({k})"))
+    .collect();
     if !missing.is_empty() {
         return Err(ConfigError(format!(
             "{} is set, so {} must be set too",
@@ -1675,11 +1683,17 @@ shards = 4
         let e = refused(&[("FELIX_NODE_ID", "n1")]);
         assert!(
             e.contains("FELIX_NODE_ID is set")
-                && e.contains("`cluster.internal_bind` and `cluster.peers`"),
+                && e.contains(
+                    "FELIX_INTERNAL_BIND (cluster.internal_bind) and FELIX_CLUSTER_PEERS \
+                     (cluster.peers)"
+                ),
             "{e}"
         );
         let e = refused(&[("FELIX_NODE_ID", "n1"), ("FELIX_CLUSTER_PEERS", PEERS3)]);
-        assert!(e.contains("`cluster.internal_bind` must be set"), "{e}");
+        assert!(
+            e.contains("FELIX_INTERNAL_BIND (cluster.internal_bind) must be set"),
+            "{e}"
+        );
         let e = refused(&node(&[("FELIX_NODE_ID", "n/1")]));
         assert!(
             e.contains("FELIX_NODE_ID") && e.contains("[A-Za-z0-9._-]"),
@@ -1792,10 +1806,15 @@ shards = 4
         ] {
             let e = refused(&[(var, value)]);
             assert!(
-                e.contains(var) && e.contains("set FELIX_NODE_ID"),
+                e.contains(var) && e.contains("only applies to a cluster node: set FELIX_NODE_ID"),
                 "{var}: {e}"
             );
         }
+        let e = refused(&[("FELIX_LEASE_MS", "5"), ("FELIX_FORWARD_WINDOW", "5")]);
+        assert!(
+            e.contains("FELIX_FORWARD_WINDOW, FELIX_LEASE_MS only apply"),
+            "every one is named: {e}"
+        );
         // Their defaults, spelled out (as --print-config does), are not a cluster.
         let c = from_vars(vars(&[
             ("FELIX_LEASE_MS", "2000"),
