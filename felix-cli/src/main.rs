@@ -1,11 +1,13 @@
-//! `felix`: the Felix command line. Publish, subscribe, use the cache, mint tokens and
-//! benchmark a broker. Every command but `token` talks to a broker through `felix-client`.
+//! `felix`: the Felix command line. Publish, subscribe, use the cache, mint tokens,
+//! benchmark a broker and run a local cluster. Every command but `token` and `cluster` talks
+//! to a broker through `felix-client`.
 //!
 //! Exit codes (see docs/cli.md): 0 done, 1 cache miss, 2 usage, 3 refused by the broker,
 //! 4 connection/timeout/protocol failure, 5 subscription ended by the broker.
 
 mod bench;
 mod cache;
+mod cluster;
 mod conn;
 mod duration;
 mod failure;
@@ -44,6 +46,8 @@ enum Command {
     Token(token::TokenArgs),
     /// Load-generate against a broker: publish→deliver throughput and latency, or cache ops.
     Bench(bench::BenchArgs),
+    /// Run a local cluster of felix-broker processes (`felix cluster up --nodes 3`).
+    Cluster(cluster::ClusterArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +55,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         // Minting is local and synchronous: no runtime needed.
         Command::Token(args) => token::run(args),
+        // Processes and files only: no runtime needed.
+        Command::Cluster(args) => cluster::run(args),
         Command::Pub(args) => block_on(None, pubsub::publish(args)),
         Command::Sub(args) => block_on(None, pubsub::subscribe(args)),
         Command::Cache(args) => block_on(None, cache::run(args)),

@@ -19,7 +19,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use felix_engine::{DeclaredStream, EngineConfig, FsyncPolicy};
+use felix_engine::{
+    ClusterConfig, Consistency, DeclaredCache, DeclaredStream, EngineConfig, FsyncPolicy, PeerAddr,
+    PeerTls,
+};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 use toml::Value;
@@ -60,6 +63,10 @@ pub struct Config {
     pub reload: Reload,
     /// Every setting's value and where it came from.
     pub effective: Effective,
+    /// The broker-to-broker QUIC listener (`cluster.internal_bind`); `Some` exactly when
+    /// `cluster.node_id` is set, and then `options.configure_engine` sets the engine's
+    /// `cluster`.
+    pub internal_bind: Option<SocketAddr>,
 }
 
 /// What is watched for rotation (see `crate::reload`).
@@ -81,6 +88,7 @@ impl fmt::Debug for Config {
             .field("dev_token_export", &self.dev_token_export)
             .field("runtime", &self.runtime)
             .field("reload", &self.reload)
+            .field("internal_bind", &self.internal_bind)
             .finish_non_exhaustive()
     }
 }
@@ -217,7 +225,8 @@ macro_rules! limit {
 }
 
 /// Every setting, in the order `--print-config` shows them (top-level keys first, as TOML
-/// requires). Sections: `tls`, `auth`, `durable`, `groups`, `limits`; `[[streams]]` declares streams.
+/// requires). Sections: `tls`, `auth`, `durable`, `groups`, `limits`, `cluster`; `[[streams]]`
+/// declares streams, `[[caches]]` caches (cluster only).
 #[rustfmt::skip]
 pub const SETTINGS: &[Setting] = &[
     plain("quic_bind", &["FELIX_QUIC_BIND"], Kind::Text, Default_::Text(DEFAULT_QUIC_BIND)),
@@ -279,18 +288,54 @@ pub const SETTINGS: &[Setting] = &[
     limit!("limits.counter_max_logs", &["FELIX_COUNTER_MAX_LOGS"], int counter_max_logs),
     limit!("limits.durable_cache_max_keys", &["FELIX_DURABLE_CACHE_MAX_KEYS"], int durable_cache_max_keys),
     limit!("limits.durable_cache_max_total_bytes", &["FELIX_DURABLE_CACHE_MAX_TOTAL_BYTES"], int durable_cache_max_total_bytes),
+    // Cluster (docs/cluster.md). Every setting from here on needs `cluster.node_id`; the two
+    // limits stay in `[limits]` (they must follow the other limits for `--print-config`).
+    plain("limits.default_replication_factor", &["FELIX_DEFAULT_REPLICATION_FACTOR"], Kind::Int, Default_::Int(DEFAULT_REPLICATION_FACTOR as u64)),
+    plain("limits.forward_window", &["FELIX_FORWARD_WINDOW"], Kind::Int, Default_::Int(felix_engine::DEFAULT_FORWARD_WINDOW as u64)),
+    plain("cluster.node_id", &["FELIX_NODE_ID"], Kind::Text, Default_::Unset),
+    plain("cluster.internal_bind", &["FELIX_INTERNAL_BIND"], Kind::Text, Default_::Unset),
+    plain("cluster.peers", &["FELIX_CLUSTER_PEERS"], Kind::Text, Default_::Unset),
+    plain("cluster.client_advertise_addr", &["FELIX_CLIENT_ADVERTISE_ADDR"], Kind::Text, Default_::Unset),
+    plain("cluster.lease_ms", &["FELIX_LEASE_MS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_LEASE.as_millis() as u64)),
+    plain("cluster.internal_tls_cert", &["FELIX_INTERNAL_TLS_CERT"], Kind::Text, Default_::Unset),
+    plain("cluster.internal_tls_key", &["FELIX_INTERNAL_TLS_KEY"], Kind::Text, Default_::Unset),
+    plain("cluster.internal_tls_ca", &["FELIX_INTERNAL_TLS_CA"], Kind::Text, Default_::Unset),
+    plain("cluster.internal_allow_unauthenticated", &["FELIX_INTERNAL_ALLOW_UNAUTHENTICATED"], Kind::Bool, Default_::Bool(false)),
 ];
 
 /// Sections of the file; every other table is refused.
-const SECTIONS: &[&str] = &["tls", "auth", "durable", "groups", "limits"];
+const SECTIONS: &[&str] = &["tls", "auth", "durable", "groups", "limits", "cluster"];
+/// Keys of a `[[caches]]` entry.
+const CACHE_KEYS: &[&str] = &[
+    "tenant",
+    "namespace",
+    "cache",
+    "shards",
+    "replication_factor",
+];
+/// `limits.default_replication_factor` unless configured: one copy, as a single node has.
+const DEFAULT_REPLICATION_FACTOR: u8 = 1;
+/// The most replicas a shard can have: every node of the largest cluster (5 voters).
+pub const MAX_REPLICATION_FACTOR: u8 = 5;
+/// The longest node id (felix-cluster's `MAX_NODE_ID_LEN`: it fits every length-prefixed
+/// field that carries one).
+pub const MAX_NODE_ID_LEN: usize = 64;
 /// Keys of a `[[streams]]` entry.
-const STREAM_KEYS: &[&str] = &["tenant", "namespace", "stream", "shards"];
+const STREAM_KEYS: &[&str] = &[
+    "tenant",
+    "namespace",
+    "stream",
+    "shards",
+    "replication_factor",
+    "consistency",
+];
 
 /// Every setting's value (or `None`: unset) and its source, and the declared streams.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Effective {
     values: Vec<(Setting, Option<Value>, Source)>,
     streams: Vec<(DeclaredStream, Source)>,
+    caches: Vec<(DeclaredCache, Source)>,
 }
 
 impl fmt::Debug for Setting {
@@ -319,6 +364,11 @@ impl Effective {
         self.streams.iter().map(|(d, _)| d)
     }
 
+    /// The caches declared in the file (`[[caches]]`, cluster only).
+    pub fn caches(&self) -> impl Iterator<Item = &DeclaredCache> {
+        self.caches.iter().map(|(d, _)| d)
+    }
+
     /// The effective configuration as TOML (a file `--config` accepts), each value followed
     /// by its source; unset settings are listed as comments.
     pub fn render(&self) -> String {
@@ -345,11 +395,26 @@ impl Effective {
         for (d, source) in &self.streams {
             let _ = write!(
                 out,
-                "\n[[streams]]  # {source}\ntenant = {}\nnamespace = {}\nstream = {}\nshards = {}\n",
+                "\n[[streams]]  # {source}\ntenant = {}\nnamespace = {}\nstream = {}\nshards = {}\n\
+                 replication_factor = {}\nconsistency = {}\n",
                 Value::from(d.tenant.as_str()),
                 Value::from(d.namespace.as_str()),
                 Value::from(d.stream.as_str()),
-                d.shards
+                d.shards,
+                d.replication_factor,
+                Value::from(consistency_name(d.consistency)),
+            );
+        }
+        for (d, source) in &self.caches {
+            let _ = write!(
+                out,
+                "\n[[caches]]  # {source}\ntenant = {}\nnamespace = {}\ncache = {}\nshards = {}\n\
+                 replication_factor = {}\n",
+                Value::from(d.tenant.as_str()),
+                Value::from(d.namespace.as_str()),
+                Value::from(d.cache.as_str()),
+                d.shards,
+                d.replication_factor,
             );
         }
         out
@@ -398,18 +463,10 @@ fn resolve(
     let probe = probe_config();
     let mut values: Vec<(Setting, Option<Value>, Source)> = SETTINGS
         .iter()
-        .map(|s| {
-            let v = match s.default {
-                Default_::Unset => None,
-                Default_::Int(n) => Some(int_value(n)),
-                Default_::Bool(b) => Some(Value::Boolean(b)),
-                Default_::Text(t) => Some(Value::from(t)),
-                Default_::Engine(getter) => Some(int_value(getter(&probe))),
-            };
-            (*s, v, Source::Default)
-        })
+        .map(|s| (*s, default_value(s, &probe), Source::Default))
         .collect();
     let mut streams = Vec::new();
+    let mut caches = Vec::new();
 
     if let Some(path) = file {
         let text = std::fs::read_to_string(path)
@@ -427,6 +484,13 @@ fn resolve(
                     .collect();
                 continue;
             }
+            if key == "caches" {
+                caches = declared_caches(&value, &at)?
+                    .into_iter()
+                    .map(|d| (d, source.clone()))
+                    .collect();
+                continue;
+            }
             let entries: Vec<(String, Value)> = match value {
                 Value::Table(t) if SECTIONS.contains(&key.as_str()) => t
                     .into_iter()
@@ -434,7 +498,7 @@ fn resolve(
                     .collect(),
                 Value::Table(_) => {
                     return Err(ConfigError(format!(
-                        "{}: unknown section (known: {}, [[streams]])",
+                        "{}: unknown section (known: {}, [[streams]], [[caches]])",
                         at(&key),
                         SECTIONS.join(", ")
                     )))
@@ -463,7 +527,22 @@ fn resolve(
         );
         *source = Source::Env(name);
     }
-    Ok(Effective { values, streams })
+    Ok(Effective {
+        values,
+        streams,
+        caches,
+    })
+}
+
+/// A setting's default value (`None`: unset); `probe` gives the engine's defaults.
+fn default_value(s: &Setting, probe: &EngineConfig) -> Option<Value> {
+    match s.default {
+        Default_::Unset => None,
+        Default_::Int(n) => Some(int_value(n)),
+        Default_::Bool(b) => Some(Value::Boolean(b)),
+        Default_::Text(t) => Some(Value::from(t)),
+        Default_::Engine(getter) => Some(int_value(getter(probe))),
+    }
 }
 
 fn int_value(n: u64) -> Value {
@@ -559,12 +638,100 @@ fn declared_streams(
             }
             None => return Err(ConfigError(format!("{}: missing", at(&key("shards"))))),
         };
-        out.push(DeclaredStream::new(
-            text("tenant")?,
-            text("namespace")?,
-            text("stream")?,
-            shards,
-        ));
+        let mut d =
+            DeclaredStream::new(text("tenant")?, text("namespace")?, text("stream")?, shards);
+        d.replication_factor =
+            replication_factor(t.get("replication_factor"), &key, at)?.unwrap_or(1);
+        d.consistency = match t.get("consistency") {
+            None => Consistency::Leader,
+            Some(Value::String(s)) if s == "leader" => Consistency::Leader,
+            Some(Value::String(s)) if s == "quorum" => Consistency::Quorum,
+            Some(v) => {
+                return Err(ConfigError(format!(
+                    "{}: expected \"leader\" or \"quorum\", found {v}",
+                    at(&key("consistency"))
+                )))
+            }
+        };
+        out.push(d);
+    }
+    Ok(out)
+}
+
+fn consistency_name(c: Consistency) -> &'static str {
+    match c {
+        Consistency::Leader => "leader",
+        Consistency::Quorum => "quorum",
+    }
+}
+
+/// A declaration's `replication_factor`: 1..=[`MAX_REPLICATION_FACTOR`] when present.
+fn replication_factor(
+    value: Option<&Value>,
+    key: &impl Fn(&str) -> String,
+    at: &impl Fn(&str) -> String,
+) -> Result<Option<u8>, ConfigError> {
+    match value {
+        None => Ok(None),
+        Some(Value::Integer(n)) if (1..=i64::from(MAX_REPLICATION_FACTOR)).contains(n) => {
+            Ok(Some(*n as u8))
+        }
+        Some(v) => Err(ConfigError(format!(
+            "{}: expected 1 to {MAX_REPLICATION_FACTOR}, found {v}",
+            at(&key("replication_factor"))
+        ))),
+    }
+}
+
+/// `[[caches]]`: tenant, namespace, cache and replication_factor, each required; shards
+/// (default 1). Only a cluster node takes them (checked in [`cluster`]).
+fn declared_caches(
+    value: &Value,
+    at: &impl Fn(&str) -> String,
+) -> Result<Vec<DeclaredCache>, ConfigError> {
+    let Value::Array(entries) = value else {
+        return Err(ConfigError(format!(
+            "{}: expected [[caches]] tables",
+            at("caches")
+        )));
+    };
+    let mut out = Vec::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let key = |k: &str| format!("caches[{i}].{k}");
+        let Value::Table(t) = entry else {
+            return Err(ConfigError(format!("{}: expected a table", at(&key("")))));
+        };
+        if let Some(k) = t.keys().find(|k| !CACHE_KEYS.contains(&k.as_str())) {
+            return Err(ConfigError(format!(
+                "{}: unknown key (a cache has {})",
+                at(&key(k)),
+                CACHE_KEYS.join(", ")
+            )));
+        }
+        let text = |k: &str| match t.get(k) {
+            Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+            Some(v) => Err(ConfigError(format!(
+                "{}: expected a non-empty string, found {v}",
+                at(&key(k))
+            ))),
+            None => Err(ConfigError(format!("{}: missing", at(&key(k))))),
+        };
+        let shards = match t.get("shards") {
+            None => 1,
+            Some(Value::Integer(n)) if (1..=i64::from(u16::MAX)).contains(n) => *n as u32,
+            Some(v) => {
+                return Err(ConfigError(format!(
+                    "{}: expected 1 to {}, found {v}",
+                    at(&key("shards")),
+                    u16::MAX
+                )))
+            }
+        };
+        let rf = replication_factor(t.get("replication_factor"), &key, at)?
+            .ok_or_else(|| ConfigError(format!("{}: missing", at(&key("replication_factor")))))?;
+        let mut d = DeclaredCache::new(text("tenant")?, text("namespace")?, text("cache")?, rf);
+        d.shards = shards;
+        out.push(d);
     }
     Ok(out)
 }
@@ -647,6 +814,7 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
     };
 
     durable(&name, &text, &int, &flag, &mut options)?;
+    let (cluster, internal_bind) = cluster(&effective, &name, &text, &int, &flag, bind)?;
 
     // Engine settings: limits, TLS client certificates and ALPN, declared streams.
     let mut limits: Vec<(Setter, u64)> = Vec::new();
@@ -679,7 +847,12 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
     };
     let require_alpn = flag("tls.require_alpn");
     let streams: Vec<DeclaredStream> = effective.streams().cloned().collect();
-    if !limits.is_empty() || client_ca.is_some() || require_alpn || !streams.is_empty() {
+    if !limits.is_empty()
+        || client_ca.is_some()
+        || require_alpn
+        || !streams.is_empty()
+        || cluster.is_some()
+    {
         options = options.configure_engine(move |c| {
             for (setter, value) in limits {
                 let _ = setter(c, value);
@@ -689,6 +862,9 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
             }
             c.require_alpn = require_alpn;
             c.declared_streams.extend(streams);
+            if cluster.is_some() {
+                c.cluster = cluster;
+            }
         });
     }
 
@@ -699,7 +875,323 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
         runtime: text("runtime"),
         reload,
         effective,
+        internal_bind,
     })
+}
+
+/// Every setting that only a cluster node takes.
+const CLUSTER_ONLY: &[&str] = &[
+    "limits.default_replication_factor",
+    "limits.forward_window",
+    "cluster.internal_bind",
+    "cluster.peers",
+    "cluster.client_advertise_addr",
+    "cluster.lease_ms",
+    "cluster.internal_tls_cert",
+    "cluster.internal_tls_key",
+    "cluster.internal_tls_ca",
+    "cluster.internal_allow_unauthenticated",
+];
+
+/// The `cluster.*` settings, the two cluster limits and `[[caches]]`: the engine's
+/// [`ClusterConfig`] and the internal bind address, or neither without `cluster.node_id`.
+///
+/// Without a node id, a cluster setting with a value other than its default is refused rather
+/// than ignored: a node that was meant to join a cluster and quietly runs alone would answer
+/// clients with data the cluster never sees. Defaults pass, so `--print-config` output (which
+/// spells every default) loads again.
+fn cluster(
+    effective: &Effective,
+    name: &impl Fn(&str) -> String,
+    text: &impl Fn(&str) -> Option<String>,
+    int: &impl Fn(&str) -> Option<u64>,
+    flag: &impl Fn(&str) -> bool,
+    client_bind: SocketAddr,
+) -> Result<(Option<ClusterConfig>, Option<SocketAddr>), ConfigError> {
+    let Some(node_id) = text("cluster.node_id") else {
+        let probe = probe_config();
+        let given: Vec<String> = effective
+            .values
+            .iter()
+            .filter(|(s, v, _)| CLUSTER_ONLY.contains(&s.key) && *v != default_value(s, &probe))
+            .map(|(s, _, _)| name(s.key))
+            .collect();
+        if !given.is_empty() {
+            let (verb, them) = if given.len() == 1 {
+                ("applies", "it")
+            } else {
+                ("apply", "them")
+            };
+            return Err(ConfigError(format!(
+                "{} only {verb} to a cluster node: set FELIX_NODE_ID (cluster.node_id) too, or \
+                 remove {them}",
+                given.join(", ")
+            )));
+        }
+        if let Some(c) = effective.caches().next() {
+            return Err(ConfigError(format!(
+                "[[caches]] ({}/{}/{}) declares placement for a cluster: set FELIX_NODE_ID \
+                 (cluster.node_id), or remove it (a single node creates caches on first use)",
+                c.tenant, c.namespace, c.cache
+            )));
+        }
+        if let Some(s) = effective.streams().find(|s| s.replication_factor > 1) {
+            return Err(ConfigError(format!(
+                "stream {}/{}/{}: replication_factor {} needs a cluster (FELIX_NODE_ID); a \
+                 single node holds one copy",
+                s.tenant, s.namespace, s.stream, s.replication_factor
+            )));
+        }
+        return Ok((None, None));
+    };
+    let node_id = node_id.trim().to_owned();
+    check_node_id(&node_id)
+        .map_err(|why| ConfigError(format!("{}: {why}", name("cluster.node_id"))))?;
+
+    let missing: Vec<String> = [
+        ("cluster.internal_bind", "FELIX_INTERNAL_BIND"),
+        ("cluster.peers", "FELIX_CLUSTER_PEERS"),
+    ]
+    .iter()
+    .filter(|(k, _)| text(k).is_none())
+    .map(|(k, var)| format!("{var} ({k})"))
+    .collect();
+    if !missing.is_empty() {
+        return Err(ConfigError(format!(
+            "{} is set, so {} must be set too",
+            name("cluster.node_id"),
+            missing.join(" and ")
+        )));
+    }
+    let bind_text = text("cluster.internal_bind").unwrap_or_default();
+    let internal_bind: SocketAddr = bind_text.trim().parse().map_err(|e| {
+        ConfigError(format!(
+            "{}={bind_text:?}: {e} (a socket address, e.g. 0.0.0.0:5100)",
+            name("cluster.internal_bind")
+        ))
+    })?;
+    if internal_bind == client_bind && internal_bind.port() != 0 {
+        return Err(ConfigError(format!(
+            "{}={internal_bind}: the peer listener needs a socket of its own, not {}'s",
+            name("cluster.internal_bind"),
+            name("quic_bind")
+        )));
+    }
+    let peers_text = text("cluster.peers").unwrap_or_default();
+    let peers = parse_peers(&peers_text, &node_id)
+        .map_err(|why| ConfigError(format!("{}={peers_text:?}: {why}", name("cluster.peers"))))?;
+
+    let client_advertise_addr = match text("cluster.client_advertise_addr") {
+        Some(addr) => {
+            let addr = addr.trim().to_owned();
+            check_host_port(&addr).map_err(|why| {
+                ConfigError(format!(
+                    "{}={addr:?}: {why}",
+                    name("cluster.client_advertise_addr")
+                ))
+            })?;
+            Some(addr)
+        }
+        None => None,
+    };
+    let lease_ms = positive(int, name, "cluster.lease_ms")?
+        .unwrap_or(felix_engine::DEFAULT_LEASE.as_millis() as u64);
+    let forward_window = positive(int, name, "limits.forward_window")?.map_or(
+        Ok(felix_engine::DEFAULT_FORWARD_WINDOW),
+        |n| {
+            usize::try_from(n).map_err(|_| {
+                ConfigError(format!(
+                    "{}: {n} is out of range",
+                    name("limits.forward_window")
+                ))
+            })
+        },
+    )?;
+    let nodes = peers.len();
+    let default_rf = match int("limits.default_replication_factor") {
+        None => DEFAULT_REPLICATION_FACTOR,
+        Some(n) if (1..=u64::from(MAX_REPLICATION_FACTOR)).contains(&n) && n as usize <= nodes => {
+            n as u8
+        }
+        Some(n) => {
+            return Err(ConfigError(format!(
+                "{}: {n} must be 1 to {MAX_REPLICATION_FACTOR} and at most the {nodes} nodes \
+                 of the cluster",
+                name("limits.default_replication_factor")
+            )))
+        }
+    };
+    for s in effective.streams() {
+        if usize::from(s.replication_factor) > nodes {
+            return Err(ConfigError(format!(
+                "stream {}/{}/{}: replication_factor {} is more than the {nodes} nodes of the \
+                 cluster",
+                s.tenant, s.namespace, s.stream, s.replication_factor
+            )));
+        }
+    }
+    for c in effective.caches() {
+        if usize::from(c.replication_factor) > nodes {
+            return Err(ConfigError(format!(
+                "cache {}/{}/{}: replication_factor {} is more than the {nodes} nodes of the \
+                 cluster",
+                c.tenant, c.namespace, c.cache, c.replication_factor
+            )));
+        }
+    }
+
+    let peer_tls = internal_tls(name, text, flag)?;
+
+    let mut config = ClusterConfig::new(node_id, peers);
+    config.client_advertise_addr = client_advertise_addr;
+    config.lease = Duration::from_millis(lease_ms);
+    config.peer_tls = peer_tls;
+    config.declared_caches = effective.caches().cloned().collect();
+    config.default_replication_factor = default_rf;
+    config.forward_window = forward_window;
+    Ok((Some(config), Some(internal_bind)))
+}
+
+/// Peer mTLS from `cluster.internal_tls_{cert,key,ca}`: all three, or none and
+/// `cluster.internal_allow_unauthenticated`.
+fn internal_tls(
+    name: &impl Fn(&str) -> String,
+    text: &impl Fn(&str) -> Option<String>,
+    flag: &impl Fn(&str) -> bool,
+) -> Result<Option<PeerTls>, ConfigError> {
+    const KEYS: [&str; 3] = [
+        "cluster.internal_tls_cert",
+        "cluster.internal_tls_key",
+        "cluster.internal_tls_ca",
+    ];
+    let [cert, key, ca] = KEYS.map(text);
+    let (Some(cert), Some(key), Some(ca)) = (&cert, &key, &ca) else {
+        let set = [&cert, &key, &ca].iter().filter(|v| v.is_some()).count();
+        if set == 0 && flag("cluster.internal_allow_unauthenticated") {
+            return Ok(None);
+        }
+        let missing: Vec<&str> = [
+            (&cert, "FELIX_INTERNAL_TLS_CERT"),
+            (&key, "FELIX_INTERNAL_TLS_KEY"),
+            (&ca, "FELIX_INTERNAL_TLS_CA"),
+        ]
+        .into_iter()
+        .filter(|(v, _)| v.is_none())
+        .map(|(_, var)| var)
+        .collect();
+        return Err(ConfigError(format!(
+            "a cluster node authenticates its peers with mTLS: missing {} (cluster.internal_tls_cert, \
+             _key, _ca; all three are needed){}",
+            missing.join(", "),
+            if set == 0 {
+                "; FELIX_INTERNAL_ALLOW_UNAUTHENTICATED=true runs without it, for tests only"
+            } else {
+                ""
+            }
+        )));
+    };
+    let read = |k: &str, path: &str| {
+        std::fs::read(path).map_err(|e| ConfigError(format!("{}={path:?}: {e}", name(k))))
+    };
+    let identity =
+        crate::tls::from_pem(&read(KEYS[0], cert)?, &read(KEYS[1], key)?).map_err(|e| {
+            ConfigError(format!(
+                "{} and {} ({cert:?}, {key:?}): {e}",
+                name(KEYS[0]),
+                name(KEYS[1])
+            ))
+        })?;
+    let ca_certs = crate::tls::ca_from_pem(&read(KEYS[2], ca)?)
+        .map_err(|e| ConfigError(format!("{}={ca:?}: {e}", name(KEYS[2]))))?;
+    Ok(Some(PeerTls {
+        identity,
+        ca: ca_certs,
+    }))
+}
+
+/// A node id: 1..=[`MAX_NODE_ID_LEN`] bytes of `[A-Za-z0-9._-]` (felix-cluster's rule; it is
+/// also the DNS name in the node's peer certificate).
+fn check_node_id(id: &str) -> Result<(), String> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_NODE_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "node id {id:?} must be 1 to {MAX_NODE_ID_LEN} bytes of [A-Za-z0-9._-]"
+        ))
+    }
+}
+
+/// `host:port` with a port number and a non-empty host (`[v6]:port` too).
+fn check_host_port(addr: &str) -> Result<(), String> {
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+        _ => Err("expected host:port".to_owned()),
+    }
+}
+
+/// `id=host:port,…`: 3 or 5 distinct ids, this node's among them, distinct addresses. A host
+/// name is resolved now (IPv4 preferred, so `localhost` is 127.0.0.1), once: peers are dialled
+/// at these addresses for the life of the process.
+fn parse_peers(text: &str, node_id: &str) -> Result<Vec<PeerAddr>, String> {
+    use std::net::ToSocketAddrs;
+    let mut peers: Vec<PeerAddr> = Vec::new();
+    for (i, entry) in text.split(',').map(str::trim).enumerate() {
+        let bad = |why: String| format!("entry {} {entry:?}: {why}", i + 1);
+        if entry.is_empty() {
+            return Err(bad("is empty (expected id=host:port)".into()));
+        }
+        let Some((id, addr)) = entry.split_once('=') else {
+            return Err(bad("expected id=host:port".into()));
+        };
+        let (id, addr) = (id.trim(), addr.trim());
+        check_node_id(id).map_err(bad)?;
+        let addr = match addr.parse::<SocketAddr>() {
+            Ok(a) => a,
+            Err(_) => {
+                check_host_port(addr).map_err(bad)?;
+                let resolved: Vec<SocketAddr> = addr
+                    .to_socket_addrs()
+                    .map_err(|e| bad(format!("cannot resolve {addr:?}: {e}")))?
+                    .collect();
+                resolved
+                    .iter()
+                    .find(|a| a.is_ipv4())
+                    .or(resolved.first())
+                    .copied()
+                    .ok_or_else(|| bad(format!("{addr:?} resolves to no address")))?
+            }
+        };
+        if addr.port() == 0 {
+            return Err(bad("port 0 cannot be dialled".into()));
+        }
+        if peers.iter().any(|p| p.node_id == id) {
+            return Err(bad(format!("node {id} is listed twice")));
+        }
+        if let Some(p) = peers.iter().find(|p| p.addr == addr) {
+            return Err(bad(format!("{addr} is also node {}'s address", p.node_id)));
+        }
+        peers.push(PeerAddr {
+            node_id: id.to_owned(),
+            addr,
+        });
+    }
+    if !peers.iter().any(|p| p.node_id == node_id) {
+        return Err(format!(
+            "this node ({node_id}) is not in the list; it must name every node, this one included"
+        ));
+    }
+    if peers.len() != 3 && peers.len() != 5 {
+        return Err(format!(
+            "a cluster has 3 or 5 nodes (a majority that survives a failure); the list names {}",
+            peers.len()
+        ));
+    }
+    Ok(peers)
 }
 
 /// The `durable.*` settings.
@@ -1060,5 +1552,477 @@ shards = 4
         let path = file("by-var", "[limits]\npublish_window = 7");
         let c = from_vars(vars(&[("FELIX_CONFIG", path.to_str().unwrap())])).unwrap();
         assert_eq!(engine_of(c).publish_window, 7);
+    }
+
+    // Cluster settings (docs/cluster.md).
+
+    const PEERS3: &str = "n1=127.0.0.1:7101,n2=localhost:7102,n3=127.0.0.1:7103";
+
+    /// PEM files for peer mTLS in a fresh directory: (cert, key, ca).
+    fn peer_tls_files(name: &str) -> (String, String, String) {
+        let dir = std::env::temp_dir().join(format!("felix-config-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["n1".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let paths = ["cert.pem", "key.pem", "ca.pem"].map(|f| dir.join(f));
+        std::fs::write(&paths[0], cert.pem()).unwrap();
+        std::fs::write(&paths[1], key.serialize_pem()).unwrap();
+        std::fs::write(&paths[2], cert.pem()).unwrap();
+        let [a, b, c] = paths.map(|p| p.to_str().unwrap().to_owned());
+        (a, b, c)
+    }
+
+    /// A node `n1` of [`PEERS3`], unauthenticated, plus `extra`.
+    fn node<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        let mut v = vec![
+            ("FELIX_NODE_ID", "n1"),
+            ("FELIX_INTERNAL_BIND", "127.0.0.1:7101"),
+            ("FELIX_CLUSTER_PEERS", PEERS3),
+            ("FELIX_INTERNAL_ALLOW_UNAUTHENTICATED", "true"),
+        ];
+        v.extend_from_slice(extra);
+        v
+    }
+
+    fn cluster_of(pairs: &[(&str, &str)]) -> Result<(ClusterConfig, SocketAddr), ConfigError> {
+        let c = from_vars(vars(pairs))?;
+        let bind = c
+            .internal_bind
+            .expect("a cluster node has an internal bind");
+        Ok((engine_of(c).cluster.expect("a cluster config"), bind))
+    }
+
+    fn refused(pairs: &[(&str, &str)]) -> String {
+        from_vars(vars(pairs)).unwrap_err().0
+    }
+
+    #[test]
+    fn a_cluster_node_gets_its_cluster_config_with_defaults() {
+        let (c, bind) = cluster_of(&node(&[])).unwrap();
+        assert_eq!(bind, "127.0.0.1:7101".parse().unwrap());
+        assert_eq!(c.node_id, "n1");
+        let peers: Vec<(String, SocketAddr)> = c
+            .peers
+            .iter()
+            .map(|p| (p.node_id.clone(), p.addr))
+            .collect();
+        assert_eq!(
+            peers,
+            [
+                ("n1".to_owned(), "127.0.0.1:7101".parse().unwrap()),
+                ("n2".to_owned(), "127.0.0.1:7102".parse().unwrap()),
+                ("n3".to_owned(), "127.0.0.1:7103".parse().unwrap()),
+            ],
+            "localhost resolves to 127.0.0.1"
+        );
+        assert_eq!(c.lease, Duration::from_millis(2000));
+        assert_eq!(c.default_replication_factor, 1);
+        assert_eq!(c.forward_window, felix_engine::DEFAULT_FORWARD_WINDOW);
+        assert_eq!(c.client_advertise_addr, None);
+        assert!(c.peer_tls.is_none(), "allowed unauthenticated");
+        assert!(c.declared_caches.is_empty());
+
+        let (c, _) = cluster_of(&node(&[
+            ("FELIX_CLIENT_ADVERTISE_ADDR", "broker-1.example:5000"),
+            ("FELIX_LEASE_MS", "1"),
+            ("FELIX_DEFAULT_REPLICATION_FACTOR", "3"),
+            ("FELIX_FORWARD_WINDOW", "1"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.client_advertise_addr.as_deref(),
+            Some("broker-1.example:5000")
+        );
+        assert_eq!(c.lease, Duration::from_millis(1));
+        assert_eq!(c.default_replication_factor, 3);
+        assert_eq!(c.forward_window, 1);
+
+        // No node id: a single node, as before.
+        let c = from_vars(vars(&[])).unwrap();
+        assert_eq!(c.internal_bind, None);
+        assert!(c.options.configure_engine.is_none());
+    }
+
+    #[test]
+    fn the_peer_list_names_three_or_five_distinct_nodes_including_this_one() {
+        let five = "n1=127.0.0.1:1,n2=127.0.0.1:2,n3=127.0.0.1:3,n4=127.0.0.1:4,n5=127.0.0.1:5";
+        let (c, _) = cluster_of(&node(&[("FELIX_CLUSTER_PEERS", five)])).unwrap();
+        assert_eq!(c.peers.len(), 5);
+        for (peers, needle) in [
+            ("n1=127.0.0.1:1,n2=127.0.0.1:2", "the list names 2"),
+            (
+                "n1=127.0.0.1:1,n2=127.0.0.1:2,n3=127.0.0.1:3,n4=127.0.0.1:4",
+                "names 4",
+            ),
+            (
+                "n2=127.0.0.1:2,n3=127.0.0.1:3,n4=127.0.0.1:4",
+                "this node (n1) is not in the list",
+            ),
+            (
+                "n1=127.0.0.1:1,n1=127.0.0.1:2,n3=127.0.0.1:3",
+                "entry 2 \"n1=127.0.0.1:2\": node n1 is listed twice",
+            ),
+            (
+                "n1=127.0.0.1:1,n2=127.0.0.1:1,n3=127.0.0.1:3",
+                "entry 2 \"n2=127.0.0.1:1\": 127.0.0.1:1 is also node n1's address",
+            ),
+            (
+                "n1=127.0.0.1:1,n2:127.0.0.1:2,n3=127.0.0.1:3",
+                "entry 2 \"n2:127.0.0.1:2\": expected id=host:port",
+            ),
+            ("n1=127.0.0.1:1,,n3=127.0.0.1:3", "entry 2 \"\": is empty"),
+            (
+                "n1=127.0.0.1:1,n2=127.0.0.1,n3=127.0.0.1:3",
+                "entry 2 \"n2=127.0.0.1\": expected host:port",
+            ),
+            (
+                "n1=127.0.0.1:1,n2=127.0.0.1:99999,n3=127.0.0.1:3",
+                "entry 2",
+            ),
+            ("n1=127.0.0.1:1,n2=127.0.0.1:0,n3=127.0.0.1:3", "port 0"),
+            (
+                "n1=127.0.0.1:1,n 2=127.0.0.1:2,n3=127.0.0.1:3",
+                "node id \"n 2\"",
+            ),
+            (
+                "n1=127.0.0.1:1,n2=no-such-host.invalid:2,n3=127.0.0.1:3",
+                "cannot resolve",
+            ),
+        ] {
+            let e = refused(&node(&[("FELIX_CLUSTER_PEERS", peers)]));
+            assert!(
+                e.contains("FELIX_CLUSTER_PEERS") && e.contains(needle),
+                "{peers}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_node_id_needs_an_internal_bind_peers_and_peer_tls() {
+        let e = refused(&[("FELIX_NODE_ID", "n1")]);
+        assert!(
+            e.contains("FELIX_NODE_ID is set")
+                && e.contains(
+                    "FELIX_INTERNAL_BIND (cluster.internal_bind) and FELIX_CLUSTER_PEERS \
+                     (cluster.peers)"
+                ),
+            "{e}"
+        );
+        let e = refused(&[("FELIX_NODE_ID", "n1"), ("FELIX_CLUSTER_PEERS", PEERS3)]);
+        assert!(
+            e.contains("FELIX_INTERNAL_BIND (cluster.internal_bind) must be set"),
+            "{e}"
+        );
+        let e = refused(&node(&[("FELIX_NODE_ID", "n/1")]));
+        assert!(
+            e.contains("FELIX_NODE_ID") && e.contains("[A-Za-z0-9._-]"),
+            "{e}"
+        );
+        let long = "n".repeat(MAX_NODE_ID_LEN + 1);
+        assert!(refused(&node(&[("FELIX_NODE_ID", &long)])).contains("1 to 64 bytes"));
+        let e = refused(&node(&[("FELIX_INTERNAL_BIND", "here")]));
+        assert!(e.contains("FELIX_INTERNAL_BIND=\"here\""), "{e}");
+        let e = refused(&node(&[("FELIX_QUIC_BIND", "127.0.0.1:7101")]));
+        assert!(
+            e.contains("FELIX_INTERNAL_BIND") && e.contains("FELIX_QUIC_BIND"),
+            "{e}"
+        );
+        let e = refused(&node(&[("FELIX_CLIENT_ADVERTISE_ADDR", "broker-1")]));
+        assert!(
+            e.contains("FELIX_CLIENT_ADVERTISE_ADDR") && e.contains("host:port"),
+            "{e}"
+        );
+
+        // Peer mTLS: all three files, or none and the explicit opt-out.
+        let mut bare = node(&[]);
+        bare.retain(|(k, _)| *k != "FELIX_INTERNAL_ALLOW_UNAUTHENTICATED");
+        let e = refused(&bare);
+        for var in [
+            "FELIX_INTERNAL_TLS_CERT",
+            "FELIX_INTERNAL_TLS_KEY",
+            "FELIX_INTERNAL_TLS_CA",
+            "FELIX_INTERNAL_ALLOW_UNAUTHENTICATED",
+        ] {
+            assert!(e.contains(var), "{var}: {e}");
+        }
+        let e = refused(&node(&[("FELIX_INTERNAL_ALLOW_UNAUTHENTICATED", "false")]));
+        assert!(e.contains("missing FELIX_INTERNAL_TLS_CERT"), "{e}");
+        let e = refused(&node(&[(
+            "FELIX_INTERNAL_ALLOW_UNAUTHENTICATED",
+            "perhaps",
+        )]));
+        assert!(e.contains("FELIX_INTERNAL_ALLOW_UNAUTHENTICATED"), "{e}");
+        let (cert, key, ca) = peer_tls_files("peer-tls");
+        let mut with = bare.clone();
+        with.push(("FELIX_INTERNAL_TLS_CERT", &cert));
+        let e = refused(&with);
+        assert!(
+            e.contains("missing FELIX_INTERNAL_TLS_KEY, FELIX_INTERNAL_TLS_CA")
+                && !e.contains("ALLOW_UNAUTHENTICATED"),
+            "a partial set is a mistake, not a choice: {e}"
+        );
+        with.push(("FELIX_INTERNAL_TLS_KEY", &key));
+        with.push(("FELIX_INTERNAL_TLS_CA", &ca));
+        let (c, _) = cluster_of(&with).unwrap();
+        let tls = c.peer_tls.expect("peer mTLS");
+        assert_eq!(tls.identity.cert_chain.len(), 1);
+        assert_eq!(tls.ca.len(), 1);
+        let mut broken = with.clone();
+        broken.retain(|(k, _)| *k != "FELIX_INTERNAL_TLS_CA");
+        broken.push(("FELIX_INTERNAL_TLS_CA", &key));
+        let e = refused(&broken);
+        assert!(
+            e.contains("FELIX_INTERNAL_TLS_CA") && e.contains("no certificate"),
+            "{e}"
+        );
+        let mut missing = with.clone();
+        missing.retain(|(k, _)| *k != "FELIX_INTERNAL_TLS_KEY");
+        missing.push(("FELIX_INTERNAL_TLS_KEY", "/definitely/not/here"));
+        let e = refused(&missing);
+        assert!(
+            e.contains("FELIX_INTERNAL_TLS_KEY=\"/definitely/not/here\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn cluster_limits_and_the_lease_are_refused_outside_their_range() {
+        for (var, value, needle) in [
+            ("FELIX_DEFAULT_REPLICATION_FACTOR", "0", "1 to 5"),
+            (
+                "FELIX_DEFAULT_REPLICATION_FACTOR",
+                "4",
+                "at most the 3 nodes",
+            ),
+            ("FELIX_DEFAULT_REPLICATION_FACTOR", "6", "1 to 5"),
+            (
+                "FELIX_DEFAULT_REPLICATION_FACTOR",
+                "many",
+                "unsigned integer",
+            ),
+            ("FELIX_FORWARD_WINDOW", "0", "above zero"),
+            ("FELIX_LEASE_MS", "0", "above zero"),
+            ("FELIX_LEASE_MS", "-5", "unsigned integer"),
+        ] {
+            let e = refused(&node(&[(var, value)]));
+            assert!(e.contains(var) && e.contains(needle), "{var}={value}: {e}");
+        }
+    }
+
+    #[test]
+    fn cluster_settings_without_a_node_id_are_refused_naming_them() {
+        for (var, value) in [
+            ("FELIX_INTERNAL_BIND", "127.0.0.1:7101"),
+            ("FELIX_CLUSTER_PEERS", PEERS3),
+            ("FELIX_CLIENT_ADVERTISE_ADDR", "a:1"),
+            ("FELIX_LEASE_MS", "2001"),
+            ("FELIX_INTERNAL_TLS_CERT", "/a"),
+            ("FELIX_INTERNAL_TLS_KEY", "/a"),
+            ("FELIX_INTERNAL_TLS_CA", "/a"),
+            ("FELIX_INTERNAL_ALLOW_UNAUTHENTICATED", "true"),
+            ("FELIX_DEFAULT_REPLICATION_FACTOR", "2"),
+            ("FELIX_FORWARD_WINDOW", "8"),
+        ] {
+            let e = refused(&[(var, value)]);
+            assert!(
+                e.contains(var) && e.contains("only applies to a cluster node: set FELIX_NODE_ID"),
+                "{var}: {e}"
+            );
+        }
+        let e = refused(&[("FELIX_LEASE_MS", "5"), ("FELIX_FORWARD_WINDOW", "5")]);
+        assert!(
+            e.contains("FELIX_FORWARD_WINDOW, FELIX_LEASE_MS only apply"),
+            "every one is named: {e}"
+        );
+        // Their defaults, spelled out (as --print-config does), are not a cluster.
+        let c = from_vars(vars(&[
+            ("FELIX_LEASE_MS", "2000"),
+            ("FELIX_DEFAULT_REPLICATION_FACTOR", "1"),
+            ("FELIX_INTERNAL_ALLOW_UNAUTHENTICATED", "false"),
+        ]))
+        .unwrap();
+        assert_eq!(c.internal_bind, None);
+        let caches = file(
+            "caches-alone",
+            "[[caches]]\ntenant = \"t1\"\nnamespace = \"n\"\ncache = \"c\"\nreplication_factor = 1",
+        );
+        let e = load(Some(&caches), vars(&[])).unwrap_err().0;
+        assert!(
+            e.contains("[[caches]] (t1/n/c)") && e.contains("FELIX_NODE_ID"),
+            "{e}"
+        );
+        let replicated = file(
+            "replicated-alone",
+            "[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 1\nreplication_factor = 2",
+        );
+        let e = load(Some(&replicated), vars(&[])).unwrap_err().0;
+        assert!(
+            e.contains("stream t1/n/s: replication_factor 2 needs a cluster"),
+            "{e}"
+        );
+    }
+
+    const CLUSTER_FILE: &str = r#"
+quic_bind = "127.0.0.1:7001"
+
+[cluster]
+node_id = "n2"
+internal_bind = "127.0.0.1:7102"
+peers = "n1=127.0.0.1:7101,n2=127.0.0.1:7102,n3=127.0.0.1:7103"
+client_advertise_addr = "127.0.0.1:7001"
+lease_ms = 3000
+internal_allow_unauthenticated = true
+
+[limits]
+default_replication_factor = 2
+forward_window = 64
+
+[[streams]]
+tenant = "t1"
+namespace = "orders"
+stream = "created"
+shards = 6
+replication_factor = 3
+consistency = "quorum"
+
+[[streams]]
+tenant = "t1"
+namespace = "orders"
+stream = "plain"
+shards = 1
+
+[[caches]]
+tenant = "t1"
+namespace = "app"
+cache = "sessions"
+replication_factor = 3
+shards = 2
+
+[[caches]]
+tenant = "t1"
+namespace = "app"
+cache = "small"
+replication_factor = 1
+"#;
+
+    #[test]
+    fn cluster_file_declarations_reach_the_engine_and_print_again() {
+        let path = file("cluster", CLUSTER_FILE);
+        let c = load(Some(&path), vars(&[])).unwrap();
+        let printed = c.effective.render();
+        let e = engine_of(c);
+        let cluster = e.cluster.clone().unwrap();
+        assert_eq!(cluster.node_id, "n2");
+        assert_eq!(cluster.lease, Duration::from_secs(3));
+        assert_eq!(cluster.default_replication_factor, 2);
+        assert_eq!(cluster.forward_window, 64);
+        assert_eq!(
+            cluster.client_advertise_addr.as_deref(),
+            Some("127.0.0.1:7001")
+        );
+        let s = &e.declared_streams;
+        assert_eq!(
+            (s[0].shards, s[0].replication_factor, s[0].consistency),
+            (6, 3, Consistency::Quorum)
+        );
+        assert_eq!(
+            (s[1].replication_factor, s[1].consistency),
+            (1, Consistency::Leader),
+            "defaults"
+        );
+        let d = &cluster.declared_caches;
+        assert_eq!(
+            (d[0].cache.as_str(), d[0].shards, d[0].replication_factor),
+            ("sessions", 2, 3)
+        );
+        assert_eq!(
+            (d[1].cache.as_str(), d[1].shards, d[1].replication_factor),
+            ("small", 1, 1),
+            "shards default to 1"
+        );
+
+        for expected in [
+            "node_id = \"n2\"",
+            "peers = \"n1=127.0.0.1:7101,n2=127.0.0.1:7102,n3=127.0.0.1:7103\"",
+            "lease_ms = 3000",
+            "default_replication_factor = 2",
+            "forward_window = 64",
+            "internal_allow_unauthenticated = true",
+            "consistency = \"quorum\"",
+            "replication_factor = 3",
+            "cache = \"sessions\"",
+            "# internal_tls_cert is unset",
+        ] {
+            assert!(printed.contains(expected), "{expected} not in\n{printed}");
+        }
+        let again = file("cluster-printed", &printed);
+        let e2 = engine_of(load(Some(&again), vars(&[])).unwrap());
+        assert_eq!(e2.declared_streams, e.declared_streams);
+        assert_eq!(e2.cluster.unwrap().declared_caches, cluster.declared_caches);
+    }
+
+    #[test]
+    fn bad_cluster_declarations_in_the_file_are_refused_with_their_name() {
+        let node = "[cluster]\nnode_id = \"n1\"\ninternal_bind = \"127.0.0.1:7101\"\n\
+                    peers = \"n1=127.0.0.1:7101,n2=127.0.0.1:7102,n3=127.0.0.1:7103\"\n\
+                    internal_allow_unauthenticated = true\n";
+        let stream =
+            "[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 1\n";
+        let cache = "[[caches]]\ntenant = \"t1\"\nnamespace = \"n\"\ncache = \"c\"\n";
+        for (text, needle) in [
+            (
+                format!("{node}{stream}replication_factor = 0"),
+                "`streams[0].replication_factor`",
+            ),
+            (
+                format!("{node}{stream}replication_factor = 6"),
+                "expected 1 to 5, found 6",
+            ),
+            (
+                format!("{node}{stream}replication_factor = 4"),
+                "stream t1/n/s: replication_factor 4 is more than the 3 nodes",
+            ),
+            (
+                format!("{node}{stream}consistency = \"all\""),
+                "`streams[0].consistency`",
+            ),
+            (
+                format!("{node}{stream}consistency = 1"),
+                "expected \"leader\" or \"quorum\"",
+            ),
+            (format!("{node}{cache}"), "`caches[0].replication_factor`"),
+            (
+                format!("{node}{cache}replication_factor = 0"),
+                "expected 1 to 5",
+            ),
+            (
+                format!("{node}{cache}replication_factor = 4"),
+                "cache t1/n/c: replication_factor 4",
+            ),
+            (
+                format!("{node}{cache}replication_factor = 1\nshards = 0"),
+                "`caches[0].shards`",
+            ),
+            (
+                format!("{node}{cache}replication_factor = 1\nttl = 3"),
+                "`caches[0].ttl`",
+            ),
+            (
+                format!(
+                    "{node}[[caches]]\nnamespace = \"n\"\ncache = \"c\"\nreplication_factor = 1"
+                ),
+                "`caches[0].tenant`",
+            ),
+            (format!("caches = 3\n{node}"), "expected [[caches]] tables"),
+            (format!("{node}node_name = \"x\""), "`cluster.node_name`"),
+            (format!("{node}lease_ms = \"long\""), "`cluster.lease_ms`"),
+        ] {
+            let path = file("bad-cluster", &text);
+            let e = load(Some(&path), vars(&[])).unwrap_err();
+            assert!(e.0.contains(needle), "{text:?}: {e}");
+        }
     }
 }

@@ -173,7 +173,9 @@ fn choose_runtime<'r>(
 pub async fn serve<R: Runtime>(runtime: R, config: Config) -> io::Result<()> {
     // Handlers go in before the broker starts, so an early SIGTERM still stops it cleanly.
     let signal = termination_signal()?;
-    let mut broker = start(runtime, config.options).await?;
+    let mut options = config.options;
+    options.internal_bind = config.internal_bind;
+    let mut broker = start(runtime, options).await?;
     broker.watch_files(&config.reload)?;
     if let Some(path) = &config.tls_cert_export {
         write_atomically(path, broker.ca_cert_pem().as_bytes())?;

@@ -79,6 +79,17 @@ pub(crate) fn from_pem(cert_pem: &[u8], key_pem: &[u8]) -> io::Result<TlsIdentit
     Ok(TlsIdentity { cert_chain, key })
 }
 
+/// Reads a PEM bundle of CA certificates (at least one).
+pub(crate) fn ca_from_pem(pem: &[u8]) -> io::Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(format!("CA PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(invalid("holds no certificate"));
+    }
+    Ok(certs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,5 +107,9 @@ mod tests {
     #[test]
     fn bad_pem_is_refused() {
         assert!(from_pem(b"nothing here", b"nor here").is_err());
+        let e = ca_from_pem(b"nothing here").unwrap_err();
+        assert!(e.to_string().contains("no certificate"), "{e}");
+        let g = generate(&[]).unwrap();
+        assert_eq!(ca_from_pem(g.ca_pem.as_bytes()).unwrap().len(), 1);
     }
 }
