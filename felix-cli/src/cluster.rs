@@ -456,15 +456,11 @@ fn start_all(
         match wait_healthy(node, child, stop, deadline, timeout)? {
             Health::Ready | Health::Stopped => {}
             Health::Alive => {
-                // TODO(issue 17): a cluster node's /readyz turns 200 only once the engine has
-                // joined the cluster (the peer endpoint and raft, being wired in felix-engine).
-                // Until that lands a live node may never report ready; once it does, make
-                // this a failure like a node that never answers.
-                eprintln!(
-                    "felix cluster: warning: node {} is alive (/livez) but does not report \
-                     ready (/readyz) yet: cluster readiness is not reported by this broker",
+                return Err(Failure::Connection(format!(
+                    "node {} is alive (/livez) but did not join the cluster (/readyz) within \
+                     {timeout:?}; see its log",
                     node.id
-                );
+                )));
             }
         }
     }
