@@ -65,9 +65,63 @@ struct UpArgs {
     /// The runtime every node runs on.
     #[arg(long, value_parser = ["tokio", "smol"])]
     runtime: Option<String>,
+    /// Declare a stream on every node: `TENANT/NAMESPACE/STREAM:SHARDS[:REPLICATION_FACTOR]`
+    /// (repeatable). Undeclared streams are placed on first use.
+    #[arg(long = "stream", value_name = "SPEC", value_parser = parse_stream)]
+    streams: Vec<Declared>,
+    /// Declare a cache on every node: `TENANT/NAMESPACE/CACHE[:REPLICATION_FACTOR]` (repeatable).
+    #[arg(long = "cache", value_name = "SPEC", value_parser = parse_cache)]
+    caches: Vec<Declared>,
     /// How long the nodes together may take to answer their health endpoints.
     #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
     start_timeout: Duration,
+}
+
+/// A `--stream` or `--cache` declaration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Declared {
+    names: [String; 3],
+    shards: u32,
+    replication_factor: u8,
+}
+
+fn parse_declared(text: &str, with_shards: bool) -> Result<Declared, String> {
+    let mut parts = text.split(':');
+    let path = parts.next().unwrap_or_default();
+    let names: Vec<&str> = path.split('/').collect();
+    let [t, n, s] = names[..] else {
+        return Err(format!("{text:?}: expected TENANT/NAMESPACE/NAME"));
+    };
+    let number = |p: Option<&str>, what: &str| -> Result<Option<u64>, String> {
+        p.map(|v| {
+            v.parse::<u64>()
+                .map_err(|e| format!("{text:?}: {what} {v:?}: {e}"))
+        })
+        .transpose()
+    };
+    let shards = if with_shards {
+        number(parts.next(), "shards")?.ok_or_else(|| format!("{text:?}: expected :SHARDS"))?
+    } else {
+        1
+    };
+    let rf = number(parts.next(), "replication factor")?.unwrap_or(1);
+    if parts.next().is_some() {
+        return Err(format!("{text:?}: too many ':' fields"));
+    }
+    Ok(Declared {
+        names: [t.to_owned(), n.to_owned(), s.to_owned()],
+        shards: u32::try_from(shards).map_err(|_| format!("{text:?}: too many shards"))?,
+        replication_factor: u8::try_from(rf)
+            .map_err(|_| format!("{text:?}: replication factor"))?,
+    })
+}
+
+fn parse_stream(text: &str) -> Result<Declared, String> {
+    parse_declared(text, true)
+}
+
+fn parse_cache(text: &str) -> Result<Declared, String> {
+    parse_declared(text, false)
 }
 
 fn parse_nodes(text: &str) -> Result<usize, String> {
@@ -105,7 +159,8 @@ fn cluster_up(args: UpArgs) -> Result<(), Failure> {
     }
     let dir = prepare_dir(args.dir.as_deref())?;
     let broker = broker_binary(args.broker.as_deref())?;
-    let nodes = lay_out(&dir, args.nodes, args.runtime.as_deref())?;
+    let declared = declarations(&args.streams, &args.caches);
+    let nodes = lay_out(&dir, args.nodes, args.runtime.as_deref(), &declared)?;
     println!("felix cluster: {} nodes in {}", nodes.len(), dir.display());
 
     let mut running: Vec<(String, Child)> = Vec::new();
@@ -235,7 +290,12 @@ fn free_ports(udp: usize, tcp: usize) -> Result<(Vec<SocketAddr>, Vec<SocketAddr
 
 /// Writes the CA, each node's certificate, key, data directory and config, the JWKS and the
 /// token.
-fn lay_out(dir: &Path, count: usize, runtime: Option<&str>) -> Result<Vec<Node>, Failure> {
+fn lay_out(
+    dir: &Path,
+    count: usize,
+    runtime: Option<&str>,
+    declared: &str,
+) -> Result<Vec<Node>, Failure> {
     let (udp, tcp) = free_ports(2 * count, count)?;
     let nodes: Vec<Node> = (0..count)
         .map(|i| {
@@ -296,12 +356,40 @@ fn lay_out(dir: &Path, count: usize, runtime: Option<&str>) -> Result<Vec<Node>,
         write(&cert, cert_pem.as_bytes())?;
         write(&key, key_pem.as_bytes())?;
         restrict(&key)?;
-        let text = node_config(
+        let mut text = node_config(
             node, runtime, &cert, &key, &ca_path, &jwks_path, &data, &peers,
         );
+        text.push_str(declared);
         write(&node.config, text.as_bytes())?;
     }
     Ok(nodes)
+}
+
+/// The `[[streams]]` and `[[caches]]` every node is given alike.
+fn declarations(streams: &[Declared], caches: &[Declared]) -> String {
+    let mut out = String::new();
+    for d in streams {
+        let [t, n, s] = &d.names;
+        out.push_str(&format!(
+            "\n[[streams]]\ntenant = {}\nnamespace = {}\nstream = {}\nshards = {}\nreplication_factor = {}\n",
+            toml_string(t),
+            toml_string(n),
+            toml_string(s),
+            d.shards,
+            d.replication_factor
+        ));
+    }
+    for d in caches {
+        let [t, n, c] = &d.names;
+        out.push_str(&format!(
+            "\n[[caches]]\ntenant = {}\nnamespace = {}\ncache = {}\nreplication_factor = {}\n",
+            toml_string(t),
+            toml_string(n),
+            toml_string(c),
+            d.replication_factor
+        ));
+    }
+    out
 }
 
 /// A node's `nodeN.toml` (docs/cluster.md lists every key).
@@ -589,6 +677,28 @@ mod tests {
         for bad in ["1", "2", "4", "6", "three"] {
             assert!(parse_nodes(bad).unwrap_err().contains("3 or 5"), "{bad}");
         }
+    }
+
+    #[test]
+    fn declarations_parse_and_render_as_toml() {
+        let s = parse_stream("t1/default/orders:6:3").unwrap();
+        assert_eq!(s.shards, 6);
+        assert_eq!(s.replication_factor, 3);
+        assert_eq!(
+            parse_stream("t1/default/x:2").unwrap().replication_factor,
+            1
+        );
+        assert!(parse_stream("t1/default/x").unwrap_err().contains("SHARDS"));
+        assert!(parse_stream("t1/x:2")
+            .unwrap_err()
+            .contains("TENANT/NAMESPACE/NAME"));
+        assert!(parse_stream("t1/a/b:2:1:9")
+            .unwrap_err()
+            .contains("too many"));
+        let c = parse_cache("t1/default/sessions").unwrap();
+        let toml = declarations(&[s], &[c]);
+        assert!(toml.contains("[[streams]]\ntenant = \"t1\"\nnamespace = \"default\"\nstream = \"orders\"\nshards = 6\nreplication_factor = 3\n"), "{toml}");
+        assert!(toml.contains("[[caches]]\ntenant = \"t1\"\nnamespace = \"default\"\ncache = \"sessions\"\nreplication_factor = 1\n"), "{toml}");
     }
 
     #[test]
