@@ -21,6 +21,10 @@ use crate::clock::UnixAnchor;
 pub struct Stats {
     /// Connections open now (including closing ones not yet drained).
     pub connections: u64,
+    /// Requests this node forwarded to their shard's leader (in a cluster).
+    pub forwards: u64,
+    /// Forwarded requests this node ran as their shard's leader.
+    pub forwards_served: u64,
     /// Connections accepted since start.
     pub connections_accepted: u64,
     /// Connection attempts refused (limit reached or shutting down).
@@ -141,6 +145,8 @@ pub(crate) struct Core {
     pub(crate) open_connections: usize,
     /// This node's cluster, when it is one of several.
     pub(crate) cluster: Option<crate::cluster::ClusterNode>,
+    /// A forwarded request is being run (engine/forwarded.rs): it must not be forwarded again.
+    pub(crate) forwarding_here: bool,
 }
 
 impl Core {

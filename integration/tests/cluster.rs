@@ -13,7 +13,7 @@ use felix_integration::{
 };
 use felix_proto::message::{self, Message, ShardKind};
 use felix_proto::ErrorCode;
-use felix_runtime_tokio::felix_engine::{ClusterConfig, DeclaredStream, PeerAddr};
+use felix_runtime_tokio::felix_engine::{ClusterConfig, DeclaredCache, DeclaredStream, PeerAddr};
 use felix_runtime_tokio::{BrokerOptions, RunningBroker};
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
@@ -93,6 +93,9 @@ impl Cluster {
         let opts = opts.configure_engine(move |e| {
             let mut cluster = ClusterConfig::new(id, peers);
             cluster.client_advertise_addr = Some(advertise);
+            cluster
+                .declared_caches
+                .push(DeclaredCache::new(TENANT, "default", "sessions", 1));
             e.cluster = Some(cluster);
             e.declared_streams
                 .push(DeclaredStream::new(TENANT, "default", &stream, shards));
@@ -320,5 +323,73 @@ async fn a_stopped_node_leaves_the_topology_and_rejoins() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(c.topology(2).await, c.expected_topology(None));
+    c.shutdown().await;
+}
+
+/// A publish and cache calls sent to a node that does not lead their shard are forwarded to
+/// the leader, answered once it has answered, and land there once.
+#[tokio::test]
+async fn writes_through_a_non_owner_are_forwarded_to_the_leader() {
+    let c = Cluster::start(3).await;
+    let owners = c.owners(0).await;
+    // A shard n1 does not lead, and a key that routes to it.
+    let shard = owners
+        .iter()
+        .find(|o| o.node_id.as_deref() != Some("n1"))
+        .expect("n1 does not lead all three");
+    let (shard, leader) = (shard.shard as u32, shard.node_id.clone().unwrap());
+    let leader_at = NODES.iter().position(|n| *n == leader).unwrap();
+    let key = (0..1000)
+        .map(|i| format!("key-{i}"))
+        .find(|k| {
+            let mapping = felix_proto::routing::RoutingMapping::Modulo;
+            felix_proto::routing::shard_for_key(Some(k.as_bytes()), 3, mapping) == shard
+        })
+        .unwrap();
+    let reader = c.client(leader_at, Offer::reference_client()).await;
+    let mut events = within(
+        10,
+        reader.subscribe_shard("default", &c.stream, Start::Latest, Some(shard)),
+    )
+    .await
+    .unwrap();
+    let entry = c.client(0, Offer::reference_client()).await;
+    for i in 0..20u8 {
+        entry
+            .publish(
+                "default",
+                &c.stream,
+                vec![bytes::Bytes::from(vec![i])],
+                Some(bytes::Bytes::from(key.clone())),
+                felix_client::Ack::PerBatch,
+            )
+            .await
+            .expect("a publish through a non-owner is forwarded and acked");
+    }
+    for i in 0..20u8 {
+        let e = felix_integration::next_event(&mut events).await;
+        assert_eq!(&e.payload[..], &[i], "in order, once each");
+    }
+    felix_integration::assert_quiet(&mut events, 200).await;
+
+    // The cache lives on one node; a put through each node is read back through every other.
+    for (i, writer) in (0..3).enumerate() {
+        let w = c.client(writer, Offer::reference_client()).await;
+        let value = bytes::Bytes::from(format!("v{i}"));
+        w.cache_put("default", "sessions", "k", value.clone(), None)
+            .await
+            .expect("a cache put through any node");
+        for reader in 0..3 {
+            let r = c.client(reader, Offer::reference_client()).await;
+            let got = r.cache_get("default", "sessions", "k").await.unwrap();
+            assert_eq!(
+                got,
+                Some(value.clone()),
+                "written via n{} read via n{}",
+                writer + 1,
+                reader + 1
+            );
+        }
+    }
     c.shutdown().await;
 }

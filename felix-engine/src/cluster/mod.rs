@@ -36,8 +36,46 @@ pub(crate) struct OwnerEntry {
     pub(crate) generation: u64,
 }
 
+/// How long a forwarded request may wait for the leader's answer before the client is told
+/// the outcome is unknown (`unacknowledged`). Below the client's own 30 s ack timeout.
+pub(crate) const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How a forward this node sent ended.
+#[derive(Debug)]
+pub(crate) enum ForwardOutcome {
+    /// The leader's answer frame.
+    Answered(bytes::Bytes),
+    /// The leader refused it, or it never answered.
+    Refused(felix_proto::ErrorCode, String),
+}
+
+/// A forward sent, waiting for its answer: where the client's session is.
+struct Sent {
+    ch: quinn_proto::ConnectionHandle,
+    stream: quinn_proto::StreamId,
+    deadline: Instant,
+    to: NodeId,
+}
+
+/// A forward another node sent here.
+pub(crate) struct Inbound {
+    pub(crate) from: String,
+    pub(crate) forward: felix_peer_proto::Forward,
+}
+
 pub(crate) struct ClusterNode {
     me: NodeId,
+    /// Forwards sent and not answered, by id.
+    sent: BTreeMap<u64, Sent>,
+    done: std::collections::VecDeque<(
+        quinn_proto::ConnectionHandle,
+        quinn_proto::StreamId,
+        u64,
+        ForwardOutcome,
+    )>,
+    inbound: std::collections::VecDeque<Inbound>,
+    next_channel: u32,
+    cluster_id: String,
     net: PeerNet,
     control: ControlPlane,
     /// Why the cluster refused this node (its declarations disagree): fatal.
@@ -119,8 +157,9 @@ impl ClusterNode {
             .iter()
             .map(|p| (p.node_id.clone(), p.addr))
             .collect();
+        let cid = cluster_id(&voters);
         let identity = Identity {
-            cluster_id: cluster_id(&voters),
+            cluster_id: cid.clone(),
             node_id: cfg.node_id.clone(),
             storage_id,
             incarnation,
@@ -148,6 +187,11 @@ impl ClusterNode {
             now,
         );
         let mut node = ClusterNode {
+            sent: BTreeMap::new(),
+            done: Default::default(),
+            inbound: Default::default(),
+            next_channel: 1,
+            cluster_id: cid,
             me,
             net,
             control,
@@ -164,6 +208,21 @@ impl ClusterNode {
     }
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        let expired: Vec<u64> = self
+            .sent
+            .iter()
+            .filter(|(_, s)| s.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            let s = self.sent.remove(&id).expect("listed");
+            let why = format!(
+                "no answer from {} within {FORWARD_TIMEOUT:?}; the request may or may not have been applied",
+                s.to
+            );
+            let outcome = ForwardOutcome::Refused(felix_proto::ErrorCode::Unacknowledged, why);
+            self.done.push_back((s.ch, s.stream, id, outcome));
+        }
         self.net.handle_timeout(now);
         if self.control.poll_timeout() <= now {
             self.control.handle_timeout(now);
@@ -172,10 +231,109 @@ impl ClusterNode {
     }
 
     pub(crate) fn poll_timeout(&self) -> Instant {
-        match self.net.poll_timeout() {
-            Some(at) => at.min(self.control.poll_timeout()),
-            None => self.control.poll_timeout(),
+        let forwards = self.sent.values().map(|s| s.deadline).min();
+        [self.net.poll_timeout(), forwards]
+            .into_iter()
+            .flatten()
+            .fold(self.control.poll_timeout(), Instant::min)
+    }
+
+    /// A channel number for one client session's forwards (the high half of their ids).
+    pub(crate) fn new_channel(&mut self) -> u32 {
+        let c = self.next_channel;
+        self.next_channel = self.next_channel.wrapping_add(1).max(1);
+        c
+    }
+
+    /// The scope a forward names: the shard, at the generation this node routed by.
+    pub(crate) fn scope(
+        &self,
+        cache: bool,
+        names: (&str, &str, &str),
+        shard: u32,
+        generation: u64,
+    ) -> felix_peer_proto::ShardScope {
+        felix_peer_proto::ShardScope {
+            shard: felix_peer_proto::ShardId {
+                cluster_id: self.cluster_id.clone(),
+                kind: if cache {
+                    felix_peer_proto::ShardKind::Cache
+                } else {
+                    felix_peer_proto::ShardKind::Stream
+                },
+                tenant: names.0.to_owned(),
+                namespace: names.1.to_owned(),
+                name: names.2.to_owned(),
+                shard,
+            },
+            generation,
         }
+    }
+
+    /// Sends a forward to `to`; with `answer_to`, its answer is owed to that session.
+    pub(crate) fn forward(
+        &mut self,
+        now: Instant,
+        to: &NodeId,
+        forward: felix_peer_proto::Forward,
+        answer_to: Option<(quinn_proto::ConnectionHandle, quinn_proto::StreamId)>,
+    ) {
+        if let Some((ch, stream)) = answer_to {
+            let deadline = now + FORWARD_TIMEOUT;
+            self.sent.insert(
+                forward.forward_id,
+                Sent {
+                    ch,
+                    stream,
+                    deadline,
+                    to: to.clone(),
+                },
+            );
+        }
+        self.net.send(to.as_str(), &PeerMessage::Forward(forward));
+        self.pump(now);
+    }
+
+    /// Answers a forward `from` sent.
+    pub(crate) fn answer(&mut self, now: Instant, from: &str, message: PeerMessage) {
+        self.net.reply(from, &message);
+        self.pump(now);
+    }
+
+    /// Answers or forwards are waiting for the engine.
+    pub(crate) fn has_work(&self) -> bool {
+        !self.done.is_empty() || !self.inbound.is_empty()
+    }
+
+    /// Forwards this node sent that have ended.
+    pub(crate) fn poll_done(
+        &mut self,
+    ) -> Option<(
+        quinn_proto::ConnectionHandle,
+        quinn_proto::StreamId,
+        u64,
+        ForwardOutcome,
+    )> {
+        self.done.pop_front()
+    }
+
+    /// Forwards other nodes sent here.
+    pub(crate) fn poll_inbound(&mut self) -> Option<Inbound> {
+        self.inbound.pop_front()
+    }
+
+    /// Who serves the shard a forward names, as this node's metadata says.
+    pub(crate) fn scope_owner(&self, scope: &felix_peer_proto::ShardScope) -> Owner {
+        let s = &scope.shard;
+        let owner = match s.kind {
+            felix_peer_proto::ShardKind::Cache => {
+                self.cache_owner(&s.tenant, &s.namespace, &s.name)
+            }
+            felix_peer_proto::ShardKind::Stream => {
+                self.stream_owner(&s.tenant, &s.namespace, &s.name, s.shard)
+            }
+        };
+        owner.unwrap_or(Owner::Unassigned)
     }
 
     pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
@@ -205,7 +363,23 @@ impl ClusterNode {
                             self.control.handle_message(now, &NodeId::new(from), m);
                         }
                     }
-                    other => warn!(%from, kind = ?other.kind(), "peer message not served yet"),
+                    PeerMessage::Forward(forward) => {
+                        self.inbound.push_back(Inbound { from, forward });
+                    }
+                    PeerMessage::ForwardAnswer(a) => {
+                        if let Some(s) = self.sent.remove(&a.forward_id) {
+                            let outcome = ForwardOutcome::Answered(a.frame);
+                            self.done.push_back((s.ch, s.stream, a.forward_id, outcome));
+                        }
+                    }
+                    PeerMessage::ForwardRefused(r) => {
+                        if let Some(s) = self.sent.remove(&r.forward_id) {
+                            let why = format!("{} refused the forwarded request", s.to);
+                            let outcome = ForwardOutcome::Refused(r.code, why);
+                            self.done.push_back((s.ch, s.stream, r.forward_id, outcome));
+                        }
+                    }
+                    other => warn!(%from, kind = ?other.kind(), "unexpected peer message"),
                 }
             }
             while let Some(out) = self.control.poll_output() {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use felix_peer_proto::{
-    encode_frame, Hello, HelloRefusal, HelloRefused, NoShards, PeerFrameDecoder, PeerMessage, ALPN,
+    encode_frame, Hello, HelloRefusal, HelloRefused, PeerFrameDecoder, PeerMessage, ALPN,
     PEER_PROTOCOL_VERSION,
 };
 use quinn_proto::crypto::rustls::{QuicClientConfig, QuicServerConfig};
@@ -46,9 +46,18 @@ pub(crate) enum PeerEvent {
         message: Box<PeerMessage>,
     },
     /// A peer dialed in and named itself (after a restart, or a lost link).
-    Connected {
-        from: String,
-    },
+    Connected { from: String },
+}
+
+/// Links decode forwards with every generation current: whether this node still leads the
+/// shard is the engine's question, answered with a `forward_refused` that names the forward
+/// (a refusal at decode could not say which request it refused).
+struct AnyGeneration;
+
+impl felix_peer_proto::GenerationView for AnyGeneration {
+    fn current(&self, _: &felix_peer_proto::ShardId) -> Option<u64> {
+        Some(0)
+    }
 }
 
 /// Who this node is on the wire.
@@ -356,6 +365,22 @@ impl PeerNet {
         }
     }
 
+    /// Answers on the link `to` dialed to us (the one its requests came in on).
+    pub(crate) fn reply(&mut self, to: &str, message: &PeerMessage) {
+        let mut frame = Vec::new();
+        if let Err(e) = encode_frame(message, &mut frame) {
+            warn!(%to, error = %e, "peer answer not sent");
+            return;
+        }
+        if let Some(link) = self
+            .links
+            .values_mut()
+            .find(|l| l.dialed.is_none() && l.ready && l.peer.as_deref() == Some(to))
+        {
+            link.outbox.extend_from_slice(&frame);
+        }
+    }
+
     pub(crate) fn poll_event(&mut self) -> Option<PeerEvent> {
         self.events.pop_front()
     }
@@ -577,7 +602,7 @@ impl PeerNet {
             }
             loop {
                 match link.decoder.next_frame() {
-                    Ok(Some(frame)) => match frame.decode(&NoShards) {
+                    Ok(Some(frame)) => match frame.decode(&AnyGeneration) {
                         Ok(m) => frames.push(m),
                         Err(e) => {
                             broken = Some(e.to_string());

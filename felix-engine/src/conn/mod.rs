@@ -40,6 +40,18 @@ pub(crate) struct ConnShared {
     pub(crate) group_serial: Option<u64>,
 }
 
+impl ConnShared {
+    pub(crate) fn new(now: Instant) -> ConnShared {
+        ConnShared {
+            authenticated: false,
+            last_activity: now,
+            subscriptions: 0,
+            new_subscriptions: Vec::new(),
+            group_serial: None,
+        }
+    }
+}
+
 /// A subscription's event stream.
 struct EventStream {
     subscriber: SubscriberId,
@@ -88,13 +100,7 @@ impl Conn {
     pub(crate) fn new(quic: quinn_proto::Connection, now: Instant, peer_ip: IpAddr) -> Conn {
         Conn {
             quic,
-            shared: ConnShared {
-                authenticated: false,
-                last_activity: now,
-                subscriptions: 0,
-                new_subscriptions: Vec::new(),
-                group_serial: None,
-            },
+            shared: ConnShared::new(now),
             sessions: BTreeMap::new(),
             events: BTreeMap::new(),
             waiting_for_stream: VecDeque::new(),
@@ -405,6 +411,22 @@ impl Conn {
     }
 
     /// A cache read a held answer on `id` waited for has its value.
+    /// The answer (or refusal) to a request this connection's session forwarded.
+    pub(crate) fn fill_forward(
+        &mut self,
+        id: StreamId,
+        forward_id: u64,
+        outcome: crate::cluster::ForwardOutcome,
+        value_reserve: usize,
+    ) {
+        if let Some(session) = self.sessions.get_mut(&id) {
+            let before = session.unwritten_bytes(value_reserve);
+            session.fill_forward(forward_id, outcome);
+            self.unwritten_bytes =
+                self.unwritten_bytes + session.unwritten_bytes(value_reserve) - before;
+        }
+    }
+
     pub(crate) fn fill_value(
         &mut self,
         id: StreamId,

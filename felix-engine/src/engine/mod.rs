@@ -2,6 +2,7 @@
 //! token verifier, and moves bytes between them.
 
 mod drain;
+mod forwarded;
 
 use core::net::{IpAddr, SocketAddr};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -290,6 +291,8 @@ pub struct Engine {
     /// File ops handed out and not completed, and the most that may be.
     file_ops_in_flight: usize,
     max_inflight_file_ops: usize,
+    /// Requests other nodes forwarded here, each channel a session of its own.
+    forwarded: forwarded::Forwarded,
 }
 
 impl fmt::Debug for Engine {
@@ -481,6 +484,7 @@ impl Engine {
             starved_conns: BTreeSet::new(),
             open_connections: 0,
             cluster,
+            forwarding_here: false,
         };
 
         Ok(Engine {
@@ -502,6 +506,7 @@ impl Engine {
             server_config: server,
             shutting_down: false,
             file_ops_in_flight: 0,
+            forwarded: Default::default(),
             max_inflight_file_ops: config
                 .durable
                 .as_ref()
@@ -696,6 +701,11 @@ impl Engine {
             if let Some(t) = c.poll_transmit(now, buf) {
                 return Some(Output::PeerTransmit(t));
             }
+            if c.has_work() {
+                // Reading the links produced answers or forwards: one more turn for them.
+                self.settle(now);
+                return self.poll_output(now, buf);
+            }
         }
         while let Some(&ch) = self.send_queue.front() {
             let Some(conn) = self.conns.get_mut(&ch) else {
@@ -876,6 +886,7 @@ impl Engine {
     /// Ends a turn: lets every touched connection handle its events, seals the broker's
     /// batches once, hands deliveries to event streams, and re-arms timers and transmits.
     fn settle(&mut self, now: Instant) {
+        self.cluster_work(now);
         let mut i = 0;
         while i < self.touched.len() {
             let ch = self.touched[i];
@@ -958,7 +969,9 @@ impl Engine {
                 }
                 Notice::Value { log, ticket, value } => {
                     if let Some((ch, stream)) = self.core.value_waiters.remove(&(log, ticket)) {
-                        if let Some(conn) = self.conns.get_mut(&ch) {
+                        if self.forwarded.contains(ch) {
+                            self.fill_virtual_value(ch, log, ticket, value);
+                        } else if let Some(conn) = self.conns.get_mut(&ch) {
                             let reserve = self.core.limits.value_reserve;
                             conn.fill_value(stream, log, ticket, value, reserve);
                         }
@@ -1005,6 +1018,10 @@ impl Engine {
 
     fn release_answers(&mut self, now: Instant, streams: Vec<(ConnectionHandle, StreamId)>) {
         for (ch, stream) in streams {
+            if self.forwarded.contains(ch) {
+                self.wake_virtual(now, ch, false);
+                continue;
+            }
             if let Some(conn) = self.conns.get_mut(&ch) {
                 conn.release_held(now, ch, stream, &mut self.core);
                 self.touch(ch);
@@ -1014,6 +1031,10 @@ impl Engine {
 
     fn resume_stalled(&mut self, now: Instant, log: LogId) {
         for (ch, stream) in self.core.stalled.remove(&log).unwrap_or_default() {
+            if self.forwarded.contains(ch) {
+                self.wake_virtual(now, ch, true);
+                continue;
+            }
             if let Some(conn) = self.conns.get_mut(&ch) {
                 conn.resume_stalled(now, ch, stream, &mut self.core);
                 self.touch(ch);

@@ -9,8 +9,31 @@ use felix_proto::message::{
 use felix_proto::routing::shard_for_key;
 use felix_proto::{ErrorCode, Features};
 
-use super::{Session, SessionCx};
+use bytes::Bytes;
+use felix_cluster::routing::Owner;
+use felix_proto::binary::{AckOwner, PublishAck};
+use felix_proto::Flags;
+
+use super::{FailAnswer, Held, Session, SessionCx};
 use crate::broker::encode_message;
+use crate::cluster::ForwardOutcome;
+
+/// A session's forward channel (ids: channel in the high half, sequence in the low).
+pub(crate) struct Forwarding {
+    channel: u32,
+    seq: u32,
+    /// Nodes the channel's `auth` has been sent to.
+    opened: Vec<String>,
+}
+
+/// A forwarded request's place among the session's answers.
+pub(crate) struct HeldForward {
+    forward_id: u64,
+    pub(super) answer: Option<Bytes>,
+    fail: FailAnswer,
+    /// Set the `0x0080` owner on a forwarded binary ack (the client offered it).
+    hint: Option<AckOwner>,
+}
 
 /// The shard a request is for.
 pub(super) struct Target<'a> {
@@ -23,6 +46,8 @@ pub(super) struct Target<'a> {
     key: Option<&'a [u8]>,
     /// How a refusal is shaped for this request.
     answer: Answer,
+    /// The request is owed an answer (forwards of one that is not hold no place).
+    expects_answer: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -46,6 +71,7 @@ macro_rules! stream_target {
             shard: $shard,
             key: $key,
             answer: $answer,
+            expects_answer: true,
         })
     };
 }
@@ -61,6 +87,7 @@ macro_rules! cache_target {
             shard: None,
             key: None,
             answer: Answer::Error,
+            expects_answer: true,
         })
     };
 }
@@ -80,7 +107,19 @@ pub(super) fn binary_publish_target<'a>(
         shard: None,
         key,
         answer: Answer::BinaryAck(request_id),
+        expects_answer: request_id.is_some(),
     }
+}
+
+/// How a request routes and whether it is owed an answer (the forwarding node and the leader
+/// must agree on the second, so both ask this).
+pub(crate) fn routing_target(msg: &Message) -> Option<(RequestClass, bool)> {
+    target(msg).map(|t| (t.class, t.expects_answer))
+}
+
+/// A JSON publish is answered unless it asked for no ack (as the session's own rule).
+fn acked(ack: Option<felix_proto::message::AckMode>) -> bool {
+    ack.unwrap_or(felix_proto::message::AckMode::None) != felix_proto::message::AckMode::None
 }
 
 /// The shard `msg` is for, and how it routes; `None` for a request any node answers.
@@ -89,11 +128,19 @@ pub(super) fn target(msg: &Message) -> Option<Target<'_>> {
     match msg {
         Message::Publish(p) => {
             let answer = Answer::JsonPublish(p.request_id);
-            stream_target!(C::Publish, p, p.shard, p.key.as_deref(), answer)
+            let t = stream_target!(C::Publish, p, p.shard, p.key.as_deref(), answer);
+            t.map(|t| Target {
+                expects_answer: acked(p.ack),
+                ..t
+            })
         }
         Message::PublishBatch(p) => {
             let answer = Answer::JsonPublish(p.request_id);
-            stream_target!(C::Publish, p, p.shard, p.key.as_deref(), answer)
+            let t = stream_target!(C::Publish, p, p.shard, p.key.as_deref(), answer);
+            t.map(|t| Target {
+                expects_answer: acked(p.ack),
+                ..t
+            })
         }
         Message::Subscribe(s) => stream_target!(C::Subscribe, s, s.shard, None, Answer::Error),
         Message::Commit(c) => stream_target!(C::LeaderOnly, c, c.shard, None, Answer::Error),
@@ -146,12 +193,13 @@ impl Session {
         let Some(cluster) = cx.core.cluster.as_mut() else {
             return false;
         };
+        let mut shard = 0;
         let owner = if t.cache {
             cluster.cache_owner(t.tenant, t.namespace, t.name)
         } else {
             match cluster.stream_width(t.tenant, t.namespace, t.name) {
                 Some(width) => {
-                    let shard = match t.shard {
+                    shard = match t.shard {
                         Some(s) => u32::try_from(s).unwrap_or(u32::MAX),
                         None => shard_for_key(t.key, width, cx.core.routing_mapping),
                     };
@@ -179,6 +227,12 @@ impl Session {
             }
         };
         let redirect = self.negotiated().features.contains(Features::REDIRECT);
+        let (owner_addr, generation) = match &owner {
+            Owner::Remote {
+                addr, generation, ..
+            } => (addr.clone(), *generation),
+            _ => (None, 0),
+        };
         match route(t.class, &owner, redirect) {
             Route::Serve => false,
             Route::Redirect {
@@ -198,11 +252,20 @@ impl Session {
                 self.refuse_routed(t, ErrorCode::NotLeader, message);
                 true
             }
-            Route::Forward { to } => {
-                // Forwarding is not wired yet: the client's own routing (shard_owners) sends
-                // these to the owner, and a stale route gets a redirect-class refusal.
-                let message = format!("shard is led by {to}; send it there");
+            // A forwarded request runs here only because this node leads it; metadata that
+            // says otherwise must not send it round again.
+            Route::Forward { to } if cx.core.forwarding_here => {
+                let message = format!("shard is led by {to}");
                 self.refuse_routed(t, ErrorCode::NotLeader, message);
+                true
+            }
+            Route::Forward { to } => {
+                let hint = AckOwner {
+                    node_id: to.0.clone(),
+                    addr: owner_addr,
+                    generation,
+                };
+                self.forward(t, &to, shard, hint, cx);
                 true
             }
             Route::Unavailable(why) => {
@@ -210,6 +273,135 @@ impl Session {
                 self.refuse_routed(t, ErrorCode::ShardUnavailable, message);
                 true
             }
+        }
+    }
+
+    /// Sends the request being handled to `to` and holds its answer's place.
+    fn forward(
+        &mut self,
+        t: &Target<'_>,
+        to: &felix_cluster::NodeId,
+        shard: u32,
+        hint: AckOwner,
+        cx: &mut SessionCx<'_>,
+    ) {
+        let Some(frame) = self.forward_frame.take() else {
+            self.refuse_routed(t, ErrorCode::ShardUnavailable, "cannot forward".into());
+            return;
+        };
+        let offers_hint = self
+            .negotiated()
+            .flags
+            .contains(Flags::BINARY_PUBLISH_ACK_OWNER);
+        let cluster = cx.core.cluster.as_mut().expect("routed in a cluster");
+        let scope = cluster.scope(
+            t.cache,
+            (t.tenant, t.namespace, t.name),
+            shard,
+            hint.generation,
+        );
+        let authed = self.auth.as_mut().expect("authenticated");
+        let fw = authed.forwarding.get_or_insert_with(|| {
+            Box::new(Forwarding {
+                channel: cluster.new_channel(),
+                seq: 0,
+                opened: Vec::new(),
+            })
+        });
+        let tenant = authed.identity.tenant.clone();
+        let principal = authed.identity.subject.clone();
+        let base = u64::from(fw.channel) << 32;
+        if !fw.opened.contains(&to.0) {
+            // The channel opens on that node with the client's own `auth`; its answer stays
+            // there (a refusal makes every later forward answer `unauthenticated`).
+            fw.opened.push(to.0.clone());
+            let open = felix_peer_proto::Forward {
+                forward_id: base,
+                scope: scope.clone(),
+                tenant: tenant.clone(),
+                principal: principal.clone(),
+                frame: authed.auth_frame.clone(),
+            };
+            cluster.forward(cx.now, to, open, None);
+        }
+        fw.seq = fw.seq.wrapping_add(1).max(1);
+        let forward_id = base | u64::from(fw.seq);
+        let answered = t.expects_answer;
+        let forward = felix_peer_proto::Forward {
+            forward_id,
+            scope,
+            tenant,
+            principal,
+            frame,
+        };
+        cluster.forward(cx.now, to, forward, answered.then_some((cx.ch, cx.stream)));
+        cx.core.stats.forwards += 1;
+        if answered {
+            let fail = match t.answer {
+                Answer::JsonPublish(Some(id)) => FailAnswer::JsonPublish(id),
+                Answer::BinaryAck(Some(id)) => FailAnswer::BinaryAck(id),
+                _ => FailAnswer::Error,
+            };
+            let hint = (offers_hint && matches!(t.answer, Answer::BinaryAck(_))).then_some(hint);
+            self.held.push_back(Held::Forward(Box::new(HeldForward {
+                forward_id,
+                answer: None,
+                fail,
+                hint,
+            })));
+        }
+    }
+
+    /// The answer to a forward has come (or its refusal, or its timeout).
+    pub(crate) fn fill_forward(&mut self, forward_id: u64, outcome: ForwardOutcome) {
+        let coded = self
+            .auth
+            .as_ref()
+            .is_some_and(|a| a.negotiated.error_codes());
+        let Some(i) = self
+            .held
+            .iter()
+            .position(|h| matches!(h, Held::Forward(f) if f.forward_id == forward_id))
+        else {
+            return;
+        };
+        let (fail, hint) = match &self.held[i] {
+            Held::Forward(f) => (f.fail, f.hint.clone()),
+            _ => unreachable!("found a forward"),
+        };
+        let frame = match outcome {
+            ForwardOutcome::Answered(frame) => match hint {
+                Some(owner) => with_owner(frame, owner),
+                None => frame,
+            },
+            ForwardOutcome::Refused(code, message) => {
+                self.fail_frame_coded(fail, code, &message, coded)
+            }
+        };
+        if let Held::Forward(f) = &mut self.held[i] {
+            f.answer = Some(frame);
+        }
+    }
+
+    fn fail_frame_coded(
+        &self,
+        fail: FailAnswer,
+        code: ErrorCode,
+        message: &str,
+        coded: bool,
+    ) -> Bytes {
+        match fail {
+            FailAnswer::BinaryAck(id) => self.ack_error_frame(id, code, message),
+            FailAnswer::JsonPublish(request_id) => {
+                encode_message(&Message::PublishError(PublishError {
+                    request_id,
+                    message: message.to_owned(),
+                    retry: coded.then_some(code.default_retry()),
+                    code: coded.then_some(code),
+                    detail: None,
+                }))
+            }
+            FailAnswer::Error => self.error_frame(code, message.to_owned()),
         }
     }
 
@@ -279,5 +471,25 @@ impl Session {
                 })
                 .collect(),
         }))
+    }
+}
+
+/// A forwarded binary ack with the `0x0080` owner set, so the client goes direct next time.
+/// Anything else passes as it came.
+fn with_owner(frame: Bytes, owner: AckOwner) -> Bytes {
+    let mut decoder = felix_proto::frame::FrameDecoder::new(u32::MAX);
+    decoder.feed_bytes(frame.clone());
+    let Ok(Some(f)) = decoder.next_frame() else {
+        return frame;
+    };
+    if !f.flags.contains(Flags::BINARY_PUBLISH_ACK) {
+        return frame;
+    }
+    match PublishAck::decode(f.flags, &f.payload) {
+        Ok(mut ack) => {
+            ack.owner = Some(owner);
+            super::ack_frame(&ack)
+        }
+        Err(_) => frame,
     }
 }

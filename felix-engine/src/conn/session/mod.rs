@@ -43,6 +43,7 @@ use felix_storage::ops::LogId;
 
 mod cache_features;
 mod cluster;
+pub(crate) use cluster::routing_target;
 mod groups;
 mod stream_ops;
 
@@ -95,6 +96,8 @@ enum Held {
     Value(Box<HeldValue>),
     /// A `group_records` waiting for its poll's answer.
     Group(Box<groups::HeldGroup>),
+    /// A request forwarded to its shard's leader, waiting for the answer it relays.
+    Forward(Box<cluster::HeldForward>),
 }
 
 /// A held `cache_value`: the value comes from a log read, and a delete's answer also
@@ -129,6 +132,12 @@ struct Authed {
     /// The stream this session last published to and whether the identity may: a publish
     /// stream carries one stream, so the check and the key are built once.
     publish_target: Option<(StreamKey, bool)>,
+    /// The `auth` frame as the client sent it: a forward channel opens with it, so the
+    /// leader checks the same token and negotiates the same answers.
+    auth_frame: Bytes,
+    /// This session's forwards: its channel number, the last sequence used, and the nodes
+    /// the channel is open on.
+    forwarding: Option<Box<cluster::Forwarding>>,
 }
 
 pub(crate) struct Session {
@@ -152,6 +161,8 @@ pub(crate) struct Session {
     /// Set by a handler that met an opening log; `on_frame` turns it into a stall.
     stall_on: Option<LogId>,
     auth: Option<Box<Authed>>,
+    /// The request being handled, encoded, when it may be forwarded (in a cluster).
+    forward_frame: Option<Bytes>,
     /// Error codes sent, collected into the engine's metrics by the connection.
     pub(crate) raised: crate::metrics::ErrorTally,
 }
@@ -170,6 +181,7 @@ impl Session {
             stalled: None,
             stall_on: None,
             auth: None,
+            forward_frame: None,
             raised: Default::default(),
         }
     }
@@ -201,6 +213,7 @@ impl Session {
                     Some(Ok(records)) => records.iter().map(|r| r.payload.len() / 3 * 4 + 96).sum(),
                     _ => 256,
                 },
+                Held::Forward(f) => f.answer.as_ref().map_or(256, Bytes::len),
             })
             .sum();
         queued + held
@@ -268,6 +281,15 @@ impl Session {
                     } else {
                         break;
                     }
+                }
+                Held::Forward(f) => {
+                    if f.answer.is_none() {
+                        break;
+                    }
+                    let Some(Held::Forward(f)) = self.held.pop_front() else {
+                        unreachable!("front is a forward");
+                    };
+                    f.answer.expect("checked")
                 }
                 Held::Group(g) => {
                     if g.result.is_none() {
@@ -353,6 +375,10 @@ impl Session {
     }
 
     fn on_request(&mut self, frame: &Frame, cx: &mut SessionCx<'_>) -> FrameResult {
+        if cx.core.cluster.is_some() {
+            // Kept for a forward: the leader runs the request exactly as the client sent it.
+            self.forward_frame = Some(frame.to_bytes());
+        }
         if frame.flags.contains(Flags::BINARY_PUBLISH_BATCH) {
             self.on_binary_publish(frame, cx);
             return FrameResult::Continue;
@@ -413,6 +439,12 @@ impl Session {
                     identity,
                     negotiated,
                     publish_target: None,
+                    auth_frame: if cx.core.cluster.is_some() {
+                        frame.to_bytes()
+                    } else {
+                        Bytes::new()
+                    },
+                    forwarding: None,
                 }));
                 cx.conn.authenticated = true;
                 cx.core.stats.auths_accepted += 1;
