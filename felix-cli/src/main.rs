@@ -7,6 +7,7 @@
 mod bench;
 mod cache;
 mod conn;
+mod cpu;
 mod duration;
 mod failure;
 mod pubsub;

@@ -69,10 +69,14 @@ impl Args {
             .unwrap_or(default)
     }
     fn opt<T: std::str::FromStr>(&self, key: &str) -> Option<T> {
-        self.opts.iter().rev().find(|(k, _)| k == key).map(|(_, v)| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("bad value for --{key}"))
-        })
+        self.opts
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| {
+                v.parse()
+                    .unwrap_or_else(|_| panic!("bad value for --{key}"))
+            })
     }
     fn get_str(&self, key: &str, default: &str) -> String {
         self.opts
@@ -177,8 +181,8 @@ fn start_inprocess_broker(args: &Args) -> Target {
     let mtu: Option<u16> = args.opt("mtu");
     let ack_threshold: Option<u32> = args.opt("ack-threshold");
     let ack_delay: Option<u64> = args.opt("ack-delay-ms");
-    let opts = BrokerOptions::new("127.0.0.1:0".parse().expect("literal")).configure_engine(
-        move |c| {
+    let opts =
+        BrokerOptions::new("127.0.0.1:0".parse().expect("literal")).configure_engine(move |c| {
             if let Some(mtu) = mtu {
                 c.mtu_upper_bound = mtu;
                 c.max_udp_payload_size = mtu;
@@ -189,8 +193,7 @@ fn start_inprocess_broker(args: &Args) -> Target {
             if let Some(ms) = ack_delay {
                 c.max_ack_delay = Duration::from_millis(ms);
             }
-        },
-    );
+        });
     let broker = BenchBroker::start(opts);
     let target = Target {
         addr: broker.addr,
