@@ -84,6 +84,14 @@ pub(crate) struct BenchArgs {
     /// Print one JSON object instead of the human report.
     #[arg(long)]
     json: bool,
+    /// The clients' QUIC datagram size bound (path-MTU discovery probes up to it; 1200 to
+    /// 65527; default the client's, 8952).
+    #[arg(long, value_name = "BYTES")]
+    mtu_upper_bound: Option<u16>,
+    /// Ack-eliciting packets the broker may receive before it acknowledges, asked of it by
+    /// the clients (1: QUIC's usual, every second packet; default the client's, 20).
+    #[arg(long, value_name = "N")]
+    ack_eliciting_threshold: Option<u32>,
     /// The broker's metrics endpoint (http://HOST:PORT); its process_cpu_seconds_total is
     /// read before and after the run to report broker CPU per delivered message or cache op.
     #[arg(long, value_name = "URL")]
@@ -126,7 +134,13 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), Failure> {
             "--payload must be at least {STAMP_BYTES} bytes: each message carries its send time"
         )));
     }
-    let config = args.conn.client_config()?;
+    let mut config = args.conn.client_config()?;
+    if let Some(mtu) = args.mtu_upper_bound {
+        config.mtu_upper_bound = mtu;
+    }
+    if let Some(n) = args.ack_eliciting_threshold {
+        config.ack_eliciting_threshold = n;
+    }
     let metrics = args.metrics.as_deref().map(MetricsUrl::parse).transpose()?;
     let broker_before = metrics
         .as_ref()

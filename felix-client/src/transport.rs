@@ -32,9 +32,9 @@ pub const MTU_RANGE: std::ops::RangeInclusive<u16> = 1200..=65_527;
 const MAX_GSO_BATCH_BYTES: usize = 65_507;
 /// The ack-eliciting packets the broker may take before acknowledging, asked of it with an
 /// ACK_FREQUENCY frame; 1 (QUIC's usual, every second packet) sends none.
-pub const DEFAULT_ACK_ELICITING_THRESHOLD: u32 = 1;
+pub const DEFAULT_ACK_ELICITING_THRESHOLD: u32 = 20;
 /// The longest the broker may hold an acknowledgement, with the threshold above.
-pub const DEFAULT_MAX_ACK_DELAY: Duration = Duration::from_millis(25);
+pub const DEFAULT_MAX_ACK_DELAY: Duration = Duration::from_millis(2);
 
 /// What [`quic_client_config`] takes from the client's configuration.
 pub(crate) struct QuicSettings<'a> {

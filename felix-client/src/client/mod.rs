@@ -74,8 +74,9 @@ pub struct ClientConfig {
     pub mtu_upper_bound: u16,
     /// The datagram size the connection starts with, 1200 up to `mtu_upper_bound`.
     pub initial_mtu: u16,
-    /// Ack-eliciting packets the broker may receive before it acknowledges (asked of it
-    /// with an ACK_FREQUENCY frame); 1, the default, is QUIC's usual and sends no frame.
+    /// Ack-eliciting packets the broker may receive before it acknowledges, asked of it
+    /// with an ACK_FREQUENCY frame (default [`crate::DEFAULT_ACK_ELICITING_THRESHOLD`]); 1
+    /// is QUIC's usual and sends no frame.
     pub ack_eliciting_threshold: u32,
     /// The longest the broker may hold an acknowledgement, with a threshold other than 1.
     pub max_ack_delay: Duration,
