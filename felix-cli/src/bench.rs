@@ -89,7 +89,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "BYTES")]
     mtu_upper_bound: Option<u16>,
     /// Ack-eliciting packets the broker may receive before it acknowledges, asked of it by
-    /// the clients (1: QUIC's usual, every second packet; default the client's, 20).
+    /// the clients (1, the default: QUIC's usual, every second packet).
     #[arg(long, value_name = "N")]
     ack_eliciting_threshold: Option<u32>,
     /// The broker's metrics endpoint (http://HOST:PORT); its process_cpu_seconds_total is

@@ -32,7 +32,7 @@ pub const MTU_RANGE: std::ops::RangeInclusive<u16> = 1200..=65_527;
 const MAX_GSO_BATCH_BYTES: usize = 65_507;
 /// The ack-eliciting packets the broker may take before acknowledging, asked of it with an
 /// ACK_FREQUENCY frame; 1 (QUIC's usual, every second packet) sends none.
-pub const DEFAULT_ACK_ELICITING_THRESHOLD: u32 = 20;
+pub const DEFAULT_ACK_ELICITING_THRESHOLD: u32 = 1;
 /// The longest the broker may hold an acknowledgement, with the threshold above.
 pub const DEFAULT_MAX_ACK_DELAY: Duration = Duration::from_millis(2);
 
