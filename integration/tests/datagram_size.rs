@@ -175,3 +175,56 @@ async fn loopback_reaches_large_datagrams_both_ways_and_sends_them_whole() {
     drop((sub, subscriber, publisher));
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_frequency_is_asked_for_only_when_a_threshold_is_set() {
+    // Defaults: neither side sends an ACK_FREQUENCY frame.
+    let broker = broker_with(|_| {}).await;
+    let client = broker.client().await;
+    let stream = unique("ack-default");
+    let mut sub = client
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .expect("subscribe");
+    for _ in 0..8 {
+        round_trip(&client, &mut sub, &stream, 16, 1000).await;
+    }
+    let stats = client.connection().stats();
+    assert_eq!(stats.frame_rx.ack_frequency, 0, "the broker asked unasked");
+    assert_eq!(stats.frame_tx.ack_frequency, 0, "the client asked unasked");
+    drop((sub, client));
+    broker.shutdown().await;
+
+    // A threshold on each side: the broker asks the client, the client asks the broker.
+    let broker = broker_with(|c| {
+        c.ack_eliciting_threshold = 8;
+        c.max_ack_delay = Duration::from_millis(5);
+    })
+    .await;
+    let client = broker
+        .client_with(|c| c.ack_eliciting_threshold = 8)
+        .await
+        .expect("connects");
+    let stream = unique("ack-asked");
+    let mut sub = client
+        .subscribe("default", &stream, Start::Latest)
+        .await
+        .expect("subscribe");
+    let mut rounds = 0;
+    loop {
+        let stats = client.connection().stats();
+        if stats.frame_rx.ack_frequency > 0 && stats.frame_tx.ack_frequency > 0 {
+            break;
+        }
+        assert!(
+            rounds < 500,
+            "no ACK_FREQUENCY frame: {} received, {} sent",
+            stats.frame_rx.ack_frequency,
+            stats.frame_tx.ack_frequency
+        );
+        round_trip(&client, &mut sub, &stream, 4, 1000).await;
+        rounds += 1;
+    }
+    drop((sub, client));
+    broker.shutdown().await;
+}
