@@ -150,9 +150,8 @@ async fn loopback_reaches_large_datagrams_both_ways_and_sends_them_whole() {
         .subscribe("default", &stream, Start::Latest)
         .await
         .expect("subscribe");
-    // Enough traffic for discovery to finish and for full GSO batches of large datagrams:
-    // a batch over 64 KiB would be refused by the kernel and lost whole, which shows up as
-    // a detected black hole and drags the datagram size back down.
+    // Enough traffic for discovery to finish and for full GSO batches of large datagrams: a
+    // batch over 64 KiB would be refused by the kernel and lost whole.
     for _ in 0..48 {
         round_trip(&publisher, &mut sub, &stream, 64, 1024).await;
     }
@@ -162,9 +161,12 @@ async fn loopback_reaches_large_datagrams_both_ways_and_sends_them_whole() {
         "the publisher's path MTU is {}",
         sent.path.current_mtu
     );
-    assert_eq!(
-        sent.path.black_holes_detected, 0,
-        "the publisher lost whole batches of large datagrams"
+    // A refused batch loses up to ten packets at once, and the retransmissions go the same
+    // way (about a hundred here without the bound); loopback itself loses none.
+    assert!(
+        sent.path.lost_packets < 16,
+        "the publisher lost {} packets: whole batches of large datagrams refused",
+        sent.path.lost_packets
     );
     let received = subscriber.connection().stats().udp_rx;
     let mean = received.bytes / received.datagrams.max(1);
