@@ -526,3 +526,50 @@ impl BenchArgs {
             .collect()
     }
 }
+
+/// CPU time (user + system, seconds) of this process's threads whose name starts with
+/// `prefix` — the in-process [`BenchBroker`]'s threads are `broker` and `broker-rt` — read
+/// from `/proc/self/task`. Threads that have ended are not counted. `None` off Linux.
+pub fn threads_cpu_seconds(prefix: &str) -> Option<f64> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    let mut total = 0.0;
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if !comm.trim_end().starts_with(prefix) {
+            continue;
+        }
+        // schedstat's first field is the time on a CPU in nanoseconds; stat's ticks are the
+        // fallback where the kernel keeps no schedstat.
+        let precise = std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+        total += match precise {
+            Some(ns) => ns as f64 / 1e9,
+            None => stat_cpu_seconds(&dir.join("stat")).unwrap_or(0.0),
+        };
+    }
+    Some(total)
+}
+
+/// CPU time of a whole process (every thread, ended ones too): `/proc/<pid>/stat`, or
+/// `/proc/self/stat` for `None`.
+pub fn process_cpu_seconds(pid: Option<u32>) -> Option<f64> {
+    let path = match pid {
+        Some(pid) => PathBuf::from(format!("/proc/{pid}/stat")),
+        None => PathBuf::from("/proc/self/stat"),
+    };
+    stat_cpu_seconds(&path)
+}
+
+/// utime + stime from a `stat` file, in seconds (clock ticks of 1/100 s, Linux's USER_HZ).
+fn stat_cpu_seconds(path: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    // The command name, in parentheses, may hold spaces; the fields after it are fixed.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state is field 3, utime field 14 and stime field 15.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
+}

@@ -10,6 +10,10 @@
 //!
 //! Every run is bounded by `--duration` and by `--count` (whichever comes first), and the
 //! wait for deliveries after the last publish by `--drain`.
+//!
+//! Each run also reports CPU per unit of work (a delivered message, or a cache operation):
+//! this process's, and with `--metrics http://HOST:PORT` the broker's, from its
+//! `process_cpu_seconds_total` read before and after the run.
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,6 +30,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 
 use crate::conn::ConnectArgs;
+use crate::cpu::{own_cpu_seconds, MetricsUrl};
 use crate::failure::Failure;
 
 #[derive(Args, Debug)]
@@ -79,6 +84,18 @@ pub(crate) struct BenchArgs {
     /// Print one JSON object instead of the human report.
     #[arg(long)]
     json: bool,
+    /// The clients' QUIC datagram size bound (path-MTU discovery probes up to it; 1200 to
+    /// 65527; default the client's, 8952).
+    #[arg(long, value_name = "BYTES")]
+    mtu_upper_bound: Option<u16>,
+    /// Ack-eliciting packets the broker may receive before it acknowledges, asked of it by
+    /// the clients (1, the default: QUIC's usual, every second packet).
+    #[arg(long, value_name = "N")]
+    ack_eliciting_threshold: Option<u32>,
+    /// The broker's metrics endpoint (http://HOST:PORT); its process_cpu_seconds_total is
+    /// read before and after the run to report broker CPU per delivered message or cache op.
+    #[arg(long, value_name = "URL")]
+    metrics: Option<String>,
     /// Tokio worker threads for the bench's clients (default: one per core).
     #[arg(long)]
     pub(crate) threads: Option<usize>,
@@ -117,11 +134,29 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), Failure> {
             "--payload must be at least {STAMP_BYTES} bytes: each message carries its send time"
         )));
     }
-    let config = args.conn.client_config()?;
-    let report = match args.scenario {
+    let mut config = args.conn.client_config()?;
+    if let Some(mtu) = args.mtu_upper_bound {
+        config.mtu_upper_bound = mtu;
+    }
+    if let Some(n) = args.ack_eliciting_threshold {
+        config.ack_eliciting_threshold = n;
+    }
+    let metrics = args.metrics.as_deref().map(MetricsUrl::parse).transpose()?;
+    let broker_before = metrics
+        .as_ref()
+        .map(MetricsUrl::broker_cpu_seconds)
+        .transpose()?;
+    let own_before = own_cpu_seconds();
+    let mut report = match args.scenario {
         Scenario::Pubsub | Scenario::Latency => pubsub(&args, config).await?,
         Scenario::Cache => cache(&args, config).await?,
     };
+    let own = own_before.zip(own_cpu_seconds()).map(|(a, b)| b - a);
+    let broker = match (&metrics, broker_before) {
+        (Some(m), Some(before)) => Some(m.broker_cpu_seconds()? - before),
+        _ => None,
+    };
+    report.add_cpu(own, broker);
     if args.json {
         println!("{}", report.json);
     } else {
@@ -140,6 +175,31 @@ struct Report {
     json: Value,
     human: String,
     errors: Vec<String>,
+    /// What CPU is divided by: messages delivered, or cache operations done.
+    work: u64,
+    /// Its name in the report.
+    unit: &'static str,
+}
+
+impl Report {
+    /// The CPU seconds this process (`own`) and the broker spent over the run, in total and
+    /// per unit of work.
+    fn add_cpu(&mut self, own: Option<f64>, broker: Option<f64>) {
+        let per = |secs: f64| round(secs * 1e6 / self.work.max(1) as f64, 3);
+        let mut cpu = serde_json::Map::new();
+        cpu.insert("per".into(), self.unit.into());
+        for (who, secs) in [("bench", own), ("broker", broker)] {
+            let Some(secs) = secs else { continue };
+            cpu.insert(format!("{who}_cpu_secs"), round(secs, 3).into());
+            cpu.insert(format!("{who}_cpu_us_per_{}", self.unit), per(secs).into());
+            self.human += &format!(
+                "  {who} CPU  {secs:>8.3} s  {:>8.2} us per {}\n",
+                per(secs),
+                self.unit.replace('_', " ")
+            );
+        }
+        self.json["cpu"] = Value::Object(cpu);
+    }
 }
 
 /// Errors seen by any task; the run goes on where it can and reports them.
@@ -359,6 +419,8 @@ async fn pubsub(args: &BenchArgs, config: ClientConfig) -> Result<Report, Failur
         json: r.json(),
         human: r.human(),
         errors: shared.errors.take(),
+        work: r.delivered,
+        unit: "delivered_msg",
     })
 }
 
@@ -855,6 +917,8 @@ async fn cache(args: &BenchArgs, mut config: ClientConfig) -> Result<Report, Fai
         json,
         human,
         errors: errors.take(),
+        work: put.ops + get.ops,
+        unit: "cache_op",
     })
 }
 

@@ -9,6 +9,7 @@ mod bench;
 mod cache;
 mod cluster;
 mod conn;
+mod cpu;
 mod duration;
 mod failure;
 mod pubsub;

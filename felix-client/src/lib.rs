@@ -58,6 +58,9 @@ pub use crate::error::ClientError;
 #[cfg(feature = "front-end")]
 pub use crate::runtime::Runtime;
 #[cfg(feature = "front-end")]
-pub use crate::transport::CLIENT_ALPN;
+pub use crate::transport::{
+    CLIENT_ALPN, DEFAULT_ACK_ELICITING_THRESHOLD, DEFAULT_INITIAL_MTU, DEFAULT_MAX_ACK_DELAY,
+    DEFAULT_MTU_UPPER_BOUND, MTU_RANGE,
+};
 pub use felix_proto::message::{PublishRefusalReason, StateChange};
 pub use felix_proto::{ErrorCode, RetryClass};

@@ -63,6 +63,33 @@ pub const DEFAULT_QUIC_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Datagrams in one GSO batch (the runtime lowers it to what its socket supports).
 pub const DEFAULT_MAX_GSO_SEGMENTS: usize = 44;
+/// The largest UDP payload one send may carry: Linux refuses a GSO batch whose total
+/// exceeds it, so a batch holds at most this over the datagram size.
+pub const MAX_GSO_BATCH_BYTES: usize = 65_507;
+/// The smallest datagram QUIC allows (RFC 9000 §14), and the lowest MTU setting.
+pub const MIN_MTU: u16 = 1200;
+/// The largest UDP payload IPv6 permits, and the highest MTU setting.
+pub const MAX_MTU: u16 = 65_527;
+/// The datagram size path-MTU discovery probes up to (the path and the peer's
+/// `max_udp_payload_size` may stop it lower). Loopback and jumbo-frame LANs carry far more than
+/// Ethernet's 1500; a path that carries less is found by probing, so a high bound costs a
+/// few lost probes, not a broken connection.
+pub const DEFAULT_MTU_UPPER_BOUND: u16 = 8952;
+/// The datagram size a connection starts with, before discovery (QUIC's safe minimum).
+pub const DEFAULT_INITIAL_MTU: u16 = MIN_MTU;
+/// The largest datagram the broker accepts, advertised as `max_udp_payload_size`: it bounds
+/// what a client's discovery may reach. quinn clients send GSO batches of up to 10
+/// datagrams, and Linux drops a batch over [`MAX_GSO_BATCH_BYTES`] whole, so the default
+/// keeps ten of them within it.
+pub const DEFAULT_MAX_UDP_PAYLOAD_SIZE: u16 = 6550;
+/// Ack-eliciting packets a peer may receive before it must acknowledge, asked of it with an
+/// ACK_FREQUENCY frame (QUIC's usual is 1: every second packet; `1` sends no frame). Fewer
+/// acknowledgements save the broker datagrams to read, but measured at 20 they made fan-out
+/// delivery burstier (docs/performance.md), so the default asks nothing.
+pub const DEFAULT_ACK_ELICITING_THRESHOLD: u32 = 1;
+/// The longest the peer may hold an acknowledgement (with the threshold above): short, so a
+/// quiet connection's sender learns of delivery about as soon as unasked.
+pub const DEFAULT_MAX_ACK_DELAY: Duration = Duration::from_millis(2);
 /// Endpoint-level responses (version negotiation, refusals, stateless resets) queued before
 /// new ones are dropped.
 pub const DEFAULT_MAX_QUEUED_ENDPOINT_TRANSMITS: usize = 256;
@@ -430,6 +457,16 @@ pub struct EngineConfig {
     pub max_gso_segments: usize,
     /// See [`DEFAULT_MAX_QUEUED_ENDPOINT_TRANSMITS`].
     pub max_queued_endpoint_transmits: usize,
+    /// See [`DEFAULT_MTU_UPPER_BOUND`]. [`MIN_MTU`] to [`MAX_MTU`].
+    pub mtu_upper_bound: u16,
+    /// See [`DEFAULT_INITIAL_MTU`]. [`MIN_MTU`] to `mtu_upper_bound`.
+    pub initial_mtu: u16,
+    /// See [`DEFAULT_MAX_UDP_PAYLOAD_SIZE`]. [`MIN_MTU`] to [`MAX_MTU`].
+    pub max_udp_payload_size: u16,
+    /// See [`DEFAULT_ACK_ELICITING_THRESHOLD`].
+    pub ack_eliciting_threshold: u32,
+    /// See [`DEFAULT_MAX_ACK_DELAY`]; used when `ack_eliciting_threshold` is not 1.
+    pub max_ack_delay: Duration,
 
     /// See [`DEFAULT_SHARDS`].
     pub default_shards: u32,
@@ -505,6 +542,11 @@ impl EngineConfig {
             read_chunk_bytes: DEFAULT_READ_CHUNK_BYTES,
             max_gso_segments: DEFAULT_MAX_GSO_SEGMENTS,
             max_queued_endpoint_transmits: DEFAULT_MAX_QUEUED_ENDPOINT_TRANSMITS,
+            mtu_upper_bound: DEFAULT_MTU_UPPER_BOUND,
+            initial_mtu: DEFAULT_INITIAL_MTU,
+            max_udp_payload_size: DEFAULT_MAX_UDP_PAYLOAD_SIZE,
+            ack_eliciting_threshold: DEFAULT_ACK_ELICITING_THRESHOLD,
+            max_ack_delay: DEFAULT_MAX_ACK_DELAY,
             default_shards: DEFAULT_SHARDS,
             declared_streams: Vec::new(),
             routing_mapping: RoutingMapping::Modulo,

@@ -385,6 +385,17 @@ impl Net {
         (id, frames.into_iter().next().unwrap())
     }
 
+    /// Lets clients connected from now on accept datagrams up to `bytes` (quinn's default is
+    /// 1472), so the engine's path-MTU discovery can go past it. Before the first connect.
+    pub fn set_client_max_udp_payload(&mut self, bytes: u16) {
+        assert!(self.peers.is_empty(), "set before connecting");
+        let mut config = quinn_proto::EndpointConfig::default();
+        config
+            .max_udp_payload_size(bytes)
+            .expect("1200 to 65527 bytes");
+        self.client = Endpoint::new(Arc::new(config), None, true, None);
+    }
+
     pub fn take_uni(&mut self, p: usize) -> StreamId {
         assert!(
             !self.peers[p].incoming_uni.is_empty(),

@@ -10,7 +10,19 @@
 //! every scenario also takes --client-threads N (tokio workers for the clients, default 1:
 //! with the broker on its own thread that fills this 2-core machine without the cross-thread
 //! wake-ups a second client worker adds)
+//! throughput and latency also take the transport knobs, each defaulting to the broker's
+//! and the client's own default:
+//!   --mtu N                 the broker's limits.mtu_upper_bound and max_udp_payload_size,
+//!                           and the clients' mtu_upper_bound
+//!   --client-mtu N          the clients' mtu_upper_bound alone
+//!   --ack-threshold N       the broker's limits.ack_eliciting_threshold (asked of clients)
+//!   --ack-delay-ms D        the broker's limits.max_ack_delay_ms
+//!   --client-ack-threshold N  the clients' ack_eliciting_threshold (asked of the broker)
 //! ```
+//!
+//! Both report the broker's CPU per delivered message: the broker threads' CPU time
+//! (`/proc/self/task`, threads named `broker*`) in process, the child's (`/proc/PID/stat`)
+//! with `--broker`; and this process's CPU the same way (clients included).
 //!
 //! `throughput` and `latency` run the broker in this process on its own tokio runtime (its
 //! own thread), so the client's work does not queue behind it; `throughput --broker PATH`
@@ -56,6 +68,16 @@ impl Args {
             })
             .unwrap_or(default)
     }
+    fn opt<T: std::str::FromStr>(&self, key: &str) -> Option<T> {
+        self.opts
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| {
+                v.parse()
+                    .unwrap_or_else(|_| panic!("bad value for --{key}"))
+            })
+    }
     fn get_str(&self, key: &str, default: &str) -> String {
         self.opts
             .iter()
@@ -72,12 +94,81 @@ struct Target {
     addr: SocketAddr,
     ca_pem: Vec<u8>,
     token: String,
+    /// The spawned broker's pid; `None`: the broker threads of this process.
+    pid: Option<u32>,
+    /// Transport settings for every client.
+    client: ClientKnobs,
+}
+
+/// The clients' transport knobs (`None`: the client's default).
+#[derive(Clone, Copy, Default)]
+struct ClientKnobs {
+    mtu: Option<u16>,
+    ack_threshold: Option<u32>,
+}
+
+impl ClientKnobs {
+    fn from_args(args: &Args) -> ClientKnobs {
+        let mtu = args.opt("client-mtu").or(args.opt("mtu"));
+        ClientKnobs {
+            mtu,
+            ack_threshold: args.opt("client-ack-threshold"),
+        }
+    }
+}
+
+/// CPU seconds of the broker and of this process, read at one moment.
+#[derive(Clone, Copy)]
+struct Cpu {
+    broker: Option<f64>,
+    bench: Option<f64>,
+}
+
+impl Cpu {
+    fn now(target: &Target) -> Cpu {
+        Cpu {
+            broker: match target.pid {
+                Some(pid) => felix_integration::process_cpu_seconds(Some(pid)),
+                None => felix_integration::threads_cpu_seconds("broker"),
+            },
+            bench: felix_integration::process_cpu_seconds(None),
+        }
+    }
+
+    /// Prints each side's CPU since `self`, in µs per `n` of `what`.
+    fn report(self, target: &Target, n: u64, what: &str) {
+        let after = Cpu::now(target);
+        let per = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if n > 0 => format!("{:.2}", (b - a) * 1e6 / n as f64),
+            _ => "unknown".into(),
+        };
+        let secs = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => format!("{:.3}", b - a),
+            _ => "unknown".into(),
+        };
+        println!(
+            "  broker_cpu_s: {}  broker_cpu_us_per_{what}: {}",
+            secs(self.broker, after.broker),
+            per(self.broker, after.broker)
+        );
+        println!(
+            "  bench_process_cpu_s: {}  bench_cpu_us_per_{what}: {}",
+            secs(self.bench, after.bench),
+            per(self.bench, after.bench)
+        );
+    }
 }
 
 impl Target {
     fn config(&self) -> ClientConfig {
         let mut c = ClientConfig::new(self.addr, self.ca_pem.clone(), "t1", &self.token);
         c.request_timeout = Duration::from_secs(30);
+        if let Some(mtu) = self.client.mtu {
+            c.mtu_upper_bound = mtu;
+        }
+        if let Some(t) = self.client.ack_threshold {
+            c.ack_eliciting_threshold = t;
+        }
         c
     }
     async fn connect(&self) -> Client {
@@ -86,12 +177,30 @@ impl Target {
 }
 
 /// Runs the broker on a runtime of its own, in its own threads, until the process ends.
-fn start_inprocess_broker() -> Target {
-    let broker = BenchBroker::start(BrokerOptions::new("127.0.0.1:0".parse().expect("literal")));
+fn start_inprocess_broker(args: &Args) -> Target {
+    let mtu: Option<u16> = args.opt("mtu");
+    let ack_threshold: Option<u32> = args.opt("ack-threshold");
+    let ack_delay: Option<u64> = args.opt("ack-delay-ms");
+    let opts =
+        BrokerOptions::new("127.0.0.1:0".parse().expect("literal")).configure_engine(move |c| {
+            if let Some(mtu) = mtu {
+                c.mtu_upper_bound = mtu;
+                c.max_udp_payload_size = mtu;
+            }
+            if let Some(t) = ack_threshold {
+                c.ack_eliciting_threshold = t;
+            }
+            if let Some(ms) = ack_delay {
+                c.max_ack_delay = Duration::from_millis(ms);
+            }
+        });
+    let broker = BenchBroker::start(opts);
     let target = Target {
         addr: broker.addr,
         ca_pem: broker.ca_pem.clone(),
         token: broker.token.clone(),
+        pid: None,
+        client: ClientKnobs::from_args(args),
     };
     // Never stopped: its thread serves until the process exits.
     std::mem::forget(broker);
@@ -115,10 +224,12 @@ fn main() {
         "throughput" => {
             let spawned = args.opts.iter().any(|(k, _)| k == "broker");
             let (child, target) = if spawned {
-                let (child, target) = rt.block_on(spawn_broker_binary(&args.get_str("broker", "")));
+                let (child, mut target) =
+                    rt.block_on(spawn_broker_binary(&args.get_str("broker", "")));
+                target.client = ClientKnobs::from_args(&args);
                 (Some(child), target)
             } else {
-                (None, start_inprocess_broker())
+                (None, start_inprocess_broker(&args))
             };
             println!(
                 "broker: {}",
@@ -135,16 +246,16 @@ fn main() {
             }
         }
         "latency" => {
-            let target = start_inprocess_broker();
+            let target = start_inprocess_broker(&args);
             rt.block_on(latency(&target, &args));
         }
         "connect" => {
-            let target = start_inprocess_broker();
+            let target = start_inprocess_broker(&args);
             rt.block_on(connect_time(&target, &args));
         }
         "memory" => rt.block_on(memory(&args)),
         "all" => {
-            let target = start_inprocess_broker();
+            let target = start_inprocess_broker(&args);
             rt.block_on(async {
                 connect_time(&target, &args).await;
                 latency(&target, &args).await;
@@ -223,6 +334,7 @@ async fn throughput(target: &Target, args: &Args, fanout: usize) {
         .map(|i| Bytes::from(vec![i as u8; size]))
         .collect();
     let published_batches = Arc::new(AtomicU64::new(0));
+    let cpu = Cpu::now(target);
     let started = Instant::now();
     let deadline = started + Duration::from_secs(secs);
     let mut pub_tasks = Vec::new();
@@ -291,6 +403,14 @@ async fn throughput(target: &Target, args: &Args, fanout: usize) {
         "  quic_packets_lost: publisher {} of {} sent; subscribers {} (broker to client, of {} datagrams received)",
         publisher_stats.path.lost_packets, publisher_stats.udp_tx.datagrams, lost, datagrams
     );
+    println!(
+        "  datagrams: publisher sent {} received {} (MTU {}); subscribers received {datagrams}, {:.2} per delivered msg",
+        publisher_stats.udp_tx.datagrams,
+        publisher_stats.udp_rx.datagrams,
+        publisher_stats.path.current_mtu,
+        datagrams as f64 / delivered.max(1) as f64
+    );
+    cpu.report(target, delivered, "delivered_msg");
 }
 
 /// One acked 1-record publish at a time; each waits for its delivery before the next.
@@ -309,7 +429,11 @@ async fn latency(target: &Target, args: &Args) {
     let mut deliver = Histogram::<u64>::new_with_bounds(1, 10_000_000, 3).expect("histogram");
     let mut ack = Histogram::<u64>::new_with_bounds(1, 10_000_000, 3).expect("histogram");
     let warmup = samples / 10;
+    let mut cpu = Cpu::now(target);
     for i in 0..samples + warmup {
+        if i == warmup {
+            cpu = Cpu::now(target);
+        }
         let sent = Instant::now();
         let (published, delivered) = tokio::join!(
             async {
@@ -351,6 +475,7 @@ async fn latency(target: &Target, args: &Args) {
             h.max()
         );
     }
+    cpu.report(target, samples as u64, "delivered_msg");
 }
 
 /// Connect with 40 streams authenticated one after another, like the reference client.
@@ -455,12 +580,15 @@ async fn memory(args: &Args) {
 /// its address, CA and dev token.
 async fn spawn_broker_binary(binary: &str) -> (std::process::Child, Target) {
     let (child, addr, ca_pem, token) = felix_integration::spawn_broker_binary(binary).await;
+    let pid = child.id();
     (
         child,
         Target {
             addr,
             ca_pem,
             token,
+            pid: Some(pid),
+            client: ClientKnobs::default(),
         },
     )
 }

@@ -45,6 +45,11 @@ pub const MIN_RELOAD_INTERVAL_MS: u64 = 100;
 const DEFAULT_FSYNC_MODE: &str = "periodic";
 /// `durable.fsync_interval_ms` unless configured: the engine's default.
 const DEFAULT_FSYNC_INTERVAL_MS: u64 = felix_engine::DEFAULT_FSYNC_INTERVAL.as_millis() as u64;
+/// The highest `limits.ack_eliciting_threshold`: beyond a few hundred packets the ACK delay
+/// alone decides, and a peer holds that many packets' ranges meanwhile.
+const MAX_ACK_ELICITING_THRESHOLD: u64 = 1000;
+/// The highest `limits.max_ack_delay_ms`: QUIC's limit for an ACK delay (2^14 ms).
+const MAX_ACK_DELAY_MS: u64 = 16_383;
 /// Variables naming the configuration file, first match wins.
 pub const CONFIG_FILE_VARS: &[&str] = &["FELIX_CONFIG", "FELIX_BROKER_CONFIG"];
 
@@ -210,6 +215,36 @@ macro_rules! limit {
             }),
         }
     };
+    ($key:literal, $env:expr, int $field:ident in $lo:literal..=$hi:expr) => {
+        Setting {
+            key: $key,
+            env: $env,
+            kind: Kind::Int,
+            default: Default_::Engine(|c: &EngineConfig| c.$field as u64),
+            engine: Some(|c: &mut EngineConfig, v: u64| {
+                if !($lo..=$hi as u64).contains(&v) {
+                    return Err(format!("must be {} to {}, not {v}", $lo, $hi));
+                }
+                c.$field = to(v)?;
+                Ok(())
+            }),
+        }
+    };
+    ($key:literal, $env:expr, ms $field:ident in $lo:literal..=$hi:expr) => {
+        Setting {
+            key: $key,
+            env: $env,
+            kind: Kind::Int,
+            default: Default_::Engine(|c: &EngineConfig| c.$field.as_millis() as u64),
+            engine: Some(|c: &mut EngineConfig, v: u64| {
+                if !($lo..=$hi as u64).contains(&v) {
+                    return Err(format!("must be {} to {} ms, not {v}", $lo, $hi));
+                }
+                c.$field = ms(v)?;
+                Ok(())
+            }),
+        }
+    };
     ($key:literal, $env:expr, ms $field:ident) => {
         Setting {
             key: $key,
@@ -274,6 +309,11 @@ pub const SETTINGS: &[Setting] = &[
     limit!("limits.stream_receive_window", &["FELIX_STREAM_RECV_WINDOW"], int stream_receive_window),
     limit!("limits.connection_receive_window", &["FELIX_CONN_RECV_WINDOW"], int connection_receive_window),
     limit!("limits.send_window", &["FELIX_SEND_WINDOW"], int send_window),
+    limit!("limits.mtu_upper_bound", &["FELIX_MTU_UPPER_BOUND"], int mtu_upper_bound in 1200..=felix_engine::MAX_MTU),
+    limit!("limits.initial_mtu", &["FELIX_INITIAL_MTU"], int initial_mtu in 1200..=felix_engine::MAX_MTU),
+    limit!("limits.max_udp_payload_size", &["FELIX_MAX_UDP_PAYLOAD"], int max_udp_payload_size in 1200..=felix_engine::MAX_MTU),
+    limit!("limits.ack_eliciting_threshold", &["FELIX_ACK_ELICITING_THRESHOLD"], int ack_eliciting_threshold in 0..=MAX_ACK_ELICITING_THRESHOLD),
+    limit!("limits.max_ack_delay_ms", &["FELIX_MAX_ACK_DELAY_MS"], ms max_ack_delay in 1..=MAX_ACK_DELAY_MS),
     limit!("limits.default_shards", &["FELIX_DEFAULT_SHARDS"], int default_shards),
     limit!("limits.max_streams", &["FELIX_MAX_STREAMS"], int max_streams),
     limit!("limits.subscriber_queue_capacity", &["FELIX_SUBSCRIBER_QUEUE_CAPACITY"], int subscriber_queue_capacity),
@@ -829,6 +869,15 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
         setter(&mut probe, n).map_err(|e| ConfigError(format!("{}: {e}", name(setting.key))))?;
         limits.push((setter, n));
     }
+    if probe.initial_mtu > probe.mtu_upper_bound {
+        return Err(ConfigError(format!(
+            "{} ({}) is above {} ({})",
+            name("limits.initial_mtu"),
+            probe.initial_mtu,
+            name("limits.mtu_upper_bound"),
+            probe.mtu_upper_bound
+        )));
+    }
     let client_ca = match text("tls.client_ca") {
         Some(path) => {
             let pem = read("tls.client_ca", &path)?;
@@ -1372,6 +1421,56 @@ mod tests {
         assert!(e.0.contains("FELIX_DURABLE_DIRECT_IO"), "{e}");
         let e = from_vars(vars(&[("FELIX_TLS_CLIENT_CA", "/definitely/not/here")])).unwrap_err();
         assert!(e.0.contains("FELIX_TLS_CLIENT_CA"), "{e}");
+    }
+
+    #[test]
+    fn datagram_and_ack_knobs_reach_the_engine_and_refuse_their_edges() {
+        let e = engine_of(from_vars(vars(&[])).unwrap());
+        assert_eq!(e.mtu_upper_bound, felix_engine::DEFAULT_MTU_UPPER_BOUND);
+        assert_eq!(e.initial_mtu, 1200);
+        let e = engine_of(
+            from_vars(vars(&[
+                ("FELIX_MTU_UPPER_BOUND", "65527"),
+                ("FELIX_INITIAL_MTU", "1200"),
+                ("FELIX_MAX_UDP_PAYLOAD", "1200"),
+                ("FELIX_ACK_ELICITING_THRESHOLD", "0"),
+                ("FELIX_MAX_ACK_DELAY_MS", "1"),
+            ]))
+            .unwrap(),
+        );
+        assert_eq!(e.mtu_upper_bound, 65527);
+        assert_eq!(e.max_udp_payload_size, 1200);
+        assert_eq!(e.ack_eliciting_threshold, 0);
+        assert_eq!(e.max_ack_delay, Duration::from_millis(1));
+        // One past each edge is refused, naming the variable.
+        for (var, bad) in [
+            ("FELIX_MTU_UPPER_BOUND", "1199"),
+            ("FELIX_MTU_UPPER_BOUND", "65528"),
+            ("FELIX_INITIAL_MTU", "1199"),
+            ("FELIX_MAX_UDP_PAYLOAD", "65528"),
+            ("FELIX_ACK_ELICITING_THRESHOLD", "1001"),
+            ("FELIX_MAX_ACK_DELAY_MS", "0"),
+            ("FELIX_MAX_ACK_DELAY_MS", "16384"),
+        ] {
+            let err = from_vars(vars(&[(var, bad)])).unwrap_err();
+            assert!(
+                err.0.contains(var) && err.0.contains("must be"),
+                "{var}={bad}: {err}"
+            );
+        }
+        // The start may not be above the bound it probes up to.
+        let err = from_vars(vars(&[
+            ("FELIX_MTU_UPPER_BOUND", "1400"),
+            ("FELIX_INITIAL_MTU", "1401"),
+        ]))
+        .unwrap_err();
+        assert!(err.0.contains("FELIX_INITIAL_MTU"), "{err}");
+        // The engine refuses the same edges when embedded without the config file.
+        let mut c = probe_config();
+        c.initial_mtu = 1401;
+        c.mtu_upper_bound = 1400;
+        let err = felix_engine::Engine::new(c, std::time::Instant::now(), 0).unwrap_err();
+        assert!(err.to_string().contains("initial_mtu"), "{err}");
     }
 
     #[test]

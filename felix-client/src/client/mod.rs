@@ -34,7 +34,7 @@ use crate::core::{
     SubscribeRequest, SubscriptionEnd, Target,
 };
 use crate::error::ClientError;
-use crate::transport::quic_client_config;
+use crate::transport::{endpoint_config, quic_client_config, GsoBounded, QuicSettings};
 
 /// How to reach and authenticate to a broker.
 #[derive(Clone)]
@@ -68,6 +68,18 @@ pub struct ClientConfig {
     pub stream_receive_window: u32,
     /// The async runtime the connection runs on (tokio by default when built in).
     pub runtime: Runtime,
+    /// The datagram size path-MTU discovery probes up to, 1200 to 65527 (default
+    /// [`crate::DEFAULT_MTU_UPPER_BOUND`]); also the largest datagram accepted (at least 1472).
+    /// A path that carries less is found by probing.
+    pub mtu_upper_bound: u16,
+    /// The datagram size the connection starts with, 1200 up to `mtu_upper_bound`.
+    pub initial_mtu: u16,
+    /// Ack-eliciting packets the broker may receive before it acknowledges, asked of it
+    /// with an ACK_FREQUENCY frame (default [`crate::DEFAULT_ACK_ELICITING_THRESHOLD`]); 1
+    /// is QUIC's usual and sends no frame.
+    pub ack_eliciting_threshold: u32,
+    /// The longest the broker may hold an acknowledgement, with a threshold other than 1.
+    pub max_ack_delay: Duration,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -103,6 +115,10 @@ impl ClientConfig {
             idle_timeout: Duration::from_secs(6),
             stream_receive_window: 64 << 20,
             runtime: Runtime::default(),
+            mtu_upper_bound: crate::transport::DEFAULT_MTU_UPPER_BOUND,
+            initial_mtu: crate::transport::DEFAULT_INITIAL_MTU,
+            ack_eliciting_threshold: crate::transport::DEFAULT_ACK_ELICITING_THRESHOLD,
+            max_ack_delay: crate::transport::DEFAULT_MAX_ACK_DELAY,
         }
     }
 }
@@ -144,12 +160,16 @@ impl Client {
     /// after another, and starts routing event streams. On tokio, call it inside the runtime.
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
         let runtime = config.runtime.quinn();
-        let quic = quic_client_config(
-            &config.ca_pem,
-            config.offer_alpn,
-            config.idle_timeout,
-            config.stream_receive_window,
-        )?;
+        let quic = quic_client_config(&QuicSettings {
+            ca_pem: &config.ca_pem,
+            offer_alpn: config.offer_alpn,
+            idle_timeout: config.idle_timeout,
+            stream_receive_window: config.stream_receive_window,
+            mtu_upper_bound: config.mtu_upper_bound,
+            initial_mtu: config.initial_mtu,
+            ack_eliciting_threshold: config.ack_eliciting_threshold,
+            max_ack_delay: config.max_ack_delay,
+        })?;
         let bind: SocketAddr = if config.addr.is_ipv4() {
             "0.0.0.0:0".parse().expect("literal")
         } else {
@@ -158,10 +178,11 @@ impl Client {
         let endpoint = std::net::UdpSocket::bind(bind)
             .and_then(|socket| {
                 size_socket_buffers(&socket);
-                quinn::Endpoint::new(
-                    quinn::EndpointConfig::default(),
+                let socket = runtime.wrap_udp_socket(socket)?;
+                quinn::Endpoint::new_with_abstract_socket(
+                    endpoint_config(config.mtu_upper_bound),
                     None,
-                    socket,
+                    Arc::new(GsoBounded::new(socket, config.mtu_upper_bound)),
                     runtime.clone(),
                 )
             })

@@ -14,14 +14,16 @@ use bytes::BytesMut;
 use felix_proto::negotiate::BrokerCapabilities;
 use felix_proto::{Features, Flags};
 use quinn_proto::{
-    ConnectionHandle, DatagramEvent, Endpoint, EndpointConfig, IdleTimeout, ServerConfig, StreamId,
-    TimeSource, TransportConfig, VarInt,
+    AckFrequencyConfig, ConnectionHandle, DatagramEvent, Endpoint, EndpointConfig, IdleTimeout,
+    MtuDiscoveryConfig, ServerConfig, StreamId, TimeSource, TransportConfig, VarInt,
 };
 use tracing::{debug, warn};
 
 use crate::broker::{Broker, BrokerConfig, DurableSettings, Notice, StreamKey};
 use crate::clock::UnixAnchor;
-use crate::config::{AuthConfig, DurableConfig, EngineConfig, FsyncPolicy};
+use crate::config::{
+    AuthConfig, DurableConfig, EngineConfig, FsyncPolicy, MAX_GSO_BATCH_BYTES, MAX_MTU, MIN_MTU,
+};
 use crate::conn::{Conn, CLOSE_CODE_NORMAL};
 use crate::node::{Core, Limits, Stats, Usage};
 use crate::seed;
@@ -304,6 +306,44 @@ impl fmt::Debug for Engine {
     }
 }
 
+/// The datagram-size and acknowledgement settings of `config` on `transport`, checked.
+fn datagram_sizes(
+    config: &EngineConfig,
+    transport: &mut TransportConfig,
+) -> Result<(), EngineError> {
+    let range = MIN_MTU..=MAX_MTU;
+    for (name, v) in [
+        ("mtu_upper_bound", config.mtu_upper_bound),
+        ("initial_mtu", config.initial_mtu),
+        ("max_udp_payload_size", config.max_udp_payload_size),
+    ] {
+        if !range.contains(&v) {
+            return Err(EngineError::Config(format!(
+                "{name} must be {MIN_MTU} to {MAX_MTU}, not {v}"
+            )));
+        }
+    }
+    if config.initial_mtu > config.mtu_upper_bound {
+        return Err(EngineError::Config(format!(
+            "initial_mtu ({}) is above mtu_upper_bound ({})",
+            config.initial_mtu, config.mtu_upper_bound
+        )));
+    }
+    let mut mtu = MtuDiscoveryConfig::default();
+    mtu.upper_bound(config.mtu_upper_bound);
+    transport
+        .initial_mtu(config.initial_mtu)
+        .mtu_discovery_config(Some(mtu));
+    // 1 is what a peer does unasked; only another threshold is worth a frame.
+    if config.ack_eliciting_threshold != 1 {
+        let mut ack = AckFrequencyConfig::default();
+        ack.ack_eliciting_threshold(VarInt::from_u32(config.ack_eliciting_threshold))
+            .max_ack_delay(Some(config.max_ack_delay));
+        transport.ack_frequency_config(Some(ack));
+    }
+    Ok(())
+}
+
 impl Engine {
     /// Builds an engine. `now` and `unix_micros` name the same moment: the engine derives
     /// Unix time from them for every later `now`.
@@ -317,6 +357,8 @@ impl Engine {
                 "max_gso_segments must be at least 1".into(),
             ));
         }
+        let mut transport = TransportConfig::default();
+        datagram_sizes(&config, &mut transport)?;
         let unix_secs = unix_micros / 1_000_000;
         let (verifier, dev_token) = match &config.auth {
             AuthConfig::Jwks(doc) => {
@@ -337,7 +379,6 @@ impl Engine {
             provider: config.crypto_provider.clone(),
         };
         let selector = Arc::new(AlpnSelector::new(&tls)?);
-        let mut transport = TransportConfig::default();
         transport
             .max_concurrent_bidi_streams(VarInt::from_u32(config.max_concurrent_bidi_streams))
             // The client opens no uni streams; events flow on ones we open.
@@ -362,7 +403,9 @@ impl Engine {
         let mut endpoint_config = EndpointConfig::new(seed::reset_key(&seed));
         endpoint_config
             .cid_generator(move || Box::new(seed::SeededCidGenerator::new(&seed)))
-            .rng_seed(Some(seed::endpoint_rng_seed(&seed)));
+            .rng_seed(Some(seed::endpoint_rng_seed(&seed)))
+            .max_udp_payload_size(config.max_udp_payload_size)
+            .map_err(|_| EngineError::Config("max_udp_payload_size is out of range".into()))?;
         let endpoint = Endpoint::new(
             Arc::new(endpoint_config),
             Some(Arc::new(server.clone())),
@@ -712,7 +755,10 @@ impl Engine {
                 self.send_queue.pop_front();
                 continue;
             };
-            if let Some(t) = conn.quic.poll_transmit(now, self.max_gso_segments, buf) {
+            // A batch over MAX_GSO_BATCH_BYTES would be refused whole by the kernel.
+            let segments = (MAX_GSO_BATCH_BYTES / usize::from(conn.quic.current_mtu()))
+                .clamp(1, self.max_gso_segments);
+            if let Some(t) = conn.quic.poll_transmit(now, segments, buf) {
                 // Round-robin: the next call serves the next connection.
                 self.send_queue.pop_front();
                 self.send_queue.push_back(ch);
