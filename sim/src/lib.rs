@@ -49,6 +49,10 @@ pub enum Canary {
     ResendAsNew,
     /// One put change vanishes on its way to a cache watcher (caught by `watch_gapless`).
     DropWatchChange,
+    /// One client stops taking answers on each of its publish streams after the first: the
+    /// answers stay owed on a live connection, as a broker that forgot them would leave
+    /// them (caught by `requests_answered`).
+    WithholdAnswers,
 }
 
 impl std::str::FromStr for Canary {
@@ -59,8 +63,9 @@ impl std::str::FromStr for Canary {
             "lying-sync" => Ok(Canary::LyingSync),
             "resend-as-new" => Ok(Canary::ResendAsNew),
             "drop-watch-change" => Ok(Canary::DropWatchChange),
+            "withhold-answers" => Ok(Canary::WithholdAnswers),
             other => Err(format!(
-                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new or drop-watch-change"
+                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new, drop-watch-change or withhold-answers"
             )),
         }
     }

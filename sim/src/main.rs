@@ -16,7 +16,7 @@ use felix_sim::{run, Canary, RunOptions};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: felix-sim (--seeds A..B | --seed S) [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new] [--quiet | --hashes]"
+        "usage: felix-sim (--seeds A..B | --seed S) [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|withhold-answers] [--quiet | --hashes]"
     );
     ExitCode::from(2)
 }
@@ -71,6 +71,7 @@ fn main() -> ExitCode {
         Some(Canary::LyingSync) => " --canary lying-sync",
         Some(Canary::ResendAsNew) => " --canary resend-as-new",
         Some(Canary::DropWatchChange) => " --canary drop-watch-change",
+        Some(Canary::WithholdAnswers) => " --canary withhold-answers",
         None => "",
     };
     let mut out = std::io::stdout().lock();

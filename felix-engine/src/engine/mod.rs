@@ -177,7 +177,9 @@ fn durable_settings(d: &DurableConfig) -> DurableSettings {
             tail_cache_bytes: d.tail_cache_bytes,
             ..LogConfig::default()
         },
-        ack_after_write: d.ack_on_commit || d.fsync == FsyncPolicy::OnCommit,
+        // After the write unless the operator took the risk (`ack_before_write`, refused
+        // with `on_commit` in `Engine::new`).
+        ack_after_write: !d.ack_before_write,
         groups: d.groups.clone(),
     }
 }
@@ -311,6 +313,13 @@ impl Engine {
             return Err(EngineError::Config(
                 "max_gso_segments must be at least 1".into(),
             ));
+        }
+        if let Some(d) = &config.durable {
+            if d.ack_before_write && (d.ack_on_commit || d.fsync == FsyncPolicy::OnCommit) {
+                return Err(EngineError::Config(
+                    "ack_before_write cannot be combined with ack_on_commit or the on_commit fsync mode".into(),
+                ));
+            }
         }
         let unix_secs = unix_micros / 1_000_000;
         let (verifier, dev_token) = match &config.auth {
