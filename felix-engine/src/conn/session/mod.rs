@@ -46,7 +46,7 @@ mod cache_features;
 mod groups;
 mod stream_ops;
 
-/// The message of an answer ended because its stream was deleted before it could be given.
+/// The message of a held publish answer ended because its stream was deleted first.
 const DELETED: &str = "the stream was deleted before the write became durable";
 
 /// A subscription granted on this stream, whose event stream the connection opens.
@@ -311,7 +311,8 @@ impl Session {
                             }
                             Some(LogGone::Deleted) => {
                                 self.held.pop_front();
-                                self.error_frame(ErrorCode::NotFound, DELETED.to_owned())
+                                let message = "the stream was deleted".to_owned();
+                                self.error_frame(ErrorCode::NotFound, message)
                             }
                             None => break,
                         },
