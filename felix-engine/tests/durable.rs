@@ -256,18 +256,22 @@ fn ack_before_write_is_refused_with_on_commit() {
         let mut engine_config = felix_engine::EngineConfig::new(identity, auth, [9; 32]);
         engine_config.durable = Some(config);
         let now = std::time::Instant::now();
-        let err = felix_engine::Engine::new(engine_config, now, 1_767_225_600_000_000)
-            .err()
-            .expect("refused");
+        let Err(err) = felix_engine::Engine::new(engine_config, now, 1_767_225_600_000_000) else {
+            panic!("ack_before_write with {fsync:?}, ack_on_commit {ack_on_commit} was accepted");
+        };
         assert!(
-            err.to_string().contains("ack_before_write cannot be combined"),
+            err.to_string()
+                .contains("ack_before_write cannot be combined"),
             "{err}"
         );
     }
 }
 
 /// Everything the log holds after a restart over `disk`, from `earliest`: (offset, payload).
-fn recovered(disk: felix_storage::memfs::MemFs, config: DurableConfig) -> Vec<(Option<u64>, Vec<u8>)> {
+fn recovered(
+    disk: felix_storage::memfs::MemFs,
+    config: DurableConfig,
+) -> Vec<(Option<u64>, Vec<u8>)> {
     let mut net = Net::durable_on(disk, config, |_| {});
     let s = net.connect(&[]);
     let (_, uni, mut frames) = subscribe(&mut net, s, "orders", Some(r#""earliest""#)).unwrap();

@@ -880,7 +880,10 @@ mod tests {
             FsyncPolicy::Periodic(Duration::from_millis(250))
         );
         assert!(!c.options.durable.ack_on_commit);
-        assert!(!c.options.durable.ack_before_write, "acks wait for the write by default");
+        assert!(
+            !c.options.durable.ack_before_write,
+            "acks wait for the write by default"
+        );
 
         let c = from_vars(vars(&[("FELIX_ACK_BEFORE_WRITE", "true")])).unwrap();
         assert!(c.options.durable.ack_before_write);

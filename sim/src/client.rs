@@ -93,11 +93,20 @@ struct SubSpec {
 
 #[derive(Debug)]
 enum ReqMeta {
-    Publish { shard: u32, payloads: Vec<Bytes> },
+    Publish {
+        shard: u32,
+        payloads: Vec<Bytes>,
+    },
     /// A publish to the scratch stream: any answer will do, ok or `not_found`.
     ScratchPublish,
-    CacheWrite { key: String, index: usize },
-    CacheGet { key: String, sent: Instant },
+    CacheWrite {
+        key: String,
+        index: usize,
+    },
+    CacheGet {
+        key: String,
+        sent: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -784,7 +793,10 @@ impl SimClient {
         {
             // This answer and every later one on the stream stay owed.
             s.withheld = true;
-            ctx.log(now, format_args!("c{me} canary: withholds answers on stream {no}"));
+            ctx.log(
+                now,
+                format_args!("c{me} canary: withholds answers on stream {no}"),
+            );
             return Ok(());
         }
         if s.purpose == Purpose::Idempotent && matches!(s.phase, Phase::Ready(_)) {

@@ -140,9 +140,7 @@ impl World {
                 | Canary::ResendAsNew
                 | Canary::DropWatchChange
                 | Canary::WithholdAnswers,
-            ) => {
-                *plan.pick(&[Mode::OnCommitPowerLoss, Mode::AckAfterWriteProcessCrash])
-            }
+            ) => *plan.pick(&[Mode::OnCommitPowerLoss, Mode::AckAfterWriteProcessCrash]),
             None => *plan.pick(&[
                 Mode::Memory,
                 Mode::Memory,

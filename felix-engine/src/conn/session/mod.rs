@@ -33,8 +33,7 @@ use quinn_proto::{ConnectionHandle, StreamId};
 use crate::broker::encode_message;
 use crate::broker::CacheAnswer;
 use crate::broker::{
-    BrokerError, CacheKey, LogGone, Start, StreamKey, SubscribeError, SubscribeOpts,
-    SubscriberId,
+    BrokerError, CacheKey, LogGone, Start, StreamKey, SubscribeError, SubscribeOpts, SubscriberId,
 };
 use crate::conn::ConnShared;
 use crate::node::Core;
