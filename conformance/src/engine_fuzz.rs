@@ -1,5 +1,6 @@
 //! The engine fuzz check: `arbitrary` sequences of client actions — connect, open streams,
-//! send frames (valid, mutated, garbage), finish, reset, stop, let time pass, close — fed to a
+//! send frames (valid, mutated, garbage), finish, reset, stop, let time pass, close, and the
+//! operator's stream deletion, with file ops held in flight across actions — fed to a
 //! real [`Engine`] through real QUIC and TLS, asserting that:
 //!
 //! - nothing panics (the engine's own `expect`s included);
@@ -17,7 +18,9 @@
 //! buffer budget, the session — and the engine needs no test-only API beyond its public
 //! `usage()` getter. The cost is a TLS handshake per input (a few hundred inputs a second).
 //!
-//! Durable storage runs on an in-memory disk that performs every file op at once.
+//! Durable storage runs on an in-memory disk that performs every file op at once, unless
+//! [`Action::HoldFileOps`] holds them (all held ops are performed before the final check, so
+//! an answer a deletion stranded behind a forgotten log still counts as owed).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -80,6 +83,8 @@ pub fn engine(data: &[u8]) {
         world.settle();
         world.check_usage();
     }
+    // Every write lands in the end, so every answer it holds is owed by then.
+    world.release_file_ops();
     world.settle();
     world.check_answers();
     if debug() {
@@ -251,6 +256,16 @@ enum Action {
     },
     Close {
         conn: u8,
+    },
+    /// The operator deletes a stream (`Engine::delete_stream`), maybe while its writes wait.
+    DeleteStream {
+        stream: u8,
+    },
+    /// From now on file ops wait unperformed (`true`), or every waiting one is performed in
+    /// turn and ops run at once again (`false`): writes and fsyncs then stay in flight across
+    /// other actions, such as a stream deletion.
+    HoldFileOps {
+        on: bool,
     },
 }
 
@@ -435,6 +450,8 @@ struct World {
     /// Clients get a port each; the engine sees them as distinct peers.
     next_port: u16,
     addrs: HashMap<ConnectionHandle, SocketAddr>,
+    /// `Some` while file ops are held ([`Action::HoldFileOps`]): the ops waiting.
+    held_ops: Option<Vec<felix_engine::FileOp>>,
 }
 
 impl World {
@@ -503,6 +520,7 @@ impl World {
             clients: Vec::new(),
             server: "127.0.0.1:5000".parse().expect("literal"),
             token,
+            held_ops: None,
             next_request: 0,
             buf: Vec::new(),
             next_port: 40_000,
@@ -736,6 +754,15 @@ impl World {
                     .close(self.now, VarInt::from_u32(0), Bytes::from_static(b"bye"));
                 client.closed_by_us = true;
             }
+            Action::DeleteStream { stream } => {
+                // Refusals (no such stream, a log still opening) are answers too.
+                let name = stream_name(stream);
+                let _ = self.engine.delete_stream(self.now, "t1", "default", &name);
+            }
+            Action::HoldFileOps { on: true } => {
+                self.held_ops.get_or_insert_with(Vec::new);
+            }
+            Action::HoldFileOps { on: false } => self.release_file_ops(),
         }
     }
 
@@ -835,9 +862,14 @@ impl World {
                 }
             }
         }
-        for op in ops {
-            let completion = self.disk.execute(op).expect("the disk never crashes here");
-            self.engine.handle_file_completion(self.now, completion);
+        match &mut self.held_ops {
+            Some(held) => held.extend(ops),
+            None => {
+                for op in ops {
+                    let completion = self.disk.execute(op).expect("the disk never crashes here");
+                    self.engine.handle_file_completion(self.now, completion);
+                }
+            }
         }
         if self.process_client_events() {
             moved = true;
@@ -882,6 +914,14 @@ impl World {
             }
         }
         moved
+    }
+
+    /// Performs every held file op in the order issued, and stops holding.
+    fn release_file_ops(&mut self) {
+        for op in self.held_ops.take().unwrap_or_default() {
+            let completion = self.disk.execute(op).expect("the disk never crashes here");
+            self.engine.handle_file_completion(self.now, completion);
+        }
     }
 
     fn advance(&mut self, d: Duration) {

@@ -197,9 +197,16 @@ impl FsyncPolicy {
 pub struct DurableConfig {
     /// See [`FsyncPolicy`].
     pub fsync: FsyncPolicy,
-    /// Answer every acknowledged publish after its write, with its offset, whatever the
-    /// client offered (`FELIX_ACK_ON_COMMIT`). Implied by [`FsyncPolicy::OnCommit`].
+    /// Kept so that configurations setting it still load: every acknowledged publish is
+    /// answered after its write, with its offset, unless [`DurableConfig::ack_before_write`]
+    /// says otherwise (`FELIX_ACK_ON_COMMIT`). Setting both is a configuration error.
     pub ack_on_commit: bool,
+    /// Under `none` and `periodic`, answer an acknowledged publish on arrival, before its
+    /// write reaches the page cache, and without an offset: a broker *process* crash can then
+    /// lose acknowledged records (`FELIX_ACK_BEFORE_WRITE`, default `false`). A client that
+    /// offered FEATURE_ACK_ON_COMMIT still gets its answers after the write. Refused with
+    /// `on_commit`, whose acks always wait for the fsync.
+    pub ack_before_write: bool,
     /// Delete a shard's oldest whole segments while its log is larger than this
     /// (`FELIX_DURABLE_RETENTION_BYTES`).
     pub retention_bytes: Option<u64>,
@@ -223,6 +230,7 @@ impl Default for DurableConfig {
         DurableConfig {
             fsync: FsyncPolicy::Periodic(DEFAULT_FSYNC_INTERVAL),
             ack_on_commit: false,
+            ack_before_write: false,
             retention_bytes: None,
             retention_age: None,
             retention_check_interval: Duration::from_secs(60),

@@ -182,9 +182,38 @@ fn one_fsync_releases_every_waiter_queued_behind_it() {
     assert_eq!(net.disk.count("append") - appends_before, 1);
 }
 
+fn is_append(kind: &FileOpKind) -> bool {
+    matches!(kind, FileOpKind::Append { .. })
+}
+
 #[test]
-fn periodic_acks_at_once_without_offsets_unless_the_client_asks_for_commit_acks() {
+fn periodic_acks_wait_for_the_write_and_carry_offsets() {
     let mut net = Net::durable(periodic(), |_| {});
+    let p = net.connect(&[]);
+    let (sid, _) = net.auth_stream(p);
+    publish_each(&mut net, p, sid, 1, &[b"warm".to_vec()]);
+    assert_eq!(acks(&net.read_frames(p, sid)), [(1, Some(0))]);
+
+    net.hold = is_append;
+    publish_each(&mut net, p, sid, 2, &[b"x".to_vec(), b"y".to_vec()]);
+    assert!(
+        net.read_frames(p, sid).is_empty(),
+        "no ack before the write reaches the file"
+    );
+    assert!(net.pending_ops.iter().any(|op| is_append(&op.kind)));
+    net.release_held_ops();
+    assert_eq!(
+        acks(&net.read_frames(p, sid)),
+        [(2, Some(1)), (3, Some(2))],
+        "acked after the write, with offsets, long before any periodic fsync"
+    );
+}
+
+#[test]
+fn ack_before_write_acks_on_arrival_without_offsets_unless_the_client_asks_for_commit_acks() {
+    let mut config = periodic();
+    config.ack_before_write = true;
+    let mut net = Net::durable(config, |_| {});
     let p = net.connect(&[]);
     let (sid, _) = net.auth_stream(p);
     publish_each(&mut net, p, sid, 1, &[b"warm".to_vec()]);
@@ -208,11 +237,77 @@ fn periodic_acks_at_once_without_offsets_unless_the_client_asks_for_commit_acks(
     ));
     let answer = net.exchange(p, sid2, &auth);
     assert_eq!(json(&answer[0])["type"], "auth_ok");
-    net.hold = |k| matches!(k, FileOpKind::Append { .. });
+    net.hold = is_append;
     publish_each(&mut net, p, sid2, 7, &[b"y".to_vec()]);
     assert!(net.read_frames(p, sid2).is_empty(), "waits for the write");
     net.release_held_ops();
     assert_eq!(acks(&net.read_frames(p, sid2)), [(7, Some(2))]);
+}
+
+#[test]
+fn ack_before_write_is_refused_with_on_commit() {
+    for (fsync, ack_on_commit) in [(FsyncPolicy::OnCommit, false), (periodic().fsync, true)] {
+        let mut config = DurableConfig::default();
+        config.fsync = fsync;
+        config.ack_on_commit = ack_on_commit;
+        config.ack_before_write = true;
+        let identity = tls().identity;
+        let auth = felix_engine::AuthConfig::Dev { seed: [7; 32] };
+        let mut engine_config = felix_engine::EngineConfig::new(identity, auth, [9; 32]);
+        engine_config.durable = Some(config);
+        let now = std::time::Instant::now();
+        let Err(err) = felix_engine::Engine::new(engine_config, now, 1_767_225_600_000_000) else {
+            panic!("ack_before_write with {fsync:?}, ack_on_commit {ack_on_commit} was accepted");
+        };
+        assert!(
+            err.to_string()
+                .contains("ack_before_write cannot be combined"),
+            "{err}"
+        );
+    }
+}
+
+/// Everything the log holds after a restart over `disk`, from `earliest`: (offset, payload).
+fn recovered(
+    disk: felix_storage::memfs::MemFs,
+    config: DurableConfig,
+) -> Vec<(Option<u64>, Vec<u8>)> {
+    let mut net = Net::durable_on(disk, config, |_| {});
+    let s = net.connect(&[]);
+    let (_, uni, mut frames) = subscribe(&mut net, s, "orders", Some(r#""earliest""#)).unwrap();
+    net.run();
+    frames.extend(net.read_frames(s, uni));
+    events(&frames)
+}
+
+#[test]
+fn a_process_crash_after_a_periodic_ack_never_loses_the_acked_record() {
+    let mut net = Net::durable(periodic(), |_| {});
+    let p = net.connect(&[]);
+    let (sid, _) = net.auth_stream(p);
+    publish_each(&mut net, p, sid, 1, &[b"warm".to_vec()]);
+    let mut acked = acks(&net.read_frames(p, sid));
+    // The next writes never reach the page cache: the process dies with them in flight.
+    net.hold = is_append;
+    publish_each(&mut net, p, sid, 2, &payloads("in-flight-", 3));
+    acked.extend(acks(&net.read_frames(p, sid)));
+    let mut disk = std::mem::take(&mut net.disk);
+    drop(net);
+    disk.crash(felix_storage::memfs::Crash::Process);
+
+    let log = recovered(disk, periodic());
+    let mut sent = vec![b"warm".to_vec()];
+    sent.extend(payloads("in-flight-", 3));
+    for (request_id, offset) in &acked {
+        let payload = &sent[(*request_id - 1) as usize];
+        assert!(
+            log.iter()
+                .any(|(o, p)| p == payload && (offset.is_none() || *o == *offset)),
+            "request {request_id} was acked (offset {offset:?}) but {:?} is not in the recovered log {log:?}",
+            String::from_utf8_lossy(payload)
+        );
+    }
+    assert_eq!(acked, [(1, Some(0))], "only the written record was acked");
 }
 
 #[test]

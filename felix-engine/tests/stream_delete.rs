@@ -7,6 +7,7 @@ use std::time::Duration;
 use felix_engine::{DeleteStreamError, DurableConfig, FsyncPolicy};
 use felix_proto::binary::{AckResult, EventBatch, PublishAck};
 use felix_proto::frame::Frame;
+use felix_proto::{ErrorCode, RetryClass};
 use felix_testkit::*;
 use quinn_proto::StreamId;
 
@@ -354,6 +355,107 @@ fn a_publish_during_the_rename_waits_for_it_and_never_sees_the_old_log() {
         )
         .collect();
     assert_eq!(acks, [Some(0)], "a new log, from offset 0");
+}
+
+/// Every answer on `sid`, decoded: (request id, offset) or the refusal.
+fn answers(net: &mut Net, p: usize, sid: StreamId) -> Vec<PublishAck> {
+    net.read_frames(p, sid)
+        .iter()
+        .map(|f| PublishAck::decode(f.flags, &f.payload).expect("a binary ack"))
+        .collect()
+}
+
+fn ok(request_id: u64, offset: u64) -> PublishAck {
+    PublishAck {
+        request_id,
+        result: AckResult::Ok {
+            offset: Some(offset),
+        },
+        owner: None,
+    }
+}
+
+#[test]
+fn deleting_a_stream_ends_every_answer_waiting_for_its_write_with_not_found() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let p = net.connect(&[]);
+    let (pid, _) = net.auth_stream(p);
+    assert_eq!(publish(&mut net, p, pid, 1, &[b"a"]), [Some(0)]);
+    let mut warm = binary_publish(Some(10), None, "other", &[b"x"]);
+    assert_eq!(
+        {
+            net.send(p, pid, &std::mem::take(&mut warm));
+            net.run();
+            answers(&mut net, p, pid)
+        },
+        [ok(10, 0)]
+    );
+
+    // Two publishes wait for their fsync; a publish to another stream queues behind them.
+    net.hold = |k| matches!(k, felix_engine::FileOpKind::Sync { .. });
+    let mut wire = binary_publish(Some(2), None, "orders", &[b"b"]);
+    wire.extend(binary_publish(Some(3), None, "orders", &[b"c"]));
+    wire.extend(binary_publish(Some(4), None, "other", &[b"y"]));
+    net.send(p, pid, &wire);
+    net.run();
+    assert!(answers(&mut net, p, pid).is_empty(), "all wait for fsyncs");
+
+    net.engine
+        .delete_stream(net.now, "t1", "default", "orders")
+        .unwrap();
+    net.run();
+    let deleted = |request_id| PublishAck {
+        request_id,
+        result: AckResult::Err {
+            message: "the stream was deleted before the write became durable".into(),
+            code: Some((ErrorCode::NotFound, RetryClass::RetryAfter)),
+            detail: None,
+        },
+        owner: None,
+    };
+    assert_eq!(
+        answers(&mut net, p, pid),
+        [deleted(2), deleted(3)],
+        "the deleted stream's answers end at once; the other stream's still waits"
+    );
+
+    net.release_held_ops();
+    assert_eq!(answers(&mut net, p, pid), [ok(4, 1)], "then it is answered");
+    // A publish after the deletion gets its normal answer, from a new log.
+    assert_eq!(publish(&mut net, p, pid, 5, &[b"new"]), [Some(0)]);
+}
+
+#[test]
+fn under_periodic_an_answer_waiting_for_its_write_ends_when_the_stream_is_deleted() {
+    // Under periodic the answer waits for the write, not an fsync; the deletion ends it too.
+    let mut durable_config = DurableConfig::default();
+    durable_config.fsync = FsyncPolicy::Periodic(Duration::from_millis(250));
+    let mut net = Net::durable(durable_config, |_| {});
+    let p = net.connect(&[]);
+    let (pid, _) = net.auth_stream(p);
+    assert_eq!(publish(&mut net, p, pid, 1, &[b"a"]), [Some(0)]);
+
+    net.hold = |k| matches!(k, felix_engine::FileOpKind::Append { path, .. } if path.starts_with("streams/"));
+    net.send(p, pid, &binary_publish(Some(2), None, "orders", &[b"b"]));
+    net.run();
+    assert!(net.read_frames(p, pid).is_empty(), "waits for its write");
+    net.engine
+        .delete_stream(net.now, "t1", "default", "orders")
+        .unwrap();
+    net.run();
+    let got = answers(&mut net, p, pid);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].request_id, 2);
+    assert!(
+        matches!(
+            got[0].result,
+            AckResult::Err {
+                code: Some((ErrorCode::NotFound, _)),
+                ..
+            }
+        ),
+        "{got:?}"
+    );
 }
 
 const GROUP: &str =

@@ -4,8 +4,13 @@
 //! ```text
 //! cargo run --release -p felix-integration --example bench_durable -- \
 //!     [--secs S] [--batch B] [--size BYTES] [--inflight K[,K...]] [--fanout N] \
-//!     [--modes memory,on_commit,periodic,none] [--dir PATH] [--rounds R] [--direct-io on|off]
+//!     [--modes memory,on_commit,periodic,none,periodic_ack_before_write] [--dir PATH] \
+//!     [--rounds R] [--direct-io on|off]
 //! ```
+//!
+//! Every durable mode acks after the write, as the broker does by default;
+//! `periodic_ack_before_write` is `periodic` with `FELIX_ACK_BEFORE_WRITE=true` (acks on
+//! arrival, without offsets), to measure what waiting for the write costs.
 //!
 //! `--direct-io off` buffers the durable modes' appends (`FELIX_DURABLE_DIRECT_IO=false`), to
 //! compare with the default direct appends.
@@ -251,7 +256,12 @@ fn main() {
                 "on_commit" => Some(FsyncPolicy::OnCommit),
                 "periodic" => Some(FsyncPolicy::Periodic(Duration::from_millis(250))),
                 "none" => Some(FsyncPolicy::None),
-                other => panic!("unknown mode {other:?}: memory | on_commit | periodic | none"),
+                "periodic_ack_before_write" => {
+                    Some(FsyncPolicy::Periodic(Duration::from_millis(250)))
+                }
+                other => panic!(
+                    "unknown mode {other:?}: memory | on_commit | periodic | none | periodic_ack_before_write"
+                ),
             };
             let mut best = 0f64;
             for &inflight in &inflights {
@@ -306,12 +316,12 @@ fn run_one(
     let dir = base.join(format!("felix-bench-durable-{}-{mode}", std::process::id()));
     let storage = fsync.map(|fsync| {
         let _ = std::fs::remove_dir_all(&dir);
-        // Acks after the write in every durable mode, so each is measured doing the same
-        // thing: answering with an offset once its mode calls the record durable.
+        // The default: acks after the write, with an offset, once the mode calls the record
+        // durable; only the `_ack_before_write` mode answers on arrival.
         let durable = {
             let mut durable_config = DurableConfig::default();
             durable_config.fsync = fsync;
-            durable_config.ack_on_commit = true;
+            durable_config.ack_before_write = mode.ends_with("_ack_before_write");
             durable_config
         };
         (dir.clone(), durable)

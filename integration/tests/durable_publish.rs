@@ -49,9 +49,14 @@ async fn on_commit_acks_carry_contiguous_offsets_and_events_carry_them_too() {
 }
 
 #[tokio::test]
-async fn periodic_acks_carry_offsets_only_when_the_ack_waits_for_the_write() {
+async fn periodic_acks_carry_offsets_unless_the_broker_acks_before_the_write() {
     let dir = TempDir::new("durable-ack-modes");
-    let broker = start(dir.path(), periodic()).await;
+    let broker = start(dir.path(), {
+        let mut durable_config = periodic();
+        durable_config.ack_before_write = true;
+        durable_config
+    })
+    .await;
     let stream = unique("acks");
     let plain = client(&broker).await;
     let first = plain
@@ -77,13 +82,8 @@ async fn periodic_acks_carry_offsets_only_when_the_ack_waits_for_the_write() {
     committed.close().await;
     stop(broker).await;
 
-    // FELIX_ACK_ON_COMMIT=true does the same for every client.
-    let broker = start(dir.path(), {
-        let mut durable_config = periodic();
-        durable_config.ack_on_commit = true;
-        durable_config
-    })
-    .await;
+    // By default every client's acks wait for the write.
+    let broker = start(dir.path(), periodic()).await;
     let plain = client(&broker).await;
     let offset = plain
         .publish("default", &stream, batch("c", 0, 1), None, Ack::PerBatch)

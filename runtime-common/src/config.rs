@@ -279,6 +279,7 @@ pub const SETTINGS: &[Setting] = &[
     plain("durable.fsync_mode", &["FELIX_DURABLE_FSYNC_MODE"], Kind::Text, Default_::Text(DEFAULT_FSYNC_MODE)),
     plain("durable.fsync_interval_ms", &["FELIX_DURABLE_FSYNC_INTERVAL_MS"], Kind::Int, Default_::Int(DEFAULT_FSYNC_INTERVAL_MS)),
     plain("durable.ack_on_commit", &["FELIX_ACK_ON_COMMIT"], Kind::Bool, Default_::Bool(false)),
+    plain("durable.ack_before_write", &["FELIX_ACK_BEFORE_WRITE"], Kind::Bool, Default_::Bool(false)),
     plain("durable.retention_bytes", &["FELIX_DURABLE_RETENTION_BYTES"], Kind::Int, Default_::Unset),
     plain("durable.retention_seconds", &["FELIX_DURABLE_RETENTION_SECONDS"], Kind::Int, Default_::Unset),
     plain("durable.segment_max_bytes", &["FELIX_DURABLE_SEGMENT_MAX_BYTES", "FELIX_DURABLE_SEGMENT_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_SEGMENT_MAX_BYTES)),
@@ -1258,6 +1259,16 @@ fn durable(
     options.durable.fsync = FsyncPolicy::parse(&mode, interval)
         .map_err(|e| ConfigError(format!("{}: {e}", name("durable.fsync_mode"))))?;
     options.durable.ack_on_commit = flag("durable.ack_on_commit");
+    options.durable.ack_before_write = flag("durable.ack_before_write");
+    if options.durable.ack_before_write
+        && (options.durable.ack_on_commit || options.durable.fsync == FsyncPolicy::OnCommit)
+    {
+        return Err(ConfigError(format!(
+            "{}: acking before the write cannot be combined with {} or the on_commit fsync mode",
+            name("durable.ack_before_write"),
+            name("durable.ack_on_commit")
+        )));
+    }
     options.durable.retention_bytes = int("durable.retention_bytes");
     options.durable.retention_age = int("durable.retention_seconds").map(Duration::from_secs);
     if let Some(bytes) = positive(int, name, "durable.segment_max_bytes")? {
@@ -1482,6 +1493,20 @@ mod tests {
             FsyncPolicy::Periodic(Duration::from_millis(250))
         );
         assert!(!c.options.durable.ack_on_commit);
+        assert!(
+            !c.options.durable.ack_before_write,
+            "acks wait for the write by default"
+        );
+
+        let c = from_vars(vars(&[("FELIX_ACK_BEFORE_WRITE", "true")])).unwrap();
+        assert!(c.options.durable.ack_before_write);
+        for clash in [
+            ("FELIX_DURABLE_FSYNC_MODE", "on_commit"),
+            ("FELIX_ACK_ON_COMMIT", "true"),
+        ] {
+            let e = from_vars(vars(&[("FELIX_ACK_BEFORE_WRITE", "true"), clash])).unwrap_err();
+            assert!(e.0.contains("FELIX_ACK_BEFORE_WRITE"), "{e}");
+        }
 
         let c = from_vars(vars(&[
             ("FELIX_DURABLE_STORAGE_DIR", "/var/lib/felix"),

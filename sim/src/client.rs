@@ -34,6 +34,9 @@ mod groups;
 pub(crate) const TENANT: &str = "t1";
 pub(crate) const NAMESPACE: &str = "default";
 pub(crate) const STREAM: &str = "orders";
+/// A second stream workers publish to and the operator deletes (`world.rs`): nobody reads
+/// it, so only the answers to its publishes are checked (`requests_answered`).
+pub(crate) const SCRATCH: &str = "scratch";
 pub(crate) const CACHE: &str = "sessions";
 /// Cache keys each client owns (it is their only writer).
 const KEYS_PER_CLIENT: usize = 3;
@@ -61,6 +64,9 @@ pub(crate) struct Ctx<'a> {
     /// Canary: a record handed to worker `.0` (shard `.1`, offset `.2`) waiting to turn up
     /// in another worker's poll answer.
     pub(crate) misroute_claim: Option<&'a mut Option<(usize, u32, u64)>>,
+    /// Canary: client 0 stops taking answers on each publish stream after its first one,
+    /// as if the broker had left them owed.
+    pub(crate) withhold_answers: bool,
     /// True once the fault phase is over: no new work, only reading and reconnecting.
     pub(crate) quiet: bool,
 }
@@ -92,9 +98,20 @@ struct SubSpec {
 
 #[derive(Debug)]
 enum ReqMeta {
-    Publish { shard: u32, payloads: Vec<Bytes> },
-    CacheWrite { key: String, index: usize },
-    CacheGet { key: String, sent: Instant },
+    Publish {
+        shard: u32,
+        payloads: Vec<Bytes>,
+    },
+    /// A publish to the scratch stream: any answer will do, ok or `not_found`.
+    ScratchPublish,
+    CacheWrite {
+        key: String,
+        index: usize,
+    },
+    CacheGet {
+        key: String,
+        sent: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -128,6 +145,8 @@ struct BiStream {
     decoder: FrameDecoder,
     out: VecDeque<Bytes>,
     reqs: BTreeMap<u64, ReqMeta>,
+    /// Canary (`withhold_answers`): frames arriving here are dropped unread.
+    withheld: bool,
 }
 
 struct UniStream {
@@ -617,6 +636,7 @@ impl SimClient {
             decoder: FrameDecoder::new(64 << 20),
             out: VecDeque::new(),
             reqs: BTreeMap::new(),
+            withheld: false,
         };
         s.out.push_back(auth_frame(TENANT, ctx.token, &self.offer));
         ctx.oracle
@@ -768,6 +788,22 @@ impl SimClient {
         let gen = conn.gen;
         let s = conn.bi.get_mut(&id).expect("stream");
         let no = s.no;
+        if s.withheld {
+            return Ok(());
+        }
+        if ctx.withhold_answers
+            && me == 0
+            && s.purpose == Purpose::Publish
+            && matches!(s.phase, Phase::Ready(_))
+        {
+            // This answer and every later one on the stream stay owed.
+            s.withheld = true;
+            ctx.log(
+                now,
+                format_args!("c{me} canary: withholds answers on stream {no}"),
+            );
+            return Ok(());
+        }
         if s.purpose == Purpose::Idempotent && matches!(s.phase, Phase::Ready(_)) {
             return self.on_idempotent_answer(now, frame, (gen, no), ctx);
         }
@@ -968,6 +1004,9 @@ impl SimClient {
                     }
                     None => {}
                 }
+            }
+            (Some(ReqMeta::ScratchPublish), Ok(Answer::Published { offset })) => {
+                ctx.log(now, format_args!("c{me} scratch ack offset {offset:?}"));
             }
             (Some(ReqMeta::CacheWrite { key, index }), result) => {
                 self.cache_busy.remove(&key);
@@ -1178,6 +1217,9 @@ impl SimClient {
     }
 
     fn publish(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
+        if self.rng.chance(0.15) {
+            return self.scratch_publish(now, ctx);
+        }
         let me = self.id;
         let ack = *self
             .rng
@@ -1240,6 +1282,45 @@ impl SimClient {
                 format!("publish {}", crate::oracle::show(&payloads[0])),
             );
             s.reqs.insert(rid, ReqMeta::Publish { shard, payloads });
+        }
+        Ok(())
+    }
+
+    /// One acked publish to the scratch stream, which the operator deletes now and then.
+    fn scratch_publish(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
+        let me = self.id;
+        let ack = *self.rng.pick(&[Ack::PerMessage, Ack::PerBatch]);
+        let Some(conn) = &mut self.conn else {
+            return Ok(());
+        };
+        let Some(id) = conn.publish_stream else {
+            return Ok(());
+        };
+        let gen = conn.gen;
+        let s = conn.bi.get_mut(&id).expect("stream");
+        let Phase::Ready(rs) = &mut s.phase else {
+            return Ok(());
+        };
+        if !rs.can_publish_acked() {
+            return Ok(());
+        }
+        let payload = Bytes::from(format!("c{me}g{gen}:scratch|"));
+        let target = Target {
+            namespace: NAMESPACE,
+            name: SCRATCH,
+        };
+        let enc = rs
+            .publish(target, std::slice::from_ref(&payload), None, ack)
+            .map_err(|e| protocol(me, format!("publish encode: {e}")))?;
+        s.out.push_back(enc.frame);
+        ctx.log(
+            now,
+            format_args!("c{me} publish {SCRATCH} {ack:?} req {:?}", enc.request_id),
+        );
+        if let Some(rid) = enc.request_id {
+            let what = format!("publish {SCRATCH}");
+            ctx.oracle.request_sent((me, gen, s.no, rid), now, what);
+            s.reqs.insert(rid, ReqMeta::ScratchPublish);
         }
         Ok(())
     }

@@ -55,6 +55,10 @@ pub enum Canary {
     /// A record one worker's poll was handed also turns up in the next poll answer of
     /// another worker, as if misrouted (caught by `group_claims`).
     MisrouteClaim,
+    /// One client stops taking answers on each of its publish streams after the first: the
+    /// answers stay owed on a live connection, as a broker that forgot them would leave
+    /// them (caught by `requests_answered`).
+    WithholdAnswers,
 }
 
 impl std::str::FromStr for Canary {
@@ -67,8 +71,9 @@ impl std::str::FromStr for Canary {
             "drop-watch-change" => Ok(Canary::DropWatchChange),
             "stale-cache-read" => Ok(Canary::StaleCacheRead),
             "misroute-claim" => Ok(Canary::MisrouteClaim),
+            "withhold-answers" => Ok(Canary::WithholdAnswers),
             other => Err(format!(
-                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new, drop-watch-change, stale-cache-read or misroute-claim"
+                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new, drop-watch-change, stale-cache-read, misroute-claim or withhold-answers"
             )),
         }
     }

@@ -16,7 +16,7 @@ use felix_sim::{run, Canary, RunOptions};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: felix-sim (--seeds A..B | --seed S) [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim] [--quiet | --hashes]"
+        "usage: felix-sim (--seeds A..B | --seed S) [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers] [--quiet | --hashes]"
     );
     ExitCode::from(2)
 }
@@ -73,6 +73,7 @@ fn main() -> ExitCode {
         Some(Canary::DropWatchChange) => " --canary drop-watch-change",
         Some(Canary::StaleCacheRead) => " --canary stale-cache-read",
         Some(Canary::MisrouteClaim) => " --canary misroute-claim",
+        Some(Canary::WithholdAnswers) => " --canary withhold-answers",
         None => "",
     };
     let mut out = std::io::stdout().lock();

@@ -12,7 +12,7 @@ use felix_engine::{
     FsyncPolicy, OpId, Output,
 };
 
-use crate::client::{Ctx, Role, Setup, SimClient, NAMESPACE, STREAM, TENANT};
+use crate::client::{Ctx, Role, Setup, SimClient, NAMESPACE, SCRATCH, STREAM, TENANT};
 use crate::clock::VirtualClock;
 use crate::disk::{CrashKind, MemFs};
 use crate::invariants::{idempotent_once, no_acked_loss, requests_answered};
@@ -48,11 +48,16 @@ pub(crate) enum Mode {
     Memory,
     /// `on_commit`: every ack waits for the fsync; the broker loses power.
     OnCommitPowerLoss,
-    /// `periodic` or `none` with acks after the write: the broker process dies (the page
-    /// cache survives).
+    /// `periodic` or `none` with the legacy `ack_on_commit` key set (acks after the write,
+    /// as the default is now): the broker process dies (the page cache survives).
     AckAfterWriteProcessCrash,
-    /// `periodic`, acked on accept; no crash.
-    PeriodicNoCrash,
+    /// `periodic` with the default settings, so acks wait for the write: the broker process
+    /// dies, and no acknowledged record may be lost (once `PeriodicNoCrash`, when the
+    /// default acked on arrival and a process crash could lose acked records).
+    PeriodicProcessCrash,
+    /// `periodic` with `ack_before_write`, acked on arrival: no crash, since a process crash
+    /// may lose what this mode acknowledges.
+    AckBeforeWriteNoCrash,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -64,6 +69,8 @@ enum Fault {
     ClockJump(usize, Duration),
     Crash(CrashKind),
     Restart,
+    /// The operator deletes the scratch stream (`client::SCRATCH`).
+    DeleteScratch,
     EndOfFaults,
     StartAudit,
 }
@@ -115,10 +122,13 @@ pub(crate) struct World {
     /// Canaries: the stale read cache, and the record waiting to be misrouted.
     stale_cache: Option<BTreeMap<String, Bytes>>,
     misroute_claim: Option<Option<(usize, u32, u64)>>,
+    withhold_answers: bool,
     quiet: bool,
     workers: usize,
     steps: u64,
     crashes: u64,
+    /// Stream deletions the broker carried out.
+    deletes: u64,
 }
 
 impl World {
@@ -133,7 +143,8 @@ impl World {
                 | Canary::ResendAsNew
                 | Canary::DropWatchChange
                 | Canary::StaleCacheRead
-                | Canary::MisrouteClaim,
+                | Canary::MisrouteClaim
+                | Canary::WithholdAnswers,
             ) => *plan.pick(&[Mode::OnCommitPowerLoss, Mode::AckAfterWriteProcessCrash]),
             None => *plan.pick(&[
                 Mode::Memory,
@@ -143,7 +154,8 @@ impl World {
                 Mode::OnCommitPowerLoss,
                 Mode::AckAfterWriteProcessCrash,
                 Mode::AckAfterWriteProcessCrash,
-                Mode::PeriodicNoCrash,
+                Mode::PeriodicProcessCrash,
+                Mode::AckBeforeWriteNoCrash,
             ]),
         };
         let mut tls_rng = root.fork("tls");
@@ -176,9 +188,16 @@ impl World {
                 d.ack_on_commit = true;
                 Some(d)
             }
-            Mode::PeriodicNoCrash => Some(durable(FsyncPolicy::Periodic(Duration::from_millis(
-                plan.range(20..500),
-            )))),
+            Mode::PeriodicProcessCrash => Some(durable(FsyncPolicy::Periodic(
+                Duration::from_millis(plan.range(20..500)),
+            ))),
+            Mode::AckBeforeWriteNoCrash => {
+                let mut d = durable(FsyncPolicy::Periodic(Duration::from_millis(
+                    plan.range(20..500),
+                )));
+                d.ack_before_write = true;
+                Some(d)
+            }
         };
         if let Some(d) = &mut config.durable {
             d.segment_max_bytes = *plan.pick(&[2048, 16 * 1024, 64 << 20]);
@@ -222,10 +241,12 @@ impl World {
             drop_one_watch_change: opts.canary == Some(Canary::DropWatchChange),
             stale_cache: (opts.canary == Some(Canary::StaleCacheRead)).then(BTreeMap::new),
             misroute_claim: (opts.canary == Some(Canary::MisrouteClaim)).then_some(None),
+            withhold_answers: opts.canary == Some(Canary::WithholdAnswers),
             quiet: false,
             workers,
             steps: 0,
             crashes: 0,
+            deletes: 0,
         };
         let header = format!(
             "seed {} mode {mode:?} workers {workers} net {:?} queue {} batch {} durable {:?} disk x{}",
@@ -274,11 +295,20 @@ impl World {
                 ),
                 _ => match self.mode {
                     Mode::OnCommitPowerLoss => Fault::Crash(CrashKind::Power),
-                    Mode::AckAfterWriteProcessCrash => Fault::Crash(CrashKind::Process),
+                    Mode::AckAfterWriteProcessCrash | Mode::PeriodicProcessCrash => {
+                        Fault::Crash(CrashKind::Process)
+                    }
                     _ => Fault::LossBurst(Duration::from_millis(500), 0.5),
                 },
             };
             self.queue.push(self.clock.at(at), Ev::Fault(fault));
+        }
+        // The operator deletes the scratch stream up to twice, at seeded moments, while
+        // publishes to it may be waiting for their writes.
+        for _ in 0..plan.range(0..3) {
+            let at = plan.duration(Duration::from_millis(300), FAULT_PHASE);
+            self.queue
+                .push(self.clock.at(at), Ev::Fault(Fault::DeleteScratch));
         }
         self.queue
             .push(self.clock.at(FAULT_PHASE), Ev::Fault(Fault::EndOfFaults));
@@ -311,7 +341,7 @@ impl World {
 
     fn summary(&self, wall: Duration) -> String {
         format!(
-            "mode {:?}, {} workers, {} events, {} acked publishes, {} events seen, {} cache reads checked, {} group claims checked, {} watch changes, {} lagged, {} crashes, {} datagrams ({} dropped), {} file ops, {:.0} ms virtual in {:.0} ms",
+            "mode {:?}, {} workers, {} events, {} acked publishes, {} events seen, {} cache reads checked, {} group claims checked, {} watch changes, {} lagged, {} crashes, {} stream deletes, {} datagrams ({} dropped), {} file ops, {:.0} ms virtual in {:.0} ms",
             self.mode,
             self.workers,
             self.trace.count(),
@@ -322,6 +352,7 @@ impl World {
             self.clients.iter().map(SimClient::watch_changes).sum::<u64>(),
             self.oracle.lagged,
             self.crashes,
+            self.deletes,
             self.net.stats.sent,
             self.net.stats.dropped,
             self.disk.ops(),
@@ -554,6 +585,15 @@ impl World {
                     self.start_broker()?;
                 }
             }
+            Fault::DeleteScratch => {
+                let Some(b) = &mut self.broker else {
+                    return Ok(());
+                };
+                let result = b.engine.delete_stream(now, TENANT, NAMESPACE, SCRATCH);
+                self.deletes += u64::from(result.is_ok());
+                self.log(format_args!("operator deletes {SCRATCH}: {result:?}"));
+                return self.drain_engine(now);
+            }
             Fault::EndOfFaults => {
                 self.quiet = true;
                 self.net.heal_all();
@@ -582,6 +622,7 @@ impl World {
             drop_one_watch_change: &mut self.drop_one_watch_change,
             stale_cache: self.stale_cache.as_mut(),
             misroute_claim: self.misroute_claim.as_mut(),
+            withhold_answers: self.withhold_answers,
             quiet: self.quiet,
         };
         (&mut self.clients[i], ctx)

@@ -39,3 +39,9 @@ fn a_batch_resent_under_a_new_sequence_is_caught() {
         "seed {seed}: {v}"
     );
 }
+
+#[test]
+fn an_answer_left_owed_is_caught() {
+    let (seed, v) = first_caught(Canary::WithholdAnswers, 8).expect("the canary went unnoticed");
+    assert_eq!(v.invariant, "requests_answered", "seed {seed}: {v}");
+}

@@ -32,7 +32,7 @@ pub(crate) const CATCH_UP_FRAMES_AHEAD: usize = 4;
 pub(crate) struct DurableSettings {
     pub(crate) log: LogConfig,
     /// Every acknowledged publish is answered once durable, with its offset, whatever the
-    /// client offered (`FELIX_ACK_ON_COMMIT`, or the `on_commit` fsync mode).
+    /// client offered: false only when the operator chose `ack_before_write`.
     pub(crate) ack_after_write: bool,
     /// Consumer-group limits.
     pub(crate) groups: super::groups::GroupConfig,
@@ -59,6 +59,15 @@ pub(crate) enum Notice {
         waiter: u64,
         result: Result<Vec<super::groups::PolledRecord>, super::BrokerError>,
     },
+}
+
+/// Why a log will make nothing more durable (see [`Broker::log_gone`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogGone<'a> {
+    /// The log stopped on a storage error.
+    Failed(&'a str),
+    /// Its stream was deleted and the log forgotten.
+    Deleted,
 }
 
 /// Appended records waiting for durability before live fan-out. The payloads are the
@@ -188,11 +197,16 @@ impl Broker {
             .map_or(0, |s| s.log.durable_offset())
     }
 
-    /// Why `log` stopped, if it did.
-    pub(crate) fn log_failure(&self, log: LogId) -> Option<&str> {
-        match &self.logs.as_ref()?.slot(log)?.state {
-            LogState::Failed(e) => Some(e),
-            _ => None,
+    /// Why nothing more will become durable on `log`, if so: it failed, or it was forgotten
+    /// when its stream was deleted (its slot is gone, so no notice will ever name it again).
+    pub(crate) fn log_gone(&self, log: LogId) -> Option<LogGone<'_>> {
+        let logs = self.logs.as_ref()?;
+        match logs.slot(log) {
+            None => Some(LogGone::Deleted),
+            Some(slot) => match &slot.state {
+                LogState::Failed(e) => Some(LogGone::Failed(e)),
+                _ => None,
+            },
         }
     }
 

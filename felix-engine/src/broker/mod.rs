@@ -46,7 +46,7 @@ use felix_proto::{ErrorCode, Flags};
 use cache::{CacheLimits, CacheStore};
 pub(crate) use commit::Committed;
 pub(crate) use delete::DeleteRefusal;
-pub(crate) use durable::{CacheAnswer, DurableSettings, Notice};
+pub(crate) use durable::{CacheAnswer, DurableSettings, LogGone, Notice};
 use durable::{LogState, Logs, Owner, ShardStore, Unreleased};
 use encode::{encode_event_batch, encode_subscription_lagged, BatchView, MAX_PUBLISHER_LEN};
 use felix_storage::layout;

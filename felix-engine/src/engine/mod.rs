@@ -182,7 +182,9 @@ fn durable_settings(d: &DurableConfig) -> DurableSettings {
             tail_cache_bytes: d.tail_cache_bytes,
             ..LogConfig::default()
         },
-        ack_after_write: d.ack_on_commit || d.fsync == FsyncPolicy::OnCommit,
+        // After the write unless the operator took the risk (`ack_before_write`, refused
+        // with `on_commit` in `Engine::new`).
+        ack_after_write: !d.ack_before_write,
         groups: d.groups.clone(),
     }
 }
@@ -356,6 +358,13 @@ impl Engine {
             return Err(EngineError::Config(
                 "max_gso_segments must be at least 1".into(),
             ));
+        }
+        if let Some(d) = &config.durable {
+            if d.ack_before_write && (d.ack_on_commit || d.fsync == FsyncPolicy::OnCommit) {
+                return Err(EngineError::Config(
+                    "ack_before_write cannot be combined with ack_on_commit or the on_commit fsync mode".into(),
+                ));
+            }
         }
         let mut transport = TransportConfig::default();
         datagram_sizes(&config, &mut transport)?;

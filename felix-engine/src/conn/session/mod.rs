@@ -33,7 +33,7 @@ use quinn_proto::{ConnectionHandle, StreamId};
 use crate::broker::encode_message;
 use crate::broker::CacheAnswer;
 use crate::broker::{
-    BrokerError, CacheKey, Start, StreamKey, SubscribeError, SubscribeOpts, SubscriberId,
+    BrokerError, CacheKey, LogGone, Start, StreamKey, SubscribeError, SubscribeOpts, SubscriberId,
 };
 use crate::conn::ConnShared;
 use crate::node::Core;
@@ -46,6 +46,9 @@ mod cluster;
 pub(crate) use cluster::routing_target;
 mod groups;
 mod stream_ops;
+
+/// The message of a held publish answer ended because its stream was deleted first.
+const DELETED: &str = "the stream was deleted before the write became durable";
 
 /// A subscription granted on this stream, whose event stream the connection opens.
 pub(crate) struct NewSubscription {
@@ -274,10 +277,9 @@ impl Session {
                             Some(Held::Durable { ok, .. }) => ok,
                             _ => unreachable!("front is durable"),
                         }
-                    } else if let Some(why) = core.broker.log_failure(log) {
-                        let message = format!("the write did not become durable: {why}");
+                    } else if let Some(frame) = self.gone_frame(core, log, fail) {
                         self.held.pop_front();
-                        self.fail_frame(fail, &message)
+                        frame
                     } else {
                         break;
                     }
@@ -323,11 +325,16 @@ impl Session {
                                 Err(why) => self.error_frame(ErrorCode::Storage, why),
                             }
                         }
-                        _ => match core.broker.log_failure(v.log) {
-                            Some(why) => {
+                        _ => match core.broker.log_gone(v.log) {
+                            Some(LogGone::Failed(why)) => {
                                 let message = format!("the cache's log failed: {why}");
                                 self.held.pop_front();
                                 self.error_frame(ErrorCode::Storage, message)
+                            }
+                            Some(LogGone::Deleted) => {
+                                self.held.pop_front();
+                                let message = "the stream was deleted".to_owned();
+                                self.error_frame(ErrorCode::NotFound, message)
                             }
                             None => break,
                         },
@@ -878,7 +885,8 @@ impl Session {
                             let ok = ack_frame(&PublishAck::ok(id, offset));
                             self.push_after_durable(cx, log, end, ok, FailAnswer::BinaryAck(id));
                         }
-                        // Acknowledged as accepted: no offset, which only a written batch has.
+                        // `ack_before_write`: acknowledged as accepted, so no offset, which
+                        // only a written batch has.
                         None => self.push_ack(&PublishAck::ok(id, None)),
                     }
                 }
@@ -1105,8 +1113,9 @@ impl Session {
         }
     }
 
-    /// Whether this publish is answered after its write: on a durable shard, when the
-    /// broker acks every publish that way or this client offered FEATURE_ACK_ON_COMMIT.
+    /// Whether this publish is answered after its write: on a durable shard always, unless
+    /// the operator chose `ack_before_write` and this client did not offer
+    /// FEATURE_ACK_ON_COMMIT.
     /// Gives the log, the offset the batch must be durable below, and the offset to put in
     /// the answer (for a client that offered 0x1000).
     fn ack_after_write(
@@ -1165,6 +1174,11 @@ impl Session {
         cx.core.stats.answers_after_write += 1;
         if self.held.is_empty() && cx.core.broker.durable_offset(log) >= end {
             self.outbox.push_back(ok);
+            return;
+        }
+        // A log already forgotten sends no more notices: answer now, in turn.
+        if let Some(frame) = self.gone_frame(cx.core, log, fail) {
+            self.push_frame(frame);
             return;
         }
         self.held.push_back(Held::Durable { log, end, ok, fail });
@@ -1232,20 +1246,34 @@ impl Session {
         }
     }
 
-    fn fail_frame(&self, fail: FailAnswer, message: &str) -> Bytes {
+    /// The answer to a held request whose log can no longer make it durable: `storage` if
+    /// the log failed, `not_found` if its stream was deleted (the log is forgotten, so the
+    /// wait could never end). `None` while the log may still get there.
+    fn gone_frame(&self, core: &Core, log: LogId, fail: FailAnswer) -> Option<Bytes> {
+        Some(match core.broker.log_gone(log)? {
+            LogGone::Failed(why) => {
+                let message = format!("the write did not become durable: {why}");
+                self.fail_frame(fail, ErrorCode::Storage, &message)
+            }
+            LogGone::Deleted => self.fail_frame(fail, ErrorCode::NotFound, DELETED),
+        })
+    }
+
+    fn fail_frame(&self, fail: FailAnswer, code: ErrorCode, message: &str) -> Bytes {
         match fail {
-            FailAnswer::BinaryAck(id) => self.ack_error_frame(id, ErrorCode::Storage, message),
+            FailAnswer::BinaryAck(id) => self.ack_error_frame(id, code, message),
             FailAnswer::JsonPublish(request_id) => {
                 let coded = self.negotiated().error_codes();
+                let retry = code.default_retry();
                 encode_message(&Message::PublishError(PublishError {
                     request_id,
                     message: message.to_owned(),
-                    code: coded.then_some(ErrorCode::Storage),
-                    retry: coded.then_some(ErrorCode::Storage.default_retry()),
+                    code: coded.then_some(code),
+                    retry: coded.then_some(retry),
                     detail: None,
                 }))
             }
-            FailAnswer::Error => self.error_frame(ErrorCode::Storage, message.to_owned()),
+            FailAnswer::Error => self.error_frame(code, message.to_owned()),
         }
     }
 
