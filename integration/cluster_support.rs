@@ -1,0 +1,196 @@
+//! Three brokers on loopback as one cluster, in this process: the harness the cluster tests
+//! and `examples/bench_cluster.rs` share. Shared JWKS (every node verifies the same tokens),
+//! unauthenticated peer links (mTLS is covered by `felix cluster up`'s process test and the
+//! interop suite), one declared stream and one declared cache.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use felix_client::Offer;
+use felix_proto::message::{self, Message, ShardKind};
+use felix_runtime_tokio::felix_engine::{ClusterConfig, DeclaredCache, DeclaredStream, PeerAddr};
+use felix_runtime_tokio::{BrokerOptions, RunningBroker};
+
+use crate::ops_support::get;
+use crate::{
+    client_config, free_udp_port, start_broker, unique, within, Claims, TokenMinter, TENANT,
+};
+
+pub const NODES: [&str; 3] = ["n1", "n2", "n3"];
+
+pub struct Node {
+    pub id: &'static str,
+    pub client: SocketAddr,
+    pub internal: SocketAddr,
+    pub ops: SocketAddr,
+}
+
+pub struct Cluster {
+    pub nodes: Vec<Node>,
+    pub brokers: Vec<Option<RunningBroker>>,
+    jwks: Vec<u8>,
+    token: String,
+    /// The declared stream (a unique name per cluster).
+    pub stream: String,
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+impl Cluster {
+    pub async fn start(shards: u32) -> Cluster {
+        let minter = TokenMinter::new("k1", [7; 32]);
+        let token = minter.mint(&Claims::new(
+            TENANT,
+            &[
+                "stream.publish:stream:t1/*/*",
+                "stream.subscribe:stream:t1/*/*",
+                "cache.read:cache:t1/*/*",
+                "cache.write:cache:t1/*/*",
+            ],
+        ));
+        let nodes: Vec<Node> = NODES
+            .iter()
+            .map(|id| Node {
+                id,
+                client: loopback(free_udp_port()),
+                internal: loopback(free_udp_port()),
+                ops: loopback(free_tcp_port()),
+            })
+            .collect();
+        let mut c = Cluster {
+            nodes,
+            brokers: Vec::new(),
+            jwks: minter.jwks(),
+            token,
+            stream: unique("orders"),
+        };
+        for i in 0..NODES.len() {
+            let b = c.boot(i, shards).await;
+            c.brokers.push(Some(b));
+        }
+        for i in 0..NODES.len() {
+            c.wait_ready(i).await;
+        }
+        c
+    }
+
+    pub async fn boot(&self, i: usize, shards: u32) -> RunningBroker {
+        let node = &self.nodes[i];
+        let mut opts = BrokerOptions::new(node.client);
+        opts.jwks = Some(self.jwks.clone());
+        opts.internal_bind = Some(node.internal);
+        opts.metrics_bind = Some(node.ops);
+        let peers: Vec<PeerAddr> = self
+            .nodes
+            .iter()
+            .map(|n| PeerAddr {
+                node_id: n.id.into(),
+                addr: n.internal,
+            })
+            .collect();
+        let (id, advertise, stream) = (node.id, node.client.to_string(), self.stream.clone());
+        let opts = opts.configure_engine(move |e| {
+            let mut cluster = ClusterConfig::new(id, peers);
+            cluster.client_advertise_addr = Some(advertise);
+            cluster
+                .declared_caches
+                .push(DeclaredCache::new(TENANT, "default", "sessions", 1));
+            e.cluster = Some(cluster);
+            e.declared_streams
+                .push(DeclaredStream::new(TENANT, "default", &stream, shards));
+        });
+        within(10, start_broker(opts)).await.expect("node starts")
+    }
+
+    /// Polls `/readyz`: the node says itself when it has joined. Bounded.
+    pub async fn wait_ready(&self, i: usize) {
+        let ops = self.nodes[i].ops;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ready = tokio::task::spawn_blocking(move || get(ops, "/readyz"))
+                .await
+                .unwrap()
+                .is_some_and(|(status, _)| status == 200);
+            if ready {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{} never became ready", NODES[i]);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn client(&self, i: usize, offer: Offer) -> felix_client::Client {
+        let b = self.brokers[i].as_ref().expect("running");
+        let mut config = client_config(
+            self.nodes[i].client,
+            b.ca_cert_pem().as_bytes().to_vec(),
+            &self.token,
+        );
+        config.offer = offer;
+        within(15, felix_client::Client::connect(config))
+            .await
+            .expect("connects")
+    }
+
+    pub async fn ask(&self, i: usize, offer: Offer, ask: &Message) -> Message {
+        let c = self.client(i, offer).await;
+        let mut raw = c.open_raw_stream(true).await.unwrap();
+        raw.send(ask.to_frame().to_bytes()).await.unwrap();
+        let frame = within(10, raw.recv_frame())
+            .await
+            .unwrap()
+            .expect("an answer");
+        Message::decode(&frame.payload).unwrap()
+    }
+
+    pub async fn owners(&self, i: usize) -> Vec<message::ShardOwner> {
+        let ask = Message::ShardOwners(message::ShardOwners {
+            tenant_id: TENANT.into(),
+            namespace: "default".into(),
+            name: self.stream.clone(),
+            kind: ShardKind::Stream,
+            request_id: 1,
+        });
+        match self.ask(i, Offer::reference_client(), &ask).await {
+            Message::ShardOwnersView(v) => v.owners,
+            other => panic!("expected shard_owners_view, got {other:?}"),
+        }
+    }
+
+    pub async fn topology(&self, i: usize) -> Vec<(String, String)> {
+        let c = self.client(i, Offer::reference_client()).await;
+        let view = c.topology().await.unwrap();
+        c.close().await;
+        view.brokers
+            .into_iter()
+            .map(|b| (b.node_id, b.addr))
+            .collect()
+    }
+
+    pub fn expected_topology(&self, without: Option<usize>) -> Vec<(String, String)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != without)
+            .map(|(_, n)| (n.id.to_owned(), n.client.to_string()))
+            .collect()
+    }
+
+    pub async fn shutdown(mut self) {
+        for b in self.brokers.iter_mut() {
+            if let Some(b) = b.take() {
+                within(15, b.shutdown()).await.expect("clean shutdown");
+            }
+        }
+    }
+}
+
+pub fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
