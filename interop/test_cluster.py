@@ -123,3 +123,21 @@ def test_cache_calls_work_through_any_node(cluster):
     assert b.cache_get("t1", "default", "sessions", "s1") == b"alice"
     b.cache_put("t1", "default", "sessions", "s1", b"bob")
     assert a.cache_get("t1", "default", "sessions", "s1") == b"bob"
+
+
+def test_a_killed_node_leaves_the_topology(cluster):
+    # Last in the module: it kills n3 for good (SIGKILL, no goodbye). The control plane's
+    # leader marks it down after half a lease without hearing it, so a client that connects
+    # afterwards is told about the other two only. Polled with a bound: two leases (4 s) is
+    # the promise, 15 s the patience of a loaded machine.
+    os.kill(cluster.pids[2], signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while True:
+        seen = cluster.client([cluster.seeds[0]]).endpoints()
+        if seen == cluster.seeds[:2]:
+            break
+        assert time.monotonic() < deadline, f"n3 still listed: {seen}"
+        time.sleep(0.2)
+    # Seeded with the other survivor: the same two.
+    c = cluster.client([cluster.seeds[1]])
+    assert c.endpoints() == cluster.seeds[:2]
