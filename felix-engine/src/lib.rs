@@ -19,6 +19,8 @@ mod clock;
 mod config;
 mod conn;
 mod engine;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod metrics;
 mod node;
 mod seed;
