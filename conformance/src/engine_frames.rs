@@ -182,7 +182,7 @@ enum Req {
     /// Any message, its names (tenant, stream, cache, group, key...) and numbers pinned
     /// to a few values so that requests meet each other's state.
     Any {
-        message: Message,
+        message: Box<Message>,
         seed: u8,
     },
     AuthAgain,
@@ -469,7 +469,7 @@ fn pin(v: &mut Value, seed: u8, request_id: u64) {
     let n = u64::from(seed);
     for (field, value) in obj.iter_mut() {
         let pinned: Option<Value> = match field.as_str() {
-            "tenant_id" => Some((if seed % 11 == 0 { "t2" } else { "t1" }).into()),
+            "tenant_id" => Some((if seed.is_multiple_of(11) { "t2" } else { "t1" }).into()),
             "namespace" => Some("default".into()),
             "stream" | "name" => Some(stream_name(seed).into()),
             "cache" => Some(format!("c{}", seed % 3).into()),

@@ -127,7 +127,10 @@ fn engine_replay_dir() {
 /// The frame-level engine corpus (sessions and the broker beneath QUIC).
 #[test]
 fn engine_frames_corpus() {
-    replay("engine_frames", felix_conformance::engine_frames::engine_frames);
+    replay(
+        "engine_frames",
+        felix_conformance::engine_frames::engine_frames,
+    );
 }
 
 /// Inputs the fuzzer has not seen, for the frame-level check (as for the engine one above).

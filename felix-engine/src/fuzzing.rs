@@ -216,9 +216,9 @@ impl FrameHarness {
 
     /// Event streams of `conn` still open, by number.
     pub fn event_streams(&self, conn: usize) -> Vec<u64> {
-        self.conns.get(conn).map_or_else(Vec::new, |c| {
-            c.events.keys().map(|id| id.index()).collect()
-        })
+        self.conns
+            .get(conn)
+            .map_or_else(Vec::new, |c| c.events.keys().map(|id| id.index()).collect())
     }
 
     /// The client sends `bytes` on a session stream. Ignored once the client finished it
@@ -362,7 +362,9 @@ impl FrameHarness {
     /// A file operation from [`poll_file_op`](Self::poll_file_op) finished.
     pub fn handle_file_completion(&mut self, completion: FileCompletion) {
         self.file_ops_in_flight = self.file_ops_in_flight.saturating_sub(1);
-        self.core.broker.handle_file_completion(self.now, completion);
+        self.core
+            .broker
+            .handle_file_completion(self.now, completion);
         self.turn();
     }
 
@@ -384,8 +386,9 @@ impl FrameHarness {
                 .values()
                 .filter(|s| !s.session.is_authenticated())
                 .count();
-            usage.max_unauthenticated_per_connection =
-                usage.max_unauthenticated_per_connection.max(unauthenticated);
+            usage.max_unauthenticated_per_connection = usage
+                .max_unauthenticated_per_connection
+                .max(unauthenticated);
             let mut buffered = 0;
             let mut unwritten = 0;
             for s in c.sessions.values() {
@@ -398,8 +401,9 @@ impl FrameHarness {
             usage.max_connection_unwritten_bytes =
                 usage.max_connection_unwritten_bytes.max(unwritten);
             usage.subscriptions += c.shared.subscriptions;
-            usage.max_connection_subscriptions =
-                usage.max_connection_subscriptions.max(c.shared.subscriptions);
+            usage.max_connection_subscriptions = usage
+                .max_connection_subscriptions
+                .max(c.shared.subscriptions);
         }
         (usage.max_subscriber_queue, usage.streams) = self.core.broker.queue_usage();
         usage.max_connection_event_bytes = self.core.broker.max_owner_event_bytes();
@@ -569,8 +573,7 @@ impl FrameHarness {
 
     fn maybe_forget(&mut self, conn: usize, id: StreamId) {
         if let Some(c) = self.conns.get_mut(conn) {
-            if c
-                .sessions
+            if c.sessions
                 .get(&id)
                 .is_some_and(|s| s.session.recv_done && s.session.send_done)
             {
