@@ -21,6 +21,7 @@
 //! completes it, in the order it picks.
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use arbitrary::{Arbitrary, Unstructured};
@@ -54,6 +55,8 @@ const MAX_BROKER_STREAMS: usize = 5;
 const MAX_BIDI: u32 = 8;
 const MAX_EVENT_BYTES: usize = 24 * 1024;
 const CACHE_MAX_VALUE: usize = 1024;
+/// The harness's start, as Unix seconds (2026-01-01T00:00:00Z).
+const UNIX_SECS: u64 = 1_767_225_600;
 
 /// The real client's offer (peer-client-wire.md §3), and a bare one (no error codes, no
 /// `unsupported`: the paths that close the stream instead).
@@ -520,10 +523,24 @@ struct World {
     events: BTreeMap<(usize, u64), Seen>,
 }
 
+/// A JWKS document and a full-permission token for `t1`, made once per process: key
+/// derivation and signing were most of a short input's cost in dev mode, which does both
+/// for every engine it builds.
+fn auth() -> &'static (Vec<u8>, String) {
+    static AUTH: OnceLock<(Vec<u8>, String)> = OnceLock::new();
+    AUTH.get_or_init(|| {
+        let key = felix_auth::SigningKey::from_bytes(&[7; 32]);
+        let doc = felix_auth::jwks_document(&[("fuzz", &key)]).into_bytes();
+        let perms = felix_auth::full_permissions("t1");
+        let claims = felix_auth::Claims::for_tenant("t1", perms, UNIX_SECS, 86_400);
+        (doc, felix_auth::mint_token(&key, "fuzz", &claims))
+    })
+}
+
 fn config(setup: &Setup) -> EngineConfig {
     let mut config = EngineConfig::new(
         shared_tls().identity.clone(),
-        AuthConfig::Dev { seed: [7; 32] },
+        AuthConfig::Jwks(auth().0.clone()),
         [9; 32],
     );
     config.preauth_max_streams_per_connection = PREAUTH_MAX_STREAMS;
@@ -569,9 +586,9 @@ fn config(setup: &Setup) -> EngineConfig {
 
 impl World {
     fn new(setup: Setup) -> World {
-        let harness = FrameHarness::new(config(&setup), Instant::now(), 1_767_225_600_000_000)
+        let harness = FrameHarness::new(config(&setup), Instant::now(), UNIX_SECS * 1_000_000)
             .expect("the harness builds");
-        let token = harness.dev_token().expect("dev mode").to_owned();
+        let token = auth().1.clone();
         let mut world = World {
             harness,
             disk: MemFs::new(),
