@@ -12,9 +12,10 @@
 //! - the sessions and the broker hold no more than their limits allow (the harness's
 //!   `usage()` after every action).
 //!
-//! Without QUIC and TLS an input costs tens of microseconds to a few milliseconds, not a
-//! handshake: this target runs thousands of inputs a second where `engine` runs tens. The
-//! `engine` target stays for what lies above the sessions (QUIC streams, flow control, the
+//! Without QUIC and TLS an input costs from about 0.3 ms (building the core) to a few
+//! milliseconds, not a handshake: this target runs on the order of a thousand inputs per CPU
+//! second where `engine` runs tens to hundreds (figures in docs/security.md). The `engine`
+//! target stays for what lies above the sessions (QUIC streams, flow control, the
 //! connection's read budget).
 //!
 //! Durable storage runs on an in-memory disk; each file op is performed when the input
