@@ -69,11 +69,17 @@ pub fn engine_frames(data: &[u8]) {
     let Ok(setup) = Setup::arbitrary(&mut u) else {
         return;
     };
+    if debug() {
+        eprintln!("{setup:?}");
+    }
     let mut world = World::new(setup);
     for _ in 0..MAX_ACTIONS {
         let Ok(action) = Action::arbitrary(&mut u) else {
             break;
         };
+        if debug() {
+            eprintln!("{action:?}");
+        }
         world.apply(action);
         world.after_action();
     }
@@ -83,6 +89,12 @@ pub fn engine_frames(data: &[u8]) {
     world.complete_all();
     world.check_written();
     world.check_usage();
+}
+
+/// `FELIX_FUZZ_DEBUG` set: print each action (to replay a finding).
+fn debug() -> bool {
+    static DEBUG: OnceLock<bool> = OnceLock::new();
+    *DEBUG.get_or_init(|| std::env::var_os("FELIX_FUZZ_DEBUG").is_some())
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]

@@ -150,3 +150,15 @@ fn engine_frames_pseudo_random_inputs() {
         felix_conformance::engine_frames::engine_frames(&input);
     }
 }
+
+/// Replays the inputs in `FELIX_FUZZ_REPLAY` through the frame-level check.
+#[test]
+fn engine_frames_replay_dir() {
+    let Some(dir) = std::env::var_os("FELIX_FUZZ_REPLAY") else {
+        return;
+    };
+    for entry in fs::read_dir(dir).unwrap() {
+        let data = fs::read(entry.unwrap().path()).unwrap();
+        felix_conformance::engine_frames::engine_frames(&data);
+    }
+}
