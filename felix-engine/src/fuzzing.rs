@@ -39,6 +39,10 @@ const MAX_STREAM_ROUNDS: usize = 100_000;
 /// the interval is one late firing, as a busy runtime would make it.
 const MAX_TIMER_FIRINGS: usize = 64;
 
+/// What a `stream_read` page not read from its log yet counts against its connection's
+/// budget of unwritten answers (a full page): the most one held answer adds past the budget.
+pub const UNREAD_PAGE_RESERVE: usize = crate::broker::PAGE_FRAME_RESERVE;
+
 /// What the broker wrote back, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Written {
