@@ -9,7 +9,10 @@
 //!   saved corpus through them under `cargo test`.
 //! - [`engine_fuzz`] drives a whole broker engine with `arbitrary` client actions over real
 //!   QUIC (the `engine` fuzz target).
+//! - [`engine_frames`] drives sessions and the broker beneath QUIC with `arbitrary` client
+//!   actions, thousands of inputs a second (the `engine_frames` fuzz target).
 
 pub mod checks;
+pub mod engine_frames;
 pub mod engine_fuzz;
 pub mod vectors;

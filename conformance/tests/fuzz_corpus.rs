@@ -123,3 +123,42 @@ fn engine_replay_dir() {
         felix_conformance::engine_fuzz::engine(&data);
     }
 }
+
+/// The frame-level engine corpus (sessions and the broker beneath QUIC).
+#[test]
+fn engine_frames_corpus() {
+    replay(
+        "engine_frames",
+        felix_conformance::engine_frames::engine_frames,
+    );
+}
+
+/// Inputs the fuzzer has not seen, for the frame-level check (as for the engine one above).
+#[test]
+fn engine_frames_pseudo_random_inputs() {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    for _ in 0..256 {
+        let len = 16 + (state % 4000) as usize;
+        let input: Vec<u8> = (0..len)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (state >> 33) as u8
+            })
+            .collect();
+        felix_conformance::engine_frames::engine_frames(&input);
+    }
+}
+
+/// Replays the inputs in `FELIX_FUZZ_REPLAY` through the frame-level check.
+#[test]
+fn engine_frames_replay_dir() {
+    let Some(dir) = std::env::var_os("FELIX_FUZZ_REPLAY") else {
+        return;
+    };
+    for entry in fs::read_dir(dir).unwrap() {
+        let data = fs::read(entry.unwrap().path()).unwrap();
+        felix_conformance::engine_frames::engine_frames(&data);
+    }
+}

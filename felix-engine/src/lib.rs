@@ -13,6 +13,8 @@
 //! - `broker`: streams, shards, subscriber queues, event batches and the cache;
 //! - `tls`: rustls configs and per-connection ALPN selection;
 //! - `seed`: every random choice derived from [`EngineConfig::rng_seed`].
+//! - `fuzzing` (feature `fuzzing` only): a harness that drives sessions and the broker
+//!   beneath QUIC, for the `engine_frames` fuzz target.
 
 pub(crate) mod broker;
 mod clock;
@@ -20,6 +22,8 @@ mod cluster;
 mod config;
 mod conn;
 mod engine;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod metrics;
 mod node;
 mod seed;

@@ -566,6 +566,13 @@ impl Engine {
         })
     }
 
+    /// The core this constructor built, for the frame-level fuzz harness
+    /// (`crate::fuzzing`), which drives sessions on it beneath QUIC.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn into_core(self) -> Core {
+        self.core
+    }
+
     // ---- inputs -------------------------------------------------------------------------
 
     /// Feeds a received datagram (or a GRO batch of them). One turn.

@@ -300,6 +300,27 @@ fn group_commit_overlaps_the_next_write_with_the_sync_in_flight() {
     assert!(rig.log.is_idle());
 }
 
+/// Found by the `engine_frames` fuzz target: a failure while an append is in flight forgets
+/// the queued bytes, and the append landing afterwards must not take its bytes off a total
+/// that no longer holds them (an overflow, a panic in debug builds).
+#[test]
+fn an_append_landing_after_the_log_failed_is_absorbed() {
+    let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
+    rig.append(&[b"first"]);
+    assert!(rig.step(), "the append goes out and lands");
+    rig.append(&[b"second"]);
+    assert_eq!(queued(&rig), ["sync", "append"]);
+    let sync = rig.queue.pop_front().expect("the sync");
+    rig.log.handle_completion(FileCompletion {
+        id: sync.id,
+        result: Err(FileError::new(FileErrorKind::NoSpace, "full")),
+    });
+    rig.collect();
+    assert!(rig.failed.is_some(), "a failed sync stops the log");
+    assert!(rig.step(), "the append in flight lands after the failure");
+    assert_eq!(rig.durable, 0, "nothing became durable");
+}
+
 #[test]
 fn appends_made_between_two_polls_share_one_write() {
     let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));

@@ -320,7 +320,9 @@ impl ShardLog {
                 if let Some(i) = self.seg_index(base) {
                     self.segments[i].written_len += bytes.len() as u64;
                 }
-                self.pending_bytes -= bytes.len();
+                // A failure meanwhile forgot every byte still pending (`fail`), this write's
+                // among them.
+                self.pending_bytes = self.pending_bytes.saturating_sub(bytes.len());
                 self.written_offset = end;
                 for e in entries {
                     self.tail_bytes += e.len;
