@@ -147,6 +147,14 @@ pub struct Metrics {
     pub errors: BTreeMap<String, u64>,
     /// File operations handed to the runtime.
     pub file_ops: u64,
+    /// Gauge, in a cluster: stream and cache shards this node leads.
+    pub cluster_shards_led: u64,
+    /// Gauge, in a cluster: shards this node holds a replica of and does not lead.
+    pub cluster_shards_followed: u64,
+    /// Requests this node forwarded to their shard's leader.
+    pub forwards_sent: u64,
+    /// Forwarded requests this node ran as the leader.
+    pub forwards_served: u64,
     /// Syncs handed out and not yet completed, with the `now` they left at.
     syncs_in_flight: HashMap<OpId, Instant>,
 }
@@ -182,6 +190,10 @@ impl Default for Metrics {
             log_bytes: 0,
             errors: BTreeMap::new(),
             file_ops: 0,
+            cluster_shards_led: 0,
+            cluster_shards_followed: 0,
+            forwards_sent: 0,
+            forwards_served: 0,
             syncs_in_flight: HashMap::new(),
         }
     }
@@ -271,6 +283,8 @@ impl Metrics {
         m.subscriptions_open = usage.subscriptions as u64;
         m.subscriptions = stats.subscriptions;
         m.publishes_refused = stats.publishes_refused;
+        m.forwards_sent = stats.forwards;
+        m.forwards_served = stats.forwards_served;
         m.deliveries = broker.deliveries;
         m.subscriber_dropped_batches = broker.dropped_batches;
         m.subscriber_dropped_records = broker.dropped_records;

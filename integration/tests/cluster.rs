@@ -50,6 +50,33 @@ async fn three_nodes_agree_on_topology_and_owners_and_redirect_readers() {
         assert_eq!(o.generation, Some(1));
         *led.entry(node).or_insert(0) += 1;
     }
+    // Each node exports what it leads: two shards of the stream each, and the one cache shard
+    // on whichever node placement gave it.
+    let mut stream_and_cache = 0.0;
+    for (i, n) in c.nodes.iter().enumerate() {
+        let ops = n.ops;
+        let samples =
+            tokio::task::spawn_blocking(move || felix_integration::ops_support::scrape(ops))
+                .await
+                .unwrap();
+        let led_here =
+            felix_integration::ops_support::value(&samples, "felix_broker_cluster_shards_led");
+        let want = led[NODES[i]] as f64;
+        assert!(
+            led_here == want || led_here == want + 1.0,
+            "{}: {led_here}",
+            NODES[i]
+        );
+        assert_eq!(
+            felix_integration::ops_support::value(&samples, "felix_broker_cluster_shards_followed"),
+            0.0
+        );
+        stream_and_cache += led_here;
+    }
+    assert_eq!(
+        stream_and_cache, 7.0,
+        "six stream shards and one cache shard, each led once"
+    );
     assert_eq!(
         led.values().copied().collect::<Vec<_>>(),
         vec![2, 2, 2],
@@ -188,6 +215,17 @@ async fn writes_through_a_non_owner_are_forwarded_to_the_leader() {
         assert_eq!(&e.payload[..], &[i], "in order, once each");
     }
     felix_integration::assert_quiet(&mut events, 200).await;
+    let scrape = |i: usize| {
+        let ops = c.nodes[i].ops;
+        tokio::task::spawn_blocking(move || felix_integration::ops_support::scrape(ops))
+    };
+    let (entry_m, leader_m) = (scrape(0).await.unwrap(), scrape(leader_at).await.unwrap());
+    let v = felix_integration::ops_support::value;
+    assert!(
+        v(&entry_m, "felix_broker_forwards_sent_total") >= 20.0,
+        "{entry_m:?}"
+    );
+    assert!(v(&leader_m, "felix_broker_forwards_served_total") >= 20.0);
 
     // The cache lives on one node; a put through each node is read back through every other.
     for (i, writer) in (0..3).enumerate() {

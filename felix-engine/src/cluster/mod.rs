@@ -427,6 +427,25 @@ impl ClusterNode {
             && meta.declared_by.get(&self.me) == Some(&true)
     }
 
+    /// How many stream and cache shards this node leads, and holds without leading.
+    pub(crate) fn shard_roles(&self) -> (u64, u64) {
+        let meta = self.control.metadata();
+        let shards = meta
+            .streams
+            .values()
+            .flat_map(|s| &s.shards)
+            .chain(meta.caches.values().flat_map(|c| &c.shards));
+        let (mut led, mut followed) = (0, 0);
+        for s in shards {
+            if s.leader.as_ref() == Some(&self.me) {
+                led += 1;
+            } else if s.replicas.contains(&self.me) {
+                followed += 1;
+            }
+        }
+        (led, followed)
+    }
+
     /// `topology`'s answer: every member that can serve and has a client address.
     pub(crate) fn topology(&self) -> Vec<(String, String)> {
         self.control

@@ -881,9 +881,14 @@ impl Engine {
     pub fn metrics(&self) -> crate::metrics::Metrics {
         let broker = self.core.broker.stats();
         let log_bytes = self.core.broker.log_bytes();
-        self.core
+        let mut m = self
+            .core
             .metrics
-            .snapshot(&self.stats(), &self.usage(), &broker, log_bytes)
+            .snapshot(&self.stats(), &self.usage(), &broker, log_bytes);
+        if let Some(c) = &self.core.cluster {
+            (m.cluster_shards_led, m.cluster_shards_followed) = c.shard_roles();
+        }
+        m
     }
 
     // ---- internals ----------------------------------------------------------------------

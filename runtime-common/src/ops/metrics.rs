@@ -147,6 +147,30 @@ impl Collector for Snapshot {
             m.connections_refused,
         )?;
         gauge(e, "streams_open", "client streams open", m.streams_open)?;
+        gauge(
+            e,
+            "cluster_shards_led",
+            "stream and cache shards this node leads (0 outside a cluster)",
+            m.cluster_shards_led,
+        )?;
+        gauge(
+            e,
+            "cluster_shards_followed",
+            "shards this node holds a replica of without leading them",
+            m.cluster_shards_followed,
+        )?;
+        counter(
+            e,
+            "forwards_sent",
+            "requests forwarded to their shard's leader",
+            m.forwards_sent,
+        )?;
+        counter(
+            e,
+            "forwards_served",
+            "forwarded requests run here as the shard's leader",
+            m.forwards_served,
+        )?;
         counter(
             e,
             "streams_accepted",
