@@ -4,7 +4,6 @@
 //! interop suite), one declared stream and one declared cache.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
 use felix_client::Offer;
 use felix_proto::message::{self, Message, ShardKind};
@@ -104,21 +103,19 @@ impl Cluster {
         within(10, start_broker(opts)).await.expect("node starts")
     }
 
-    /// Polls `/readyz`: the node says itself when it has joined. Bounded.
+    /// Waits for the node to say it has joined (the event `/readyz` reports). Bounded.
     pub async fn wait_ready(&self, i: usize) {
+        let b = self.brokers[i].as_ref().expect("running");
+        within(20, b.until_ready())
+            .await
+            .unwrap_or_else(|_| panic!("{} stopped before it was ready", NODES[i]));
+        // The ops endpoint says the same.
         let ops = self.nodes[i].ops;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ready = tokio::task::spawn_blocking(move || get(ops, "/readyz"))
-                .await
-                .unwrap()
-                .is_some_and(|(status, _)| status == 200);
-            if ready {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{} never became ready", NODES[i]);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let status = tokio::task::spawn_blocking(move || get(ops, "/readyz"))
+            .await
+            .unwrap()
+            .map(|(s, _)| s);
+        assert_eq!(status, Some(200), "{} /readyz", NODES[i]);
     }
 
     pub async fn client(&self, i: usize, offer: Offer) -> felix_client::Client {

@@ -50,6 +50,13 @@ impl RunningBroker {
         self.failed.take()
     }
 
+    /// Resolves once the broker reports ready (what `/readyz` answers): at once for a single
+    /// node after start, once it has joined for a cluster member. `Err` if the broker stopped
+    /// first.
+    pub async fn until_ready(&self) -> Result<(), oneshot::Canceled> {
+        self.ops_state.until_ready().await
+    }
+
     /// The runtime it runs on (`"tokio"`, `"smol"`).
     pub fn runtime(&self) -> &'static str {
         self.runtime

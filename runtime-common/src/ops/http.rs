@@ -78,6 +78,8 @@ pub(crate) struct OpsState {
     pub(crate) ready: AtomicBool,
     /// To the drive loop (scrapes; `RunningBroker` sends rotations on it too).
     pub(crate) control: mpsc::UnboundedSender<Control>,
+    /// Waiting for `ready` to turn true ([`crate::RunningBroker::until_ready`]).
+    ready_waiters: std::sync::Mutex<Vec<futures_channel::oneshot::Sender<()>>>,
 }
 
 impl OpsState {
@@ -87,12 +89,32 @@ impl OpsState {
         let state = OpsState {
             ready: AtomicBool::new(false),
             control: tx,
+            ready_waiters: std::sync::Mutex::new(Vec::new()),
         };
         (Arc::new(state), rx)
     }
 
     pub(crate) fn set_ready(&self, ready: bool) {
+        let mut waiters = self.ready_waiters.lock().expect("not poisoned");
         self.ready.store(ready, Ordering::SeqCst);
+        if ready {
+            for w in waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
+    }
+
+    /// Resolves once `ready` is true (at once if it is); the check and the registration are
+    /// made under one lock, so a flip between them is not missed.
+    pub(crate) fn until_ready(&self) -> futures_channel::oneshot::Receiver<()> {
+        let (tx, rx) = futures_channel::oneshot::channel();
+        let mut waiters = self.ready_waiters.lock().expect("not poisoned");
+        if self.ready.load(Ordering::SeqCst) {
+            let _ = tx.send(());
+        } else {
+            waiters.push(tx);
+        }
+        rx
     }
 }
 
@@ -345,6 +367,19 @@ mod tests {
     use std::io::{Read, Write};
 
     use super::*;
+
+    #[test]
+    fn readiness_wakes_its_waiters_and_answers_late_ones_at_once() {
+        let (state, _rx) = OpsState::new();
+        let mut early = state.until_ready();
+        assert_eq!(early.try_recv(), Ok(None), "not ready yet");
+        state.set_ready(false);
+        assert_eq!(early.try_recv(), Ok(None), "not-ready wakes nobody");
+        state.set_ready(true);
+        assert_eq!(early.try_recv(), Ok(Some(())));
+        let mut late = state.until_ready();
+        assert_eq!(late.try_recv(), Ok(Some(())), "already ready");
+    }
 
     fn request(addr: SocketAddr, text: &str) -> String {
         let mut conn = TcpStream::connect(addr).unwrap();
