@@ -446,16 +446,7 @@ impl PeerNet {
             return;
         }
         let bytes = self.scratch[..t.size].to_vec();
-        self.endpoint_transmits.push_back((
-            Transmit {
-                destination: t.destination,
-                ecn: t.ecn,
-                size: t.size,
-                segment_size: t.segment_size,
-                src_ip: t.src_ip,
-            },
-            bytes,
-        ));
+        self.endpoint_transmits.push_back((Transmit::of(&t), bytes));
     }
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
@@ -490,13 +481,7 @@ impl PeerNet {
             };
             self.send_order.push_back(ch);
             if let Some(t) = link.quic.poll_transmit(now, 1, buf) {
-                return Some(Transmit {
-                    destination: t.destination,
-                    ecn: t.ecn,
-                    size: t.size,
-                    segment_size: t.segment_size,
-                    src_ip: t.src_ip,
-                });
+                return Some(Transmit::of(&t));
             }
         }
         self.pump(now);

@@ -121,6 +121,19 @@ pub struct Transmit {
     pub src_ip: Option<IpAddr>,
 }
 
+impl Transmit {
+    /// quinn-proto's transmit, as the runtime is handed it.
+    pub(crate) fn of(t: &quinn_proto::Transmit) -> Transmit {
+        Transmit {
+            destination: t.destination,
+            ecn: t.ecn,
+            size: t.size,
+            segment_size: t.segment_size,
+            src_ip: t.src_ip,
+        }
+    }
+}
+
 /// What the engine asks its runtime to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -778,13 +791,7 @@ impl Engine {
                 // Round-robin: the next call serves the next connection.
                 self.send_queue.pop_front();
                 self.send_queue.push_back(ch);
-                return Some(Output::Transmit(Transmit {
-                    destination: t.destination,
-                    ecn: t.ecn,
-                    size: t.size,
-                    segment_size: t.segment_size,
-                    src_ip: t.src_ip,
-                }));
+                return Some(Output::Transmit(Transmit::of(&t)));
             }
             self.send_queue.pop_front();
             conn.queued = false;
@@ -931,13 +938,7 @@ impl Engine {
             return;
         }
         let bytes = self.scratch[..t.size].to_vec();
-        let t = Transmit {
-            destination: t.destination,
-            ecn: t.ecn,
-            size: t.size,
-            segment_size: t.segment_size,
-            src_ip: t.src_ip,
-        };
+        let t = Transmit::of(&t);
         self.endpoint_transmits.push_back((t, bytes));
     }
 
