@@ -126,6 +126,12 @@ impl Voters {
         (1..=self.names.len() as u64).collect()
     }
 
+    /// The cluster's id: a stable hash of the sorted names, the same on every node.
+    pub fn cluster_id(&self) -> String {
+        let joined: String = self.names.iter().map(|n| format!("{n},")).collect();
+        format!("felix-{:016x}", crate::placement::name_hash(&joined))
+    }
+
     /// A majority of the voters.
     pub fn quorum(&self) -> usize {
         self.names.len() / 2 + 1

@@ -83,18 +83,6 @@ pub(crate) struct ClusterNode {
     default_replication_factor: u8,
 }
 
-/// Every node computes the same id from the same peer list: a stable hash of the names.
-fn cluster_id(voters: &Voters) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for n in voters.names() {
-        for b in n.as_str().bytes().chain(std::iter::once(b',')) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("felix-{h:016x}")
-}
-
 fn declarations(streams: &[DeclaredStream], cfg: &ClusterConfig) -> Declarations {
     let mut d = Declarations::default();
     for s in streams {
@@ -157,7 +145,7 @@ impl ClusterNode {
             .iter()
             .map(|p| (p.node_id.clone(), p.addr))
             .collect();
-        let cid = cluster_id(&voters);
+        let cid = voters.cluster_id();
         let identity = Identity {
             cluster_id: cid.clone(),
             node_id: cfg.node_id.clone(),
