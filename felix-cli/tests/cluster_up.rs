@@ -102,17 +102,24 @@ fn exists(pid: i32) -> bool {
     unsafe { libc::kill(pid, 0) == 0 }
 }
 
-fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
+/// Waits for the child to exit (a thread blocks in `wait`, so the exit itself is the event),
+/// killing it and failing past `limit`.
+fn wait_bounded(child: Child, limit: Duration) -> ExitStatus {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut child = child;
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait().expect("wait"));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(status) => status,
+        Err(_) => {
+            // SAFETY: signalling the child this test spawned.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
             panic!("felix did not exit within {limit:?}");
         }
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -243,7 +250,7 @@ fn cluster_up_starts_three_nodes_and_stops_them_all_on_sigint() {
     unsafe {
         libc::kill(felix.id() as i32, libc::SIGINT);
     }
-    let status = wait_bounded(&mut felix, STOP_LIMIT);
+    let status = wait_bounded(felix, STOP_LIMIT);
     let stderr = errors.join().unwrap();
     reader.join().unwrap();
     assert_eq!(status.code(), Some(0), "stderr:\n{stderr}");
