@@ -5,6 +5,7 @@
 //! - [`placement`]: where each shard's replicas and leader go;
 //! - [`routing`]: what a node does with a request for a shard it does not lead;
 //! - [`meta`]: the cluster metadata as a deterministic state machine over ordered maps;
+//! - [`replication`]: quorum marks, leases, promotion fences and divergence of a shard's log;
 //! - [`control`]: raft-rs's `RawNode` driven Sans-IO: ticks from the caller's time, messages
 //!   in and out as values, persistence as records the caller writes and confirms.
 //!
@@ -19,6 +20,7 @@ pub mod control;
 pub mod ids;
 pub mod meta;
 pub mod placement;
+pub mod replication;
 pub mod routing;
 
 pub use ids::{NodeId, Voters, VotersError};
