@@ -9,6 +9,10 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use felix_engine::{ClusterConfig, Datagram, DeclaredCache, DeclaredStream, EngineConfig, PeerAddr};
 
+use felix_proto::Frame;
+use quinn_proto::StreamId;
+
+use crate::frames::real_client_auth;
 use crate::net::Net;
 
 /// Rounds of stepping every node before a test is declared stuck.
@@ -141,6 +145,29 @@ impl ClusterNet {
             self.nodes[i].peers[p].lost
         );
         p
+    }
+
+    /// Sends `bytes` on a client stream of node `i`, settles the whole cluster, and returns
+    /// what came back on that stream.
+    pub fn exchange(&mut self, i: usize, p: usize, id: StreamId, bytes: &[u8]) -> Vec<Frame> {
+        self.nodes[i].send(p, id, bytes);
+        self.run();
+        self.nodes[i].read_frames(p, id)
+    }
+
+    /// Opens a stream to node `i` authenticated with `auth` (a whole frame); returns it and
+    /// the answer.
+    pub fn auth_with(&mut self, i: usize, p: usize, auth: &[u8]) -> (StreamId, Frame) {
+        let id = self.nodes[i].open_bi(p);
+        let mut frames = self.exchange(i, p, id, auth);
+        assert_eq!(frames.len(), 1, "one answer to auth");
+        (id, frames.remove(0))
+    }
+
+    /// Opens a stream to node `i` authenticated with the real client's offer.
+    pub fn auth_stream(&mut self, i: usize, p: usize) -> (StreamId, Frame) {
+        let auth = real_client_auth("t1", &self.nodes[i].token());
+        self.auth_with(i, p, &auth)
     }
 
     /// Steps every node once and carries their peer datagrams. True if anything moved.
