@@ -29,14 +29,23 @@ use tracing::{debug, warn};
 use crate::engine::{Datagram, Transmit};
 use crate::tls::TlsIdentity;
 
-/// The most bytes queued for a peer that is not reachable; beyond it messages are dropped
-/// (raft resends what matters).
-pub(crate) const MAX_PEER_BACKLOG_BYTES: usize = 8 << 20;
 /// A lost link is dialed again after this, doubling up to [`MAX_REDIAL`].
 const FIRST_REDIAL: Duration = Duration::from_millis(100);
 const MAX_REDIAL: Duration = Duration::from_secs(2);
-/// Peers detect a dead link from its idle timeout; raft's heartbeats keep a live one busy.
-const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The links' limits (`ClusterConfig`'s `max_peer_backlog_bytes`, `peer_idle_timeout`,
+/// `peer_max_streams`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerLimits {
+    /// The most bytes queued for a peer that is not reachable; beyond it messages are
+    /// dropped (raft resends what matters).
+    pub(crate) backlog_bytes: usize,
+    /// Peers detect a dead link from its idle timeout; keep-alives at a third of it keep a
+    /// live one busy.
+    pub(crate) idle_timeout: Duration,
+    /// Bidirectional streams the other side may open.
+    pub(crate) max_streams: u32,
+}
 
 /// What the links report.
 #[derive(Debug)]
@@ -107,6 +116,8 @@ pub(crate) struct PeerNet {
     dialing: BTreeMap<String, Dialing>,
     /// Frames for a peer whose link is not up yet.
     backlog: BTreeMap<String, BytesMut>,
+    /// [`PeerLimits::backlog_bytes`].
+    backlog_limit: usize,
     endpoint_transmits: VecDeque<(Transmit, Vec<u8>)>,
     send_order: VecDeque<ConnectionHandle>,
     events: VecDeque<PeerEvent>,
@@ -117,18 +128,22 @@ pub(crate) struct PeerNet {
     link_deadline: Option<Instant>,
 }
 
-fn transport() -> TransportConfig {
+fn transport(limits: &PeerLimits) -> Result<TransportConfig, String> {
+    let idle = IdleTimeout::try_from(limits.idle_timeout)
+        .map_err(|_| format!("peer idle timeout {:?} is too long", limits.idle_timeout))?;
     let mut t = TransportConfig::default();
-    t.max_concurrent_bidi_streams(VarInt::from_u32(16))
+    t.max_concurrent_bidi_streams(VarInt::from_u32(limits.max_streams))
         .max_concurrent_uni_streams(VarInt::from_u32(0))
-        .max_idle_timeout(Some(
-            IdleTimeout::try_from(PEER_IDLE_TIMEOUT).expect("small"),
-        ))
-        .keep_alive_interval(Some(PEER_IDLE_TIMEOUT / 3));
-    t
+        .max_idle_timeout(Some(idle))
+        .keep_alive_interval(Some(limits.idle_timeout / 3));
+    Ok(t)
 }
 
-fn server_config(c: &PeerCrypto, token_key: Arc<ring::hkdf::Prk>) -> Result<ServerConfig, String> {
+fn server_config(
+    c: &PeerCrypto,
+    limits: &PeerLimits,
+    token_key: Arc<ring::hkdf::Prk>,
+) -> Result<ServerConfig, String> {
     let builder = rustls::ServerConfig::builder_with_provider(c.provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?;
@@ -157,7 +172,7 @@ fn server_config(c: &PeerCrypto, token_key: Arc<ring::hkdf::Prk>) -> Result<Serv
     tls.max_early_data_size = 0;
     let quic = QuicServerConfig::try_from(Arc::new(tls)).map_err(|e| e.to_string())?;
     let mut server = ServerConfig::new(Arc::new(quic), token_key);
-    server.transport_config(Arc::new(transport()));
+    server.transport_config(Arc::new(transport(limits)?));
     server.validation_token.sent(0);
     Ok(server)
 }
@@ -201,7 +216,7 @@ impl rustls::client::danger::ServerCertVerifier for TrustAnyPeer {
     }
 }
 
-fn client_config(c: &PeerCrypto) -> Result<ClientConfig, String> {
+fn client_config(c: &PeerCrypto, limits: &PeerLimits) -> Result<ClientConfig, String> {
     let builder = rustls::ClientConfig::builder_with_provider(c.provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?;
@@ -226,7 +241,7 @@ fn client_config(c: &PeerCrypto) -> Result<ClientConfig, String> {
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let quic = QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut config = ClientConfig::new(Arc::new(quic));
-    config.transport_config(Arc::new(transport()));
+    config.transport_config(Arc::new(transport(limits)?));
     Ok(config)
 }
 
@@ -252,11 +267,12 @@ impl PeerNet {
         voters: Vec<String>,
         dial: BTreeMap<String, SocketAddr>,
         crypto: &PeerCrypto,
+        limits: PeerLimits,
         seed: &[u8; 32],
         now: Instant,
     ) -> Result<PeerNet, String> {
         let peer_seed = crate::seed::derive(seed, b"felix peer endpoint");
-        let server = server_config(crypto, crate::seed::token_key(&peer_seed))?;
+        let server = server_config(crypto, &limits, crate::seed::token_key(&peer_seed))?;
         let mut endpoint_config = EndpointConfig::new(crate::seed::reset_key(&peer_seed));
         endpoint_config
             .cid_generator(move || Box::new(crate::seed::SeededCidGenerator::new(&peer_seed)))
@@ -275,7 +291,8 @@ impl PeerNet {
             dial,
             verify_names: crypto.ca.is_some(),
             endpoint,
-            client_config: client_config(crypto)?,
+            client_config: client_config(crypto, &limits)?,
+            backlog_limit: limits.backlog_bytes,
             links: BTreeMap::new(),
             dialing: BTreeMap::new(),
             backlog: BTreeMap::new(),
@@ -356,7 +373,7 @@ impl PeerNet {
             Some(link) => link.outbox.extend_from_slice(&frame),
             None => {
                 let backlog = self.backlog.entry(to.to_owned()).or_default();
-                if backlog.len() + frame.len() > MAX_PEER_BACKLOG_BYTES {
+                if backlog.len() + frame.len() > self.backlog_limit {
                     debug!(%to, "peer backlog full; dropping a message");
                     return;
                 }
