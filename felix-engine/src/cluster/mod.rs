@@ -240,22 +240,6 @@ impl ClusterNode {
     }
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
-        let expired: Vec<u64> = self
-            .sent
-            .iter()
-            .filter(|(_, s)| s.deadline <= now)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in expired {
-            let s = self.sent.remove(&id).expect("listed");
-            let why = format!(
-                "no answer from {} within {:?}; the request may or may not have been applied",
-                s.to, self.forward_timeout
-            );
-            let outcome = ForwardOutcome::Refused(felix_proto::ErrorCode::Unacknowledged, why);
-            self.done.push_back((s.ch, s.stream, id, outcome));
-            self.answered(now, &s.to);
-        }
         // Waiting ones never left this node: their outcome is known (not applied).
         for (to, queue) in self.waiting.iter_mut() {
             let timeout = self.forward_timeout;
@@ -273,6 +257,23 @@ impl ClusterNode {
                 }
                 _ => true,
             });
+        }
+        self.waiting.retain(|_, q| !q.is_empty());
+        let expired: Vec<u64> = self
+            .sent
+            .iter()
+            .filter(|(_, s)| s.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            let s = self.sent.remove(&id).expect("listed");
+            let why = format!(
+                "no answer from {} within {:?}; the request may or may not have been applied",
+                s.to, self.forward_timeout
+            );
+            let outcome = ForwardOutcome::Refused(felix_proto::ErrorCode::Unacknowledged, why);
+            self.done.push_back((s.ch, s.stream, id, outcome));
+            self.answered(now, &s.to);
         }
         self.net.handle_timeout(now);
         if self.control.poll_timeout() <= now {
