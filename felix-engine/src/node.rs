@@ -29,6 +29,10 @@ pub struct Stats {
     pub forwarded_sessions: u64,
     /// Forwards waiting on this node for a place in their peer's forward window.
     pub forwards_waiting: u64,
+    /// Peer links up now (each pair of nodes has two: one dialed by each side).
+    pub peer_links: u64,
+    /// Peer messages dropped because their peer's backlog was full.
+    pub peer_messages_dropped: u64,
     /// Connections accepted since start.
     pub connections_accepted: u64,
     /// Connection attempts refused (limit reached or shutting down).

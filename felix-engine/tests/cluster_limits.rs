@@ -218,3 +218,33 @@ fn a_cluster_runs_on_one_peer_stream_per_link() {
     let (id, _) = c.auth_stream(N1, p);
     assert_ok_ack(&c.exchange(N1, p, id, &publish(1))[0], 1);
 }
+
+#[test]
+fn a_silent_peer_link_is_lost_at_its_idle_timeout() {
+    // n1's links take 1 s (the smaller side's timeout wins on a QUIC connection); the
+    // default, 5 s, holds between n2 and n3. QUIC restarts the idle timer on the last packet
+    // received and on the first one sent after it, and keep-alives go every third of the
+    // timeout: a link silenced at T is lost between T + 2/3 and T + 4/3 of the timeout.
+    let window = |idle: Duration| (idle - idle / 3 - Duration::from_millis(1), idle / 3 * 2);
+    let idle = Duration::from_secs(1);
+    let mut c = cluster(N1, |cfg| cfg.peer_idle_timeout = idle);
+    assert_eq!(c.nodes[N1].engine.stats().peer_links, 4);
+    c.cut.insert((N1, N3));
+    c.cut.insert((N3, N1));
+    let (before, then) = window(idle);
+    c.advance(before);
+    assert_eq!(c.nodes[N1].engine.stats().peer_links, 4, "not before");
+    c.advance(then + Duration::from_millis(2));
+    assert_eq!(c.nodes[N1].engine.stats().peer_links, 2, "both links with n3 lost");
+    assert_eq!(c.nodes[N3].engine.stats().peer_links, 2);
+    assert_eq!(c.nodes[N2].engine.stats().peer_links, 4);
+
+    let idle = felix_engine::DEFAULT_PEER_IDLE_TIMEOUT;
+    c.cut.insert((N2, N3));
+    c.cut.insert((N3, N2));
+    let (before, then) = window(idle);
+    c.advance(before);
+    assert_eq!(c.nodes[N2].engine.stats().peer_links, 4, "not before");
+    c.advance(then + Duration::from_millis(2));
+    assert_eq!(c.nodes[N2].engine.stats().peer_links, 2);
+}

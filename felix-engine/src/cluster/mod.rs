@@ -388,6 +388,11 @@ impl ClusterNode {
         self.send_waiting(to);
     }
 
+    /// Peer links up now, and messages dropped for a full peer backlog.
+    pub(crate) fn peer_link_stats(&self) -> (u64, u64) {
+        (self.net.ready_links() as u64, self.net.backlog_dropped)
+    }
+
     /// Forwards waiting for a place in a peer's window (all peers).
     pub(crate) fn waiting_forwards(&self) -> usize {
         self.waiting.values().map(|q| q.len()).sum()

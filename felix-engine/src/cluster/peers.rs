@@ -118,6 +118,8 @@ pub(crate) struct PeerNet {
     backlog: BTreeMap<String, BytesMut>,
     /// [`PeerLimits::backlog_bytes`].
     backlog_limit: usize,
+    /// Messages dropped because their peer's backlog was full.
+    pub(crate) backlog_dropped: u64,
     endpoint_transmits: VecDeque<(Transmit, Vec<u8>)>,
     send_order: VecDeque<ConnectionHandle>,
     events: VecDeque<PeerEvent>,
@@ -293,6 +295,7 @@ impl PeerNet {
             endpoint,
             client_config: client_config(crypto, &limits)?,
             backlog_limit: limits.backlog_bytes,
+            backlog_dropped: 0,
             links: BTreeMap::new(),
             dialing: BTreeMap::new(),
             backlog: BTreeMap::new(),
@@ -375,6 +378,7 @@ impl PeerNet {
                 let backlog = self.backlog.entry(to.to_owned()).or_default();
                 if backlog.len() + frame.len() > self.backlog_limit {
                     debug!(%to, "peer backlog full; dropping a message");
+                    self.backlog_dropped += 1;
                     return;
                 }
                 backlog.extend_from_slice(&frame);
@@ -396,6 +400,11 @@ impl PeerNet {
         {
             link.outbox.extend_from_slice(&frame);
         }
+    }
+
+    /// Links that have exchanged their hellos.
+    pub(crate) fn ready_links(&self) -> usize {
+        self.links.values().filter(|l| l.ready).count()
     }
 
     pub(crate) fn poll_event(&mut self) -> Option<PeerEvent> {
@@ -722,5 +731,81 @@ impl PeerNet {
                 Bytes::copy_from_slice(why.as_bytes()),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> TlsIdentity {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let params = rcgen::CertificateParams::new(vec!["felix-peer".to_owned()]).expect("params");
+        let cert = params.self_signed(&key).expect("certificate");
+        TlsIdentity {
+            cert_chain: vec![cert.der().clone()],
+            key: rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key"),
+        }
+    }
+
+    fn hello(node: &str) -> PeerMessage {
+        PeerMessage::Hello(Hello {
+            cluster_id: "c".into(),
+            node_id: node.into(),
+            protocol_version: PEER_PROTOCOL_VERSION,
+            storage_id: [0; 16],
+            incarnation: 0,
+        })
+    }
+
+    /// A node whose peer `n2` is dialed but never answers: everything for it is backlog.
+    fn lonely(backlog_bytes: usize) -> PeerNet {
+        let me = Identity {
+            cluster_id: "c".into(),
+            node_id: "n1".into(),
+            storage_id: [1; 16],
+            incarnation: 1,
+        };
+        let dial = [("n1", 7101), ("n2", 7102)]
+            .map(|(n, port)| (n.to_owned(), SocketAddr::from(([127, 0, 0, 1], port))))
+            .into_iter()
+            .collect();
+        let crypto = PeerCrypto {
+            identity: identity(),
+            ca: None,
+            provider: Arc::new(rustls::crypto::ring::default_provider()),
+        };
+        let limits = PeerLimits {
+            backlog_bytes,
+            idle_timeout: Duration::from_secs(5),
+            max_streams: 1,
+        };
+        let voters = vec!["n1".into(), "n2".into()];
+        PeerNet::new(me, voters, dial, &crypto, limits, &[3; 32], Instant::now()).expect("net")
+    }
+
+    #[test]
+    fn the_backlog_holds_messages_up_to_its_limit_and_drops_past_it() {
+        let mut frame = Vec::new();
+        encode_frame(&hello("x"), &mut frame).unwrap();
+        let one = frame.len();
+        // Exactly two frames fit.
+        let mut net = lonely(2 * one);
+        for _ in 0..3 {
+            net.send("n2", &hello("x"));
+        }
+        assert_eq!(net.backlog["n2"].len(), 2 * one);
+        assert_eq!(net.backlog_dropped, 1);
+        // One byte less: the second no longer fits.
+        let mut net = lonely(2 * one - 1);
+        net.send("n2", &hello("x"));
+        net.send("n2", &hello("x"));
+        assert_eq!(net.backlog["n2"].len(), one);
+        assert_eq!(net.backlog_dropped, 1);
+        // No backlog at all.
+        let mut net = lonely(0);
+        net.send("n2", &hello("x"));
+        assert!(!net.backlog.get("n2").is_some_and(|b| !b.is_empty()));
+        assert_eq!(net.backlog_dropped, 1);
     }
 }

@@ -874,7 +874,14 @@ impl Engine {
     /// Counters.
     pub fn stats(&self) -> Stats {
         let b = self.core.broker.stats();
+        let (peer_links, peer_messages_dropped) = self
+            .core
+            .cluster
+            .as_ref()
+            .map_or((0, 0), |c| c.peer_link_stats());
         Stats {
+            peer_links,
+            peer_messages_dropped,
             connections: self.conns.len() as u64,
             dropped_batches: b.dropped_batches,
             published_records: b.published_records,
