@@ -329,8 +329,8 @@ pub const SETTINGS: &[Setting] = &[
     limit!("limits.counter_max_logs", &["FELIX_COUNTER_MAX_LOGS"], int counter_max_logs),
     limit!("limits.durable_cache_max_keys", &["FELIX_DURABLE_CACHE_MAX_KEYS"], int durable_cache_max_keys),
     limit!("limits.durable_cache_max_total_bytes", &["FELIX_DURABLE_CACHE_MAX_TOTAL_BYTES"], int durable_cache_max_total_bytes),
-    // Cluster (docs/cluster.md). Every setting from here on needs `cluster.node_id`; the two
-    // limits stay in `[limits]` (they must follow the other limits for `--print-config`).
+    // Cluster (docs/cluster.md). Every setting from here on needs `cluster.node_id`; the
+    // cluster limits stay in `[limits]` (they must follow the other limits for `--print-config`).
     plain("limits.default_replication_factor", &["FELIX_DEFAULT_REPLICATION_FACTOR"], Kind::Int, Default_::Int(DEFAULT_REPLICATION_FACTOR as u64)),
     plain("limits.forward_window", &["FELIX_FORWARD_WINDOW"], Kind::Int, Default_::Int(felix_engine::DEFAULT_FORWARD_WINDOW as u64)),
     plain("limits.forward_timeout_ms", &["FELIX_FORWARD_TIMEOUT_MS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_FORWARD_TIMEOUT.as_millis() as u64)),
