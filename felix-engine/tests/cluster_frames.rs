@@ -7,8 +7,10 @@ use felix_testkit::*;
 
 fn spec() -> ClusterSpec {
     let mut s = ClusterSpec::default();
-    s.streams.push(DeclaredStream::new("t1", "default", "orders", 3));
-    s.caches.push(DeclaredCache::new("t1", "default", "sessions", 1));
+    s.streams
+        .push(DeclaredStream::new("t1", "default", "orders", 3));
+    s.caches
+        .push(DeclaredCache::new("t1", "default", "sessions", 1));
     s
 }
 
@@ -85,7 +87,12 @@ fn a_publish_to_a_non_leader_is_acked_with_the_owner_hint_and_lands_on_the_leade
     let entry = c.index("n1");
     let p = c.connect(entry);
     let (id, _) = c.auth_stream(entry, p);
-    let f = c.exchange(entry, p, id, &binary_publish(Some(1), None, "orders", &[b"via-n1"]));
+    let f = c.exchange(
+        entry,
+        p,
+        id,
+        &binary_publish(Some(1), None, "orders", &[b"via-n1"]),
+    );
     assert_eq!(f.len(), 1);
     // An ack (0x0010) with the owner (0x0080): status 0 (ok), request 1, an empty message;
     // then node id "n2", its client address and generation 1.
@@ -103,8 +110,16 @@ fn a_publish_to_a_non_leader_is_acked_with_the_owner_hint_and_lands_on_the_leade
     // published on the leader itself.
     let forwarded = c.nodes[leader].read_frames(lp, events);
     let (did, _) = c.auth_stream(leader, lp);
-    let f = c.exchange(leader, lp, did, &binary_publish(Some(1), None, "orders", &[b"via-n1"]));
-    assert_eq!(bytes_of(&f[0]), binary_frame(0x0010, &[0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0]));
+    let f = c.exchange(
+        leader,
+        lp,
+        did,
+        &binary_publish(Some(1), None, "orders", &[b"via-n1"]),
+    );
+    assert_eq!(
+        bytes_of(&f[0]),
+        binary_frame(0x0010, &[0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0])
+    );
     let direct = c.nodes[leader].read_frames(lp, events);
     assert_eq!(forwarded.len(), 1);
     assert_eq!(forwarded[0].payload, &b"\0\0\0\x01\0\0\0\x06via-n1"[..]);
@@ -128,12 +143,19 @@ fn a_subscribe_to_a_non_owner_is_redirected_or_refused_with_a_code() {
         text(&f[0]),
         r#"{"type":"not_leader","node_id":"n3","addr":"127.0.0.1:5003","generation":1}"#
     );
-    assert!(c.nodes[entry].peers[p].incoming_uni.is_empty(), "never served here");
+    assert!(
+        c.nodes[entry].peers[p].incoming_uni.is_empty(),
+        "never served here"
+    );
 
     // Without FEATURE_REDIRECT: the coded error, naming the owner.
     let token = c.nodes[entry].token();
     let (id, auth) = c.auth_with(entry, p, &auth_without_redirect(&token));
-    assert!(text(&auth).starts_with(r#"{"type":"auth_ok""#), "{}", text(&auth));
+    assert!(
+        text(&auth).starts_with(r#"{"type":"auth_ok""#),
+        "{}",
+        text(&auth)
+    );
     let f = c.exchange(entry, p, id, &subscribe(0));
     assert_eq!(
         text(&f[0]),

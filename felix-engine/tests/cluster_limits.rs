@@ -12,7 +12,8 @@ use felix_testkit::*;
 
 fn spec() -> ClusterSpec {
     let mut s = ClusterSpec::default();
-    s.streams.push(DeclaredStream::new("t1", "default", "orders", 3));
+    s.streams
+        .push(DeclaredStream::new("t1", "default", "orders", 3));
     s
 }
 
@@ -70,7 +71,10 @@ fn assert_failed_ack(f: &Frame, request_id: u64, code: ErrorCode, message: &str)
 
 #[test]
 fn a_silent_leader_costs_exactly_the_forward_timeout() {
-    for (timeout, knob) in [(Duration::from_secs(3), true), (Duration::from_secs(10), false)] {
+    for (timeout, knob) in [
+        (Duration::from_secs(3), true),
+        (Duration::from_secs(10), false),
+    ] {
         let mut c = cluster(N1, |cfg| {
             if knob {
                 cfg.forward_timeout = timeout;
@@ -82,7 +86,10 @@ fn a_silent_leader_costs_exactly_the_forward_timeout() {
         c.cut.insert((N2, N1));
         assert!(c.exchange(N1, p, id, &publish(1)).is_empty());
         c.advance(timeout - Duration::from_millis(1));
-        assert!(c.nodes[N1].read_frames(p, id).is_empty(), "not before {timeout:?}");
+        assert!(
+            c.nodes[N1].read_frames(p, id).is_empty(),
+            "not before {timeout:?}"
+        );
         c.advance(Duration::from_millis(1));
         let f = c.nodes[N1].read_frames(p, id);
         assert_eq!(f.len(), 1, "at {timeout:?}");
@@ -195,7 +202,11 @@ fn a_client_session_that_ends_closes_its_channels_on_the_leader() {
     // The session is over once the client has acknowledged the broker's FIN (its ACK may
     // be delayed): bounded by the settle limit.
     c.settle(|c| c.nodes[N2].engine.stats().forwarded_sessions == 1);
-    assert_eq!(c.nodes[N3].engine.stats().forwarded_sessions, 1, "b's channel stays");
+    assert_eq!(
+        c.nodes[N3].engine.stats().forwarded_sessions,
+        1,
+        "b's channel stays"
+    );
 
     // The connection closes: every channel it had goes.
     let now = c.now;
@@ -235,7 +246,11 @@ fn a_silent_peer_link_is_lost_at_its_idle_timeout() {
     c.advance(before);
     assert_eq!(c.nodes[N1].engine.stats().peer_links, 4, "not before");
     c.advance(then + Duration::from_millis(2));
-    assert_eq!(c.nodes[N1].engine.stats().peer_links, 2, "both links with n3 lost");
+    assert_eq!(
+        c.nodes[N1].engine.stats().peer_links,
+        2,
+        "both links with n3 lost"
+    );
     assert_eq!(c.nodes[N3].engine.stats().peer_links, 2);
     assert_eq!(c.nodes[N2].engine.stats().peer_links, 4);
 

@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use felix_engine::{ClusterConfig, Datagram, DeclaredCache, DeclaredStream, EngineConfig, PeerAddr};
+use felix_engine::{
+    ClusterConfig, Datagram, DeclaredCache, DeclaredStream, EngineConfig, PeerAddr,
+};
 
 use felix_proto::Frame;
 use quinn_proto::StreamId;
@@ -102,7 +104,11 @@ impl ClusterNet {
     /// A cluster that has elected, joined every node and led every declared shard.
     pub fn started(spec: &ClusterSpec, tweak: impl Fn(usize, &mut EngineConfig)) -> ClusterNet {
         let mut net = ClusterNet::new(spec, tweak);
-        let shards: u64 = spec.streams.iter().map(|s| u64::from(s.shards)).sum::<u64>()
+        let shards: u64 = spec
+            .streams
+            .iter()
+            .map(|s| u64::from(s.shards))
+            .sum::<u64>()
             + spec.caches.iter().map(|c| u64::from(c.shards)).sum::<u64>();
         net.settle(|net| {
             net.nodes.iter().all(|n| n.engine.is_serving())
@@ -194,7 +200,9 @@ impl ClusterNet {
                     data: BytesMut::from(&bytes[..]),
                     segment_size: t.segment_size,
                 };
-                self.nodes[to].engine.handle_peer_datagram(self.now, datagram);
+                self.nodes[to]
+                    .engine
+                    .handle_peer_datagram(self.now, datagram);
             }
         }
         moved

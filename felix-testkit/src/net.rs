@@ -81,7 +81,12 @@ impl Net {
 
     /// Like [`Net::new`], with the engine started at this Unix time (µs).
     pub fn new_at(unix_micros: u64, tweak: impl FnOnce(&mut EngineConfig)) -> Net {
-        Net::on_clock(Instant::now(), unix_micros, "127.0.0.1:5000".parse().unwrap(), tweak)
+        Net::on_clock(
+            Instant::now(),
+            unix_micros,
+            "127.0.0.1:5000".parse().unwrap(),
+            tweak,
+        )
     }
 
     /// An engine started at `now` (so several can share one clock), reached by its clients

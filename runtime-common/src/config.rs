@@ -1075,13 +1075,17 @@ fn cluster(
             })
             .transpose()
     };
-    let forward_timeout = positive(int, name, "limits.forward_timeout_ms")?.map(Duration::from_millis);
+    let forward_timeout =
+        positive(int, name, "limits.forward_timeout_ms")?.map(Duration::from_millis);
     let max_forward_channels = count("limits.max_forward_channels")?;
     // 0 is allowed: nothing is queued for a peer whose link is down.
     let max_peer_backlog_bytes = int("limits.max_peer_backlog_bytes")
         .map(|n| {
             usize::try_from(n).map_err(|_| {
-                ConfigError(format!("{}: {n} is out of range", name("limits.max_peer_backlog_bytes")))
+                ConfigError(format!(
+                    "{}: {n} is out of range",
+                    name("limits.max_peer_backlog_bytes")
+                ))
             })
         })
         .transpose()?;
@@ -1808,8 +1812,14 @@ shards = 4
         assert_eq!(c.default_replication_factor, 1);
         assert_eq!(c.forward_window, felix_engine::DEFAULT_FORWARD_WINDOW);
         assert_eq!(c.forward_timeout, felix_engine::DEFAULT_FORWARD_TIMEOUT);
-        assert_eq!(c.max_forward_channels, felix_engine::DEFAULT_MAX_FORWARD_CHANNELS);
-        assert_eq!(c.max_peer_backlog_bytes, felix_engine::DEFAULT_MAX_PEER_BACKLOG_BYTES);
+        assert_eq!(
+            c.max_forward_channels,
+            felix_engine::DEFAULT_MAX_FORWARD_CHANNELS
+        );
+        assert_eq!(
+            c.max_peer_backlog_bytes,
+            felix_engine::DEFAULT_MAX_PEER_BACKLOG_BYTES
+        );
         assert_eq!(c.peer_idle_timeout, felix_engine::DEFAULT_PEER_IDLE_TIMEOUT);
         assert_eq!(c.peer_max_streams, felix_engine::DEFAULT_PEER_MAX_STREAMS);
         assert_eq!(c.client_advertise_addr, None);

@@ -287,7 +287,11 @@ impl ClusterNode {
         let waiting = self
             .waiting
             .values()
-            .flat_map(|q| q.iter().filter(|w| w.answer_to.is_some()).map(|w| w.deadline))
+            .flat_map(|q| {
+                q.iter()
+                    .filter(|w| w.answer_to.is_some())
+                    .map(|w| w.deadline)
+            })
             .min();
         [self.net.poll_timeout(), forwards, waiting]
             .into_iter()
