@@ -339,8 +339,24 @@ pub struct PeerTls {
     pub ca: Vec<CertificateDer<'static>>,
 }
 
-/// How many forwarded requests may wait on one peer before new ones wait to be read.
+/// Forwarded requests owed an answer that may be in flight on one peer link at once; the
+/// ones past it wait, in order, on this node until an answer frees a place.
 pub const DEFAULT_FORWARD_WINDOW: usize = 1024;
+/// How long a forwarded request may wait for the leader's answer, counted from when the
+/// client's request was read, before the client is told the outcome is unknown
+/// (`unacknowledged`). Below the real client's own 30 s ack timeout.
+pub const DEFAULT_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Forward channels (one per client session forwarding here) a leader keeps open at once;
+/// past it the longest idle one is closed, and its session's next forward reopens it.
+pub const DEFAULT_MAX_FORWARD_CHANNELS: usize = 4096;
+/// Bytes queued for a peer whose link is not up; past it messages are dropped (raft resends
+/// what matters, and a dropped forward ends in its timeout).
+pub const DEFAULT_MAX_PEER_BACKLOG_BYTES: usize = 8 << 20;
+/// A peer link with nothing received for this long is lost and redialed (keep-alives go at
+/// a third of it).
+pub const DEFAULT_PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bidirectional streams a peer may open on a link (the protocol uses one).
+pub const DEFAULT_PEER_MAX_STREAMS: u32 = 16;
 /// The shard leadership lease.
 pub const DEFAULT_LEASE: Duration = Duration::from_millis(2000);
 
@@ -364,8 +380,18 @@ pub struct ClusterConfig {
     pub declared_caches: Vec<DeclaredCache>,
     /// Replicas of a stream created on first use (`limits.default_replication_factor`).
     pub default_replication_factor: u8,
-    /// See [`DEFAULT_FORWARD_WINDOW`] (`limits.forward_window`).
+    /// See [`DEFAULT_FORWARD_WINDOW`] (`limits.forward_window`). At least 1.
     pub forward_window: usize,
+    /// See [`DEFAULT_FORWARD_TIMEOUT`] (`limits.forward_timeout_ms`). Above zero.
+    pub forward_timeout: Duration,
+    /// See [`DEFAULT_MAX_FORWARD_CHANNELS`] (`limits.max_forward_channels`). At least 1.
+    pub max_forward_channels: usize,
+    /// See [`DEFAULT_MAX_PEER_BACKLOG_BYTES`] (`limits.max_peer_backlog_bytes`).
+    pub max_peer_backlog_bytes: usize,
+    /// See [`DEFAULT_PEER_IDLE_TIMEOUT`] (`limits.peer_idle_timeout_ms`). Above zero.
+    pub peer_idle_timeout: Duration,
+    /// See [`DEFAULT_PEER_MAX_STREAMS`] (`limits.peer_max_streams`). At least 1.
+    pub peer_max_streams: u32,
 }
 
 impl ClusterConfig {
@@ -379,6 +405,11 @@ impl ClusterConfig {
             declared_caches: Vec::new(),
             default_replication_factor: 1,
             forward_window: DEFAULT_FORWARD_WINDOW,
+            forward_timeout: DEFAULT_FORWARD_TIMEOUT,
+            max_forward_channels: DEFAULT_MAX_FORWARD_CHANNELS,
+            max_peer_backlog_bytes: DEFAULT_MAX_PEER_BACKLOG_BYTES,
+            peer_idle_timeout: DEFAULT_PEER_IDLE_TIMEOUT,
+            peer_max_streams: DEFAULT_PEER_MAX_STREAMS,
         }
     }
 }

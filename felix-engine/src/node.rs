@@ -25,6 +25,14 @@ pub struct Stats {
     pub forwards: u64,
     /// Forwarded requests this node ran as their shard's leader.
     pub forwards_served: u64,
+    /// Virtual sessions open now for other nodes' client sessions (forward channels).
+    pub forwarded_sessions: u64,
+    /// Forwards waiting on this node for a place in their peer's forward window.
+    pub forwards_waiting: u64,
+    /// Peer links up now (each pair of nodes has two: one dialed by each side).
+    pub peer_links: u64,
+    /// Peer messages dropped because their peer's backlog was full.
+    pub peer_messages_dropped: u64,
     /// Connections accepted since start.
     pub connections_accepted: u64,
     /// Connection attempts refused (limit reached or shutting down).

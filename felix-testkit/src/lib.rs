@@ -8,6 +8,8 @@
 //!
 //! - [`Net`], [`Peer`]: one engine, client connections, an in-memory disk ([`MemFs`]), and
 //!   the clock; `run` settles, `advance` lets time pass firing every timer.
+//! - [`ClusterNet`]: several engines as cluster nodes, each a [`Net`], their peer datagrams
+//!   carried by hand (links can be cut one way) on one clock.
 //! - TLS fixtures: [`tls`] (a CA and a `localhost` leaf), [`shared_tls`] (the same, made once
 //!   per process), [`ed25519_identity`] (a self-signed certificate from a seed, for runs that
 //!   must repeat byte for byte).
@@ -19,12 +21,14 @@
 //!
 //! Key generation in [`tls`] uses the OS's randomness; nothing else here does.
 
+mod cluster_net;
 mod frames;
 mod net;
 mod quic;
 mod tls;
 mod tokens;
 
+pub use cluster_net::{ClusterNet, ClusterSpec};
 pub use felix_storage::memfs::MemFs;
 pub use frames::{
     binary_frame, binary_publish, bytes_of, json_frame, real_client_auth, text,

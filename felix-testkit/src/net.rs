@@ -67,6 +67,9 @@ pub struct Net {
     pub pending_ops: Vec<FileOp>,
     /// Ops of these kinds wait until [`Net::release_held_ops`].
     pub hold: fn(&FileOpKind) -> bool,
+    /// Datagrams the engine sent from its internal (peer) socket, for [`crate::ClusterNet`]
+    /// to carry; a lone engine never sends any.
+    pub(crate) peer_out: Vec<(felix_engine::Transmit, Vec<u8>)>,
 }
 
 impl Net {
@@ -78,16 +81,31 @@ impl Net {
 
     /// Like [`Net::new`], with the engine started at this Unix time (µs).
     pub fn new_at(unix_micros: u64, tweak: impl FnOnce(&mut EngineConfig)) -> Net {
+        Net::on_clock(
+            Instant::now(),
+            unix_micros,
+            "127.0.0.1:5000".parse().unwrap(),
+            tweak,
+        )
+    }
+
+    /// An engine started at `now` (so several can share one clock), reached by its clients
+    /// at `server_addr`.
+    pub(crate) fn on_clock(
+        now: Instant,
+        unix_micros: u64,
+        server_addr: SocketAddr,
+        tweak: impl FnOnce(&mut EngineConfig),
+    ) -> Net {
         let tls = tls();
         let mut config =
             EngineConfig::new(tls.identity, AuthConfig::Dev { seed: [7; 32] }, [9; 32]);
         tweak(&mut config);
-        let now = Instant::now();
         let engine = Engine::new(config, now, unix_micros).expect("engine");
         Net {
             now,
             engine,
-            server_addr: "127.0.0.1:5000".parse().unwrap(),
+            server_addr,
             client: client_endpoint(None),
             client_addr: "127.0.0.1:40000".parse().unwrap(),
             ca: tls.ca,
@@ -99,6 +117,7 @@ impl Net {
             disk: MemFs::new(),
             pending_ops: Vec::new(),
             hold: |_| false,
+            peer_out: Vec::new(),
         }
     }
 
@@ -223,6 +242,10 @@ impl Net {
                     self.pending_ops.push(op);
                     continue;
                 }
+                Output::PeerTransmit(t) => {
+                    self.peer_out.push((t, out[..t.size].to_vec()));
+                    continue;
+                }
                 other => panic!("an engine output this harness does not handle: {other:?}"),
             };
             self.engine_transmits.push(t);
@@ -277,7 +300,7 @@ impl Net {
         panic!("network did not settle in {MAX_STEPS} steps");
     }
 
-    fn next_timer(&mut self) -> Option<Instant> {
+    pub(crate) fn next_timer(&mut self) -> Option<Instant> {
         let mut next = self.engine.poll_timeout();
         for p in &mut self.peers {
             if let Some(t) = p.conn.poll_timeout() {
@@ -303,7 +326,7 @@ impl Net {
         self.run();
     }
 
-    fn fire_timers(&mut self) {
+    pub(crate) fn fire_timers(&mut self) {
         if self.engine.poll_timeout().is_some_and(|t| t <= self.now) {
             self.engine.handle_timeout(self.now);
         }

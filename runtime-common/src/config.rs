@@ -329,10 +329,15 @@ pub const SETTINGS: &[Setting] = &[
     limit!("limits.counter_max_logs", &["FELIX_COUNTER_MAX_LOGS"], int counter_max_logs),
     limit!("limits.durable_cache_max_keys", &["FELIX_DURABLE_CACHE_MAX_KEYS"], int durable_cache_max_keys),
     limit!("limits.durable_cache_max_total_bytes", &["FELIX_DURABLE_CACHE_MAX_TOTAL_BYTES"], int durable_cache_max_total_bytes),
-    // Cluster (docs/cluster.md). Every setting from here on needs `cluster.node_id`; the two
-    // limits stay in `[limits]` (they must follow the other limits for `--print-config`).
+    // Cluster (docs/cluster.md). Every setting from here on needs `cluster.node_id`; the
+    // cluster limits stay in `[limits]` (they must follow the other limits for `--print-config`).
     plain("limits.default_replication_factor", &["FELIX_DEFAULT_REPLICATION_FACTOR"], Kind::Int, Default_::Int(DEFAULT_REPLICATION_FACTOR as u64)),
     plain("limits.forward_window", &["FELIX_FORWARD_WINDOW"], Kind::Int, Default_::Int(felix_engine::DEFAULT_FORWARD_WINDOW as u64)),
+    plain("limits.forward_timeout_ms", &["FELIX_FORWARD_TIMEOUT_MS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_FORWARD_TIMEOUT.as_millis() as u64)),
+    plain("limits.max_forward_channels", &["FELIX_MAX_FORWARD_CHANNELS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_MAX_FORWARD_CHANNELS as u64)),
+    plain("limits.max_peer_backlog_bytes", &["FELIX_MAX_PEER_BACKLOG_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_MAX_PEER_BACKLOG_BYTES as u64)),
+    plain("limits.peer_idle_timeout_ms", &["FELIX_PEER_IDLE_TIMEOUT_MS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_PEER_IDLE_TIMEOUT.as_millis() as u64)),
+    plain("limits.peer_max_streams", &["FELIX_PEER_MAX_STREAMS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_PEER_MAX_STREAMS as u64)),
     plain("cluster.node_id", &["FELIX_NODE_ID"], Kind::Text, Default_::Unset),
     plain("cluster.internal_bind", &["FELIX_INTERNAL_BIND"], Kind::Text, Default_::Unset),
     plain("cluster.peers", &["FELIX_CLUSTER_PEERS"], Kind::Text, Default_::Unset),
@@ -933,6 +938,11 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
 const CLUSTER_ONLY: &[&str] = &[
     "limits.default_replication_factor",
     "limits.forward_window",
+    "limits.forward_timeout_ms",
+    "limits.max_forward_channels",
+    "limits.max_peer_backlog_bytes",
+    "limits.peer_idle_timeout_ms",
+    "limits.peer_max_streams",
     "cluster.internal_bind",
     "cluster.peers",
     "cluster.client_advertise_addr",
@@ -1057,6 +1067,47 @@ fn cluster(
             })
         },
     )?;
+    let count = |key: &str| -> Result<Option<usize>, ConfigError> {
+        positive(int, name, key)?
+            .map(|n| {
+                usize::try_from(n)
+                    .map_err(|_| ConfigError(format!("{}: {n} is out of range", name(key))))
+            })
+            .transpose()
+    };
+    let forward_timeout =
+        positive(int, name, "limits.forward_timeout_ms")?.map(Duration::from_millis);
+    let max_forward_channels = count("limits.max_forward_channels")?;
+    // 0 is allowed: nothing is queued for a peer whose link is down.
+    let max_peer_backlog_bytes = int("limits.max_peer_backlog_bytes")
+        .map(|n| {
+            usize::try_from(n).map_err(|_| {
+                ConfigError(format!(
+                    "{}: {n} is out of range",
+                    name("limits.max_peer_backlog_bytes")
+                ))
+            })
+        })
+        .transpose()?;
+    // quinn takes idle timeouts up to 2^62 ms; a day is far more than any link needs.
+    let peer_idle_timeout = match positive(int, name, "limits.peer_idle_timeout_ms")? {
+        Some(ms) if ms > 86_400_000 => {
+            return Err(ConfigError(format!(
+                "{}: {ms} is more than a day",
+                name("limits.peer_idle_timeout_ms")
+            )))
+        }
+        other => other.map(Duration::from_millis),
+    };
+    let peer_max_streams = match positive(int, name, "limits.peer_max_streams")? {
+        Some(n) if n > 1024 => {
+            return Err(ConfigError(format!(
+                "{}: {n} is more than 1024 (a link uses one stream)",
+                name("limits.peer_max_streams")
+            )))
+        }
+        other => other.map(|n| n as u32),
+    };
     let nodes = peers.len();
     let default_rf = match int("limits.default_replication_factor") {
         None => DEFAULT_REPLICATION_FACTOR,
@@ -1099,6 +1150,21 @@ fn cluster(
     config.declared_caches = effective.caches().cloned().collect();
     config.default_replication_factor = default_rf;
     config.forward_window = forward_window;
+    if let Some(t) = forward_timeout {
+        config.forward_timeout = t;
+    }
+    if let Some(n) = max_forward_channels {
+        config.max_forward_channels = n;
+    }
+    if let Some(n) = max_peer_backlog_bytes {
+        config.max_peer_backlog_bytes = n;
+    }
+    if let Some(t) = peer_idle_timeout {
+        config.peer_idle_timeout = t;
+    }
+    if let Some(n) = peer_max_streams {
+        config.peer_max_streams = n;
+    }
     Ok((Some(config), Some(internal_bind)))
 }
 
@@ -1745,6 +1811,17 @@ shards = 4
         assert_eq!(c.lease, Duration::from_millis(2000));
         assert_eq!(c.default_replication_factor, 1);
         assert_eq!(c.forward_window, felix_engine::DEFAULT_FORWARD_WINDOW);
+        assert_eq!(c.forward_timeout, felix_engine::DEFAULT_FORWARD_TIMEOUT);
+        assert_eq!(
+            c.max_forward_channels,
+            felix_engine::DEFAULT_MAX_FORWARD_CHANNELS
+        );
+        assert_eq!(
+            c.max_peer_backlog_bytes,
+            felix_engine::DEFAULT_MAX_PEER_BACKLOG_BYTES
+        );
+        assert_eq!(c.peer_idle_timeout, felix_engine::DEFAULT_PEER_IDLE_TIMEOUT);
+        assert_eq!(c.peer_max_streams, felix_engine::DEFAULT_PEER_MAX_STREAMS);
         assert_eq!(c.client_advertise_addr, None);
         assert!(c.peer_tls.is_none(), "allowed unauthenticated");
         assert!(c.declared_caches.is_empty());
@@ -1754,6 +1831,11 @@ shards = 4
             ("FELIX_LEASE_MS", "1"),
             ("FELIX_DEFAULT_REPLICATION_FACTOR", "3"),
             ("FELIX_FORWARD_WINDOW", "1"),
+            ("FELIX_FORWARD_TIMEOUT_MS", "1"),
+            ("FELIX_MAX_FORWARD_CHANNELS", "1"),
+            ("FELIX_MAX_PEER_BACKLOG_BYTES", "0"),
+            ("FELIX_PEER_IDLE_TIMEOUT_MS", "86400000"),
+            ("FELIX_PEER_MAX_STREAMS", "1024"),
         ]))
         .unwrap();
         assert_eq!(
@@ -1763,6 +1845,11 @@ shards = 4
         assert_eq!(c.lease, Duration::from_millis(1));
         assert_eq!(c.default_replication_factor, 3);
         assert_eq!(c.forward_window, 1);
+        assert_eq!(c.forward_timeout, Duration::from_millis(1));
+        assert_eq!(c.max_forward_channels, 1);
+        assert_eq!(c.max_peer_backlog_bytes, 0);
+        assert_eq!(c.peer_idle_timeout, Duration::from_secs(86_400));
+        assert_eq!(c.peer_max_streams, 1024);
 
         // No node id: a single node, as before.
         let c = from_vars(vars(&[])).unwrap();
@@ -1928,6 +2015,13 @@ shards = 4
                 "unsigned integer",
             ),
             ("FELIX_FORWARD_WINDOW", "0", "above zero"),
+            ("FELIX_FORWARD_TIMEOUT_MS", "0", "above zero"),
+            ("FELIX_MAX_FORWARD_CHANNELS", "0", "above zero"),
+            ("FELIX_MAX_PEER_BACKLOG_BYTES", "-1", "unsigned integer"),
+            ("FELIX_PEER_IDLE_TIMEOUT_MS", "0", "above zero"),
+            ("FELIX_PEER_IDLE_TIMEOUT_MS", "86400001", "more than a day"),
+            ("FELIX_PEER_MAX_STREAMS", "0", "above zero"),
+            ("FELIX_PEER_MAX_STREAMS", "1025", "more than 1024"),
             ("FELIX_LEASE_MS", "0", "above zero"),
             ("FELIX_LEASE_MS", "-5", "unsigned integer"),
         ] {
@@ -1949,6 +2043,11 @@ shards = 4
             ("FELIX_INTERNAL_ALLOW_UNAUTHENTICATED", "true"),
             ("FELIX_DEFAULT_REPLICATION_FACTOR", "2"),
             ("FELIX_FORWARD_WINDOW", "8"),
+            ("FELIX_FORWARD_TIMEOUT_MS", "5000"),
+            ("FELIX_MAX_FORWARD_CHANNELS", "8"),
+            ("FELIX_MAX_PEER_BACKLOG_BYTES", "8"),
+            ("FELIX_PEER_IDLE_TIMEOUT_MS", "8000"),
+            ("FELIX_PEER_MAX_STREAMS", "8"),
         ] {
             let e = refused(&[(var, value)]);
             assert!(

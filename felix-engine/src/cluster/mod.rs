@@ -27,7 +27,7 @@ use tracing::{info, warn};
 use crate::config::{ClusterConfig, Consistency, DeclaredStream};
 use crate::engine::{Datagram, Transmit};
 use crate::tls::TlsIdentity;
-use peers::{Identity, PeerCrypto, PeerEvent, PeerNet};
+use peers::{Identity, PeerCrypto, PeerEvent, PeerLimits, PeerNet};
 
 /// A shard's owner as `shard_owners` reports it.
 pub(crate) struct OwnerEntry {
@@ -35,10 +35,6 @@ pub(crate) struct OwnerEntry {
     pub(crate) addr: Option<String>,
     pub(crate) generation: u64,
 }
-
-/// How long a forwarded request may wait for the leader's answer before the client is told
-/// the outcome is unknown (`unacknowledged`). Below the client's own 30 s ack timeout.
-pub(crate) const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How a forward this node sent ended.
 #[derive(Debug)]
@@ -55,6 +51,23 @@ struct Sent {
     stream: quinn_proto::StreamId,
     deadline: Instant,
     to: NodeId,
+    /// Kept to send again once if the leader no longer knows its channel.
+    forward: felix_peer_proto::Forward,
+    retried: bool,
+}
+
+/// A forward not sent yet: its peer's window is full, or others wait before it.
+struct Waiting {
+    forward: felix_peer_proto::Forward,
+    answer_to: Option<(quinn_proto::ConnectionHandle, quinn_proto::StreamId)>,
+    deadline: Instant,
+}
+
+/// One client session's forward channel: what opens it on a node, and where it is open.
+struct Channel {
+    owner: (quinn_proto::ConnectionHandle, quinn_proto::StreamId),
+    open: felix_peer_proto::Forward,
+    on: Vec<NodeId>,
 }
 
 /// A forward another node sent here.
@@ -74,6 +87,14 @@ pub(crate) struct ClusterNode {
         ForwardOutcome,
     )>,
     inbound: std::collections::VecDeque<Inbound>,
+    /// Per peer: answered forwards in flight, and the forwards waiting for a place.
+    in_flight: BTreeMap<NodeId, usize>,
+    waiting: BTreeMap<NodeId, std::collections::VecDeque<Waiting>>,
+    /// Open channels by number.
+    channels: BTreeMap<u32, Channel>,
+    forward_window: usize,
+    forward_timeout: std::time::Duration,
+    pub(crate) max_forward_channels: usize,
     next_channel: u32,
     cluster_id: String,
     net: PeerNet,
@@ -153,7 +174,24 @@ impl ClusterNode {
             incarnation,
         };
         let names = voters.names().iter().map(|n| n.0.clone()).collect();
-        let net = PeerNet::new(identity, names, dial, &crypto, seed, now)?;
+        if cfg.forward_window == 0
+            || cfg.max_forward_channels == 0
+            || cfg.peer_max_streams == 0
+            || cfg.forward_timeout.is_zero()
+            || cfg.peer_idle_timeout.is_zero()
+        {
+            return Err(
+                "forward_window, max_forward_channels, peer_max_streams, forward_timeout and \
+                 peer_idle_timeout must be above zero"
+                    .into(),
+            );
+        }
+        let limits = PeerLimits {
+            backlog_bytes: cfg.max_peer_backlog_bytes,
+            idle_timeout: cfg.peer_idle_timeout,
+            max_streams: cfg.peer_max_streams,
+        };
+        let net = PeerNet::new(identity, names, dial, &crypto, limits, seed, now)?;
         let control_seed = u64::from_be_bytes(derived[24..32].try_into().expect("8 bytes"));
         let store = MetaStore::new(voters.raft_ids());
         let control_cfg = ControlConfig::new(me.clone(), voters, control_seed, cfg.lease);
@@ -178,6 +216,12 @@ impl ClusterNode {
             sent: BTreeMap::new(),
             done: Default::default(),
             inbound: Default::default(),
+            in_flight: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+            channels: BTreeMap::new(),
+            forward_window: cfg.forward_window,
+            forward_timeout: cfg.forward_timeout,
+            max_forward_channels: cfg.max_forward_channels,
             next_channel: 1,
             cluster_id: cid,
             me,
@@ -196,6 +240,25 @@ impl ClusterNode {
     }
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        // Waiting ones never left this node: their outcome is known (not applied).
+        for (to, queue) in self.waiting.iter_mut() {
+            let timeout = self.forward_timeout;
+            queue.retain(|w| match w.answer_to {
+                Some((ch, stream)) if w.deadline <= now => {
+                    let why = format!(
+                        "{to} did not take the forwarded request within {timeout:?} (its \
+                         forward window stayed full); it was not applied"
+                    );
+                    let outcome =
+                        ForwardOutcome::Refused(felix_proto::ErrorCode::ShardUnavailable, why);
+                    self.done
+                        .push_back((ch, stream, w.forward.forward_id, outcome));
+                    false
+                }
+                _ => true,
+            });
+        }
+        self.waiting.retain(|_, q| !q.is_empty());
         let expired: Vec<u64> = self
             .sent
             .iter()
@@ -205,11 +268,12 @@ impl ClusterNode {
         for id in expired {
             let s = self.sent.remove(&id).expect("listed");
             let why = format!(
-                "no answer from {} within {FORWARD_TIMEOUT:?}; the request may or may not have been applied",
-                s.to
+                "no answer from {} within {:?}; the request may or may not have been applied",
+                s.to, self.forward_timeout
             );
             let outcome = ForwardOutcome::Refused(felix_proto::ErrorCode::Unacknowledged, why);
             self.done.push_back((s.ch, s.stream, id, outcome));
+            self.answered(now, &s.to);
         }
         self.net.handle_timeout(now);
         if self.control.poll_timeout() <= now {
@@ -220,7 +284,16 @@ impl ClusterNode {
 
     pub(crate) fn poll_timeout(&self) -> Instant {
         let forwards = self.sent.values().map(|s| s.deadline).min();
-        [self.net.poll_timeout(), forwards]
+        let waiting = self
+            .waiting
+            .values()
+            .flat_map(|q| {
+                q.iter()
+                    .filter(|w| w.answer_to.is_some())
+                    .map(|w| w.deadline)
+            })
+            .min();
+        [self.net.poll_timeout(), forwards, waiting]
             .into_iter()
             .flatten()
             .fold(self.control.poll_timeout(), Instant::min)
@@ -258,7 +331,9 @@ impl ClusterNode {
         }
     }
 
-    /// Sends a forward to `to`; with `answer_to`, its answer is owed to that session.
+    /// Sends a forward to `to`; with `answer_to`, its answer is owed to that session. A
+    /// forward owed an answer takes a place in `to`'s window; with the window full, or
+    /// others already waiting, it waits in order (so a session's forwards keep their order).
     pub(crate) fn forward(
         &mut self,
         now: Instant,
@@ -266,20 +341,132 @@ impl ClusterNode {
         forward: felix_peer_proto::Forward,
         answer_to: Option<(quinn_proto::ConnectionHandle, quinn_proto::StreamId)>,
     ) {
-        if let Some((ch, stream)) = answer_to {
-            let deadline = now + FORWARD_TIMEOUT;
-            self.sent.insert(
-                forward.forward_id,
-                Sent {
-                    ch,
-                    stream,
-                    deadline,
-                    to: to.clone(),
-                },
-            );
-        }
-        self.net.send(to.as_str(), &PeerMessage::Forward(forward));
+        let deadline = now + self.forward_timeout;
+        let queue = self.waiting.entry(to.clone()).or_default();
+        queue.push_back(Waiting {
+            forward,
+            answer_to,
+            deadline,
+        });
+        self.send_waiting(to);
         self.pump(now);
+    }
+
+    /// Sends what waits for `to`, in order, while its window has room.
+    fn send_waiting(&mut self, to: &NodeId) {
+        let Some(queue) = self.waiting.get_mut(to) else {
+            return;
+        };
+        let in_flight = self.in_flight.entry(to.clone()).or_default();
+        while let Some(front) = queue.front() {
+            if front.answer_to.is_some() && *in_flight >= self.forward_window {
+                break;
+            }
+            let w = queue.pop_front().expect("front");
+            if let Some((ch, stream)) = w.answer_to {
+                *in_flight += 1;
+                self.sent.insert(
+                    w.forward.forward_id,
+                    Sent {
+                        ch,
+                        stream,
+                        deadline: w.deadline,
+                        to: to.clone(),
+                        forward: w.forward.clone(),
+                        retried: false,
+                    },
+                );
+            }
+            self.net.send(to.as_str(), &PeerMessage::Forward(w.forward));
+        }
+        if queue.is_empty() {
+            self.waiting.remove(to);
+        }
+    }
+
+    /// A forward to `to` owed an answer has ended: its place goes to the next waiting one.
+    fn answered(&mut self, _now: Instant, to: &NodeId) {
+        if let Some(n) = self.in_flight.get_mut(to) {
+            *n = n.saturating_sub(1);
+        }
+        self.send_waiting(to);
+    }
+
+    /// Peer links up now, and messages dropped for a full peer backlog.
+    pub(crate) fn peer_link_stats(&self) -> (u64, u64) {
+        (self.net.ready_links() as u64, self.net.backlog_dropped)
+    }
+
+    /// Forwards waiting for a place in a peer's window (all peers).
+    pub(crate) fn waiting_forwards(&self) -> usize {
+        self.waiting.values().map(|q| q.len()).sum()
+    }
+
+    /// Registers that a session's channel is being opened on `to` with `open` (its
+    /// `auth`), so that the channel can be reopened and closed from here.
+    pub(crate) fn channel_opened(
+        &mut self,
+        channel: u32,
+        owner: (quinn_proto::ConnectionHandle, quinn_proto::StreamId),
+        to: &NodeId,
+        open: &felix_peer_proto::Forward,
+    ) {
+        let c = self.channels.entry(channel).or_insert_with(|| Channel {
+            owner,
+            open: open.clone(),
+            on: Vec::new(),
+        });
+        if !c.on.contains(to) {
+            c.on.push(to.clone());
+        }
+    }
+
+    /// A client session ended: close its channel on every node it was opened on (an
+    /// opening forward with an empty frame), so no virtual session is left there.
+    pub(crate) fn session_ended(
+        &mut self,
+        now: Instant,
+        owner: (quinn_proto::ConnectionHandle, Option<quinn_proto::StreamId>),
+    ) {
+        let ended: Vec<u32> = self
+            .channels
+            .iter()
+            .filter(|(_, c)| c.owner.0 == owner.0 && owner.1.is_none_or(|s| s == c.owner.1))
+            .map(|(n, _)| *n)
+            .collect();
+        for n in ended {
+            let c = self.channels.remove(&n).expect("listed");
+            for to in c.on {
+                let close = felix_peer_proto::Forward {
+                    frame: bytes::Bytes::new(),
+                    ..c.open.clone()
+                };
+                self.forward(now, &to, close, None);
+            }
+        }
+    }
+
+    /// The leader no longer knows the channel of a forward (it closed the channel as idle
+    /// past its cap): open it again and send the forward once more. False if that was done
+    /// already, or the channel is gone here too.
+    fn reopen(&mut self, forward_id: u64) -> bool {
+        let channel = (forward_id >> 32) as u32;
+        let Some(c) = self.channels.get(&channel) else {
+            return false;
+        };
+        let Some(s) = self.sent.get_mut(&forward_id) else {
+            return false;
+        };
+        if s.retried {
+            return false;
+        }
+        s.retried = true;
+        let to = s.to.clone();
+        let again = s.forward.clone();
+        self.net
+            .send(to.as_str(), &PeerMessage::Forward(c.open.clone()));
+        self.net.send(to.as_str(), &PeerMessage::Forward(again));
+        true
     }
 
     /// Answers a forward `from` sent.
@@ -325,11 +512,12 @@ impl ClusterNode {
     }
 
     pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
-        let t = self.net.poll_transmit(now, buf);
-        if t.is_none() {
-            self.pump(now);
+        if let Some(t) = self.net.poll_transmit(now, buf) {
+            return Some(t);
         }
-        t
+        // Messages queued outside a turn (a session that ended) go out on this one.
+        self.pump(now);
+        self.net.poll_transmit(now, buf)
     }
 
     /// Moves messages between the links and the control plane until neither has more.
@@ -358,13 +546,20 @@ impl ClusterNode {
                         if let Some(s) = self.sent.remove(&a.forward_id) {
                             let outcome = ForwardOutcome::Answered(a.frame);
                             self.done.push_back((s.ch, s.stream, a.forward_id, outcome));
+                            self.answered(now, &s.to);
                         }
                     }
                     PeerMessage::ForwardRefused(r) => {
+                        if r.code == felix_proto::ErrorCode::Unauthenticated
+                            && self.reopen(r.forward_id)
+                        {
+                            continue;
+                        }
                         if let Some(s) = self.sent.remove(&r.forward_id) {
                             let why = format!("{} refused the forwarded request", s.to);
                             let outcome = ForwardOutcome::Refused(r.code, why);
                             self.done.push_back((s.ch, s.stream, r.forward_id, outcome));
+                            self.answered(now, &s.to);
                         }
                     }
                     other => warn!(%from, kind = ?other.kind(), "unexpected peer message"),

@@ -29,14 +29,23 @@ use tracing::{debug, warn};
 use crate::engine::{Datagram, Transmit};
 use crate::tls::TlsIdentity;
 
-/// The most bytes queued for a peer that is not reachable; beyond it messages are dropped
-/// (raft resends what matters).
-pub(crate) const MAX_PEER_BACKLOG_BYTES: usize = 8 << 20;
 /// A lost link is dialed again after this, doubling up to [`MAX_REDIAL`].
 const FIRST_REDIAL: Duration = Duration::from_millis(100);
 const MAX_REDIAL: Duration = Duration::from_secs(2);
-/// Peers detect a dead link from its idle timeout; raft's heartbeats keep a live one busy.
-const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The links' limits (`ClusterConfig`'s `max_peer_backlog_bytes`, `peer_idle_timeout`,
+/// `peer_max_streams`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerLimits {
+    /// The most bytes queued for a peer that is not reachable; beyond it messages are
+    /// dropped (raft resends what matters).
+    pub(crate) backlog_bytes: usize,
+    /// Peers detect a dead link from its idle timeout; keep-alives at a third of it keep a
+    /// live one busy.
+    pub(crate) idle_timeout: Duration,
+    /// Bidirectional streams the other side may open.
+    pub(crate) max_streams: u32,
+}
 
 /// What the links report.
 #[derive(Debug)]
@@ -107,6 +116,10 @@ pub(crate) struct PeerNet {
     dialing: BTreeMap<String, Dialing>,
     /// Frames for a peer whose link is not up yet.
     backlog: BTreeMap<String, BytesMut>,
+    /// [`PeerLimits::backlog_bytes`].
+    backlog_limit: usize,
+    /// Messages dropped because their peer's backlog was full.
+    pub(crate) backlog_dropped: u64,
     endpoint_transmits: VecDeque<(Transmit, Vec<u8>)>,
     send_order: VecDeque<ConnectionHandle>,
     events: VecDeque<PeerEvent>,
@@ -117,18 +130,22 @@ pub(crate) struct PeerNet {
     link_deadline: Option<Instant>,
 }
 
-fn transport() -> TransportConfig {
+fn transport(limits: &PeerLimits) -> Result<TransportConfig, String> {
+    let idle = IdleTimeout::try_from(limits.idle_timeout)
+        .map_err(|_| format!("peer idle timeout {:?} is too long", limits.idle_timeout))?;
     let mut t = TransportConfig::default();
-    t.max_concurrent_bidi_streams(VarInt::from_u32(16))
+    t.max_concurrent_bidi_streams(VarInt::from_u32(limits.max_streams))
         .max_concurrent_uni_streams(VarInt::from_u32(0))
-        .max_idle_timeout(Some(
-            IdleTimeout::try_from(PEER_IDLE_TIMEOUT).expect("small"),
-        ))
-        .keep_alive_interval(Some(PEER_IDLE_TIMEOUT / 3));
-    t
+        .max_idle_timeout(Some(idle))
+        .keep_alive_interval(Some(limits.idle_timeout / 3));
+    Ok(t)
 }
 
-fn server_config(c: &PeerCrypto, token_key: Arc<ring::hkdf::Prk>) -> Result<ServerConfig, String> {
+fn server_config(
+    c: &PeerCrypto,
+    limits: &PeerLimits,
+    token_key: Arc<ring::hkdf::Prk>,
+) -> Result<ServerConfig, String> {
     let builder = rustls::ServerConfig::builder_with_provider(c.provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?;
@@ -157,7 +174,7 @@ fn server_config(c: &PeerCrypto, token_key: Arc<ring::hkdf::Prk>) -> Result<Serv
     tls.max_early_data_size = 0;
     let quic = QuicServerConfig::try_from(Arc::new(tls)).map_err(|e| e.to_string())?;
     let mut server = ServerConfig::new(Arc::new(quic), token_key);
-    server.transport_config(Arc::new(transport()));
+    server.transport_config(Arc::new(transport(limits)?));
     server.validation_token.sent(0);
     Ok(server)
 }
@@ -201,7 +218,7 @@ impl rustls::client::danger::ServerCertVerifier for TrustAnyPeer {
     }
 }
 
-fn client_config(c: &PeerCrypto) -> Result<ClientConfig, String> {
+fn client_config(c: &PeerCrypto, limits: &PeerLimits) -> Result<ClientConfig, String> {
     let builder = rustls::ClientConfig::builder_with_provider(c.provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?;
@@ -226,7 +243,7 @@ fn client_config(c: &PeerCrypto) -> Result<ClientConfig, String> {
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let quic = QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut config = ClientConfig::new(Arc::new(quic));
-    config.transport_config(Arc::new(transport()));
+    config.transport_config(Arc::new(transport(limits)?));
     Ok(config)
 }
 
@@ -252,11 +269,12 @@ impl PeerNet {
         voters: Vec<String>,
         dial: BTreeMap<String, SocketAddr>,
         crypto: &PeerCrypto,
+        limits: PeerLimits,
         seed: &[u8; 32],
         now: Instant,
     ) -> Result<PeerNet, String> {
         let peer_seed = crate::seed::derive(seed, b"felix peer endpoint");
-        let server = server_config(crypto, crate::seed::token_key(&peer_seed))?;
+        let server = server_config(crypto, &limits, crate::seed::token_key(&peer_seed))?;
         let mut endpoint_config = EndpointConfig::new(crate::seed::reset_key(&peer_seed));
         endpoint_config
             .cid_generator(move || Box::new(crate::seed::SeededCidGenerator::new(&peer_seed)))
@@ -275,7 +293,9 @@ impl PeerNet {
             dial,
             verify_names: crypto.ca.is_some(),
             endpoint,
-            client_config: client_config(crypto)?,
+            client_config: client_config(crypto, &limits)?,
+            backlog_limit: limits.backlog_bytes,
+            backlog_dropped: 0,
             links: BTreeMap::new(),
             dialing: BTreeMap::new(),
             backlog: BTreeMap::new(),
@@ -356,8 +376,9 @@ impl PeerNet {
             Some(link) => link.outbox.extend_from_slice(&frame),
             None => {
                 let backlog = self.backlog.entry(to.to_owned()).or_default();
-                if backlog.len() + frame.len() > MAX_PEER_BACKLOG_BYTES {
+                if backlog.len() + frame.len() > self.backlog_limit {
                     debug!(%to, "peer backlog full; dropping a message");
+                    self.backlog_dropped += 1;
                     return;
                 }
                 backlog.extend_from_slice(&frame);
@@ -379,6 +400,11 @@ impl PeerNet {
         {
             link.outbox.extend_from_slice(&frame);
         }
+    }
+
+    /// Links that have exchanged their hellos.
+    pub(crate) fn ready_links(&self) -> usize {
+        self.links.values().filter(|l| l.ready).count()
     }
 
     pub(crate) fn poll_event(&mut self) -> Option<PeerEvent> {
@@ -705,5 +731,81 @@ impl PeerNet {
                 Bytes::copy_from_slice(why.as_bytes()),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> TlsIdentity {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let params = rcgen::CertificateParams::new(vec!["felix-peer".to_owned()]).expect("params");
+        let cert = params.self_signed(&key).expect("certificate");
+        TlsIdentity {
+            cert_chain: vec![cert.der().clone()],
+            key: rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key"),
+        }
+    }
+
+    fn hello(node: &str) -> PeerMessage {
+        PeerMessage::Hello(Hello {
+            cluster_id: "c".into(),
+            node_id: node.into(),
+            protocol_version: PEER_PROTOCOL_VERSION,
+            storage_id: [0; 16],
+            incarnation: 0,
+        })
+    }
+
+    /// A node whose peer `n2` is dialed but never answers: everything for it is backlog.
+    fn lonely(backlog_bytes: usize) -> PeerNet {
+        let me = Identity {
+            cluster_id: "c".into(),
+            node_id: "n1".into(),
+            storage_id: [1; 16],
+            incarnation: 1,
+        };
+        let dial = [("n1", 7101), ("n2", 7102)]
+            .map(|(n, port)| (n.to_owned(), SocketAddr::from(([127, 0, 0, 1], port))))
+            .into_iter()
+            .collect();
+        let crypto = PeerCrypto {
+            identity: identity(),
+            ca: None,
+            provider: Arc::new(rustls::crypto::ring::default_provider()),
+        };
+        let limits = PeerLimits {
+            backlog_bytes,
+            idle_timeout: Duration::from_secs(5),
+            max_streams: 1,
+        };
+        let voters = vec!["n1".into(), "n2".into()];
+        PeerNet::new(me, voters, dial, &crypto, limits, &[3; 32], Instant::now()).expect("net")
+    }
+
+    #[test]
+    fn the_backlog_holds_messages_up_to_its_limit_and_drops_past_it() {
+        let mut frame = Vec::new();
+        encode_frame(&hello("x"), &mut frame).unwrap();
+        let one = frame.len();
+        // Exactly two frames fit.
+        let mut net = lonely(2 * one);
+        for _ in 0..3 {
+            net.send("n2", &hello("x"));
+        }
+        assert_eq!(net.backlog["n2"].len(), 2 * one);
+        assert_eq!(net.backlog_dropped, 1);
+        // One byte less: the second no longer fits.
+        let mut net = lonely(2 * one - 1);
+        net.send("n2", &hello("x"));
+        net.send("n2", &hello("x"));
+        assert_eq!(net.backlog["n2"].len(), one);
+        assert_eq!(net.backlog_dropped, 1);
+        // No backlog at all.
+        let mut net = lonely(0);
+        net.send("n2", &hello("x"));
+        assert!(net.backlog.get("n2").is_none_or(|b| b.is_empty()));
+        assert_eq!(net.backlog_dropped, 1);
     }
 }

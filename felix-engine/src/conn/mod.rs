@@ -69,6 +69,9 @@ pub(crate) struct Conn {
     pub(crate) shared: ConnShared,
     sessions: BTreeMap<StreamId, Session>,
     events: BTreeMap<StreamId, EventStream>,
+    /// Sessions that forwarded to other nodes and have ended, for the engine to close
+    /// their channels.
+    pub(crate) ended_forwarding: Vec<StreamId>,
     /// Granted subscriptions waiting for the peer to allow another uni stream.
     waiting_for_stream: VecDeque<NewSubscription>,
     /// Bytes of partial frames held in this connection's session decoders.
@@ -103,6 +106,7 @@ impl Conn {
             shared: ConnShared::new(now),
             sessions: BTreeMap::new(),
             events: BTreeMap::new(),
+            ended_forwarding: Vec::new(),
             waiting_for_stream: VecDeque::new(),
             buffered_bytes: 0,
             reported_bytes: 0,
@@ -300,6 +304,10 @@ impl Conn {
             .is_some_and(|s| s.recv_done && s.send_done)
         {
             if let Some(s) = self.sessions.remove(&id) {
+                if s.has_forwarded() {
+                    // Its forward channels are closed on the leaders (Engine::process_conn).
+                    self.ended_forwarding.push(id);
+                }
                 self.buffered_bytes -= s.decoder.buffered();
                 // Whatever it still held (nothing, normally) goes with it.
                 self.unwritten_bytes -= s.unwritten_bytes(value_reserve);

@@ -21,10 +21,6 @@ use super::Engine;
 use crate::conn::session::{FrameResult, Session, SessionCx};
 use crate::conn::ConnShared;
 
-/// Forward channels kept open at once; past it the longest idle one is closed (its client
-/// session's next forward opens it again).
-pub(crate) const MAX_FORWARD_CHANNELS: usize = 4096;
-
 pub(crate) struct Virtual {
     peer: String,
     channel: u32,
@@ -35,6 +31,14 @@ pub(crate) struct Virtual {
     /// Frames that arrived while the session waited for a log to open.
     queued: VecDeque<(u64, felix_proto::frame::Frame)>,
     last_used: Instant,
+    /// The forwarding node's session ended: gone once everything it sent is answered.
+    closing: bool,
+}
+
+impl Virtual {
+    fn idle(&self) -> bool {
+        self.owed.is_empty() && self.queued.is_empty() && self.session.all_answered()
+    }
 }
 
 #[derive(Default)]
@@ -71,6 +75,17 @@ fn classify(frame: &felix_proto::frame::Frame) -> Option<bool> {
 impl Forwarded {
     pub(crate) fn contains(&self, ch: ConnectionHandle) -> bool {
         self.by_handle.contains_key(&ch)
+    }
+
+    /// Virtual sessions open now.
+    pub(crate) fn len(&self) -> usize {
+        self.by_handle.len()
+    }
+
+    fn remove(&mut self, ch: ConnectionHandle) {
+        if let Some(v) = self.by_handle.remove(&ch) {
+            self.by_channel.remove(&(v.peer, v.channel));
+        }
     }
 }
 
@@ -111,6 +126,11 @@ impl Engine {
     fn on_forward(&mut self, now: Instant, from: String, forward: Forward) {
         let channel = (forward.forward_id >> 32) as u32;
         let opening = forward.forward_id & 0xffff_ffff == 0;
+        if opening && forward.frame.is_empty() {
+            // The client session behind the channel ended.
+            self.close_channel(&(from, channel));
+            return;
+        }
         let Some(frame) = decode(&forward.frame) else {
             if !opening {
                 self.refuse_forward(now, &from, forward.forward_id, ErrorCode::InvalidRequest);
@@ -173,17 +193,22 @@ impl Engine {
             self.forwarded.by_handle.remove(&old);
             self.forwarded.by_channel.remove(&key);
         }
-        if self.forwarded.by_handle.len() >= MAX_FORWARD_CHANNELS {
+        let cap = self
+            .core
+            .cluster
+            .as_ref()
+            .map_or(usize::MAX, |c| c.max_forward_channels);
+        if self.forwarded.by_handle.len() >= cap {
             let idle = self
                 .forwarded
                 .by_handle
                 .iter()
-                .filter(|(_, v)| v.owed.is_empty() && v.session.all_answered())
+                .filter(|(_, v)| v.idle())
                 .min_by_key(|(_, v)| v.last_used)
                 .map(|(ch, _)| *ch);
             if let Some(ch) = idle {
-                let v = self.forwarded.by_handle.remove(&ch).expect("listed");
-                self.forwarded.by_channel.remove(&(v.peer, v.channel));
+                // Its forwarding node reopens it on the next forward it sends.
+                self.forwarded.remove(ch);
             }
         }
         // Handles from the top of the range: quinn numbers real connections from zero.
@@ -197,6 +222,7 @@ impl Engine {
             owed: VecDeque::new(),
             queued: VecDeque::new(),
             last_used: now,
+            closing: false,
         };
         self.forwarded.by_handle.insert(ch, v);
         self.forwarded.by_channel.insert(key, ch);
@@ -206,6 +232,20 @@ impl Engine {
             v.session.outbox.clear();
         }
         ch
+    }
+
+    /// Closes a channel whose client session ended, at once if nothing of it is pending,
+    /// else once its last answer has gone.
+    fn close_channel(&mut self, key: &(String, u32)) {
+        let Some(&ch) = self.forwarded.by_channel.get(key) else {
+            return;
+        };
+        let v = self.forwarded.by_handle.get_mut(&ch).expect("indexed");
+        if v.idle() {
+            self.forwarded.remove(ch);
+        } else {
+            v.closing = true;
+        }
     }
 
     fn run_virtual(
@@ -248,6 +288,9 @@ impl Engine {
             }
         }
         let peer = v.peer.clone();
+        if v.closing && v.idle() {
+            self.forwarded.remove(ch);
+        }
         if let Some(c) = self.core.cluster.as_mut() {
             for a in answers {
                 c.answer(now, &peer, PeerMessage::ForwardAnswer(a));

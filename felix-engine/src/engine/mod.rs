@@ -874,11 +874,24 @@ impl Engine {
     /// Counters.
     pub fn stats(&self) -> Stats {
         let b = self.core.broker.stats();
+        let (peer_links, peer_messages_dropped) = self
+            .core
+            .cluster
+            .as_ref()
+            .map_or((0, 0), |c| c.peer_link_stats());
         Stats {
+            peer_links,
+            peer_messages_dropped,
             connections: self.conns.len() as u64,
             dropped_batches: b.dropped_batches,
             published_records: b.published_records,
             group_skipped_records: self.core.broker.group_skipped_records(),
+            forwarded_sessions: self.forwarded.len() as u64,
+            forwards_waiting: self
+                .core
+                .cluster
+                .as_ref()
+                .map_or(0, |c| c.waiting_forwards() as u64),
             ..self.core.stats
         }
     }
@@ -1132,6 +1145,9 @@ impl Engine {
             if conn.drained {
                 let mut conn = self.conns.remove(&ch).expect("present");
                 conn.release(&mut self.core);
+                if let Some(c) = self.core.cluster.as_mut() {
+                    c.session_ended(now, (ch, None));
+                }
                 self.core.open_connections -= 1;
                 self.core.starved_conns.remove(&ch);
                 if let Some(n) = self.per_ip.get_mut(&conn.peer_ip) {
@@ -1151,6 +1167,14 @@ impl Engine {
                 conn.on_event(now, ch, event, &mut self.core);
             }
             conn.sync_buffered(&mut self.core);
+            if !conn.ended_forwarding.is_empty() {
+                let ended = std::mem::take(&mut conn.ended_forwarding);
+                if let Some(c) = self.core.cluster.as_mut() {
+                    for id in ended {
+                        c.session_ended(now, (ch, Some(id)));
+                    }
+                }
+            }
             if !any {
                 return progressed;
             }

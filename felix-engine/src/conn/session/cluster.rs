@@ -187,6 +187,11 @@ pub(super) fn target(msg: &Message) -> Option<Target<'_>> {
 }
 
 impl Session {
+    /// It forwarded requests to other nodes (it has a forward channel).
+    pub(crate) fn has_forwarded(&self) -> bool {
+        self.auth.as_ref().is_some_and(|a| a.forwarding.is_some())
+    }
+
     /// In a cluster, answers a request for a shard this node does not lead and returns true;
     /// returns false when the request is served here (or there is no cluster).
     pub(super) fn answered_elsewhere(&mut self, t: &Target<'_>, cx: &mut SessionCx<'_>) -> bool {
@@ -322,6 +327,7 @@ impl Session {
                 principal: principal.clone(),
                 frame: authed.auth_frame.clone(),
             };
+            cluster.channel_opened(fw.channel, (cx.ch, cx.stream), to, &open);
             cluster.forward(cx.now, to, open, None);
         }
         fw.seq = fw.seq.wrapping_add(1).max(1);

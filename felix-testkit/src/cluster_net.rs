@@ -1,0 +1,260 @@
+//! Several engines as one cluster in one process: each node a [`Net`] (its engine and its
+//! own clients), the peer datagrams between them carried by hand, one virtual clock for all.
+//! Links can be cut one way, to make a node silent towards another.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use felix_engine::{
+    ClusterConfig, Datagram, DeclaredCache, DeclaredStream, EngineConfig, PeerAddr,
+};
+
+use felix_proto::Frame;
+use quinn_proto::StreamId;
+
+use crate::frames::real_client_auth;
+use crate::net::Net;
+
+/// Rounds of stepping every node before a test is declared stuck.
+const MAX_ROUNDS: usize = 100_000;
+/// How much virtual time [`ClusterNet::settle`] gives a cluster to elect and place.
+const SETTLE_LIMIT: Duration = Duration::from_secs(60);
+
+/// What a test cluster is made of.
+#[derive(Clone)]
+pub struct ClusterSpec {
+    /// Node ids, in order (`n1`, `n2`, `n3` by default).
+    pub nodes: Vec<String>,
+    /// Streams declared on every node.
+    pub streams: Vec<DeclaredStream>,
+    /// Caches declared on every node.
+    pub caches: Vec<DeclaredCache>,
+}
+
+impl Default for ClusterSpec {
+    fn default() -> ClusterSpec {
+        ClusterSpec {
+            nodes: ["n1", "n2", "n3"].map(String::from).to_vec(),
+            streams: Vec::new(),
+            caches: Vec::new(),
+        }
+    }
+}
+
+/// N engines configured as cluster nodes (peer links unauthenticated, clients at
+/// `127.0.0.1:500i`, peers at `127.0.0.1:710i`, `i` from 1), the virtual clock, and the
+/// one-way cuts in force.
+pub struct ClusterNet {
+    pub now: Instant,
+    pub nodes: Vec<Net>,
+    pub ids: Vec<String>,
+    /// Each node's internal (peer) address.
+    pub internal: Vec<SocketAddr>,
+    /// `(from, to)` node indices whose peer datagrams are dropped.
+    pub cut: BTreeSet<(usize, usize)>,
+    /// Peer datagrams carried so far.
+    pub peer_datagrams: u64,
+}
+
+impl ClusterNet {
+    /// A cluster as `spec` says, every engine tuned by `tweak(node index, config)` after the
+    /// cluster settings are in. Not yet settled: see [`ClusterNet::settle`].
+    pub fn new(spec: &ClusterSpec, tweak: impl Fn(usize, &mut EngineConfig)) -> ClusterNet {
+        let now = Instant::now();
+        let n = spec.nodes.len();
+        let client = |i: usize| -> SocketAddr { ([127, 0, 0, 1], 5001 + i as u16).into() };
+        let internal: Vec<SocketAddr> = (0..n)
+            .map(|i| ([127, 0, 0, 1], 7101 + i as u16).into())
+            .collect();
+        let peers: Vec<PeerAddr> = spec
+            .nodes
+            .iter()
+            .zip(&internal)
+            .map(|(id, addr)| PeerAddr {
+                node_id: id.clone(),
+                addr: *addr,
+            })
+            .collect();
+        let nodes = (0..n)
+            .map(|i| {
+                Net::on_clock(now, 1_767_225_600_000_000, client(i), |c| {
+                    // Each node its own randomness (storage ids, election timeouts).
+                    c.rng_seed = [i as u8 + 1; 32];
+                    let mut cluster = ClusterConfig::new(spec.nodes[i].clone(), peers.clone());
+                    cluster.client_advertise_addr = Some(client(i).to_string());
+                    cluster.declared_caches = spec.caches.clone();
+                    c.cluster = Some(cluster);
+                    c.declared_streams = spec.streams.clone();
+                    tweak(i, c);
+                })
+            })
+            .collect();
+        ClusterNet {
+            now,
+            nodes,
+            ids: spec.nodes.clone(),
+            internal,
+            cut: BTreeSet::new(),
+            peer_datagrams: 0,
+        }
+    }
+
+    /// A cluster that has elected, joined every node and led every declared shard.
+    pub fn started(spec: &ClusterSpec, tweak: impl Fn(usize, &mut EngineConfig)) -> ClusterNet {
+        let mut net = ClusterNet::new(spec, tweak);
+        let shards: u64 = spec
+            .streams
+            .iter()
+            .map(|s| u64::from(s.shards))
+            .sum::<u64>()
+            + spec.caches.iter().map(|c| u64::from(c.shards)).sum::<u64>();
+        net.settle(|net| {
+            net.nodes.iter().all(|n| n.engine.is_serving())
+                && net
+                    .nodes
+                    .iter()
+                    .map(|n| n.engine.metrics().cluster_shards_led)
+                    .sum::<u64>()
+                    == shards
+        });
+        net
+    }
+
+    /// Lets virtual time pass in small steps until `done` holds; panics if it does not
+    /// within [`SETTLE_LIMIT`].
+    pub fn settle(&mut self, done: impl Fn(&ClusterNet) -> bool) {
+        let start = self.now;
+        self.run();
+        while !done(self) {
+            assert!(
+                self.now - start < SETTLE_LIMIT,
+                "the cluster did not settle within {SETTLE_LIMIT:?}"
+            );
+            self.advance(Duration::from_millis(10));
+        }
+    }
+
+    /// The node with this id.
+    pub fn index(&self, id: &str) -> usize {
+        self.ids.iter().position(|n| n == id).expect("a node id")
+    }
+
+    /// Connects a client to node `i` and completes the handshake.
+    pub fn connect(&mut self, i: usize) -> usize {
+        let p = self.nodes[i].start_connect(&[]);
+        self.run();
+        assert!(
+            self.nodes[i].peers[p].connected,
+            "handshake did not complete: {:?}",
+            self.nodes[i].peers[p].lost
+        );
+        p
+    }
+
+    /// Sends `bytes` on a client stream of node `i`, settles the whole cluster, and returns
+    /// what came back on that stream.
+    pub fn exchange(&mut self, i: usize, p: usize, id: StreamId, bytes: &[u8]) -> Vec<Frame> {
+        self.nodes[i].send(p, id, bytes);
+        self.run();
+        self.nodes[i].read_frames(p, id)
+    }
+
+    /// Opens a stream to node `i` authenticated with `auth` (a whole frame); returns it and
+    /// the answer.
+    pub fn auth_with(&mut self, i: usize, p: usize, auth: &[u8]) -> (StreamId, Frame) {
+        let id = self.nodes[i].open_bi(p);
+        let mut frames = self.exchange(i, p, id, auth);
+        assert_eq!(frames.len(), 1, "one answer to auth");
+        (id, frames.remove(0))
+    }
+
+    /// Opens a stream to node `i` authenticated with the real client's offer.
+    pub fn auth_stream(&mut self, i: usize, p: usize) -> (StreamId, Frame) {
+        let auth = real_client_auth("t1", &self.nodes[i].token());
+        self.auth_with(i, p, &auth)
+    }
+
+    /// Steps every node once and carries their peer datagrams. True if anything moved.
+    pub fn step(&mut self) -> bool {
+        let mut moved = false;
+        for net in &mut self.nodes {
+            net.now = self.now;
+            moved |= net.step();
+        }
+        for from in 0..self.nodes.len() {
+            for (t, bytes) in std::mem::take(&mut self.nodes[from].peer_out) {
+                moved = true;
+                let Some(to) = self.internal.iter().position(|a| *a == t.destination) else {
+                    continue;
+                };
+                if self.cut.contains(&(from, to)) {
+                    continue;
+                }
+                self.peer_datagrams += 1;
+                let datagram = Datagram {
+                    remote: self.internal[from],
+                    local_ip: None,
+                    ecn: None,
+                    data: BytesMut::from(&bytes[..]),
+                    segment_size: t.segment_size,
+                };
+                self.nodes[to]
+                    .engine
+                    .handle_peer_datagram(self.now, datagram);
+            }
+        }
+        moved
+    }
+
+    /// Moves datagrams (client and peer) until nothing moves; no time passes.
+    pub fn run(&mut self) {
+        for _ in 0..MAX_ROUNDS {
+            if !self.step() {
+                return;
+            }
+        }
+        panic!("the cluster did not settle in {MAX_ROUNDS} rounds");
+    }
+
+    /// Lets `d` pass, firing every timer of every node and client at its instant.
+    pub fn advance(&mut self, d: Duration) {
+        let end = self.now + d;
+        self.run();
+        for _ in 0..MAX_ROUNDS {
+            let next = self
+                .nodes
+                .iter_mut()
+                .filter_map(|n| n.next_timer())
+                .min()
+                .filter(|t| *t <= end);
+            let Some(at) = next else { break };
+            self.now = self.now.max(at);
+            self.fire_timers();
+            self.run();
+        }
+        self.now = end;
+        self.fire_timers();
+        self.run();
+    }
+
+    fn fire_timers(&mut self) {
+        for net in &mut self.nodes {
+            net.now = self.now;
+            net.fire_timers();
+        }
+    }
+
+    /// Runs until `done` holds, letting time pass in 1 ms steps, for at most `limit`.
+    /// Returns the virtual time it took.
+    pub fn until(&mut self, limit: Duration, done: impl Fn(&mut ClusterNet) -> bool) -> Duration {
+        let start = self.now;
+        self.run();
+        while !done(self) {
+            assert!(self.now - start < limit, "not reached within {limit:?}");
+            self.advance(Duration::from_millis(1));
+        }
+        self.now - start
+    }
+}
