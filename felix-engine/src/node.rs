@@ -138,6 +138,9 @@ pub(crate) struct Core {
     pub(crate) waiters: HashMap<LogId, VecDeque<(u64, ConnectionHandle, StreamId)>>,
     /// Session streams whose next request met a log still opening.
     pub(crate) stalled: HashMap<LogId, Vec<(ConnectionHandle, StreamId)>>,
+    /// Sessions whose request waits for its stream's placement (cluster, first use), with
+    /// the instant it is refused instead.
+    pub(crate) awaiting_placement: Vec<(Instant, ConnectionHandle, StreamId)>,
     /// Session streams holding a `cache_value` until a log read answers.
     pub(crate) value_waiters: HashMap<(LogId, ReadTicket), (ConnectionHandle, StreamId)>,
     /// Session streams holding a `group_records` until the broker answers the poll.
@@ -208,6 +211,17 @@ impl Core {
     /// Remembers that the session on `stream` holds a `group_records` for poll `waiter`.
     pub(crate) fn wait_group(&mut self, waiter: u64, ch: ConnectionHandle, stream: StreamId) {
         self.group_waiters.insert(waiter, (ch, stream));
+    }
+
+    /// Remembers that the session on `stream` stopped at a request for a stream the cluster
+    /// has not placed yet.
+    pub(crate) fn wait_placement(
+        &mut self,
+        deadline: Instant,
+        ch: ConnectionHandle,
+        stream: StreamId,
+    ) {
+        self.awaiting_placement.push((deadline, ch, stream));
     }
 
     /// Remembers that the session on `stream` stopped at a request for a log still opening.

@@ -94,6 +94,8 @@ pub(crate) struct ClusterNode {
     channels: BTreeMap<u32, Channel>,
     forward_window: usize,
     forward_timeout: std::time::Duration,
+    /// Set when metadata is applied; taken by the engine to resume requests waiting for it.
+    metadata_changed: bool,
     pub(crate) max_forward_channels: usize,
     next_channel: u32,
     cluster_id: String,
@@ -221,6 +223,7 @@ impl ClusterNode {
             channels: BTreeMap::new(),
             forward_window: cfg.forward_window,
             forward_timeout: cfg.forward_timeout,
+            metadata_changed: false,
             max_forward_channels: cfg.max_forward_channels,
             next_channel: 1,
             cluster_id: cid,
@@ -585,6 +588,7 @@ impl ClusterNode {
     }
 
     fn on_applied(&mut self, applied: Applied) {
+        self.metadata_changed = true;
         match applied {
             Applied::Refused { node, reason } if node == self.me => {
                 warn!(%reason, "the cluster refused this node's declarations");
@@ -595,6 +599,16 @@ impl ClusterNode {
             }
             _ => {}
         }
+    }
+
+    /// Metadata was applied since the last call: requests waiting for a placement may go on.
+    pub(crate) fn take_metadata_changed(&mut self) -> bool {
+        std::mem::take(&mut self.metadata_changed)
+    }
+
+    /// How long a forward, or a request waiting for its stream's placement, may take.
+    pub(crate) fn forward_timeout(&self) -> std::time::Duration {
+        self.forward_timeout
     }
 
     /// Why this node must stop: the cluster refused it.

@@ -540,6 +540,7 @@ impl Engine {
             routes: BTreeMap::new(),
             waiters: HashMap::new(),
             stalled: HashMap::new(),
+            awaiting_placement: Vec::new(),
             value_waiters: HashMap::new(),
             group_waiters: HashMap::new(),
             next_subscription_id: 0,
@@ -812,7 +813,13 @@ impl Engine {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let conns = self.timers.first().map(|&(at, _)| at);
         let cluster = self.core.cluster.as_ref().map(|c| c.poll_timeout());
-        [conns, self.core.broker.poll_timeout(), cluster]
+        let placement = self
+            .core
+            .awaiting_placement
+            .iter()
+            .map(|&(at, _, _)| at)
+            .min();
+        [conns, self.core.broker.poll_timeout(), cluster, placement]
             .into_iter()
             .flatten()
             .min()
@@ -968,6 +975,7 @@ impl Engine {
     /// batches once, hands deliveries to event streams, and re-arms timers and transmits.
     fn settle(&mut self, now: Instant) {
         self.cluster_work(now);
+        self.resume_awaiting_placement(now);
         let mut i = 0;
         while i < self.touched.len() {
             let ch = self.touched[i];
@@ -1105,6 +1113,35 @@ impl Engine {
             }
             if let Some(conn) = self.conns.get_mut(&ch) {
                 conn.release_held(now, ch, stream, &mut self.core);
+                self.touch(ch);
+            }
+        }
+    }
+
+    /// Re-runs the requests that wait for a placement: all of them once metadata changed
+    /// (each waits again if its stream is still unplaced), else those whose wait is over (each
+    /// is refused then).
+    fn resume_awaiting_placement(&mut self, now: Instant) {
+        let changed = self
+            .core
+            .cluster
+            .as_mut()
+            .is_some_and(|c| c.take_metadata_changed());
+        if self.core.awaiting_placement.is_empty() {
+            return;
+        }
+        let due: Vec<(Instant, ConnectionHandle, StreamId)> = if changed {
+            std::mem::take(&mut self.core.awaiting_placement)
+        } else {
+            let (due, waiting) = std::mem::take(&mut self.core.awaiting_placement)
+                .into_iter()
+                .partition(|&(at, _, _)| at <= now);
+            self.core.awaiting_placement = waiting;
+            due
+        };
+        for (_, ch, stream) in due {
+            if let Some(conn) = self.conns.get_mut(&ch) {
+                conn.resume_stalled(now, ch, stream, &mut self.core);
                 self.touch(ch);
             }
         }

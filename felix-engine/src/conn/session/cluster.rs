@@ -214,19 +214,41 @@ impl Session {
             }
         };
         let owner = match owner {
-            Some(o) => o,
+            Some(o) => {
+                self.placement_deadline = None;
+                o
+            }
             None => {
-                // Not placed yet: a stream is placed on first use, and this request is
-                // refused so that its retry finds the placement.
-                if !t.cache {
-                    let shards = cx.core.default_shards;
-                    cluster.place_stream(cx.now, t.tenant, t.namespace, t.name, shards);
+                // Not placed yet: a stream is placed on first use. The request (and the rest
+                // of its stream, which keeps their order) waits for the placement to apply,
+                // for at most the forward timeout; a plain `publish()` of the real client makes
+                // one attempt, so a refusal here would fail a first publish that did nothing
+                // wrong. A forwarded request is not held: its forwarding node holds it.
+                if !t.cache && !cx.core.forwarding_here {
+                    let deadline = *self
+                        .placement_deadline
+                        .get_or_insert(cx.now + cluster.forward_timeout());
+                    if cx.now < deadline {
+                        let shards = cx.core.default_shards;
+                        cluster.place_stream(cx.now, t.tenant, t.namespace, t.name, shards);
+                        self.stall_placement = true;
+                        return true;
+                    }
                 }
+                self.placement_deadline = None;
                 let what = if t.cache { "cache" } else { "stream" };
-                let message = format!(
-                    "{what} {}/{}/{} is not placed in the cluster yet; retry",
-                    t.tenant, t.namespace, t.name
-                );
+                let message = if t.cache {
+                    format!(
+                        "cache {}/{}/{} is not declared in the cluster ([[caches]] in the \
+                         configuration)",
+                        t.tenant, t.namespace, t.name
+                    )
+                } else {
+                    format!(
+                        "{what} {}/{}/{} was not placed in the cluster in time; retry",
+                        t.tenant, t.namespace, t.name
+                    )
+                };
                 self.refuse_routed(t, ErrorCode::ShardUnavailable, message);
                 return true;
             }

@@ -163,6 +163,10 @@ pub(crate) struct Session {
     stalled: Option<Frame>,
     /// Set by a handler that met an opening log; `on_frame` turns it into a stall.
     stall_on: Option<LogId>,
+    /// The request just run waits for its stream's placement (a first use in a cluster).
+    stall_placement: bool,
+    /// When a request waiting for placement gives up and is refused.
+    placement_deadline: Option<Instant>,
     auth: Option<Box<Authed>>,
     /// The request being handled, encoded, when it may be forwarded (in a cluster).
     forward_frame: Option<Bytes>,
@@ -183,6 +187,8 @@ impl Session {
             held: VecDeque::new(),
             stalled: None,
             stall_on: None,
+            stall_placement: false,
+            placement_deadline: None,
             auth: None,
             forward_frame: None,
             raised: Default::default(),
@@ -376,6 +382,12 @@ impl Session {
         if let Some(log) = self.stall_on.take() {
             self.stalled = Some(frame);
             cx.core.wait_opened(log, cx.ch, cx.stream);
+            return FrameResult::Stall;
+        }
+        if std::mem::take(&mut self.stall_placement) {
+            let deadline = self.placement_deadline.expect("set with the stall");
+            self.stalled = Some(frame);
+            cx.core.wait_placement(deadline, cx.ch, cx.stream);
             return FrameResult::Stall;
         }
         result
