@@ -125,6 +125,19 @@ def test_cache_calls_work_through_any_node(cluster):
     assert a.cache_get("t1", "default", "sessions", "s1") == b"bob"
 
 
+def test_a_first_publish_to_an_undeclared_stream_succeeds_through_any_node(cluster):
+    # Plain publish() makes one attempt: the entry node must hold it until the cluster has
+    # placed the stream, not refuse it.
+    for i, seed in enumerate(cluster.seeds):
+        c = cluster.client([seed])
+        stream = f"fresh-{i}"
+        c.publish("t1", "default", stream, b"first")
+        sub = c.subscribe("t1", "default", stream, start="earliest")
+        rec = sub.next_event(timeout=EVENT_TIMEOUT_S)
+        assert rec is not None and rec.payload == b"first", stream
+        sub.close()
+
+
 def test_a_killed_node_leaves_the_topology(cluster):
     # Last in the module: it kills n3 for good (SIGKILL, no goodbye). The control plane's
     # leader marks it down after half a lease without hearing it, so a client that connects
