@@ -23,6 +23,9 @@ pub mod record;
 pub mod store;
 pub mod wire;
 
+/// raft-rs's entry and state types, which [`store::MetaStore`] speaks.
+pub use raft::eraftpb;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -90,6 +93,23 @@ pub struct Compaction {
     /// The new log's first records: the entries after `index` and the hard state.
     pub head: Vec<u8>,
     data: Vec<u8>,
+}
+
+impl Compaction {
+    /// `store` compacted at `index` (applied, so in the log), `data` being the state machine
+    /// there. `None` when `index` is not after the store's snapshot or not in its log.
+    pub fn of(store: &MetaStore, index: u64, data: Vec<u8>) -> Option<Compaction> {
+        let mut after = store.clone();
+        if !after.compact(index, data.clone()) {
+            return None;
+        }
+        Some(Compaction {
+            index,
+            snapshot_file: record::snapshot_file(&after)?,
+            head: record::log_head(&after),
+            data,
+        })
+    }
 }
 
 /// Why this node will not vote yet.
@@ -343,22 +363,11 @@ impl ControlPlane {
     /// A snapshot of the metadata as applied here, to write before the log is restarted
     /// after it; `None` when nothing was applied since the last one.
     pub fn compaction(&self) -> Option<Compaction> {
-        let index = self.meta.applied;
         let store = self.node.store();
-        if index <= store.snapshot_point().0 {
+        if self.meta.applied <= store.snapshot_point().0 {
             return None;
         }
-        let mut after = store.clone();
-        let data = self.meta.snapshot();
-        if !after.compact(index, data.clone()) {
-            return None;
-        }
-        Some(Compaction {
-            index,
-            snapshot_file: record::snapshot_file(&after)?,
-            head: record::log_head(&after),
-            data,
-        })
+        Compaction::of(store, self.meta.applied, self.meta.snapshot())
     }
 
     /// `c`'s snapshot file is durable: the in-memory log drops what it covers. A peer that
