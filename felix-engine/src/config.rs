@@ -343,6 +343,9 @@ pub struct PeerTls {
 pub const DEFAULT_FORWARD_WINDOW: usize = 1024;
 /// The shard leadership lease.
 pub const DEFAULT_LEASE: Duration = Duration::from_millis(2000);
+/// Bytes of metadata log after which a durable cluster node writes a snapshot of the
+/// metadata and starts a fresh log after it (`limits.metadata_log_compact_bytes`, 1 MiB).
+pub const DEFAULT_METADATA_LOG_COMPACT_BYTES: u64 = 1 << 20;
 
 /// This node's place in a cluster (docs/cluster.md). `None` in [`EngineConfig::cluster`] is a
 /// single node, as before.
@@ -366,6 +369,8 @@ pub struct ClusterConfig {
     pub default_replication_factor: u8,
     /// See [`DEFAULT_FORWARD_WINDOW`] (`limits.forward_window`).
     pub forward_window: usize,
+    /// See [`DEFAULT_METADATA_LOG_COMPACT_BYTES`]; used only with durable storage.
+    pub metadata_log_compact_bytes: u64,
 }
 
 impl ClusterConfig {
@@ -379,6 +384,7 @@ impl ClusterConfig {
             declared_caches: Vec::new(),
             default_replication_factor: 1,
             forward_window: DEFAULT_FORWARD_WINDOW,
+            metadata_log_compact_bytes: DEFAULT_METADATA_LOG_COMPACT_BYTES,
         }
     }
 }

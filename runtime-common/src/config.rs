@@ -333,6 +333,7 @@ pub const SETTINGS: &[Setting] = &[
     // limits stay in `[limits]` (they must follow the other limits for `--print-config`).
     plain("limits.default_replication_factor", &["FELIX_DEFAULT_REPLICATION_FACTOR"], Kind::Int, Default_::Int(DEFAULT_REPLICATION_FACTOR as u64)),
     plain("limits.forward_window", &["FELIX_FORWARD_WINDOW"], Kind::Int, Default_::Int(felix_engine::DEFAULT_FORWARD_WINDOW as u64)),
+    plain("limits.metadata_log_compact_bytes", &["FELIX_METADATA_LOG_COMPACT_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_METADATA_LOG_COMPACT_BYTES)),
     plain("cluster.node_id", &["FELIX_NODE_ID"], Kind::Text, Default_::Unset),
     plain("cluster.internal_bind", &["FELIX_INTERNAL_BIND"], Kind::Text, Default_::Unset),
     plain("cluster.peers", &["FELIX_CLUSTER_PEERS"], Kind::Text, Default_::Unset),
@@ -933,6 +934,7 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
 const CLUSTER_ONLY: &[&str] = &[
     "limits.default_replication_factor",
     "limits.forward_window",
+    "limits.metadata_log_compact_bytes",
     "cluster.internal_bind",
     "cluster.peers",
     "cluster.client_advertise_addr",
@@ -1057,6 +1059,8 @@ fn cluster(
             })
         },
     )?;
+    let compact_bytes = positive(int, name, "limits.metadata_log_compact_bytes")?
+        .unwrap_or(felix_engine::DEFAULT_METADATA_LOG_COMPACT_BYTES);
     let nodes = peers.len();
     let default_rf = match int("limits.default_replication_factor") {
         None => DEFAULT_REPLICATION_FACTOR,
@@ -1099,6 +1103,7 @@ fn cluster(
     config.declared_caches = effective.caches().cloned().collect();
     config.default_replication_factor = default_rf;
     config.forward_window = forward_window;
+    config.metadata_log_compact_bytes = compact_bytes;
     Ok((Some(config), Some(internal_bind)))
 }
 
@@ -1745,6 +1750,10 @@ shards = 4
         assert_eq!(c.lease, Duration::from_millis(2000));
         assert_eq!(c.default_replication_factor, 1);
         assert_eq!(c.forward_window, felix_engine::DEFAULT_FORWARD_WINDOW);
+        assert_eq!(
+            c.metadata_log_compact_bytes,
+            felix_engine::DEFAULT_METADATA_LOG_COMPACT_BYTES
+        );
         assert_eq!(c.client_advertise_addr, None);
         assert!(c.peer_tls.is_none(), "allowed unauthenticated");
         assert!(c.declared_caches.is_empty());
@@ -1754,6 +1763,7 @@ shards = 4
             ("FELIX_LEASE_MS", "1"),
             ("FELIX_DEFAULT_REPLICATION_FACTOR", "3"),
             ("FELIX_FORWARD_WINDOW", "1"),
+            ("FELIX_METADATA_LOG_COMPACT_BYTES", "1"),
         ]))
         .unwrap();
         assert_eq!(
@@ -1763,6 +1773,7 @@ shards = 4
         assert_eq!(c.lease, Duration::from_millis(1));
         assert_eq!(c.default_replication_factor, 3);
         assert_eq!(c.forward_window, 1);
+        assert_eq!(c.metadata_log_compact_bytes, 1, "the smallest threshold is one byte");
 
         // No node id: a single node, as before.
         let c = from_vars(vars(&[])).unwrap();
@@ -1928,6 +1939,8 @@ shards = 4
                 "unsigned integer",
             ),
             ("FELIX_FORWARD_WINDOW", "0", "above zero"),
+            ("FELIX_METADATA_LOG_COMPACT_BYTES", "0", "above zero"),
+            ("FELIX_METADATA_LOG_COMPACT_BYTES", "lots", "unsigned integer"),
             ("FELIX_LEASE_MS", "0", "above zero"),
             ("FELIX_LEASE_MS", "-5", "unsigned integer"),
         ] {
@@ -1949,6 +1962,7 @@ shards = 4
             ("FELIX_INTERNAL_ALLOW_UNAUTHENTICATED", "true"),
             ("FELIX_DEFAULT_REPLICATION_FACTOR", "2"),
             ("FELIX_FORWARD_WINDOW", "8"),
+            ("FELIX_METADATA_LOG_COMPACT_BYTES", "4096"),
         ] {
             let e = refused(&[(var, value)]);
             assert!(
