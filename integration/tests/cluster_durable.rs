@@ -48,9 +48,9 @@ async fn a_durable_cluster_keeps_its_metadata_across_restarts() {
     let owners = c.owners(0).await;
     assert_eq!(owners.len(), 6);
     let mut before = Vec::new();
-    for i in 0..NODES.len() {
+    for (i, name) in NODES.iter().enumerate() {
         let (term, applied) = progress(&c, i).await;
-        assert!(term >= 1 && applied >= 1, "{}: {term} {applied}", NODES[i]);
+        assert!(term >= 1 && applied >= 1, "{name}: {term} {applied}");
         before.push((term, applied));
     }
 
@@ -60,7 +60,11 @@ async fn a_durable_cluster_keeps_its_metadata_across_restarts() {
     c.wait_ready(2).await;
     let (term, applied) = progress(&c, 2).await;
     assert!(term >= before[2].0, "term {term} < {:?}", before[2]);
-    assert!(applied >= before[2].1, "applied {applied} < {:?}", before[2]);
+    assert!(
+        applied >= before[2].1,
+        "applied {applied} < {:?}",
+        before[2]
+    );
     assert_eq!(c.owners(2).await, owners, "same placement and generations");
 
     // Every node stops, then all restart from their directories.
@@ -73,7 +77,11 @@ async fn a_durable_cluster_keeps_its_metadata_across_restarts() {
     }
     for (i, p) in paths.iter().enumerate() {
         let files = metadata_files(p);
-        assert!(files.contains(&"meta.snapshot".to_owned()), "{}: {files:?}", NODES[i]);
+        assert!(
+            files.contains(&"meta.snapshot".to_owned()),
+            "{}: {files:?}",
+            NODES[i]
+        );
         assert_eq!(
             files.iter().filter(|f| f.ends_with(".log")).count(),
             1,
@@ -97,7 +105,11 @@ async fn a_durable_cluster_keeps_its_metadata_across_restarts() {
     for (i, (term0, applied0)) in mid.iter().enumerate() {
         let (term, applied) = progress(&c, i).await;
         assert!(term >= *term0, "{}: term {term} < {term0}", NODES[i]);
-        assert!(applied >= *applied0, "{}: applied {applied} < {applied0}", NODES[i]);
+        assert!(
+            applied >= *applied0,
+            "{}: applied {applied} < {applied0}",
+            NODES[i]
+        );
         assert_eq!(c.owners(i).await, owners, "{}", NODES[i]);
     }
 

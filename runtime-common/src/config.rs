@@ -1773,7 +1773,10 @@ shards = 4
         assert_eq!(c.lease, Duration::from_millis(1));
         assert_eq!(c.default_replication_factor, 3);
         assert_eq!(c.forward_window, 1);
-        assert_eq!(c.metadata_log_compact_bytes, 1, "the smallest threshold is one byte");
+        assert_eq!(
+            c.metadata_log_compact_bytes, 1,
+            "the smallest threshold is one byte"
+        );
 
         // No node id: a single node, as before.
         let c = from_vars(vars(&[])).unwrap();
@@ -1940,7 +1943,11 @@ shards = 4
             ),
             ("FELIX_FORWARD_WINDOW", "0", "above zero"),
             ("FELIX_METADATA_LOG_COMPACT_BYTES", "0", "above zero"),
-            ("FELIX_METADATA_LOG_COMPACT_BYTES", "lots", "unsigned integer"),
+            (
+                "FELIX_METADATA_LOG_COMPACT_BYTES",
+                "lots",
+                "unsigned integer",
+            ),
             ("FELIX_LEASE_MS", "0", "above zero"),
             ("FELIX_LEASE_MS", "-5", "unsigned integer"),
         ] {

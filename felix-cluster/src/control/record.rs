@@ -150,7 +150,10 @@ impl Replayer {
     pub fn snapshot_file(&mut self, bytes: &[u8]) -> Result<(), String> {
         let (body, len) = record_at(bytes)?;
         if len != bytes.len() {
-            return Err(format!("{} bytes after the snapshot record", bytes.len() - len));
+            return Err(format!(
+                "{} bytes after the snapshot record",
+                bytes.len() - len
+            ));
         }
         if body.first() != Some(&KIND_SNAPSHOT) {
             return Err("not a snapshot record".into());
@@ -443,7 +446,11 @@ mod tests {
         assert_eq!(store.snapshot_point(), (0x0102, 3));
         assert_eq!(store.snapshot_data(), &data[..]);
         assert_eq!(store.hard_state(), &hs(3, 0, 0x0102));
-        assert_eq!(snapshot_file(&store).unwrap(), out, "re-encodes to the same bytes");
+        assert_eq!(
+            snapshot_file(&store).unwrap(),
+            out,
+            "re-encodes to the same bytes"
+        );
         assert!(snapshot_file(&MetaStore::new(vec![1])).is_none());
     }
 
@@ -490,7 +497,11 @@ mod tests {
         assert_eq!(r.log(&old), (old.len(), None));
         let store = r.finish();
         assert_eq!(store.snapshot_point(), (3, 1));
-        let idx: Vec<u64> = store.entries_after_snapshot().iter().map(|e| e.index).collect();
+        let idx: Vec<u64> = store
+            .entries_after_snapshot()
+            .iter()
+            .map(|e| e.index)
+            .collect();
         assert_eq!(idx, vec![4]);
         assert_eq!(store.hard_state(), &hs(1, 1, 3));
 

@@ -68,7 +68,9 @@ impl Cluster {
     /// fresh log holding what follows it.
     fn compact(&mut self, node: &NodeId) -> u64 {
         let p = self.planes.get_mut(node).unwrap();
-        let c = p.compaction().expect("something applied since the last snapshot");
+        let c = p
+            .compaction()
+            .expect("something applied since the last snapshot");
         self.snapshots.insert(node.clone(), c.snapshot_file.clone());
         self.disks.insert(node.clone(), c.head.clone());
         p.compacted(&c);
@@ -419,7 +421,10 @@ fn a_compacted_log_restarts_from_its_snapshot_and_a_blank_follower_gets_the_snap
     for name in &names {
         let index = c.compact(name);
         assert_eq!(index, c.planes[name].metadata().applied);
-        assert!(c.planes[name].compaction().is_none(), "nothing new to cover");
+        assert!(
+            c.planes[name].compaction().is_none(),
+            "nothing new to cover"
+        );
     }
     let leader = c.leaders()[0].clone();
     let term = c.planes[&leader].term();

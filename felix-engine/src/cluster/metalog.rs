@@ -30,7 +30,9 @@ use bytes::Bytes;
 use felix_cluster::control::record::{self, Replayer};
 use felix_cluster::control::store::MetaStore;
 use felix_cluster::control::Compaction;
-use felix_storage::ops::{FileCompletion, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId};
+use felix_storage::ops::{
+    FileCompletion, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
+};
 
 /// The metadata log's ops carry this log id: above every log the storage table numbers,
 /// below the retirement jobs' ids.
@@ -286,7 +288,10 @@ impl MetaLog {
             let r = self.replayer.as_mut().expect("replaying");
             if file.snapshot {
                 if let Err(e) = r.snapshot_file(&bytes) {
-                    return self.fail(format!("the metadata snapshot {} is corrupt: {e}", file.path));
+                    return self.fail(format!(
+                        "the metadata snapshot {} is corrupt: {e}",
+                        file.path
+                    ));
                 }
             } else if let (_, Some(torn)) = r.log(&bytes) {
                 // Never confirmed, so nobody was promised it; the rotation drops it.

@@ -19,20 +19,20 @@ use felix_cluster::control::store::MetaStore;
 use felix_cluster::control::wire::{from_peer, to_peer};
 use felix_cluster::control::{ControlConfig, ControlOutput, ControlPlane};
 use felix_cluster::meta::{
-    Applied, CacheSpec, Command, Consistency as MetaConsistency, Declarations, Metadata,
-    ObjectKey, ShardMeta, StreamSpec,
+    Applied, CacheSpec, Command, Consistency as MetaConsistency, Declarations, Metadata, ObjectKey,
+    ShardMeta, StreamSpec,
 };
-use felix_storage::ops::{FileCompletion, FileOp};
 use felix_cluster::routing::Owner;
 use felix_cluster::{NodeId, Voters};
 use felix_peer_proto::PeerMessage;
+use felix_storage::ops::{FileCompletion, FileOp};
 use tracing::{info, warn};
 
 use crate::config::{ClusterConfig, Consistency, DeclaredStream};
 use crate::engine::{Datagram, Transmit};
 use crate::tls::TlsIdentity;
-use metalog::{Done, MetaLog};
 pub(crate) use metalog::METALOG_LOG;
+use metalog::{Done, MetaLog};
 use peers::{Identity, PeerCrypto, PeerEvent, PeerNet};
 
 /// A shard's owner as `shard_owners` reports it.
@@ -571,10 +571,7 @@ impl ClusterNode {
     }
 
     fn stream_shards_meta(&self, key: &ObjectKey) -> Option<&[ShardMeta]> {
-        self.meta()
-            .streams
-            .get(key)
-            .map(|s| s.shards.as_slice())
+        self.meta().streams.get(key).map(|s| s.shards.as_slice())
     }
 
     /// Who serves shard `shard` of a stream; `None` for a stream not placed yet.

@@ -499,7 +499,10 @@ impl Engine {
                     .clone()
                     .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
                 // A durable node keeps its metadata log on disk beside its streams.
-                let metadata_log = config.durable.as_ref().map(|_| c.metadata_log_compact_bytes);
+                let metadata_log = config
+                    .durable
+                    .as_ref()
+                    .map(|_| c.metadata_log_compact_bytes);
                 let node = crate::cluster::ClusterNode::new(
                     c,
                     &config.declared_streams,

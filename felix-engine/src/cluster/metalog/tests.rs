@@ -33,19 +33,21 @@ fn open(fs: &mut MemFs, compact_bytes: u64) -> (MetaLog, MetaStore) {
 }
 
 fn entry(index: u64, term: u64) -> Entry {
-    let mut e = Entry::default();
-    e.index = index;
-    e.term = term;
-    e.data = format!("cmd-{index}").into_bytes().into();
-    e
+    Entry {
+        index,
+        term,
+        data: format!("cmd-{index}").into_bytes().into(),
+        ..Default::default()
+    }
 }
 
 fn hs(term: u64, vote: u64, commit: u64) -> HardState {
-    let mut h = HardState::default();
-    h.term = term;
-    h.vote = vote;
-    h.commit = commit;
-    h
+    HardState {
+        term,
+        vote,
+        commit,
+        ..Default::default()
+    }
 }
 
 /// A store holding entries `from..=to` at `term` and `hard`: as a ready would append them.
@@ -58,14 +60,22 @@ fn store_with(from: u64, to: u64, term: u64, hard: HardState) -> MetaStore {
 }
 
 fn meta_at(applied: u64) -> Vec<u8> {
-    let mut m = Metadata::new(vec![NodeId::new("n1"), NodeId::new("n2"), NodeId::new("n3")]);
+    let mut m = Metadata::new(vec![
+        NodeId::new("n1"),
+        NodeId::new("n2"),
+        NodeId::new("n3"),
+    ]);
     m.applied = applied;
     m.snapshot()
 }
 
 /// What matters of a store: the snapshot point, the entries after it, the hard state.
 fn shape(s: &MetaStore) -> ((u64, u64), Vec<(u64, u64)>, HardState) {
-    let e = s.entries_after_snapshot().iter().map(|e| (e.index, e.term)).collect();
+    let e = s
+        .entries_after_snapshot()
+        .iter()
+        .map(|e| (e.index, e.term))
+        .collect();
     (s.snapshot_point(), e, s.hard_state().clone())
 }
 
@@ -112,7 +122,10 @@ fn a_torn_tail_is_dropped_by_the_rotation_and_not_appended_after() {
     log.append(2, record::log_head(&store_with(3, 3, 1, hs(1, 1, 3))));
     assert!(!drive(&mut fs, &mut log));
     assert!(matches!(log.poll_done(), Some(Done::Persisted(1))));
-    assert!(log.poll_done().is_none(), "the torn record is not confirmed");
+    assert!(
+        log.poll_done().is_none(),
+        "the torn record is not confirmed"
+    );
     fs.crash(Crash::Process);
     let (mut log, back) = open(&mut fs, 1 << 20);
     assert_eq!(shape(&back), shape(&first));
@@ -168,7 +181,10 @@ fn compaction_run(fs: &mut MemFs) -> (usize, usize, MetaStore) {
     while let Some(d) = log.poll_done() {
         match d {
             Done::Compacted(c) => {
-                assert!(!persisted, "the snapshot is confirmed before the later record");
+                assert!(
+                    !persisted,
+                    "the snapshot is confirmed before the later record"
+                );
                 assert_eq!(c.index, 3);
                 compacted = true;
             }
@@ -206,10 +222,17 @@ fn compaction_writes_the_snapshot_then_a_fresh_log_and_removes_the_old_one() {
 fn a_crash_at_any_step_of_the_compaction_replays_to_the_confirmed_state() {
     let mut probe = MemFs::new();
     let (begin, end, _) = compaction_run(&mut probe);
-    assert!(end > begin + 8, "the sequence has its steps: {begin}..{end}");
+    assert!(
+        end > begin + 8,
+        "the sequence has its steps: {begin}..{end}"
+    );
     for step in begin..end {
         for tear in [None, Some(3)] {
-            for how in [Crash::Power, Crash::Process, Crash::PowerReordered(step as u64)] {
+            for how in [
+                Crash::Power,
+                Crash::Process,
+                Crash::PowerReordered(step as u64),
+            ] {
                 let mut fs = MemFs::new();
                 fs.crash_at_step(step, tear);
                 let (_, _, _) = compaction_run(&mut fs);
@@ -229,7 +252,10 @@ fn a_crash_at_any_step_of_the_compaction_replays_to_the_confirmed_state() {
                     assert_eq!(back.snapshot_data(), &meta_at(3)[..], "{ctx}");
                 }
                 let files = cluster_files(&fs);
-                assert!(!files.contains(&SNAPSHOT_TMP.to_owned()), "{ctx}: {files:?}");
+                assert!(
+                    !files.contains(&SNAPSHOT_TMP.to_owned()),
+                    "{ctx}: {files:?}"
+                );
                 assert_eq!(
                     files.iter().filter(|f| f.ends_with(".log")).count(),
                     1,
