@@ -504,15 +504,15 @@ impl ClusterNode {
         }
     }
 
-    /// Why this node must stop: the cluster refused it.
+    /// Why this node must stop: the cluster refused it, or its metadata log failed.
     pub(crate) fn refusal(&self) -> Option<&str> {
-        self.refusal.as_deref()
+        self.refusal.as_deref().or_else(|| self.storage_error())
     }
 
     /// Joined, its declarations accepted: it can serve.
     pub(crate) fn is_serving(&self) -> bool {
         let meta = self.meta();
-        self.refusal.is_none()
+        self.refusal().is_none()
             && meta.members.get(&self.me).is_some_and(|m| m.up)
             && meta.declared_by.get(&self.me) == Some(&true)
     }
