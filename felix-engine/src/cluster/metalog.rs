@@ -249,6 +249,14 @@ impl MetaLog {
             );
         }
         if let Some(len) = snapshot {
+            // One record, so never more than replay would accept: no corrupt size makes
+            // this read grow without bound.
+            if len > record::MAX_RECORD_BYTES as u64 + 8 {
+                return self.fail(format!(
+                    "the metadata snapshot {SNAPSHOT} is corrupt: {len} bytes, more than one \
+                     record can hold"
+                ));
+            }
             self.to_read.push_back(ToRead {
                 path: SNAPSHOT.into(),
                 len,

@@ -293,6 +293,14 @@ fn a_corrupt_snapshot_stops_the_start_naming_the_file() {
     let why = log.fatal().expect("a corrupt snapshot is fatal");
     assert!(why.contains("cluster/meta.snapshot"), "{why}");
     assert!(!log.is_open() && log.take_loaded().is_none());
+
+    // A size no record can have is refused before anything is read.
+    fs.put_file(SNAPSHOT, vec![0; record::MAX_RECORD_BYTES + 9]);
+    let reads = fs.count("read");
+    let mut log = MetaLog::open(VOTERS.to_vec(), 1);
+    drive(&mut fs, &mut log);
+    assert!(log.fatal().unwrap().contains("more than one record"));
+    assert_eq!(fs.count("read"), reads);
 }
 
 #[test]
