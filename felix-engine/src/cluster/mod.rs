@@ -212,6 +212,11 @@ impl ClusterNode {
             return;
         };
         let mut control = ControlPlane::new(cfg, store, now);
+        // A refusal inside a replayed snapshot is not applied again: read it from the state.
+        if let Some(reason) = control.metadata().refused.get(&self.me) {
+            warn!(%reason, "the cluster refused this node's declarations");
+            self.refusal = Some(reason.clone());
+        }
         for w in wishes {
             control.want(w, now);
         }
