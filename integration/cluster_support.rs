@@ -4,6 +4,7 @@
 //! interop suite), one declared stream and one declared cache.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use felix_client::Offer;
 use felix_proto::message::{self, Message, ShardKind};
@@ -31,6 +32,10 @@ pub struct Cluster {
     token: String,
     /// The declared stream (a unique name per cluster).
     pub stream: String,
+    /// Each node's storage directory, for a durable cluster.
+    pub data_dirs: Option<Vec<PathBuf>>,
+    /// The metadata log's compaction threshold on a durable cluster.
+    pub metadata_log_compact_bytes: Option<u64>,
 }
 
 fn loopback(port: u16) -> SocketAddr {
@@ -39,6 +44,24 @@ fn loopback(port: u16) -> SocketAddr {
 
 impl Cluster {
     pub async fn start(shards: u32) -> Cluster {
+        Cluster::start_with(shards, None, None).await
+    }
+
+    /// Every node durable, storing under its own directory of `dirs` (streams and the
+    /// metadata log alike), compacting the metadata log past `compact_bytes` if given.
+    pub async fn start_durable(
+        shards: u32,
+        dirs: Vec<PathBuf>,
+        compact_bytes: Option<u64>,
+    ) -> Cluster {
+        Cluster::start_with(shards, Some(dirs), compact_bytes).await
+    }
+
+    async fn start_with(
+        shards: u32,
+        data_dirs: Option<Vec<PathBuf>>,
+        metadata_log_compact_bytes: Option<u64>,
+    ) -> Cluster {
         let minter = TokenMinter::new("k1", [7; 32]);
         let token = minter.mint(&Claims::new(
             TENANT,
@@ -64,6 +87,8 @@ impl Cluster {
             jwks: minter.jwks(),
             token,
             stream: unique("orders"),
+            data_dirs,
+            metadata_log_compact_bytes,
         };
         for i in 0..NODES.len() {
             let b = c.boot(i, shards).await;
@@ -81,6 +106,8 @@ impl Cluster {
         opts.jwks = Some(self.jwks.clone());
         opts.internal_bind = Some(node.internal);
         opts.metrics_bind = Some(node.ops);
+        opts.storage_dir = self.data_dirs.as_ref().map(|d| d[i].clone());
+        let compact = self.metadata_log_compact_bytes;
         let peers: Vec<PeerAddr> = self
             .nodes
             .iter()
@@ -93,6 +120,9 @@ impl Cluster {
         let opts = opts.configure_engine(move |e| {
             let mut cluster = ClusterConfig::new(id, peers);
             cluster.client_advertise_addr = Some(advertise);
+            if let Some(b) = compact {
+                cluster.metadata_log_compact_bytes = b;
+            }
             cluster
                 .declared_caches
                 .push(DeclaredCache::new(TENANT, "default", "sessions", 1));

@@ -359,6 +359,9 @@ pub const DEFAULT_PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_PEER_MAX_STREAMS: u32 = 16;
 /// The shard leadership lease.
 pub const DEFAULT_LEASE: Duration = Duration::from_millis(2000);
+/// Bytes of metadata log after which a durable cluster node writes a snapshot of the
+/// metadata and starts a fresh log after it (`limits.metadata_log_compact_bytes`, 1 MiB).
+pub const DEFAULT_METADATA_LOG_COMPACT_BYTES: u64 = 1 << 20;
 
 /// This node's place in a cluster (docs/cluster.md). `None` in [`EngineConfig::cluster`] is a
 /// single node, as before.
@@ -392,6 +395,8 @@ pub struct ClusterConfig {
     pub peer_idle_timeout: Duration,
     /// See [`DEFAULT_PEER_MAX_STREAMS`] (`limits.peer_max_streams`). At least 1.
     pub peer_max_streams: u32,
+    /// See [`DEFAULT_METADATA_LOG_COMPACT_BYTES`]; used only with durable storage.
+    pub metadata_log_compact_bytes: u64,
 }
 
 impl ClusterConfig {
@@ -410,6 +415,7 @@ impl ClusterConfig {
             max_peer_backlog_bytes: DEFAULT_MAX_PEER_BACKLOG_BYTES,
             peer_idle_timeout: DEFAULT_PEER_IDLE_TIMEOUT,
             peer_max_streams: DEFAULT_PEER_MAX_STREAMS,
+            metadata_log_compact_bytes: DEFAULT_METADATA_LOG_COMPACT_BYTES,
         }
     }
 }

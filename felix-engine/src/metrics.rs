@@ -151,6 +151,10 @@ pub struct Metrics {
     pub cluster_shards_led: u64,
     /// Gauge, in a cluster: shards this node holds a replica of and does not lead.
     pub cluster_shards_followed: u64,
+    /// Gauge, in a cluster: the metadata log's raft term as this node knows it.
+    pub cluster_metadata_term: u64,
+    /// Gauge, in a cluster: the last metadata log index applied here.
+    pub cluster_metadata_applied: u64,
     /// Requests this node forwarded to their shard's leader.
     pub forwards_sent: u64,
     /// Forwarded requests this node ran as the leader.
@@ -192,6 +196,8 @@ impl Default for Metrics {
             file_ops: 0,
             cluster_shards_led: 0,
             cluster_shards_followed: 0,
+            cluster_metadata_term: 0,
+            cluster_metadata_applied: 0,
             forwards_sent: 0,
             forwards_served: 0,
             syncs_in_flight: HashMap::new(),

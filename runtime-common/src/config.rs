@@ -338,6 +338,7 @@ pub const SETTINGS: &[Setting] = &[
     plain("limits.max_peer_backlog_bytes", &["FELIX_MAX_PEER_BACKLOG_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_MAX_PEER_BACKLOG_BYTES as u64)),
     plain("limits.peer_idle_timeout_ms", &["FELIX_PEER_IDLE_TIMEOUT_MS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_PEER_IDLE_TIMEOUT.as_millis() as u64)),
     plain("limits.peer_max_streams", &["FELIX_PEER_MAX_STREAMS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_PEER_MAX_STREAMS as u64)),
+    plain("limits.metadata_log_compact_bytes", &["FELIX_METADATA_LOG_COMPACT_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_METADATA_LOG_COMPACT_BYTES)),
     plain("cluster.node_id", &["FELIX_NODE_ID"], Kind::Text, Default_::Unset),
     plain("cluster.internal_bind", &["FELIX_INTERNAL_BIND"], Kind::Text, Default_::Unset),
     plain("cluster.peers", &["FELIX_CLUSTER_PEERS"], Kind::Text, Default_::Unset),
@@ -943,6 +944,7 @@ const CLUSTER_ONLY: &[&str] = &[
     "limits.max_peer_backlog_bytes",
     "limits.peer_idle_timeout_ms",
     "limits.peer_max_streams",
+    "limits.metadata_log_compact_bytes",
     "cluster.internal_bind",
     "cluster.peers",
     "cluster.client_advertise_addr",
@@ -1108,6 +1110,8 @@ fn cluster(
         }
         other => other.map(|n| n as u32),
     };
+    let compact_bytes = positive(int, name, "limits.metadata_log_compact_bytes")?
+        .unwrap_or(felix_engine::DEFAULT_METADATA_LOG_COMPACT_BYTES);
     let nodes = peers.len();
     let default_rf = match int("limits.default_replication_factor") {
         None => DEFAULT_REPLICATION_FACTOR,
@@ -1165,6 +1169,7 @@ fn cluster(
     if let Some(n) = peer_max_streams {
         config.peer_max_streams = n;
     }
+    config.metadata_log_compact_bytes = compact_bytes;
     Ok((Some(config), Some(internal_bind)))
 }
 
@@ -1822,6 +1827,10 @@ shards = 4
         );
         assert_eq!(c.peer_idle_timeout, felix_engine::DEFAULT_PEER_IDLE_TIMEOUT);
         assert_eq!(c.peer_max_streams, felix_engine::DEFAULT_PEER_MAX_STREAMS);
+        assert_eq!(
+            c.metadata_log_compact_bytes,
+            felix_engine::DEFAULT_METADATA_LOG_COMPACT_BYTES
+        );
         assert_eq!(c.client_advertise_addr, None);
         assert!(c.peer_tls.is_none(), "allowed unauthenticated");
         assert!(c.declared_caches.is_empty());
@@ -1836,6 +1845,7 @@ shards = 4
             ("FELIX_MAX_PEER_BACKLOG_BYTES", "0"),
             ("FELIX_PEER_IDLE_TIMEOUT_MS", "86400000"),
             ("FELIX_PEER_MAX_STREAMS", "1024"),
+            ("FELIX_METADATA_LOG_COMPACT_BYTES", "1"),
         ]))
         .unwrap();
         assert_eq!(
@@ -1850,6 +1860,10 @@ shards = 4
         assert_eq!(c.max_peer_backlog_bytes, 0);
         assert_eq!(c.peer_idle_timeout, Duration::from_secs(86_400));
         assert_eq!(c.peer_max_streams, 1024);
+        assert_eq!(
+            c.metadata_log_compact_bytes, 1,
+            "the smallest threshold is one byte"
+        );
 
         // No node id: a single node, as before.
         let c = from_vars(vars(&[])).unwrap();
@@ -2022,6 +2036,12 @@ shards = 4
             ("FELIX_PEER_IDLE_TIMEOUT_MS", "86400001", "more than a day"),
             ("FELIX_PEER_MAX_STREAMS", "0", "above zero"),
             ("FELIX_PEER_MAX_STREAMS", "1025", "more than 1024"),
+            ("FELIX_METADATA_LOG_COMPACT_BYTES", "0", "above zero"),
+            (
+                "FELIX_METADATA_LOG_COMPACT_BYTES",
+                "lots",
+                "unsigned integer",
+            ),
             ("FELIX_LEASE_MS", "0", "above zero"),
             ("FELIX_LEASE_MS", "-5", "unsigned integer"),
         ] {
@@ -2048,6 +2068,7 @@ shards = 4
             ("FELIX_MAX_PEER_BACKLOG_BYTES", "8"),
             ("FELIX_PEER_IDLE_TIMEOUT_MS", "8000"),
             ("FELIX_PEER_MAX_STREAMS", "8"),
+            ("FELIX_METADATA_LOG_COMPACT_BYTES", "4096"),
         ] {
             let e = refused(&[(var, value)]);
             assert!(

@@ -23,6 +23,9 @@ pub mod record;
 pub mod store;
 pub mod wire;
 
+/// raft-rs's entry and state types, which [`store::MetaStore`] speaks.
+pub use raft::eraftpb;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -80,6 +83,35 @@ pub enum ControlOutput {
     Applied(Applied),
 }
 
+/// A snapshot of the metadata and the log that follows it, as files.
+#[derive(Debug, Clone)]
+pub struct Compaction {
+    /// The last entry the snapshot covers.
+    pub index: u64,
+    /// The snapshot file's bytes (one snapshot record).
+    pub snapshot_file: Vec<u8>,
+    /// The new log's first records: the entries after `index` and the hard state.
+    pub head: Vec<u8>,
+    data: Vec<u8>,
+}
+
+impl Compaction {
+    /// `store` compacted at `index` (applied, so in the log), `data` being the state machine
+    /// there. `None` when `index` is not after the store's snapshot or not in its log.
+    pub fn of(store: &MetaStore, index: u64, data: Vec<u8>) -> Option<Compaction> {
+        let mut after = store.clone();
+        if !after.compact(index, data.clone()) {
+            return None;
+        }
+        Some(Compaction {
+            index,
+            snapshot_file: record::snapshot_file(&after)?,
+            head: record::log_head(&after),
+            data,
+        })
+    }
+}
+
 /// Why this node will not vote yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum DiskGuard {
@@ -102,6 +134,8 @@ pub struct ControlPlane {
     next_tick: Instant,
     /// The `Ready` whose record is being written, and the messages that wait for it.
     in_flight: Option<(u64, Vec<Message>)>,
+    /// The record in flight holds a snapshot from the leader.
+    apply_after_persist: bool,
     out: VecDeque<ControlOutput>,
     /// Commands whose effect this node needs and has not seen applied.
     wanted: Vec<Command>,
@@ -115,9 +149,13 @@ impl ControlPlane {
     /// Starts from `store` (replayed from disk, or blank).
     pub fn new(cfg: ControlConfig, store: MetaStore, now: Instant) -> ControlPlane {
         let voters = cfg.voters.names().to_vec();
-        let mut meta = Metadata::new(voters);
-        // Rebuild the metadata from what was committed before the restart; raft is then told
-        // these are applied so it does not hand them over again.
+        // Rebuild the metadata from what was committed before the restart (the snapshot,
+        // then the entries after it); raft is then told these are applied so it does not
+        // hand them over again. Replay checked that the snapshot decodes.
+        let mut meta = match store.snapshot_point().0 {
+            0 => Metadata::new(voters),
+            _ => Metadata::restore(store.snapshot_data()).unwrap_or_else(|_| Metadata::new(voters)),
+        };
         let commit = store.hard_state().commit;
         let mut applied = Vec::new();
         for e in store.entries_after_snapshot() {
@@ -166,6 +204,7 @@ impl ControlPlane {
             meta,
             next_tick,
             in_flight: None,
+            apply_after_persist: false,
             out: applied.into_iter().map(ControlOutput::Applied).collect(),
             wanted: Vec::new(),
             last_heard: BTreeMap::new(),
@@ -314,8 +353,27 @@ impl ControlPlane {
             return;
         };
         self.node.on_persist_ready(number);
+        if std::mem::take(&mut self.apply_after_persist) {
+            self.node.advance_apply();
+        }
         self.send_all(held);
         self.drive();
+    }
+
+    /// A snapshot of the metadata as applied here, to write before the log is restarted
+    /// after it; `None` when nothing was applied since the last one.
+    pub fn compaction(&self) -> Option<Compaction> {
+        let store = self.node.store();
+        if self.meta.applied <= store.snapshot_point().0 {
+            return None;
+        }
+        Compaction::of(store, self.meta.applied, self.meta.snapshot())
+    }
+
+    /// `c`'s snapshot file is durable: the in-memory log drops what it covers. A peer that
+    /// needs those entries is sent the snapshot instead.
+    pub fn compacted(&mut self, c: &Compaction) {
+        self.node.mut_store().compact(c.index, c.data.clone());
     }
 
     pub fn poll_output(&mut self) -> Option<ControlOutput> {
@@ -397,9 +455,9 @@ impl ControlPlane {
             let mut rd = self.node.ready();
             let msgs = rd.take_messages();
             self.send_all(msgs);
-            if !rd.snapshot().is_empty() {
-                let snap = rd.snapshot().clone();
-                self.node.mut_store().apply_snapshot(&snap);
+            let snapshot = (!rd.snapshot().is_empty()).then(|| rd.snapshot().clone());
+            if let Some(snap) = &snapshot {
+                self.node.mut_store().apply_snapshot(snap);
                 if let Ok(m) = Metadata::restore(&snap.data) {
                     self.meta = m;
                 }
@@ -413,7 +471,7 @@ impl ControlPlane {
                 self.node.mut_store().set_hard_state(hs.clone());
             }
             let persisted_msgs = rd.take_persisted_messages();
-            if entries.is_empty() && hs.is_none() && rd.snapshot().is_empty() {
+            if entries.is_empty() && hs.is_none() && snapshot.is_none() {
                 self.send_all(persisted_msgs);
                 let mut light = self.node.advance_append(rd);
                 self.send_all(light.take_messages());
@@ -423,6 +481,10 @@ impl ControlPlane {
                 continue;
             }
             let mut record = Vec::new();
+            if let Some(snap) = &snapshot {
+                // A snapshot from the leader replaces the log; it is durable like any entry.
+                record::encode_snapshot(snap, &mut record);
+            }
             record::encode(&entries, hs.as_ref(), &mut record);
             let number = rd.number();
             self.out.push_back(ControlOutput::Persist {
@@ -431,7 +493,12 @@ impl ControlPlane {
             });
             self.in_flight = Some((number, persisted_msgs));
             self.node.advance_append_async(rd);
-            self.node.advance_apply();
+            if snapshot.is_some() {
+                // raft-rs counts a snapshot as applied only once it is durable.
+                self.apply_after_persist = true;
+            } else {
+                self.node.advance_apply();
+            }
         }
     }
 

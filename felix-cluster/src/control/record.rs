@@ -6,9 +6,16 @@
 //! unconfirmed tail), a hard-state record replaces the hard state. A torn or corrupt tail ends
 //! the replay; it was never confirmed, so nobody was promised it.
 //!
+//! A snapshot record (kind 3) holds the whole state machine at an index: it is what a
+//! snapshot file contains (one such record), and what the log holds when a leader sent this
+//! node a snapshot. Replay is the snapshot file, then each log file in order: entries at or
+//! below the snapshot's index are already in it and are skipped, and an older snapshot
+//! record never replaces a newer one.
+//!
 //! Record: `u32 body_len | u32 crc32c(body) | body`, little-endian; body: `u8 kind | …`.
+//! Snapshot body: `u8 3 | u64 index | u64 term | u32 n | n × u64 voter | u32 len | data`.
 
-use raft::eraftpb::{Entry, EntryType, HardState};
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMetadata};
 
 use super::store::MetaStore;
 
@@ -17,7 +24,10 @@ pub const MAX_RECORD_BYTES: usize = 16 << 20;
 
 const KIND_ENTRIES: u8 = 1;
 const KIND_HARD_STATE: u8 = 2;
+const KIND_SNAPSHOT: u8 = 3;
 const HEADER: usize = 8;
+/// Entries per record when a whole log is rewritten, so no record nears the replay bound.
+const HEAD_CHUNK_BYTES: usize = 1 << 20;
 
 /// Encodes one record holding `entries` (possibly none) and then `hard_state` (if any).
 pub(crate) fn encode(entries: &[Entry], hard_state: Option<&HardState>, out: &mut Vec<u8>) {
@@ -42,6 +52,54 @@ pub(crate) fn encode(entries: &[Entry], hard_state: Option<&HardState>, out: &mu
     }
 }
 
+/// Encodes one snapshot record.
+pub(crate) fn encode_snapshot(snap: &Snapshot, out: &mut Vec<u8>) {
+    let m = snap.get_metadata();
+    let voters = &m.get_conf_state().voters;
+    let mut body = Vec::with_capacity(snap.data.len() + 32 + voters.len() * 8);
+    body.push(KIND_SNAPSHOT);
+    body.extend_from_slice(&m.index.to_le_bytes());
+    body.extend_from_slice(&m.term.to_le_bytes());
+    body.extend_from_slice(&(voters.len() as u32).to_le_bytes());
+    for v in voters {
+        body.extend_from_slice(&v.to_le_bytes());
+    }
+    put_bytes(&mut body, &snap.data);
+    frame(&body, out);
+}
+
+/// The snapshot file for `store`'s snapshot: one snapshot record. `None` before any.
+pub fn snapshot_file(store: &MetaStore) -> Option<Vec<u8>> {
+    if store.snapshot_point().0 == 0 {
+        return None;
+    }
+    let mut out = Vec::new();
+    encode_snapshot(&raft::Storage::snapshot(store, 0, 0).ok()?, &mut out);
+    Some(out)
+}
+
+/// A fresh log's first records: everything `store` holds after its snapshot (the entries,
+/// in records of bounded size, then the hard state). Empty for a blank store.
+pub fn log_head(store: &MetaStore) -> Vec<u8> {
+    let mut out = Vec::new();
+    let entries = store.entries_after_snapshot();
+    let mut from = 0;
+    while from < entries.len() {
+        let mut to = from;
+        let mut bytes = 0;
+        while to < entries.len() && (to == from || bytes < HEAD_CHUNK_BYTES) {
+            bytes += 25 + entries[to].data.len() + entries[to].context.len();
+            to += 1;
+        }
+        encode(&entries[from..to], None, &mut out);
+        from = to;
+    }
+    if *store.hard_state() != HardState::default() {
+        encode(&[], Some(store.hard_state()), &mut out);
+    }
+    out
+}
+
 fn put_bytes(body: &mut Vec<u8>, b: &[u8]) {
     body.extend_from_slice(&(b.len() as u32).to_le_bytes());
     body.extend_from_slice(b);
@@ -63,26 +121,76 @@ pub struct Replayed {
     pub torn: Option<String>,
 }
 
-/// Rebuilds the store from the log file's bytes.
+/// Rebuilds the store from one log file's bytes.
 pub fn replay(voters: Vec<u64>, bytes: &[u8]) -> Replayed {
-    let mut store = MetaStore::new(voters);
-    let mut at = 0;
-    let torn = loop {
-        if at == bytes.len() {
-            break None;
-        }
-        match record_at(&bytes[at..]) {
-            Ok((body, len)) => match apply(&mut store, body) {
-                Ok(()) => at += len,
-                Err(e) => break Some(format!("record at byte {at}: {e}")),
-            },
-            Err(e) => break Some(format!("record at byte {at}: {e}")),
-        }
-    };
+    let mut r = Replayer::new(voters);
+    let (valid_len, torn) = r.log(bytes);
     Replayed {
-        store,
-        valid_len: at,
+        store: r.finish(),
+        valid_len,
         torn,
+    }
+}
+
+/// Replay over several files: the snapshot file (if any), then each log file in order.
+#[derive(Debug)]
+pub struct Replayer {
+    store: MetaStore,
+}
+
+impl Replayer {
+    pub fn new(voters: Vec<u64>) -> Replayer {
+        Replayer {
+            store: MetaStore::new(voters),
+        }
+    }
+
+    /// A snapshot file: exactly one whole snapshot record. It was renamed into place only
+    /// after it was synced, so anything else is corruption, not a torn write.
+    pub fn snapshot_file(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let (body, len) = record_at(bytes)?;
+        if len != bytes.len() {
+            return Err(format!(
+                "{} bytes after the snapshot record",
+                bytes.len() - len
+            ));
+        }
+        if body.first() != Some(&KIND_SNAPSHOT) {
+            return Err("not a snapshot record".into());
+        }
+        apply(&mut self.store, body)
+    }
+
+    /// One log file; returns the bytes of whole valid records and why replay stopped short.
+    pub fn log(&mut self, bytes: &[u8]) -> (usize, Option<String>) {
+        let mut at = 0;
+        let torn = loop {
+            if at == bytes.len() {
+                break None;
+            }
+            match record_at(&bytes[at..]) {
+                Ok((body, len)) => match apply(&mut self.store, body) {
+                    Ok(()) => at += len,
+                    Err(e) => break Some(format!("record at byte {at}: {e}")),
+                },
+                Err(e) => break Some(format!("record at byte {at}: {e}")),
+            }
+        };
+        (at, torn)
+    }
+
+    /// The store, its hard state kept consistent with what survived: the commit is at least
+    /// the snapshot's index (an old log's hard state may predate it) and at most the last
+    /// entry (raft-rs refuses to start otherwise).
+    pub fn finish(mut self) -> MetaStore {
+        let (index, term) = self.store.snapshot_point();
+        let mut hs = self.store.hard_state().clone();
+        if hs != HardState::default() || index > 0 {
+            hs.commit = hs.commit.max(index).min(self.store.last_index_now());
+            hs.term = hs.term.max(term);
+            self.store.set_hard_state(hs);
+        }
+        self.store
     }
 }
 
@@ -156,9 +264,15 @@ fn apply(store: &mut MetaStore, body: &[u8]) -> Result<(), String> {
             if entries.windows(2).any(|w| w[1].index != w[0].index + 1) {
                 return Err("entries are not contiguous".into());
             }
+            if entries.first().is_some_and(|e| e.index == 0) {
+                return Err("entries start at 0".into());
+            }
+            // What a snapshot already covers (an old log replayed after a newer snapshot).
+            let covered = store.snapshot_point().0;
+            entries.retain(|e| e.index > covered);
             if let Some(first) = entries.first() {
                 let last = store.last_index_now();
-                if first.index > last + 1 || first.index == 0 {
+                if first.index > last + 1 {
                     return Err(format!("entries start at {} after {last}", first.index));
                 }
             }
@@ -170,6 +284,33 @@ fn apply(store: &mut MetaStore, body: &[u8]) -> Result<(), String> {
             hs.vote = r.u64()?;
             hs.commit = r.u64()?;
             store.set_hard_state(hs);
+        }
+        KIND_SNAPSHOT => {
+            let mut meta = SnapshotMetadata::default();
+            meta.index = r.u64()?;
+            meta.term = r.u64()?;
+            let n = r.u32()? as usize;
+            if n > body.len() / 8 {
+                return Err(format!("{n} voters cannot fit in {} bytes", body.len()));
+            }
+            let mut conf = ConfState::default();
+            for _ in 0..n {
+                conf.voters.push(r.u64()?);
+            }
+            meta.set_conf_state(conf);
+            let data = r.bytes()?;
+            crate::meta::Metadata::restore(data)
+                .map_err(|e| format!("snapshot data does not decode: {e}"))?;
+            if !r.0.is_empty() {
+                return Err("trailing bytes in record".into());
+            }
+            // A snapshot no newer than the one already held changes nothing.
+            if meta.index > store.snapshot_point().0 {
+                let mut snap = Snapshot::default();
+                snap.data = data.to_vec().into();
+                snap.set_metadata(meta);
+                store.apply_snapshot(&snap);
+            }
         }
         k => return Err(format!("record kind {k}")),
     }
@@ -263,6 +404,135 @@ mod tests {
         let mut lie = Vec::new();
         frame(&body, &mut lie);
         assert!(replay(vec![1], &lie).torn.unwrap().contains("cannot fit"));
+    }
+
+    fn snap(index: u64, term: u64) -> Snapshot {
+        let mut meta = SnapshotMetadata::default();
+        meta.index = index;
+        meta.term = term;
+        let mut cs = ConfState::default();
+        cs.voters = vec![1, 2, 3];
+        meta.set_conf_state(cs);
+        let mut s = Snapshot::default();
+        let m = crate::meta::Metadata::new(vec![crate::ids::NodeId::new("n1")]);
+        s.data = m.snapshot().into();
+        s.set_metadata(meta);
+        s
+    }
+
+    #[test]
+    fn a_snapshot_record_is_exact_bytes_and_replays_to_the_same_store() {
+        let s = snap(0x0102, 3);
+        let mut out = Vec::new();
+        encode_snapshot(&s, &mut out);
+        let data = s.data.to_vec();
+        let mut body = vec![KIND_SNAPSHOT];
+        body.extend_from_slice(&0x0102u64.to_le_bytes());
+        body.extend_from_slice(&3u64.to_le_bytes());
+        body.extend_from_slice(&3u32.to_le_bytes());
+        for v in [1u64, 2, 3] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        body.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        body.extend_from_slice(&data);
+        let mut expect = (body.len() as u32).to_le_bytes().to_vec();
+        expect.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        expect.extend_from_slice(&body);
+        assert_eq!(out, expect);
+
+        let mut r = Replayer::new(vec![1, 2, 3]);
+        r.snapshot_file(&out).unwrap();
+        let store = r.finish();
+        assert_eq!(store.snapshot_point(), (0x0102, 3));
+        assert_eq!(store.snapshot_data(), &data[..]);
+        assert_eq!(store.hard_state(), &hs(3, 0, 0x0102));
+        assert_eq!(
+            snapshot_file(&store).unwrap(),
+            out,
+            "re-encodes to the same bytes"
+        );
+        assert!(snapshot_file(&MetaStore::new(vec![1])).is_none());
+    }
+
+    #[test]
+    fn a_snapshot_file_must_be_one_whole_snapshot_record() {
+        let mut out = Vec::new();
+        encode_snapshot(&snap(5, 1), &mut out);
+        for cut in 0..out.len() {
+            let mut r = Replayer::new(vec![1, 2, 3]);
+            assert!(r.snapshot_file(&out[..cut]).is_err(), "cut {cut}");
+        }
+        let mut two = out.clone();
+        encode(&[entry(6, 1, b"x")], None, &mut two);
+        assert!(Replayer::new(vec![1]).snapshot_file(&two).is_err());
+        let mut entries = Vec::new();
+        encode(&[entry(1, 1, b"x")], None, &mut entries);
+        let e = Replayer::new(vec![1]).snapshot_file(&entries).unwrap_err();
+        assert!(e.contains("not a snapshot"), "{e}");
+        // A snapshot whose data is not metadata is refused whole.
+        let mut bad = snap(5, 1);
+        bad.data = b"{not json".to_vec().into();
+        let mut out = Vec::new();
+        encode_snapshot(&bad, &mut out);
+        let e = Replayer::new(vec![1]).snapshot_file(&out).unwrap_err();
+        assert!(e.contains("does not decode"), "{e}");
+    }
+
+    /// A crash after the snapshot was renamed in but before the old log was removed: replay
+    /// reads the snapshot, then the old log (whose entries up to the snapshot are skipped and
+    /// whose stale hard state cannot pull the commit below it), then the new log.
+    #[test]
+    fn replay_is_the_snapshot_then_every_log_after_it() {
+        let mut old = Vec::new();
+        encode(
+            &[entry(1, 1, b"a"), entry(2, 1, b"b"), entry(3, 1, b"c")],
+            Some(&hs(1, 1, 1)),
+            &mut old,
+        );
+        encode(&[entry(4, 1, b"d")], None, &mut old);
+        let mut file = Vec::new();
+        encode_snapshot(&snap(3, 1), &mut file);
+        let mut r = Replayer::new(vec![1, 2, 3]);
+        r.snapshot_file(&file).unwrap();
+        assert_eq!(r.log(&old), (old.len(), None));
+        let store = r.finish();
+        assert_eq!(store.snapshot_point(), (3, 1));
+        let idx: Vec<u64> = store
+            .entries_after_snapshot()
+            .iter()
+            .map(|e| e.index)
+            .collect();
+        assert_eq!(idx, vec![4]);
+        assert_eq!(store.hard_state(), &hs(1, 1, 3));
+
+        // The new log as compaction writes it: the head, then a later record.
+        let mut new = log_head(&store);
+        encode(&[entry(5, 2, b"e")], Some(&hs(2, 2, 5)), &mut new);
+        let mut r = Replayer::new(vec![1, 2, 3]);
+        r.snapshot_file(&file).unwrap();
+        r.log(&old);
+        assert_eq!(r.log(&new), (new.len(), None));
+        let both = r.finish();
+        let mut r = Replayer::new(vec![1, 2, 3]);
+        r.snapshot_file(&file).unwrap();
+        r.log(&new);
+        let new_only = r.finish();
+        let got: Vec<(u64, u64)> = both
+            .entries_after_snapshot()
+            .iter()
+            .map(|e| (e.index, e.term))
+            .collect();
+        assert_eq!(got, vec![(4, 1), (5, 2)]);
+        assert_eq!(both.hard_state(), &hs(2, 2, 5));
+        assert_eq!(format!("{both:?}"), format!("{new_only:?}"));
+
+        // An older snapshot record in a log never replaces a newer snapshot.
+        let mut stale = Vec::new();
+        encode_snapshot(&snap(2, 1), &mut stale);
+        let mut r = Replayer::new(vec![1, 2, 3]);
+        r.snapshot_file(&file).unwrap();
+        r.log(&stale);
+        assert_eq!(r.finish().snapshot_point(), (3, 1));
     }
 
     #[test]

@@ -63,15 +63,19 @@ impl MetaStore {
         self.entries.extend_from_slice(entries);
     }
 
-    /// Replaces everything with a snapshot received from the leader.
+    /// Starts the log after a snapshot: one received from the leader, one replayed, or this
+    /// node's own compaction. Entries after it survive only if the log agrees with it at its
+    /// index (then they follow it); otherwise they belong to a log the snapshot replaced.
     pub fn apply_snapshot(&mut self, snap: &Snapshot) {
         let m = snap.get_metadata();
+        let agrees = self.term_at(m.index) == Some(m.term);
         self.snapshot_index = m.index;
         self.snapshot_term = m.term;
         self.snapshot_data = snap.data.to_vec();
         self.conf_state = m.get_conf_state().clone();
-        self.entries.retain(|e| e.index > m.index);
-        if self.entries.first().is_some_and(|e| e.index != m.index + 1) {
+        if agrees {
+            self.entries.retain(|e| e.index > m.index);
+        } else {
             self.entries.clear();
         }
         if self.hard_state.commit < m.index {
@@ -80,6 +84,40 @@ impl MetaStore {
         if self.hard_state.term < m.term {
             self.hard_state.term = m.term;
         }
+    }
+
+    fn term_at(&self, index: u64) -> Option<u64> {
+        if index == self.snapshot_index {
+            return Some(self.snapshot_term);
+        }
+        let i = index.checked_sub(self.snapshot_index + 1)? as usize;
+        self.entries.get(i).map(|e| e.term)
+    }
+
+    /// Drops the entries up to `index` (applied here, so committed), which `data` (the
+    /// state machine at `index`) now stands for. `false`, changing nothing, when `index` is
+    /// not after the snapshot or not in the log.
+    pub fn compact(&mut self, index: u64, data: Vec<u8>) -> bool {
+        if index <= self.snapshot_index {
+            return false;
+        }
+        let Some(term) = self.term_at(index) else {
+            return false;
+        };
+        let mut meta = SnapshotMetadata::default();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(self.conf_state.clone());
+        let mut snap = Snapshot::default();
+        snap.data = data.into();
+        snap.set_metadata(meta);
+        self.apply_snapshot(&snap);
+        true
+    }
+
+    /// The state machine at the snapshot's index (empty before any).
+    pub fn snapshot_data(&self) -> &[u8] {
+        &self.snapshot_data
     }
 
     pub fn entries_after_snapshot(&self) -> &[Entry] {

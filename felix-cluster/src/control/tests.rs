@@ -15,6 +15,8 @@ struct Cluster {
     seed: u64,
     planes: BTreeMap<NodeId, ControlPlane>,
     disks: BTreeMap<NodeId, Vec<u8>>,
+    /// Each node's snapshot file, once it compacted.
+    snapshots: BTreeMap<NodeId, Vec<u8>>,
     net: VecDeque<(NodeId, NodeId, Message)>,
     /// Nodes whose traffic is dropped both ways.
     cut: BTreeSet<NodeId>,
@@ -38,6 +40,7 @@ impl Cluster {
             seed,
             planes: BTreeMap::new(),
             disks: BTreeMap::new(),
+            snapshots: BTreeMap::new(),
             net: VecDeque::new(),
             cut: BTreeSet::new(),
             applied: BTreeMap::new(),
@@ -51,15 +54,32 @@ impl Cluster {
     /// Starts (or restarts) a node from whatever its disk holds.
     fn start(&mut self, node: &NodeId) {
         let disk = self.disks.entry(node.clone()).or_default();
-        let replayed = record::replay(voters().raft_ids(), disk);
-        assert_eq!(replayed.torn, None);
-        let plane = ControlPlane::new(config(node, self.seed), replayed.store, self.now);
+        let mut replay = record::Replayer::new(voters().raft_ids());
+        if let Some(snap) = self.snapshots.get(node) {
+            replay.snapshot_file(snap).unwrap();
+        }
+        assert_eq!(replay.log(disk), (disk.len(), None));
+        let plane = ControlPlane::new(config(node, self.seed), replay.finish(), self.now);
         self.planes.insert(node.clone(), plane);
         self.net.retain(|(from, to, _)| from != node && to != node);
     }
 
+    /// What the engine's metadata log does past its threshold: the snapshot file, then a
+    /// fresh log holding what follows it.
+    fn compact(&mut self, node: &NodeId) -> u64 {
+        let p = self.planes.get_mut(node).unwrap();
+        let c = p
+            .compaction()
+            .expect("something applied since the last snapshot");
+        self.snapshots.insert(node.clone(), c.snapshot_file.clone());
+        self.disks.insert(node.clone(), c.head.clone());
+        p.compacted(&c);
+        c.index
+    }
+
     fn wipe(&mut self, node: &NodeId) {
         self.disks.insert(node.clone(), Vec::new());
+        self.snapshots.remove(node);
         self.start(node);
         // What the peer handshake tells every other node when the restarted one dials it.
         for (name, p) in self.planes.iter_mut() {
@@ -370,4 +390,66 @@ fn a_follower_that_comes_back_blank_catches_up_from_the_leader() {
     c.run_until(50, |c| c.planes[&follower].votes());
     assert_eq!(c.planes[&follower].metadata().members, want.members);
     assert_eq!(c.leaders(), vec![leader], "no election was needed");
+}
+
+/// Every node compacts its log into a snapshot; a restart from snapshot and fresh log
+/// rebuilds the same metadata and votes at once, and a follower that then loses its disk is
+/// caught up by the leader's snapshot (the entries it needs are gone from every log).
+#[test]
+fn a_compacted_log_restarts_from_its_snapshot_and_a_blank_follower_gets_the_snapshot() {
+    let mut c = Cluster::new(31);
+    c.run_until(100, |c| c.leaders().len() == 1);
+    c.join_all();
+    let now = c.now;
+    for (name, p) in c.planes.iter_mut() {
+        p.want(
+            Command::Declare {
+                node: name.clone(),
+                declarations: declarations(),
+            },
+            now,
+        );
+    }
+    c.run_until(100, |c| {
+        c.planes
+            .values()
+            .all(|p| p.metadata().declared_by.len() == 3)
+    });
+    c.run(3);
+    let want = c.planes[&n("n1")].metadata().clone();
+    let names: Vec<NodeId> = c.planes.keys().cloned().collect();
+    for name in &names {
+        let index = c.compact(name);
+        assert_eq!(index, c.planes[name].metadata().applied);
+        assert!(
+            c.planes[name].compaction().is_none(),
+            "nothing new to cover"
+        );
+    }
+    let leader = c.leaders()[0].clone();
+    let term = c.planes[&leader].term();
+    // Every node restarts from its snapshot and the short log after it.
+    for name in &names {
+        c.start(name);
+        assert!(c.planes[name].votes(), "{name} has state: it is not blank");
+        assert_eq!(c.planes[name].metadata(), &want, "{name}");
+        assert!(c.planes[name].term() >= term);
+    }
+    c.run_until(100, |c| c.leaders().len() == 1);
+    let leader = c.leaders()[0].clone();
+    let follower = names.iter().find(|n| **n != leader).unwrap().clone();
+    c.wipe(&follower);
+    assert!(!c.planes[&follower].votes());
+    c.run_until(50, |c| c.planes[&follower].votes());
+    assert!(
+        c.planes[&follower].node.store().snapshot_point().0 > 0,
+        "caught up by a snapshot"
+    );
+    let got = c.planes[&follower].metadata();
+    assert_eq!(got.streams, want.streams);
+    assert_eq!(got.declared_by, want.declared_by);
+    // What it was sent is on its disk: a snapshot record in its log.
+    c.start(&follower);
+    assert_eq!(c.planes[&follower].metadata().streams, want.streams);
+    assert!(c.planes[&follower].votes());
 }

@@ -1,10 +1,13 @@
 //! This node's part in a cluster: the control plane (felix-cluster's raft-rs driver) over the
 //! peer links (`peers.rs`), and the views of the metadata that sessions route by.
 //!
-//! Metadata is small and kept in memory. A node's raft log is in memory too in this version:
-//! a restarted node comes back blank, and the control plane's disk guard keeps it from voting
-//! until it has caught up from the others (docs/cluster.md, "Restarts").
+//! Metadata is small and kept in memory. On a node with durable storage the raft log and its
+//! snapshots are also on disk (`metalog.rs`): the control plane starts only once they are
+//! replayed, and each record it asks for is confirmed only after its sync. Without durable
+//! storage the log is memory only: a restarted node comes back blank, and the control
+//! plane's disk guard keeps it from voting until it has caught up (docs/cluster.md).
 
+mod metalog;
 mod peers;
 
 use core::net::SocketAddr;
@@ -16,17 +19,20 @@ use felix_cluster::control::store::MetaStore;
 use felix_cluster::control::wire::{from_peer, to_peer};
 use felix_cluster::control::{ControlConfig, ControlOutput, ControlPlane};
 use felix_cluster::meta::{
-    Applied, CacheSpec, Command, Consistency as MetaConsistency, Declarations, ObjectKey,
+    Applied, CacheSpec, Command, Consistency as MetaConsistency, Declarations, Metadata, ObjectKey,
     ShardMeta, StreamSpec,
 };
 use felix_cluster::routing::Owner;
 use felix_cluster::{NodeId, Voters};
 use felix_peer_proto::PeerMessage;
+use felix_storage::ops::{FileCompletion, FileOp};
 use tracing::{info, warn};
 
 use crate::config::{ClusterConfig, Consistency, DeclaredStream};
 use crate::engine::{Datagram, Transmit};
 use crate::tls::TlsIdentity;
+pub(crate) use metalog::METALOG_LOG;
+use metalog::{Done, MetaLog};
 use peers::{Identity, PeerCrypto, PeerEvent, PeerLimits, PeerNet};
 
 /// A shard's owner as `shard_owners` reports it.
@@ -100,7 +106,13 @@ pub(crate) struct ClusterNode {
     next_channel: u32,
     cluster_id: String,
     net: PeerNet,
-    control: ControlPlane,
+    /// `None` while the metadata log is replayed; then `starting` holds what it needs.
+    control: Option<ControlPlane>,
+    starting: Option<(ControlConfig, Vec<Command>)>,
+    /// What sessions see before the control plane runs: nothing placed, nobody joined.
+    blank: Metadata,
+    /// The metadata log on disk; `None` without durable storage.
+    metalog: Option<MetaLog>,
     /// Why the cluster refused this node (its declarations disagree): fatal.
     refusal: Option<String>,
     default_replication_factor: u8,
@@ -141,6 +153,7 @@ impl ClusterNode {
         client_identity: &TlsIdentity,
         provider: Arc<rustls::crypto::CryptoProvider>,
         seed: &[u8; 32],
+        metadata_log_compact_bytes: Option<u64>,
         now: Instant,
     ) -> Result<ClusterNode, String> {
         let voters = Voters::new(cfg.peers.iter().map(|p| NodeId::new(&p.node_id)).collect())
@@ -195,25 +208,22 @@ impl ClusterNode {
         };
         let net = PeerNet::new(identity, names, dial, &crypto, limits, seed, now)?;
         let control_seed = u64::from_be_bytes(derived[24..32].try_into().expect("8 bytes"));
-        let store = MetaStore::new(voters.raft_ids());
+        let raft_ids = voters.raft_ids();
+        let blank = Metadata::new(voters.names().to_vec());
         let control_cfg = ControlConfig::new(me.clone(), voters, control_seed, cfg.lease);
-        let mut control = ControlPlane::new(control_cfg, store, now);
         let storage_hex: String = storage_id.iter().map(|b| format!("{b:02x}")).collect();
-        control.want(
+        let wishes = vec![
             Command::Join {
                 node: me.clone(),
                 client_addr: cfg.client_advertise_addr.clone(),
                 storage_id: storage_hex,
             },
-            now,
-        );
-        control.want(
             Command::Declare {
                 node: me.clone(),
                 declarations: declarations(declared_streams, cfg),
             },
-            now,
-        );
+        ];
+        let metalog = metadata_log_compact_bytes.map(|b| MetaLog::open(raft_ids.clone(), b));
         let mut node = ClusterNode {
             sent: BTreeMap::new(),
             done: Default::default(),
@@ -229,12 +239,93 @@ impl ClusterNode {
             cluster_id: cid,
             me,
             net,
-            control,
+            control: None,
+            starting: Some((control_cfg, wishes)),
+            blank,
+            metalog,
             refusal: None,
             default_replication_factor: cfg.default_replication_factor.max(1),
         };
+        if node.metalog.is_none() {
+            node.start_control(MetaStore::new(raft_ids), now);
+        }
         node.pump(now);
         Ok(node)
+    }
+
+    /// Starts raft from `store` (replayed, or blank) with this node's standing wishes.
+    fn start_control(&mut self, store: MetaStore, now: Instant) {
+        let Some((cfg, wishes)) = self.starting.take() else {
+            return;
+        };
+        let mut control = ControlPlane::new(cfg, store, now);
+        // A refusal inside a replayed snapshot is not applied again: read it from the state.
+        if let Some(reason) = control.metadata().refused.get(&self.me) {
+            warn!(%reason, "the cluster refused this node's declarations");
+            self.refusal = Some(reason.clone());
+        }
+        for w in wishes {
+            control.want(w, now);
+        }
+        self.control = Some(control);
+    }
+
+    /// The metadata as applied here (empty until the control plane runs).
+    fn meta(&self) -> &Metadata {
+        self.control.as_ref().map_or(&self.blank, |c| c.metadata())
+    }
+
+    /// The metadata log's next file op.
+    pub(crate) fn poll_file_op(&mut self) -> Option<FileOp> {
+        self.metalog.as_mut()?.poll_op()
+    }
+
+    /// A metadata log op completed: confirms records to raft, starts it once replayed.
+    pub(crate) fn handle_file_completion(&mut self, now: Instant, c: FileCompletion) {
+        let Some(log) = self.metalog.as_mut() else {
+            return;
+        };
+        log.handle_completion(c);
+        if let Some(store) = log.take_loaded() {
+            self.start_control(store, now);
+        }
+        self.pump(now);
+    }
+
+    /// Confirmations from the metadata log, and a compaction once its log is long enough.
+    fn drain_metalog(&mut self) -> bool {
+        let (Some(log), Some(control)) = (self.metalog.as_mut(), self.control.as_mut()) else {
+            return false;
+        };
+        let mut any = false;
+        while let Some(done) = log.poll_done() {
+            any = true;
+            match done {
+                Done::Persisted(ready) => control.persisted(ready),
+                Done::Compacted(c) => control.compacted(&c),
+            }
+        }
+        if log.wants_compaction() {
+            if let Some(c) = control.compaction() {
+                log.compact(c);
+            }
+        }
+        any
+    }
+
+    /// The metadata log is replayed (always true without durable storage).
+    pub(crate) fn storage_ready(&self) -> bool {
+        self.metalog.as_ref().is_none_or(|l| l.is_open())
+    }
+
+    /// Why the metadata log cannot go on (a corrupt snapshot, a failed write).
+    pub(crate) fn storage_error(&self) -> Option<&str> {
+        self.metalog.as_ref().and_then(|l| l.fatal())
+    }
+
+    /// No metadata log op queued or in flight.
+    pub(crate) fn storage_idle(&self) -> bool {
+        self.metalog.as_ref().is_none_or(|l| l.is_idle())
     }
 
     pub(crate) fn handle_datagram(&mut self, now: Instant, datagram: Datagram) {
@@ -279,13 +370,15 @@ impl ClusterNode {
             self.answered(now, &s.to);
         }
         self.net.handle_timeout(now);
-        if self.control.poll_timeout() <= now {
-            self.control.handle_timeout(now);
+        if let Some(c) = self.control.as_mut() {
+            if c.poll_timeout() <= now {
+                c.handle_timeout(now);
+            }
         }
         self.pump(now);
     }
 
-    pub(crate) fn poll_timeout(&self) -> Instant {
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let forwards = self.sent.values().map(|s| s.deadline).min();
         let waiting = self
             .waiting
@@ -296,10 +389,11 @@ impl ClusterNode {
                     .map(|w| w.deadline)
             })
             .min();
-        [self.net.poll_timeout(), forwards, waiting]
+        let control = self.control.as_ref().map(|c| c.poll_timeout());
+        [self.net.poll_timeout(), forwards, waiting, control]
             .into_iter()
             .flatten()
-            .fold(self.control.poll_timeout(), Instant::min)
+            .min()
     }
 
     /// A channel number for one client session's forwards (the high half of their ids).
@@ -532,14 +626,18 @@ impl ClusterNode {
                 let (from, message) = match event {
                     PeerEvent::Message { from, message } => (from, *message),
                     PeerEvent::Connected { from } => {
-                        self.control.peer_reconnected(&NodeId::new(from));
+                        if let Some(c) = self.control.as_mut() {
+                            c.peer_reconnected(&NodeId::new(from));
+                        }
                         continue;
                     }
                 };
                 match message {
                     PeerMessage::Raft(m) => {
-                        if let Some(m) = from_peer(m) {
-                            self.control.handle_message(now, &NodeId::new(from), m);
+                        // Before the log is replayed raft is not running: dropped, as raft
+                        // tolerates any lost message.
+                        if let (Some(m), Some(c)) = (from_peer(m), self.control.as_mut()) {
+                            c.handle_message(now, &NodeId::new(from), m);
                         }
                     }
                     PeerMessage::Forward(forward) => {
@@ -568,15 +666,24 @@ impl ClusterNode {
                     other => warn!(%from, kind = ?other.kind(), "unexpected peer message"),
                 }
             }
-            while let Some(out) = self.control.poll_output() {
+            any |= self.drain_metalog();
+            while let Some(out) = self.control.as_mut().and_then(|c| c.poll_output()) {
                 any = true;
                 match out {
                     ControlOutput::Send { to, message } => {
                         self.net
                             .send(to.as_str(), &PeerMessage::Raft(to_peer(&message)));
                     }
-                    // The metadata log lives in memory: durable as soon as it is written.
-                    ControlOutput::Persist { ready, .. } => self.control.persisted(ready),
+                    ControlOutput::Persist { ready, record } => match self.metalog.as_mut() {
+                        // Confirmed by the sync's completion (`drain_metalog`).
+                        Some(log) => log.append(ready, record),
+                        // In memory only: durable as soon as it is written.
+                        None => {
+                            if let Some(c) = self.control.as_mut() {
+                                c.persisted(ready);
+                            }
+                        }
+                    },
                     ControlOutput::Applied(a) => self.on_applied(a),
                 }
             }
@@ -611,22 +718,22 @@ impl ClusterNode {
         self.forward_timeout
     }
 
-    /// Why this node must stop: the cluster refused it.
+    /// Why this node must stop: the cluster refused it, or its metadata log failed.
     pub(crate) fn refusal(&self) -> Option<&str> {
-        self.refusal.as_deref()
+        self.refusal.as_deref().or_else(|| self.storage_error())
     }
 
     /// Joined, its declarations accepted: it can serve.
     pub(crate) fn is_serving(&self) -> bool {
-        let meta = self.control.metadata();
-        self.refusal.is_none()
+        let meta = self.meta();
+        self.refusal().is_none()
             && meta.members.get(&self.me).is_some_and(|m| m.up)
             && meta.declared_by.get(&self.me) == Some(&true)
     }
 
     /// How many stream and cache shards this node leads, and holds without leading.
     pub(crate) fn shard_roles(&self) -> (u64, u64) {
-        let meta = self.control.metadata();
+        let meta = self.meta();
         let shards = meta
             .streams
             .values()
@@ -643,18 +750,23 @@ impl ClusterNode {
         (led, followed)
     }
 
+    /// The metadata log's term and last applied index here (0, 0 before raft runs).
+    pub(crate) fn metadata_progress(&self) -> (u64, u64) {
+        self.control
+            .as_ref()
+            .map_or((0, 0), |c| (c.term(), c.metadata().applied))
+    }
+
     /// `topology`'s answer: every member that can serve and has a client address.
     pub(crate) fn topology(&self) -> Vec<(String, String)> {
-        self.control
-            .metadata()
+        self.meta()
             .serving_members()
             .map(|(n, a)| (n.0.clone(), a.to_owned()))
             .collect()
     }
 
     fn member_addr(&self, node: &NodeId) -> Option<String> {
-        self.control
-            .metadata()
+        self.meta()
             .members
             .get(node)
             .and_then(|m| m.client_addr.clone())
@@ -673,11 +785,7 @@ impl ClusterNode {
     }
 
     fn stream_shards_meta(&self, key: &ObjectKey) -> Option<&[ShardMeta]> {
-        self.control
-            .metadata()
-            .streams
-            .get(key)
-            .map(|s| s.shards.as_slice())
+        self.meta().streams.get(key).map(|s| s.shards.as_slice())
     }
 
     /// Who serves shard `shard` of a stream; `None` for a stream not placed yet.
@@ -699,8 +807,7 @@ impl ClusterNode {
     /// Who serves a cache (its one shard).
     pub(crate) fn cache_owner(&self, tenant: &str, namespace: &str, cache: &str) -> Option<Owner> {
         let c = self
-            .control
-            .metadata()
+            .meta()
             .caches
             .get(&ObjectKey::new(tenant, namespace, cache))?;
         Some(
@@ -730,8 +837,15 @@ impl ClusterNode {
             replication_factor: self.default_replication_factor,
             consistency: MetaConsistency::Leader,
         };
-        self.control
-            .want_stream(ObjectKey::new(tenant, namespace, stream), spec, now);
+        let key = ObjectKey::new(tenant, namespace, stream);
+        match self.control.as_mut() {
+            Some(c) => c.want_stream(key, spec, now),
+            None => {
+                if let Some((_, wishes)) = self.starting.as_mut() {
+                    wishes.push(Command::CreateStream { key, spec });
+                }
+            }
+        }
         self.pump(now);
     }
 
@@ -744,7 +858,7 @@ impl ClusterNode {
         name: &str,
     ) -> Option<Vec<OwnerEntry>> {
         let key = ObjectKey::new(tenant, namespace, name);
-        let meta = self.control.metadata();
+        let meta = self.meta();
         let shards = if cache {
             meta.caches.get(&key).map(|c| c.shards.as_slice())
         } else {

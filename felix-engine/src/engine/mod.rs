@@ -498,12 +498,18 @@ impl Engine {
                     .crypto_provider
                     .clone()
                     .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+                // A durable node keeps its metadata log on disk beside its streams.
+                let metadata_log = config
+                    .durable
+                    .as_ref()
+                    .map(|_| c.metadata_log_compact_bytes);
                 let node = crate::cluster::ClusterNode::new(
                     c,
                     &config.declared_streams,
                     &config.tls,
                     provider,
                     &seed,
+                    metadata_log,
                     now,
                 )
                 .map_err(EngineError::Config)?;
@@ -631,7 +637,7 @@ impl Engine {
     /// Runs every timer due at `now`. One turn.
     pub fn handle_timeout(&mut self, now: Instant) {
         if let Some(c) = self.core.cluster.as_mut() {
-            if c.poll_timeout() <= now {
+            if c.poll_timeout().is_some_and(|at| at <= now) {
                 c.handle_timeout(now);
             }
         }
@@ -659,7 +665,13 @@ impl Engine {
     pub fn handle_file_completion(&mut self, now: Instant, completion: FileCompletion) {
         self.file_ops_in_flight = self.file_ops_in_flight.saturating_sub(1);
         self.core.metrics.file_op_completed(now, &completion);
-        self.core.broker.handle_file_completion(now, completion);
+        if completion.id.log() == crate::cluster::METALOG_LOG {
+            if let Some(c) = self.core.cluster.as_mut() {
+                c.handle_file_completion(now, completion);
+            }
+        } else {
+            self.core.broker.handle_file_completion(now, completion);
+        }
         self.settle(now);
     }
 
@@ -759,7 +771,8 @@ impl Engine {
         buf.clear();
         // File work first: an fsync started now releases its waiters sooner.
         if self.file_ops_in_flight < self.max_inflight_file_ops {
-            if let Some(op) = self.core.broker.poll_file_op() {
+            let metadata = self.core.cluster.as_mut().and_then(|c| c.poll_file_op());
+            if let Some(op) = metadata.or_else(|| self.core.broker.poll_file_op()) {
                 self.file_ops_in_flight += 1;
                 self.core.stats.file_ops += 1;
                 self.core.metrics.file_op_issued(now, &op);
@@ -812,7 +825,7 @@ impl Engine {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let conns = self.timers.first().map(|&(at, _)| at);
-        let cluster = self.core.cluster.as_ref().map(|c| c.poll_timeout());
+        let cluster = self.core.cluster.as_ref().and_then(|c| c.poll_timeout());
         let placement = self
             .core
             .awaiting_placement
@@ -840,7 +853,7 @@ impl Engine {
     /// Startup recovery is done: every log found in the storage directory is open (always
     /// true without durable storage). Feed no datagrams before this.
     pub fn is_ready(&self) -> bool {
-        self.core.broker.is_ready()
+        self.core.broker.is_ready() && self.core.cluster.as_ref().is_none_or(|c| c.storage_ready())
     }
 
     /// Ready to serve clients: storage is open and, in a cluster, this node has joined and
@@ -858,13 +871,16 @@ impl Engine {
     /// Why this broker must not start: a log found at startup could not be opened (for
     /// corruption inside a segment, the message names the file and the byte).
     pub fn storage_error(&self) -> Option<&str> {
-        self.core.broker.storage_fatal()
+        let cluster = self.core.cluster.as_ref().and_then(|c| c.storage_error());
+        self.core.broker.storage_fatal().or(cluster)
     }
 
     /// No file work is left: after [`shutdown`](Self::shutdown), every log has synced what
     /// it wrote. Keep performing file operations until this holds (or a deadline passes).
     pub fn storage_idle(&self) -> bool {
-        self.file_ops_in_flight == 0 && self.core.broker.storage_idle()
+        self.file_ops_in_flight == 0
+            && self.core.broker.storage_idle()
+            && self.core.cluster.as_ref().is_none_or(|c| c.storage_idle())
     }
 
     /// What the engine holds now, against its limits (walks every connection).
@@ -914,6 +930,7 @@ impl Engine {
             .snapshot(&self.stats(), &self.usage(), &broker, log_bytes);
         if let Some(c) = &self.core.cluster {
             (m.cluster_shards_led, m.cluster_shards_followed) = c.shard_roles();
+            (m.cluster_metadata_term, m.cluster_metadata_applied) = c.metadata_progress();
         }
         m
     }

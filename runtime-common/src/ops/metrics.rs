@@ -159,6 +159,18 @@ impl Collector for Snapshot {
             "shards this node holds a replica of without leading them",
             m.cluster_shards_followed,
         )?;
+        gauge(
+            e,
+            "cluster_metadata_term",
+            "the cluster metadata log's raft term as this node knows it",
+            m.cluster_metadata_term,
+        )?;
+        gauge(
+            e,
+            "cluster_metadata_applied",
+            "the last cluster metadata log index applied on this node",
+            m.cluster_metadata_applied,
+        )?;
         counter(
             e,
             "forwards_sent",
