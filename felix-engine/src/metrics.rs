@@ -159,6 +159,14 @@ pub struct Metrics {
     pub forwards_sent: u64,
     /// Forwarded requests this node ran as the leader.
     pub forwards_served: u64,
+    /// Gauge: forward channels open here as a leader (one per client session forwarding here).
+    pub forwarded_sessions: u64,
+    /// Gauge: forwards waiting on this node for a place in their peer's forward window.
+    pub forwards_waiting: u64,
+    /// Gauge: peer links up.
+    pub peer_links: u64,
+    /// Peer messages dropped because a down link's backlog was full.
+    pub peer_messages_dropped: u64,
     /// Syncs handed out and not yet completed, with the `now` they left at.
     syncs_in_flight: HashMap<OpId, Instant>,
 }
@@ -200,6 +208,10 @@ impl Default for Metrics {
             cluster_metadata_applied: 0,
             forwards_sent: 0,
             forwards_served: 0,
+            forwarded_sessions: 0,
+            forwards_waiting: 0,
+            peer_links: 0,
+            peer_messages_dropped: 0,
             syncs_in_flight: HashMap::new(),
         }
     }
@@ -291,6 +303,10 @@ impl Metrics {
         m.publishes_refused = stats.publishes_refused;
         m.forwards_sent = stats.forwards;
         m.forwards_served = stats.forwards_served;
+        m.forwarded_sessions = stats.forwarded_sessions;
+        m.forwards_waiting = stats.forwards_waiting;
+        m.peer_links = stats.peer_links;
+        m.peer_messages_dropped = stats.peer_messages_dropped;
         m.deliveries = broker.deliveries;
         m.subscriber_dropped_batches = broker.dropped_batches;
         m.subscriber_dropped_records = broker.dropped_records;

@@ -226,6 +226,18 @@ async fn writes_through_a_non_owner_are_forwarded_to_the_leader() {
         "{entry_m:?}"
     );
     assert!(v(&leader_m, "felix_broker_forwards_served_total") >= 20.0);
+    // The entry node's client session is still open: its channel is open on the leader.
+    assert_eq!(
+        v(&leader_m, "felix_broker_forwarded_sessions"),
+        1.0,
+        "{leader_m:?}"
+    );
+    for m in [&entry_m, &leader_m] {
+        // Each node dials each peer and accepts each peer's dial: two links per peer.
+        assert_eq!(v(m, "felix_broker_peer_links"), 4.0, "{m:?}");
+        assert_eq!(v(m, "felix_broker_peer_messages_dropped_total"), 0.0);
+        assert_eq!(v(m, "felix_broker_forwards_waiting"), 0.0);
+    }
 
     // The cache lives on one node; a put through each node is read back through every other.
     for (i, writer) in (0..3).enumerate() {

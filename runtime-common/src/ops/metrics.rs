@@ -183,6 +183,30 @@ impl Collector for Snapshot {
             "forwarded requests run here as the shard's leader",
             m.forwards_served,
         )?;
+        gauge(
+            e,
+            "forwarded_sessions",
+            "forward channels open here as a shard leader (one per client session forwarding here)",
+            m.forwarded_sessions,
+        )?;
+        gauge(
+            e,
+            "forwards_waiting",
+            "forwards waiting here for a place in their peer's forward window",
+            m.forwards_waiting,
+        )?;
+        gauge(
+            e,
+            "peer_links",
+            "peer links up (two per peer: the one dialed and the one accepted)",
+            m.peer_links,
+        )?;
+        counter(
+            e,
+            "peer_messages_dropped",
+            "peer messages dropped because a down link's backlog was full",
+            m.peer_messages_dropped,
+        )?;
         counter(
             e,
             "streams_accepted",
