@@ -57,6 +57,16 @@ impl RunningBroker {
         self.ops_state.until_ready().await
     }
 
+    /// In a cluster, resolves the next time this node applies cluster metadata (a member
+    /// joining or going down, a placement): what a test waits for between looks at the
+    /// topology, instead of polling it. Register before looking, then look, then wait. `Err` if
+    /// the broker stopped first.
+    pub fn metadata_changed(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(), oneshot::Canceled>> {
+        self.ops_state.next_metadata_change()
+    }
+
     /// The runtime it runs on (`"tokio"`, `"smol"`).
     pub fn runtime(&self) -> &'static str {
         self.runtime

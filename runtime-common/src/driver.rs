@@ -156,6 +156,7 @@ impl<R: Runtime> Driver<R> {
             return true;
         }
         ops.set_ready(self.engine.is_serving());
+        ops.set_metadata_applied(self.engine.cluster_metadata_applied());
         false
     }
 

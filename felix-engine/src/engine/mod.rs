@@ -862,6 +862,15 @@ impl Engine {
         self.is_ready() && self.core.cluster.as_ref().is_none_or(|c| c.is_serving())
     }
 
+    /// In a cluster, the last metadata index this node applied (0 before any, and outside a
+    /// cluster). It moves whenever membership, liveness or placement changes.
+    pub fn cluster_metadata_applied(&self) -> u64 {
+        self.core
+            .cluster
+            .as_ref()
+            .map_or(0, |c| c.metadata_progress().1)
+    }
+
     /// Why this node must stop: the cluster refused its declarations (the message names the
     /// stream or cache that disagrees).
     pub fn cluster_error(&self) -> Option<&str> {

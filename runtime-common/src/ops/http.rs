@@ -80,6 +80,9 @@ pub(crate) struct OpsState {
     pub(crate) control: mpsc::UnboundedSender<Control>,
     /// Waiting for `ready` to turn true ([`crate::RunningBroker::until_ready`]).
     ready_waiters: std::sync::Mutex<Vec<futures_channel::oneshot::Sender<()>>>,
+    /// In a cluster: the last metadata index applied, and who waits for it to move
+    /// ([`crate::RunningBroker::metadata_changed`]).
+    metadata: std::sync::Mutex<(u64, Vec<futures_channel::oneshot::Sender<()>>)>,
 }
 
 impl OpsState {
@@ -90,6 +93,7 @@ impl OpsState {
             ready: AtomicBool::new(false),
             control: tx,
             ready_waiters: std::sync::Mutex::new(Vec::new()),
+            metadata: std::sync::Mutex::new((0, Vec::new())),
         };
         (Arc::new(state), rx)
     }
@@ -102,6 +106,24 @@ impl OpsState {
                 let _ = w.send(());
             }
         }
+    }
+
+    /// The drive loop reports the metadata index it has applied; a move wakes the waiters.
+    pub(crate) fn set_metadata_applied(&self, applied: u64) {
+        let mut m = self.metadata.lock().expect("not poisoned");
+        if m.0 != applied {
+            m.0 = applied;
+            for w in m.1.drain(..) {
+                let _ = w.send(());
+            }
+        }
+    }
+
+    /// Resolves once the applied metadata index moves past what it is now.
+    pub(crate) fn next_metadata_change(&self) -> futures_channel::oneshot::Receiver<()> {
+        let (tx, rx) = futures_channel::oneshot::channel();
+        self.metadata.lock().expect("not poisoned").1.push(tx);
+        rx
     }
 
     /// Resolves once `ready` is true (at once if it is); the check and the registration are
