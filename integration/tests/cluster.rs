@@ -3,7 +3,6 @@
 //! that reaches a node not leading its shard is redirected to the one that does, and a node
 //! that stops leaves the topology and rejoins when it comes back.
 
-
 use felix_client::{Offer, Start};
 use felix_integration::cluster_support::{Cluster, NODES};
 use felix_integration::{within, TENANT};

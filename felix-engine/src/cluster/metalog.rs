@@ -6,7 +6,13 @@
 //! cluster/meta.snapshot        the state machine at some index (one snapshot record)
 //! cluster/meta.snapshot.tmp    a snapshot being written; never read, removed at start
 //! cluster/meta-<gen:020>.log   the records after the snapshot; the highest gen is appended to
+//! cluster/storage.id           this disk's identity (32 hex digits): written once, read at start
+//! cluster/storage.id.tmp       an identity being written; removed at start
 //! ```
+//!
+//! The storage identity is what the cluster records for this node's disk: the same after a
+//! restart, new when the directory was wiped (the metadata then records the node as having
+//! rejoined without its disk, and replication counts it for nothing until rebuilt).
 //!
 //! Nothing here touches a file: like a stream's log it emits [`FileOp`]s and takes their
 //! completions, one op at a time, so every write, sync, rename and removal happens in the
@@ -41,6 +47,10 @@ pub(crate) const METALOG_LOG: LogId = LogId(0xE000_0000);
 pub(crate) const DIR: &str = "cluster";
 pub(crate) const SNAPSHOT: &str = "cluster/meta.snapshot";
 pub(crate) const SNAPSHOT_TMP: &str = "cluster/meta.snapshot.tmp";
+pub(crate) const IDENTITY: &str = "cluster/storage.id";
+pub(crate) const IDENTITY_TMP: &str = "cluster/storage.id.tmp";
+/// 32 hex digits and a newline.
+const IDENTITY_LEN: u64 = 33;
 /// Bytes asked for per read while replaying.
 const READ_CHUNK: u32 = 1 << 20;
 
@@ -50,6 +60,19 @@ pub(crate) fn log_path(generation: u64) -> String {
 
 fn log_name(generation: u64) -> String {
     format!("meta-{generation:020}.log")
+}
+
+/// `storage.id`'s contents: 32 lowercase or uppercase hex digits and a newline.
+fn parse_identity(bytes: &[u8]) -> Option<[u8; 16]> {
+    let text = std::str::from_utf8(bytes).ok()?.strip_suffix('\n')?;
+    if text.len() != 32 || !text.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, b) in id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(id)
 }
 
 fn parse_log_name(name: &str) -> Option<u64> {
@@ -68,6 +91,8 @@ enum Then {
     Listed,
     /// One chunk of the file being read for replay.
     Read,
+    /// The storage identity file's contents.
+    Identity,
     /// The sync of this ready's record.
     Persisted(u64),
     /// The directory sync after the snapshot's rename.
@@ -121,6 +146,10 @@ pub(crate) struct MetaLog {
     replayer: Option<Replayer>,
     generations: Vec<u64>,
     loaded: Option<MetaStore>,
+    /// This disk's identity: read from `storage.id`, or the candidate given at open, written
+    /// there during the start when the file was missing.
+    storage_id: [u8; 16],
+    identity_on_disk: bool,
     // Running.
     /// The log appends go to (as queued: a compaction's new log once it is queued).
     generation: u64,
@@ -131,8 +160,9 @@ pub(crate) struct MetaLog {
 }
 
 impl MetaLog {
-    /// Starts by listing `cluster/`.
-    pub(crate) fn open(voters: Vec<u64>, compact_bytes: u64) -> MetaLog {
+    /// Starts by listing `cluster/`. `candidate_id` becomes the disk's storage identity if it
+    /// has none yet.
+    pub(crate) fn open(voters: Vec<u64>, compact_bytes: u64, candidate_id: [u8; 16]) -> MetaLog {
         let mut log = MetaLog {
             voters,
             compact_bytes: compact_bytes.max(1),
@@ -146,6 +176,8 @@ impl MetaLog {
             replayer: None,
             generations: Vec::new(),
             loaded: None,
+            storage_id: candidate_id,
+            identity_on_disk: false,
             generation: 0,
             log_bytes: 0,
             compacting: false,
@@ -203,6 +235,7 @@ impl MetaLog {
             Then::Nothing | Then::MayBeMissing => {}
             Then::Listed => self.listed(output),
             Then::Read => self.read(output),
+            Then::Identity => self.identity(output),
             Then::Persisted(ready) => self.done.push_back(Done::Persisted(ready)),
             Then::SnapshotDurable(c) => self.done.push_back(Done::Compacted(c)),
             Then::Opened => self.phase = Phase::Open,
@@ -229,8 +262,14 @@ impl MetaLog {
         let mut snapshot = None;
         let mut logs = Vec::new();
         let mut tmp = false;
+        let mut identity = None;
+        let mut identity_tmp = false;
         for e in entries.iter().filter(|e| !e.is_dir) {
-            if e.name == "meta.snapshot" {
+            if e.name == "storage.id" {
+                identity = Some(e.len);
+            } else if e.name == "storage.id.tmp" {
+                identity_tmp = true;
+            } else if e.name == "meta.snapshot" {
                 snapshot = Some(e.len);
             } else if e.name == "meta.snapshot.tmp" {
                 tmp = true;
@@ -239,6 +278,31 @@ impl MetaLog {
             }
         }
         logs.sort();
+        if identity_tmp {
+            // Never renamed in: the identity it held was never announced.
+            self.push(
+                FileOpKind::Remove {
+                    path: IDENTITY_TMP.into(),
+                },
+                Then::MayBeMissing,
+            );
+        }
+        if let Some(len) = identity {
+            if len != IDENTITY_LEN {
+                return self.fail(format!(
+                    "the storage identity {IDENTITY} is corrupt: {len} bytes, not {IDENTITY_LEN}"
+                ));
+            }
+            self.identity_on_disk = true;
+            self.push(
+                FileOpKind::Read {
+                    path: IDENTITY.into(),
+                    pos: 0,
+                    len: IDENTITY_LEN as u32,
+                },
+                Then::Identity,
+            );
+        }
         if tmp {
             // A snapshot that was never renamed in: whatever it holds, the logs still hold.
             self.push(
@@ -322,8 +386,50 @@ impl MetaLog {
         self.read_next();
     }
 
+    fn identity(&mut self, output: FileOutput) {
+        let parsed = match output {
+            FileOutput::Data(d) => parse_identity(&d),
+            _ => None,
+        };
+        match parsed {
+            Some(id) => self.storage_id = id,
+            None => self.fail(format!(
+                "the storage identity {IDENTITY} is corrupt: not 32 hex digits and a newline"
+            )),
+        }
+    }
+
+    /// This disk's storage identity (meaningful once open).
+    pub(crate) fn storage_id(&self) -> [u8; 16] {
+        self.storage_id
+    }
+
     /// Writes what replay found into a fresh log after `last`, then removes the old ones.
     fn rotate_at_start(&mut self, last: u64) {
+        if !self.identity_on_disk {
+            // Before anything of the metadata is written again: a disk that holds records
+            // holds its identity too.
+            let mut text: String = self.storage_id.iter().map(|b| format!("{b:02x}")).collect();
+            text.push('\n');
+            let tmp = IDENTITY_TMP.to_owned();
+            self.push(FileOpKind::Create { path: tmp.clone() }, Then::Nothing);
+            self.push(
+                FileOpKind::Append {
+                    path: tmp.clone(),
+                    bytes: Bytes::from(text),
+                },
+                Then::Nothing,
+            );
+            self.push(FileOpKind::Sync { path: tmp.clone() }, Then::Nothing);
+            self.push(
+                FileOpKind::Rename {
+                    from: tmp,
+                    to: IDENTITY.into(),
+                },
+                Then::Nothing,
+            );
+            self.identity_on_disk = true;
+        }
         let store = self.replayer.take().expect("replaying").finish();
         if let Some(file) = record::snapshot_file(&store) {
             // The logs may hold a snapshot a leader sent, newer than the file: make it the

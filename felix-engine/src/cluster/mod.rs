@@ -223,7 +223,8 @@ impl ClusterNode {
                 declarations: declarations(declared_streams, cfg),
             },
         ];
-        let metalog = metadata_log_compact_bytes.map(|b| MetaLog::open(raft_ids.clone(), b));
+        let metalog =
+            metadata_log_compact_bytes.map(|b| MetaLog::open(raft_ids.clone(), b, storage_id));
         let mut node = ClusterNode {
             sent: BTreeMap::new(),
             done: Default::default(),
@@ -255,9 +256,22 @@ impl ClusterNode {
 
     /// Starts raft from `store` (replayed, or blank) with this node's standing wishes.
     fn start_control(&mut self, store: MetaStore, now: Instant) {
-        let Some((cfg, wishes)) = self.starting.take() else {
+        let Some((cfg, mut wishes)) = self.starting.take() else {
             return;
         };
+        if let Some(log) = &self.metalog {
+            // A durable node announces the identity its disk keeps, not this process's.
+            let kept: String = log
+                .storage_id()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            for w in &mut wishes {
+                if let Command::Join { storage_id, .. } = w {
+                    *storage_id = kept.clone();
+                }
+            }
+        }
         let mut control = ControlPlane::new(cfg, store, now);
         // A refusal inside a replayed snapshot is not applied again: read it from the state.
         if let Some(reason) = control.metadata().refused.get(&self.me) {

@@ -8,6 +8,8 @@ use felix_cluster::NodeId;
 use felix_storage::memfs::{Crash, MemFs};
 
 const VOTERS: [u64; 3] = [1, 2, 3];
+/// The storage identity a fresh disk is given in these tests.
+const ID: [u8; 16] = [7; 16];
 
 /// Performs the log's ops until it has none; false if the disk died on the way.
 fn drive(fs: &mut MemFs, log: &mut MetaLog) -> bool {
@@ -24,7 +26,7 @@ fn drive(fs: &mut MemFs, log: &mut MetaLog) -> bool {
 }
 
 fn open(fs: &mut MemFs, compact_bytes: u64) -> (MetaLog, MetaStore) {
-    let mut log = MetaLog::open(VOTERS.to_vec(), compact_bytes);
+    let mut log = MetaLog::open(VOTERS.to_vec(), compact_bytes, ID);
     assert!(drive(fs, &mut log));
     assert_eq!(log.fatal(), None);
     assert!(log.is_open());
@@ -92,21 +94,25 @@ fn a_blank_disk_starts_an_empty_log_and_records_survive_a_restart() {
     let mut fs = MemFs::new();
     let (mut log, store) = open(&mut fs, 1 << 20);
     assert!(store.is_blank(), "nothing on disk: blank");
-    assert_eq!(cluster_files(&fs), vec![log_path(1)]);
+    assert_eq!(cluster_files(&fs), vec![log_path(1), IDENTITY.to_owned()]);
 
     let written = store_with(1, 3, 1, hs(1, 2, 2));
     log.append(7, record::log_head(&written));
     assert!(log.poll_done().is_none(), "not durable before the sync");
     assert!(drive(&mut fs, &mut log));
     assert!(matches!(log.poll_done(), Some(Done::Persisted(7))));
-    assert_eq!(fs.count("sync"), 2, "the fresh log's sync and the record's");
+    assert_eq!(
+        fs.count("sync"),
+        3,
+        "the identity's sync, the fresh log's and the record's"
+    );
 
     // A power loss keeps what was synced; the restart rotates into generation 2.
     fs.crash(Crash::Power);
     let (_, back) = open(&mut fs, 1 << 20);
     assert!(!back.is_blank());
     assert_eq!(shape(&back), shape(&written));
-    assert_eq!(cluster_files(&fs), vec![log_path(2)]);
+    assert_eq!(cluster_files(&fs), vec![log_path(2), IDENTITY.to_owned()]);
 }
 
 #[test]
@@ -206,13 +212,16 @@ fn compaction_writes_the_snapshot_then_a_fresh_log_and_removes_the_old_one() {
     let (_, _, want) = compaction_run(&mut fs);
     assert_eq!(
         cluster_files(&fs),
-        vec![log_path(2), SNAPSHOT.to_owned()],
+        vec![log_path(2), SNAPSHOT.to_owned(), IDENTITY.to_owned()],
         "the temp file was renamed, the old log removed"
     );
     let (_, back) = open(&mut fs, 1);
     assert_eq!(shape(&back), shape(&want));
     assert_eq!(back.snapshot_data(), &meta_at(3)[..]);
-    assert_eq!(cluster_files(&fs), vec![log_path(3), SNAPSHOT.to_owned()]);
+    assert_eq!(
+        cluster_files(&fs),
+        vec![log_path(3), SNAPSHOT.to_owned(), IDENTITY.to_owned()]
+    );
 }
 
 /// The crash-between-steps sweep: a power loss at every write step of the compaction (and,
@@ -288,7 +297,7 @@ fn a_corrupt_snapshot_stops_the_start_naming_the_file() {
     let last = bad.len() - 1;
     bad[last] ^= 1;
     fs.put_file(SNAPSHOT, bad);
-    let mut log = MetaLog::open(VOTERS.to_vec(), 1);
+    let mut log = MetaLog::open(VOTERS.to_vec(), 1, ID);
     drive(&mut fs, &mut log);
     let why = log.fatal().expect("a corrupt snapshot is fatal");
     assert!(why.contains("cluster/meta.snapshot"), "{why}");
@@ -297,7 +306,7 @@ fn a_corrupt_snapshot_stops_the_start_naming_the_file() {
     // A size no record can have is refused before anything is read.
     fs.put_file(SNAPSHOT, vec![0; record::MAX_RECORD_BYTES + 9]);
     let reads = fs.count("read");
-    let mut log = MetaLog::open(VOTERS.to_vec(), 1);
+    let mut log = MetaLog::open(VOTERS.to_vec(), 1, ID);
     drive(&mut fs, &mut log);
     assert!(log.fatal().unwrap().contains("more than one record"));
     assert_eq!(fs.count("read"), reads);
@@ -313,4 +322,62 @@ fn a_failed_sync_fails_the_log_and_confirms_nothing() {
     assert!(log.poll_done().is_none());
     let why = log.fatal().expect("failed");
     assert!(why.contains("sync cluster/meta-"), "{why}");
+}
+
+/// Opens with `candidate` as the identity a fresh disk would get; returns the one in use.
+fn identity_after_open(fs: &mut MemFs, candidate: [u8; 16]) -> Result<[u8; 16], String> {
+    let mut log = MetaLog::open(VOTERS.to_vec(), 1 << 20, candidate);
+    assert!(drive(fs, &mut log));
+    match log.fatal() {
+        Some(why) => Err(why.to_owned()),
+        None => Ok(log.storage_id()),
+    }
+}
+
+#[test]
+fn the_storage_identity_is_kept_across_restarts_and_new_on_a_wiped_disk() {
+    let mut fs = MemFs::new();
+    assert_eq!(identity_after_open(&mut fs, [1; 16]), Ok([1; 16]));
+    assert_eq!(
+        fs.file(IDENTITY),
+        Some(&b"01010101010101010101010101010101\n"[..])
+    );
+    // A restart (a new process, so a new candidate) keeps the disk's, even after a power loss.
+    fs.crash(Crash::Power);
+    assert_eq!(identity_after_open(&mut fs, [2; 16]), Ok([1; 16]));
+    // A wiped directory is a new disk.
+    let mut wiped = MemFs::new();
+    assert_eq!(identity_after_open(&mut wiped, [3; 16]), Ok([3; 16]));
+}
+
+#[test]
+fn a_crash_while_the_identity_is_written_leaves_none_or_the_whole_one() {
+    for step in 0..12 {
+        let mut fs = MemFs::new();
+        fs.crash_at_step(step, None);
+        let mut log = MetaLog::open(VOTERS.to_vec(), 1 << 20, [4; 16]);
+        let survived = drive(&mut fs, &mut log);
+        fs.crash(Crash::Power);
+        let id = identity_after_open(&mut fs, [5; 16]).expect("never a corrupt identity");
+        // Before the start finished, nothing was announced: either identity is fine. After,
+        // the first one must hold.
+        if survived && log.is_open() {
+            assert_eq!(id, [4; 16], "step {step}");
+        }
+        assert!(
+            !fs.files().contains_key(IDENTITY_TMP),
+            "step {step}: the temp file is removed"
+        );
+    }
+}
+
+#[test]
+fn a_corrupt_identity_stops_the_start_naming_the_file() {
+    for bad in [&b"0101"[..], &b"+1010101010101010101010101010101\n"[..]] {
+        let mut fs = MemFs::new();
+        assert!(identity_after_open(&mut fs, [1; 16]).is_ok());
+        fs.put_file(IDENTITY, bad.to_vec());
+        let why = identity_after_open(&mut fs, [2; 16]).unwrap_err();
+        assert!(why.contains("cluster/storage.id is corrupt"), "{why}");
+    }
 }
