@@ -315,10 +315,14 @@ impl ControlPlane {
             }
         }
         let mut message = message;
-        if message.msg_type == MessageType::MsgHeartbeat && self.guard != DiskGuard::Open {
-            // The leader still thinks this node holds what it held before its disk went
+        if message.msg_type == MessageType::MsgHeartbeat {
+            // The leader may still think this node holds what it held before its disk went
             // blank, and says so in the commit a heartbeat carries; raft-rs would abort on a
-            // commit beyond its log. Nothing here is committed until appends bring it.
+            // commit beyond its log. Nothing here is committed until appends bring it. Not
+            // only while the guard holds: a guard lifted by a fresh-cluster or catch-up
+            // verdict can still meet a leader whose view of this node predates the loss (the
+            // simulator's cluster seed 8850). Entries this node holds past a loss came from
+            // appends the leader checked, so committing up to them is what the leader meant.
             let last = self.node.store().last_index_now();
             message.commit = message.commit.min(last);
         }

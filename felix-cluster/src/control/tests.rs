@@ -453,3 +453,37 @@ fn a_compacted_log_restarts_from_its_snapshot_and_a_blank_follower_gets_the_snap
     assert_eq!(c.planes[&follower].metadata().streams, want.streams);
     assert!(c.planes[&follower].votes());
 }
+
+/// The simulator's cluster seed 8850: a node back with a blank disk, its guard already lifted
+/// (here by blank peers: a fresh cluster), meets a leader whose view of it predates the loss.
+/// The heartbeat's commit is beyond the empty log; raft-rs aborts the process on that unless
+/// the commit is clamped.
+#[test]
+fn a_heartbeat_committing_past_an_open_blank_log_does_not_abort() {
+    let now = Instant::now();
+    let me = n(START_NODES[0]);
+    let mut plane = ControlPlane::new(config(&me, 1), MetaStore::new(voters().raft_ids()), now);
+    let id = |name: &str| voters().raft_id(&n(name)).unwrap();
+    let mut prevote = Message::default();
+    prevote.msg_type = MessageType::MsgRequestPreVote;
+    prevote.from = id(START_NODES[1]);
+    prevote.to = id(START_NODES[0]);
+    prevote.term = 1;
+    plane.handle_message(now, &n(START_NODES[1]), prevote);
+    assert!(
+        plane.votes(),
+        "a majority blank: a fresh cluster, the guard is lifted"
+    );
+    let mut heartbeat = Message::default();
+    heartbeat.msg_type = MessageType::MsgHeartbeat;
+    heartbeat.from = id(START_NODES[2]);
+    heartbeat.to = id(START_NODES[0]);
+    heartbeat.term = 5;
+    heartbeat.commit = 12;
+    plane.handle_message(now, &n(START_NODES[2]), heartbeat);
+    assert_eq!(
+        plane.metadata().applied,
+        0,
+        "nothing committed without the entries"
+    );
+}
