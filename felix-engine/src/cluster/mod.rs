@@ -5,6 +5,7 @@
 //! a restarted node comes back blank, and the control plane's disk guard keeps it from voting
 //! until it has caught up from the others (docs/cluster.md, "Restarts").
 
+pub(crate) mod observe;
 mod peers;
 
 use core::net::SocketAddr;
