@@ -5,6 +5,7 @@
 //! felix-sim --seed 42 --verbose     # replay one seed, printing its event trace
 //! felix-sim --seeds 0..20 --canary lying-sync   # the canary must be caught
 //! felix-sim --seeds 0..20 --hashes  # only `seed S hash H` per seed (scripts/sim-determinism)
+//! felix-sim --cluster --seeds 0..50  # the cluster workload (3 or 5 nodes)
 //! ```
 //! Exits 1 on the first violation (printing the seed, the invariant and the replay command),
 //! 2 on bad arguments.
@@ -12,11 +13,11 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use felix_sim::{run, Canary, RunOptions};
+use felix_sim::{run, run_cluster, Canary, RunOptions};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: felix-sim (--seeds A..B | --seed S) [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers] [--quiet | --hashes]"
+        "usage: felix-sim (--seeds A..B | --seed S) [--cluster] [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers|metadata-divergence|split-leader|wipe-leader-disk|redirect-loop] [--quiet | --hashes]"
     );
     ExitCode::from(2)
 }
@@ -26,6 +27,7 @@ fn main() -> ExitCode {
     let mut verbose = false;
     let mut quiet = false;
     let mut hashes = false;
+    let mut cluster = false;
     let mut canary: Option<Canary> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
             "--verbose" => verbose = true,
             "--quiet" => quiet = true,
             "--hashes" => hashes = true,
+            "--cluster" => cluster = true,
             "--canary" => match args.next().map(|c| c.parse()) {
                 Some(Ok(c)) => canary = Some(c),
                 Some(Err(e)) => {
@@ -74,6 +77,10 @@ fn main() -> ExitCode {
         Some(Canary::StaleCacheRead) => " --canary stale-cache-read",
         Some(Canary::MisrouteClaim) => " --canary misroute-claim",
         Some(Canary::WithholdAnswers) => " --canary withhold-answers",
+        Some(Canary::MetadataDivergence) => " --canary metadata-divergence",
+        Some(Canary::SplitLeader) => " --canary split-leader",
+        Some(Canary::WipeLeaderDisk) => " --canary wipe-leader-disk",
+        Some(Canary::RedirectLoop) => " --canary redirect-loop",
         None => "",
     };
     let mut out = std::io::stdout().lock();
@@ -86,11 +93,16 @@ fn main() -> ExitCode {
         };
     }
     for seed in first..end {
-        let outcome = run(&RunOptions {
+        let options = RunOptions {
             seed,
             verbose,
             canary,
-        });
+        };
+        let outcome = if cluster {
+            run_cluster(&options)
+        } else {
+            run(&options)
+        };
         for line in &outcome.trace {
             say!("{line}");
         }
@@ -105,7 +117,8 @@ fn main() -> ExitCode {
             say!("VIOLATION at seed {seed}: {}", v.invariant);
             say!("  {}", v.detail);
             say!(
-                "replay: cargo run --release -p felix-sim -- --seed {seed}{canary_flag} --verbose"
+                "replay: cargo run --release -p felix-sim -- --seed {seed}{}{canary_flag} --verbose",
+                if cluster { " --cluster" } else { "" }
             );
             return ExitCode::from(1);
         }
