@@ -23,7 +23,7 @@ use crate::client::{Ctx, Role, Setup, SimClient, CACHE, NAMESPACE, STREAM, TENAN
 use crate::clock::VirtualClock;
 use crate::disk::{CrashKind, MemFs};
 use crate::invariants::forwarded_acks::{self, ReadBack};
-use crate::invariants::meta_agreement::{self, MetaAgreement};
+use crate::invariants::meta_agreement::{self, EndState, MetaAgreement};
 use crate::invariants::no_acked_loss;
 use crate::invariants::requests_answered;
 use crate::invariants::shard_leaders::ShardLeaders;
@@ -776,10 +776,17 @@ impl ClusterWorld {
             return Ok(());
         }
         let id = node.id.clone();
+        let line = format!(
+            "{id} applied {applied} (term {}, raft leader {:?})",
+            view.raft_term(),
+            view.raft_leader()
+        );
         let mut digest = meta_agreement::digest(&view.metadata_bytes());
         let leaders = view.shard_leaders();
+        let facts = metadata_facts(&view.members(), &leaders);
         drop(view);
         self.nodes[i].last_applied = Some(applied);
+        self.log(format_args!("{line}"));
         match self.canary {
             Some(Canary::MetadataDivergence) if i == 1 && applied >= 3 => {
                 // Node 2 "applies" something else once, at the first index past 3 it reaches.
@@ -802,6 +809,7 @@ impl ClusterWorld {
             }
         }
         self.agreement.observe(&id, applied, digest)?;
+        self.agreement.observe_facts(&id, applied, &facts)?;
         self.shard_leaders.observe(&id, &leaders)?;
         if applied >= self.leaders_from {
             let stream = format!("stream:{TENANT}/{NAMESPACE}/{STREAM}");
@@ -909,6 +917,21 @@ impl ClusterWorld {
             self.clock.at(Duration::ZERO),
             &heard,
         )?;
+        let mut ends = Vec::new();
+        for n in &self.nodes {
+            let Some(view) = n.running.as_ref().and_then(|r| r.engine.cluster_view()) else {
+                continue;
+            };
+            let mut facts = metadata_facts(&view.members(), &view.shard_leaders());
+            facts.sort();
+            ends.push(EndState {
+                node: n.id.clone(),
+                applied: view.applied_index(),
+                digest: meta_agreement::digest(&view.metadata_bytes()),
+                facts,
+            });
+        }
+        self.agreement.check_end(&ends)?;
         let auditors: BTreeMap<u32, &SimClient> = self
             .clients
             .iter()
@@ -951,6 +974,19 @@ impl ClusterWorld {
         }
         no_acked_loss::check(&self.oracle, &start, &read)
     }
+}
+
+/// What committed metadata never forgets: the members that joined, the shards placed.
+fn metadata_facts(members: &[String], leaders: &[felix_engine::ShardLeader]) -> Vec<String> {
+    members
+        .iter()
+        .map(|m| format!("member {m}"))
+        .chain(
+            leaders
+                .iter()
+                .map(|l| format!("shard {} {}", l.object, l.shard)),
+        )
+        .collect()
 }
 
 fn fate(delays: &[Duration]) -> String {

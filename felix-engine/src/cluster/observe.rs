@@ -51,6 +51,12 @@ impl<'a> ClusterView<'a> {
         self.node.control.metadata().snapshot()
     }
 
+    /// The members that have joined, by id.
+    pub fn members(&self) -> Vec<String> {
+        let meta = self.node.control.metadata();
+        meta.members.keys().map(|n| n.0.clone()).collect()
+    }
+
     /// Every placed shard of every stream and cache, in object order.
     pub fn shard_leaders(&self) -> Vec<ShardLeader> {
         let meta = self.node.control.metadata();

@@ -4,6 +4,12 @@
 //! recorded at one index must be equal. A state machine is a function of its entries, so a
 //! node that applied a different entry (or a different order) at or below the index shows a
 //! different digest there.
+//!
+//! Digests meet only where two nodes happen to be seen at one index, so the invariant also
+//! keeps what committed metadata can never forget: a member that joined, a shard that was
+//! placed. Once seen applied at index `i`, every node's metadata at any index `>= i` must
+//! still hold it; a node group that restarted blank and re-founded the cluster from an
+//! empty log fails this even when no index is shared.
 
 use std::collections::BTreeMap;
 
@@ -15,6 +21,8 @@ pub(crate) const NAME: &str = "meta_agreement";
 pub(crate) struct MetaAgreement {
     /// Per applied index, the digest the first node seen there held, and that node.
     by_index: BTreeMap<u64, ([u8; 16], String)>,
+    /// Facts committed metadata keeps, with the lowest index and the node they were seen at.
+    kept: BTreeMap<String, (u64, String)>,
     pub(crate) checked: u64,
 }
 
@@ -24,6 +32,35 @@ pub(crate) fn digest(bytes: &[u8]) -> [u8; 16] {
 }
 
 impl MetaAgreement {
+    /// `node`'s metadata at `index` holds `facts` (members, placed shards): each must stay.
+    pub(crate) fn observe_facts(
+        &mut self,
+        node: &str,
+        index: u64,
+        facts: &[String],
+    ) -> Result<(), Violation> {
+        for (fact, (at, first)) in &self.kept {
+            if *at <= index && !facts.contains(fact) {
+                return Err(Violation {
+                    invariant: NAME,
+                    detail: format!(
+                        "{node}'s metadata at raft index {index} has lost {fact}, applied by index {at} (seen on {first}): committed metadata was forgotten"
+                    ),
+                });
+            }
+        }
+        for f in facts {
+            let e = self
+                .kept
+                .entry(f.clone())
+                .or_insert((index, node.to_owned()));
+            if index < e.0 {
+                *e = (index, node.to_owned());
+            }
+        }
+        Ok(())
+    }
+
     /// `node` has applied everything up to `index`, and its metadata digests to `digest`.
     pub(crate) fn observe(
         &mut self,
@@ -49,6 +86,52 @@ impl MetaAgreement {
     }
 }
 
+/// What one running node holds at the end of a run.
+pub(crate) struct EndState {
+    pub(crate) node: String,
+    pub(crate) applied: u64,
+    pub(crate) digest: [u8; 16],
+    pub(crate) facts: Vec<String>,
+}
+
+impl MetaAgreement {
+    /// After the quiet phase: every running node holds every fact ever seen committed, and
+    /// all of them the same metadata at the same index (they converged).
+    pub(crate) fn check_end(&self, nodes: &[EndState]) -> Result<(), Violation> {
+        for n in nodes {
+            if let Some((fact, (at, first))) =
+                self.kept.iter().find(|(f, _)| !n.facts.contains(f))
+            {
+                return Err(Violation {
+                    invariant: NAME,
+                    detail: format!(
+                        "at the end {} (applied {}) lacks {fact}, applied by index {at} on {first}: committed metadata was forgotten",
+                        n.node, n.applied
+                    ),
+                });
+            }
+        }
+        if let Some((a, b)) = nodes
+            .iter()
+            .zip(nodes.iter().skip(1))
+            .find(|(a, b)| a.applied != b.applied || a.digest != b.digest)
+        {
+            return Err(Violation {
+                invariant: NAME,
+                detail: format!(
+                    "after the quiet phase {} is at raft index {} and {} at {} with {} metadata: the nodes never converged",
+                    a.node,
+                    a.applied,
+                    b.node,
+                    b.applied,
+                    if a.digest == b.digest { "the same" } else { "different" }
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,5 +145,16 @@ mod tests {
         let v = m.observe("n3", 4, digest(b"c")).unwrap_err();
         assert_eq!(v.invariant, NAME);
         assert!(v.detail.contains("raft index 4 n3"), "{v}");
+    }
+
+    #[test]
+    fn a_fact_seen_committed_must_stay() {
+        let mut m = MetaAgreement::default();
+        let both = ["member n1".to_owned(), "member n3".to_owned()];
+        m.observe_facts("n3", 4, &both).unwrap();
+        // Below the index it was seen at, it may be missing (not applied yet).
+        m.observe_facts("n1", 3, &both[..1]).unwrap();
+        let v = m.observe_facts("n1", 5, &both[..1]).unwrap_err();
+        assert!(v.detail.contains("lost member n3"), "{v}");
     }
 }
