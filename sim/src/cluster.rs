@@ -106,6 +106,8 @@ struct SimNode {
     running: Option<Running>,
     generations: u64,
     last_applied: Option<u64>,
+    /// Restarted blank: catching up until its applied index reaches this.
+    catching_up_to: Option<u64>,
 }
 
 pub(crate) struct ClusterWorld {
@@ -141,6 +143,11 @@ pub(crate) struct ClusterWorld {
     diverge_at: Option<u64>,
     /// The single-node canaries' switches `Ctx` lends out: always off here.
     unused_flags: (bool, bool),
+    /// Let crashes take down (or leave blank) a majority at once. Off by default: the
+    /// metadata log is in memory in this version, so a blank majority re-founds the
+    /// cluster and forgets committed metadata (a known engine bug, docs/simulator.md).
+    majority_crashes: bool,
+    crashes_skipped: u64,
 }
 
 impl ClusterWorld {
@@ -180,6 +187,7 @@ impl ClusterWorld {
                 running: None,
                 generations: 0,
                 last_applied: None,
+                catching_up_to: None,
             })
             .collect();
         let mut net_rng = root.fork("net");
@@ -215,6 +223,8 @@ impl ClusterWorld {
             crashes: 0,
             diverge_at: None,
             unused_flags: (false, false),
+            majority_crashes: opts.majority_crashes,
+            crashes_skipped: 0,
         };
         let clocks: Vec<String> = world
             .nodes
@@ -293,7 +303,7 @@ impl ClusterWorld {
             self.log(format_args!("VIOLATION {v}"));
         }
         let summary = format!(
-            "cluster {} nodes, mode {:?}, {} shards, {} workers, {} events, {} acked publishes ({} forwarded), {} events seen, {} cache reads checked, {} redirects ({} without an address), {} metadata digests agreed, {} leader claims agreed, {} crashes, {} datagrams ({} dropped), {:.0} ms virtual in {:.0} ms",
+            "cluster {} nodes, mode {:?}, {} shards, {} workers, {} events, {} acked publishes ({} forwarded), {} events seen, {} cache reads checked, {} redirects ({} without an address), {} metadata digests agreed, {} leader claims agreed, {} crashes ({} skipped), {} datagrams ({} dropped), {:.0} ms virtual in {:.0} ms",
             self.nodes.len(),
             self.mode,
             self.shards,
@@ -311,6 +321,7 @@ impl ClusterWorld {
             self.agreement.checked,
             self.shard_leaders.checked,
             self.crashes,
+            self.crashes_skipped,
             self.net.stats.sent,
             self.net.stats.dropped,
             self.clock.elapsed().as_secs_f64() * 1e3,
@@ -446,15 +457,37 @@ impl ClusterWorld {
             ready,
         });
         node.last_applied = None;
+        // Blank (the metadata log is in memory): catching up to where the others are.
+        let target = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.last_applied)
+            .max()
+            .filter(|t| *t > 0);
+        self.nodes[i].catching_up_to = target;
         self.drain(i, now)
     }
 
     fn crash(&mut self, i: usize, kind: CrashKind, wipe: bool) {
         let now = self.clock.now();
-        let node = &mut self.nodes[i];
-        if node.running.take().is_none() {
+        if self.nodes[i].running.is_none() {
             return;
         }
+        let blank = self
+            .nodes
+            .iter()
+            .filter(|n| n.running.is_none() || n.catching_up_to.is_some())
+            .count();
+        if !self.majority_crashes && blank + 1 > (self.nodes.len() - 1) / 2 {
+            self.crashes_skipped += 1;
+            let id = self.nodes[i].id.clone();
+            self.log(format_args!(
+                "{id} crash skipped: {blank} nodes down or catching up, a majority would be blank"
+            ));
+            return;
+        }
+        let node = &mut self.nodes[i];
+        node.running = None;
         self.crashes += 1;
         let in_flight: Vec<FileOp> = std::mem::take(&mut node.in_flight).into_values().collect();
         let what = if wipe {
@@ -786,6 +819,9 @@ impl ClusterWorld {
         let facts = metadata_facts(&view.members(), &leaders);
         drop(view);
         self.nodes[i].last_applied = Some(applied);
+        if self.nodes[i].catching_up_to.is_some_and(|t| applied >= t) {
+            self.nodes[i].catching_up_to = None;
+        }
         self.log(format_args!("{line}"));
         match self.canary {
             Some(Canary::MetadataDivergence) if i == 1 && applied >= 3 => {

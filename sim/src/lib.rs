@@ -105,6 +105,9 @@ pub struct RunOptions {
     pub verbose: bool,
     /// Break the simulator on purpose.
     pub canary: Option<Canary>,
+    /// Cluster runs: crashes may leave a majority of nodes down or blank at once (off: at
+    /// most a minority, what this version's in-memory metadata log survives).
+    pub majority_crashes: bool,
 }
 
 impl RunOptions {
@@ -114,6 +117,7 @@ impl RunOptions {
             seed,
             verbose: false,
             canary: None,
+            majority_crashes: false,
         }
     }
 }

@@ -18,7 +18,7 @@ use felix_sim::{run, run_cluster, Canary, RunOptions};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: felix-sim (--seeds A..B | --seed S) [--cluster] [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers|metadata-divergence|split-leader|wipe-leader-disk|redirect-loop] [--quiet | --hashes] [--keep-going]"
+        "usage: felix-sim (--seeds A..B | --seed S) [--cluster] [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers|metadata-divergence|split-leader|wipe-leader-disk|redirect-loop] [--quiet | --hashes] [--keep-going] [--majority-crashes]"
     );
     ExitCode::from(2)
 }
@@ -30,6 +30,7 @@ fn main() -> ExitCode {
     let mut hashes = false;
     let mut cluster = false;
     let mut keep_going = false;
+    let mut majority_crashes = false;
     let mut canary: Option<Canary> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -57,6 +58,7 @@ fn main() -> ExitCode {
             "--hashes" => hashes = true,
             "--cluster" => cluster = true,
             "--keep-going" => keep_going = true,
+            "--majority-crashes" => majority_crashes = true,
             "--canary" => match args.next().map(|c| c.parse()) {
                 Some(Ok(c)) => canary = Some(c),
                 Some(Err(e)) => {
@@ -102,6 +104,7 @@ fn main() -> ExitCode {
             seed,
             verbose,
             canary,
+            majority_crashes,
         };
         let outcome = if cluster {
             run_cluster(&options)
@@ -123,7 +126,11 @@ fn main() -> ExitCode {
             say!("  {}", v.detail);
             say!(
                 "replay: cargo run --release -p felix-sim -- --seed {seed}{}{canary_flag} --verbose",
-                if cluster { " --cluster" } else { "" }
+                match (cluster, majority_crashes) {
+                    (false, _) => "",
+                    (true, false) => " --cluster",
+                    (true, true) => " --cluster --majority-crashes",
+                }
             );
             if !keep_going {
                 return ExitCode::from(1);
