@@ -1128,7 +1128,12 @@ impl SimClient {
             }
             (meta, Err(e)) => {
                 self.stats.refusals += 1;
-                ctx.log(now, format_args!("c{me} {kind:?} refused: {e} ({meta:?})"));
+                // Not `{meta:?}`: a get's send time is an `Instant`, whose value differs per run.
+                let what = match &meta {
+                    Some(ReqMeta::CacheGet { key, .. }) => format!("get {key}"),
+                    other => format!("{other:?}"),
+                };
+                ctx.log(now, format_args!("c{me} {kind:?} refused: {e} ({what})"));
             }
             (meta, Ok(answer)) => {
                 return Err(protocol(me, format!("{answer:?} answers {meta:?}")));

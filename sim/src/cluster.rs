@@ -303,7 +303,7 @@ impl ClusterWorld {
             self.log(format_args!("VIOLATION {v}"));
         }
         let summary = format!(
-            "cluster {} nodes, mode {:?}, {} shards, {} workers, {} events, {} acked publishes ({} forwarded), {} events seen, {} cache reads checked, {} redirects ({} without an address), {} metadata digests agreed, {} leader claims agreed, {} crashes ({} skipped), {} datagrams ({} dropped), {:.0} ms virtual in {:.0} ms",
+            "cluster {} nodes, mode {:?}, {} shards, {} workers, {} events, {} acked publishes, {} acked records forwarded, {} events seen, {} cache reads checked, {} redirects ({} without an address), {} metadata digests agreed, {} leader claims agreed, {} crashes ({} skipped), {} datagrams ({} dropped), {:.0} ms virtual in {:.0} ms",
             self.nodes.len(),
             self.mode,
             self.shards,

@@ -224,6 +224,9 @@ fn client_config(c: &PeerCrypto) -> Result<ClientConfig, String> {
             .with_no_client_auth(),
     };
     tls.alpn_protocols = vec![ALPN.to_vec()];
+    // A resumed handshake carries a ticket age read from the wall clock: off, so a redial is
+    // a function of the seed like everything else (and links are few and long-lived).
+    tls.resumption = rustls::client::Resumption::disabled();
     let quic = QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut config = ClientConfig::new(Arc::new(quic));
     config.transport_config(Arc::new(transport()));
@@ -267,6 +270,8 @@ impl PeerNet {
             true,
             None,
         );
+        let mut client_config = client_config(crypto)?;
+        client_config.initial_dst_cid_provider(crate::seed::initial_dst_cids(&peer_seed));
         let mut net = PeerNet {
             link_deadline: None,
             now,
@@ -275,7 +280,7 @@ impl PeerNet {
             dial,
             verify_names: crypto.ca.is_some(),
             endpoint,
-            client_config: client_config(crypto)?,
+            client_config,
             links: BTreeMap::new(),
             dialing: BTreeMap::new(),
             backlog: BTreeMap::new(),
