@@ -473,11 +473,7 @@ impl ClusterWorld {
         if self.nodes[i].running.is_none() {
             return;
         }
-        let blank = self
-            .nodes
-            .iter()
-            .filter(|n| n.running.is_none() || n.catching_up_to.is_some())
-            .count();
+        let blank = (0..self.nodes.len()).filter(|j| self.blank(*j)).count();
         if !self.majority_crashes && blank + 1 > (self.nodes.len() - 1) / 2 {
             self.crashes_skipped += 1;
             let id = self.nodes[i].id.clone();
@@ -502,6 +498,23 @@ impl ClusterWorld {
             .crash_rng
             .duration(Duration::from_millis(100), Duration::from_secs(3));
         self.queue.push(now + down, Ev::Fault(Fault::Restart(i)));
+    }
+
+    /// Node `j` is down, or may hold an empty (or not caught up) metadata log: restarted and
+    /// not yet where the others are, or with nothing applied while others have. Conservative:
+    /// a node merely behind counts too.
+    fn blank(&self, j: usize) -> bool {
+        let n = &self.nodes[j];
+        if n.running.is_none() || n.catching_up_to.is_some() {
+            return true;
+        }
+        let mine = n.last_applied.unwrap_or(0);
+        let others = (0..self.nodes.len())
+            .filter(|k| *k != j)
+            .filter_map(|k| self.nodes[k].last_applied)
+            .max()
+            .unwrap_or(0);
+        (n.generations > 1 && mine < others) || (mine == 0 && others > 0)
     }
 
     fn handle(&mut self, now: Instant, ev: Ev) -> Result<(), Violation> {
