@@ -525,15 +525,12 @@ impl SimClient {
         self.gen += 1;
         self.stats.connects += 1;
         let local = self.local(now);
-        match self
-            .endpoint
-            .connect(
-                local,
-                self.config.clone(),
-                self.home.unwrap_or(ctx.broker_addr),
-                "localhost",
-            )
-        {
+        match self.endpoint.connect(
+            local,
+            self.config.clone(),
+            self.home.unwrap_or(ctx.broker_addr),
+            "localhost",
+        ) {
             Ok((ch, quic)) => {
                 ctx.log(now, format_args!("c{} connect gen {}", self.id, self.gen));
                 self.conn = Some(Conn {
@@ -990,10 +987,9 @@ impl SimClient {
                     Err(e) => {
                         ctx.log(now, format_args!("c{me} subscribe refused: {e}"));
                         self.stats.refusals += 1;
-                        if self.home.is_some() {
+                        if let Some(here) = self.home {
                             // A node not serving yet (or its shard's leader away): try again
                             // on a fresh connection, where the node is now.
-                            let here = self.home.expect("cluster");
                             let wait = self
                                 .rng
                                 .duration(Duration::from_millis(100), Duration::from_millis(600));
@@ -1590,7 +1586,10 @@ impl SimClient {
                 self.subs[i].shard, nl.node_id, nl.addr, nl.generation, self.hops
             ),
         );
-        let to = nl.addr.as_deref().and_then(|a| a.parse::<SocketAddr>().ok());
+        let to = nl
+            .addr
+            .as_deref()
+            .and_then(|a| a.parse::<SocketAddr>().ok());
         if nl.addr.is_none() {
             // The node knows the owner but not yet its address (the owner's join is not
             // applied there yet): not a hop; ask the same node again shortly.
@@ -1619,7 +1618,8 @@ impl SimClient {
     ) {
         let local = self.local(now);
         if let Some(conn) = &mut self.conn {
-            conn.quic.close(local, 0u32.into(), Bytes::from_static(b"redirected"));
+            conn.quic
+                .close(local, 0u32.into(), Bytes::from_static(b"redirected"));
             let mut buf = Vec::new();
             while let Some(t) = conn.quic.poll_transmit(local, 1, &mut buf) {
                 out.push((t.destination, Bytes::copy_from_slice(&buf[..t.size])));

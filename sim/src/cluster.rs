@@ -399,7 +399,8 @@ impl ClusterWorld {
         let n = &self.nodes[i];
         let elapsed = now.saturating_duration_since(self.clock.at(Duration::ZERO));
         let scaled = elapsed.as_nanos() as i128 * (PPM + i128::from(n.drift_ppm)) / PPM;
-        self.clock.at(n.offset + Duration::from_nanos(scaled as u64))
+        self.clock
+            .at(n.offset + Duration::from_nanos(scaled as u64))
     }
 
     /// The first true instant at which node `i`'s clock reads `local` or later.
@@ -616,8 +617,15 @@ impl ClusterWorld {
                         *count.entry(*l).or_default() += 1;
                     }
                 }
-                let busiest = count.iter().max_by_key(|(a, n)| (**n, **a)).map(|(a, _)| *a);
-                if let Some(i) = self.nodes.iter().position(|n| Some(n.client_addr) == busiest) {
+                let busiest = count
+                    .iter()
+                    .max_by_key(|(a, n)| (**n, **a))
+                    .map(|(a, _)| *a);
+                if let Some(i) = self
+                    .nodes
+                    .iter()
+                    .position(|n| Some(n.client_addr) == busiest)
+                {
                     self.crash(i, CrashKind::Power, true);
                 }
             }
@@ -830,20 +838,18 @@ impl ClusterWorld {
         let mut digest = meta_agreement::digest(&view.metadata_bytes());
         let leaders = view.shard_leaders();
         let facts = metadata_facts(&view.members(), &leaders);
-        drop(view);
         self.nodes[i].last_applied = Some(applied);
         if self.nodes[i].catching_up_to.is_some_and(|t| applied >= t) {
             self.nodes[i].catching_up_to = None;
         }
         self.log(format_args!("{line}"));
-        match self.canary {
-            Some(Canary::MetadataDivergence) if i == 1 && applied >= 3 => {
-                // Node 2 "applies" something else once, at the first index past 3 it reaches.
-                if *self.diverge_at.get_or_insert(applied) == applied {
-                    digest[0] ^= 1;
-                }
-            }
-            _ => {}
+        // Canary: node 2 "applies" something else once, at the first index past 3 it reaches.
+        if self.canary == Some(Canary::MetadataDivergence)
+            && i == 1
+            && applied >= 3
+            && *self.diverge_at.get_or_insert(applied) == applied
+        {
+            digest[0] ^= 1;
         }
         let mut leaders = leaders;
         if self.canary == Some(Canary::SplitLeader) && i == 1 {

@@ -27,8 +27,14 @@ fn same_seed_same_cluster_trace() {
         assert_eq!(first_diff, None, "seed {seed}: traces diverge");
         assert_eq!(a.hash, b.hash, "seed {seed} is not deterministic");
         // Peer links carried raft and forwards; clients were on several nodes.
-        assert!(a.trace.iter().any(|l| l.contains(" net n1>n2 ")), "no peer traffic");
-        assert!(a.trace.iter().any(|l| l.contains(" applied ")), "nothing applied");
+        assert!(
+            a.trace.iter().any(|l| l.contains(" net n1>n2 ")),
+            "no peer traffic"
+        );
+        assert!(
+            a.trace.iter().any(|l| l.contains(" applied ")),
+            "nothing applied"
+        );
     }
 }
 

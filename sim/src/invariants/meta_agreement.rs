@@ -99,8 +99,7 @@ impl MetaAgreement {
     /// all of them the same metadata at the same index (they converged).
     pub(crate) fn check_end(&self, nodes: &[EndState]) -> Result<(), Violation> {
         for n in nodes {
-            if let Some((fact, (at, first))) =
-                self.kept.iter().find(|(f, _)| !n.facts.contains(f))
+            if let Some((fact, (at, first))) = self.kept.iter().find(|(f, _)| !n.facts.contains(f))
             {
                 return Err(Violation {
                     invariant: NAME,
