@@ -298,7 +298,20 @@ impl ClusterWorld {
 
     pub(crate) fn run(mut self) -> Outcome {
         let started = std::time::Instant::now();
-        let violation = self.simulate().err();
+        // A panic inside an engine (raft-rs asserts on states it cannot handle) is a finding
+        // like any violation: caught here so the trace so far and the sweep survive it.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.simulate()));
+        let violation = match result {
+            Ok(r) => r.err(),
+            Err(panic) => Some(Violation {
+                invariant: "no_panic",
+                detail: panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "a panic without a message".into()),
+            }),
+        };
         if let Some(v) = &violation {
             self.log(format_args!("VIOLATION {v}"));
         }
