@@ -73,6 +73,20 @@ impl ConnectionIdGenerator for SeededCidGenerator {
     }
 }
 
+/// The destination ids a dialing endpoint (the peer links) puts on its first packets:
+/// quinn-proto draws them from the OS unless given these (RFC 9000 asks for at least 8
+/// unpredictable bytes).
+pub(crate) fn initial_dst_cids(seed: &[u8; 32]) -> Arc<dyn Fn() -> ConnectionId + Send + Sync> {
+    let key = hmac::Key::new(hmac::HMAC_SHA256, &derive(seed, b"felix quic initial dcid"));
+    // An atomic, not a lock: quinn-proto asks for a `Fn` shared across connects.
+    let counter = std::sync::atomic::AtomicU64::new(0);
+    Arc::new(move || {
+        let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let tag = hmac::sign(&key, &n.to_be_bytes());
+        ConnectionId::new(&tag.as_ref()[..16])
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,6 +44,9 @@ const KEYS_PER_CLIENT: usize = 3;
 const STUCK_SOCKET_BUFFER: usize = 256;
 /// Frames held on an event stream whose `subscribed` answer has not arrived yet.
 const MAX_HELD_FRAMES: usize = 4096;
+/// `not_leader` redirects one subscribe may follow before it must have reached a node that
+/// serves it (`redirects_end`): the real client follows at most three.
+pub(crate) const MAX_REDIRECT_HOPS: u32 = 3;
 
 /// What the run does to the world around the clients, shared by every client call.
 pub(crate) struct Ctx<'a> {
@@ -69,6 +72,11 @@ pub(crate) struct Ctx<'a> {
     pub(crate) withhold_answers: bool,
     /// True once the fault phase is over: no new work, only reading and reconnecting.
     pub(crate) quiet: bool,
+    /// Cluster runs: each shard's leader (its client address), to tell which acks were
+    /// forwarded (`forwarded_acks`).
+    pub(crate) leaders: Option<&'a BTreeMap<u32, SocketAddr>>,
+    /// Canary (`RedirectLoop`): a `not_leader` is followed back to the node that sent it.
+    pub(crate) redirect_loop: bool,
 }
 
 impl Ctx<'_> {
@@ -212,6 +220,13 @@ pub(crate) struct SimClient {
     pub(crate) stats: ClientStats,
     /// Durable runs: a prefix watch on the whole cache (`watcher.rs`).
     watcher: Option<CacheWatcher>,
+    /// Cluster runs: the node this client connects to now (`None`: the one broker). A
+    /// `not_leader` moves it.
+    pub(crate) home: Option<SocketAddr>,
+    /// Redirects followed since the last `subscribed`.
+    hops: u32,
+    /// Set by a `not_leader` (or a refused subscribe): reconnect there at that instant.
+    redirect_to: Option<(SocketAddr, Instant)>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -222,6 +237,9 @@ pub(crate) struct ClientStats {
     pub(crate) refusals: u64,
     pub(crate) events: u64,
     pub(crate) cache_ops: u64,
+    pub(crate) redirects: u64,
+    /// `not_leader` answers that named no address.
+    pub(crate) addressless_redirects: u64,
 }
 
 pub(crate) struct Setup {
@@ -233,6 +251,10 @@ pub(crate) struct Setup {
     pub(crate) crypto: Arc<quinn_proto::crypto::rustls::QuicClientConfig>,
     pub(crate) rng: SimRng,
     pub(crate) now: Instant,
+    /// Cluster runs: the node to connect to first, and (for an auditor) the one shard it
+    /// reads. A cluster client publishes, uses the cache and keeps at most one
+    /// subscription (a redirect moves the whole connection).
+    pub(crate) cluster: Option<(SocketAddr, Option<u32>)>,
 }
 
 impl SimClient {
@@ -251,7 +273,16 @@ impl SimClient {
                 idle_timeout: Some(Duration::from_millis(5_000)),
             },
         ));
+        let cluster = s.cluster.is_some();
         let subs = match s.role {
+            Role::Auditor if cluster => {
+                let shard = s.cluster.and_then(|c| c.1).unwrap_or(0);
+                vec![SubSpec {
+                    shard,
+                    start: Start::Earliest,
+                    resume: None,
+                }]
+            }
             Role::Auditor => (0..s.shards)
                 .map(|shard| SubSpec {
                     shard,
@@ -260,7 +291,7 @@ impl SimClient {
                 })
                 .collect(),
             Role::Worker => {
-                let n = rng.below(3);
+                let n = rng.below(if cluster { 2 } else { 3 });
                 (0..n)
                     .map(|_| SubSpec {
                         shard: rng.below(u64::from(s.shards)) as u32,
@@ -276,9 +307,12 @@ impl SimClient {
         };
         let lo = rng.duration(Duration::from_millis(2), Duration::from_millis(60));
         let producer = Producer::new(s.id, &mut rng.fork("producer"));
-        let watcher =
-            (s.durable && s.role == Role::Worker && rng.chance(0.6)).then(CacheWatcher::default);
+        let watcher = (!cluster && s.durable && s.role == Role::Worker && rng.chance(0.6))
+            .then(CacheWatcher::default);
         let mut offer = Offer::full();
+        if cluster {
+            offer.features = offer.features.union(felix_proto::Features::REDIRECT);
+        }
         if rng.chance(0.5) {
             offer.features = offer.features.union(felix_proto::Features::ACK_ON_COMMIT);
         }
@@ -311,6 +345,9 @@ impl SimClient {
             audit: BTreeMap::new(),
             stats: ClientStats::default(),
             watcher,
+            home: s.cluster.map(|c| c.0),
+            hops: 0,
+            redirect_to: None,
         }
     }
 
@@ -353,6 +390,9 @@ impl SimClient {
         }
         let mut next = self.reconnect_at;
         let mut consider = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        if let Some((_, at)) = self.redirect_to {
+            consider(at);
+        }
         if let Some(conn) = &mut self.conn {
             if let Some(t) = conn.quic.poll_timeout() {
                 consider(t.checked_sub(self.skew).unwrap_or(t));
@@ -451,6 +491,9 @@ impl SimClient {
                 self.feed(now, from, data, &mut out);
             }
         }
+        if let Some((to, _)) = self.redirect_to.take_if(|(_, at)| *at <= now) {
+            self.follow_redirect(now, to, ctx, &mut out);
+        }
         if self.reconnect_at.is_some_and(|t| t <= now) {
             self.reconnect_at = None;
             self.connect(now, ctx);
@@ -482,10 +525,12 @@ impl SimClient {
         self.gen += 1;
         self.stats.connects += 1;
         let local = self.local(now);
-        match self
-            .endpoint
-            .connect(local, self.config.clone(), ctx.broker_addr, "localhost")
-        {
+        match self.endpoint.connect(
+            local,
+            self.config.clone(),
+            self.home.unwrap_or(ctx.broker_addr),
+            "localhost",
+        ) {
             Ok((ch, quic)) => {
                 ctx.log(now, format_args!("c{} connect gen {}", self.id, self.gen));
                 self.conn = Some(Conn {
@@ -646,7 +691,15 @@ impl SimClient {
     }
 
     fn open_streams(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
-        if self.role == Role::Worker {
+        if self.role == Role::Worker && self.home.is_some() {
+            // A cluster client: publishes and cache calls, through whichever node it is on.
+            let p = self.open_bi(now, Purpose::Publish, ctx);
+            let c = self.open_bi(now, Purpose::Cache, ctx);
+            if let Some(conn) = &mut self.conn {
+                conn.publish_stream = p;
+                conn.cache_stream = c;
+            }
+        } else if self.role == Role::Worker {
             let p = self.open_bi(now, Purpose::Publish, ctx);
             let c = self.open_bi(now, Purpose::Cache, ctx);
             let i = self.open_bi(now, Purpose::Idempotent, ctx);
@@ -660,7 +713,10 @@ impl SimClient {
                 conn.group.stream = g;
             }
         }
-        if self.role == Role::Auditor && ctx.oracle.promise == crate::oracle::Promise::Durable {
+        if self.role == Role::Auditor
+            && self.home.is_none()
+            && ctx.oracle.promise == crate::oracle::Promise::Durable
+        {
             let g = self.open_bi(now, Purpose::Group, ctx);
             if let Some(conn) = &mut self.conn {
                 conn.group.stream = g;
@@ -895,6 +951,11 @@ impl SimClient {
                 let Purpose::Subscribe(i) = s.purpose else {
                     unreachable!()
                 };
+                if let Ok(felix_proto::message::Message::NotLeader(nl)) =
+                    felix_proto::message::Message::decode(&frame.payload)
+                {
+                    return self.on_not_leader(now, i, nl, ctx);
+                }
                 match read_subscribe_reply(frame) {
                     Ok(sub) => {
                         let shard = self.subs[i].shard;
@@ -911,6 +972,7 @@ impl SimClient {
                                 "a durable subscription without start_offset".into(),
                             ));
                         }
+                        self.hops = 0;
                         conn.views.insert(
                             sub.subscription_id,
                             (i, SubscriberView::new(shard, sub.start_offset)),
@@ -925,6 +987,15 @@ impl SimClient {
                     Err(e) => {
                         ctx.log(now, format_args!("c{me} subscribe refused: {e}"));
                         self.stats.refusals += 1;
+                        if let Some(here) = self.home {
+                            // A node not serving yet (or its shard's leader away): try again
+                            // on a fresh connection, where the node is now.
+                            let wait = self
+                                .rng
+                                .duration(Duration::from_millis(100), Duration::from_millis(600));
+                            self.redirect_to = Some((here, now + wait));
+                            return Ok(());
+                        }
                         // Start over from the live end next time.
                         self.subs[i].resume = None;
                         self.subs[i].start = Start::Latest;
@@ -994,6 +1065,12 @@ impl SimClient {
                                 .entry(shard)
                                 .or_default()
                                 .insert(o, p.clone());
+                            let leader = ctx.leaders.and_then(|l| l.get(&shard));
+                            if let (Some(home), Some(leader)) = (self.home, leader) {
+                                if home != *leader {
+                                    ctx.oracle.forwarded_acks.push((shard, o, p.clone(), home));
+                                }
+                            }
                         }
                     }
                     // Acked at accept time (no ack-on-commit): the audit looks for the payload.
@@ -1012,6 +1089,10 @@ impl SimClient {
                 self.cache_busy.remove(&key);
                 let outcome = match &result {
                     Ok(_) => WriteOutcome::Acked(now),
+                    // A forward whose answer never came: it may have been applied.
+                    Err(e) if e.code() == Some(&felix_proto::ErrorCode::Unacknowledged) => {
+                        WriteOutcome::Unknown
+                    }
                     Err(_) => WriteOutcome::Refused,
                 };
                 let ok = matches!(outcome, WriteOutcome::Acked(_));
@@ -1043,7 +1124,12 @@ impl SimClient {
             }
             (meta, Err(e)) => {
                 self.stats.refusals += 1;
-                ctx.log(now, format_args!("c{me} {kind:?} refused: {e} ({meta:?})"));
+                // Not `{meta:?}`: a get's send time is an `Instant`, whose value differs per run.
+                let what = match &meta {
+                    Some(ReqMeta::CacheGet { key, .. }) => format!("get {key}"),
+                    other => format!("{other:?}"),
+                };
+                ctx.log(now, format_args!("c{me} {kind:?} refused: {e} ({what})"));
             }
             (meta, Ok(answer)) => {
                 return Err(protocol(me, format!("{answer:?} answers {meta:?}")));
@@ -1205,6 +1291,14 @@ impl SimClient {
     /// One workload step: a publish, a cache write or a cache read.
     fn act(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
         let roll = self.rng.below(10);
+        if self.home.is_some() {
+            // Cluster: acked publishes and cache calls, forwarded where this node is no owner.
+            return if roll < 6 {
+                self.publish(now, ctx)
+            } else {
+                self.cache_op(now, ctx)
+            };
+        }
         if roll < 5 {
             self.publish(now, ctx)
         } else if roll < 6 {
@@ -1217,7 +1311,7 @@ impl SimClient {
     }
 
     fn publish(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
-        if self.rng.chance(0.15) {
+        if self.home.is_none() && self.rng.chance(0.15) {
             return self.scratch_publish(now, ctx);
         }
         let me = self.id;
@@ -1470,6 +1564,71 @@ impl SimClient {
             .request_sent((me, gen, s.no, rid), now, what.clone());
         ctx.log(now, format_args!("c{me} cache {what} req {rid}"));
         Ok(())
+    }
+
+    /// A `not_leader` answered subscription `i`: count the hop (`redirects_end`) and move
+    /// the connection to the owner it names at the next turn.
+    fn on_not_leader(
+        &mut self,
+        now: Instant,
+        i: usize,
+        nl: felix_proto::message::NotLeader,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Violation> {
+        let me = self.id;
+        self.hops += 1;
+        self.stats.redirects += 1;
+        let from = self.home.unwrap_or(ctx.broker_addr);
+        ctx.log(
+            now,
+            format_args!(
+                "c{me} not_leader for shard {}: {} {:?} generation {} (hop {})",
+                self.subs[i].shard, nl.node_id, nl.addr, nl.generation, self.hops
+            ),
+        );
+        let to = nl
+            .addr
+            .as_deref()
+            .and_then(|a| a.parse::<SocketAddr>().ok());
+        if nl.addr.is_none() {
+            // The node knows the owner but not yet its address (the owner's join is not
+            // applied there yet): not a hop; ask the same node again shortly.
+            self.hops -= 1;
+            self.stats.addressless_redirects += 1;
+            let wait = self
+                .rng
+                .duration(Duration::from_millis(100), Duration::from_millis(600));
+            self.redirect_to = Some((from, now + wait));
+            return Ok(());
+        }
+        crate::invariants::redirects_end::check_hop(me, self.hops, from, to, &nl.node_id)?;
+        let to = to.expect("checked");
+        let to = if ctx.redirect_loop { from } else { to };
+        self.redirect_to = Some((to, now));
+        Ok(())
+    }
+
+    /// Closes the connection and dials `to` at once.
+    fn follow_redirect(
+        &mut self,
+        now: Instant,
+        to: SocketAddr,
+        ctx: &mut Ctx<'_>,
+        out: &mut Vec<(SocketAddr, Bytes)>,
+    ) {
+        let local = self.local(now);
+        if let Some(conn) = &mut self.conn {
+            conn.quic
+                .close(local, 0u32.into(), Bytes::from_static(b"redirected"));
+            let mut buf = Vec::new();
+            while let Some(t) = conn.quic.poll_transmit(local, 1, &mut buf) {
+                out.push((t.destination, Bytes::copy_from_slice(&buf[..t.size])));
+                buf.clear();
+            }
+        }
+        self.connection_lost(now, "redirected", ctx);
+        self.home = Some(to);
+        self.reconnect_at = Some(now);
     }
 
     /// The current connection's generation and when the broker was last heard on it.

@@ -14,12 +14,13 @@
 //! - `crypto`: the seeded TLS provider, certificate and client endpoints;
 //! - `client`: a simulated client and its workload;
 //! - `oracle` and `invariants/`: what was promised, and the checks, one per file;
-//! - `world`: one run.
+//! - `world`: one run; `cluster`: one run of a cluster of nodes.
 //!
 //! See `docs/simulator.md`.
 
 mod client;
 mod clock;
+mod cluster;
 mod crypto;
 mod disk;
 mod invariants;
@@ -59,6 +60,18 @@ pub enum Canary {
     /// answers stay owed on a live connection, as a broker that forgot them would leave
     /// them (caught by `requests_answered`).
     WithholdAnswers,
+    /// Cluster: the simulator reports one node's metadata digest altered at one raft index,
+    /// as if it had applied another entry there (caught by `meta_agreement`).
+    MetadataDivergence,
+    /// Cluster: one node's view names another leader for a shard at the same generation
+    /// (caught by `one_leader_per_generation`).
+    SplitLeader,
+    /// Cluster: at the end of the faults the leader most forwarded-to loses power and comes
+    /// back on an empty disk (caught by `forwarded_acks`).
+    WipeLeaderDisk,
+    /// Cluster: a subscriber follows each `not_leader` back to the node that sent it
+    /// (caught by `redirects_end`).
+    RedirectLoop,
 }
 
 impl std::str::FromStr for Canary {
@@ -72,8 +85,12 @@ impl std::str::FromStr for Canary {
             "stale-cache-read" => Ok(Canary::StaleCacheRead),
             "misroute-claim" => Ok(Canary::MisrouteClaim),
             "withhold-answers" => Ok(Canary::WithholdAnswers),
+            "metadata-divergence" => Ok(Canary::MetadataDivergence),
+            "split-leader" => Ok(Canary::SplitLeader),
+            "wipe-leader-disk" => Ok(Canary::WipeLeaderDisk),
+            "redirect-loop" => Ok(Canary::RedirectLoop),
             other => Err(format!(
-                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new, drop-watch-change, stale-cache-read, misroute-claim or withhold-answers"
+                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new, drop-watch-change, stale-cache-read, misroute-claim, withhold-answers, metadata-divergence, split-leader, wipe-leader-disk or redirect-loop"
             )),
         }
     }
@@ -88,6 +105,9 @@ pub struct RunOptions {
     pub verbose: bool,
     /// Break the simulator on purpose.
     pub canary: Option<Canary>,
+    /// Cluster runs: crashes may leave a majority of nodes down or blank at once (off: at
+    /// most a minority, what this version's in-memory metadata log survives).
+    pub majority_crashes: bool,
 }
 
 impl RunOptions {
@@ -97,6 +117,7 @@ impl RunOptions {
             seed,
             verbose: false,
             canary: None,
+            majority_crashes: false,
         }
     }
 }
@@ -123,4 +144,9 @@ pub struct Outcome {
 /// Runs one seed to its end (or its first violation).
 pub fn run(options: &RunOptions) -> Outcome {
     world::World::new(options).run()
+}
+
+/// Runs one seed of the cluster workload (3 or 5 nodes, see `cluster.rs`).
+pub fn run_cluster(options: &RunOptions) -> Outcome {
+    cluster::ClusterWorld::new(options).run()
 }

@@ -5,6 +5,8 @@
 //! felix-sim --seed 42 --verbose     # replay one seed, printing its event trace
 //! felix-sim --seeds 0..20 --canary lying-sync   # the canary must be caught
 //! felix-sim --seeds 0..20 --hashes  # only `seed S hash H` per seed (scripts/sim-determinism)
+//! felix-sim --cluster --seeds 0..50  # the cluster workload (3 or 5 nodes)
+//! felix-sim --cluster --seeds 0..10000 --quiet --keep-going   # a sweep: count violations
 //! ```
 //! Exits 1 on the first violation (printing the seed, the invariant and the replay command),
 //! 2 on bad arguments.
@@ -12,11 +14,11 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use felix_sim::{run, Canary, RunOptions};
+use felix_sim::{run, run_cluster, Canary, RunOptions};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: felix-sim (--seeds A..B | --seed S) [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers] [--quiet | --hashes]"
+        "usage: felix-sim (--seeds A..B | --seed S) [--cluster] [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers|metadata-divergence|split-leader|wipe-leader-disk|redirect-loop] [--quiet | --hashes] [--keep-going] [--majority-crashes]"
     );
     ExitCode::from(2)
 }
@@ -26,6 +28,9 @@ fn main() -> ExitCode {
     let mut verbose = false;
     let mut quiet = false;
     let mut hashes = false;
+    let mut cluster = false;
+    let mut keep_going = false;
+    let mut majority_crashes = false;
     let mut canary: Option<Canary> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -51,6 +56,9 @@ fn main() -> ExitCode {
             "--verbose" => verbose = true,
             "--quiet" => quiet = true,
             "--hashes" => hashes = true,
+            "--cluster" => cluster = true,
+            "--keep-going" => keep_going = true,
+            "--majority-crashes" => majority_crashes = true,
             "--canary" => match args.next().map(|c| c.parse()) {
                 Some(Ok(c)) => canary = Some(c),
                 Some(Err(e)) => {
@@ -74,9 +82,15 @@ fn main() -> ExitCode {
         Some(Canary::StaleCacheRead) => " --canary stale-cache-read",
         Some(Canary::MisrouteClaim) => " --canary misroute-claim",
         Some(Canary::WithholdAnswers) => " --canary withhold-answers",
+        Some(Canary::MetadataDivergence) => " --canary metadata-divergence",
+        Some(Canary::SplitLeader) => " --canary split-leader",
+        Some(Canary::WipeLeaderDisk) => " --canary wipe-leader-disk",
+        Some(Canary::RedirectLoop) => " --canary redirect-loop",
         None => "",
     };
     let mut out = std::io::stdout().lock();
+    // `--keep-going`: violations per invariant, with the first seed of each.
+    let mut failed: std::collections::BTreeMap<&'static str, (u64, u64)> = Default::default();
     // A reader that went away (`| head`) ends the sweep quietly.
     macro_rules! say {
         ($($arg:tt)*) => {
@@ -86,11 +100,17 @@ fn main() -> ExitCode {
         };
     }
     for seed in first..end {
-        let outcome = run(&RunOptions {
+        let options = RunOptions {
             seed,
             verbose,
             canary,
-        });
+            majority_crashes,
+        };
+        let outcome = if cluster {
+            run_cluster(&options)
+        } else {
+            run(&options)
+        };
         for line in &outcome.trace {
             say!("{line}");
         }
@@ -105,9 +125,17 @@ fn main() -> ExitCode {
             say!("VIOLATION at seed {seed}: {}", v.invariant);
             say!("  {}", v.detail);
             say!(
-                "replay: cargo run --release -p felix-sim -- --seed {seed}{canary_flag} --verbose"
+                "replay: cargo run --release -p felix-sim -- --seed {seed}{}{canary_flag} --verbose",
+                match (cluster, majority_crashes) {
+                    (false, _) => "",
+                    (true, false) => " --cluster",
+                    (true, true) => " --cluster --majority-crashes",
+                }
             );
-            return ExitCode::from(1);
+            if !keep_going {
+                return ExitCode::from(1);
+            }
+            failed.entry(v.invariant).or_insert((0, seed)).0 += 1;
         }
     }
     if hashes {
@@ -115,6 +143,14 @@ fn main() -> ExitCode {
     }
     let n = end - first;
     let secs = started.elapsed().as_secs_f64();
+    if !failed.is_empty() {
+        for (invariant, (count, first_seed)) in &failed {
+            say!("{invariant}: {count} seeds failed, first {first_seed}");
+        }
+        let bad: u64 = failed.values().map(|(c, _)| c).sum();
+        say!("{bad} of {n} seeds failed in {secs:.1} s");
+        return ExitCode::from(1);
+    }
     say!(
         "{n} seeds passed in {secs:.1} s ({:.2} seeds/s)",
         n as f64 / secs.max(1e-9)

@@ -7,11 +7,13 @@ use std::time::{Duration, Instant};
 
 use crate::rng::SimRng;
 
-/// One end of a link: the broker, or a client by index.
+/// One end of a link: the broker, a client by index, or a cluster node by index (the
+/// cluster world's brokers; their client and peer listeners are one end each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Node {
     Broker,
     Client(usize),
+    Server(usize),
 }
 
 /// The link's behaviour when no fault is active. Drawn per seed.
@@ -50,6 +52,8 @@ pub(crate) struct Network {
     pub(crate) config: NetConfig,
     /// Clients cut off from the broker, both ways.
     partitioned: BTreeSet<usize>,
+    /// Links cut one way: nothing from `.0` reaches `.1`.
+    cut: BTreeSet<(Node, Node)>,
     /// A loss burst: this loss rate until the instant.
     burst: Option<(Instant, f64)>,
     rng: SimRng,
@@ -61,6 +65,7 @@ impl Network {
         Network {
             config,
             partitioned: BTreeSet::new(),
+            cut: BTreeSet::new(),
             burst: None,
             rng,
             stats: NetStats::default(),
@@ -75,8 +80,19 @@ impl Network {
         self.partitioned.remove(&client);
     }
 
+    /// Cuts the link from `from` to `to` (one way).
+    pub(crate) fn cut(&mut self, from: Node, to: Node) {
+        self.cut.insert((from, to));
+    }
+
+    /// Heals every cut to or from `node`.
+    pub(crate) fn heal_node(&mut self, node: Node) {
+        self.cut.retain(|(a, b)| *a != node && *b != node);
+    }
+
     pub(crate) fn heal_all(&mut self) {
         self.partitioned.clear();
+        self.cut.clear();
         self.burst = None;
     }
 
@@ -89,10 +105,12 @@ impl Network {
     pub(crate) fn route(&mut self, now: Instant, from: Node, to: Node) -> Vec<Duration> {
         self.stats.sent += 1;
         let client = match (from, to) {
-            (Node::Client(c), _) | (_, Node::Client(c)) => c,
-            _ => unreachable!("datagrams go between a client and the broker"),
+            (Node::Client(c), _) | (_, Node::Client(c)) => Some(c),
+            _ => None,
         };
-        if self.partitioned.contains(&client) {
+        // No draw before these checks: a run without cuts routes exactly as before.
+        let cut = self.cut.contains(&(from, to));
+        if cut || client.is_some_and(|c| self.partitioned.contains(&c)) {
             self.stats.dropped += 1;
             return Vec::new();
         }

@@ -73,6 +73,10 @@ pub(crate) struct Oracle {
     /// Durable records acknowledged without an offset (acked before the write): the audit
     /// must find each payload somewhere on its shard.
     pub(crate) acked_unplaced: Vec<(u32, Bytes)>,
+    /// Cluster runs: acks a node that does not lead the shard answered (shard, offset,
+    /// payload, the node the client was on), read back from the leader at the end
+    /// (`invariants/forwarded_acks.rs`).
+    pub(crate) forwarded_acks: Vec<(u32, u64, Bytes, std::net::SocketAddr)>,
     pub(crate) cache: BTreeMap<String, Vec<CacheWrite>>,
     pub(crate) outstanding: BTreeMap<RequestKey, Outstanding>,
     /// Events seen by subscribers, for the summary.
@@ -92,6 +96,7 @@ impl Oracle {
             acked: BTreeMap::new(),
             acked_count: 0,
             acked_unplaced: Vec::new(),
+            forwarded_acks: Vec::new(),
             cache: BTreeMap::new(),
             outstanding: BTreeMap::new(),
             events_seen: 0,

@@ -146,7 +146,14 @@ impl World {
                 | Canary::MisrouteClaim
                 | Canary::WithholdAnswers,
             ) => *plan.pick(&[Mode::OnCommitPowerLoss, Mode::AckAfterWriteProcessCrash]),
-            None => *plan.pick(&[
+            // The cluster canaries break nothing here.
+            None
+            | Some(
+                Canary::MetadataDivergence
+                | Canary::SplitLeader
+                | Canary::WipeLeaderDisk
+                | Canary::RedirectLoop,
+            ) => *plan.pick(&[
                 Mode::Memory,
                 Mode::Memory,
                 Mode::OnCommitPowerLoss,
@@ -464,6 +471,7 @@ impl World {
             crypto: self.crypto.clone(),
             rng: self.client_rng.fork(&format!("client {id}")),
             now,
+            cluster: None,
         });
         self.log(format_args!(
             "c{id} joins as {role:?}{}",
@@ -535,6 +543,10 @@ impl World {
                 self.send_from_client(now, i, out);
                 Ok(())
             }
+            Ev::Datagram {
+                to: Node::Server(_),
+                ..
+            } => unreachable!("the single-node world has no cluster nodes"),
             Ev::FileDone { generation, op } => {
                 let Some(b) = &mut self.broker else {
                     return Ok(());
@@ -624,6 +636,8 @@ impl World {
             misroute_claim: self.misroute_claim.as_mut(),
             withhold_answers: self.withhold_answers,
             quiet: self.quiet,
+            leaders: None,
+            redirect_loop: false,
         };
         (&mut self.clients[i], ctx)
     }

@@ -10,6 +10,7 @@ fn a_silently_dropped_watch_change_is_caught() {
             seed,
             verbose: false,
             canary: Some(Canary::DropWatchChange),
+            majority_crashes: false,
         })
         .violation
         .map(|v| (seed, v))

@@ -8,6 +8,7 @@
 //! plane's disk guard keeps it from voting until it has caught up (docs/cluster.md).
 
 mod metalog;
+pub(crate) mod observe;
 mod peers;
 
 use core::net::SocketAddr;

@@ -241,6 +241,9 @@ fn client_config(c: &PeerCrypto, limits: &PeerLimits) -> Result<ClientConfig, St
             .with_no_client_auth(),
     };
     tls.alpn_protocols = vec![ALPN.to_vec()];
+    // A resumed handshake carries a ticket age read from the wall clock: off, so a redial is
+    // a function of the seed like everything else (and links are few and long-lived).
+    tls.resumption = rustls::client::Resumption::disabled();
     let quic = QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut config = ClientConfig::new(Arc::new(quic));
     config.transport_config(Arc::new(transport(limits)?));
@@ -285,6 +288,8 @@ impl PeerNet {
             true,
             None,
         );
+        let mut client_config = client_config(crypto, &limits)?;
+        client_config.initial_dst_cid_provider(crate::seed::initial_dst_cids(&peer_seed));
         let mut net = PeerNet {
             link_deadline: None,
             now,
@@ -293,7 +298,7 @@ impl PeerNet {
             dial,
             verify_names: crypto.ca.is_some(),
             endpoint,
-            client_config: client_config(crypto, &limits)?,
+            client_config,
             backlog_limit: limits.backlog_bytes,
             backlog_dropped: 0,
             links: BTreeMap::new(),

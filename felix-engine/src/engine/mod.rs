@@ -871,6 +871,11 @@ impl Engine {
             .map_or(0, |c| c.metadata_progress().1)
     }
 
+    /// A read-only view of this node's cluster state (`None` for a single node).
+    pub fn cluster_view(&self) -> Option<crate::ClusterView<'_>> {
+        self.core.cluster.as_ref().map(crate::ClusterView::new)
+    }
+
     /// Why this node must stop: the cluster refused its declarations (the message names the
     /// stream or cache that disagrees).
     pub fn cluster_error(&self) -> Option<&str> {

@@ -1,0 +1,36 @@
+//! Redirects end: a subscribe redirected with `not_leader` reaches a node that serves it
+//! within [`MAX_REDIRECT_HOPS`] hops, each redirect naming a usable address other than the
+//! node that sent it. Checked at every hop; a subscription that is served resets the count.
+
+use std::net::SocketAddr;
+
+use crate::client::MAX_REDIRECT_HOPS;
+use crate::oracle::Violation;
+
+pub(crate) const NAME: &str = "redirects_end";
+
+/// Client `client` was redirected for the `hops`-th time in a row, by `from`, towards `to`
+/// (`None`: no usable address) naming `node`.
+pub(crate) fn check_hop(
+    client: usize,
+    hops: u32,
+    from: SocketAddr,
+    to: Option<SocketAddr>,
+    node: &str,
+) -> Result<(), Violation> {
+    let why = match to {
+        None => Some(format!("names {node} without a usable address")),
+        Some(to) if to == from => Some(format!("{from} redirects to itself ({node})")),
+        Some(_) if hops > MAX_REDIRECT_HOPS => Some(format!(
+            "{hops} redirects in a row (at most {MAX_REDIRECT_HOPS}); the last from {from} to {node}"
+        )),
+        Some(_) => None,
+    };
+    match why {
+        Some(why) => Err(Violation {
+            invariant: NAME,
+            detail: format!("c{client}'s subscribe: {why}"),
+        }),
+        None => Ok(()),
+    }
+}

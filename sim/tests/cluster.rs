@@ -1,0 +1,96 @@
+//! The cluster workload (`felix_sim::run_cluster`): a run is a function of its seed, a small
+//! sweep passes, and each cluster invariant catches its canary within the seeds given here.
+
+use felix_sim::{run_cluster, Canary, RunOptions};
+
+fn first_caught(canary: Canary, budget: u64) -> Option<(u64, felix_sim::Violation)> {
+    (0..budget).find_map(|seed| {
+        let outcome = run_cluster(&RunOptions {
+            canary: Some(canary),
+            ..RunOptions::seed(seed)
+        });
+        outcome.violation.map(|v| (seed, v))
+    })
+}
+
+#[test]
+fn same_seed_same_cluster_trace() {
+    for seed in [0, 7] {
+        let opts = RunOptions {
+            verbose: true,
+            ..RunOptions::seed(seed)
+        };
+        let a = run_cluster(&opts);
+        let b = run_cluster(&opts);
+        assert!(a.events > 100, "seed {seed} did too little: {}", a.summary);
+        let first_diff = a.trace.iter().zip(&b.trace).position(|(x, y)| x != y);
+        assert_eq!(first_diff, None, "seed {seed}: traces diverge");
+        assert_eq!(a.hash, b.hash, "seed {seed} is not deterministic");
+        // Peer links carried raft and forwards; clients were on several nodes.
+        assert!(
+            a.trace.iter().any(|l| l.contains(" net n1>n2 ")),
+            "no peer traffic"
+        );
+        assert!(
+            a.trace.iter().any(|l| l.contains(" applied ")),
+            "nothing applied"
+        );
+    }
+}
+
+#[test]
+fn a_small_cluster_sweep_passes() {
+    let mut forwarded = 0;
+    let mut redirects = false;
+    for seed in 0..5 {
+        let outcome = run_cluster(&RunOptions::seed(seed));
+        if let Some(v) = &outcome.violation {
+            panic!(
+                "seed {seed}: {v}\nreplay (same build profile as this test): cargo run -p felix-sim -- --cluster --seed {seed} --verbose\n{}",
+                outcome.summary
+            );
+        }
+        forwarded += u64::from(!outcome.summary.contains(" 0 acked records forwarded"));
+        redirects |= !outcome.summary.contains(" 0 redirects");
+    }
+    // The workload exercised what the invariants judge: forwarded acks and redirects.
+    assert!(forwarded > 0, "no forwarded ack in 5 seeds");
+    assert!(redirects, "no redirect in 5 seeds");
+}
+
+#[test]
+fn divergent_metadata_is_caught() {
+    let (seed, v) = first_caught(Canary::MetadataDivergence, 4).expect("went unnoticed");
+    assert_eq!(v.invariant, "meta_agreement", "seed {seed}: {v}");
+}
+
+#[test]
+fn a_second_leader_at_one_generation_is_caught() {
+    let (seed, v) = first_caught(Canary::SplitLeader, 4).expect("went unnoticed");
+    assert_eq!(v.invariant, "one_leader_per_generation", "seed {seed}: {v}");
+}
+
+#[test]
+fn a_forwarded_ack_missing_from_the_leader_is_caught() {
+    let (seed, v) = first_caught(Canary::WipeLeaderDisk, 6).expect("went unnoticed");
+    assert_eq!(v.invariant, "forwarded_acks", "seed {seed}: {v}");
+}
+
+#[test]
+fn a_redirect_loop_is_caught() {
+    let (seed, v) = first_caught(Canary::RedirectLoop, 6).expect("went unnoticed");
+    assert_eq!(v.invariant, "redirects_end", "seed {seed}: {v}");
+}
+
+/// Seed 1 with crashes free to take down two of three nodes: both restart blank (the metadata
+/// log is in memory), the blank majority re-founds the cluster at term 1 without the third
+/// node's committed entries, and the nodes never converge (docs/simulator.md, "Cluster").
+#[test]
+#[ignore = "engine bug: a blank majority re-founds the cluster and forgets committed metadata; run with --ignored once the metadata log is persisted"]
+fn a_blank_majority_keeps_committed_metadata() {
+    let outcome = run_cluster(&RunOptions {
+        majority_crashes: true,
+        ..RunOptions::seed(1)
+    });
+    assert_eq!(outcome.violation, None, "{}", outcome.summary);
+}
