@@ -61,6 +61,9 @@ struct Sent {
     /// Kept to send again once if the leader no longer knows its channel.
     forward: felix_peer_proto::Forward,
     retried: bool,
+    /// Sent again by a reopen before its first attempt's refusal came back: that refusal is
+    /// expected and means nothing.
+    stale_refusal: bool,
 }
 
 /// A forward not sent yet: its peer's window is full, or others wait before it.
@@ -486,6 +489,7 @@ impl ClusterNode {
                         to: to.clone(),
                         forward: w.forward.clone(),
                         retried: false,
+                        stale_refusal: false,
                     },
                 );
             }
@@ -558,26 +562,38 @@ impl ClusterNode {
         }
     }
 
-    /// The leader no longer knows the channel of a forward (it closed the channel as idle
-    /// past its cap): open it again and send the forward once more. False if that was done
-    /// already, or the channel is gone here too.
+    /// The leader no longer knows the channel of a forward (it restarted, or closed the
+    /// channel as idle past its cap): open it again and send, in their order, every forward of
+    /// that channel still unanswered there — the ones sent after this one were refused too, or
+    /// will be, and re-sending only this one would land it after them and reorder the
+    /// client's stream. Each is sent again at most once. False if this one was already, or the
+    /// channel is gone here too.
     fn reopen(&mut self, forward_id: u64) -> bool {
         let channel = (forward_id >> 32) as u32;
         let Some(c) = self.channels.get(&channel) else {
             return false;
         };
-        let Some(s) = self.sent.get_mut(&forward_id) else {
+        let Some(first) = self.sent.get(&forward_id) else {
             return false;
         };
-        if s.retried {
+        if first.retried {
             return false;
         }
-        s.retried = true;
-        let to = s.to.clone();
-        let again = s.forward.clone();
+        let to = first.to.clone();
         self.net
             .send(to.as_str(), &PeerMessage::Forward(c.open.clone()));
-        self.net.send(to.as_str(), &PeerMessage::Forward(again));
+        let lo = u64::from(channel) << 32;
+        let hi = lo | 0xffff_ffff;
+        for (&id, s) in self.sent.range_mut(forward_id..=hi) {
+            if s.to != to || s.retried || id < lo {
+                continue;
+            }
+            s.retried = true;
+            // The first attempts of the later ones are still to be refused.
+            s.stale_refusal = id != forward_id;
+            self.net
+                .send(to.as_str(), &PeerMessage::Forward(s.forward.clone()));
+        }
         true
     }
 
@@ -666,10 +682,15 @@ impl ClusterNode {
                         }
                     }
                     PeerMessage::ForwardRefused(r) => {
-                        if r.code == felix_proto::ErrorCode::Unauthenticated
-                            && self.reopen(r.forward_id)
-                        {
-                            continue;
+                        if r.code == felix_proto::ErrorCode::Unauthenticated {
+                            if let Some(s) = self.sent.get_mut(&r.forward_id) {
+                                if std::mem::take(&mut s.stale_refusal) {
+                                    continue;
+                                }
+                            }
+                            if self.reopen(r.forward_id) {
+                                continue;
+                            }
                         }
                         if let Some(s) = self.sent.remove(&r.forward_id) {
                             let why = format!("{} refused the forwarded request", s.to);
