@@ -141,6 +141,9 @@ pub(crate) struct Core {
     /// Sessions whose request waits for its stream's placement (cluster, first use), with
     /// the instant it is refused instead.
     pub(crate) awaiting_placement: Vec<(Instant, ConnectionHandle, StreamId)>,
+    /// Forwards for a shard this node's metadata does not know yet (or knows at an older
+    /// generation), from the peer named, until the given instant.
+    pub(crate) forwards_awaiting_metadata: VecDeque<(Instant, String, felix_peer_proto::Forward)>,
     /// Session streams holding a `cache_value` until a log read answers.
     pub(crate) value_waiters: HashMap<(LogId, ReadTicket), (ConnectionHandle, StreamId)>,
     /// Session streams holding a `group_records` until the broker answers the poll.

@@ -625,6 +625,17 @@ impl ClusterNode {
         self.inbound.pop_front()
     }
 
+    /// This node's metadata is older than the forward's: the shard is not placed here yet, or
+    /// is at an older generation. The forward waits for the metadata instead of being refused
+    /// (the forwarding node may apply a placement before its leader does).
+    pub(crate) fn behind(&self, scope: &felix_peer_proto::ShardScope) -> bool {
+        match self.scope_owner(scope) {
+            Owner::Unassigned => true,
+            Owner::Remote { generation, .. } => generation < scope.generation,
+            Owner::Local => false,
+        }
+    }
+
     /// Who serves the shard a forward names, as this node's metadata says.
     pub(crate) fn scope_owner(&self, scope: &felix_peer_proto::ShardScope) -> Owner {
         let s = &scope.shard;
@@ -747,6 +758,16 @@ impl ClusterNode {
     /// Metadata was applied since the last call: requests waiting for a placement may go on.
     pub(crate) fn take_metadata_changed(&mut self) -> bool {
         std::mem::take(&mut self.metadata_changed)
+    }
+
+    /// `limits.forward_window`.
+    pub(crate) fn forward_window(&self) -> usize {
+        self.forward_window
+    }
+
+    /// The other nodes of the cluster.
+    pub(crate) fn peer_count(&self) -> usize {
+        self.meta().voters.len().saturating_sub(1)
     }
 
     /// How long a forward, or a request waiting for its stream's placement, may take.

@@ -7,7 +7,7 @@
 //! a shard this node does not lead is refused `not_leader` naming the forward.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_cluster::routing::{Owner, RequestClass};
@@ -123,6 +123,33 @@ impl Engine {
         }
     }
 
+    /// Forwards that waited for this node's metadata: all run again once it changed (each
+    /// waits again if still ahead of it), else those past their wait are refused
+    /// `shard_unavailable` (the forwarding node has answered its client by then).
+    pub(super) fn resume_forwards_awaiting_metadata(&mut self, now: Instant, changed: bool) {
+        if self.core.forwards_awaiting_metadata.is_empty() {
+            return;
+        }
+        if changed {
+            let parked = std::mem::take(&mut self.core.forwards_awaiting_metadata);
+            for (_, from, forward) in parked {
+                self.on_forward(now, from, forward);
+            }
+            return;
+        }
+        while let Some((at, _, _)) = self.core.forwards_awaiting_metadata.front() {
+            if *at > now {
+                break;
+            }
+            let (_, from, forward) = self
+                .core
+                .forwards_awaiting_metadata
+                .pop_front()
+                .expect("checked");
+            self.refuse_forward(now, &from, forward.forward_id, ErrorCode::ShardUnavailable);
+        }
+    }
+
     fn on_forward(&mut self, now: Instant, from: String, forward: Forward) {
         let channel = (forward.forward_id >> 32) as u32;
         let opening = forward.forward_id & 0xffff_ffff == 0;
@@ -157,6 +184,29 @@ impl Engine {
             .as_ref()
             .is_some_and(|c| c.scope_owner(&forward.scope) == Owner::Local);
         if !leads {
+            let behind = self
+                .core
+                .cluster
+                .as_ref()
+                .is_some_and(|c| c.behind(&forward.scope));
+            // Bounded by what the peers may have in flight here (`limits.forward_window` each).
+            let cap = self
+                .core
+                .cluster
+                .as_ref()
+                .map_or(0, |c| c.forward_window() * c.peer_count());
+            if behind && self.core.forwards_awaiting_metadata.len() < cap {
+                let deadline = now
+                    + self
+                        .core
+                        .cluster
+                        .as_ref()
+                        .map_or(Duration::ZERO, |c| c.forward_timeout());
+                self.core
+                    .forwards_awaiting_metadata
+                    .push_back((deadline, from, forward));
+                return;
+            }
             if answered {
                 self.refuse_forward(now, &from, forward.forward_id, ErrorCode::NotLeader);
             }

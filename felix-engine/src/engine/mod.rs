@@ -547,6 +547,7 @@ impl Engine {
             waiters: HashMap::new(),
             stalled: HashMap::new(),
             awaiting_placement: Vec::new(),
+            forwards_awaiting_metadata: VecDeque::new(),
             value_waiters: HashMap::new(),
             group_waiters: HashMap::new(),
             next_subscription_id: 0,
@@ -826,16 +827,28 @@ impl Engine {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let conns = self.timers.first().map(|&(at, _)| at);
         let cluster = self.core.cluster.as_ref().and_then(|c| c.poll_timeout());
+        let forwards = self
+            .core
+            .forwards_awaiting_metadata
+            .iter()
+            .map(|(at, _, _)| *at)
+            .min();
         let placement = self
             .core
             .awaiting_placement
             .iter()
             .map(|&(at, _, _)| at)
             .min();
-        [conns, self.core.broker.poll_timeout(), cluster, placement]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            conns,
+            self.core.broker.poll_timeout(),
+            cluster,
+            placement,
+            forwards,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     // ---- getters ------------------------------------------------------------------------
@@ -1158,6 +1171,7 @@ impl Engine {
             .cluster
             .as_mut()
             .is_some_and(|c| c.take_metadata_changed());
+        self.resume_forwards_awaiting_metadata(now, changed);
         if self.core.awaiting_placement.is_empty() {
             return;
         }
