@@ -183,12 +183,20 @@ impl Engine {
             .cluster
             .as_ref()
             .is_some_and(|c| c.scope_owner(&forward.scope) == Owner::Local);
-        if !leads {
-            let behind = self
-                .core
-                .cluster
-                .as_ref()
-                .is_some_and(|c| c.behind(&forward.scope));
+        // A forward behind one of its channel's that waits for metadata waits too, whatever
+        // the metadata now says: run first, it would overtake the older one once that runs.
+        let queued_behind = self
+            .core
+            .forwards_awaiting_metadata
+            .iter()
+            .any(|(_, f, w)| *f == from && (w.forward_id >> 32) as u32 == channel);
+        if !leads || queued_behind {
+            let behind = queued_behind
+                || self
+                    .core
+                    .cluster
+                    .as_ref()
+                    .is_some_and(|c| c.behind(&forward.scope));
             // Bounded by what the peers may have in flight here (`limits.forward_window` each).
             let cap = self
                 .core
