@@ -12,9 +12,7 @@ use felix_runtime_tokio::felix_engine::{ClusterConfig, DeclaredCache, DeclaredSt
 use felix_runtime_tokio::{BrokerOptions, RunningBroker};
 
 use crate::ops_support::get;
-use crate::{
-    client_config, free_udp_port, start_broker, unique, within, Claims, TokenMinter, TENANT,
-};
+use crate::{client_config, start_broker, unique, within, Claims, TokenMinter, TENANT};
 
 pub const NODES: [&str; 3] = ["n1", "n2", "n3"];
 
@@ -76,9 +74,9 @@ impl Cluster {
             .iter()
             .map(|id| Node {
                 id,
-                client: loopback(free_udp_port()),
-                internal: loopback(free_udp_port()),
-                ops: loopback(free_tcp_port()),
+                client: loopback(kept_port()),
+                internal: loopback(kept_port()),
+                ops: loopback(kept_port()),
             })
             .collect();
         let mut c = Cluster {
@@ -212,6 +210,34 @@ impl Cluster {
             }
         }
     }
+}
+
+/// A loopback port, free now for UDP and TCP, that a node keeps across its restarts.
+///
+/// Taken below the kernel's ephemeral range (32768 and up on Linux), so no `bind(0)` elsewhere
+/// is handed it while the node is down between a stop and its restart: a just-freed
+/// ephemeral port is the kernel's likely next pick, and another test took one that way.
+/// Ports go round a window from a per-process start; one in use is skipped.
+pub fn kept_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id() * 7919) % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..SPAN {
+        let port = (LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN) as u16;
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
+        if udp.is_ok() && tcp.is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{}", LOW + SPAN);
 }
 
 pub fn free_tcp_port() -> u16 {
