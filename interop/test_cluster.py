@@ -9,9 +9,11 @@ Set FELIX_CLI_BIN / FELIX_BROKER_BIN to test other builds.
 
 import os
 import pathlib
+import select
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 
 import felix
@@ -34,20 +36,28 @@ class LocalCluster:
             [CLI_BIN, "cluster", "up", "--nodes", "3", "--dir", str(d), "--broker", BROKER_BIN,
              "--runtime", runtime, "--stream", f"t1/default/orders:{SHARDS}",
              "--cache", "t1/default/sessions"],
-            stdout=self.out, stderr=subprocess.STDOUT, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env=dict(os.environ, NO_COLOR="1"),
         )
         self.seeds, self.ca, self.token_path, self.pids = None, None, None, []
+        # Output is waited for (select on the pipe's descriptor, bounded by the deadline),
+        # never slept on. Read raw: a buffered reader could hold lines select cannot see.
         deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            text = self.read_out()
-            if "Ctrl-C stops the cluster." in text:
-                break
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"felix cluster up exited {self.proc.returncode}:\n{text}")
-            if time.monotonic() > deadline:
+        fd = self.proc.stdout.fileno()
+        text = ""
+        while "Ctrl-C stops the cluster." not in text:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([fd], [], [], max(left, 0))
+            if not ready:
                 raise RuntimeError(f"the cluster did not start in {START_TIMEOUT_S}s:\n{text}")
-            time.sleep(0.1)
+            chunk = os.read(fd, 65536).decode()
+            if not chunk:
+                self.proc.wait()
+                raise RuntimeError(f"felix cluster up exited {self.proc.returncode}:\n{text}")
+            text += chunk
+            self.out.write(chunk)
+        # What the nodes print later goes on to the log file; a full pipe would block them.
+        threading.Thread(target=self._drain, daemon=True).start()
         for line in text.splitlines():
             if line.startswith("seeds: "):
                 self.seeds = line.split(": ", 1)[1].split(",")
@@ -58,6 +68,11 @@ class LocalCluster:
             elif line.startswith("node ") and " pid " in line:
                 self.pids.append(int(line.split(" pid ")[1].split()[0]))
         self.token = pathlib.Path(self.token_path).read_text().strip()
+
+    def _drain(self):
+        fd = self.proc.stdout.fileno()
+        while chunk := os.read(fd, 65536):
+            self.out.write(chunk.decode(errors="replace"))
 
     def read_out(self):
         self.out.flush()
@@ -144,13 +159,16 @@ def test_a_killed_node_leaves_the_topology(cluster):
     # afterwards is told about the other two only. Polled with a bound: two leases (4 s) is
     # the promise, 15 s the patience of a loaded machine.
     os.kill(cluster.pids[2], signal.SIGKILL)
+    # Each look is one connect and one `topology` round trip: the wait is the broker's
+    # answer, not a sleep; bounded in count and time.
     deadline = time.monotonic() + 15
-    while True:
+    for _ in range(2000):
         seen = cluster.client([cluster.seeds[0]]).endpoints()
         if seen == cluster.seeds[:2]:
             break
         assert time.monotonic() < deadline, f"n3 still listed: {seen}"
-        time.sleep(0.2)
+    else:
+        raise AssertionError(f"n3 still listed after 2000 looks: {seen}")
     # Seeded with the other survivor: the same two.
     c = cluster.client([cluster.seeds[1]])
     assert c.endpoints() == cluster.seeds[:2]
