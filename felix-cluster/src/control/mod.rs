@@ -34,6 +34,8 @@ use raft::{RawNode, StateRole};
 
 use crate::ids::{NodeId, Voters};
 use crate::meta::{Applied, Command, Metadata, ObjectKey, StreamSpec};
+use crate::replication::lease::LeaseTerms;
+use crate::replication::promotion::{self, Renewals};
 use election::{ElectionRange, SeededRng};
 use store::MetaStore;
 
@@ -53,6 +55,8 @@ pub struct ControlConfig {
     pub retry: Duration,
     /// Silence after which the control plane's leader marks a member down.
     pub down_after: Duration,
+    /// The shard leadership lease and its margins (docs/replication.md, "Leases").
+    pub lease: LeaseTerms,
 }
 
 impl ControlConfig {
@@ -67,6 +71,7 @@ impl ControlConfig {
             heartbeat_ticks: 2,
             retry: Duration::from_millis(500),
             down_after: lease / 2,
+            lease: LeaseTerms::for_lease(lease.as_millis() as u64),
         }
     }
 }
@@ -143,6 +148,21 @@ pub struct ControlPlane {
     last_heard: BTreeMap<NodeId, Instant>,
     guard: DiskGuard,
     was_leader: bool,
+    /// As leader: when each node's last lease renewal arrived, by this node's clock.
+    renewed: BTreeMap<NodeId, Instant>,
+    /// As leader: when this term began here, and its first entry (everything before it must be
+    /// applied before a lease is granted, so a grant never predates a promotion in the log).
+    took_over: Option<(Instant, u64)>,
+}
+
+/// A lease renewal the control plane's leader accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// The granting leader's raft term.
+    pub term: u64,
+    /// The holder may count the lease only once it has applied the metadata this far: every
+    /// promotion the grant could contradict is at or below it.
+    pub applied: u64,
 }
 
 impl ControlPlane {
@@ -210,7 +230,34 @@ impl ControlPlane {
             last_heard: BTreeMap::new(),
             guard,
             was_leader: false,
+            renewed: BTreeMap::new(),
+            took_over: None,
         }
+    }
+
+    /// A node (this one included) asks to renew its shard leases; the answer is `None` when
+    /// this node is not the leader, has not applied all of its predecessors' entries yet, or
+    /// is moving one of that node's shards away (a grant then would overlap the next leader).
+    pub fn lease_renewed(&mut self, now: Instant, node: &NodeId) -> Option<LeaseGrant> {
+        let (_, first) = self.took_over?;
+        if !self.is_leader() || self.meta.applied < first {
+            return None;
+        }
+        let moving_away = self.wanted.iter().any(|c| match c {
+            Command::Promote { shard, .. } => self
+                .meta
+                .shard(shard)
+                .is_some_and(|m| m.leader.as_ref() == Some(node)),
+            _ => false,
+        });
+        if moving_away || !self.cfg.voters.names().contains(node) {
+            return None;
+        }
+        self.renewed.insert(node.clone(), now);
+        Some(LeaseGrant {
+            term: self.term(),
+            applied: self.meta.applied,
+        })
     }
 
     /// The metadata as applied here.
@@ -401,7 +448,7 @@ impl ControlPlane {
         }
     }
 
-    /// What only the leader decides: who is down.
+    /// What only the leader decides: who is down, and which shards change hands.
     fn leader_duties(&mut self, now: Instant) {
         let leader = self.is_leader();
         if leader && !self.was_leader {
@@ -410,11 +457,17 @@ impl ControlPlane {
             for n in self.cfg.voters.names() {
                 self.last_heard.insert(n.clone(), now);
             }
+            self.renewed.clear();
+            self.took_over = Some((now, self.node.raft.raft_log.last_index()));
+        }
+        if !leader {
+            self.took_over = None;
         }
         self.was_leader = leader;
         if !leader {
             return;
         }
+        self.promote_due(now);
         let mut changes = Vec::new();
         for (n, m) in &self.meta.members {
             if *n == self.cfg.node {
@@ -439,6 +492,35 @@ impl ControlPlane {
         for c in changes {
             self.want(c, now);
         }
+    }
+
+    /// Proposes the promotions due (`replication::promotion`). A node this leader has not
+    /// heard renew since it took over is treated as renewing at the takeover, plus the longest
+    /// election timeout: a lease granted by the previous leader ran from no later than its
+    /// last contact with a majority, which ended at most that long before this term.
+    fn promote_due(&mut self, now: Instant) {
+        let Some((since, first)) = self.took_over else {
+            return;
+        };
+        // Until its own node renews, this leader has no sign that leases are kept at all (a
+        // control plane driven without shard leaders, as in its own tests): it moves nothing.
+        if self.meta.applied < first || !self.renewed.contains_key(&self.cfg.node) {
+            return;
+        }
+        let election = self.cfg.tick * (2 * self.cfg.election_ticks) as u32;
+        let book = LeaseBook {
+            now,
+            terms: self.cfg.lease,
+            renewed: &self.renewed,
+            default: since + election,
+        };
+        let due = promotion::promotions(&self.meta, &book);
+        for c in &due {
+            self.want(c.clone(), now);
+        }
+        // A promotion no longer due (its leader renewed before it was applied) is dropped.
+        self.wanted
+            .retain(|c| !matches!(c, Command::Promote { .. }) || due.contains(c));
     }
 
     fn propose_wanted(&mut self) {
@@ -532,6 +614,32 @@ impl ControlPlane {
     }
 }
 
+/// The leader's record of lease renewals, as `promotion` asks about it.
+struct LeaseBook<'a> {
+    now: Instant,
+    terms: LeaseTerms,
+    renewed: &'a BTreeMap<NodeId, Instant>,
+    /// The renewal assumed for a node not heard since the takeover.
+    default: Instant,
+}
+
+impl LeaseBook<'_> {
+    fn quiet_ms(&self, node: &NodeId) -> u64 {
+        let at = self.renewed.get(node).copied().unwrap_or(self.default);
+        self.now.saturating_duration_since(at).as_millis() as u64
+    }
+}
+
+impl Renewals for LeaseBook<'_> {
+    fn may_hold_lease(&self, node: &NodeId) -> bool {
+        !crate::replication::lease::may_regrant(0, self.quiet_ms(node), &self.terms)
+    }
+
+    fn is_live(&self, node: &NodeId) -> bool {
+        self.renewed.contains_key(node) && self.quiet_ms(node) <= self.terms.lease_ms / 2
+    }
+}
+
 /// Whether `cmd`'s effect is already in the metadata.
 fn reflected(meta: &Metadata, cmd: &Command) -> bool {
     match cmd {
@@ -548,6 +656,9 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
         }
         Command::CreateStream { key, .. } => meta.streams.contains_key(key),
         Command::Liveness { node, up } => meta.members.get(node).is_some_and(|m| m.up == *up),
+        Command::Promote {
+            shard, generation, ..
+        } => meta.shard(shard).is_none_or(|m| m.generation >= *generation),
     }
 }
 

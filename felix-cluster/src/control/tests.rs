@@ -487,3 +487,117 @@ fn a_heartbeat_committing_past_an_open_blank_log_does_not_abort() {
         "nothing committed without the entries"
     );
 }
+
+impl Cluster {
+    /// Every node not cut off renews its leases with the control plane's leader; the grants.
+    fn renew_all(&mut self) -> BTreeMap<NodeId, Option<LeaseGrant>> {
+        let now = self.now;
+        let Some(leader) = self.leaders().first().cloned() else {
+            return BTreeMap::new();
+        };
+        let names: Vec<NodeId> = self.planes.keys().cloned().collect();
+        let mut grants = BTreeMap::new();
+        for name in names.into_iter().filter(|n| !self.cut.contains(n)) {
+            let g = self.planes.get_mut(&leader).unwrap().lease_renewed(now, &name);
+            grants.insert(name, g);
+        }
+        grants
+    }
+}
+
+#[test]
+fn a_leader_that_stops_renewing_loses_its_shards_only_after_its_lease_and_margin() {
+    let mut c = Cluster::new(21);
+    c.run_until(100, |c| c.leaders().len() == 1);
+    c.join_all();
+    let control = c.leaders()[0].clone();
+    let now = c.now;
+    c.planes.get_mut(&control).unwrap().want(
+        Command::Declare {
+            node: control.clone(),
+            declarations: declarations(),
+        },
+        now,
+    );
+    c.run_until(100, |c| c.planes[&control].metadata().streams.len() == 1);
+    let key = ObjectKey::new("t1", "default", "orders");
+    let led_by = |c: &Cluster, node: &NodeId| -> Vec<u32> {
+        c.planes[&control].metadata().streams[&key]
+            .shards
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.leader.as_ref() == Some(node))
+            .map(|(i, _)| i as u32)
+            .collect()
+    };
+    let victim = c.planes.keys().find(|n| **n != control).unwrap().clone();
+    let victims_shards = led_by(&c, &victim);
+    assert!(!victims_shards.is_empty(), "placement gives every node a shard to lead");
+    // Everyone renews for a while: nothing moves.
+    let mut last_grant = c.now;
+    for _ in 0..40 {
+        assert!(c.renew_all().values().all(|g| g.is_some()));
+        last_grant = c.now;
+        c.run(1);
+    }
+    assert_eq!(led_by(&c, &victim), victims_shards);
+    // The victim goes silent.
+    c.cut.insert(victim.clone());
+    let mut rounds = 0;
+    while !led_by(&c, &victim).is_empty() {
+        assert!(rounds < 100, "never moved");
+        c.renew_all();
+        c.run(1);
+        rounds += 1;
+    }
+    let waited = c.now - last_grant;
+    // Never before the lease (2 s) and its regrant margin (0.5 s); soon after it.
+    assert!(waited >= Duration::from_millis(2500), "moved after {waited:?}");
+    assert!(rounds <= 30, "took {rounds} rounds");
+    let meta = c.planes[&control].metadata();
+    for i in victims_shards {
+        let s = &meta.streams[&key].shards[i as usize];
+        assert_eq!(s.generation, 2);
+        assert!(s.leader.is_some() && s.leader.as_ref() != Some(&victim));
+    }
+    // Back: it renews again and leads nothing until a shard is handed to it.
+    c.cut.clear();
+    assert!(c.renew_all()[&victim].is_some());
+}
+
+#[test]
+fn a_grant_is_refused_while_a_shard_is_being_moved_away_from_its_holder() {
+    let mut c = Cluster::new(22);
+    c.run_until(100, |c| c.leaders().len() == 1);
+    c.join_all();
+    let control = c.leaders()[0].clone();
+    let now = c.now;
+    let p = c.planes.get_mut(&control).unwrap();
+    p.want(
+        Command::Declare {
+            node: control.clone(),
+            declarations: declarations(),
+        },
+        now,
+    );
+    c.run_until(100, |c| c.planes[&control].metadata().streams.len() == 1);
+    let victim = c.planes.keys().find(|n| **n != control).unwrap().clone();
+    c.renew_all();
+    c.cut.insert(victim.clone());
+    // Stop at the first tick where the promotion is wanted and not yet applied.
+    let mut refused = false;
+    for _ in 0..60 {
+        c.renew_all();
+        c.now += Duration::from_millis(100);
+        let now = c.now;
+        let p = c.planes.get_mut(&control).unwrap();
+        p.handle_timeout(now);
+        if p.wanted.iter().any(|w| matches!(w, Command::Promote { .. })) {
+            assert_eq!(p.lease_renewed(now, &victim), None);
+            refused = true;
+            break;
+        }
+        c.settle();
+    }
+    assert!(refused, "a promotion away from the victim was never wanted");
+}

@@ -130,6 +130,53 @@ pub struct ShardMeta {
     pub leader: Option<NodeId>,
     /// Bumped on every leadership change; never reused.
     pub generation: u64,
+    /// Beside `replicas`: the storage identity each replica's copy lives on ("" until the
+    /// node first joins). A node back with another identity lost its copy: it counts toward
+    /// no fence, no quorum and no promotion until it is rebuilt from a leader.
+    #[serde(default)]
+    pub replica_storage: Vec<String>,
+}
+
+impl ShardMeta {
+    /// The storage identity `node`'s copy lives on, when `node` is a replica.
+    pub fn storage_of(&self, node: &NodeId) -> Option<&str> {
+        let i = self.replicas.iter().position(|r| r == node)?;
+        Some(self.replica_storage.get(i).map_or("", |s| s.as_str()))
+    }
+
+    /// Whether `node` holds this shard's copy on the disk the metadata says it has now.
+    pub fn holds_copy(&self, node: &NodeId, members: &BTreeMap<NodeId, Member>) -> bool {
+        match (self.storage_of(node), members.get(node)) {
+            (Some(s), Some(m)) => !s.is_empty() && s == m.storage_id,
+            _ => false,
+        }
+    }
+}
+
+/// Which kind of object a shard belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ObjectKind {
+    Stream,
+    Cache,
+}
+
+/// One shard of a stream or cache.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ShardRef {
+    pub kind: ObjectKind,
+    pub key: ObjectKey,
+    pub shard: u32,
+}
+
+impl fmt::Display for ShardRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            ObjectKind::Stream => "stream",
+            ObjectKind::Cache => "cache",
+        };
+        write!(f, "{kind} {}#{}", self.key, self.shard)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,6 +211,14 @@ pub enum Command {
     CreateStream { key: ObjectKey, spec: StreamSpec },
     /// The control plane's leader saw a member go quiet, or come back.
     Liveness { node: NodeId, up: bool },
+    /// A shard's next generation, led by `leader` (a replica holding its copy), or by nobody
+    /// while no replica qualifies. Applied only as the very next generation, so a stale or
+    /// repeated proposal changes nothing.
+    Promote {
+        shard: ShardRef,
+        generation: u64,
+        leader: Option<NodeId>,
+    },
 }
 
 impl Command {
@@ -194,6 +249,11 @@ pub enum Applied {
     Liveness {
         node: NodeId,
         up: bool,
+    },
+    Promoted {
+        shard: ShardRef,
+        generation: u64,
+        leader: Option<NodeId>,
     },
     /// Already true: nothing changed.
     Unchanged,
@@ -277,6 +337,16 @@ impl Metadata {
                         up: true,
                     },
                 );
+                if previous.is_none() {
+                    // Copies placed before the node ever joined live on its first disk.
+                    for shard in self.shards_mut() {
+                        if let Some(i) = shard.replicas.iter().position(|r| r == node) {
+                            if shard.replica_storage[i].is_empty() {
+                                shard.replica_storage[i] = storage_id.clone();
+                            }
+                        }
+                    }
+                }
                 match previous {
                     None => Applied::Joined(node.clone()),
                     Some(p) if p.storage_id != *storage_id => Applied::Rejoined {
@@ -352,7 +422,83 @@ impl Metadata {
                 Some(_) => Applied::Unchanged,
                 None => Applied::Invalid(format!("{node} has not joined")),
             },
+            Command::Promote {
+                shard,
+                generation,
+                leader,
+            } => {
+                let members = self.members.clone();
+                let Some(meta) = self.shard_mut(shard) else {
+                    return Applied::Invalid(format!("{shard} is not placed"));
+                };
+                if *generation != meta.generation + 1 {
+                    return Applied::Unchanged;
+                }
+                if let Some(l) = leader {
+                    if !meta.holds_copy(l, &members) {
+                        return Applied::Invalid(format!(
+                            "{l} does not hold a copy of {shard} and cannot lead it"
+                        ));
+                    }
+                }
+                meta.generation = *generation;
+                meta.leader = leader.clone();
+                Applied::Promoted {
+                    shard: shard.clone(),
+                    generation: *generation,
+                    leader: leader.clone(),
+                }
+            }
         }
+    }
+
+    /// One shard's assignment.
+    pub fn shard(&self, shard: &ShardRef) -> Option<&ShardMeta> {
+        let shards = match shard.kind {
+            ObjectKind::Stream => &self.streams.get(&shard.key)?.shards,
+            ObjectKind::Cache => &self.caches.get(&shard.key)?.shards,
+        };
+        shards.get(shard.shard as usize)
+    }
+
+    fn shard_mut(&mut self, shard: &ShardRef) -> Option<&mut ShardMeta> {
+        let shards = match shard.kind {
+            ObjectKind::Stream => &mut self.streams.get_mut(&shard.key)?.shards,
+            ObjectKind::Cache => &mut self.caches.get_mut(&shard.key)?.shards,
+        };
+        shards.get_mut(shard.shard as usize)
+    }
+
+    /// Every placed shard, streams first, each in key then index order.
+    pub fn shards(&self) -> impl Iterator<Item = (ShardRef, &ShardMeta)> {
+        let streams = self.streams.iter().flat_map(|(k, s)| {
+            s.shards.iter().enumerate().map(move |(i, m)| {
+                let r = ShardRef {
+                    kind: ObjectKind::Stream,
+                    key: k.clone(),
+                    shard: i as u32,
+                };
+                (r, m)
+            })
+        });
+        let caches = self.caches.iter().flat_map(|(k, c)| {
+            c.shards.iter().enumerate().map(move |(i, m)| {
+                let r = ShardRef {
+                    kind: ObjectKind::Cache,
+                    key: k.clone(),
+                    shard: i as u32,
+                };
+                (r, m)
+            })
+        });
+        streams.chain(caches)
+    }
+
+    fn shards_mut(&mut self) -> impl Iterator<Item = &mut ShardMeta> {
+        self.streams
+            .values_mut()
+            .flat_map(|s| s.shards.iter_mut())
+            .chain(self.caches.values_mut().flat_map(|c| c.shards.iter_mut()))
     }
 
     fn refuse(&mut self, node: &NodeId, reason: String) -> Applied {
@@ -380,6 +526,11 @@ impl Metadata {
             .into_iter()
             .map(|a| ShardMeta {
                 leader: Some(a.leader().clone()),
+                replica_storage: a
+                    .replicas
+                    .iter()
+                    .map(|r| self.members.get(r).map_or(String::new(), |m| m.storage_id.clone()))
+                    .collect(),
                 replicas: a.replicas,
                 generation: 1,
             })

@@ -19,6 +19,7 @@
 pub mod divergence;
 pub mod fence;
 pub mod lease;
+pub mod promotion;
 pub mod quorum;
 
 #[cfg(test)]

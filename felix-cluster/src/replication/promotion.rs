@@ -1,0 +1,232 @@
+//! Which shards the control plane's leader hands to a new generation, and to whom.
+//!
+//! The control plane only *names* the next leader; the named node still has to fence a
+//! majority of the replica set at the new generation and adopt the most advanced log among
+//! them before it serves ([`super::fence`]). So the choice here needs no knowledge of who is
+//! caught up: any replica that still holds its copy (the storage identity the metadata names
+//! for it) and renewed its lease recently may be named. What it must get right is *when*:
+//! never while the current leader may still hold its lease, which [`super::lease::may_regrant`]
+//! decides from when this node last heard the leader renew.
+
+use crate::meta::{Command, Metadata};
+use crate::NodeId;
+
+/// What the control plane knows of one node's lease renewals, by its own clock.
+pub trait Renewals {
+    /// The holder may still be writing under a lease this node granted: no regrant yet.
+    fn may_hold_lease(&self, node: &NodeId) -> bool;
+    /// Renewed recently enough to be worth naming as a leader.
+    fn is_live(&self, node: &NodeId) -> bool;
+}
+
+/// The promotions due now, in the metadata's shard order:
+/// - a shard whose leader's lease may be regranted (it went quiet), or whose leader lost its
+///   copy (it came back on another disk), goes to the next generation with the first replica,
+///   in placement order, that is live and holds its copy — or to nobody when none does, so
+///   clients are told `shard_unavailable` instead of being sent to a dead node;
+/// - a shard led by nobody goes to the first such replica as soon as one is live.
+///
+/// A durable shard with one replica therefore waits for its node, and a node with an empty
+/// disk is never named.
+pub fn promotions(meta: &Metadata, renewals: &impl Renewals) -> Vec<Command> {
+    let mut due = Vec::new();
+    for (shard, m) in meta.shards() {
+        let holds = |n: &NodeId| m.holds_copy(n, &meta.members);
+        let candidate = |skip: Option<&NodeId>| {
+            m.replicas
+                .iter()
+                .filter(|r| Some(*r) != skip)
+                .find(|r| renewals.is_live(r) && holds(r))
+                .cloned()
+        };
+        let next = match &m.leader {
+            Some(l) if !holds(l) => Some(candidate(Some(l))),
+            Some(l) if !renewals.may_hold_lease(l) => Some(candidate(Some(l))),
+            Some(_) => None,
+            None => candidate(None).map(Some),
+        };
+        if let Some(leader) = next {
+            due.push(Command::Promote {
+                shard,
+                generation: m.generation + 1,
+                leader,
+            });
+        }
+    }
+    due
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::meta::{Consistency, Declarations, ObjectKey, StreamSpec};
+
+    struct Seen {
+        holding: BTreeSet<&'static str>,
+        live: BTreeSet<&'static str>,
+    }
+
+    impl Renewals for Seen {
+        fn may_hold_lease(&self, n: &NodeId) -> bool {
+            self.holding.contains(n.as_str())
+        }
+        fn is_live(&self, n: &NodeId) -> bool {
+            self.live.contains(n.as_str())
+        }
+    }
+
+    fn seen(holding: &[&'static str], live: &[&'static str]) -> Seen {
+        Seen {
+            holding: holding.iter().copied().collect(),
+            live: live.iter().copied().collect(),
+        }
+    }
+
+    fn cluster(rf: u8) -> Metadata {
+        let mut m = Metadata::new(vec![NodeId::new("n1"), NodeId::new("n2"), NodeId::new("n3")]);
+        let mut d = Declarations::default();
+        d.streams.insert(
+            ObjectKey::new("t", "ns", "s"),
+            StreamSpec {
+                shards: 2,
+                replication_factor: rf,
+                consistency: Consistency::Quorum,
+            },
+        );
+        let mut i = 0;
+        let mut apply = |m: &mut Metadata, c: Command| {
+            i += 1;
+            m.apply_entry(i, &c.encode())
+        };
+        for n in ["n1", "n2", "n3"] {
+            apply(
+                &mut m,
+                Command::Join {
+                    node: NodeId::new(n),
+                    client_addr: None,
+                    storage_id: format!("disk-{n}"),
+                },
+            );
+        }
+        apply(
+            &mut m,
+            Command::Declare {
+                node: NodeId::new("n1"),
+                declarations: d,
+            },
+        );
+        m
+    }
+
+    /// Each due promotion as `shard -> generation leader`.
+    fn show(due: &[Command]) -> Vec<String> {
+        due.iter()
+            .map(|c| match c {
+                Command::Promote {
+                    shard,
+                    generation,
+                    leader,
+                } => format!(
+                    "{shard} -> g{generation} {}",
+                    leader.as_ref().map_or("nobody", |l| l.as_str())
+                ),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    fn leaders(m: &Metadata) -> Vec<String> {
+        m.shards()
+            .map(|(s, m)| {
+                format!(
+                    "{s}: {:?} g{} led by {}",
+                    m.replicas.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
+                    m.generation,
+                    m.leader.as_ref().map_or("nobody", |l| l.as_str())
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nothing_moves_while_every_leader_may_hold_its_lease() {
+        let m = cluster(3);
+        assert_eq!(
+            leaders(&m),
+            [
+                "stream t/ns/s#0: [\"n3\", \"n1\", \"n2\"] g1 led by n3",
+                "stream t/ns/s#1: [\"n1\", \"n2\", \"n3\"] g1 led by n1",
+            ]
+        );
+        let all = ["n1", "n2", "n3"];
+        assert!(promotions(&m, &seen(&all, &all)).is_empty());
+        // Quiet but maybe still leased: still nothing (the lease decides, not liveness).
+        assert!(promotions(&m, &seen(&all, &["n3"])).is_empty());
+    }
+
+    #[test]
+    fn a_lapsed_leader_hands_over_to_the_first_live_replica_holding_its_copy() {
+        let m = cluster(3);
+        let due = promotions(&m, &seen(&["n1", "n2"], &["n1", "n2"]));
+        assert_eq!(show(&due), ["stream t/ns/s#0 -> g2 n1"]);
+        // n1 is first after the leader but quiet: the next one is named.
+        let due = promotions(&m, &seen(&["n1", "n2"], &["n2"]));
+        assert_eq!(show(&due), ["stream t/ns/s#0 -> g2 n2"]);
+    }
+
+    #[test]
+    fn no_live_replica_means_nobody_leads_and_the_next_live_one_takes_it() {
+        let mut m = cluster(3);
+        let due = promotions(&m, &seen(&["n1"], &[]));
+        assert_eq!(show(&due), ["stream t/ns/s#0 -> g2 nobody"]);
+        m.apply_entry(100, &due[0].encode());
+        // Applied once: the same proposal again is a stale generation and changes nothing.
+        assert_eq!(m.apply_entry(101, &due[0].encode()), crate::meta::Applied::Unchanged);
+        let due = promotions(&m, &seen(&["n1"], &["n2"]));
+        assert_eq!(show(&due), ["stream t/ns/s#0 -> g3 n2"]);
+    }
+
+    #[test]
+    fn a_node_back_on_an_empty_disk_is_never_named_and_loses_what_it_led() {
+        let mut m = cluster(3);
+        let wiped = Command::Join {
+            node: NodeId::new("n1"),
+            client_addr: None,
+            storage_id: "disk-n1-new".into(),
+        };
+        m.apply_entry(50, &wiped.encode());
+        let all = ["n1", "n2", "n3"];
+        let due = promotions(&m, &seen(&all, &all));
+        assert_eq!(show(&due), ["stream t/ns/s#1 -> g2 n2"]);
+        // Naming it anyway is refused by the state machine itself.
+        let bad = Command::Promote {
+            shard: m.shards().nth(0).unwrap().0,
+            generation: 2,
+            leader: Some(NodeId::new("n1")),
+        };
+        assert!(matches!(
+            m.apply_entry(51, &bad.encode()),
+            crate::meta::Applied::Invalid(_)
+        ));
+    }
+
+    #[test]
+    fn a_single_replica_shard_waits_for_its_node() {
+        let mut m = cluster(1);
+        assert_eq!(
+            leaders(&m),
+            [
+                "stream t/ns/s#0: [\"n3\"] g1 led by n3",
+                "stream t/ns/s#1: [\"n1\"] g1 led by n1",
+            ]
+        );
+        let due = promotions(&m, &seen(&["n1", "n2"], &["n1", "n2"]));
+        assert_eq!(show(&due), ["stream t/ns/s#0 -> g2 nobody"]);
+        m.apply_entry(100, &due[0].encode());
+        assert!(promotions(&m, &seen(&["n1", "n2"], &["n1", "n2"])).is_empty());
+        let due = promotions(&m, &seen(&["n1", "n2", "n3"], &["n1", "n2", "n3"]));
+        assert_eq!(show(&due), ["stream t/ns/s#0 -> g3 n3"]);
+    }
+}
