@@ -202,7 +202,7 @@ mod tests {
         assert_eq!(show(&due), ["stream t/ns/s#1 -> g2 n2"]);
         // Naming it anyway is refused by the state machine itself.
         let bad = Command::Promote {
-            shard: m.shards().nth(0).unwrap().0,
+            shard: m.shards().next().unwrap().0,
             generation: 2,
             leader: Some(NodeId::new("n1")),
         };
