@@ -18,6 +18,8 @@
 
 pub mod divergence;
 pub mod fence;
+pub mod follower;
+pub mod leader;
 pub mod lease;
 pub mod promotion;
 pub mod quorum;

@@ -1,0 +1,523 @@
+//! One shard's replication as its leader runs it: who is fed from where, how much is in
+//! flight to each follower, the mark that releases acknowledgements, and the quorum deadline.
+//!
+//! Plain state driven by the engine, which does the reading and sending: the leader asks for
+//! [`LeaderOutput::Ship`] (read the log's framed entries from an offset and send them), and is
+//! told back what was sent ([`ShardLeader::shipped`]), what each follower reported, and how far
+//! its own log is durable. It answers with the commit mark ([`LeaderOutput::Committed`]) and the
+//! quorum publishes that ran out of time ([`LeaderOutput::TimedOut`]).
+//!
+//! Only durable entries are shipped: a follower never holds what its leader could lose on a
+//! crash, so the leader's own copy is always at least as long as anything a follower reports.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::divergence::{agreed_prefix, EpochLog};
+use super::quorum::{QuorumMark, Report};
+use super::Replica;
+use crate::NodeId;
+
+/// How a leader paces replication (each has a named limit in the engine's settings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaderSettings {
+    /// Bytes shipped to one follower and not yet reported received.
+    pub window_bytes: u64,
+    /// The most one shipment reads.
+    pub max_ship_bytes: usize,
+    /// How long a quorum publish may wait for a majority.
+    pub quorum_timeout: Duration,
+}
+
+/// What the leader asks the engine to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaderOutput {
+    /// Read framed entries from `from` (at most `max_bytes`, at least one entry), send them
+    /// to `to`, and report with [`ShardLeader::shipped`].
+    Ship {
+        to: NodeId,
+        from: u64,
+        max_bytes: usize,
+    },
+    /// Every record below `up_to` is committed: acknowledgements waiting on it go, and
+    /// subscribers may see it.
+    Committed { up_to: u64 },
+    /// Quorum publishes ending at or below `up_to` did not reach a majority in time: their
+    /// outcome is unknown (they may still be committed later).
+    TimedOut { up_to: u64 },
+}
+
+/// Why a follower's request to be fed was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FollowRefused {
+    /// Not in the shard's replica set.
+    NotReplica,
+    /// In the set, but writing to a disk the metadata does not name for its copy.
+    UnknownStorage,
+}
+
+#[derive(Debug)]
+struct Follower {
+    replica: Replica,
+    /// Where the next shipment starts; `None` until it asked to be fed at this generation.
+    next: Option<u64>,
+    /// The start of the read in flight for it, if any.
+    reading: Option<u64>,
+    /// Shipments it has not yet said it received: the end of each and its bytes.
+    in_flight: VecDeque<(u64, u64)>,
+    in_flight_bytes: u64,
+    report: Option<Report>,
+}
+
+impl Follower {
+    fn received(&mut self, end: u64) {
+        while let Some(&(e, b)) = self.in_flight.front() {
+            if e > end {
+                break;
+            }
+            self.in_flight.pop_front();
+            self.in_flight_bytes -= b;
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct ShardLeader {
+    generation: u64,
+    quorum: bool,
+    settings: LeaderSettings,
+    followers: Vec<Follower>,
+    /// The leader's own log: its epochs and end.
+    log: EpochLog,
+    durable: u64,
+    mark: QuorumMark,
+    /// Quorum publishes owed an answer: the end of each, and when it times out.
+    pending: VecDeque<(u64, Instant)>,
+    out: VecDeque<LeaderOutput>,
+}
+
+impl ShardLeader {
+    /// Opens at `generation` over the leader's own log (`log`, durable up to `durable`), with
+    /// `committed` known committed (everything the fence adopted). `quorum`: acknowledgements
+    /// wait for a majority; otherwise the leader's own durability commits.
+    pub fn new(
+        generation: u64,
+        followers: Vec<Replica>,
+        quorum: bool,
+        log: EpochLog,
+        durable: u64,
+        committed: u64,
+        settings: LeaderSettings,
+    ) -> ShardLeader {
+        let followers = followers
+            .into_iter()
+            .map(|replica| Follower {
+                replica,
+                next: None,
+                reading: None,
+                in_flight: VecDeque::new(),
+                in_flight_bytes: 0,
+                report: None,
+            })
+            .collect();
+        let mut leader = ShardLeader {
+            generation,
+            quorum,
+            settings,
+            followers,
+            log,
+            durable,
+            mark: QuorumMark::starting_at(committed.min(durable)),
+            pending: VecDeque::new(),
+            out: VecDeque::new(),
+        };
+        leader.recompute();
+        leader
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Everything below this is committed.
+    pub fn commit(&self) -> u64 {
+        if self.quorum {
+            self.mark.get()
+        } else {
+            self.durable
+        }
+    }
+
+    /// The leader's epochs, for a follower's request to be fed and for fence answers.
+    pub fn epochs(&self) -> &EpochLog {
+        &self.log
+    }
+
+    /// Records the slowest follower lacks (durably): the bound on what a `leader` ack can
+    /// lose at a failover. Followers that never reported count from zero.
+    pub fn lag_records(&self) -> u64 {
+        self.followers
+            .iter()
+            .map(|f| {
+                let held = f.report.as_ref().map_or(0, |r| r.durable_end);
+                self.log.end.saturating_sub(held)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The leader appended up to `end` (the log's next offset). A quorum publish among them
+    /// is owed an answer by `now + quorum_timeout`: `owes_answer`.
+    pub fn appended(&mut self, now: Instant, end: u64, owes_answer: bool) {
+        if self.log.epochs.last().is_none_or(|&(g, _)| g != self.generation) {
+            self.log.epochs.push((self.generation, self.log.end));
+        }
+        self.log.end = self.log.end.max(end);
+        if self.quorum && owes_answer {
+            self.pending
+                .push_back((end, now + self.settings.quorum_timeout));
+        }
+    }
+
+    /// The leader's own log is durable below `up_to`.
+    pub fn durable(&mut self, up_to: u64) {
+        if up_to > self.durable {
+            self.durable = up_to;
+            self.recompute();
+            self.ship();
+        }
+    }
+
+    /// A follower asks to be fed, describing its copy. The answer is where it must cut its
+    /// log and be fed from: the end of the prefix both copies agree on.
+    pub fn follow(
+        &mut self,
+        from: &NodeId,
+        storage_id: &str,
+        theirs: &EpochLog,
+    ) -> Result<u64, FollowRefused> {
+        let log = &self.log;
+        let f = self
+            .followers
+            .iter_mut()
+            .find(|f| f.replica.node == *from)
+            .ok_or(FollowRefused::NotReplica)?;
+        if f.replica.storage_id != storage_id {
+            return Err(FollowRefused::UnknownStorage);
+        }
+        let from_offset = agreed_prefix(theirs, log);
+        f.next = Some(from_offset);
+        // A read still in flight for an earlier request is ignored when it lands.
+        f.reading = None;
+        f.in_flight.clear();
+        f.in_flight_bytes = 0;
+        f.report = None;
+        self.recompute();
+        self.ship();
+        Ok(from_offset)
+    }
+
+    /// The read asked for by `Ship { to, from, .. }` found entries up to `end` (`bytes` long)
+    /// and they were sent. A stale read (the follower asked again meanwhile) is ignored.
+    pub fn shipped(&mut self, to: &NodeId, from: u64, end: u64, bytes: u64) {
+        let Some(f) = self.followers.iter_mut().find(|f| f.replica.node == *to) else {
+            return;
+        };
+        if f.reading != Some(from) {
+            return;
+        }
+        f.reading = None;
+        if end > from {
+            f.next = Some(end);
+            f.in_flight.push_back((end, bytes));
+            f.in_flight_bytes += bytes;
+        }
+        self.ship();
+    }
+
+    /// The read for `to` found nothing to send (its start is gone from the log, or the log
+    /// failed): `to` is no longer fed until it asks again.
+    pub fn ship_failed(&mut self, to: &NodeId) {
+        if let Some(f) = self.followers.iter_mut().find(|f| f.replica.node == *to) {
+            f.next = None;
+            f.reading = None;
+        }
+    }
+
+    /// A follower's report: how far it has received and made durable, at `generation`, on the
+    /// disk `storage_id`.
+    pub fn report(
+        &mut self,
+        from: &NodeId,
+        generation: u64,
+        storage_id: &str,
+        end: u64,
+        durable_end: u64,
+    ) {
+        let Some(f) = self.followers.iter_mut().find(|f| f.replica.node == *from) else {
+            return;
+        };
+        if generation != self.generation || f.next.is_none() {
+            return;
+        }
+        f.received(end);
+        let durable_end = f
+            .report
+            .as_ref()
+            .map_or(durable_end, |r| r.durable_end.max(durable_end));
+        f.report = Some(Report {
+            generation,
+            storage_id: storage_id.to_owned(),
+            durable_end,
+        });
+        self.recompute();
+        self.ship();
+    }
+
+    /// Times out quorum publishes past their deadline that the mark has not reached.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let mut timed_out = None;
+        while let Some(&(end, deadline)) = self.pending.front() {
+            if deadline > now {
+                break;
+            }
+            self.pending.pop_front();
+            timed_out = Some(end);
+        }
+        if let Some(up_to) = timed_out {
+            self.out.push_back(LeaderOutput::TimedOut { up_to });
+        }
+    }
+
+    /// The next quorum deadline.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.pending.front().map(|&(_, d)| d)
+    }
+
+    pub fn poll_output(&mut self) -> Option<LeaderOutput> {
+        self.out.pop_front()
+    }
+
+    fn recompute(&mut self) {
+        if !self.quorum {
+            let durable = self.durable;
+            let followers: &[(&Replica, Option<&Report>)] = &[];
+            // With no followers counted the mark is the leader's own durable end.
+            if let Some(up_to) = self.mark.update(self.generation, durable, followers) {
+                self.out.push_back(LeaderOutput::Committed { up_to });
+            }
+            return;
+        }
+        let pairs: Vec<(&Replica, Option<&Report>)> = self
+            .followers
+            .iter()
+            .map(|f| (&f.replica, f.report.as_ref()))
+            .collect();
+        if let Some(up_to) = self.mark.update(self.generation, self.durable, &pairs) {
+            while self.pending.front().is_some_and(|&(end, _)| end <= up_to) {
+                self.pending.pop_front();
+            }
+            self.out.push_back(LeaderOutput::Committed { up_to });
+        }
+    }
+
+    /// Asks for a read for every follower that is fed, has nothing in flight, lacks durable
+    /// entries, and has room in its window.
+    fn ship(&mut self) {
+        for f in &mut self.followers {
+            let Some(next) = f.next else { continue };
+            // At least one shipment is always allowed, however large.
+            let in_window = f.in_flight_bytes < self.settings.window_bytes;
+            if f.reading.is_none() && next < self.durable && in_window {
+                f.reading = Some(next);
+                self.out.push_back(LeaderOutput::Ship {
+                    to: f.replica.node.clone(),
+                    from: next,
+                    max_bytes: self.settings.max_ship_bytes,
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(node: &str) -> Replica {
+        Replica {
+            node: NodeId::new(node),
+            storage_id: format!("disk-{node}"),
+        }
+    }
+
+    fn n(node: &str) -> NodeId {
+        NodeId::new(node)
+    }
+
+    const SETTINGS: LeaderSettings = LeaderSettings {
+        window_bytes: 100,
+        max_ship_bytes: 64,
+        quorum_timeout: Duration::from_millis(500),
+    };
+
+    fn leader(quorum: bool, followers: &[&str]) -> ShardLeader {
+        let set = followers.iter().map(|f| r(f)).collect();
+        ShardLeader::new(2, set, quorum, EpochLog::default(), 0, 0, SETTINGS)
+    }
+
+    fn drain(l: &mut ShardLeader) -> Vec<String> {
+        std::iter::from_fn(|| l.poll_output())
+            .map(|o| match o {
+                LeaderOutput::Ship { to, from, .. } => format!("ship {to} from {from}"),
+                LeaderOutput::Committed { up_to } => format!("committed {up_to}"),
+                LeaderOutput::TimedOut { up_to } => format!("timed out {up_to}"),
+            })
+            .collect()
+    }
+
+    fn empty() -> EpochLog {
+        EpochLog::default()
+    }
+
+    #[test]
+    fn a_quorum_publish_commits_once_one_follower_of_two_holds_it_durably() {
+        let t = Instant::now();
+        let mut l = leader(true, &["n2", "n3"]);
+        assert!(drain(&mut l).is_empty());
+        assert_eq!(l.follow(&n("n2"), "disk-n2", &empty()), Ok(0));
+        assert_eq!(l.follow(&n("n3"), "disk-n3", &empty()), Ok(0));
+        l.appended(t, 3, true);
+        // Not shipped before the leader's own copy is durable.
+        assert!(drain(&mut l).is_empty());
+        l.durable(3);
+        assert_eq!(drain(&mut l), ["ship n2 from 0", "ship n3 from 0"]);
+        l.shipped(&n("n2"), 0, 3, 40);
+        l.shipped(&n("n3"), 0, 3, 40);
+        // Received but not durable yet: nothing commits.
+        l.report(&n("n2"), 2, "disk-n2", 3, 0);
+        assert!(drain(&mut l).is_empty());
+        assert_eq!(l.lag_records(), 3);
+        l.report(&n("n2"), 2, "disk-n2", 3, 3);
+        assert_eq!(drain(&mut l), ["committed 3"]);
+        assert_eq!(l.commit(), 3);
+        // The deadline passed after the commit: nothing times out.
+        l.handle_timeout(t + Duration::from_secs(1));
+        assert!(drain(&mut l).is_empty());
+        assert_eq!(l.poll_timeout(), None);
+    }
+
+    #[test]
+    fn reports_from_another_generation_or_disk_count_for_nothing() {
+        let t = Instant::now();
+        let mut l = leader(true, &["n2", "n3"]);
+        assert_eq!(
+            l.follow(&n("n2"), "disk-n2-wiped", &empty()),
+            Err(FollowRefused::UnknownStorage)
+        );
+        assert_eq!(
+            l.follow(&n("n9"), "disk-n9", &empty()),
+            Err(FollowRefused::NotReplica)
+        );
+        l.follow(&n("n2"), "disk-n2", &empty()).unwrap();
+        l.appended(t, 1, true);
+        l.durable(1);
+        drain(&mut l);
+        l.report(&n("n2"), 1, "disk-n2", 1, 1);
+        l.report(&n("n3"), 2, "disk-n3", 1, 1); // never asked to be fed
+        assert!(drain(&mut l).is_empty());
+        assert_eq!(l.commit(), 0);
+    }
+
+    #[test]
+    fn without_a_majority_a_quorum_publish_times_out_and_may_still_commit_later() {
+        let t = Instant::now();
+        let mut l = leader(true, &["n2", "n3"]);
+        l.follow(&n("n2"), "disk-n2", &empty()).unwrap();
+        l.appended(t, 2, true);
+        l.appended(t + Duration::from_millis(100), 5, true);
+        l.durable(5);
+        drain(&mut l);
+        assert_eq!(l.poll_timeout(), Some(t + Duration::from_millis(500)));
+        l.handle_timeout(t + Duration::from_millis(499));
+        assert!(drain(&mut l).is_empty());
+        l.handle_timeout(t + Duration::from_millis(500));
+        assert_eq!(drain(&mut l), ["timed out 2"]);
+        l.handle_timeout(t + Duration::from_millis(600));
+        assert_eq!(drain(&mut l), ["timed out 5"]);
+        l.shipped(&n("n2"), 0, 5, 10);
+        l.report(&n("n2"), 2, "disk-n2", 5, 5);
+        assert_eq!(drain(&mut l), ["committed 5"]);
+    }
+
+    #[test]
+    fn a_follower_gets_no_more_than_its_window_until_it_says_it_received() {
+        let t = Instant::now();
+        let mut l = leader(true, &["n2", "n3"]);
+        l.follow(&n("n2"), "disk-n2", &empty()).unwrap();
+        l.appended(t, 10, true);
+        l.durable(10);
+        assert_eq!(drain(&mut l), ["ship n2 from 0"]);
+        l.shipped(&n("n2"), 0, 4, 60);
+        assert_eq!(drain(&mut l), ["ship n2 from 4"]);
+        l.shipped(&n("n2"), 4, 8, 60);
+        // 120 bytes unacknowledged, past the 100-byte window.
+        assert!(drain(&mut l).is_empty());
+        l.report(&n("n2"), 2, "disk-n2", 4, 0);
+        assert_eq!(drain(&mut l), ["ship n2 from 8"]);
+    }
+
+    #[test]
+    fn a_follower_that_asks_again_is_fed_from_the_agreed_prefix_and_a_stale_read_is_ignored() {
+        let t = Instant::now();
+        let mut l = ShardLeader::new(
+            3,
+            vec![r("n2")],
+            true,
+            EpochLog {
+                epochs: vec![(1, 0), (3, 6)],
+                end: 6,
+            },
+            6,
+            6,
+            SETTINGS,
+        );
+        l.appended(t, 9, true);
+        l.durable(9);
+        // The follower wrote 0..8 at generation 1: it agrees up to 6.
+        let theirs = EpochLog {
+            epochs: vec![(1, 0)],
+            end: 8,
+        };
+        assert_eq!(l.follow(&n("n2"), "disk-n2", &theirs), Ok(6));
+        assert_eq!(drain(&mut l), ["ship n2 from 6"]);
+        assert_eq!(l.follow(&n("n2"), "disk-n2", &theirs), Ok(6));
+        assert_eq!(drain(&mut l), ["ship n2 from 6"]);
+        l.shipped(&n("n2"), 6, 9, 30);
+        l.shipped(&n("n2"), 6, 9, 30); // the earlier read, landing late
+        assert!(drain(&mut l).is_empty());
+        l.report(&n("n3"), 3, "disk-n3", 9, 9);
+        l.report(&n("n2"), 3, "disk-n2", 9, 9);
+        assert_eq!(drain(&mut l), ["committed 9"]);
+    }
+
+    #[test]
+    fn leader_consistency_commits_on_the_leaders_own_durability() {
+        let t = Instant::now();
+        let mut l = leader(false, &["n2", "n3"]);
+        l.appended(t, 4, true);
+        l.durable(4);
+        assert_eq!(drain(&mut l), ["committed 4"]);
+        assert_eq!(l.poll_timeout(), None);
+        assert_eq!(l.lag_records(), 4);
+    }
+
+    #[test]
+    fn a_set_of_one_needs_one() {
+        let t = Instant::now();
+        let mut l = leader(true, &[]);
+        l.appended(t, 2, true);
+        l.durable(2);
+        assert_eq!(drain(&mut l), ["committed 2"]);
+    }
+}
