@@ -731,3 +731,5 @@ impl ShardLog {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod replica_tests;
