@@ -63,8 +63,7 @@ fn reads_issued(rig: &Rig) -> usize {
 
 /// Ships everything durable on `leader` to `follower`, `max_bytes` at a time.
 fn ship(leader: &mut Rig, follower: &mut Rig, max_bytes: usize) -> usize {
-    let mut rounds = 0;
-    for _ in 0..10_000 {
+    for rounds in 0..10_000 {
         let from = follower.log.next_offset();
         let b = framed(leader, from, max_bytes);
         if b.entries.is_empty() {
@@ -79,7 +78,6 @@ fn ship(leader: &mut Rig, follower: &mut Rig, max_bytes: usize) -> usize {
             .expect("append_framed");
         assert_eq!(end, b.end);
         follower.pump();
-        rounds += 1;
     }
     panic!("shipping did not finish");
 }
