@@ -23,8 +23,9 @@
 //! write has completed.
 //!
 //! The impl is split by concern: `write.rs` (appends, the write and sync lanes, segment
-//! roll), `read.rs` (reads and the tail cache), `recovery.rs` (the open), `retention.rs`
-//! and `compaction.rs`. This file holds the types, the state and the routing of inputs.
+//! roll), `read.rs` (reads and the tail cache), `recovery.rs` (the open), `retention.rs`,
+//! `compaction.rs` and `replica.rs` (framed reads and appends, truncation, the replica
+//! state file). This file holds the types, the state and the routing of inputs.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
