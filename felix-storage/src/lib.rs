@@ -16,6 +16,7 @@
 //! - `counter_log`: [`counter_log::CounterLog`], a cache's counters as a fold over a log.
 //! - `group_log`: [`group_log::GroupLog`], a shard's consumer-group cursors and dead letters;
 //! - `table`: [`table::LogTable`], every log by id, completion routing, the startup walk;
+//! - `replica_state`: the replica state file (fence, commit, epochs) log replication keeps;
 //! - `retire`: [`retire::Retiring`], a deleted stream's directories renamed and removed.
 
 pub mod cache_log;
@@ -26,6 +27,7 @@ pub mod layout;
 pub mod log;
 pub mod ops;
 pub mod record;
+pub mod replica_state;
 pub mod retire;
 mod segment;
 pub mod table;

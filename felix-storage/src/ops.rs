@@ -69,7 +69,8 @@ pub enum FileOpKind {
     Sync { path: String },
     /// `fsync` the directory, making creates, renames and removals in it durable.
     SyncDir { path: String },
-    /// Cut the file to `len` bytes.
+    /// Cut the file to `len` bytes. Like a write, the cut is durable only after a later
+    /// [`FileOpKind::Sync`] of the file: a power loss before it may bring the old length back.
     Truncate { path: String, len: u64 },
     /// Atomically rename `from` to `to`, replacing `to` if it exists (same directory).
     Rename { from: String, to: String },

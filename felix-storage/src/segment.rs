@@ -128,6 +128,25 @@ impl Segment {
         }
     }
 
+    /// The file position of the entry starting at `offset`, if an index point says.
+    pub(crate) fn indexed_pos(&self, offset: u64) -> Option<u64> {
+        let i = self.index.binary_search_by_key(&offset, |&(first, _)| first).ok()?;
+        Some(self.index[i].1)
+    }
+
+    /// The segment now ends before `offset`, whose entry started at file position `pos`
+    /// (a truncation, durable). The newest time stays: too new only keeps it longer.
+    pub(crate) fn cut(&mut self, offset: u64, pos: u64) {
+        let keep = self.index.partition_point(|&(first, _)| first < offset);
+        self.index.truncate(keep);
+        self.index_times.truncate(keep);
+        self.last_indexed_pos = self.index.last().map(|&(_, p)| p);
+        self.end = offset;
+        self.len = pos;
+        self.written_len = pos;
+        self.synced_len = pos;
+    }
+
     pub(crate) fn has_entries(&self) -> bool {
         self.len > SEGMENT_HEADER_LEN
     }

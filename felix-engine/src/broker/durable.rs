@@ -352,6 +352,8 @@ impl Broker {
             LogEvent::CompactionFailed(e) => {
                 tracing::warn!(log = id.0, error = %e, "compaction failed; the log goes on")
             }
+            // The broker asks for no replication yet, so none of these come.
+            LogEvent::Replica(_) => {}
             LogEvent::Failed(e) => {
                 logs.failed(id, e.to_string());
                 // What was waiting to be durable never will be: it never fans out.

@@ -1139,6 +1139,17 @@ pub(crate) fn append_error(e: AppendError) -> BrokerError {
             ErrorCode::Overloaded,
             "the shard's log has too many bytes waiting to be written",
         ),
+        // Replication's framed appends and truncations; a publish never meets these.
+        AppendError::NotContiguous { expected, got } => BrokerError::storage(format!(
+            "shipped entries start at {got}, the log's next offset is {expected}"
+        )),
+        AppendError::Damaged { pos, what } => {
+            BrokerError::storage(format!("shipped entries damaged at byte {pos}: {what}"))
+        }
+        AppendError::Truncating => BrokerError::new(
+            ErrorCode::Overloaded,
+            "the shard's log is being truncated",
+        ),
     }
 }
 

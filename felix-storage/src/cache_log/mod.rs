@@ -661,6 +661,8 @@ impl CacheLog {
                     self.events.push_back(CacheEvent::CompactionFailed(e))
                 }
                 LogEvent::Failed(e) => self.fail(e),
+                // Nothing here replicates yet: nothing asks for these.
+                LogEvent::Replica(_) => {}
             }
         }
     }

@@ -295,6 +295,8 @@ impl CounterLog {
                     self.events.push_back(CacheEvent::CompactionFailed(e))
                 }
                 LogEvent::Failed(e) => self.fail(e),
+                // Nothing here replicates yet: nothing asks for these.
+                LogEvent::Replica(_) => {}
             }
         }
     }

@@ -23,8 +23,9 @@
 //! write has completed.
 //!
 //! The impl is split by concern: `write.rs` (appends, the write and sync lanes, segment
-//! roll), `read.rs` (reads and the tail cache), `recovery.rs` (the open), `retention.rs`
-//! and `compaction.rs`. This file holds the types, the state and the routing of inputs.
+//! roll), `read.rs` (reads and the tail cache), `recovery.rs` (the open), `retention.rs`,
+//! `compaction.rs` and `replica.rs` (framed reads and appends, truncation, the replica
+//! state file). This file holds the types, the state and the routing of inputs.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -40,11 +41,15 @@ use crate::write_buffers::WriteBuffers;
 mod compaction;
 mod read;
 mod recovery;
+mod replica;
 mod retention;
 mod write;
 
 use compaction::Compaction;
 use recovery::Opening;
+use replica::Truncation;
+
+pub use replica::{AppendedEntry, FramedBatch, ReplicaEvent, TruncateError};
 
 /// Segment size at which the log rolls to a new file.
 pub const DEFAULT_SEGMENT_MAX_BYTES: u64 = 64 << 20;
@@ -183,6 +188,14 @@ pub enum AppendError {
     TooLarge(usize),
     /// Too many bytes wait to be written ([`LogConfig::max_pending_bytes`]).
     Backpressure,
+    /// `append_framed`: the first entry is not at `expected` (the log's next offset), or an
+    /// entry does not start where the one before it ended.
+    NotContiguous { expected: u64, got: u64 },
+    /// `append_framed`: the entry `pos` bytes into the shipped bytes is damaged or cut
+    /// short. Nothing was appended.
+    Damaged { pos: usize, what: String },
+    /// A `truncate_to` is running; appends wait for [`ReplicaEvent::Truncated`].
+    Truncating,
 }
 
 /// Why `read` refused.
@@ -263,6 +276,9 @@ pub enum LogEvent {
     /// The log stopped: open failed, or a write or sync did. Appends at or past the last
     /// `Durable` will never be; fail them.
     Failed(StorageError),
+    /// Replication: a framed read's answer, a finished truncation, a durable replica state
+    /// (one variant, so owners that do not replicate ignore them with one arm).
+    Replica(ReplicaEvent),
 }
 
 #[derive(Debug)]
@@ -279,6 +295,10 @@ enum Inflight {
     Write(WriteJob),
     Read(u64),
     Compact,
+    /// A step of `truncate_to`.
+    Truncate,
+    /// A step of writing the replica state file.
+    ReplicaState,
 }
 
 #[derive(Debug)]
@@ -311,6 +331,7 @@ enum Task {
 #[derive(Debug, Clone, Copy)]
 struct PendingEntry {
     base: u64,
+    end: u64,
     /// Position within the pending buffer.
     rel: usize,
     len: usize,
@@ -330,7 +351,15 @@ struct Pending {
 #[derive(Debug)]
 struct TailEntry {
     base: u64,
+    /// One past its last offset.
+    end: u64,
     bytes: Bytes,
+    /// The whole write it came in and where in it the entry starts, so a framed read
+    /// can hand out consecutive entries of one write as one slice.
+    write: Bytes,
+    rel: usize,
+    /// Its position in its segment file.
+    pos: u64,
 }
 
 #[derive(Debug)]
@@ -345,6 +374,8 @@ struct ReadJob {
     /// A record was left out for the budget: the answer ends before it.
     full: bool,
     out: Vec<StoredBatch>,
+    /// A framed read (`read_framed`): whole entries as stored, not records.
+    framed: Option<replica::FramedAcc>,
     /// Where the last chunk stopped, to continue without a new index lookup.
     resume: Option<(u64, u64)>,
     in_flight: Option<(u64, u64)>,
@@ -361,6 +392,12 @@ pub struct ShardLog {
     /// Extensions (producer marks, commit state) of the entries recovery scanned, for the
     /// broker to rebuild producers and state from (`take_scanned_ext`).
     scanned_ext: VecDeque<record::ScannedExt>,
+    /// What `append_framed` appended, entry by entry, for the owner (`take_appended`).
+    appended: VecDeque<AppendedEntry>,
+    /// A `truncate_to` in progress: it has both write lanes until it is done.
+    truncation: Option<Box<Truncation>>,
+    /// The replica state file: loaded at open, rewritten by `persist_replica_state`.
+    replica: crate::replica_state::StateFile,
     segments: Vec<Segment>,
     next_offset: u64,
     written_offset: u64,
@@ -418,6 +455,9 @@ impl ShardLog {
             phase: Phase::Opening(Box::default()),
             replay: None,
             scanned_ext: VecDeque::new(),
+            appended: VecDeque::new(),
+            truncation: None,
+            replica: crate::replica_state::StateFile::default(),
             segments: Vec::new(),
             next_offset: 0,
             written_offset: 0,
@@ -515,6 +555,8 @@ impl ShardLog {
     pub fn is_idle(&self) -> bool {
         self.inflight.is_empty()
             && self.ops.is_empty()
+            && self.truncation.is_none()
+            && self.replica.is_idle()
             && self.pending.iter().all(|p| p.buf.is_empty())
             && self.tasks.is_empty()
             && self.segments.iter().all(|s| s.stage == Stage::Ready)
@@ -616,6 +658,8 @@ impl ShardLog {
             }
             Inflight::Read(ticket) => self.read_complete(ticket, c.result),
             Inflight::Compact => self.compact_complete(c.result),
+            Inflight::Truncate => self.truncate_complete(c.result),
+            Inflight::ReplicaState => self.replica_state_complete(c.result),
         }
         self.drive();
     }
@@ -666,8 +710,10 @@ impl ShardLog {
         if !self.is_open() {
             return;
         }
+        self.drive_truncation();
         self.drive_writes();
         self.drive_compaction();
+        self.drive_replica_state();
         self.report_durable();
     }
 
@@ -686,3 +732,5 @@ impl ShardLog {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod replica_tests;

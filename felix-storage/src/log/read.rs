@@ -25,8 +25,23 @@ impl ShardLog {
         max_records: usize,
         max_bytes: usize,
     ) -> Result<ReadTicket, ReadError> {
+        self.start_read(from_offset, max_records, max_bytes, None)
+    }
+
+    /// A record read, or a framed one when `framed` is set (`read_framed`).
+    pub(super) fn start_read(
+        &mut self,
+        from_offset: u64,
+        max_records: usize,
+        max_bytes: usize,
+        framed: Option<super::replica::FramedAcc>,
+    ) -> Result<ReadTicket, ReadError> {
         if !self.is_open() {
             return Err(ReadError::NotOpen);
+        }
+        // A truncation cuts the files reads would go to; it is short and rare.
+        if self.truncation.is_some() {
+            return Err(ReadError::Busy);
         }
         if from_offset < self.start_offset() {
             return Err(ReadError::Trimmed {
@@ -49,6 +64,7 @@ impl ShardLog {
             bytes: 0,
             full: false,
             out: Vec::new(),
+            framed,
             resume: None,
             in_flight: None,
         };
@@ -76,7 +92,16 @@ impl ShardLog {
         }
     }
 
-    fn finish_read(&mut self, job: ReadJob, result: Result<(), ReadError>) {
+    pub(super) fn finish_read(&mut self, mut job: ReadJob, result: Result<(), ReadError>) {
+        if let Some(acc) = job.framed.take() {
+            let result = result.map(|()| acc.into_batch());
+            self.events
+                .push_back(LogEvent::Replica(super::ReplicaEvent::Framed {
+                    ticket: job.ticket,
+                    result,
+                }));
+            return;
+        }
         let result = result.map(|()| ReadBatch {
             next_offset: job.next,
             batches: job.out,
@@ -160,6 +185,10 @@ impl ShardLog {
         }
         // The tail cache is contiguous up to everything written, so it answers alone.
         if self.tail.front().is_some_and(|e| e.base <= job.next) {
+            if job.framed.is_some() {
+                self.framed_from_tail(&mut job);
+                return self.finish_read(job, Ok(()));
+            }
             for e in &self.tail {
                 let Step::Entry(meta) = record::step(&e.bytes) else {
                     unreachable!("the tail cache holds entries this log encoded");
@@ -198,7 +227,7 @@ impl ShardLog {
         self.issue_read(i, job, key, pos, len);
     }
 
-    fn issue_read(&mut self, i: usize, mut job: ReadJob, key: u64, pos: u64, len: u32) {
+    pub(super) fn issue_read(&mut self, i: usize, mut job: ReadJob, key: u64, pos: u64, len: u32) {
         let seg = &mut self.segments[i];
         seg.reads_in_flight += 1;
         job.in_flight = Some((seg.base, pos));
@@ -234,6 +263,9 @@ impl ShardLog {
         let (Some(i), false) = (seg_i, data.is_empty()) else {
             return self.finish_read(job, Ok(()));
         };
+        if job.framed.is_some() {
+            return self.framed_chunk(key, job, i, pos, data);
+        }
         let written = self.segments[i].written_len;
         let mut at = 0usize;
         loop {

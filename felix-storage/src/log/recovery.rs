@@ -58,7 +58,17 @@ impl ShardLog {
                     self.issue(FileOpKind::ListDir { path: dir }, Inflight::Open);
                     return;
                 }
-                OpenStep::Listed | OpenStep::Done => return,
+                OpenStep::Listed | OpenStep::ReplicaStateRead | OpenStep::Done => return,
+                OpenStep::ReplicaState(len) => {
+                    o.step = OpenStep::ReplicaStateRead;
+                    match self.replica_state_read(len) {
+                        Ok(kind) => {
+                            self.issue(kind, Inflight::Open);
+                        }
+                        Err(e) => self.open_fail(e),
+                    }
+                    return;
+                }
                 OpenStep::NextSegment => self.open_next_segment(),
                 OpenStep::Scanning(scan) => {
                     let kind = FileOpKind::Read {
@@ -104,6 +114,10 @@ impl ShardLog {
                     OpenStep::List => ("create_dir", dir),
                     OpenStep::Listed => ("list_dir", dir),
                     OpenStep::Scanning(s) => ("read", s.seg.path.clone()),
+                    OpenStep::ReplicaStateRead => (
+                        "read",
+                        layout::join(&dir, crate::replica_state::REPLICA_STATE_FILE),
+                    ),
                     _ => ("recover", dir),
                 };
                 return self.open_fail(StorageError::Io { op, path, error });
@@ -122,6 +136,16 @@ impl ShardLog {
                 };
                 let o = self.opening();
                 for e in entries.into_iter().filter(|e| !e.is_dir) {
+                    use crate::replica_state::{REPLICA_STATE_FILE, REPLICA_STATE_TMP};
+                    if e.name == REPLICA_STATE_FILE {
+                        o.replica_len = Some(e.len);
+                        continue;
+                    }
+                    if e.name == REPLICA_STATE_TMP {
+                        // Never renamed in: the state it held never counted as durable.
+                        o.cleanup.push(layout::join(&dir, &e.name));
+                        continue;
+                    }
                     match layout::parse_name(&e.name) {
                         FileName::Segment(base) => o.listing.push((base, e.len)),
                         FileName::CompactTemp(_) => o.cleanup.push(layout::join(&dir, &e.name)),
@@ -129,6 +153,19 @@ impl ShardLog {
                     }
                 }
                 o.listing.sort_unstable();
+                match o.replica_len {
+                    Some(len) => OpenStep::ReplicaState(len),
+                    None => OpenStep::NextSegment,
+                }
+            }
+            OpenStep::ReplicaStateRead => {
+                let data = match output {
+                    FileOutput::Data(d) => d,
+                    _ => Bytes::new(),
+                };
+                if let Err(e) = self.replica_state_loaded(&data) {
+                    return self.open_fail(e);
+                }
                 OpenStep::NextSegment
             }
             OpenStep::Scanning(scan) => {
@@ -487,6 +524,8 @@ pub(super) struct Opening {
     sync_file: Option<String>,
     dir_dirty: bool,
     truncated_bytes: u64,
+    /// The replica state file's listed length, when there is one.
+    replica_len: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -495,6 +534,9 @@ enum OpenStep {
     CreateDir,
     List,
     Listed,
+    /// The replica state file is to be read (its listed length).
+    ReplicaState(u64),
+    ReplicaStateRead,
     NextSegment,
     Scanning(Box<SegScan>),
     Cleanup,

@@ -31,6 +31,10 @@ pub(crate) struct Rig {
     /// Every payload appended, by offset.
     pub(crate) appended: Vec<Bytes>,
     pub(crate) ops_seen: Vec<FileOpKind>,
+    /// Replication events, as they came.
+    pub(crate) framed: HashMap<ReadTicket, Result<FramedBatch, ReadError>>,
+    pub(crate) truncated: Vec<Result<u64, TruncateError>>,
+    pub(crate) states: Vec<crate::replica_state::ReplicaState>,
 }
 
 pub(crate) fn cfg(fsync: FsyncMode, segment_max_bytes: u64) -> LogConfig {
@@ -64,6 +68,9 @@ impl Rig {
             compacted: 0,
             appended: Vec::new(),
             ops_seen: Vec::new(),
+            framed: HashMap::new(),
+            truncated: Vec::new(),
+            states: Vec::new(),
         };
         rig.pump();
         rig
@@ -92,6 +99,17 @@ impl Rig {
                 LogEvent::Trimmed { start_offset } => self.trimmed = Some(start_offset),
                 LogEvent::Compacted { .. } => self.compacted += 1,
                 LogEvent::CompactionFailed(e) | LogEvent::Failed(e) => self.failed = Some(e),
+                LogEvent::Replica(ReplicaEvent::Framed { ticket, result }) => {
+                    assert!(self.framed.insert(ticket, result).is_none());
+                }
+                LogEvent::Replica(ReplicaEvent::Truncated { result }) => {
+                    if let Ok(at) = result {
+                        // The durable mark starts again from the cut.
+                        self.durable = self.durable.min(at);
+                    }
+                    self.truncated.push(result);
+                }
+                LogEvent::Replica(ReplicaEvent::StateDurable(s)) => self.states.push(s),
             }
         }
     }

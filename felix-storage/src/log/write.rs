@@ -35,12 +35,7 @@ impl ShardLog {
         batch: Batch<'_>,
         ext: &record::EntryExt<'_>,
     ) -> Result<u64, AppendError> {
-        if let Some(e) = &self.poison {
-            return Err(AppendError::Failed(e.clone()));
-        }
-        if !self.is_open() {
-            return Err(AppendError::NotOpen);
-        }
+        self.check_appendable()?;
         if batch.payloads.is_empty() {
             return Err(AppendError::Empty);
         }
@@ -57,6 +52,31 @@ impl ShardLog {
         }
 
         let first = self.next_offset;
+        let meta = EntryMeta {
+            base: first,
+            count: batch.payloads.len() as u32,
+            time_us: batch.time_us,
+            len: len as u32,
+        };
+        self.stage_entry(now, &meta, |buf| {
+            record::encode_entry_ext(buf, first, batch.time_us, publisher, batch.payloads, ext)
+        });
+        Ok(first)
+    }
+
+    /// Puts one entry of `meta.len` bytes, which `put` writes at the end of the buffer it is
+    /// given, into the pending writes at the next offset: rolls the segment when the entry
+    /// would take a non-empty one past the limit, notes it in the index, and asks for the
+    /// write lane. The caller has checked every limit.
+    pub(super) fn stage_entry(
+        &mut self,
+        now: Instant,
+        meta: &EntryMeta,
+        put: impl FnOnce(&mut BytesMut),
+    ) {
+        let len = meta.len as usize;
+        let first = meta.base;
+        debug_assert_eq!(first, self.next_offset);
         let active = self.segments.last().expect("an open log has a segment");
         if active.has_entries() && active.len + len as u64 > self.cfg.segment_max_bytes {
             self.segments.push(Segment::new_unborn(&self.dir, first));
@@ -85,25 +105,13 @@ impl ShardLog {
             }
         }
         let rel = p.buf.len();
-        record::encode_entry_ext(
-            &mut p.buf,
-            first,
-            batch.time_us,
-            publisher,
-            batch.payloads,
-            ext,
-        );
-        let count = batch.payloads.len() as u32;
-        let meta = EntryMeta {
-            base: first,
-            count,
-            time_us: batch.time_us,
-            len: len as u32,
-        };
+        put(&mut p.buf);
+        debug_assert_eq!(p.buf.len() - rel, len);
         let pos = seg.len;
-        seg.note_entry(pos, &meta);
+        seg.note_entry(pos, meta);
         p.entries.push(PendingEntry {
             base: first,
+            end: meta.end(),
             rel,
             len,
         });
@@ -115,7 +123,19 @@ impl ShardLog {
         // The write goes out when the ops are next polled, so every append of one turn
         // shares it (one write per turn rather than one per append).
         self.write_due = true;
-        Ok(first)
+    }
+
+    pub(super) fn check_appendable(&self) -> Result<(), AppendError> {
+        if let Some(e) = &self.poison {
+            return Err(AppendError::Failed(e.clone()));
+        }
+        if !self.is_open() {
+            return Err(AppendError::NotOpen);
+        }
+        if self.truncation.is_some() {
+            return Err(AppendError::Truncating);
+        }
+        Ok(())
     }
 
     #[cfg(test)]
@@ -135,7 +155,8 @@ impl ShardLog {
     }
 
     pub(super) fn drive_writes(&mut self) {
-        if self.poison.is_some() {
+        // A truncation has both lanes to itself until it is done.
+        if self.poison.is_some() || self.truncation.is_some() {
             return;
         }
         let lanes_idle = self.lane.is_none() && self.sync_lane.is_none();
@@ -252,7 +273,7 @@ impl ShardLog {
         self.appending_since = since;
     }
 
-    fn pending_is_empty(&self) -> bool {
+    pub(super) fn pending_is_empty(&self) -> bool {
         self.pending.iter().all(|p| p.buf.is_empty())
     }
 
@@ -317,7 +338,9 @@ impl ShardLog {
                 entries,
                 end,
             } => {
+                let mut at = 0;
                 if let Some(i) = self.seg_index(base) {
+                    at = self.segments[i].written_len;
                     self.segments[i].written_len += bytes.len() as u64;
                 }
                 // A failure meanwhile forgot every byte still pending (`fail`), this write's
@@ -328,7 +351,11 @@ impl ShardLog {
                     self.tail_bytes += e.len;
                     self.tail.push_back(TailEntry {
                         base: e.base,
+                        end: e.end,
                         bytes: bytes.slice(e.rel..e.rel + e.len),
+                        write: bytes.clone(),
+                        rel: e.rel,
+                        pos: at + e.rel as u64,
                     });
                 }
                 while self.tail_bytes > self.cfg.tail_cache_bytes {

@@ -892,6 +892,7 @@ impl Broker {
             LogEvent::Failed(e) => logs.failed(id, e.to_string()),
             LogEvent::Read { .. } | LogEvent::Trimmed { .. } => {}
             LogEvent::Compacted { .. } | LogEvent::CompactionFailed(_) => {}
+            LogEvent::Replica(_) => {}
         }
     }
 
