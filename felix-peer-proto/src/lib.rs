@@ -11,7 +11,7 @@
 //! - [`KIND_TABLE`]: every message kind, declared once with its code, name, family and
 //!   whether it is shard-scoped. [`PeerKind`], [`PeerMessage`] and the dispatch are generated
 //!   from it; nothing else lists kinds.
-//! - One module per family: [`hello`], [`raft`], [`forward`]; [`scope`] for the
+//! - One module per family: [`hello`], [`raft`], [`forward`], [`replication`]; [`scope`] for the
 //!   `(cluster, shard, generation)` every shard-scoped message carries.
 //! - [`limits`]: every bound on a length or count, named.
 //!
@@ -40,6 +40,7 @@ pub mod frame;
 pub mod hello;
 pub mod limits;
 pub mod raft;
+pub mod replication;
 pub mod scope;
 mod wire;
 
@@ -56,6 +57,10 @@ pub use limits::Limit;
 pub use raft::{
     RaftConfState, RaftEntry, RaftEntryType, RaftMessage, RaftMessageType, RaftSnapshot,
     RaftSnapshotMetadata,
+};
+pub use replication::{
+    Epoch, Fence, FenceAnswer, Follow, FollowFrom, LeaseGrant, LeaseRenew, RefusalReason,
+    ReplicaReport, Replicate, ReplicationRefused, TailChunk, TailFetch,
 };
 pub use scope::{GenerationView, NoShards, ShardId, ShardKind, ShardScope};
 
@@ -75,6 +80,8 @@ pub enum Family {
     Raft = 0x02,
     /// Forwarded client requests ([`forward`]).
     Forward = 0x03,
+    /// Shard log replication and shard leases ([`replication`]).
+    Replication = 0x04,
 }
 
 /// One row of [`KIND_TABLE`].
@@ -215,6 +222,28 @@ peer_kinds! {
     ForwardAnswer = 0x0302, "forward_answer", Forward, ForwardAnswer, unscoped;
     /// The leader's refusal of a forward.
     ForwardRefused = 0x0303, "forward_refused", Forward, ForwardRefused, unscoped;
+    /// A follower asks to be fed.
+    Follow = 0x0401, "follow", Replication, Follow, scoped;
+    /// Where the follower cuts its copy and is fed from.
+    FollowFrom = 0x0402, "follow_from", Replication, FollowFrom, scoped;
+    /// Entries shipped from the leader's log.
+    Replicate = 0x0403, "replicate", Replication, Replicate, scoped;
+    /// What a follower holds, received and durable.
+    ReplicaReport = 0x0404, "replica_report", Replication, ReplicaReport, scoped;
+    /// A promoted leader fences a replica at its generation.
+    Fence = 0x0405, "fence", Replication, Fence, scoped;
+    /// A fenced replica's position.
+    FenceAnswer = 0x0406, "fence_answer", Replication, FenceAnswer, scoped;
+    /// A promoted leader fetches the most advanced tail.
+    TailFetch = 0x0407, "tail_fetch", Replication, TailFetch, scoped;
+    /// Entries answering a tail fetch.
+    TailChunk = 0x0408, "tail_chunk", Replication, TailChunk, scoped;
+    /// A replication message was refused.
+    ReplicationRefused = 0x0409, "replication_refused", Replication, ReplicationRefused, scoped;
+    /// A node asks to renew its shard leases.
+    LeaseRenew = 0x0481, "lease_renew", Replication, LeaseRenew, unscoped;
+    /// The control plane's leader renewed them.
+    LeaseGrant = 0x0482, "lease_grant", Replication, LeaseGrant, unscoped;
 }
 
 impl PeerKind {

@@ -27,6 +27,12 @@ pub const MAX_CONF_NODES: usize = 256;
 pub const MAX_FORWARDED_FRAME_BYTES: usize =
     felix_proto::frame::DEFAULT_MAX_FRAME_BYTES as usize + felix_proto::frame::HEADER_LEN;
 
+/// Most epochs a replication message lists (as many as a replica state file holds).
+pub const MAX_EPOCHS: usize = 4096;
+/// Largest run of log entries one replication message ships (4 MiB): several group commits'
+/// worth, and far inside a frame body.
+pub const MAX_REPLICATED_BYTES: usize = 4 * 1024 * 1024;
+
 /// A named limit, as errors report it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Limit {
@@ -46,6 +52,10 @@ pub enum Limit {
     ConfNodes,
     /// [`MAX_FORWARDED_FRAME_BYTES`].
     ForwardedFrame,
+    /// [`MAX_EPOCHS`].
+    Epochs,
+    /// [`MAX_REPLICATED_BYTES`].
+    ReplicatedBytes,
 }
 
 impl Limit {
@@ -59,6 +69,8 @@ impl Limit {
         Limit::SnapshotData,
         Limit::ConfNodes,
         Limit::ForwardedFrame,
+        Limit::Epochs,
+        Limit::ReplicatedBytes,
     ];
 
     /// The largest value allowed.
@@ -72,6 +84,8 @@ impl Limit {
             Limit::SnapshotData => MAX_SNAPSHOT_DATA_BYTES,
             Limit::ConfNodes => MAX_CONF_NODES,
             Limit::ForwardedFrame => MAX_FORWARDED_FRAME_BYTES,
+            Limit::Epochs => MAX_EPOCHS,
+            Limit::ReplicatedBytes => MAX_REPLICATED_BYTES,
         }
     }
 
@@ -86,6 +100,8 @@ impl Limit {
             Limit::SnapshotData => "MAX_SNAPSHOT_DATA_BYTES",
             Limit::ConfNodes => "MAX_CONF_NODES",
             Limit::ForwardedFrame => "MAX_FORWARDED_FRAME_BYTES",
+            Limit::Epochs => "MAX_EPOCHS",
+            Limit::ReplicatedBytes => "MAX_REPLICATED_BYTES",
         }
     }
 }
@@ -95,4 +111,5 @@ const _: () = {
     assert!(MAX_STRING_BYTES <= u16::MAX as usize);
     assert!(MAX_SNAPSHOT_DATA_BYTES < MAX_FRAME_BODY_BYTES as usize);
     assert!(MAX_FORWARDED_FRAME_BYTES < MAX_FRAME_BODY_BYTES as usize);
+    assert!(MAX_REPLICATED_BYTES + MAX_EPOCHS * 16 < MAX_FRAME_BODY_BYTES as usize);
 };
