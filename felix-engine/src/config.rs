@@ -363,6 +363,13 @@ pub const DEFAULT_LEASE: Duration = Duration::from_millis(2000);
 /// metadata and starts a fresh log after it (`limits.metadata_log_compact_bytes`, 1 MiB).
 pub const DEFAULT_METADATA_LOG_COMPACT_BYTES: u64 = 1 << 20;
 
+/// How long a quorum publish waits for a majority of its shard's replicas before it is
+/// answered `quorum_timeout` (`replication.quorum_timeout_ms`).
+pub const DEFAULT_QUORUM_TIMEOUT: Duration = Duration::from_millis(5000);
+/// Bytes a leader ships to one follower ahead of its reports
+/// (`replication.window_bytes`, 8 MiB).
+pub const DEFAULT_REPLICATION_WINDOW_BYTES: u64 = 8 << 20;
+
 /// This node's place in a cluster (docs/cluster.md). `None` in [`EngineConfig::cluster`] is a
 /// single node, as before.
 #[derive(Debug, Clone)]
@@ -397,6 +404,10 @@ pub struct ClusterConfig {
     pub peer_max_streams: u32,
     /// See [`DEFAULT_METADATA_LOG_COMPACT_BYTES`]; used only with durable storage.
     pub metadata_log_compact_bytes: u64,
+    /// See [`DEFAULT_QUORUM_TIMEOUT`]. Above zero.
+    pub quorum_timeout: Duration,
+    /// See [`DEFAULT_REPLICATION_WINDOW_BYTES`]. Above zero.
+    pub replication_window_bytes: u64,
 }
 
 impl ClusterConfig {
@@ -416,6 +427,8 @@ impl ClusterConfig {
             peer_idle_timeout: DEFAULT_PEER_IDLE_TIMEOUT,
             peer_max_streams: DEFAULT_PEER_MAX_STREAMS,
             metadata_log_compact_bytes: DEFAULT_METADATA_LOG_COMPACT_BYTES,
+            quorum_timeout: DEFAULT_QUORUM_TIMEOUT,
+            replication_window_bytes: DEFAULT_REPLICATION_WINDOW_BYTES,
         }
     }
 }

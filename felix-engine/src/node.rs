@@ -197,6 +197,11 @@ impl Core {
             .entry(log)
             .or_default()
             .push_back((end, ch, stream));
+        if self.broker.is_gated(log) {
+            if let Some(c) = self.cluster.as_mut() {
+                c.replica_owes(log, end);
+            }
+        }
     }
 
     /// Remembers that the session on `stream` holds a `cache_value` until `log` answers the

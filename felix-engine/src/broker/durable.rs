@@ -48,8 +48,17 @@ pub(crate) enum Notice {
         ticket: ReadTicket,
         value: Result<Option<Bytes>, String>,
     },
-    /// Every record of this log below `up_to` is durable.
+    /// Every record of this log below `up_to` is durable (on a gated log: committed).
     Durable { log: LogId, up_to: u64 },
+    /// A gated log is durable below `up_to` on this node (`replicated.rs`).
+    LocalDurable { log: LogId, up_to: u64 },
+    /// Quorum publishes on a gated log ending at or below `up_to` timed out.
+    TimedOut { log: LogId, up_to: u64 },
+    /// A framed read, a truncation or a replica state write finished (`replicated.rs`).
+    Replica {
+        log: LogId,
+        event: felix_storage::log::ReplicaEvent,
+    },
     /// The log finished opening (or failed to: then it is also failed).
     Opened { log: LogId },
     /// The log stopped; answers waiting on it are failures.
@@ -189,12 +198,18 @@ impl Broker {
         self.logs.as_ref().is_some_and(|l| l.ack_after_write)
     }
 
-    /// Records of `log` below this are durable.
+    /// Records of `log` below this are durable (on a gated log: committed, which is never
+    /// past its own durability).
     pub(crate) fn durable_offset(&self, log: LogId) -> u64 {
-        self.logs
+        let own = self
+            .logs
             .as_ref()
             .and_then(|l| l.slot(log))
-            .map_or(0, |s| s.log.durable_offset())
+            .map_or(0, |s| s.log.durable_offset());
+        match self.gates.get(&log) {
+            Some(g) => g.committed.min(own),
+            None => own,
+        }
     }
 
     /// Why nothing more will become durable on `log`, if so: it failed, or it was forgotten
@@ -321,6 +336,9 @@ impl Broker {
                     }
                 }
             }
+            LogEvent::Durable { up_to } if self.gates.contains_key(&id) => {
+                logs.notices.push_back(Notice::LocalDurable { log: id, up_to });
+            }
             LogEvent::Durable { up_to } => {
                 logs.notices.push_back(Notice::Durable { log: id, up_to });
                 self.release(id, up_to);
@@ -352,8 +370,7 @@ impl Broker {
             LogEvent::CompactionFailed(e) => {
                 tracing::warn!(log = id.0, error = %e, "compaction failed; the log goes on")
             }
-            // The broker asks for no replication yet, so none of these come.
-            LogEvent::Replica(_) => {}
+            LogEvent::Replica(event) => logs.notices.push_back(Notice::Replica { log: id, event }),
             LogEvent::Failed(e) => {
                 logs.failed(id, e.to_string());
                 // What was waiting to be durable never will be: it never fans out.
@@ -369,7 +386,7 @@ impl Broker {
 
     /// Records of `log` below `up_to` are durable: they join the shard's open batch for
     /// live fan-out, and the released tail moves up.
-    fn release(&mut self, log: LogId, up_to: u64) {
+    pub(super) fn release(&mut self, log: LogId, up_to: u64) {
         let owner = self
             .logs
             .as_ref()

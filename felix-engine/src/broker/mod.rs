@@ -28,6 +28,7 @@ mod expiry;
 pub(crate) mod groups;
 mod producers;
 mod reads;
+mod replicated;
 #[cfg(test)]
 mod stream_ops_tests;
 #[cfg(test)]
@@ -47,6 +48,7 @@ use cache::{CacheLimits, CacheStore};
 pub(crate) use commit::Committed;
 pub(crate) use delete::DeleteRefusal;
 pub(crate) use durable::{CacheAnswer, DurableSettings, LogGone, Notice};
+pub(crate) use replicated::LogInfo;
 use durable::{LogState, Logs, Owner, ShardStore, Unreleased};
 use encode::{encode_event_batch, encode_subscription_lagged, BatchView, MAX_PUBLISHER_LEN};
 use felix_storage::layout;
@@ -450,6 +452,9 @@ pub(crate) struct Broker {
     /// When the next durable-cache expiry pass runs (`expiry.rs`); `None` while no cache
     /// holds a key with a TTL.
     cache_expiry: Option<Instant>,
+    /// Logs of replicated shards led here: answers wait for their commit mark
+    /// (`replicated.rs`).
+    gates: std::collections::BTreeMap<LogId, replicated::Gate>,
 }
 
 impl Broker {
@@ -497,6 +502,7 @@ impl Broker {
             groups: groups::Groups::default(),
             draining: false,
             cache_expiry: None,
+            gates: std::collections::BTreeMap::new(),
         }
     }
 

@@ -7,9 +7,11 @@
 //! storage the log is memory only: a restarted node comes back blank, and the control
 //! plane's disk guard keeps it from voting until it has caught up (docs/cluster.md).
 
+mod lease;
 mod metalog;
 pub(crate) mod observe;
 mod peers;
+mod replicas;
 
 use core::net::SocketAddr;
 use std::collections::BTreeMap;
@@ -35,6 +37,7 @@ use crate::tls::TlsIdentity;
 pub(crate) use metalog::METALOG_LOG;
 use metalog::{Done, MetaLog};
 use peers::{Identity, PeerCrypto, PeerEvent, PeerLimits, PeerNet};
+pub(crate) use replicas::{LogView, ReplicaIo};
 
 /// A shard's owner as `shard_owners` reports it.
 pub(crate) struct OwnerEntry {
@@ -120,6 +123,14 @@ pub(crate) struct ClusterNode {
     /// Why the cluster refused this node (its declarations disagree): fatal.
     refusal: Option<String>,
     default_replication_factor: u8,
+    /// The identity of this node's disk (or of this process, without one), as announced.
+    storage_id: [u8; 16],
+    /// This node's shard leases (`lease.rs`).
+    lease: lease::HolderLease,
+    /// Its copies of replicated shards (`replicas.rs`).
+    replicas: replicas::Replicas,
+    /// Metadata or a copy's state changed: the copies are checked on the next drive.
+    replicas_changed: bool,
 }
 
 fn declarations(streams: &[DeclaredStream], cfg: &ClusterConfig) -> Declarations {
@@ -250,6 +261,22 @@ impl ClusterNode {
             metalog,
             refusal: None,
             default_replication_factor: cfg.default_replication_factor.max(1),
+            storage_id,
+            lease: lease::HolderLease::new(
+                felix_cluster::replication::lease::LeaseTerms::for_lease(
+                    cfg.lease.as_millis() as u64,
+                ),
+                now,
+            ),
+            replicas: replicas::Replicas::new(
+                felix_cluster::replication::leader::LeaderSettings {
+                    window_bytes: cfg.replication_window_bytes,
+                    max_ship_bytes: felix_peer_proto::limits::MAX_REPLICATED_BYTES / 4,
+                    quorum_timeout: cfg.quorum_timeout,
+                },
+                metadata_log_compact_bytes.is_some(),
+            ),
+            replicas_changed: true,
         };
         if node.metalog.is_none() {
             node.start_control(MetaStore::new(raft_ids), now);
@@ -286,6 +313,12 @@ impl ClusterNode {
             control.want(w, now);
         }
         self.control = Some(control);
+    }
+
+    /// The storage identity this node announces, in hex: its disk's when it has one.
+    fn storage_hex(&self) -> String {
+        let id = self.metalog.as_ref().map_or(self.storage_id, |l| l.storage_id());
+        id.iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// The metadata as applied here (empty until the control plane runs).
@@ -393,6 +426,7 @@ impl ClusterNode {
                 c.handle_timeout(now);
             }
         }
+        self.renew_lease(now);
         self.pump(now);
     }
 
@@ -408,7 +442,9 @@ impl ClusterNode {
             })
             .min();
         let control = self.control.as_ref().map(|c| c.poll_timeout());
-        [self.net.poll_timeout(), forwards, waiting, control]
+        let lease = self.control.is_some().then(|| self.lease.poll_timeout());
+        let replication = self.replication_timeout();
+        [self.net.poll_timeout(), forwards, waiting, control, lease, replication]
             .into_iter()
             .flatten()
             .min()
@@ -710,6 +746,17 @@ impl ClusterNode {
                             self.answered(now, &s.to);
                         }
                     }
+                    PeerMessage::LeaseRenew(r) => self.on_lease_renew(now, &from, r),
+                    m @ (PeerMessage::Follow(_)
+                    | PeerMessage::FollowFrom(_)
+                    | PeerMessage::Replicate(_)
+                    | PeerMessage::ReplicaReport(_)
+                    | PeerMessage::Fence(_)
+                    | PeerMessage::FenceAnswer(_)
+                    | PeerMessage::TailFetch(_)
+                    | PeerMessage::TailChunk(_)
+                    | PeerMessage::ReplicationRefused(_)) => self.replication_message(from, m),
+                    PeerMessage::LeaseGrant(g) => self.on_lease_grant(g),
                     other => warn!(%from, kind = ?other.kind(), "unexpected peer message"),
                 }
             }
@@ -743,6 +790,8 @@ impl ClusterNode {
 
     fn on_applied(&mut self, applied: Applied) {
         self.metadata_changed = true;
+        self.replicas_changed = true;
+        self.lease_metadata_applied();
         match applied {
             Applied::Refused { node, reason } if node == self.me => {
                 warn!(%reason, "the cluster refused this node's declarations");
@@ -786,6 +835,7 @@ impl ClusterNode {
         self.refusal().is_none()
             && meta.members.get(&self.me).is_some_and(|m| m.up)
             && meta.declared_by.get(&self.me) == Some(&true)
+            && self.lease.writable_until().is_some()
     }
 
     /// How many stream and cache shards this node leads, and holds without leading.

@@ -3,6 +3,7 @@
 
 mod drain;
 mod forwarded;
+mod replication;
 
 use core::net::{IpAddr, SocketAddr};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -1019,6 +1020,7 @@ impl Engine {
     /// batches once, hands deliveries to event streams, and re-arms timers and transmits.
     fn settle(&mut self, now: Instant) {
         self.cluster_work(now);
+        self.drive_replication(now);
         self.resume_awaiting_placement(now);
         let mut i = 0;
         while i < self.touched.len() {
@@ -1034,6 +1036,7 @@ impl Engine {
         for _ in 0..MAX_SETTLE_ROUNDS {
             self.core.broker.flush(now);
             self.handle_notices(now);
+            self.drive_replication(now);
             while let Some(id) = self.core.broker.poll_ready() {
                 let Some(&(ch, stream)) = self.core.routes.get(&id) else {
                     continue;
@@ -1085,6 +1088,9 @@ impl Engine {
         while let Some(notice) = self.core.broker.poll_notice() {
             match notice {
                 Notice::Durable { log, up_to } => {
+                    if !self.core.broker.is_gated(log) {
+                        self.follower_durable(log, up_to);
+                    }
                     let mut ready = Vec::new();
                     if let Some(q) = self.core.waiters.get_mut(&log) {
                         while q.front().is_some_and(|&(end, _, _)| end <= up_to) {
@@ -1098,6 +1104,24 @@ impl Engine {
                         }
                     }
                     self.core.metrics.group_commit(ready.len());
+                    self.release_answers(now, ready);
+                }
+                Notice::LocalDurable { log, up_to } => self.replica_durable(now, log, up_to),
+                Notice::Replica { log, event } => self.replica_event(now, log, event),
+                Notice::TimedOut { log, up_to } => {
+                    // Answered `quorum_timeout` by the session (`timed_out_mark`).
+                    let mut ready = Vec::new();
+                    if let Some(q) = self.core.waiters.get_mut(&log) {
+                        while q.front().is_some_and(|&(end, _, _)| end <= up_to) {
+                            let (_, ch, stream) = q.pop_front().expect("front exists");
+                            if ready.last() != Some(&(ch, stream)) {
+                                ready.push((ch, stream));
+                            }
+                        }
+                        if q.is_empty() {
+                            self.core.waiters.remove(&log);
+                        }
+                    }
                     self.release_answers(now, ready);
                 }
                 Notice::Value { log, ticket, value } => {

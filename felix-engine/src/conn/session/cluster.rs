@@ -253,6 +253,20 @@ impl Session {
                 return true;
             }
         };
+        if matches!(owner, Owner::Local) {
+            // Led here by the metadata, but a write (or a read of a copy being brought level)
+            // needs this node's lease, and a replicated shard's fence done at the generation.
+            let names = (t.tenant, t.namespace, t.name);
+            let ready = if t.cache {
+                cluster.local_ready_cache(cx.now)
+            } else {
+                cluster.local_ready(cx.now, names, shard)
+            };
+            if let Err(why) = ready {
+                self.refuse_routed(t, ErrorCode::ShardUnavailable, why.to_owned());
+                return true;
+            }
+        }
         let redirect = self.negotiated().features.contains(Features::REDIRECT);
         let (owner_addr, generation) = match &owner {
             Owner::Remote {

@@ -286,6 +286,11 @@ impl Session {
                     } else if let Some(frame) = self.gone_frame(core, log, fail) {
                         self.held.pop_front();
                         frame
+                    } else if core.broker.timed_out_mark(log) >= end {
+                        self.held.pop_front();
+                        let message = "the publish did not reach a majority of the shard's \
+                                       replicas in time; it may still be committed";
+                        self.fail_frame(fail, ErrorCode::QuorumTimeout, message)
                     } else {
                         break;
                     }

@@ -1,0 +1,190 @@
+//! Durable shards whose log is replicated across a replica set, as the broker sees them.
+//!
+//! On the leader of a replicated shard, "durable here" is not what an acknowledgement or a
+//! subscriber waits for: the commit mark is (a majority's durability for `quorum`, the
+//! leader's own for `leader`), and the cluster's replication computes it. So such a log is
+//! *gated*: its own durability is reported as [`Notice::LocalDurable`] for the replication to
+//! count, and answers and fan-out move only when the replication says
+//! [`Broker::committed`]. Quorum publishes that ran out of time are answered
+//! `quorum_timeout` from [`Broker::timed_out`]'s mark.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use felix_storage::log::ReadTicket;
+use felix_storage::ops::LogId;
+use felix_storage::replica_state::ReplicaState;
+
+use super::durable::{LogState, Notice, Owner};
+use super::{Broker, StreamKey};
+
+/// One gated log's marks.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Gate {
+    /// Records below this are committed.
+    pub(crate) committed: u64,
+    /// Quorum publishes ending at or below this timed out (unless committed since).
+    pub(crate) timed_out: u64,
+}
+
+impl Broker {
+    /// Gates `log` (its shard is led here and replicated), committed below `committed`.
+    pub(crate) fn gate(&mut self, log: LogId, committed: u64) {
+        let gate = self.gates.entry(log).or_default();
+        gate.committed = gate.committed.max(committed);
+    }
+
+    /// The shard is no longer led here: its log answers by its own durability again.
+    pub(crate) fn ungate(&mut self, log: LogId) {
+        self.gates.remove(&log);
+    }
+
+    pub(crate) fn is_gated(&self, log: LogId) -> bool {
+        self.gates.contains_key(&log)
+    }
+
+    /// The replication's commit mark moved: answers below it go, and records below it fan out.
+    pub(crate) fn committed(&mut self, log: LogId, up_to: u64) {
+        let Some(gate) = self.gates.get_mut(&log) else {
+            return;
+        };
+        if up_to <= gate.committed {
+            return;
+        }
+        gate.committed = up_to;
+        if let Some(logs) = self.logs.as_mut() {
+            logs.notices.push_back(Notice::Durable { log, up_to });
+        }
+        self.release(log, up_to);
+    }
+
+    /// Quorum publishes ending at or below `up_to` did not reach a majority in time.
+    pub(crate) fn timed_out(&mut self, log: LogId, up_to: u64) {
+        let Some(gate) = self.gates.get_mut(&log) else {
+            return;
+        };
+        gate.timed_out = gate.timed_out.max(up_to);
+        if let Some(logs) = self.logs.as_mut() {
+            logs.notices.push_back(Notice::TimedOut { log, up_to });
+        }
+    }
+
+    /// The mark below which a held publish on `log` was refused `quorum_timeout`.
+    pub(crate) fn timed_out_mark(&self, log: LogId) -> u64 {
+        self.gates.get(&log).map_or(0, |g| g.timed_out)
+    }
+}
+
+/// What replication needs to know of a shard's log.
+#[derive(Debug, Clone)]
+pub(crate) struct LogInfo {
+    /// The next offset it would write.
+    pub(crate) end: u64,
+    /// Its own durable end (not the commit mark).
+    pub(crate) durable: u64,
+    /// The replica state file as durably held.
+    pub(crate) state: ReplicaState,
+    /// Nothing queued or in flight: a truncation may start.
+    pub(crate) idle: bool,
+}
+
+impl Broker {
+    /// The log of shard `shard` of `key`, opening the stream (as declared, or at the default
+    /// width) if this node never used it; with whether the log is open yet.
+    pub(crate) fn shard_log(
+        &mut self,
+        now: Instant,
+        key: &StreamKey,
+        shard: u32,
+    ) -> Option<(LogId, bool)> {
+        let stream = self.stream_or_create(now, key).ok()?;
+        let store = self.streams[stream].shards.get(shard as usize)?.store.as_ref()?;
+        let log = store.log;
+        let open = self
+            .logs
+            .as_ref()
+            .and_then(|l| l.slot(log))
+            .is_some_and(|s| matches!(s.state, LogState::Open));
+        Some((log, open))
+    }
+
+    pub(crate) fn log_info(&self, log: LogId) -> Option<LogInfo> {
+        let slot = self.logs.as_ref()?.slot(log)?;
+        if !matches!(slot.state, LogState::Open) {
+            return None;
+        }
+        let shard = slot.log.shard();
+        Some(LogInfo {
+            end: shard.next_offset(),
+            durable: shard.durable_offset(),
+            state: shard.replica_state().clone(),
+            idle: shard.is_idle(),
+        })
+    }
+
+    fn shard_log_mut(&mut self, log: LogId) -> Result<&mut felix_storage::log::ShardLog, String> {
+        let logs = self.logs.as_mut().ok_or("no durable storage")?;
+        logs.mark_dirty(log);
+        let slot = logs.slot_mut(log).ok_or("the log is gone")?;
+        slot.log.stream_mut().ok_or_else(|| "not a stream's log".to_owned())
+    }
+
+    /// Starts a framed read for shipping; the answer comes as [`Notice::Replica`].
+    pub(crate) fn read_framed(
+        &mut self,
+        log: LogId,
+        from: u64,
+        max_bytes: usize,
+    ) -> Result<ReadTicket, String> {
+        let l = self.shard_log_mut(log)?;
+        l.read_framed(from, max_bytes).map_err(|e| format!("{e:?}"))
+    }
+
+    /// Appends entries a leader shipped, and folds their producer marks and commit state into
+    /// the shard as a live append would (`ShardState::apply`).
+    pub(crate) fn append_framed(
+        &mut self,
+        now: Instant,
+        log: LogId,
+        base: u64,
+        entries: Bytes,
+    ) -> Result<u64, String> {
+        let l = self.shard_log_mut(log)?;
+        let end = l.append_framed(now, base, entries).map_err(|e| format!("{e:?}"))?;
+        let mut appended = Vec::new();
+        while let Some(a) = l.take_appended() {
+            appended.push(a);
+        }
+        let owner = self.logs.as_ref().and_then(|l| l.slot(log)).map(|s| s.owner);
+        if let Some(Owner::Stream { stream, shard }) = owner {
+            let sh = &mut self.streams[stream].shards[shard as usize];
+            for a in appended {
+                if let Some(ext) = a.ext {
+                    sh.state.apply(
+                        Some(ext.base),
+                        u64::from(ext.count),
+                        ext.producer,
+                        ext.state.as_deref(),
+                    );
+                }
+            }
+        }
+        Ok(end)
+    }
+
+    /// Cuts the log at `to` (a rejoining follower); the end comes as [`Notice::Replica`].
+    pub(crate) fn truncate_log(&mut self, log: LogId, to: u64) -> Result<(), String> {
+        let l = self.shard_log_mut(log)?;
+        l.truncate_to(to).map_err(|e| format!("{e:?}"))
+    }
+
+    /// Writes the replica state file; durable when [`Notice::Replica`] says so.
+    pub(crate) fn persist_replica_state(
+        &mut self,
+        log: LogId,
+        state: ReplicaState,
+    ) -> Result<(), String> {
+        let l = self.shard_log_mut(log)?;
+        l.persist_replica_state(state).map_err(|e| format!("{e:?}"))
+    }
+}

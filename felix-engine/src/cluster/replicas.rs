@@ -1,0 +1,1224 @@
+//! This node's replicas of replicated shards: leading one (fence, then ship and count), or
+//! following one (ask, cut, append, report), over the peer links (docs/replication.md).
+//!
+//! Only streams with more than one replica, on a node with durable storage, take part; a
+//! shard with one replica is served from its leader's log as on a single node. The decisions
+//! are felix-cluster's (`replication::{leader, follower, fence, divergence}`); this file turns
+//! peer messages and log events into their inputs and their outputs into peer messages and
+//! [`ReplicaIo`] — the log work the engine does on the broker's logs and reports back.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use felix_cluster::meta::{Consistency, ObjectKey, ObjectKind, ShardMeta, ShardRef};
+use felix_cluster::replication::divergence::{agreed_prefix, EpochLog};
+use felix_cluster::replication::fence::{self, FenceOutcome, LogPosition};
+use felix_cluster::replication::follower::{FollowState, ShardFollower, Shipment};
+use felix_cluster::replication::leader::{LeaderOutput, LeaderSettings, ShardLeader};
+use felix_cluster::replication::Replica;
+use felix_cluster::NodeId;
+use felix_peer_proto as pp;
+use felix_peer_proto::PeerMessage;
+use felix_storage::log::{ReadTicket, ReplicaEvent};
+use felix_storage::ops::LogId;
+use felix_storage::replica_state::{Epoch as StoredEpoch, ReplicaState};
+use tracing::{info, warn};
+
+use super::ClusterNode;
+use crate::broker::LogInfo;
+
+/// How often unanswered requests (follow, fence, tail fetch) are sent again, and shards are
+/// checked against the metadata.
+pub(crate) const REPLICATION_RETRY: Duration = Duration::from_millis(200);
+/// The most a tail fetch asks for at once.
+const TAIL_FETCH_BYTES: u32 = 1 << 20;
+
+/// Log work for the engine, on the broker's logs.
+#[derive(Debug)]
+pub(crate) enum ReplicaIo {
+    /// Make the shard's log exist and open; answer with [`ClusterNode::replica_log`].
+    Open { shard: ShardRef },
+    PersistState { log: LogId, state: ReplicaState },
+    /// A framed read; answer with [`ClusterNode::read_started`] (or `read_failed`).
+    ReadFramed {
+        log: LogId,
+        from: u64,
+        max_bytes: usize,
+        purpose: ReadPurpose,
+    },
+    /// Append shipped entries; answer with [`ClusterNode::replica_appended`].
+    Append {
+        log: LogId,
+        base: u64,
+        entries: Bytes,
+    },
+    Truncate { log: LogId, to: u64 },
+    Gate { log: LogId, committed: u64 },
+    Ungate { log: LogId },
+    Committed { log: LogId, up_to: u64 },
+    TimedOut { log: LogId, up_to: u64 },
+}
+
+/// What a framed read is for.
+#[derive(Debug, Clone)]
+pub(crate) enum ReadPurpose {
+    /// Shipping to a follower (the leader asked from `from`).
+    Ship { to: NodeId, from: u64 },
+    /// Answering a promoted leader's tail fetch.
+    Tail { to: String, scope: pp::ShardScope },
+}
+
+/// What the broker's logs can tell replication.
+pub(crate) trait LogView {
+    fn info(&self, log: LogId) -> Option<LogInfo>;
+}
+
+#[derive(Debug)]
+struct Adopting {
+    from: NodeId,
+    /// Where this copy and the adopted one stop agreeing.
+    agreed: u64,
+    target: u64,
+    epochs: Vec<(u64, u64)>,
+    /// This copy was cut at `agreed` (or needed no cut).
+    cut: bool,
+    /// The cut is under way.
+    cutting: bool,
+    /// A tail fetch is in flight.
+    fetching: bool,
+}
+
+#[derive(Debug)]
+struct Fencing {
+    answers: BTreeMap<NodeId, pp::FenceAnswer>,
+    adopting: Option<Adopting>,
+    /// The open state (epochs with this generation's) is being written.
+    opening: bool,
+    commit: u64,
+}
+
+enum Role {
+    /// Waiting for the log, or for this node's fence at the generation to be durable.
+    Preparing,
+    Fencing(Fencing),
+    Leading(ShardLeader),
+    Following(ShardFollower),
+    /// Not serving it at this generation (no leader, or halted).
+    Idle,
+}
+
+struct Slot {
+    log: Option<LogId>,
+    /// The metadata's generation this role is for.
+    generation: u64,
+    role: Role,
+    /// A replica state write is in flight: wait for it before deciding on the next.
+    persisting: bool,
+    last_sent: Option<Instant>,
+}
+
+/// This node's part in every replicated shard it holds.
+pub(crate) struct Replicas {
+    slots: BTreeMap<ShardRef, Slot>,
+    by_log: BTreeMap<LogId, ShardRef>,
+    io: VecDeque<ReplicaIo>,
+    reads: BTreeMap<(LogId, u64), ReadPurpose>,
+    inbox: VecDeque<(String, PeerMessage)>,
+    settings: LeaderSettings,
+    next_check: Option<Instant>,
+    /// The last time the engine drove replication: quorum deadlines count from it.
+    now: Option<Instant>,
+    /// Whether this node has durable storage at all (replication needs it).
+    durable: bool,
+}
+
+impl Replicas {
+    pub(crate) fn new(settings: LeaderSettings, durable: bool) -> Replicas {
+        Replicas {
+            slots: BTreeMap::new(),
+            by_log: BTreeMap::new(),
+            io: VecDeque::new(),
+            reads: BTreeMap::new(),
+            inbox: VecDeque::new(),
+            settings,
+            next_check: None,
+            now: None,
+            durable,
+        }
+    }
+}
+
+fn to_epoch_log(state: &ReplicaState, end: u64) -> EpochLog {
+    EpochLog {
+        epochs: state
+            .epochs
+            .iter()
+            .map(|e| (e.generation, e.start_offset))
+            .collect(),
+        end,
+    }
+}
+
+fn wire_epochs(epochs: &[(u64, u64)]) -> Vec<pp::Epoch> {
+    epochs
+        .iter()
+        .map(|&(generation, start)| pp::Epoch { generation, start })
+        .collect()
+}
+
+fn from_wire(epochs: &[pp::Epoch]) -> Vec<(u64, u64)> {
+    epochs.iter().map(|e| (e.generation, e.start)).collect()
+}
+
+fn stored(epochs: &[(u64, u64)]) -> Vec<StoredEpoch> {
+    epochs
+        .iter()
+        .map(|&(generation, start_offset)| StoredEpoch {
+            generation,
+            start_offset,
+        })
+        .collect()
+}
+
+/// The generation the record before `end` was written at (0 for an empty log).
+fn last_generation(epochs: &[(u64, u64)], end: u64) -> u64 {
+    if end == 0 {
+        return 0;
+    }
+    epochs
+        .iter()
+        .rev()
+        .find(|&&(_, start)| start < end)
+        .map_or(0, |&(g, _)| g)
+}
+
+/// `own` up to `cut`, then `theirs` from `cut` on: the epochs of a copy cut at the agreed
+/// prefix and then filled from another. Consecutive epochs of one generation merge.
+fn splice(own: &[(u64, u64)], theirs: &[(u64, u64)], cut: u64) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = own.iter().copied().filter(|&(_, s)| s < cut).collect();
+    // The epoch of theirs covering `cut`, then every later one.
+    let covering = theirs.iter().rev().find(|&&(_, s)| s <= cut).copied();
+    let after = theirs.iter().copied().filter(|&(_, s)| s > cut);
+    for (g, s) in covering.map(|(g, _)| (g, cut)).into_iter().chain(after) {
+        match out.last() {
+            Some(&(lg, _)) if lg == g => {}
+            Some(&(lg, _)) if lg > g => {} // never back: an older generation cannot follow
+            _ => out.push((g, s)),
+        }
+    }
+    out
+}
+
+impl ClusterNode {
+    /// Replicated shards of streams this node holds a copy of, as the metadata says now.
+    fn replicated_here(&self) -> Vec<(ShardRef, ShardMeta, Consistency)> {
+        if !self.replicas.durable {
+            return Vec::new();
+        }
+        let meta = self.meta();
+        meta.streams
+            .iter()
+            .filter(|(_, s)| s.shards.first().is_some_and(|m| m.replicas.len() > 1))
+            .flat_map(|(key, s)| {
+                s.shards.iter().enumerate().filter_map(move |(i, m)| {
+                    m.replicas.contains(&self.me).then(|| {
+                        let r = ShardRef {
+                            kind: ObjectKind::Stream,
+                            key: key.clone(),
+                            shard: i as u32,
+                        };
+                        (r, m.clone(), s.spec.consistency)
+                    })
+                })
+            })
+            .collect()
+    }
+
+    fn shard_scope(&self, shard: &ShardRef, generation: u64) -> pp::ShardScope {
+        let k = &shard.key;
+        self.scope(
+            false,
+            (&k.tenant, &k.namespace, &k.name),
+            shard.shard,
+            generation,
+        )
+    }
+
+    /// Whether a write on this stream shard may be served here now: the lease holds, and a
+    /// replicated shard's copy is open for writes at the metadata's generation.
+    pub(crate) fn local_ready(
+        &self,
+        now: Instant,
+        names: (&str, &str, &str),
+        shard: u32,
+    ) -> Result<(), &'static str> {
+        if !self.lease_valid(now) {
+            return Err("this node's lease on the shard lapsed; it is being renewed");
+        }
+        let r = ShardRef {
+            kind: ObjectKind::Stream,
+            key: ObjectKey::new(names.0, names.1, names.2),
+            shard,
+        };
+        match self.replicas.slots.get(&r) {
+            None => Ok(()),
+            Some(s) => match &s.role {
+                Role::Leading(l) if Some(l.generation()) == self.generation_of(&r) => Ok(()),
+                _ => Err("the shard's new leader is still fencing its replicas"),
+            },
+        }
+    }
+
+    /// Whether a cache request led here may be served now: the lease holds.
+    pub(crate) fn local_ready_cache(&self, now: Instant) -> Result<(), &'static str> {
+        if self.lease_valid(now) {
+            Ok(())
+        } else {
+            Err("this node's lease on the shard lapsed; it is being renewed")
+        }
+    }
+
+    fn generation_of(&self, shard: &ShardRef) -> Option<u64> {
+        self.meta().shard(shard).map(|m| m.generation)
+    }
+
+    /// A replication message for the engine's next drive (it needs the logs to answer).
+    pub(super) fn replication_message(&mut self, from: String, message: PeerMessage) {
+        self.replicas.inbox.push_back((from, message));
+    }
+
+    pub(crate) fn poll_replica_io(&mut self) -> Option<ReplicaIo> {
+        self.replicas.io.pop_front()
+    }
+
+    pub(crate) fn replication_timeout(&self) -> Option<Instant> {
+        let leaders = self.replicas.slots.values().filter_map(|s| match &s.role {
+            Role::Leading(l) => l.poll_timeout(),
+            _ => None,
+        });
+        leaders.chain(self.replicas.next_check).min()
+    }
+
+    /// One pass: messages in, metadata reconciled when due, quorum deadlines.
+    pub(crate) fn drive_replication(&mut self, now: Instant, logs: &dyn LogView) {
+        self.replicas.now = Some(now);
+        while let Some((from, message)) = self.replicas.inbox.pop_front() {
+            self.on_replication(now, &from, message, logs);
+        }
+        let due = self.replicas.next_check.is_none_or(|t| t <= now);
+        if due || self.replicas_changed {
+            self.replicas_changed = false;
+            self.replicas.next_check = Some(now + REPLICATION_RETRY);
+            self.reconcile(now, logs);
+        }
+        let refs: Vec<ShardRef> = self.replicas.slots.keys().cloned().collect();
+        for r in refs {
+            if let Some(Role::Leading(l)) = self.replicas.slots.get_mut(&r).map(|s| &mut s.role) {
+                l.handle_timeout(now);
+            }
+            self.drain_leader(&r);
+        }
+    }
+
+    /// Brings every slot in line with the metadata, and re-sends what is unanswered.
+    fn reconcile(&mut self, now: Instant, logs: &dyn LogView) {
+        let wanted = self.replicated_here();
+        // Copies no longer held here.
+        let keep: Vec<&ShardRef> = wanted.iter().map(|(r, _, _)| r).collect();
+        let gone: Vec<ShardRef> = self
+            .replicas
+            .slots
+            .keys()
+            .filter(|r| !keep.contains(r))
+            .cloned()
+            .collect();
+        for r in gone {
+            self.step_down(&r);
+            self.replicas.slots.remove(&r);
+        }
+        for (r, m, consistency) in wanted {
+            let slot = self.replicas.slots.entry(r.clone()).or_insert(Slot {
+                log: None,
+                generation: 0,
+                role: Role::Preparing,
+                persisting: false,
+                last_sent: None,
+            });
+            if slot.generation != m.generation {
+                slot.generation = m.generation;
+                self.step_down(&r);
+                let slot = self.replicas.slots.get_mut(&r).expect("present");
+                slot.role = Role::Preparing;
+                slot.last_sent = None;
+            }
+            let slot = self.replicas.slots.get_mut(&r).expect("present");
+            let Some(log) = slot.log else {
+                self.replicas.io.push_back(ReplicaIo::Open { shard: r });
+                continue;
+            };
+            let Some(info) = logs.info(log) else {
+                self.replicas.io.push_back(ReplicaIo::Open { shard: r });
+                continue;
+            };
+            self.advance(now, &r, &m, consistency, log, &info);
+        }
+    }
+
+    /// What the slot does next, from where it is.
+    fn advance(
+        &mut self,
+        now: Instant,
+        r: &ShardRef,
+        m: &ShardMeta,
+        consistency: Consistency,
+        log: LogId,
+        info: &LogInfo,
+    ) {
+        let generation = m.generation;
+        let resend = {
+            let slot = &self.replicas.slots[r];
+            if slot.persisting {
+                return;
+            }
+            slot.last_sent
+                .is_none_or(|t| now.saturating_duration_since(t) >= REPLICATION_RETRY)
+        };
+        let fence = info.state.fence_generation;
+        match (&m.leader, fence.cmp(&generation)) {
+            (None, _) => {
+                self.replicas.slots.get_mut(r).expect("present").role = Role::Idle;
+            }
+            // This node took a fence above what its metadata says: it waits to catch up.
+            (Some(_), std::cmp::Ordering::Greater) => {}
+            (Some(_), std::cmp::Ordering::Less) => {
+                let mut state = info.state.clone();
+                state.fence_generation = generation;
+                self.persist(r, log, state);
+            }
+            (Some(leader), std::cmp::Ordering::Equal) if *leader == self.me => {
+                self.lead(now, r, m, consistency, log, info, resend);
+            }
+            (Some(leader), std::cmp::Ordering::Equal) => {
+                let leader = leader.clone();
+                self.follow(now, r, generation, leader, log, info, resend);
+            }
+        }
+    }
+
+    fn persist(&mut self, r: &ShardRef, log: LogId, state: ReplicaState) {
+        let slot = self.replicas.slots.get_mut(r).expect("present");
+        slot.persisting = true;
+        self.replicas
+            .io
+            .push_back(ReplicaIo::PersistState { log, state });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn lead(
+        &mut self,
+        now: Instant,
+        r: &ShardRef,
+        m: &ShardMeta,
+        consistency: Consistency,
+        log: LogId,
+        info: &LogInfo,
+        resend: bool,
+    ) {
+        let generation = m.generation;
+        let slot = self.replicas.slots.get_mut(r).expect("present");
+        match &mut slot.role {
+            Role::Leading(_) | Role::Idle => return,
+            Role::Fencing(_) => {}
+            Role::Preparing | Role::Following(_) => {
+                slot.role = Role::Fencing(Fencing {
+                    answers: BTreeMap::new(),
+                    adopting: None,
+                    opening: false,
+                    commit: info.state.commit,
+                });
+            }
+        }
+        let set: Vec<Replica> = m
+            .replicas
+            .iter()
+            .map(|n| Replica {
+                node: n.clone(),
+                storage_id: m.storage_of(n).unwrap_or("").to_owned(),
+            })
+            .collect();
+        let me = Replica {
+            node: self.me.clone(),
+            storage_id: self.storage_hex(),
+        };
+        let own_epochs = to_epoch_log(&info.state, info.end);
+        let own = LogPosition {
+            last_generation: last_generation(&own_epochs.epochs, info.end),
+            end: info.end,
+        };
+        let scope = self.shard_scope(r, generation);
+        let slot = self.replicas.slots.get_mut(r).expect("present");
+        let Role::Fencing(f) = &mut slot.role else {
+            unreachable!("fencing");
+        };
+        if f.opening {
+            return;
+        }
+        let answers: Vec<fence::FenceAnswer> = f
+            .answers
+            .iter()
+            .map(|(n, a)| fence::FenceAnswer {
+                node: n.clone(),
+                storage_id: a.storage_id.clone(),
+                position: LogPosition {
+                    last_generation: a.last_generation,
+                    end: a.end,
+                },
+            })
+            .collect();
+        let outcome = fence::fence_outcome(&set, &me, own, &answers);
+        match outcome {
+            FenceOutcome::Waiting { .. } => {
+                if resend {
+                    let fence = PeerMessage::Fence(pp::Fence {
+                        scope,
+                        leader_storage_id: me.storage_id.clone(),
+                    });
+                    for n in m.replicas.iter().filter(|n| **n != self.me) {
+                        if !f.answers.contains_key(n) {
+                            self.net.send(n.as_str(), &fence);
+                        }
+                    }
+                    slot.last_sent = Some(now);
+                }
+            }
+            FenceOutcome::Adopt { from, position } => {
+                let their = f
+                    .answers
+                    .get(&from)
+                    .map(|a| from_wire(&a.epochs))
+                    .unwrap_or_default();
+                let adopting = f.adopting.get_or_insert_with(|| {
+                    let theirs = EpochLog {
+                        epochs: their.clone(),
+                        end: position.end,
+                    };
+                    Adopting {
+                        from: from.clone(),
+                        agreed: agreed_prefix(&own_epochs, &theirs),
+                        target: position.end,
+                        epochs: their,
+                        cut: false,
+                        cutting: false,
+                        fetching: false,
+                    }
+                });
+                if adopting.cutting || (adopting.fetching && !resend) {
+                    return;
+                }
+                if !adopting.cut {
+                    if info.end > adopting.agreed {
+                        if info.idle {
+                            adopting.cutting = true;
+                            let to = adopting.agreed;
+                            self.replicas.io.push_back(ReplicaIo::Truncate { log, to });
+                        }
+                        return;
+                    }
+                    adopting.cut = true;
+                }
+                if info.end < adopting.target {
+                    adopting.fetching = true;
+                    let fetch = PeerMessage::TailFetch(pp::TailFetch {
+                        scope,
+                        from: info.end,
+                        max_bytes: TAIL_FETCH_BYTES,
+                    });
+                    let to = adopting.from.clone();
+                    self.net.send(to.as_str(), &fetch);
+                    slot.last_sent = Some(now);
+                    return;
+                }
+                // The tail is here: its epochs are the other copy's from the cut on.
+                let epochs = splice(&own_epochs.epochs, &adopting.epochs, adopting.agreed);
+                self.open(r, log, generation, epochs, info);
+            }
+            FenceOutcome::Open => {
+                let epochs = own_epochs.epochs.clone();
+                self.open(r, log, generation, epochs, info);
+            }
+        }
+        let _ = consistency;
+    }
+
+    /// Persists the state a leader opens with: its fence, the commit it knows, and this
+    /// generation's epoch, durable before the first write at it.
+    fn open(
+        &mut self,
+        r: &ShardRef,
+        log: LogId,
+        generation: u64,
+        mut epochs: Vec<(u64, u64)>,
+        info: &LogInfo,
+    ) {
+        let Some(Role::Fencing(f)) = self.replicas.slots.get_mut(r).map(|s| &mut s.role) else {
+            return;
+        };
+        f.opening = true;
+        let commit = f.commit.max(info.state.commit).min(info.end);
+        if epochs.last().is_none_or(|&(g, _)| g != generation) {
+            epochs.push((generation, info.end));
+        }
+        let state = ReplicaState {
+            fence_generation: generation,
+            commit,
+            epochs: stored(&epochs),
+        };
+        self.persist(r, log, state);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn follow(
+        &mut self,
+        now: Instant,
+        r: &ShardRef,
+        generation: u64,
+        leader: NodeId,
+        _log: LogId,
+        info: &LogInfo,
+        resend: bool,
+    ) {
+        let slot = self.replicas.slots.get_mut(r).expect("present");
+        let asking = match &slot.role {
+            Role::Following(f) => f.state() == FollowState::Asking,
+            Role::Idle => false,
+            _ => {
+                slot.role = Role::Following(ShardFollower::new(generation, leader.clone()));
+                true
+            }
+        };
+        if !asking || !resend {
+            return;
+        }
+        slot.last_sent = Some(now);
+        let epochs = to_epoch_log(&info.state, info.end);
+        let ask = PeerMessage::Follow(pp::Follow {
+            scope: self.shard_scope(r, generation),
+            storage_id: self.storage_hex(),
+            epochs: wire_epochs(&epochs.epochs),
+            end: info.end,
+            durable_end: info.durable,
+            commit: info.state.commit,
+        });
+        self.net.send(leader.as_str(), &ask);
+    }
+
+    /// The slot's leadership ends (a new generation, or the copy left this node): what it
+    /// owed clients is answered `quorum_timeout` (outcome unknown), and the log is ungated.
+    fn step_down(&mut self, r: &ShardRef) {
+        let Some(slot) = self.replicas.slots.get_mut(r) else {
+            return;
+        };
+        if let (Role::Leading(l), Some(log)) = (&slot.role, slot.log) {
+            info!(shard = %r, generation = l.generation(), "no longer leading");
+            self.replicas.io.push_back(ReplicaIo::TimedOut {
+                log,
+                up_to: u64::MAX,
+            });
+            self.replicas.io.push_back(ReplicaIo::Ungate { log });
+        }
+        slot.role = Role::Preparing;
+    }
+
+    /// The engine opened (or found) the shard's log.
+    pub(crate) fn replica_log(&mut self, shard: &ShardRef, log: LogId) {
+        if let Some(slot) = self.replicas.slots.get_mut(shard) {
+            slot.log = Some(log);
+            self.replicas.by_log.insert(log, shard.clone());
+        }
+    }
+
+    pub(crate) fn read_started(&mut self, log: LogId, ticket: ReadTicket, purpose: ReadPurpose) {
+        self.replicas.reads.insert((log, ticket.0), purpose);
+    }
+
+    pub(crate) fn read_failed(&mut self, log: LogId, purpose: ReadPurpose) {
+        if let ReadPurpose::Ship { to, .. } = purpose {
+            if let Some(Role::Leading(l)) = self.slot_role(log) {
+                l.ship_failed(&to);
+            }
+        }
+    }
+
+    fn slot_role(&mut self, log: LogId) -> Option<&mut Role> {
+        let r = self.replicas.by_log.get(&log)?;
+        self.replicas.slots.get_mut(r).map(|s| &mut s.role)
+    }
+
+    /// A publish on a gated log is owed an answer once `end` is committed.
+    pub(crate) fn replica_owes(&mut self, log: LogId, end: u64) {
+        let Some(now) = self.replicas.now else {
+            return;
+        };
+        if let Some(Role::Leading(l)) = self.slot_role(log) {
+            l.appended(now, end, true);
+        }
+    }
+
+    /// The log of a shard led here is durable below `up_to` on this node.
+    pub(crate) fn local_durable(&mut self, log: LogId, up_to: u64) {
+        if let Some(Role::Leading(l)) = self.slot_role(log) {
+            l.durable(up_to);
+        }
+        if let Some(r) = self.replicas.by_log.get(&log).cloned() {
+            self.drain_leader(&r);
+        }
+    }
+
+    /// An ungated log is durable below `up_to`: a follower reports it.
+    pub(crate) fn log_durable(&mut self, log: LogId, up_to: u64, end: u64) {
+        let Some(r) = self.replicas.by_log.get(&log).cloned() else {
+            return;
+        };
+        let Some(slot) = self.replicas.slots.get(&r) else {
+            return;
+        };
+        if let Role::Following(f) = &slot.role {
+            if matches!(f.state(), FollowState::Fed { .. }) {
+                let report = PeerMessage::ReplicaReport(pp::ReplicaReport {
+                    scope: self.shard_scope(&r, f.generation()),
+                    storage_id: self.storage_hex(),
+                    end,
+                    durable_end: up_to,
+                });
+                let to = f.leader().clone();
+                self.net.send(to.as_str(), &report);
+            }
+        }
+    }
+
+    /// The engine appended shipped or fetched entries (or could not).
+    pub(crate) fn replica_appended(&mut self, now: Instant, log: LogId, result: Result<u64, String>) {
+        let Some(r) = self.replicas.by_log.get(&log).cloned() else {
+            return;
+        };
+        let Some(slot) = self.replicas.slots.get_mut(&r) else {
+            return;
+        };
+        match (&mut slot.role, result) {
+            (Role::Following(f), Ok(end)) => f.appended(end),
+            (Role::Following(f), Err(e)) => {
+                warn!(shard = %r, error = %e, "shipped entries not appended; asking again");
+                f.ask_again();
+                slot.last_sent = None;
+            }
+            (Role::Fencing(fe), Ok(_)) => {
+                if let Some(a) = &mut fe.adopting {
+                    a.fetching = false;
+                }
+                slot.last_sent = None;
+                self.replicas_changed = true;
+            }
+            (Role::Fencing(fe), Err(e)) => {
+                warn!(shard = %r, error = %e, "adopted tail not appended; fetching again");
+                if let Some(a) = &mut fe.adopting {
+                    a.fetching = false;
+                }
+                slot.last_sent = None;
+            }
+            _ => {}
+        }
+        let _ = now;
+    }
+
+    /// A replication event from a log: a framed read, a truncation, a durable state.
+    pub(crate) fn replica_event(
+        &mut self,
+        now: Instant,
+        log: LogId,
+        event: ReplicaEvent,
+        logs: &dyn LogView,
+    ) {
+        match event {
+            ReplicaEvent::Framed { ticket, result } => {
+                let Some(purpose) = self.replicas.reads.remove(&(log, ticket.0)) else {
+                    return;
+                };
+                self.framed(log, purpose, result, logs);
+            }
+            ReplicaEvent::Truncated { result } => {
+                let Some(r) = self.replicas.by_log.get(&log).cloned() else {
+                    return;
+                };
+                let Some(slot) = self.replicas.slots.get_mut(&r) else {
+                    return;
+                };
+                match (&mut slot.role, result) {
+                    (Role::Following(f), Ok(end)) => f.truncated(end),
+                    (Role::Fencing(fe), Ok(_)) => {
+                        if let Some(a) = &mut fe.adopting {
+                            a.cutting = false;
+                            a.cut = true;
+                        }
+                    }
+                    (_, Err(e)) => {
+                        warn!(shard = %r, error = ?e, "truncation failed; trying again");
+                        if let Role::Following(f) = &mut slot.role {
+                            f.ask_again();
+                        }
+                        if let Role::Fencing(fe) = &mut slot.role {
+                            if let Some(a) = &mut fe.adopting {
+                                a.cutting = false;
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                slot.last_sent = None;
+                self.replicas_changed = true;
+            }
+            ReplicaEvent::StateDurable(state) => {
+                let Some(r) = self.replicas.by_log.get(&log).cloned() else {
+                    return;
+                };
+                if let Some(slot) = self.replicas.slots.get_mut(&r) {
+                    slot.persisting = false;
+                }
+                self.state_durable(now, &r, log, state, logs);
+                self.replicas_changed = true;
+            }
+        }
+    }
+
+    /// A replica state write is durable: fence answers owed go, and a leader that was
+    /// opening opens.
+    fn state_durable(
+        &mut self,
+        now: Instant,
+        r: &ShardRef,
+        log: LogId,
+        state: ReplicaState,
+        logs: &dyn LogView,
+    ) {
+        let Some(m) = self.meta().shard(r).cloned() else {
+            return;
+        };
+        let consistency = self
+            .meta()
+            .streams
+            .get(&r.key)
+            .map_or(Consistency::Leader, |s| s.spec.consistency);
+        let Some(info) = logs.info(log) else {
+            return;
+        };
+        let slot = self.replicas.slots.get_mut(r).expect("present");
+        let opening = matches!(&slot.role, Role::Fencing(f) if f.opening);
+        if opening && state.fence_generation == m.generation && m.leader.as_ref() == Some(&self.me) {
+            let followers: Vec<Replica> = m
+                .replicas
+                .iter()
+                .filter(|n| **n != self.me)
+                .map(|n| Replica {
+                    node: n.clone(),
+                    storage_id: m.storage_of(n).unwrap_or("").to_owned(),
+                })
+                .collect();
+            let epochs = to_epoch_log(&state, info.end);
+            let leader = ShardLeader::new(
+                m.generation,
+                followers,
+                consistency == Consistency::Quorum,
+                epochs,
+                info.durable,
+                state.commit,
+                self.replicas.settings,
+            );
+            info!(shard = %r, generation = m.generation, end = info.end, "leading");
+            self.replicas.io.push_back(ReplicaIo::Gate {
+                log,
+                committed: leader.commit(),
+            });
+            slot.role = Role::Leading(leader);
+            // Requests parked for this shard may go now.
+            self.metadata_changed = true;
+        }
+        let _ = now;
+    }
+
+    fn framed(
+        &mut self,
+        log: LogId,
+        purpose: ReadPurpose,
+        result: Result<felix_storage::log::FramedBatch, felix_storage::log::ReadError>,
+        logs: &dyn LogView,
+    ) {
+        match purpose {
+            ReadPurpose::Ship { to, from } => {
+                let Some(r) = self.replicas.by_log.get(&log).cloned() else {
+                    return;
+                };
+                let scope_generation = match self.replicas.slots.get(&r).map(|s| &s.role) {
+                    Some(Role::Leading(l)) => l.generation(),
+                    _ => return,
+                };
+                let scope = self.shard_scope(&r, scope_generation);
+                let Some(Role::Leading(l)) = self.replicas.slots.get_mut(&r).map(|s| &mut s.role)
+                else {
+                    return;
+                };
+                match result {
+                    Ok(batch) if !batch.entries.is_empty() => {
+                        let msg = PeerMessage::Replicate(pp::Replicate {
+                            scope,
+                            base_offset: batch.base,
+                            record_count: batch.record_count,
+                            commit: l.commit(),
+                            entries: batch.entries.clone(),
+                        });
+                        l.shipped(&to, from, batch.end, batch.entries.len() as u64);
+                        self.net.send(to.as_str(), &msg);
+                    }
+                    Ok(_) => l.shipped(&to, from, from, 0),
+                    Err(e) => {
+                        warn!(shard = %r, to = %to, error = ?e, "nothing to ship; the follower must be rebuilt");
+                        l.ship_failed(&to);
+                    }
+                }
+                self.drain_leader(&r);
+            }
+            ReadPurpose::Tail { to, scope } => {
+                let end = self
+                    .replicas
+                    .by_log
+                    .get(&log)
+                    .and_then(|_| logs.info(log))
+                    .map_or(0, |i| i.end);
+                let chunk = match result {
+                    Ok(b) => pp::TailChunk {
+                        scope,
+                        base_offset: b.base,
+                        record_count: b.record_count,
+                        last: b.end >= end,
+                        entries: b.entries,
+                        end,
+                    },
+                    Err(_) => pp::TailChunk {
+                        scope,
+                        base_offset: end,
+                        record_count: 0,
+                        entries: Bytes::new(),
+                        end,
+                        last: true,
+                    },
+                };
+                self.net.reply(&to, &PeerMessage::TailChunk(chunk));
+            }
+        }
+    }
+
+    /// Turns a leader's outputs into reads and marks.
+    fn drain_leader(&mut self, r: &ShardRef) {
+        let Some(slot) = self.replicas.slots.get_mut(r) else {
+            return;
+        };
+        let (Role::Leading(l), Some(log)) = (&mut slot.role, slot.log) else {
+            return;
+        };
+        while let Some(out) = l.poll_output() {
+            self.replicas.io.push_back(match out {
+                LeaderOutput::Ship {
+                    to,
+                    from,
+                    max_bytes,
+                } => ReplicaIo::ReadFramed {
+                    log,
+                    from,
+                    max_bytes,
+                    purpose: ReadPurpose::Ship { to, from },
+                },
+                LeaderOutput::Committed { up_to } => ReplicaIo::Committed { log, up_to },
+                LeaderOutput::TimedOut { up_to } => ReplicaIo::TimedOut { log, up_to },
+            });
+        }
+    }
+
+    /// One replication message from a peer.
+    fn on_replication(&mut self, now: Instant, from: &str, message: PeerMessage, logs: &dyn LogView) {
+        let Some(scope) = message.scope().cloned() else {
+            return;
+        };
+        let s = &scope.shard;
+        if s.kind != pp::ShardKind::Stream {
+            return;
+        }
+        let r = ShardRef {
+            kind: ObjectKind::Stream,
+            key: ObjectKey::new(&s.tenant, &s.namespace, &s.name),
+            shard: s.shard,
+        };
+        let from_node = NodeId::new(from);
+        let refuse = |reason: pp::RefusalReason, current: u64, detail: &str| {
+            PeerMessage::ReplicationRefused(pp::ReplicationRefused {
+                scope: scope.clone(),
+                reason,
+                current_generation: current,
+                detail: detail.to_owned(),
+            })
+        };
+        let Some(slot) = self.replicas.slots.get_mut(&r) else {
+            let msg = refuse(pp::RefusalReason::NotReplica, 0, "no copy of this shard here");
+            if !matches!(message, PeerMessage::ReplicationRefused(_)) {
+                self.net.reply(from, &msg);
+            }
+            return;
+        };
+        let info = slot.log.and_then(|l| logs.info(l));
+        match message {
+            PeerMessage::Fence(f) => {
+                let Some((log, info)) = slot.log.zip(info) else {
+                    return; // not open yet: the leader asks again
+                };
+                let g = f.scope.generation;
+                let fence = info.state.fence_generation;
+                if fence > g {
+                    let msg = refuse(pp::RefusalReason::Fenced, fence, "fenced above");
+                    self.net.reply(from, &msg);
+                } else if fence == g && !slot.persisting {
+                    let epochs = to_epoch_log(&info.state, info.end);
+                    let answer = PeerMessage::FenceAnswer(pp::FenceAnswer {
+                        scope: f.scope.clone(),
+                        storage_id: self.storage_hex(),
+                        last_generation: last_generation(&epochs.epochs, info.end),
+                        end: info.end,
+                        durable_end: info.durable,
+                        commit: info.state.commit,
+                        epochs: wire_epochs(&epochs.epochs),
+                    });
+                    self.net.reply(from, &answer);
+                } else if fence < g && !slot.persisting {
+                    // Stop acting at the old generation at once, then persist the fence; the
+                    // promoted leader asks again and is answered once it is durable.
+                    self.step_down(&r);
+                    let mut state = info.state.clone();
+                    state.fence_generation = g;
+                    self.persist(&r, log, state);
+                }
+            }
+            PeerMessage::FenceAnswer(a) => {
+                if let Role::Fencing(fe) = &mut slot.role {
+                    if a.scope.generation == slot.generation {
+                        fe.commit = fe.commit.max(a.commit);
+                        fe.answers.insert(from_node, a);
+                        self.replicas_changed = true;
+                    }
+                }
+            }
+            PeerMessage::TailFetch(t) => {
+                let Some((log, info)) = slot.log.zip(info) else {
+                    return;
+                };
+                if info.state.fence_generation > t.scope.generation {
+                    return;
+                }
+                if t.from >= info.end {
+                    let chunk = PeerMessage::TailChunk(pp::TailChunk {
+                        scope: t.scope.clone(),
+                        base_offset: info.end,
+                        record_count: 0,
+                        entries: Bytes::new(),
+                        end: info.end,
+                        last: true,
+                    });
+                    self.net.reply(from, &chunk);
+                    return;
+                }
+                self.replicas.io.push_back(ReplicaIo::ReadFramed {
+                    log,
+                    from: t.from,
+                    max_bytes: t.max_bytes as usize,
+                    purpose: ReadPurpose::Tail {
+                        to: from.to_owned(),
+                        scope: t.scope,
+                    },
+                });
+            }
+            PeerMessage::TailChunk(c) => {
+                let Some(log) = slot.log else { return };
+                let Role::Fencing(fe) = &mut slot.role else {
+                    return;
+                };
+                let Some(a) = &mut fe.adopting else { return };
+                if a.from != from_node || c.scope.generation != slot.generation {
+                    return;
+                }
+                if c.entries.is_empty() {
+                    // Nothing more there: adopt what was reached.
+                    a.target = info.map_or(a.target, |i| i.end.min(a.target));
+                    a.fetching = false;
+                    slot.last_sent = None;
+                    self.replicas_changed = true;
+                    return;
+                }
+                self.replicas.io.push_back(ReplicaIo::Append {
+                    log,
+                    base: c.base_offset,
+                    entries: c.entries,
+                });
+            }
+            PeerMessage::Follow(f) => {
+                let Role::Leading(l) = &mut slot.role else {
+                    let msg = refuse(pp::RefusalReason::NotOpen, slot.generation, "not open");
+                    self.net.reply(from, &msg);
+                    return;
+                };
+                if f.scope.generation != l.generation() {
+                    let g = l.generation();
+                    let msg = refuse(pp::RefusalReason::StaleGeneration, g, "another generation");
+                    self.net.reply(from, &msg);
+                    return;
+                }
+                let theirs = EpochLog {
+                    epochs: from_wire(&f.epochs),
+                    end: f.end,
+                };
+                match l.follow(&from_node, &f.storage_id, &theirs) {
+                    Ok(truncate_to) => {
+                        let answer = PeerMessage::FollowFrom(pp::FollowFrom {
+                            scope: f.scope.clone(),
+                            truncate_to,
+                            leader_end: l.epochs().end,
+                            commit: l.commit(),
+                            epochs: wire_epochs(&l.epochs().epochs),
+                        });
+                        self.net.reply(from, &answer);
+                    }
+                    Err(e) => {
+                        let reason = match e {
+                            felix_cluster::replication::leader::FollowRefused::NotReplica => {
+                                pp::RefusalReason::NotReplica
+                            }
+                            felix_cluster::replication::leader::FollowRefused::UnknownStorage => {
+                                pp::RefusalReason::UnknownStorage
+                            }
+                        };
+                        let msg = refuse(reason, l.generation(), "not counted");
+                        self.net.reply(from, &msg);
+                    }
+                }
+                self.drain_leader(&r);
+            }
+            PeerMessage::ReplicaReport(rep) => {
+                if let Role::Leading(l) = &mut slot.role {
+                    l.report(
+                        &from_node,
+                        rep.scope.generation,
+                        &rep.storage_id,
+                        rep.end,
+                        rep.durable_end,
+                    );
+                }
+                self.drain_leader(&r);
+            }
+            PeerMessage::FollowFrom(ff) => {
+                let Some((log, info)) = slot.log.zip(info) else {
+                    return;
+                };
+                let Role::Following(f) = &mut slot.role else {
+                    return;
+                };
+                if ff.scope.generation != f.generation() || *f.leader() != from_node {
+                    return;
+                }
+                let cut = f.follow_from(ff.truncate_to, info.end, info.state.commit);
+                if let FollowState::Halted { agreed, committed } = f.state() {
+                    warn!(shard = %r, agreed, committed, "halted: the leader's log disagrees below this copy's commit");
+                    return;
+                }
+                // The copy will hold the leader's epochs from the cut on.
+                let own = to_epoch_log(&info.state, info.end);
+                let at = ff.truncate_to.min(info.end);
+                let epochs = splice(&own.epochs, &from_wire(&ff.epochs), at);
+                let mut state = info.state.clone();
+                state.epochs = stored(&epochs);
+                if state != info.state {
+                    self.persist(&r, log, state);
+                }
+                if let Some(to) = cut {
+                    self.replicas.io.push_back(ReplicaIo::Truncate { log, to });
+                }
+            }
+            PeerMessage::Replicate(rep) => {
+                let Some(log) = slot.log else { return };
+                let Role::Following(f) = &mut slot.role else {
+                    let g = slot.generation;
+                    let msg = refuse(pp::RefusalReason::NotOpen, g, "not following");
+                    self.net.reply(from, &msg);
+                    return;
+                };
+                let verdict = f.shipment(
+                    &from_node,
+                    rep.scope.generation,
+                    rep.base_offset,
+                    u64::from(rep.record_count),
+                );
+                match verdict {
+                    Shipment::Append if !rep.entries.is_empty() => {
+                        self.replicas.io.push_back(ReplicaIo::Append {
+                            log,
+                            base: rep.base_offset,
+                            entries: rep.entries,
+                        });
+                    }
+                    Shipment::Append | Shipment::Held => {
+                        if let Some(info) = info {
+                            let report = PeerMessage::ReplicaReport(pp::ReplicaReport {
+                                scope: rep.scope.clone(),
+                                storage_id: self.storage_hex(),
+                                end: info.end,
+                                durable_end: info.durable,
+                            });
+                            self.net.reply(from, &report);
+                        }
+                    }
+                    Shipment::Refollow => {
+                        slot.last_sent = None;
+                        self.replicas_changed = true;
+                    }
+                    Shipment::Stale => {
+                        let g = slot.generation;
+                        let msg = refuse(pp::RefusalReason::StaleGeneration, g, "stale");
+                        self.net.reply(from, &msg);
+                    }
+                    Shipment::NotReady => {}
+                }
+            }
+            PeerMessage::ReplicationRefused(rr) => {
+                if let Role::Following(f) = &mut slot.role {
+                    if *f.leader() == from_node {
+                        f.ask_again();
+                    }
+                }
+                let _ = rr;
+            }
+            _ => {}
+        }
+        let _ = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splicing_keeps_the_own_prefix_and_takes_the_other_copys_epochs_after_the_cut() {
+        let own = [(1, 0), (2, 5)];
+        let theirs = [(1, 0), (3, 4), (4, 9)];
+        assert_eq!(splice(&own, &theirs, 4), [(1, 0), (3, 4), (4, 9)]);
+        assert_eq!(splice(&own, &theirs, 6), [(1, 0), (2, 5), (3, 6), (4, 9)]);
+        assert_eq!(splice(&own, &[], 3), [(1, 0)]);
+        assert_eq!(last_generation(&[(1, 0), (3, 4)], 4), 1);
+        assert_eq!(last_generation(&[(1, 0), (3, 4)], 5), 3);
+        assert_eq!(last_generation(&[], 0), 0);
+    }
+}

@@ -1,0 +1,111 @@
+//! The engine's half of shard replication: it runs the log work the cluster node asks for
+//! (`cluster/replicas.rs`) on the broker's logs and feeds the results back, and routes the
+//! log notices replication listens to.
+
+use std::time::Instant;
+
+use felix_storage::ops::LogId;
+
+use super::Engine;
+use crate::broker::{Broker, LogInfo, StreamKey};
+use crate::cluster::{LogView, ReplicaIo};
+
+/// Rounds of replication work in one call: each round's results can ask for more (an
+/// answer read from the tail cache at once), bounded so one turn stays short.
+const MAX_REPLICATION_ROUNDS: usize = 8;
+
+impl LogView for Broker {
+    fn info(&self, log: LogId) -> Option<LogInfo> {
+        self.log_info(log)
+    }
+}
+
+impl Engine {
+    /// Runs replication until it asks for nothing more (bounded).
+    pub(super) fn drive_replication(&mut self, now: Instant) {
+        let core = &mut self.core;
+        let Some(cluster) = core.cluster.as_mut() else {
+            return;
+        };
+        for _ in 0..MAX_REPLICATION_ROUNDS {
+            cluster.drive_replication(now, &core.broker);
+            let mut any = false;
+            while let Some(io) = cluster.poll_replica_io() {
+                any = true;
+                let broker = &mut core.broker;
+                match io {
+                    ReplicaIo::Open { shard } => {
+                        let k = &shard.key;
+                        let key = StreamKey::new(&k.tenant, &k.namespace, &k.name);
+                        if let Some((log, _open)) = broker.shard_log(now, &key, shard.shard) {
+                            cluster.replica_log(&shard, log);
+                        }
+                    }
+                    ReplicaIo::PersistState { log, state } => {
+                        if let Err(e) = broker.persist_replica_state(log, state) {
+                            tracing::warn!(log = log.0, error = %e, "replica state not written");
+                        }
+                    }
+                    ReplicaIo::ReadFramed {
+                        log,
+                        from,
+                        max_bytes,
+                        purpose,
+                    } => match broker.read_framed(log, from, max_bytes) {
+                        Ok(ticket) => cluster.read_started(log, ticket, purpose),
+                        Err(e) => {
+                            tracing::debug!(log = log.0, error = %e, "framed read refused");
+                            cluster.read_failed(log, purpose);
+                        }
+                    },
+                    ReplicaIo::Append { log, base, entries } => {
+                        let result = broker.append_framed(now, log, base, entries);
+                        cluster.replica_appended(now, log, result);
+                    }
+                    ReplicaIo::Truncate { log, to } => {
+                        if let Err(e) = broker.truncate_log(log, to) {
+                            tracing::debug!(log = log.0, error = %e, "truncation refused for now");
+                        }
+                    }
+                    ReplicaIo::Gate { log, committed } => broker.gate(log, committed),
+                    ReplicaIo::Ungate { log } => broker.ungate(log),
+                    ReplicaIo::Committed { log, up_to } => broker.committed(log, up_to),
+                    ReplicaIo::TimedOut { log, up_to } => broker.timed_out(log, up_to),
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+    }
+
+    /// A gated log's own durability moved: the replication counts it.
+    pub(super) fn replica_durable(&mut self, now: Instant, log: LogId, up_to: u64) {
+        if let Some(c) = self.core.cluster.as_mut() {
+            c.local_durable(log, up_to);
+        }
+        self.drive_replication(now);
+    }
+
+    /// A replication event from a log.
+    pub(super) fn replica_event(
+        &mut self,
+        now: Instant,
+        log: LogId,
+        event: felix_storage::log::ReplicaEvent,
+    ) {
+        let core = &mut self.core;
+        if let Some(c) = core.cluster.as_mut() {
+            c.replica_event(now, log, event, &core.broker);
+        }
+        self.drive_replication(now);
+    }
+
+    /// An ungated log's durability moved: a follower reports it.
+    pub(super) fn follower_durable(&mut self, log: LogId, up_to: u64) {
+        let end = self.core.broker.log_info(log).map_or(up_to, |i| i.end);
+        if let Some(c) = self.core.cluster.as_mut() {
+            c.log_durable(log, up_to, end);
+        }
+    }
+}
