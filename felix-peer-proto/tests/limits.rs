@@ -10,8 +10,8 @@ use felix_peer_proto::limits::{
 use felix_peer_proto::{
     decode_frame, encode_frame, Epoch, FenceAnswer, Follow, FollowFrom, Forward, ForwardAnswer,
     Hello, PeerDecodeError, PeerEncodeError, PeerFrameDecoder, PeerHeader, PeerKind, PeerMessage,
-    RaftConfState, RaftEntry, RaftMessage, RaftSnapshot, RaftSnapshotMetadata, Replicate,
-    ShardId, ShardKind, ShardScope, TailChunk, HEADER_LEN,
+    RaftConfState, RaftEntry, RaftMessage, RaftSnapshot, RaftSnapshotMetadata, Replicate, ShardId,
+    ShardKind, ShardScope, TailChunk, HEADER_LEN,
 };
 
 fn any_shard(_: &ShardId) -> Option<u64> {
@@ -251,9 +251,12 @@ fn epochs_limit() {
             commit: 0,
         })
     };
-    edge(Limit::Epochs, follow(MAX_EPOCHS), follow(MAX_EPOCHS + 1), |f| {
-        plus_one(f, HEADER_LEN + SCOPE_LEN + 2, 4)
-    });
+    edge(
+        Limit::Epochs,
+        follow(MAX_EPOCHS),
+        follow(MAX_EPOCHS + 1),
+        |f| plus_one(f, HEADER_LEN + SCOPE_LEN + 2, 4),
+    );
     // FollowFrom: scope, three u64s, then the count.
     let follow_from = |n| {
         PeerMessage::FollowFrom(FollowFrom {
