@@ -1,9 +1,10 @@
 //! # felix-peer-proto
 //!
 //! The messages Felix brokers send each other, as plain data: a hello that identifies each end
-//! of a link, raft messages for the cluster's control plane, and client requests forwarded to
-//! a shard's leader with their answers. Sans-IO: no sockets, no clock, no files; bytes in,
-//! values out. Links are QUIC connections between brokers with ALPN [`ALPN`]
+//! of a link, raft messages for the cluster's control plane, client requests forwarded to a
+//! shard's leader with their answers, and the replication of a shard's log between its
+//! replicas with the leases that let a node lead. Sans-IO: no sockets, no clock, no files;
+//! bytes in, values out. Links are QUIC connections between brokers with ALPN [`ALPN`]
 //! (`felix-peer/1`), one frame after another on their streams.
 //!
 //! - [`frame`]: the 10-byte header and [`PeerFrameDecoder`], which refuses an unknown kind or

@@ -17,11 +17,16 @@ use crate::wire::{put_blob, put_count, put_string, Body, Reader, Scoped};
 #[cfg(feature = "arbitrary")]
 use crate::raft::arbitrary_bytes;
 
-/// From `start` on, a log was written by the leader of `generation`.
+/// From `start` on, a log was written by the leader of `generation`. A copy lists its epochs
+/// oldest first, generations strictly rising and starts never falling, at most
+/// [`crate::limits::MAX_EPOCHS`]. The codec carries the list as sent: the order is a fact
+/// about a log, so the engine that compares it with its own checks it, as every offset here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct Epoch {
+    /// The shard generation whose leader wrote from `start`.
     pub generation: u64,
+    /// The first offset written at that generation.
     pub start: u64,
 }
 
@@ -299,7 +304,10 @@ impl Body for FenceAnswer {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct TailFetch {
     pub scope: ShardScope,
+    /// The first offset wanted.
     pub from: u64,
+    /// The most entry bytes wanted in the chunk; the answer also stays within
+    /// [`crate::limits::MAX_REPLICATED_BYTES`].
     pub max_bytes: u32,
 }
 
@@ -333,6 +341,8 @@ pub struct TailChunk {
     pub scope: ShardScope,
     pub base_offset: u64,
     pub record_count: u32,
+    /// Whole entries as the replica's segment holds them, at most
+    /// [`crate::limits::MAX_REPLICATED_BYTES`].
     #[cfg_attr(feature = "arbitrary", arbitrary(with = arbitrary_bytes))]
     pub entries: Bytes,
     /// The answering replica's end.

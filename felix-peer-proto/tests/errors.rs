@@ -2,8 +2,9 @@
 
 use bytes::Bytes;
 use felix_peer_proto::{
-    decode_frame, encode_frame, Hello, HelloRefusal, HelloRefused, NoShards, PeerDecodeError,
-    PeerFrameDecoder, PeerMessage, RaftEntry, RaftMessage, RaftMessageType, HEADER_LEN,
+    decode_frame, encode_frame, Follow, Hello, HelloRefusal, HelloRefused, NoShards,
+    PeerDecodeError, PeerFrameDecoder, PeerMessage, RaftEntry, RaftMessage, RaftMessageType,
+    RefusalReason, ReplicationRefused, ShardId, ShardKind, ShardScope, TailChunk, HEADER_LEN,
 };
 
 fn frame(msg: &PeerMessage) -> Vec<u8> {
@@ -139,6 +140,93 @@ fn a_forged_count_fails_before_anything_is_sized_from_it() {
             field: "raft.entries",
             needed: 1000 * 26,
             available: 1
+        })
+    );
+}
+
+/// An empty scope (five empty strings' lengths and a kind byte, shard and generation).
+fn empty_scope() -> ShardScope {
+    ShardScope {
+        shard: ShardId {
+            cluster_id: String::new(),
+            kind: ShardKind::Stream,
+            tenant: String::new(),
+            namespace: String::new(),
+            name: String::new(),
+            shard: 0,
+        },
+        generation: 0,
+    }
+}
+
+const EMPTY_SCOPE_LEN: usize = 2 + 1 + 2 + 2 + 2 + 4 + 8;
+
+fn any_shard(_: &ShardId) -> Option<u64> {
+    Some(0)
+}
+
+#[test]
+fn replication_values_have_one_encoding_each() {
+    let refused = PeerMessage::ReplicationRefused(ReplicationRefused {
+        scope: empty_scope(),
+        reason: RefusalReason::NotOpen,
+        current_generation: 0,
+        detail: String::new(),
+    });
+    let f = frame(&refused);
+    let reason_at = HEADER_LEN + EMPTY_SCOPE_LEN;
+    assert_eq!(f[reason_at], 6);
+    // Below the first reason and past the last.
+    for bad in [0, 7] {
+        let mut f = f.clone();
+        f[reason_at] = bad;
+        assert_eq!(
+            decode_frame(&Bytes::from(f), &any_shard),
+            Err(PeerDecodeError::InvalidValue {
+                field: "replication_refused.reason",
+                value: bad.into()
+            })
+        );
+    }
+    let chunk = PeerMessage::TailChunk(TailChunk {
+        scope: empty_scope(),
+        base_offset: 0,
+        record_count: 0,
+        entries: Bytes::new(),
+        end: 0,
+        last: true,
+    });
+    let mut f = frame(&chunk);
+    *f.last_mut().unwrap() = 2;
+    assert_eq!(
+        decode_frame(&Bytes::from(f), &any_shard),
+        Err(PeerDecodeError::InvalidValue {
+            field: "tail_chunk.last",
+            value: 2
+        })
+    );
+}
+
+#[test]
+fn a_forged_epoch_count_fails_before_anything_is_sized_from_it() {
+    let follow = PeerMessage::Follow(Follow {
+        scope: empty_scope(),
+        storage_id: String::new(),
+        epochs: vec![],
+        end: 0,
+        durable_end: 0,
+        commit: 0,
+    });
+    let mut f = frame(&follow);
+    // Claim 4000 epochs (under the limit) with only end, durable end and commit behind them.
+    let count_at = HEADER_LEN + EMPTY_SCOPE_LEN + 2;
+    f[count_at..count_at + 4].copy_from_slice(&4000u32.to_be_bytes());
+    assert_eq!(
+        decode_frame(&Bytes::from(f), &any_shard),
+        Err(PeerDecodeError::Truncated {
+            field: "follow.epochs",
+            needed: 4000 * 16,
+            available: 24
         })
     );
 }

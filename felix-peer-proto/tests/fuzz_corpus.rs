@@ -45,31 +45,58 @@ fn peer_forward_corpus() {
     replay("peer_forward", Family::Forward);
 }
 
+#[test]
+fn peer_replication_corpus() {
+    replay("peer_replication", Family::Replication);
+}
+
+const TARGETS: [(&str, Family); 4] = [
+    ("peer_hello", Family::Hello),
+    ("peer_raft", Family::Raft),
+    ("peer_forward", Family::Forward),
+    ("peer_replication", Family::Replication),
+];
+
+/// The kinds of the seeds of `target` that decode.
+fn seeded_kinds(target: &str, family: Family) -> Vec<felix_peer_proto::PeerKind> {
+    use bytes::Bytes;
+    let view = |_: &felix_peer_proto::ShardId| Some(0);
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(target);
+    fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| {
+            let data = fs::read(e.unwrap().path()).unwrap();
+            let (&low, body) = data.split_first()?;
+            let kind = felix_peer_proto::PeerKind::from_code(
+                u16::from(family as u8) << 8 | u16::from(low),
+            )?;
+            felix_peer_proto::decode_body(kind, &Bytes::copy_from_slice(body), &view)
+                .ok()
+                .map(|m| m.kind())
+        })
+        .collect()
+}
+
 /// The seeds are real messages: each decodes (the check would pass vacuously on garbage).
 #[test]
 fn the_seeds_decode() {
-    use bytes::Bytes;
-    let view = |_: &felix_peer_proto::ShardId| Some(0);
-    for target in ["peer_hello", "peer_raft", "peer_forward"] {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../fuzz/corpus")
-            .join(target);
-        let decoded = fs::read_dir(&dir)
-            .unwrap()
-            .filter_map(|e| {
-                let data = fs::read(e.unwrap().path()).unwrap();
-                let (&low, body) = data.split_first()?;
-                let family = match target {
-                    "peer_hello" => Family::Hello,
-                    "peer_raft" => Family::Raft,
-                    _ => Family::Forward,
-                };
-                let kind = felix_peer_proto::PeerKind::from_code(
-                    u16::from(family as u8) << 8 | u16::from(low),
-                )?;
-                felix_peer_proto::decode_body(kind, &Bytes::copy_from_slice(body), &view).ok()
-            })
-            .count();
-        assert!(decoded > 0, "{target} has no seed that decodes");
+    for (target, family) in TARGETS {
+        assert!(
+            !seeded_kinds(target, family).is_empty(),
+            "{target} has no seed that decodes"
+        );
+    }
+}
+
+/// The replication family's seeds are its golden frames, one or more of every kind.
+#[test]
+fn every_replication_kind_is_seeded() {
+    let seeded = seeded_kinds("peer_replication", Family::Replication);
+    for spec in felix_peer_proto::KIND_TABLE {
+        if spec.family == Family::Replication {
+            assert!(seeded.contains(&spec.kind), "no seed for {}", spec.name);
+        }
     }
 }

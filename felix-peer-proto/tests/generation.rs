@@ -5,9 +5,10 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use felix_peer_proto::{
-    decode_frame, encode_frame, Forward, ForwardAnswer, GenerationView, Hello, NoShards,
-    PeerDecodeError, PeerFrameDecoder, PeerMessage, RaftMessage, ShardId, ShardKind, ShardScope,
-    KIND_TABLE,
+    decode_frame, encode_frame, Epoch, Fence, FenceAnswer, Follow, FollowFrom, Forward,
+    ForwardAnswer, GenerationView, Hello, LeaseGrant, LeaseRenew, NoShards, PeerDecodeError,
+    PeerFrameDecoder, PeerKind, PeerMessage, RaftMessage, RefusalReason, ReplicaReport, Replicate,
+    ReplicationRefused, ShardId, ShardKind, ShardScope, TailChunk, TailFetch, KIND_TABLE,
 };
 
 fn shard(n: u32) -> ShardId {
@@ -106,7 +107,19 @@ fn kinds_that_are_not_shard_scoped_ignore_the_view() {
         forward_id: 5,
         frame: Bytes::from_static(b"y"),
     });
-    for msg in [hello, raft, answer] {
+    // A lease is the node's, not one shard's: no scope to check.
+    let renew = PeerMessage::LeaseRenew(LeaseRenew {
+        node: "n1".into(),
+        seq: 1,
+        storage_id: "d1".into(),
+    });
+    let grant = PeerMessage::LeaseGrant(LeaseGrant {
+        seq: 1,
+        term: 2,
+        lease_ms: 3000,
+        applied: 4,
+    });
+    for msg in [hello, raft, answer, renew, grant] {
         assert!(!msg.kind().shard_scoped());
         assert_eq!(decode_frame(&frame(&msg), &NoShards), Ok(msg));
     }
@@ -115,7 +128,130 @@ fn kinds_that_are_not_shard_scoped_ignore_the_view() {
         .filter(|s| s.shard_scoped)
         .map(|s| s.name)
         .collect();
-    assert_eq!(scoped, ["forward"]);
+    assert_eq!(
+        scoped,
+        [
+            "forward",
+            "follow",
+            "follow_from",
+            "replicate",
+            "replica_report",
+            "fence",
+            "fence_answer",
+            "tail_fetch",
+            "tail_chunk",
+            "replication_refused",
+        ]
+    );
+}
+
+/// One message of every shard-scoped replication kind, under `scope`.
+fn replication(scope: ShardScope) -> Vec<PeerMessage> {
+    let epochs = vec![Epoch {
+        generation: scope.generation,
+        start: 0,
+    }];
+    vec![
+        PeerMessage::Follow(Follow {
+            scope: scope.clone(),
+            storage_id: "d2".into(),
+            epochs: epochs.clone(),
+            end: 5,
+            durable_end: 5,
+            commit: 3,
+        }),
+        PeerMessage::FollowFrom(FollowFrom {
+            scope: scope.clone(),
+            truncate_to: 4,
+            leader_end: 9,
+            commit: 3,
+            epochs: epochs.clone(),
+        }),
+        PeerMessage::Replicate(Replicate {
+            scope: scope.clone(),
+            base_offset: 4,
+            record_count: 1,
+            commit: 3,
+            entries: Bytes::from_static(b"e"),
+        }),
+        PeerMessage::ReplicaReport(ReplicaReport {
+            scope: scope.clone(),
+            storage_id: "d2".into(),
+            end: 5,
+            durable_end: 5,
+        }),
+        PeerMessage::Fence(Fence {
+            scope: scope.clone(),
+            leader_storage_id: "d1".into(),
+        }),
+        PeerMessage::FenceAnswer(FenceAnswer {
+            scope: scope.clone(),
+            storage_id: "d2".into(),
+            last_generation: 1,
+            end: 5,
+            durable_end: 5,
+            commit: 3,
+            epochs,
+        }),
+        PeerMessage::TailFetch(TailFetch {
+            scope: scope.clone(),
+            from: 3,
+            max_bytes: 1024,
+        }),
+        PeerMessage::TailChunk(TailChunk {
+            scope: scope.clone(),
+            base_offset: 3,
+            record_count: 0,
+            entries: Bytes::new(),
+            end: 3,
+            last: true,
+        }),
+        PeerMessage::ReplicationRefused(ReplicationRefused {
+            scope,
+            reason: RefusalReason::StaleGeneration,
+            current_generation: 9,
+            detail: String::new(),
+        }),
+    ]
+}
+
+#[test]
+fn every_replication_kind_checks_its_generation_at_decode() {
+    let v = Map(view());
+    let at = |shard, generation| replication(ShardScope { shard, generation });
+    // Every scoped kind of the family is here.
+    let kinds: Vec<PeerKind> = at(shard(0), 9).iter().map(PeerMessage::kind).collect();
+    let want: Vec<PeerKind> = KIND_TABLE
+        .iter()
+        .filter(|s| s.shard_scoped && s.kind != PeerKind::Forward)
+        .map(|s| s.kind)
+        .collect();
+    assert_eq!(kinds, want);
+
+    for msg in at(shard(0), 8) {
+        // A deposed leader's shipment, or an answer to one, never reaches the engine.
+        assert_eq!(
+            decode_frame(&frame(&msg), &v),
+            Err(PeerDecodeError::StaleGeneration { got: 8, current: 9 }),
+            "{}",
+            msg.kind().name()
+        );
+    }
+    // Current passes, and so does newer: a fence names the generation it promotes to, which
+    // the replica may not have applied yet.
+    for generation in [9, 10] {
+        for msg in at(shard(0), generation) {
+            assert_eq!(decode_frame(&frame(&msg), &v).as_ref(), Ok(&msg));
+        }
+    }
+    for msg in at(shard(7), 9) {
+        assert_eq!(
+            decode_frame(&frame(&msg), &v),
+            Err(PeerDecodeError::UnknownShard {
+                shard: Box::new(shard(7))
+            })
+        );
+    }
 }
 
 #[test]

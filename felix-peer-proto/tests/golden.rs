@@ -1,12 +1,14 @@
-//! Exact bytes for one message of each kind (and a snapshot-carrying raft message), and
-//! every truncation of each refused without a panic.
+//! Exact bytes for one message of each kind (and a snapshot-carrying raft message and an
+//! empty replicate), and every truncation of each refused without a panic.
 
 use bytes::Bytes;
 use felix_peer_proto::{
-    decode_body, decode_frame, encode_frame, Forward, ForwardAnswer, ForwardRefused, Hello,
-    HelloRefusal, HelloRefused, LeaderHint, PeerDecodeError, PeerFrameDecoder, PeerKind,
-    PeerMessage, RaftConfState, RaftEntry, RaftEntryType, RaftMessage, RaftMessageType,
-    RaftSnapshot, RaftSnapshotMetadata, ShardId, ShardKind, ShardScope, KIND_TABLE,
+    decode_body, decode_frame, encode_frame, Epoch, Fence, FenceAnswer, Follow, FollowFrom,
+    Forward, ForwardAnswer, ForwardRefused, Hello, HelloRefusal, HelloRefused, LeaderHint,
+    LeaseGrant, LeaseRenew, PeerDecodeError, PeerFrameDecoder, PeerKind, PeerMessage,
+    RaftConfState, RaftEntry, RaftEntryType, RaftMessage, RaftMessageType, RaftSnapshot,
+    RaftSnapshotMetadata, RefusalReason, ReplicaReport, Replicate, ReplicationRefused, ShardId,
+    ShardKind, ShardScope, TailChunk, TailFetch, KIND_TABLE,
 };
 use felix_proto::ErrorCode;
 
@@ -26,6 +28,28 @@ fn scope() -> ShardScope {
         },
         generation: 9,
     }
+}
+
+/// The sample shard at the generation a promoted leader fences it with, one above the view's.
+fn promoted() -> ShardScope {
+    ShardScope {
+        generation: 10,
+        ..scope()
+    }
+}
+
+/// Generation 1 wrote from offset 0, generation 9 from 120.
+fn epochs() -> Vec<Epoch> {
+    vec![
+        Epoch {
+            generation: 1,
+            start: 0,
+        },
+        Epoch {
+            generation: 9,
+            start: 120,
+        },
+    ]
 }
 
 /// The view the samples decode under: the sample shard at generation 9.
@@ -163,6 +187,170 @@ fn samples() -> Vec<(PeerMessage, &'static str)> {
                 000000000000002a 0006 01 0002 6e32 000000000000000a
             ",
         ),
+        (
+            PeerMessage::Follow(Follow {
+                scope: scope(),
+                storage_id: "d1".into(),
+                epochs: epochs(),
+                end: 130,
+                durable_end: 128,
+                commit: 100,
+            }),
+            "
+                46585001 0401 00000060
+                0002 6331 01 0001 74 0002 6e73 0006 6f7264657273
+                00000003 0000000000000009
+                0002 6431
+                00000002 0000000000000001 0000000000000000
+                         0000000000000009 0000000000000078
+                0000000000000082 0000000000000080 0000000000000064
+            ",
+        ),
+        (
+            PeerMessage::FollowFrom(FollowFrom {
+                scope: scope(),
+                truncate_to: 120,
+                leader_end: 200,
+                commit: 150,
+                epochs: epochs(),
+            }),
+            "
+                46585001 0402 0000005c
+                0002 6331 01 0001 74 0002 6e73 0006 6f7264657273
+                00000003 0000000000000009
+                0000000000000078 00000000000000c8 0000000000000096
+                00000002 0000000000000001 0000000000000000
+                         0000000000000009 0000000000000078
+            ",
+        ),
+        (
+            PeerMessage::Replicate(Replicate {
+                scope: scope(),
+                base_offset: 120,
+                record_count: 2,
+                commit: 118,
+                entries: Bytes::from_static(b"ab"),
+            }),
+            "
+                46585001 0403 0000003a
+                0002 6331 01 0001 74 0002 6e73 0006 6f7264657273
+                00000003 0000000000000009
+                0000000000000078 00000002 0000000000000076
+                00000002 6162
+            ",
+        ),
+        (
+            PeerMessage::ReplicaReport(ReplicaReport {
+                scope: scope(),
+                storage_id: "d2".into(),
+                end: 122,
+                durable_end: 120,
+            }),
+            "
+                46585001 0404 00000034
+                0002 6331 01 0001 74 0002 6e73 0006 6f7264657273
+                00000003 0000000000000009
+                0002 6432 000000000000007a 0000000000000078
+            ",
+        ),
+        (
+            PeerMessage::Fence(Fence {
+                scope: promoted(),
+                leader_storage_id: "d1".into(),
+            }),
+            "
+                46585001 0405 00000024
+                0002 6331 01 0001 74 0002 6e73 0006 6f7264657273
+                00000003 000000000000000a
+                0002 6431
+            ",
+        ),
+        (
+            PeerMessage::FenceAnswer(FenceAnswer {
+                scope: promoted(),
+                storage_id: "d2".into(),
+                last_generation: 9,
+                end: 122,
+                durable_end: 122,
+                commit: 118,
+                epochs: epochs(),
+            }),
+            "
+                46585001 0406 00000068
+                0002 6331 01 0001 74 0002 6e73 0006 6f7264657273
+                00000003 000000000000000a
+                0002 6432
+                0000000000000009 000000000000007a 000000000000007a 0000000000000076
+                00000002 0000000000000001 0000000000000000
+                         0000000000000009 0000000000000078
+            ",
+        ),
+        (
+            PeerMessage::TailFetch(TailFetch {
+                scope: promoted(),
+                from: 118,
+                max_bytes: 65536,
+            }),
+            "
+                46585001 0407 0000002c
+                0002 6331 01 0001 74 0002 6e73 0006 6f7264657273
+                00000003 000000000000000a
+                0000000000000076 00010000
+            ",
+        ),
+        (
+            PeerMessage::TailChunk(TailChunk {
+                scope: promoted(),
+                base_offset: 118,
+                record_count: 4,
+                entries: Bytes::from_static(b"abcd"),
+                end: 122,
+                last: true,
+            }),
+            "
+                46585001 0408 0000003d
+                0002 6331 01 0001 74 0002 6e73 0006 6f7264657273
+                00000003 000000000000000a
+                0000000000000076 00000004 00000004 61626364 000000000000007a 01
+            ",
+        ),
+        (
+            PeerMessage::ReplicationRefused(ReplicationRefused {
+                scope: scope(),
+                reason: RefusalReason::Fenced,
+                current_generation: 10,
+                detail: "fenced".into(),
+            }),
+            "
+                46585001 0409 00000031
+                0002 6331 01 0001 74 0002 6e73 0006 6f7264657273
+                00000003 0000000000000009
+                03 000000000000000a 0006 66656e636564
+            ",
+        ),
+        (
+            PeerMessage::LeaseRenew(LeaseRenew {
+                node: "n1".into(),
+                seq: 7,
+                storage_id: "d1".into(),
+            }),
+            "
+                46585001 0481 00000010
+                0002 6e31 0000000000000007 0002 6431
+            ",
+        ),
+        (
+            PeerMessage::LeaseGrant(LeaseGrant {
+                seq: 7,
+                term: 5,
+                lease_ms: 3000,
+                applied: 42,
+            }),
+            "
+                46585001 0482 0000001c
+                0000000000000007 0000000000000005 00000bb8 000000000000002a
+            ",
+        ),
     ]
 }
 
@@ -211,9 +399,30 @@ fn snapshot_sample() -> (PeerMessage, &'static str) {
     )
 }
 
+/// A replicate with no entries: the heartbeat that carries the leader's commit mark alone.
+fn heartbeat_sample() -> (PeerMessage, &'static str) {
+    (
+        PeerMessage::Replicate(Replicate {
+            scope: scope(),
+            base_offset: 122,
+            record_count: 0,
+            commit: 121,
+            entries: Bytes::new(),
+        }),
+        "
+                46585001 0403 00000038
+                0002 6331 01 0001 74 0002 6e73 0006 6f7264657273
+                00000003 0000000000000009
+                000000000000007a 00000000 0000000000000079
+                00000000
+            ",
+    )
+}
+
 fn all_samples() -> Vec<(PeerMessage, &'static str)> {
     let mut v = samples();
     v.push(snapshot_sample());
+    v.push(heartbeat_sample());
     v
 }
 

@@ -3,13 +3,15 @@
 
 use bytes::Bytes;
 use felix_peer_proto::limits::{
-    Limit, MAX_CONF_NODES, MAX_CONTEXT_BYTES, MAX_ENTRY_DATA_BYTES, MAX_FORWARDED_FRAME_BYTES,
-    MAX_FRAME_BODY_BYTES, MAX_RAFT_ENTRIES, MAX_SNAPSHOT_DATA_BYTES, MAX_STRING_BYTES,
+    Limit, MAX_CONF_NODES, MAX_CONTEXT_BYTES, MAX_ENTRY_DATA_BYTES, MAX_EPOCHS,
+    MAX_FORWARDED_FRAME_BYTES, MAX_FRAME_BODY_BYTES, MAX_RAFT_ENTRIES, MAX_REPLICATED_BYTES,
+    MAX_SNAPSHOT_DATA_BYTES, MAX_STRING_BYTES,
 };
 use felix_peer_proto::{
-    decode_frame, encode_frame, Forward, ForwardAnswer, Hello, PeerDecodeError, PeerEncodeError,
-    PeerFrameDecoder, PeerHeader, PeerKind, PeerMessage, RaftConfState, RaftEntry, RaftMessage,
-    RaftSnapshot, RaftSnapshotMetadata, ShardId, ShardKind, ShardScope, HEADER_LEN,
+    decode_frame, encode_frame, Epoch, FenceAnswer, Follow, FollowFrom, Forward, ForwardAnswer,
+    Hello, PeerDecodeError, PeerEncodeError, PeerFrameDecoder, PeerHeader, PeerKind, PeerMessage,
+    RaftConfState, RaftEntry, RaftMessage, RaftSnapshot, RaftSnapshotMetadata, Replicate, ShardId,
+    ShardKind, ShardScope, TailChunk, HEADER_LEN,
 };
 
 fn any_shard(_: &ShardId) -> Option<u64> {
@@ -32,20 +34,27 @@ fn raft(f: impl FnOnce(&mut RaftMessage)) -> PeerMessage {
     PeerMessage::Raft(m)
 }
 
+/// A scope of one-byte names: 2+1, 1, 2+1, 2+1, 2+1, 4, 8 bytes.
+fn scope() -> ShardScope {
+    ShardScope {
+        shard: ShardId {
+            cluster_id: "c".into(),
+            kind: ShardKind::Cache,
+            tenant: "t".into(),
+            namespace: "n".into(),
+            name: "x".into(),
+            shard: 0,
+        },
+        generation: 0,
+    }
+}
+
+const SCOPE_LEN: usize = 3 + 1 + 3 + 3 + 3 + 4 + 8;
+
 fn forward(frame: Bytes) -> PeerMessage {
     PeerMessage::Forward(Forward {
         forward_id: 1,
-        scope: ShardScope {
-            shard: ShardId {
-                cluster_id: "c".into(),
-                kind: ShardKind::Cache,
-                tenant: "t".into(),
-                namespace: "n".into(),
-                name: "x".into(),
-                shard: 0,
-            },
-            generation: 0,
-        },
+        scope: scope(),
         tenant: "t".into(),
         principal: "p".into(),
         frame,
@@ -197,8 +206,8 @@ fn conf_nodes_limit() {
 
 #[test]
 fn forwarded_frame_limit() {
-    // Id 8, scope (2+1, 1, 2+1, 2+1, 2+1, 4, 8), tenant 2+1, principal 2+1.
-    let frame_at = HEADER_LEN + 8 + 3 + 1 + 3 + 3 + 3 + 4 + 8 + 3 + 3;
+    // Id 8, scope, tenant 2+1, principal 2+1.
+    let frame_at = HEADER_LEN + 8 + SCOPE_LEN + 3 + 3;
     edge(
         Limit::ForwardedFrame,
         forward(zeros(MAX_FORWARDED_FRAME_BYTES)),
@@ -216,6 +225,108 @@ fn forwarded_frame_limit() {
         answer(MAX_FORWARDED_FRAME_BYTES),
         answer(MAX_FORWARDED_FRAME_BYTES + 1),
         |f| plus_one(f, HEADER_LEN + 8, 4),
+    );
+}
+
+/// `n` epochs, strictly increasing like a real log's.
+fn epochs(n: usize) -> Vec<Epoch> {
+    (0..n as u64)
+        .map(|i| Epoch {
+            generation: i + 1,
+            start: i * 10,
+        })
+        .collect()
+}
+
+#[test]
+fn epochs_limit() {
+    // Follow: scope, empty storage id (2), then the count.
+    let follow = |n| {
+        PeerMessage::Follow(Follow {
+            scope: scope(),
+            storage_id: String::new(),
+            epochs: epochs(n),
+            end: 0,
+            durable_end: 0,
+            commit: 0,
+        })
+    };
+    edge(
+        Limit::Epochs,
+        follow(MAX_EPOCHS),
+        follow(MAX_EPOCHS + 1),
+        |f| plus_one(f, HEADER_LEN + SCOPE_LEN + 2, 4),
+    );
+    // FollowFrom: scope, three u64s, then the count.
+    let follow_from = |n| {
+        PeerMessage::FollowFrom(FollowFrom {
+            scope: scope(),
+            truncate_to: 0,
+            leader_end: 0,
+            commit: 0,
+            epochs: epochs(n),
+        })
+    };
+    edge(
+        Limit::Epochs,
+        follow_from(MAX_EPOCHS),
+        follow_from(MAX_EPOCHS + 1),
+        |f| plus_one(f, HEADER_LEN + SCOPE_LEN + 24, 4),
+    );
+    // FenceAnswer: scope, empty storage id, four u64s, then the count.
+    let answer = |n| {
+        PeerMessage::FenceAnswer(FenceAnswer {
+            scope: scope(),
+            storage_id: String::new(),
+            last_generation: 0,
+            end: 0,
+            durable_end: 0,
+            commit: 0,
+            epochs: epochs(n),
+        })
+    };
+    edge(
+        Limit::Epochs,
+        answer(MAX_EPOCHS),
+        answer(MAX_EPOCHS + 1),
+        |f| plus_one(f, HEADER_LEN + SCOPE_LEN + 2 + 32, 4),
+    );
+}
+
+#[test]
+fn replicated_bytes_limit() {
+    // Replicate: scope, base offset, record count, commit, then the length.
+    let replicate = |len| {
+        PeerMessage::Replicate(Replicate {
+            scope: scope(),
+            base_offset: 0,
+            record_count: 1,
+            commit: 0,
+            entries: zeros(len),
+        })
+    };
+    edge(
+        Limit::ReplicatedBytes,
+        replicate(MAX_REPLICATED_BYTES),
+        replicate(MAX_REPLICATED_BYTES + 1),
+        |f| plus_one(f, HEADER_LEN + SCOPE_LEN + 8 + 4 + 8, 4),
+    );
+    // TailChunk: scope, base offset, record count, then the length.
+    let chunk = |len| {
+        PeerMessage::TailChunk(TailChunk {
+            scope: scope(),
+            base_offset: 0,
+            record_count: 1,
+            entries: zeros(len),
+            end: 0,
+            last: false,
+        })
+    };
+    edge(
+        Limit::ReplicatedBytes,
+        chunk(MAX_REPLICATED_BYTES),
+        chunk(MAX_REPLICATED_BYTES + 1),
+        |f| plus_one(f, HEADER_LEN + SCOPE_LEN + 8 + 4, 4),
     );
 }
 
@@ -287,5 +398,5 @@ fn an_encoder_refuses_a_body_over_the_frame_limit() {
 #[test]
 fn every_limit_is_tested_here() {
     // A new limit must get its edge test above; this list is the reminder.
-    assert_eq!(Limit::ALL.len(), 8);
+    assert_eq!(Limit::ALL.len(), 10);
 }

@@ -45,7 +45,7 @@ proptest! {
     #[test]
     fn any_bytes_decode_or_fail_cleanly(
         code_low in any::<u8>(),
-        family in 1u8..=3,
+        family in 1u8..=4,
         body in proptest::collection::vec(any::<u8>(), 0..512),
     ) {
         let code = u16::from(family) << 8 | u16::from(code_low);
