@@ -8,7 +8,9 @@ use std::path::PathBuf;
 
 use felix_client::Offer;
 use felix_proto::message::{self, Message, ShardKind};
-use felix_runtime_tokio::felix_engine::{ClusterConfig, DeclaredCache, DeclaredStream, PeerAddr};
+use felix_runtime_tokio::felix_engine::{
+    ClusterConfig, Consistency, DeclaredCache, DeclaredStream, PeerAddr,
+};
 use felix_runtime_tokio::{BrokerOptions, RunningBroker};
 
 use crate::ops_support::get;
@@ -34,6 +36,8 @@ pub struct Cluster {
     pub data_dirs: Option<Vec<PathBuf>>,
     /// The metadata log's compaction threshold on a durable cluster.
     pub metadata_log_compact_bytes: Option<u64>,
+    /// The declared stream's replication factor and consistency (1 and leader by default).
+    pub replication: (u8, Consistency),
 }
 
 fn loopback(port: u16) -> SocketAddr {
@@ -55,10 +59,34 @@ impl Cluster {
         Cluster::start_with(shards, Some(dirs), compact_bytes).await
     }
 
+    /// A durable cluster whose stream is replicated on all three nodes.
+    pub async fn start_replicated(
+        shards: u32,
+        dirs: Vec<PathBuf>,
+        consistency: Consistency,
+    ) -> Cluster {
+        Cluster::start_full(shards, Some(dirs), None, (3, consistency)).await
+    }
+
     async fn start_with(
         shards: u32,
         data_dirs: Option<Vec<PathBuf>>,
         metadata_log_compact_bytes: Option<u64>,
+    ) -> Cluster {
+        Cluster::start_full(
+            shards,
+            data_dirs,
+            metadata_log_compact_bytes,
+            (1, Consistency::Leader),
+        )
+        .await
+    }
+
+    async fn start_full(
+        shards: u32,
+        data_dirs: Option<Vec<PathBuf>>,
+        metadata_log_compact_bytes: Option<u64>,
+        replication: (u8, Consistency),
     ) -> Cluster {
         let minter = TokenMinter::new("k1", [7; 32]);
         let token = minter.mint(&Claims::new(
@@ -87,6 +115,7 @@ impl Cluster {
             stream: unique("orders"),
             data_dirs,
             metadata_log_compact_bytes,
+            replication,
         };
         for i in 0..NODES.len() {
             let b = c.boot(i, shards).await;
@@ -115,6 +144,7 @@ impl Cluster {
             })
             .collect();
         let (id, advertise, stream) = (node.id, node.client.to_string(), self.stream.clone());
+        let (rf, consistency) = self.replication;
         let opts = opts.configure_engine(move |e| {
             let mut cluster = ClusterConfig::new(id, peers);
             cluster.client_advertise_addr = Some(advertise);
@@ -125,8 +155,10 @@ impl Cluster {
                 .declared_caches
                 .push(DeclaredCache::new(TENANT, "default", "sessions", 1));
             e.cluster = Some(cluster);
-            e.declared_streams
-                .push(DeclaredStream::new(TENANT, "default", &stream, shards));
+            let mut declared = DeclaredStream::new(TENANT, "default", &stream, shards);
+            declared.replication_factor = rf;
+            declared.consistency = consistency;
+            e.declared_streams.push(declared);
         });
         within(10, start_broker(opts)).await.expect("node starts")
     }

@@ -257,6 +257,17 @@ pub async fn spawn_broker_binary(path: &str) -> (std::process::Child, SocketAddr
 }
 
 /// Awaits `fut`, panicking if it takes longer than `secs` seconds: no test waits forever.
+/// With `FELIX_TEST_LOG` set (an env filter, e.g. `felix_engine=debug`), the in-process
+/// brokers' logs go to stderr; call first in a test. For reading a failure, not for asserting.
+pub fn test_logs() {
+    if let Ok(filter) = std::env::var("FELIX_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
+
 pub async fn within<T>(secs: u64, fut: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(secs), fut)
         .await

@@ -29,9 +29,10 @@ pub const MAX_FORWARDED_FRAME_BYTES: usize =
 
 /// Most epochs a replication message lists (as many as a replica state file holds).
 pub const MAX_EPOCHS: usize = 4096;
-/// Largest run of log entries one replication message ships (4 MiB): several group commits'
-/// worth, and far inside a frame body.
-pub const MAX_REPLICATED_BYTES: usize = 4 * 1024 * 1024;
+/// Largest run of log entries one replication message ships (24 MiB): one entry holds one
+/// publish batch, which can be a whole client frame (16 MiB), and a shipment always carries
+/// at least one entry; still inside a frame body with its epochs.
+pub const MAX_REPLICATED_BYTES: usize = 24 * 1024 * 1024;
 
 /// A named limit, as errors report it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -112,4 +113,5 @@ const _: () = {
     assert!(MAX_SNAPSHOT_DATA_BYTES < MAX_FRAME_BODY_BYTES as usize);
     assert!(MAX_FORWARDED_FRAME_BYTES < MAX_FRAME_BODY_BYTES as usize);
     assert!(MAX_REPLICATED_BYTES + MAX_EPOCHS * 16 < MAX_FRAME_BODY_BYTES as usize);
+    assert!(MAX_REPLICATED_BYTES > MAX_FORWARDED_FRAME_BYTES + 1024);
 };

@@ -27,6 +27,9 @@ pub struct LeaderSettings {
     pub max_ship_bytes: usize,
     /// How long a quorum publish may wait for a majority.
     pub quorum_timeout: Duration,
+    /// A shipment not reported received this long after it was sent is sent again (the
+    /// follower drops what does not start at its end, and links can reorder or lose it).
+    pub resend_after: Duration,
 }
 
 /// What the leader asks the engine to do.
@@ -63,21 +66,32 @@ struct Follower {
     next: Option<u64>,
     /// The start of the read in flight for it, if any.
     reading: Option<u64>,
-    /// Shipments it has not yet said it received: the end of each and its bytes.
-    in_flight: VecDeque<(u64, u64)>,
+    /// Shipments it has not yet said it received: the start, end and bytes of each, and
+    /// when it was sent.
+    in_flight: VecDeque<(u64, u64, u64, Instant)>,
     in_flight_bytes: u64,
     report: Option<Report>,
 }
 
 impl Follower {
     fn received(&mut self, end: u64) {
-        while let Some(&(e, b)) = self.in_flight.front() {
+        while let Some(&(_, e, b, _)) = self.in_flight.front() {
             if e > end {
                 break;
             }
             self.in_flight.pop_front();
             self.in_flight_bytes -= b;
         }
+    }
+
+    /// Forgets what is in flight and starts again from its oldest shipment.
+    fn rewind(&mut self) {
+        if let Some(&(start, _, _, _)) = self.in_flight.front() {
+            self.next = Some(start);
+        }
+        self.in_flight.clear();
+        self.in_flight_bytes = 0;
+        self.reading = None;
     }
 }
 
@@ -218,8 +232,9 @@ impl ShardLeader {
     }
 
     /// The read asked for by `Ship { to, from, .. }` found entries up to `end` (`bytes` long)
-    /// and they were sent. A stale read (the follower asked again meanwhile) is ignored.
-    pub fn shipped(&mut self, to: &NodeId, from: u64, end: u64, bytes: u64) {
+    /// and they were sent at `now`. A stale read (the follower asked again meanwhile) is
+    /// ignored.
+    pub fn shipped(&mut self, now: Instant, to: &NodeId, from: u64, end: u64, bytes: u64) {
         let Some(f) = self.followers.iter_mut().find(|f| f.replica.node == *to) else {
             return;
         };
@@ -229,7 +244,7 @@ impl ShardLeader {
         f.reading = None;
         if end > from {
             f.next = Some(end);
-            f.in_flight.push_back((end, bytes));
+            f.in_flight.push_back((from, end, bytes, now));
             f.in_flight_bytes += bytes;
         }
         self.ship();
@@ -274,8 +289,24 @@ impl ShardLeader {
         self.ship();
     }
 
-    /// Times out quorum publishes past their deadline that the mark has not reached.
+    /// Times out quorum publishes past their deadline that the mark has not reached, and
+    /// sends again shipments no follower report covered in time.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let resend_after = self.settings.resend_after;
+        let mut rewound = false;
+        for f in &mut self.followers {
+            let stale = f
+                .in_flight
+                .front()
+                .is_some_and(|&(_, _, _, at)| now.saturating_duration_since(at) >= resend_after);
+            if stale {
+                f.rewind();
+                rewound = true;
+            }
+        }
+        if rewound {
+            self.ship();
+        }
         let mut timed_out = None;
         while let Some(&(end, deadline)) = self.pending.front() {
             if deadline > now {
@@ -289,9 +320,14 @@ impl ShardLeader {
         }
     }
 
-    /// The next quorum deadline.
+    /// The next quorum deadline or resend.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.pending.front().map(|&(_, d)| d)
+        let resend = self
+            .followers
+            .iter()
+            .filter_map(|f| f.in_flight.front().map(|&(_, _, _, at)| at + self.settings.resend_after))
+            .min();
+        self.pending.front().map(|&(_, d)| d).into_iter().chain(resend).min()
     }
 
     pub fn poll_output(&mut self) -> Option<LeaderOutput> {
@@ -359,6 +395,7 @@ mod tests {
         window_bytes: 100,
         max_ship_bytes: 64,
         quorum_timeout: Duration::from_millis(500),
+        resend_after: Duration::from_millis(200),
     };
 
     fn leader(quorum: bool, followers: &[&str]) -> ShardLeader {
@@ -392,8 +429,8 @@ mod tests {
         assert!(drain(&mut l).is_empty());
         l.durable(3);
         assert_eq!(drain(&mut l), ["ship n2 from 0", "ship n3 from 0"]);
-        l.shipped(&n("n2"), 0, 3, 40);
-        l.shipped(&n("n3"), 0, 3, 40);
+        l.shipped(t, &n("n2"), 0, 3, 40);
+        l.shipped(t, &n("n3"), 0, 3, 40);
         // Received but not durable yet: nothing commits.
         l.report(&n("n2"), 2, "disk-n2", 3, 0);
         assert!(drain(&mut l).is_empty());
@@ -401,9 +438,11 @@ mod tests {
         l.report(&n("n2"), 2, "disk-n2", 3, 3);
         assert_eq!(drain(&mut l), ["committed 3"]);
         assert_eq!(l.commit(), 3);
-        // The deadline passed after the commit: nothing times out.
+        // The deadline passed after the commit: nothing times out; n3, silent, is sent its
+        // shipment again.
         l.handle_timeout(t + Duration::from_secs(1));
-        assert!(drain(&mut l).is_empty());
+        assert_eq!(drain(&mut l), ["ship n3 from 0"]);
+        l.report(&n("n3"), 2, "disk-n3", 3, 3);
         assert_eq!(l.poll_timeout(), None);
     }
 
@@ -445,7 +484,7 @@ mod tests {
         assert_eq!(drain(&mut l), ["timed out 2"]);
         l.handle_timeout(t + Duration::from_millis(600));
         assert_eq!(drain(&mut l), ["timed out 5"]);
-        l.shipped(&n("n2"), 0, 5, 10);
+        l.shipped(t, &n("n2"), 0, 5, 10);
         l.report(&n("n2"), 2, "disk-n2", 5, 5);
         assert_eq!(drain(&mut l), ["committed 5"]);
     }
@@ -458,9 +497,9 @@ mod tests {
         l.appended(t, 10, true);
         l.durable(10);
         assert_eq!(drain(&mut l), ["ship n2 from 0"]);
-        l.shipped(&n("n2"), 0, 4, 60);
+        l.shipped(t, &n("n2"), 0, 4, 60);
         assert_eq!(drain(&mut l), ["ship n2 from 4"]);
-        l.shipped(&n("n2"), 4, 8, 60);
+        l.shipped(t, &n("n2"), 4, 8, 60);
         // 120 bytes unacknowledged, past the 100-byte window.
         assert!(drain(&mut l).is_empty());
         l.report(&n("n2"), 2, "disk-n2", 4, 0);
@@ -493,12 +532,33 @@ mod tests {
         assert_eq!(drain(&mut l), ["ship n2 from 6"]);
         assert_eq!(l.follow(&n("n2"), "disk-n2", &theirs), Ok(6));
         assert_eq!(drain(&mut l), ["ship n2 from 6"]);
-        l.shipped(&n("n2"), 6, 9, 30);
-        l.shipped(&n("n2"), 6, 9, 30); // the earlier read, landing late
+        l.shipped(t, &n("n2"), 6, 9, 30);
+        l.shipped(t, &n("n2"), 6, 9, 30); // the earlier read, landing late
         assert!(drain(&mut l).is_empty());
         l.report(&n("n3"), 3, "disk-n3", 9, 9);
         l.report(&n("n2"), 3, "disk-n2", 9, 9);
         assert_eq!(drain(&mut l), ["committed 9"]);
+    }
+
+    #[test]
+    fn a_shipment_no_report_covers_is_sent_again_from_its_start() {
+        let t = Instant::now();
+        let mut l = leader(true, &["n2", "n3"]);
+        l.follow(&n("n2"), "disk-n2", &empty()).unwrap();
+        l.appended(t, 2, true);
+        l.durable(2);
+        assert_eq!(drain(&mut l), ["ship n2 from 0"]);
+        l.shipped(t, &n("n2"), 0, 2, 10);
+        assert_eq!(l.poll_timeout(), Some(t + Duration::from_millis(200)));
+        l.handle_timeout(t + Duration::from_millis(199));
+        assert!(drain(&mut l).is_empty());
+        // Lost on the way (or it arrived before the follower was ready for it).
+        l.handle_timeout(t + Duration::from_millis(200));
+        assert_eq!(drain(&mut l), ["ship n2 from 0"]);
+        l.shipped(t + Duration::from_millis(200), &n("n2"), 0, 2, 10);
+        l.report(&n("n2"), 2, "disk-n2", 2, 2);
+        assert_eq!(drain(&mut l), ["committed 2"]);
+        assert_eq!(l.poll_timeout(), None);
     }
 
     #[test]

@@ -141,7 +141,9 @@ impl ClusterNode {
         let (_, sent_at) = self.lease.sent[i];
         self.lease.sent.drain(..=i);
         if self.meta().applied >= grant.applied {
+            // Requests waiting for a lease go on (they re-check it against their own time).
             self.lease.count(sent_at);
+            self.metadata_changed = true;
         } else if self.lease.waiting.is_none_or(|(t, _)| sent_at > t) {
             self.lease.waiting = Some((sent_at, grant.applied));
         }
@@ -153,6 +155,7 @@ impl ClusterNode {
             if self.meta().applied >= applied {
                 self.lease.waiting = None;
                 self.lease.count(sent_at);
+                self.metadata_changed = true;
             }
         }
     }

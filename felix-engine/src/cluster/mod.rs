@@ -271,8 +271,9 @@ impl ClusterNode {
             replicas: replicas::Replicas::new(
                 felix_cluster::replication::leader::LeaderSettings {
                     window_bytes: cfg.replication_window_bytes,
-                    max_ship_bytes: felix_peer_proto::limits::MAX_REPLICATED_BYTES / 4,
+                    max_ship_bytes: 1 << 20,
                     quorum_timeout: cfg.quorum_timeout,
+                    resend_after: replicas::REPLICATION_RETRY * 5,
                 },
                 metadata_log_compact_bytes.is_some(),
             ),
@@ -799,6 +800,14 @@ impl ClusterNode {
             }
             Applied::Declared(node) if node == self.me => {
                 info!(node = %node, "joined the cluster's declarations");
+            }
+            Applied::Promoted {
+                shard,
+                generation,
+                leader,
+            } => {
+                let leader = leader.as_ref().map_or("nobody", |l| l.as_str());
+                info!(%shard, generation, leader, "shard handed to the next generation");
             }
             _ => {}
         }

@@ -610,6 +610,7 @@ impl ClusterNode {
             durable_end: info.durable,
             commit: info.state.commit,
         });
+        tracing::debug!(shard = %r, generation, %leader, end = info.end, "asking to be fed");
         self.net.send(leader.as_str(), &ask);
     }
 
@@ -744,7 +745,7 @@ impl ClusterNode {
                 let Some(purpose) = self.replicas.reads.remove(&(log, ticket.0)) else {
                     return;
                 };
-                self.framed(log, purpose, result, logs);
+                self.framed(now, log, purpose, result, logs);
             }
             ReplicaEvent::Truncated { result } => {
                 let Some(r) = self.replicas.by_log.get(&log).cloned() else {
@@ -847,6 +848,7 @@ impl ClusterNode {
 
     fn framed(
         &mut self,
+        now: Instant,
         log: LogId,
         purpose: ReadPurpose,
         result: Result<felix_storage::log::FramedBatch, felix_storage::log::ReadError>,
@@ -875,10 +877,10 @@ impl ClusterNode {
                             commit: l.commit(),
                             entries: batch.entries.clone(),
                         });
-                        l.shipped(&to, from, batch.end, batch.entries.len() as u64);
+                        l.shipped(now, &to, from, batch.end, batch.entries.len() as u64);
                         self.net.send(to.as_str(), &msg);
                     }
-                    Ok(_) => l.shipped(&to, from, from, 0),
+                    Ok(_) => l.shipped(now, &to, from, from, 0),
                     Err(e) => {
                         warn!(shard = %r, to = %to, error = ?e, "nothing to ship; the follower must be rebuilt");
                         l.ship_failed(&to);
@@ -911,7 +913,7 @@ impl ClusterNode {
                         last: true,
                     },
                 };
-                self.net.reply(&to, &PeerMessage::TailChunk(chunk));
+                self.net.send(&to, &PeerMessage::TailChunk(chunk));
             }
         }
     }
@@ -968,7 +970,7 @@ impl ClusterNode {
         let Some(slot) = self.replicas.slots.get_mut(&r) else {
             let msg = refuse(pp::RefusalReason::NotReplica, 0, "no copy of this shard here");
             if !matches!(message, PeerMessage::ReplicationRefused(_)) {
-                self.net.reply(from, &msg);
+                self.net.send(from, &msg);
             }
             return;
         };
@@ -982,7 +984,7 @@ impl ClusterNode {
                 let fence = info.state.fence_generation;
                 if fence > g {
                     let msg = refuse(pp::RefusalReason::Fenced, fence, "fenced above");
-                    self.net.reply(from, &msg);
+                    self.net.send(from, &msg);
                 } else if fence == g && !slot.persisting {
                     let epochs = to_epoch_log(&info.state, info.end);
                     let answer = PeerMessage::FenceAnswer(pp::FenceAnswer {
@@ -994,7 +996,7 @@ impl ClusterNode {
                         commit: info.state.commit,
                         epochs: wire_epochs(&epochs.epochs),
                     });
-                    self.net.reply(from, &answer);
+                    self.net.send(from, &answer);
                 } else if fence < g && !slot.persisting {
                     // Stop acting at the old generation at once, then persist the fence; the
                     // promoted leader asks again and is answered once it is durable.
@@ -1029,13 +1031,14 @@ impl ClusterNode {
                         end: info.end,
                         last: true,
                     });
-                    self.net.reply(from, &chunk);
+                    self.net.send(from, &chunk);
                     return;
                 }
                 self.replicas.io.push_back(ReplicaIo::ReadFramed {
                     log,
                     from: t.from,
-                    max_bytes: t.max_bytes as usize,
+                    // The answer must fit a tail chunk (one entry always does).
+                    max_bytes: (t.max_bytes as usize).min(TAIL_FETCH_BYTES as usize),
                     purpose: ReadPurpose::Tail {
                         to: from.to_owned(),
                         scope: t.scope,
@@ -1068,20 +1071,22 @@ impl ClusterNode {
             PeerMessage::Follow(f) => {
                 let Role::Leading(l) = &mut slot.role else {
                     let msg = refuse(pp::RefusalReason::NotOpen, slot.generation, "not open");
-                    self.net.reply(from, &msg);
+                    self.net.send(from, &msg);
                     return;
                 };
                 if f.scope.generation != l.generation() {
                     let g = l.generation();
                     let msg = refuse(pp::RefusalReason::StaleGeneration, g, "another generation");
-                    self.net.reply(from, &msg);
+                    self.net.send(from, &msg);
                     return;
                 }
                 let theirs = EpochLog {
                     epochs: from_wire(&f.epochs),
                     end: f.end,
                 };
-                match l.follow(&from_node, &f.storage_id, &theirs) {
+                let answer = l.follow(&from_node, &f.storage_id, &theirs);
+                tracing::debug!(shard = %r, from, ?answer, "follow request");
+                match answer {
                     Ok(truncate_to) => {
                         let answer = PeerMessage::FollowFrom(pp::FollowFrom {
                             scope: f.scope.clone(),
@@ -1090,7 +1095,7 @@ impl ClusterNode {
                             commit: l.commit(),
                             epochs: wire_epochs(&l.epochs().epochs),
                         });
-                        self.net.reply(from, &answer);
+                        self.net.send(from, &answer);
                     }
                     Err(e) => {
                         let reason = match e {
@@ -1102,7 +1107,7 @@ impl ClusterNode {
                             }
                         };
                         let msg = refuse(reason, l.generation(), "not counted");
-                        self.net.reply(from, &msg);
+                        self.net.send(from, &msg);
                     }
                 }
                 self.drain_leader(&r);
@@ -1130,6 +1135,7 @@ impl ClusterNode {
                     return;
                 }
                 let cut = f.follow_from(ff.truncate_to, info.end, info.state.commit);
+                tracing::debug!(shard = %r, truncate_to = ff.truncate_to, end = info.end, ?cut, state = ?f.state(), "fed from");
                 if let FollowState::Halted { agreed, committed } = f.state() {
                     warn!(shard = %r, agreed, committed, "halted: the leader's log disagrees below this copy's commit");
                     return;
@@ -1152,7 +1158,7 @@ impl ClusterNode {
                 let Role::Following(f) = &mut slot.role else {
                     let g = slot.generation;
                     let msg = refuse(pp::RefusalReason::NotOpen, g, "not following");
-                    self.net.reply(from, &msg);
+                    self.net.send(from, &msg);
                     return;
                 };
                 let verdict = f.shipment(
@@ -1161,6 +1167,7 @@ impl ClusterNode {
                     rep.base_offset,
                     u64::from(rep.record_count),
                 );
+                tracing::debug!(shard = %r, base = rep.base_offset, count = rep.record_count, ?verdict, "shipment");
                 match verdict {
                     Shipment::Append if !rep.entries.is_empty() => {
                         self.replicas.io.push_back(ReplicaIo::Append {
@@ -1177,7 +1184,7 @@ impl ClusterNode {
                                 end: info.end,
                                 durable_end: info.durable,
                             });
-                            self.net.reply(from, &report);
+                            self.net.send(from, &report);
                         }
                     }
                     Shipment::Refollow => {
@@ -1187,12 +1194,13 @@ impl ClusterNode {
                     Shipment::Stale => {
                         let g = slot.generation;
                         let msg = refuse(pp::RefusalReason::StaleGeneration, g, "stale");
-                        self.net.reply(from, &msg);
+                        self.net.send(from, &msg);
                     }
                     Shipment::NotReady => {}
                 }
             }
             PeerMessage::ReplicationRefused(rr) => {
+                tracing::debug!(shard = %r, from, reason = ?rr.reason, detail = %rr.detail, "refused");
                 if let Role::Following(f) = &mut slot.role {
                     if *f.leader() == from_node {
                         f.ask_again();

@@ -214,10 +214,7 @@ impl Session {
             }
         };
         let owner = match owner {
-            Some(o) => {
-                self.placement_deadline = None;
-                o
-            }
+            Some(o) => o,
             None => {
                 // Not placed yet: a stream is placed on first use. The request (and the rest
                 // of its stream, which keeps their order) waits for the placement to apply,
@@ -263,10 +260,24 @@ impl Session {
                 cluster.local_ready(cx.now, names, shard)
             };
             if let Err(why) = ready {
+                // Usually a matter of one round trip (a lease renewal, a fence): the request
+                // and the rest of its stream wait for it, as for a placement, for at most the
+                // forward timeout. A forwarded one is not held: its forwarding node holds it.
+                if !cx.core.forwarding_here {
+                    let deadline = *self
+                        .placement_deadline
+                        .get_or_insert(cx.now + cluster.forward_timeout());
+                    if cx.now < deadline {
+                        self.stall_placement = true;
+                        return true;
+                    }
+                }
+                self.placement_deadline = None;
                 self.refuse_routed(t, ErrorCode::ShardUnavailable, why.to_owned());
                 return true;
             }
         }
+        self.placement_deadline = None;
         let redirect = self.negotiated().features.contains(Features::REDIRECT);
         let (owner_addr, generation) = match &owner {
             Owner::Remote {
