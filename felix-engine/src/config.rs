@@ -370,6 +370,23 @@ pub const DEFAULT_QUORUM_TIMEOUT: Duration = Duration::from_millis(5000);
 /// (`replication.window_bytes`, 8 MiB).
 pub const DEFAULT_REPLICATION_WINDOW_BYTES: u64 = 8 << 20;
 
+/// A known replication bug put back on purpose, for the simulator's canaries: each must be
+/// caught by an invariant (sim/tests/). Never set outside tests.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplicationCanary {
+    #[default]
+    None,
+    /// A promoted leader opens at once, without fencing a majority or adopting the most
+    /// advanced copy: a replica that is behind serves.
+    PromoteBehind,
+    /// A leader keeps writing after its lease lapsed.
+    ServePastLease,
+    /// The quorum mark counts what followers received, not what they made durable: a
+    /// follower's ack comes before its write is durable.
+    AckBeforeDurable,
+}
+
 /// This node's place in a cluster (docs/cluster.md). `None` in [`EngineConfig::cluster`] is a
 /// single node, as before.
 #[derive(Debug, Clone)]
@@ -408,6 +425,8 @@ pub struct ClusterConfig {
     pub quorum_timeout: Duration,
     /// See [`DEFAULT_REPLICATION_WINDOW_BYTES`]. Above zero.
     pub replication_window_bytes: u64,
+    #[doc(hidden)]
+    pub canary: ReplicationCanary,
 }
 
 impl ClusterConfig {
@@ -429,6 +448,7 @@ impl ClusterConfig {
             metadata_log_compact_bytes: DEFAULT_METADATA_LOG_COMPACT_BYTES,
             quorum_timeout: DEFAULT_QUORUM_TIMEOUT,
             replication_window_bytes: DEFAULT_REPLICATION_WINDOW_BYTES,
+            canary: ReplicationCanary::None,
         }
     }
 }

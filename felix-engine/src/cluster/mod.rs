@@ -131,6 +131,8 @@ pub(crate) struct ClusterNode {
     replicas: replicas::Replicas,
     /// Metadata or a copy's state changed: the copies are checked on the next drive.
     replicas_changed: bool,
+    /// A bug put back for the simulator's canaries.
+    canary: crate::config::ReplicationCanary,
 }
 
 fn declarations(streams: &[DeclaredStream], cfg: &ClusterConfig) -> Declarations {
@@ -278,6 +280,7 @@ impl ClusterNode {
                 metadata_log_compact_bytes.is_some(),
             ),
             replicas_changed: true,
+            canary: cfg.canary,
         };
         if node.metalog.is_none() {
             node.start_control(MetaStore::new(raft_ids), now);

@@ -476,7 +476,10 @@ impl ClusterNode {
                 },
             })
             .collect();
-        let outcome = fence::fence_outcome(&set, &me, own, &answers);
+        let mut outcome = fence::fence_outcome(&set, &me, own, &answers);
+        if self.canary == crate::config::ReplicationCanary::PromoteBehind {
+            outcome = FenceOutcome::Open;
+        }
         match outcome {
             FenceOutcome::Waiting { .. } => {
                 if resend {
@@ -1170,6 +1173,17 @@ impl ClusterNode {
                 tracing::debug!(shard = %r, base = rep.base_offset, count = rep.record_count, ?verdict, "shipment");
                 match verdict {
                     Shipment::Append if !rep.entries.is_empty() => {
+                        if self.canary == crate::config::ReplicationCanary::AckBeforeDurable {
+                            // The bug: say it is durable on arrival.
+                            let end = rep.base_offset + u64::from(rep.record_count);
+                            let report = PeerMessage::ReplicaReport(pp::ReplicaReport {
+                                scope: rep.scope.clone(),
+                                storage_id: self.storage_hex(),
+                                end,
+                                durable_end: end,
+                            });
+                            self.net.send(from, &report);
+                        }
                         self.replicas.io.push_back(ReplicaIo::Append {
                             log,
                             base: rep.base_offset,
