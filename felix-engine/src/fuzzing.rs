@@ -777,6 +777,8 @@ impl FrameHarness {
                         self.release_answers(vec![(ch, id)]);
                     }
                 }
+                // This harness runs one node: no log is replicated, so none of these come.
+                Notice::LocalDurable { .. } | Notice::TimedOut { .. } | Notice::Replica { .. } => {}
             }
         }
     }
