@@ -70,7 +70,10 @@ impl std::fmt::Display for ReplicaStateError {
         match self {
             ReplicaStateError::NotOpen => f.write_str("the log is not open"),
             ReplicaStateError::FenceBack { from, to } => {
-                write!(f, "the fence generation may not move back from {from} to {to}")
+                write!(
+                    f,
+                    "the fence generation may not move back from {from} to {to}"
+                )
             }
             ReplicaStateError::CommitBack { from, to } => {
                 write!(f, "the commit offset may not move back from {from} to {to}")
@@ -89,9 +92,10 @@ impl ReplicaState {
         if self.epochs.len() > MAX_REPLICA_EPOCHS {
             return Err(ReplicaStateError::TooManyEpochs(self.epochs.len()));
         }
-        let ordered = self.epochs.windows(2).all(|w| {
-            w[0].generation < w[1].generation && w[0].start_offset <= w[1].start_offset
-        });
+        let ordered = self
+            .epochs
+            .windows(2)
+            .all(|w| w[0].generation < w[1].generation && w[0].start_offset <= w[1].start_offset);
         if !ordered {
             return Err(ReplicaStateError::EpochOrder);
         }
@@ -329,7 +333,10 @@ mod tests {
         for cut in 0..b.len() {
             assert!(ReplicaState::decode(&b[..cut]).is_err(), "cut at {cut}");
         }
-        assert!(ReplicaState::decode(&[0u8; 40]).is_err(), "zeros are not a state");
+        assert!(
+            ReplicaState::decode(&[0u8; 40]).is_err(),
+            "zeros are not a state"
+        );
     }
 
     #[test]

@@ -130,7 +130,10 @@ impl Segment {
 
     /// The file position of the entry starting at `offset`, if an index point says.
     pub(crate) fn indexed_pos(&self, offset: u64) -> Option<u64> {
-        let i = self.index.binary_search_by_key(&offset, |&(first, _)| first).ok()?;
+        let i = self
+            .index
+            .binary_search_by_key(&offset, |&(first, _)| first)
+            .ok()?;
         Some(self.index[i].1)
     }
 

@@ -10,7 +10,6 @@ use felix_integration::durable_support::TempDir;
 use felix_integration::ops_support::{scrape, value};
 use felix_integration::within;
 
-
 /// The node's metadata term and applied index, from `/metrics`.
 async fn progress(c: &Cluster, i: usize) -> (u64, u64) {
     let ops = c.nodes[i].ops;
@@ -26,7 +25,10 @@ async fn progress(c: &Cluster, i: usize) -> (u64, u64) {
 /// Who leads each shard, without generations: a node that was down long enough had its
 /// shards handed on (to nobody, with one replica) and back, each time at a new generation.
 fn leaders(owners: &[felix_proto::message::ShardOwner]) -> Vec<(u64, Option<String>)> {
-    owners.iter().map(|o| (o.shard, o.node_id.clone())).collect()
+    owners
+        .iter()
+        .map(|o| (o.shard, o.node_id.clone()))
+        .collect()
 }
 
 /// Asks node `i` until every shard is led by the node it was led by in `expected`, and

@@ -121,7 +121,10 @@ async fn quorum_acks_survive_the_leader_and_are_read_back_at_their_offsets() {
     }
     let read = read_all(&c, entry, shard, acked.len()).await;
     let read: BTreeMap<u64, Bytes> = read.into_iter().collect();
-    assert_eq!(read, acked, "every acknowledged record, at its offset, once");
+    assert_eq!(
+        read, acked,
+        "every acknowledged record, at its offset, once"
+    );
     let offsets: Vec<u64> = acked.keys().copied().collect();
     assert_eq!(offsets, (0..40).collect::<Vec<u64>>(), "contiguous from 0");
 
@@ -140,6 +143,9 @@ async fn quorum_acks_survive_the_leader_and_are_read_back_at_their_offsets() {
         .await
         .into_iter()
         .collect();
-    assert_eq!(read, acked, "nothing acknowledged was lost across two failovers");
+    assert_eq!(
+        read, acked,
+        "nothing acknowledged was lost across two failovers"
+    );
     c.shutdown().await;
 }

@@ -348,10 +348,21 @@ pub const SETTINGS: &[Setting] = &[
     plain("cluster.internal_tls_key", &["FELIX_INTERNAL_TLS_KEY"], Kind::Text, Default_::Unset),
     plain("cluster.internal_tls_ca", &["FELIX_INTERNAL_TLS_CA"], Kind::Text, Default_::Unset),
     plain("cluster.internal_allow_unauthenticated", &["FELIX_INTERNAL_ALLOW_UNAUTHENTICATED"], Kind::Bool, Default_::Bool(false)),
+    // Replicated shards (docs/replication.md).
+    plain("replication.quorum_timeout_ms", &["FELIX_QUORUM_TIMEOUT_MS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_QUORUM_TIMEOUT.as_millis() as u64)),
+    plain("replication.window_bytes", &["FELIX_REPLICATION_WINDOW_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_REPLICATION_WINDOW_BYTES)),
 ];
 
 /// Sections of the file; every other table is refused.
-const SECTIONS: &[&str] = &["tls", "auth", "durable", "groups", "limits", "cluster"];
+const SECTIONS: &[&str] = &[
+    "tls",
+    "auth",
+    "durable",
+    "groups",
+    "limits",
+    "cluster",
+    "replication",
+];
 /// Keys of a `[[caches]]` entry.
 const CACHE_KEYS: &[&str] = &[
     "tenant",
@@ -953,6 +964,8 @@ const CLUSTER_ONLY: &[&str] = &[
     "cluster.internal_tls_key",
     "cluster.internal_tls_ca",
     "cluster.internal_allow_unauthenticated",
+    "replication.quorum_timeout_ms",
+    "replication.window_bytes",
 ];
 
 /// The `cluster.*` settings, the two cluster limits and `[[caches]]`: the engine's
@@ -1079,6 +1092,9 @@ fn cluster(
     };
     let forward_timeout =
         positive(int, name, "limits.forward_timeout_ms")?.map(Duration::from_millis);
+    let quorum_timeout =
+        positive(int, name, "replication.quorum_timeout_ms")?.map(Duration::from_millis);
+    let replication_window = positive(int, name, "replication.window_bytes")?;
     let max_forward_channels = count("limits.max_forward_channels")?;
     // 0 is allowed: nothing is queued for a peer whose link is down.
     let max_peer_backlog_bytes = int("limits.max_peer_backlog_bytes")
@@ -1135,6 +1151,25 @@ fn cluster(
             )));
         }
     }
+    // Replicas are copies of a shard's log: a node keeping streams in memory has none to
+    // copy, and a failover would hand clients an empty shard.
+    if text("durable.storage_dir").is_none() {
+        let replicated = effective.streams().find(|s| s.replication_factor > 1);
+        if let Some(s) = replicated {
+            return Err(ConfigError(format!(
+                "stream {}/{}/{}: replication_factor {} needs durable storage \
+                 (FELIX_DURABLE_STORAGE_DIR): replicas are copies of a shard's log",
+                s.tenant, s.namespace, s.stream, s.replication_factor
+            )));
+        }
+        if default_rf > 1 {
+            return Err(ConfigError(format!(
+                "{}: {default_rf} needs durable storage (FELIX_DURABLE_STORAGE_DIR): replicas \
+                 are copies of a shard's log",
+                name("limits.default_replication_factor")
+            )));
+        }
+    }
     for c in effective.caches() {
         if usize::from(c.replication_factor) > nodes {
             return Err(ConfigError(format!(
@@ -1170,6 +1205,12 @@ fn cluster(
         config.peer_max_streams = n;
     }
     config.metadata_log_compact_bytes = compact_bytes;
+    if let Some(t) = quorum_timeout {
+        config.quorum_timeout = t;
+    }
+    if let Some(n) = replication_window {
+        config.replication_window_bytes = n;
+    }
     Ok((Some(config), Some(internal_bind)))
 }
 
@@ -1817,6 +1858,11 @@ shards = 4
         assert_eq!(c.default_replication_factor, 1);
         assert_eq!(c.forward_window, felix_engine::DEFAULT_FORWARD_WINDOW);
         assert_eq!(c.forward_timeout, felix_engine::DEFAULT_FORWARD_TIMEOUT);
+        assert_eq!(c.quorum_timeout, felix_engine::DEFAULT_QUORUM_TIMEOUT);
+        assert_eq!(
+            c.replication_window_bytes,
+            felix_engine::DEFAULT_REPLICATION_WINDOW_BYTES
+        );
         assert_eq!(
             c.max_forward_channels,
             felix_engine::DEFAULT_MAX_FORWARD_CHANNELS
@@ -1846,8 +1892,13 @@ shards = 4
             ("FELIX_PEER_IDLE_TIMEOUT_MS", "86400000"),
             ("FELIX_PEER_MAX_STREAMS", "1024"),
             ("FELIX_METADATA_LOG_COMPACT_BYTES", "1"),
+            ("FELIX_QUORUM_TIMEOUT_MS", "1"),
+            ("FELIX_REPLICATION_WINDOW_BYTES", "1"),
+            ("FELIX_DURABLE_STORAGE_DIR", "/var/lib/felix"),
         ]))
         .unwrap();
+        assert_eq!(c.quorum_timeout, Duration::from_millis(1));
+        assert_eq!(c.replication_window_bytes, 1);
         assert_eq!(
             c.client_advertise_addr.as_deref(),
             Some("broker-1.example:5000")
@@ -2044,6 +2095,13 @@ shards = 4
             ),
             ("FELIX_LEASE_MS", "0", "above zero"),
             ("FELIX_LEASE_MS", "-5", "unsigned integer"),
+            ("FELIX_QUORUM_TIMEOUT_MS", "0", "above zero"),
+            ("FELIX_REPLICATION_WINDOW_BYTES", "0", "above zero"),
+            (
+                "FELIX_DEFAULT_REPLICATION_FACTOR",
+                "2",
+                "needs durable storage",
+            ),
         ] {
             let e = refused(&node(&[(var, value)]));
             assert!(e.contains(var) && e.contains(needle), "{var}={value}: {e}");
@@ -2069,6 +2127,8 @@ shards = 4
             ("FELIX_PEER_IDLE_TIMEOUT_MS", "8000"),
             ("FELIX_PEER_MAX_STREAMS", "8"),
             ("FELIX_METADATA_LOG_COMPACT_BYTES", "4096"),
+            ("FELIX_QUORUM_TIMEOUT_MS", "4000"),
+            ("FELIX_REPLICATION_WINDOW_BYTES", "4096"),
         ] {
             let e = refused(&[(var, value)]);
             assert!(
@@ -2112,6 +2172,9 @@ shards = 4
     const CLUSTER_FILE: &str = r#"
 quic_bind = "127.0.0.1:7001"
 
+[durable]
+storage_dir = "/var/lib/felix-test-n2"
+
 [cluster]
 node_id = "n2"
 internal_bind = "127.0.0.1:7102"
@@ -2151,6 +2214,19 @@ namespace = "app"
 cache = "small"
 replication_factor = 1
 "#;
+
+    #[test]
+    fn a_replicated_stream_on_a_node_without_durable_storage_is_refused() {
+        let memory =
+            CLUSTER_FILE.replace("[durable]\nstorage_dir = \"/var/lib/felix-test-n2\"\n", "");
+        assert_ne!(memory, CLUSTER_FILE);
+        let path = file("replicated-memory", &memory);
+        let e = load(Some(&path), vars(&[])).unwrap_err().0;
+        assert!(
+            e.contains("stream t1/orders/created: replication_factor 3 needs durable storage"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn cluster_file_declarations_reach_the_engine_and_print_again() {

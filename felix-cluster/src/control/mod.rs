@@ -658,7 +658,9 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
         Command::Liveness { node, up } => meta.members.get(node).is_some_and(|m| m.up == *up),
         Command::Promote {
             shard, generation, ..
-        } => meta.shard(shard).is_none_or(|m| m.generation >= *generation),
+        } => meta
+            .shard(shard)
+            .is_none_or(|m| m.generation >= *generation),
     }
 }
 

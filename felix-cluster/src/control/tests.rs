@@ -498,7 +498,11 @@ impl Cluster {
         let names: Vec<NodeId> = self.planes.keys().cloned().collect();
         let mut grants = BTreeMap::new();
         for name in names.into_iter().filter(|n| !self.cut.contains(n)) {
-            let g = self.planes.get_mut(&leader).unwrap().lease_renewed(now, &name);
+            let g = self
+                .planes
+                .get_mut(&leader)
+                .unwrap()
+                .lease_renewed(now, &name);
             grants.insert(name, g);
         }
         grants
@@ -532,7 +536,10 @@ fn a_leader_that_stops_renewing_loses_its_shards_only_after_its_lease_and_margin
     };
     let victim = c.planes.keys().find(|n| **n != control).unwrap().clone();
     let victims_shards = led_by(&c, &victim);
-    assert!(!victims_shards.is_empty(), "placement gives every node a shard to lead");
+    assert!(
+        !victims_shards.is_empty(),
+        "placement gives every node a shard to lead"
+    );
     // Everyone renews for a while: nothing moves.
     let mut last_grant = c.now;
     for _ in 0..40 {
@@ -552,7 +559,10 @@ fn a_leader_that_stops_renewing_loses_its_shards_only_after_its_lease_and_margin
     }
     let waited = c.now - last_grant;
     // Never before the lease (2 s) and its regrant margin (0.5 s); soon after it.
-    assert!(waited >= Duration::from_millis(2500), "moved after {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(2500),
+        "moved after {waited:?}"
+    );
     assert!(rounds <= 30, "took {rounds} rounds");
     let meta = c.planes[&control].metadata();
     for i in victims_shards {
@@ -592,7 +602,10 @@ fn a_grant_is_refused_while_a_shard_is_being_moved_away_from_its_holder() {
         let now = c.now;
         let p = c.planes.get_mut(&control).unwrap();
         p.handle_timeout(now);
-        if p.wanted.iter().any(|w| matches!(w, Command::Promote { .. })) {
+        if p.wanted
+            .iter()
+            .any(|w| matches!(w, Command::Promote { .. }))
+        {
             assert_eq!(p.lease_renewed(now, &victim), None);
             refused = true;
             break;

@@ -529,7 +529,11 @@ impl Metadata {
                 replica_storage: a
                     .replicas
                     .iter()
-                    .map(|r| self.members.get(r).map_or(String::new(), |m| m.storage_id.clone()))
+                    .map(|r| {
+                        self.members
+                            .get(r)
+                            .map_or(String::new(), |m| m.storage_id.clone())
+                    })
                     .collect(),
                 replicas: a.replicas,
                 generation: 1,

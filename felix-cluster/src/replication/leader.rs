@@ -183,7 +183,12 @@ impl ShardLeader {
     /// The leader appended up to `end` (the log's next offset). A quorum publish among them
     /// is owed an answer by `now + quorum_timeout`: `owes_answer`.
     pub fn appended(&mut self, now: Instant, end: u64, owes_answer: bool) {
-        if self.log.epochs.last().is_none_or(|&(g, _)| g != self.generation) {
+        if self
+            .log
+            .epochs
+            .last()
+            .is_none_or(|&(g, _)| g != self.generation)
+        {
             self.log.epochs.push((self.generation, self.log.end));
         }
         self.log.end = self.log.end.max(end);
@@ -325,9 +330,18 @@ impl ShardLeader {
         let resend = self
             .followers
             .iter()
-            .filter_map(|f| f.in_flight.front().map(|&(_, _, _, at)| at + self.settings.resend_after))
+            .filter_map(|f| {
+                f.in_flight
+                    .front()
+                    .map(|&(_, _, _, at)| at + self.settings.resend_after)
+            })
             .min();
-        self.pending.front().map(|&(_, d)| d).into_iter().chain(resend).min()
+        self.pending
+            .front()
+            .map(|&(_, d)| d)
+            .into_iter()
+            .chain(resend)
+            .min()
     }
 
     pub fn poll_output(&mut self) -> Option<LeaderOutput> {

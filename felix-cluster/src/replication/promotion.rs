@@ -85,7 +85,11 @@ mod tests {
     }
 
     fn cluster(rf: u8) -> Metadata {
-        let mut m = Metadata::new(vec![NodeId::new("n1"), NodeId::new("n2"), NodeId::new("n3")]);
+        let mut m = Metadata::new(vec![
+            NodeId::new("n1"),
+            NodeId::new("n2"),
+            NodeId::new("n3"),
+        ]);
         let mut d = Declarations::default();
         d.streams.insert(
             ObjectKey::new("t", "ns", "s"),
@@ -183,7 +187,10 @@ mod tests {
         assert_eq!(show(&due), ["stream t/ns/s#0 -> g2 nobody"]);
         m.apply_entry(100, &due[0].encode());
         // Applied once: the same proposal again is a stale generation and changes nothing.
-        assert_eq!(m.apply_entry(101, &due[0].encode()), crate::meta::Applied::Unchanged);
+        assert_eq!(
+            m.apply_entry(101, &due[0].encode()),
+            crate::meta::Applied::Unchanged
+        );
         let due = promotions(&m, &seen(&["n1"], &["n2"]));
         assert_eq!(show(&due), ["stream t/ns/s#0 -> g3 n2"]);
     }

@@ -337,7 +337,8 @@ impl Broker {
                 }
             }
             LogEvent::Durable { up_to } if self.gates.contains_key(&id) => {
-                logs.notices.push_back(Notice::LocalDurable { log: id, up_to });
+                logs.notices
+                    .push_back(Notice::LocalDurable { log: id, up_to });
             }
             LogEvent::Durable { up_to } => {
                 logs.notices.push_back(Notice::Durable { log: id, up_to });

@@ -48,7 +48,6 @@ use cache::{CacheLimits, CacheStore};
 pub(crate) use commit::Committed;
 pub(crate) use delete::DeleteRefusal;
 pub(crate) use durable::{CacheAnswer, DurableSettings, LogGone, Notice};
-pub(crate) use replicated::LogInfo;
 use durable::{LogState, Logs, Owner, ShardStore, Unreleased};
 use encode::{encode_event_batch, encode_subscription_lagged, BatchView, MAX_PUBLISHER_LEN};
 use felix_storage::layout;
@@ -57,6 +56,7 @@ use felix_storage::ops::LogId;
 use felix_storage::record::EntryExt;
 pub(crate) use producers::{Guard, Guarded};
 pub(crate) use reads::{PageRequest, ReadAnswer, PAGE_FRAME_RESERVE};
+pub(crate) use replicated::LogInfo;
 
 use cache::CACHE_SWEEP_MAX_ENTRIES;
 pub(crate) use conditional::{Condition, Conditional};
@@ -1152,10 +1152,9 @@ pub(crate) fn append_error(e: AppendError) -> BrokerError {
         AppendError::Damaged { pos, what } => {
             BrokerError::storage(format!("shipped entries damaged at byte {pos}: {what}"))
         }
-        AppendError::Truncating => BrokerError::new(
-            ErrorCode::Overloaded,
-            "the shard's log is being truncated",
-        ),
+        AppendError::Truncating => {
+            BrokerError::new(ErrorCode::Overloaded, "the shard's log is being truncated")
+        }
     }
 }
 

@@ -98,7 +98,11 @@ impl Broker {
         shard: u32,
     ) -> Option<(LogId, bool)> {
         let stream = self.stream_or_create(now, key).ok()?;
-        let store = self.streams[stream].shards.get(shard as usize)?.store.as_ref()?;
+        let store = self.streams[stream]
+            .shards
+            .get(shard as usize)?
+            .store
+            .as_ref()?;
         let log = store.log;
         let open = self
             .logs
@@ -126,7 +130,9 @@ impl Broker {
         let logs = self.logs.as_mut().ok_or("no durable storage")?;
         logs.mark_dirty(log);
         let slot = logs.slot_mut(log).ok_or("the log is gone")?;
-        slot.log.stream_mut().ok_or_else(|| "not a stream's log".to_owned())
+        slot.log
+            .stream_mut()
+            .ok_or_else(|| "not a stream's log".to_owned())
     }
 
     /// Starts a framed read for shipping; the answer comes as [`Notice::Replica`].
@@ -150,12 +156,18 @@ impl Broker {
         entries: Bytes,
     ) -> Result<u64, String> {
         let l = self.shard_log_mut(log)?;
-        let end = l.append_framed(now, base, entries).map_err(|e| format!("{e:?}"))?;
+        let end = l
+            .append_framed(now, base, entries)
+            .map_err(|e| format!("{e:?}"))?;
         let mut appended = Vec::new();
         while let Some(a) = l.take_appended() {
             appended.push(a);
         }
-        let owner = self.logs.as_ref().and_then(|l| l.slot(log)).map(|s| s.owner);
+        let owner = self
+            .logs
+            .as_ref()
+            .and_then(|l| l.slot(log))
+            .map(|s| s.owner);
         if let Some(Owner::Stream { stream, shard }) = owner {
             let sh = &mut self.streams[stream].shards[shard as usize];
             for a in appended {

@@ -91,7 +91,10 @@ impl ClusterNode {
         }
         if leader == self.me {
             let me = self.me.clone();
-            let grant = self.control.as_mut().and_then(|c| c.lease_renewed(now, &me));
+            let grant = self
+                .control
+                .as_mut()
+                .and_then(|c| c.lease_renewed(now, &me));
             if let Some(g) = grant {
                 self.lease_granted(seq, g);
             }
@@ -117,7 +120,11 @@ impl ClusterNode {
             return;
         }
         let node = NodeId::new(from);
-        let Some(grant) = self.control.as_mut().and_then(|c| c.lease_renewed(now, &node)) else {
+        let Some(grant) = self
+            .control
+            .as_mut()
+            .and_then(|c| c.lease_renewed(now, &node))
+        else {
             return;
         };
         let answer = PeerMessage::LeaseGrant(felix_peer_proto::LeaseGrant {

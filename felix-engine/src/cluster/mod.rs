@@ -266,7 +266,7 @@ impl ClusterNode {
             storage_id,
             lease: lease::HolderLease::new(
                 felix_cluster::replication::lease::LeaseTerms::for_lease(
-                    cfg.lease.as_millis() as u64,
+                    cfg.lease.as_millis() as u64
                 ),
                 now,
             ),
@@ -321,7 +321,10 @@ impl ClusterNode {
 
     /// The storage identity this node announces, in hex: its disk's when it has one.
     fn storage_hex(&self) -> String {
-        let id = self.metalog.as_ref().map_or(self.storage_id, |l| l.storage_id());
+        let id = self
+            .metalog
+            .as_ref()
+            .map_or(self.storage_id, |l| l.storage_id());
         id.iter().map(|b| format!("{b:02x}")).collect()
     }
 
@@ -448,10 +451,17 @@ impl ClusterNode {
         let control = self.control.as_ref().map(|c| c.poll_timeout());
         let lease = self.control.is_some().then(|| self.lease.poll_timeout());
         let replication = self.replication_timeout();
-        [self.net.poll_timeout(), forwards, waiting, control, lease, replication]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.net.poll_timeout(),
+            forwards,
+            waiting,
+            control,
+            lease,
+            replication,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// A channel number for one client session's forwards (the high half of their ids).

@@ -38,8 +38,13 @@ const TAIL_FETCH_BYTES: u32 = 1 << 20;
 #[derive(Debug)]
 pub(crate) enum ReplicaIo {
     /// Make the shard's log exist and open; answer with [`ClusterNode::replica_log`].
-    Open { shard: ShardRef },
-    PersistState { log: LogId, state: ReplicaState },
+    Open {
+        shard: ShardRef,
+    },
+    PersistState {
+        log: LogId,
+        state: ReplicaState,
+    },
     /// A framed read; answer with [`ClusterNode::read_started`] (or `read_failed`).
     ReadFramed {
         log: LogId,
@@ -53,11 +58,25 @@ pub(crate) enum ReplicaIo {
         base: u64,
         entries: Bytes,
     },
-    Truncate { log: LogId, to: u64 },
-    Gate { log: LogId, committed: u64 },
-    Ungate { log: LogId },
-    Committed { log: LogId, up_to: u64 },
-    TimedOut { log: LogId, up_to: u64 },
+    Truncate {
+        log: LogId,
+        to: u64,
+    },
+    Gate {
+        log: LogId,
+        committed: u64,
+    },
+    Ungate {
+        log: LogId,
+    },
+    Committed {
+        log: LogId,
+        up_to: u64,
+    },
+    TimedOut {
+        log: LogId,
+        up_to: u64,
+    },
 }
 
 /// What a framed read is for.
@@ -702,7 +721,12 @@ impl ClusterNode {
     }
 
     /// The engine appended shipped or fetched entries (or could not).
-    pub(crate) fn replica_appended(&mut self, now: Instant, log: LogId, result: Result<u64, String>) {
+    pub(crate) fn replica_appended(
+        &mut self,
+        now: Instant,
+        log: LogId,
+        result: Result<u64, String>,
+    ) {
         let Some(r) = self.replicas.by_log.get(&log).cloned() else {
             return;
         };
@@ -817,7 +841,8 @@ impl ClusterNode {
         };
         let slot = self.replicas.slots.get_mut(r).expect("present");
         let opening = matches!(&slot.role, Role::Fencing(f) if f.opening);
-        if opening && state.fence_generation == m.generation && m.leader.as_ref() == Some(&self.me) {
+        if opening && state.fence_generation == m.generation && m.leader.as_ref() == Some(&self.me)
+        {
             let followers: Vec<Replica> = m
                 .replicas
                 .iter()
@@ -948,7 +973,13 @@ impl ClusterNode {
     }
 
     /// One replication message from a peer.
-    fn on_replication(&mut self, now: Instant, from: &str, message: PeerMessage, logs: &dyn LogView) {
+    fn on_replication(
+        &mut self,
+        now: Instant,
+        from: &str,
+        message: PeerMessage,
+        logs: &dyn LogView,
+    ) {
         let Some(scope) = message.scope().cloned() else {
             return;
         };
@@ -971,7 +1002,11 @@ impl ClusterNode {
             })
         };
         let Some(slot) = self.replicas.slots.get_mut(&r) else {
-            let msg = refuse(pp::RefusalReason::NotReplica, 0, "no copy of this shard here");
+            let msg = refuse(
+                pp::RefusalReason::NotReplica,
+                0,
+                "no copy of this shard here",
+            );
             if !matches!(message, PeerMessage::ReplicationRefused(_)) {
                 self.net.send(from, &msg);
             }

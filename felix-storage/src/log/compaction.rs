@@ -17,7 +17,11 @@ impl ShardLog {
     /// (ascending), each at its own offset. Returns false if nothing is sealed yet or a pass
     /// is already running. See `docs/storage-format.md`, "Compaction", for the crash order.
     pub fn compact(&mut self, keep: Vec<u64>) -> bool {
-        if !self.is_open() || self.poison.is_some() || self.compaction.is_some() || self.truncation.is_some() {
+        if !self.is_open()
+            || self.poison.is_some()
+            || self.compaction.is_some()
+            || self.truncation.is_some()
+        {
             return false;
         }
         let durable = self.durable_offset();

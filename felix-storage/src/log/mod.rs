@@ -190,10 +190,16 @@ pub enum AppendError {
     Backpressure,
     /// `append_framed`: the first entry is not at `expected` (the log's next offset), or an
     /// entry does not start where the one before it ended.
-    NotContiguous { expected: u64, got: u64 },
+    NotContiguous {
+        expected: u64,
+        got: u64,
+    },
     /// `append_framed`: the entry `pos` bytes into the shipped bytes is damaged or cut
     /// short. Nothing was appended.
-    Damaged { pos: usize, what: String },
+    Damaged {
+        pos: usize,
+        what: String,
+    },
     /// A `truncate_to` is running; appends wait for [`ReplicaEvent::Truncated`].
     Truncating,
 }
@@ -731,6 +737,6 @@ impl ShardLog {
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod replica_tests;
+#[cfg(test)]
+mod tests;

@@ -72,7 +72,11 @@ pub enum TruncateError {
     /// The log stopped (or this truncation's own file op failed, stopping it).
     Failed(StorageError),
     /// Outside `[start_offset, next_offset]`.
-    OutOfRange { offset: u64, start: u64, next: u64 },
+    OutOfRange {
+        offset: u64,
+        start: u64,
+        next: u64,
+    },
     /// `offset` is inside the entry holding `entry_base..entry_end`.
     NotBoundary {
         offset: u64,
@@ -379,7 +383,9 @@ impl ShardLog {
         }
         if offset == next {
             self.events
-                .push_back(LogEvent::Replica(ReplicaEvent::Truncated { result: Ok(next) }));
+                .push_back(LogEvent::Replica(ReplicaEvent::Truncated {
+                    result: Ok(next),
+                }));
             return Ok(());
         }
         let seg = self.segments.partition_point(|s| s.base <= offset) - 1;
@@ -391,7 +397,11 @@ impl ShardLog {
         }
         let s = &self.segments[seg];
         let mut pos = (offset == s.base).then_some(SEGMENT_HEADER_LEN);
-        if let Some(e) = self.tail.iter().find(|e| e.base <= offset && offset < e.end) {
+        if let Some(e) = self
+            .tail
+            .iter()
+            .find(|e| e.base <= offset && offset < e.end)
+        {
             if e.base != offset {
                 return Err(TruncateError::NotBoundary {
                     offset,
@@ -499,7 +509,9 @@ impl ShardLog {
                         entry_end: end,
                     };
                     self.events
-                        .push_back(LogEvent::Replica(ReplicaEvent::Truncated { result: Err(e) }));
+                        .push_back(LogEvent::Replica(ReplicaEvent::Truncated {
+                            result: Err(e),
+                        }));
                     return;
                 }
                 Cut::Further(rel) if rel > 0 => t.scan_at += rel as u64,

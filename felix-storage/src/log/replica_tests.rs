@@ -17,7 +17,9 @@ fn body(i: usize) -> Vec<u8> {
 fn leader(log_cfg: LogConfig, n: usize) -> Rig {
     let mut rig = Rig::new(log_cfg);
     for i in 0..n {
-        let payloads: Vec<Bytes> = (0..1 + i % 3).map(|k| Bytes::from(body(i * 3 + k))).collect();
+        let payloads: Vec<Bytes> = (0..1 + i % 3)
+            .map(|k| Bytes::from(body(i * 3 + k)))
+            .collect();
         let batch = Batch {
             time_us: 5_000 + i as u64,
             publisher: Some(b"pub"),
@@ -104,7 +106,10 @@ fn shipped_entries_make_the_follower_byte_for_byte_the_leader() {
         let rounds = ship(&mut lead, &mut follow, 700);
         let file_reads = reads_issued(&lead) - reads_before;
         if tail_cache_bytes == 0 {
-            assert!(file_reads >= rounds, "{file_reads} reads for {rounds} rounds");
+            assert!(
+                file_reads >= rounds,
+                "{file_reads} reads for {rounds} rounds"
+            );
         } else {
             assert_eq!(file_reads, 0, "the tail cache answers alone");
         }
@@ -112,7 +117,11 @@ fn shipped_entries_make_the_follower_byte_for_byte_the_leader() {
         assert!(lead.log.segment_count() >= 4);
         assert_eq!(segment_files(&lead), segment_files(&follow));
         assert_eq!(follow.log.next_offset(), lead.log.next_offset());
-        assert_eq!(follow.durable, lead.log.next_offset(), "durable covers them");
+        assert_eq!(
+            follow.durable,
+            lead.log.next_offset(),
+            "durable covers them"
+        );
         assert_eq!(follow.log.durable_offset(), lead.log.next_offset());
 
         // The engine sees every entry, with its producer mark, as recovery would show it.
@@ -150,7 +159,11 @@ fn a_framed_read_from_the_tail_cache_shares_the_written_bytes() {
     assert_eq!(reads_issued(&lead), before);
     let b = lead.framed.remove(&ticket).unwrap().unwrap();
     let t = &lead.log.tail[0];
-    assert_eq!(b.entries.as_ptr(), t.bytes.as_ptr(), "a slice of the write, not a copy");
+    assert_eq!(
+        b.entries.as_ptr(),
+        t.bytes.as_ptr(),
+        "a slice of the write, not a copy"
+    );
     let seg = lead.fs.file(&Rig::seg_path(0)).unwrap();
     let at = SEGMENT_HEADER_LEN_USIZE;
     // The three batches went out as one write: all three entries, as the file holds them.
@@ -189,7 +202,11 @@ fn max_bytes_is_honoured_at_its_edge_and_one_entry_always_goes() {
             (0, 1),
         ] {
             let b = framed(&mut rig, 0, max);
-            assert_eq!(b.entries.len(), entries * len, "max {max} cache {tail_cache_bytes}");
+            assert_eq!(
+                b.entries.len(),
+                entries * len,
+                "max {max} cache {tail_cache_bytes}"
+            );
             assert_eq!(b.end, entries as u64);
         }
         // From the second entry, and from past the end.
@@ -235,7 +252,9 @@ fn a_mid_entry_start_ships_the_whole_entry_and_a_follower_off_the_boundary_refus
     follow.append(&[b"z"]);
     follow.pump();
     assert_eq!(
-        follow.log.append_framed(follow.t0, b.base, b.entries.clone()),
+        follow
+            .log
+            .append_framed(follow.t0, b.base, b.entries.clone()),
         Err(AppendError::NotContiguous {
             expected: 1,
             got: 0
@@ -274,9 +293,11 @@ fn damaged_cut_short_or_gapped_entries_are_refused_whole() {
             "flip at {i}: {got:?}"
         );
     }
-    let got = follow
-        .log
-        .append_framed(follow.t0, 0, Bytes::copy_from_slice(&file[..file.len() - 1]));
+    let got = follow.log.append_framed(
+        follow.t0,
+        0,
+        Bytes::copy_from_slice(&file[..file.len() - 1]),
+    );
     assert!(matches!(got, Err(AppendError::Damaged { .. })), "{got:?}");
     // The second entry left out: a gap.
     let second_len = crate::record::u32_at(&file, first_len) as usize + 8;
@@ -383,7 +404,11 @@ fn truncate_refuses_outside_the_log_off_a_boundary_or_while_busy() {
     assert_eq!(rig.log.truncate_to(0), Err(TruncateError::Busy));
     rig.pump();
     let t = rig.log.read(0, 1, 1).unwrap();
-    assert_eq!(rig.log.truncate_to(0), Err(TruncateError::Busy), "a read is out");
+    assert_eq!(
+        rig.log.truncate_to(0),
+        Err(TruncateError::Busy),
+        "a read is out"
+    );
     rig.pump();
     assert!(rig.reads.remove(&t).is_some());
     // While one runs, appends and reads wait.
@@ -421,7 +446,10 @@ fn truncate_then_different_records_survive_a_crash_and_reopen() {
     let cuts = [bases[17], segment_base, bases[5], 0];
     // Without a tail cache every cut but a segment base needs the scan read; with one, the
     // cache knows where each entry starts.
-    for (cut, tail) in cuts.iter().flat_map(|&c| [(c, 0), (c, DEFAULT_TAIL_CACHE_BYTES)]) {
+    for (cut, tail) in cuts
+        .iter()
+        .flat_map(|&c| [(c, 0), (c, DEFAULT_TAIL_CACHE_BYTES)])
+    {
         let mut rig = truncatable_with(tail);
         let old = rig.read_all();
         let reads = reads_issued(&rig);
@@ -429,7 +457,11 @@ fn truncate_then_different_records_survive_a_crash_and_reopen() {
         rig.pump();
         assert_eq!(rig.truncated, vec![Ok(cut)], "cut {cut}");
         let scanned = reads_issued(&rig) > reads;
-        assert_eq!(scanned, tail == 0 && cut != segment_base && cut != 0, "cut {cut}");
+        assert_eq!(
+            scanned,
+            tail == 0 && cut != segment_base && cut != 0,
+            "cut {cut}"
+        );
         assert_eq!(rig.log.next_offset(), cut);
         assert!(rig.log.segment_count() < segs_before || cut > bases[30]);
         rig.appended.truncate(cut as usize);
@@ -443,7 +475,10 @@ fn truncate_then_different_records_survive_a_crash_and_reopen() {
         assert_eq!(rig.opened.map(|o| o.1), Some(cut + 6), "cut {cut}");
         let got = rig.read_all();
         assert_eq!(got[..cut as usize], old[..cut as usize]);
-        let tail: Vec<Vec<u8>> = got[cut as usize..].iter().map(|(_, p)| p.to_vec()).collect();
+        let tail: Vec<Vec<u8>> = got[cut as usize..]
+            .iter()
+            .map(|(_, p)| p.to_vec())
+            .collect();
         let want: Vec<Vec<u8>> = (0..6).map(|i| format!("new-{i}").into_bytes()).collect();
         assert_eq!(tail, want);
     }
@@ -459,7 +494,10 @@ fn a_crash_at_every_step_of_a_truncation_leaves_a_prefix_that_is_cut_again() {
     rig.log.truncate_to(cut).unwrap();
     rig.pump();
     let steps = rig.fs.writes - base;
-    assert!(steps >= 6, "unlinks, directory syncs, the cut and its sync: {steps}");
+    assert!(
+        steps >= 6,
+        "unlinks, directory syncs, the cut and its sync: {steps}"
+    );
     for k in 0..=steps {
         for crash in [
             Crash::Process,
@@ -516,7 +554,11 @@ fn the_replica_state_is_loaded_at_open_and_a_damaged_file_refuses() {
     assert_eq!(rig.log.replica_state(), &ReplicaState::default(), "missing");
     let s = state(3, 10, &[(1, 0), (3, 7)]);
     rig.log.persist_replica_state(s.clone()).unwrap();
-    assert_eq!(rig.log.replica_state(), &ReplicaState::default(), "not yet durable");
+    assert_eq!(
+        rig.log.replica_state(),
+        &ReplicaState::default(),
+        "not yet durable"
+    );
     rig.pump();
     assert_eq!(rig.states, vec![s.clone()]);
     assert_eq!(rig.log.replica_state(), &s);

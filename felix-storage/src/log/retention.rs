@@ -18,7 +18,11 @@ impl ShardLog {
     /// Runs on the retention timer; callable directly. Never touches the active segment, a
     /// segment being read, or anything while a compaction runs.
     pub fn enforce_retention(&mut self, unix_micros: u64) {
-        if !self.is_open() || self.compaction.is_some() || self.truncation.is_some() || self.poison.is_some() {
+        if !self.is_open()
+            || self.compaction.is_some()
+            || self.truncation.is_some()
+            || self.poison.is_some()
+        {
             return;
         }
         let mut total = self.total_bytes();
