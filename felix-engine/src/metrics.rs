@@ -155,6 +155,15 @@ pub struct Metrics {
     pub cluster_metadata_term: u64,
     /// Gauge, in a cluster: the last metadata log index applied here.
     pub cluster_metadata_applied: u64,
+    /// Gauges, per replicated shard led here (`tenant/namespace/stream#shard`): records the
+    /// slowest follower lacks durably — what a `leader` ack can lose at a failover.
+    pub replication_lag_records: Vec<(String, u64)>,
+    /// Shard leadership changes this node applied.
+    pub replication_leader_changes: u64,
+    /// Quorum publishes answered `quorum_timeout` on shards led here.
+    pub replication_quorum_timeouts: u64,
+    /// Bytes of replicated entries appended here (following and catching up).
+    pub replication_catch_up_bytes: u64,
     /// Requests this node forwarded to their shard's leader.
     pub forwards_sent: u64,
     /// Forwarded requests this node ran as the leader.
@@ -203,6 +212,10 @@ impl Default for Metrics {
             errors: BTreeMap::new(),
             file_ops: 0,
             cluster_shards_led: 0,
+            replication_lag_records: Vec::new(),
+            replication_leader_changes: 0,
+            replication_quorum_timeouts: 0,
+            replication_catch_up_bytes: 0,
             cluster_shards_followed: 0,
             cluster_metadata_term: 0,
             cluster_metadata_applied: 0,

@@ -819,6 +819,7 @@ impl ClusterNode {
                 generation,
                 leader,
             } => {
+                self.replicas.stats.leader_changes += 1;
                 let leader = leader.as_ref().map_or("nobody", |l| l.as_str());
                 info!(%shard, generation, leader, "shard handed to the next generation");
             }

@@ -150,6 +150,22 @@ pub(crate) struct Replicas {
     now: Option<Instant>,
     /// Whether this node has durable storage at all (replication needs it).
     durable: bool,
+    /// Counters for `/metrics`.
+    pub(super) stats: ReplicationStats,
+}
+
+/// What `/metrics` reports about replication on this node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ReplicationStats {
+    /// Per shard led here: records the slowest follower lacks durably.
+    pub(crate) lag_records: Vec<(String, u64)>,
+    /// Shard leadership changes this node applied (cluster-wide).
+    pub(crate) leader_changes: u64,
+    /// Times quorum publishes on shards led here ran out of time, or were cut off by a
+    /// step-down.
+    pub(crate) quorum_timeouts: u64,
+    /// Bytes of shipped or adopted entries appended here.
+    pub(crate) catch_up_bytes: u64,
 }
 
 impl Replicas {
@@ -164,6 +180,7 @@ impl Replicas {
             next_check: None,
             now: None,
             durable,
+            stats: ReplicationStats::default(),
         }
     }
 }
@@ -308,7 +325,26 @@ impl ClusterNode {
     }
 
     pub(crate) fn poll_replica_io(&mut self) -> Option<ReplicaIo> {
-        self.replicas.io.pop_front()
+        let io = self.replicas.io.pop_front()?;
+        if let ReplicaIo::Append { entries, .. } = &io {
+            self.replicas.stats.catch_up_bytes += entries.len() as u64;
+        }
+        Some(io)
+    }
+
+    /// Replication's figures for `/metrics`, with each led shard's lag as of now.
+    pub(crate) fn replication_stats(&self) -> ReplicationStats {
+        let mut stats = self.replicas.stats.clone();
+        stats.lag_records = self
+            .replicas
+            .slots
+            .iter()
+            .filter_map(|(r, s)| match &s.role {
+                Role::Leading(l) => Some((format!("{}#{}", r.key, r.shard), l.lag_records())),
+                _ => None,
+            })
+            .collect();
+        stats
     }
 
     pub(crate) fn replication_timeout(&self) -> Option<Instant> {
@@ -967,7 +1003,10 @@ impl ClusterNode {
                     purpose: ReadPurpose::Ship { to, from },
                 },
                 LeaderOutput::Committed { up_to } => ReplicaIo::Committed { log, up_to },
-                LeaderOutput::TimedOut { up_to } => ReplicaIo::TimedOut { log, up_to },
+                LeaderOutput::TimedOut { up_to } => {
+                    self.replicas.stats.quorum_timeouts += 1;
+                    ReplicaIo::TimedOut { log, up_to }
+                }
             });
         }
     }

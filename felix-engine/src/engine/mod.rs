@@ -959,6 +959,11 @@ impl Engine {
         if let Some(c) = &self.core.cluster {
             (m.cluster_shards_led, m.cluster_shards_followed) = c.shard_roles();
             (m.cluster_metadata_term, m.cluster_metadata_applied) = c.metadata_progress();
+            let r = c.replication_stats();
+            m.replication_lag_records = r.lag_records;
+            m.replication_leader_changes = r.leader_changes;
+            m.replication_quorum_timeouts = r.quorum_timeouts;
+            m.replication_catch_up_bytes = r.catch_up_bytes;
         }
         m
     }

@@ -94,6 +94,22 @@ fn counters<'k>(
     Ok(())
 }
 
+/// A gauge family with one label.
+fn gauges<'k>(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: impl IntoIterator<Item = (&'k str, u64)>,
+) -> fmt::Result {
+    let mut family = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (value, n) in values {
+        let labels = [(label, value)];
+        ConstGauge::new(n).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 fn histogram(
     e: &mut DescriptorEncoder,
     name: &str,
@@ -170,6 +186,33 @@ impl Collector for Snapshot {
             "cluster_metadata_applied",
             "the last cluster metadata log index applied on this node",
             m.cluster_metadata_applied,
+        )?;
+        gauges(
+            e,
+            "replication_lag_records",
+            "per replicated shard led here: records its slowest follower lacks durably",
+            "shard",
+            m.replication_lag_records
+                .iter()
+                .map(|(s, n)| (s.as_str(), *n)),
+        )?;
+        counter(
+            e,
+            "replication_leader_changes",
+            "shard leadership changes this node applied",
+            m.replication_leader_changes,
+        )?;
+        counter(
+            e,
+            "replication_quorum_timeouts",
+            "quorum publishes answered quorum_timeout on shards led here",
+            m.replication_quorum_timeouts,
+        )?;
+        counter(
+            e,
+            "replication_catch_up_bytes",
+            "bytes of replicated entries appended here",
+            m.replication_catch_up_bytes,
         )?;
         counter(
             e,
