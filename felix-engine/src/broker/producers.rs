@@ -145,6 +145,25 @@ impl ProducerTable {
         }
     }
 
+    /// The shard's log was cut at `offset` (a follower rejoining a new leader): batches at or
+    /// above it are no longer there, so a re-send of one must be appended again, not answered
+    /// as a duplicate of a record that is gone.
+    pub(super) fn forget_from(&mut self, offset: u64) {
+        for p in self.by_id.values_mut() {
+            let mut lowest_gone = None;
+            p.recent.retain(|r| {
+                let gone = r.first.is_some_and(|f| f >= offset);
+                if gone {
+                    lowest_gone = Some(lowest_gone.map_or(r.sequence, |s: u64| s.min(r.sequence)));
+                }
+                !gone
+            });
+            if let Some(s) = lowest_gone {
+                p.next = p.next.min(s);
+            }
+        }
+    }
+
     /// Whether `producer` may write now: one the table knows always may; a new one may
     /// while the table is under its cap, or at it once the least recently used producer
     /// has been idle for [`PRODUCER_IDLE_BEFORE_EVICTION`] (its place is taken on record).
@@ -166,6 +185,11 @@ impl ProducerTable {
         if let Some(p) = self.by_id.get_mut(&producer) {
             p.touched = Some(now);
         }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn next_sequence(&self, producer: u64) -> Option<u64> {
+        self.by_id.get(&producer).map(|p| p.next)
     }
 
     #[cfg(test)]

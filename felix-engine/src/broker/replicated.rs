@@ -184,6 +184,15 @@ impl Broker {
         Ok(end)
     }
 
+    /// The log was cut at `offset`: what the shard remembers of records at or above it goes.
+    pub(crate) fn truncated(&mut self, log: LogId, offset: u64) {
+        let owner = self.logs.as_ref().and_then(|l| l.slot(log)).map(|s| s.owner);
+        if let Some(Owner::Stream { stream, shard }) = owner {
+            let sh = &mut self.streams[stream].shards[shard as usize];
+            sh.state.producers.forget_from(offset);
+        }
+    }
+
     /// Cuts the log at `to` (a rejoining follower); the end comes as [`Notice::Replica`].
     pub(crate) fn truncate_log(&mut self, log: LogId, to: u64) -> Result<(), String> {
         let l = self.shard_log_mut(log)?;
@@ -198,5 +207,31 @@ impl Broker {
     ) -> Result<(), String> {
         let l = self.shard_log_mut(log)?;
         l.persist_replica_state(state).map_err(|e| format!("{e:?}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use felix_storage::record::ProducerMark;
+
+    use super::super::producers::ProducerTable;
+
+    #[test]
+    fn a_cut_log_forgets_the_producer_batches_above_the_cut() {
+        let mut t = ProducerTable::default();
+        for (seq, first) in [(0, 0), (1, 2), (2, 4)] {
+            let mark = ProducerMark {
+                producer: 7,
+                sequence: seq,
+                digest: seq,
+            };
+            t.record(mark, Some(first), 2);
+        }
+        assert_eq!(t.next_sequence(7), Some(3));
+        // Cuts fall on entry boundaries: at 4, batch 2 goes and its sequence is next again.
+        t.forget_from(4);
+        assert_eq!(t.next_sequence(7), Some(2));
+        t.forget_from(10);
+        assert_eq!(t.next_sequence(7), Some(2));
     }
 }

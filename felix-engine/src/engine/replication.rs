@@ -95,6 +95,9 @@ impl Engine {
         event: felix_storage::log::ReplicaEvent,
     ) {
         let core = &mut self.core;
+        if let felix_storage::log::ReplicaEvent::Truncated { result: Ok(offset) } = &event {
+            core.broker.truncated(log, *offset);
+        }
         if let Some(c) = core.cluster.as_mut() {
             c.replica_event(now, log, event, &core.broker);
         }
