@@ -89,9 +89,9 @@ impl NodeConfig<'_> {
         let runtime = self
             .runtime
             .map_or(String::new(), |r| format!("runtime = {}\n", toml_string(r)));
-        let fsync = self
-            .fsync_mode
-            .map_or(String::new(), |m| format!("fsync_mode = {}\n", toml_string(m)));
+        let fsync = self.fsync_mode.map_or(String::new(), |m| {
+            format!("fsync_mode = {}\n", toml_string(m))
+        });
         let lease = self
             .lease_ms
             .map_or(String::new(), |ms| format!("lease_ms = {ms}\n"));
@@ -175,11 +175,20 @@ mod tests {
             lease_ms: None,
         };
         let plain = c.render();
-        assert!(!plain.contains("fsync_mode") && !plain.contains("lease_ms"), "{plain}");
+        assert!(
+            !plain.contains("fsync_mode") && !plain.contains("lease_ms"),
+            "{plain}"
+        );
         c.fsync_mode = Some("on_commit");
         c.lease_ms = Some(1000);
         let text = c.render();
-        assert!(text.contains("[durable]\nstorage_dir = \"/d\"\nfsync_mode = \"on_commit\"\n"), "{text}");
-        assert!(text.ends_with("internal_tls_ca = \"/d\"\nlease_ms = 1000\n"), "{text}");
+        assert!(
+            text.contains("[durable]\nstorage_dir = \"/d\"\nfsync_mode = \"on_commit\"\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("internal_tls_ca = \"/d\"\nlease_ms = 1000\n"),
+            "{text}"
+        );
     }
 }
