@@ -327,22 +327,61 @@ impl Drop for Cluster {
     }
 }
 
-/// The status code of `GET path`, or `None` if there was no answer.
-fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
+/// `GET path`: the status code and, if `body`, the whole answer (bounded).
+fn http_get(addr: SocketAddr, path: &str, body: bool) -> Option<(u16, String)> {
+    const MAX_ANSWER: usize = 1 << 20;
     let mut conn = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).ok()?;
     conn.set_read_timeout(Some(HTTP_TIMEOUT)).ok()?;
     conn.set_write_timeout(Some(HTTP_TIMEOUT)).ok()?;
     write!(conn, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 64];
-    while !head.contains(&b'\n') && head.len() < 256 {
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while (body || !answer.contains(&b'\n')) && answer.len() < MAX_ANSWER {
         match conn.read(&mut buf) {
             Ok(0) | Err(_) => break,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
         }
     }
-    let line = std::str::from_utf8(&head).ok()?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, text))
+}
+
+fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
+    http_get(addr, path, false).map(|(status, _)| status)
+}
+
+impl Cluster {
+    /// What each node says of itself and what each relay carried: for a run that failed.
+    pub fn diagnose(&self) -> String {
+        let mut out = String::new();
+        for node in &self.nodes {
+            let ready = http_status(node.ops, "/readyz");
+            out.push_str(&format!("  {} /readyz {ready:?}:", node.id));
+            if let Some((_, text)) = http_get(node.ops, "/metrics", true) {
+                for line in text.lines().filter(|l| {
+                    l.starts_with("felix_broker_cluster") || l.starts_with("felix_broker_peer")
+                }) {
+                    out.push_str(&format!(" {line};"));
+                }
+            }
+            out.push('\n');
+        }
+        for (from, row) in self.relays.iter().enumerate() {
+            for (to, relay) in row.iter().enumerate() {
+                if let Some(r) = relay {
+                    out.push_str(&format!(
+                        "  relay {}->{}: forward {:?} backward {:?}\n",
+                        NODES[from],
+                        NODES[to],
+                        r.counts(felix_testkit::Direction::Forward),
+                        r.counts(felix_testkit::Direction::Backward)
+                    ));
+                }
+            }
+        }
+        out
+    }
 }
 
 fn log_tail(path: &Path) -> String {

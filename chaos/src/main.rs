@@ -228,7 +228,9 @@ fn run(args: &Args) -> Result<bool, String> {
         return Err(format!("nodes died by themselves: {}", exited.join(", ")));
     }
     for i in 0..NODES.len() {
-        c.wait_ready(i, SETTLE_LIMIT)?;
+        if let Err(e) = c.wait_ready(i, SETTLE_LIMIT) {
+            return Err(format!("{e}\nafter the heal:\n{}", c.diagnose()));
+        }
     }
     let after = runtime.block_on(owners_everywhere(&addrs, &ca, &token, SETTLE_LIMIT))?;
     let reads = runtime.block_on(read_back(&after, &ca, &token))?;
