@@ -84,7 +84,8 @@ impl Cluster {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!("felix-chaos-{}-{nanos:x}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("felix-chaos-{}-{nanos:x}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
 
         let mut next = (std::process::id() * 7919) % 12_000;
@@ -125,7 +126,10 @@ impl Cluster {
         seed[8..12].copy_from_slice(&std::process::id().to_le_bytes());
         let key = felix_auth::SigningKey::from_bytes(&seed);
         let jwks = dir.join("jwks.json");
-        write(&jwks, felix_auth::jwks_document(&[("chaos", &key)]).as_bytes())?;
+        write(
+            &jwks,
+            felix_auth::jwks_document(&[("chaos", &key)]).as_bytes(),
+        )?;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_err(|_| "the system clock is before 1970".to_owned())?
@@ -133,7 +137,12 @@ impl Cluster {
         let token = felix_auth::mint_token(
             &key,
             "chaos",
-            &felix_auth::Claims::for_tenant(TENANT, felix_auth::full_permissions(TENANT), now, 3600),
+            &felix_auth::Claims::for_tenant(
+                TENANT,
+                felix_auth::full_permissions(TENANT),
+                now,
+                3600,
+            ),
         );
 
         let mut streams = String::new();
@@ -205,7 +214,9 @@ impl Cluster {
             .append(true)
             .open(&node.log)
             .map_err(|e| format!("opening {}: {e}", node.log.display()))?;
-        let err = log.try_clone().map_err(|e| format!("{}: {e}", node.log.display()))?;
+        let err = log
+            .try_clone()
+            .map_err(|e| format!("{}: {e}", node.log.display()))?;
         let child = Command::new(&self.broker)
             .arg("--config")
             .arg(&node.config)
@@ -233,13 +244,21 @@ impl Cluster {
             .as_mut()
             .ok_or_else(|| format!("{} is not running", node.id))?;
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("{} exited by itself ({status}); see {}", node.id, node.log.display()));
+            return Err(format!(
+                "{} exited by itself ({status}); see {}",
+                node.id,
+                node.log.display()
+            ));
         }
         // SAFETY: `kill` has no memory effects; the pid is our own unreaped child, so it
         // cannot name another process.
         let rc = unsafe { libc::kill(child.id() as libc::pid_t, signal) };
         if rc != 0 {
-            return Err(format!("kill({}, {signal}): {}", child.id(), std::io::Error::last_os_error()));
+            return Err(format!(
+                "kill({}, {signal}): {}",
+                child.id(),
+                std::io::Error::last_os_error()
+            ));
         }
         Ok(())
     }
@@ -248,7 +267,9 @@ impl Cluster {
     pub fn kill(&mut self, i: usize) -> Result<(), String> {
         self.signal(i, libc::SIGKILL)?;
         if let Some(mut child) = self.nodes[i].child.take() {
-            child.wait().map_err(|e| format!("waiting for {}: {e}", self.nodes[i].id))?;
+            child
+                .wait()
+                .map_err(|e| format!("waiting for {}: {e}", self.nodes[i].id))?;
         }
         Ok(())
     }
@@ -270,9 +291,9 @@ impl Cluster {
             }
             if Instant::now() >= deadline {
                 return Err(format!(
-                    "{} did not answer /readyz 200 within {limit:?}; its log ends:\n{}",
+                    "{} did not answer /readyz 200 within {limit:?} (log {})",
                     node.id,
-                    log_tail(&node.log)
+                    node.log.display()
                 ));
             }
             std::thread::sleep(POLL);
@@ -333,7 +354,11 @@ fn http_get(addr: SocketAddr, path: &str, body: bool) -> Option<(u16, String)> {
     let mut conn = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).ok()?;
     conn.set_read_timeout(Some(HTTP_TIMEOUT)).ok()?;
     conn.set_write_timeout(Some(HTTP_TIMEOUT)).ok()?;
-    write!(conn, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut answer = Vec::new();
     let mut buf = [0u8; 4096];
     while (body || !answer.contains(&b'\n')) && answer.len() < MAX_ANSWER {

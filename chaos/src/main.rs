@@ -42,8 +42,12 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pause before a client dials again after a failed connect.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
-/// Bound on the heal phase: every node ready and every shard read back.
+/// Bound on the heal phase: every shard named with a leader and read back.
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
+/// How long a node may take to answer `/readyz` 200 after a restart or the final heal (a
+/// node rejoins within two leases when all is well). Past it the run goes on and reports
+/// the node under "liveness"; with `--strict-liveness` that fails the run.
+const REJOIN_LIMIT: Duration = Duration::from_secs(20);
 /// Records per `stream_read` page.
 const PAGE: u32 = 500;
 /// How long a killed node stays down before its restart, at most.
@@ -82,12 +86,14 @@ struct Args {
     seed: u64,
     duration: Duration,
     broker: PathBuf,
+    strict_liveness: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut seed = None;
     let mut duration = DEFAULT_DURATION;
     let mut broker = PathBuf::from("target/release/felix-broker");
+    let mut strict_liveness = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -104,9 +110,11 @@ fn parse_args() -> Result<Args, String> {
                 }
             }
             "--broker-bin" => broker = PathBuf::from(value()?),
+            "--strict-liveness" => strict_liveness = true,
             "-h" | "--help" => {
                 return Err("usage: felix-chaos [--seed N] [--duration-secs S (default 60, at most 600)] \
-                            [--broker-bin PATH (default target/release/felix-broker)]"
+                            [--broker-bin PATH (default target/release/felix-broker)] \
+                            [--strict-liveness (a node not ready again after a fault fails the run)]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
@@ -126,6 +134,7 @@ fn parse_args() -> Result<Args, String> {
         seed,
         duration: Duration::from_secs(duration),
         broker,
+        strict_liveness,
     })
 }
 
@@ -160,6 +169,8 @@ fn main() -> ExitCode {
 struct Schedule {
     start: Instant,
     lines: Vec<String>,
+    /// Nodes that did not answer `/readyz` 200 within [`REJOIN_LIMIT`], with the evidence.
+    unready: Vec<String>,
 }
 
 impl Schedule {
@@ -167,6 +178,15 @@ impl Schedule {
         let line = format!("[{:>7.3}s] {what}", self.start.elapsed().as_secs_f64());
         println!("{line}");
         self.lines.push(line);
+    }
+
+    fn unready(&mut self, what: String) {
+        let first = what.lines().next().unwrap_or_default().to_owned();
+        self.note(format!("NOT READY: {first}"));
+        self.unready.push(format!(
+            "[{:>7.3}s] {what}",
+            self.start.elapsed().as_secs_f64()
+        ));
     }
 }
 
@@ -191,9 +211,10 @@ fn run(args: &Args) -> Result<bool, String> {
     let mut schedule = Schedule {
         start: Instant::now(),
         lines: Vec::new(),
+        unready: Vec::new(),
     };
     let deadline = Instant::now() + args.duration;
-    let mut rng = Rng(args.seed);
+    let mut plan = Plan::new(args.seed);
     let clients: Vec<_> = (0..CLIENTS)
         .map(|id| {
             let task = ClientTask {
@@ -208,7 +229,7 @@ fn run(args: &Args) -> Result<bool, String> {
         })
         .collect();
 
-    let faults = nemesis(&mut c, &mut rng, &mut schedule, deadline);
+    let faults = nemesis(&mut c, &mut plan, &mut schedule, deadline);
 
     let mut ops = Vec::new();
     for handle in clients {
@@ -228,8 +249,8 @@ fn run(args: &Args) -> Result<bool, String> {
         return Err(format!("nodes died by themselves: {}", exited.join(", ")));
     }
     for i in 0..NODES.len() {
-        if let Err(e) = c.wait_ready(i, SETTLE_LIMIT) {
-            return Err(format!("{e}\nafter the heal:\n{}", c.diagnose()));
+        if let Err(e) = c.wait_ready(i, REJOIN_LIMIT) {
+            schedule.unready(format!("after the heal: {e}\n{}", c.diagnose()));
         }
     }
     let after = runtime.block_on(owners_everywhere(&addrs, &ca, &token, SETTLE_LIMIT))?;
@@ -262,7 +283,18 @@ fn run(args: &Args) -> Result<bool, String> {
             report.stats.failed_visible
         );
     }
-    let clean = report.is_clean();
+    let mut clean = report.is_clean();
+    if schedule.unready.is_empty() {
+        println!("liveness: every node was ready again within {REJOIN_LIMIT:?} of each restart and of the heal");
+    } else {
+        for u in &schedule.unready {
+            println!("liveness: {u}");
+        }
+        if args.strict_liveness {
+            println!("felix-chaos: a node did not rejoin (--strict-liveness)");
+            clean = false;
+        }
+    }
     c.stop_all();
     if clean {
         let _ = std::fs::remove_dir_all(&c.dir);
@@ -272,51 +304,75 @@ fn run(args: &Args) -> Result<bool, String> {
     Ok(clean)
 }
 
-/// Faults in rotation (kill and restart, stop for two leases, cut one link direction) on
-/// targets drawn from `rng`, one at a time, each healed before the next, until `deadline`.
-fn nemesis(
-    c: &mut Cluster,
-    rng: &mut Rng,
-    schedule: &mut Schedule,
-    deadline: Instant,
-) -> Result<(), String> {
-    let sleep_until = |until: Instant| {
-        let now = Instant::now();
-        if until > now {
-            std::thread::sleep(until - now);
+/// One fault, after a quiet `gap`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Fault {
+    /// SIGKILL, down for `down`, restart on the same ports and data directory.
+    Kill { node: usize, down: Duration },
+    /// SIGSTOP for two leases, then SIGCONT.
+    Stop { node: usize },
+    /// One direction of the link `from` dials to reach `to`, for `hold`.
+    Cut {
+        from: usize,
+        to: usize,
+        dir: Direction,
+        rule: Rule,
+        hold: Duration,
+    },
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::Kill { node, down } => write!(f, "SIGKILL {}, down {down:?}", NODES[*node]),
+            Fault::Stop { node } => write!(f, "SIGSTOP {} for {:?}", NODES[*node], 2 * LEASE),
+            Fault::Cut {
+                from,
+                to,
+                dir,
+                rule,
+                hold,
+            } => {
+                let (a, b) = (NODES[*from], NODES[*to]);
+                let way = match dir {
+                    Direction::Forward => format!("{a}->{b}"),
+                    Direction::Backward => format!("{b}->{a} answers"),
+                };
+                write!(f, "cut link {a} dials {b}: {way} {rule:?} for {hold:?}")
+            }
         }
-    };
-    let mut round = 0u64;
-    loop {
+    }
+}
+
+/// The faults of a run, a pure function of the seed: kinds in rotation, targets and timings
+/// drawn. Each comes with the quiet time before it.
+struct Plan {
+    rng: Rng,
+    round: u64,
+}
+
+impl Plan {
+    fn new(seed: u64) -> Plan {
+        Plan {
+            rng: Rng(seed),
+            round: 0,
+        }
+    }
+
+    fn next(&mut self) -> (Duration, Fault) {
+        let rng = &mut self.rng;
         let gap = rng.duration(Duration::ZERO, MAX_GAP);
-        sleep_until((Instant::now() + gap).min(deadline));
-        if Instant::now() >= deadline {
-            return Ok(());
-        }
-        let i = rng.below(NODES.len() as u64) as usize;
-        let id = NODES[i];
-        match round % 3 {
-            0 => {
-                let down = rng.duration(Duration::ZERO, MAX_DOWN);
-                schedule.note(format!("SIGKILL {id} (pid {:?}), down {down:?}", c.pid(i)));
-                c.kill(i)?;
-                sleep_until(Instant::now() + down);
-                let pid = c.start(i)?;
-                schedule.note(format!("restart {id} (pid {pid}) on its ports and data dir"));
-                c.wait_ready(i, READY_LIMIT)?;
-                schedule.note(format!("{id} ready"));
-            }
-            1 => {
-                schedule.note(format!("SIGSTOP {id} (pid {:?}) for {:?}", c.pid(i), 2 * LEASE));
-                c.signal(i, libc::SIGSTOP)?;
-                sleep_until(Instant::now() + 2 * LEASE);
-                c.signal(i, libc::SIGCONT)?;
-                schedule.note(format!("SIGCONT {id}"));
-            }
+        let node = rng.below(NODES.len() as u64) as usize;
+        let fault = match self.round % 3 {
+            0 => Fault::Kill {
+                node,
+                down: rng.duration(Duration::ZERO, MAX_DOWN),
+            },
+            1 => Fault::Stop { node },
             _ => {
-                let mut j = rng.below(NODES.len() as u64 - 1) as usize;
-                if j >= i {
-                    j += 1;
+                let mut to = rng.below(NODES.len() as u64 - 1) as usize;
+                if to >= node {
+                    to += 1;
                 }
                 let dir = if rng.below(2) == 0 {
                     Direction::Forward
@@ -328,23 +384,78 @@ fn nemesis(
                 } else {
                     Rule::DropAll
                 };
-                let hold = rng.duration(CUT_MIN, CUT_MAX);
-                let relay = c.relays[i][j].as_ref().expect("a relay off the diagonal");
-                let way = match dir {
-                    Direction::Forward => format!("{id}->{}", NODES[j]),
-                    Direction::Backward => format!("{}->{id} answers", NODES[j]),
-                };
+                Fault::Cut {
+                    from: node,
+                    to,
+                    dir,
+                    rule,
+                    hold: rng.duration(CUT_MIN, CUT_MAX),
+                }
+            }
+        };
+        self.round += 1;
+        (gap, fault)
+    }
+}
+
+/// Injects the plan's faults one at a time, each healed before the next, until `deadline`.
+fn nemesis(
+    c: &mut Cluster,
+    plan: &mut Plan,
+    schedule: &mut Schedule,
+    deadline: Instant,
+) -> Result<(), String> {
+    let sleep_until = |until: Instant| {
+        let now = Instant::now();
+        if until > now {
+            std::thread::sleep(until - now);
+        }
+    };
+    loop {
+        let (gap, fault) = plan.next();
+        sleep_until((Instant::now() + gap).min(deadline));
+        if Instant::now() >= deadline {
+            return Ok(());
+        }
+        match fault {
+            Fault::Kill { node, down } => {
+                schedule.note(format!("{fault} (pid {:?})", c.pid(node)));
+                c.kill(node)?;
+                sleep_until(Instant::now() + down);
+                let pid = c.start(node)?;
+                let id = NODES[node];
                 schedule.note(format!(
-                    "cut link {id} dials {}: {way} {rule:?} for {hold:?}",
-                    NODES[j]
+                    "restart {id} (pid {pid}) on its ports and data dir"
                 ));
+                match c.wait_ready(node, REJOIN_LIMIT) {
+                    Ok(()) => schedule.note(format!("{id} ready")),
+                    Err(e) => schedule.unready(format!("after its restart: {e}\n{}", c.diagnose())),
+                }
+            }
+            Fault::Stop { node } => {
+                schedule.note(format!("{fault} (pid {:?})", c.pid(node)));
+                c.signal(node, libc::SIGSTOP)?;
+                sleep_until(Instant::now() + 2 * LEASE);
+                c.signal(node, libc::SIGCONT)?;
+                schedule.note(format!("SIGCONT {}", NODES[node]));
+            }
+            Fault::Cut {
+                from,
+                to,
+                dir,
+                rule,
+                hold,
+            } => {
+                schedule.note(fault.to_string());
+                let relay = c.relays[from][to]
+                    .as_ref()
+                    .expect("a relay off the diagonal");
                 relay.set(dir, rule);
                 sleep_until(Instant::now() + hold);
                 relay.heal();
-                schedule.note(format!("heal link {id} dials {}", NODES[j]));
+                schedule.note(format!("heal link {} dials {}", NODES[from], NODES[to]));
             }
         }
-        round += 1;
     }
 }
 
@@ -454,7 +565,9 @@ async fn owners_everywhere(
     let mut last = String::new();
     for attempt in 0usize.. {
         if Instant::now() >= deadline {
-            return Err(format!("no node named a leader for every shard within {limit:?}: {last}"));
+            return Err(format!(
+                "no node named a leader for every shard within {limit:?}: {last}"
+            ));
         }
         let addr = addrs[attempt % addrs.len()];
         match owners(addr, ca, token).await {
@@ -480,8 +593,13 @@ async fn owners(addr: SocketAddr, ca: &str, token: &str) -> Result<Owners, Strin
             kind: ShardKind::Stream,
             request_id: n as u64 + 1,
         });
-        let mut raw = client.open_raw_stream(true).await.map_err(|e| e.to_string())?;
-        raw.send(ask.to_frame().to_bytes()).await.map_err(|e| e.to_string())?;
+        let mut raw = client
+            .open_raw_stream(true)
+            .await
+            .map_err(|e| e.to_string())?;
+        raw.send(ask.to_frame().to_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
         let frame = tokio::time::timeout(REQUEST_TIMEOUT, raw.recv_frame())
             .await
             .map_err(|_| "no shard_owners answer".to_owned())?
@@ -520,7 +638,9 @@ async fn read_back(owners: &Owners, ca: &str, token: &str) -> Result<Vec<Read>, 
                     break;
                 }
                 Err(e) if Instant::now() >= deadline => {
-                    return Err(format!("{shard}: no full read from {node} within {SETTLE_LIMIT:?}: {e}"))
+                    return Err(format!(
+                        "{shard}: no full read from {node} within {SETTLE_LIMIT:?}: {e}"
+                    ))
                 }
                 Err(_) => tokio::time::sleep(RECONNECT_PAUSE).await,
             }
@@ -541,7 +661,14 @@ async fn read_shard(
     // Bounded: each page moves on by at least one record, and no run writes this many.
     for _ in 0..100_000 {
         let page = client
-            .stream_read(NAMESPACE, &shard.stream, shard.shard, from, None, Some(PAGE))
+            .stream_read(
+                NAMESPACE,
+                &shard.stream,
+                shard.shard,
+                from,
+                None,
+                Some(PAGE),
+            )
             .await?;
         if page.records.is_empty() {
             break;
@@ -551,4 +678,39 @@ async fn read_shard(
     }
     client.close().await;
     Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn first(seed: u64, n: usize) -> Vec<String> {
+        let mut plan = Plan::new(seed);
+        (0..n)
+            .map(|_| {
+                let (gap, fault) = plan.next();
+                format!("+{gap:?} {fault}")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_seed_fixes_the_fault_plan_and_kinds_rotate() {
+        assert_eq!(first(7, 12), first(7, 12), "the same seed, the same plan");
+        assert_ne!(first(7, 12), first(8, 12));
+        let mut plan = Plan::new(7);
+        for round in 0..300 {
+            let (gap, fault) = plan.next();
+            assert!(gap <= MAX_GAP);
+            match (round % 3, fault) {
+                (0, Fault::Kill { down, .. }) => assert!(down <= MAX_DOWN),
+                (1, Fault::Stop { .. }) => {}
+                (2, Fault::Cut { from, to, hold, .. }) => {
+                    assert_ne!(from, to, "a link joins two nodes");
+                    assert!((CUT_MIN..=CUT_MAX).contains(&hold));
+                }
+                (r, f) => panic!("round {r}: {f:?} out of rotation"),
+            }
+        }
+    }
 }
