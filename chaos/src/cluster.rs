@@ -263,6 +263,14 @@ impl Cluster {
         Ok(())
     }
 
+    /// Empties node `i`'s data directory (it must not be running): it comes back blank.
+    pub fn wipe(&mut self, i: usize) -> Result<(), String> {
+        let data = self.dir.join(self.nodes[i].id).join("data");
+        std::fs::remove_dir_all(&data)
+            .and_then(|()| std::fs::create_dir_all(&data))
+            .map_err(|e| format!("wiping {}: {e}", data.display()))
+    }
+
     /// SIGKILL, then reaps the process (so its ports are free for the restart).
     pub fn kill(&mut self, i: usize) -> Result<(), String> {
         self.signal(i, libc::SIGKILL)?;

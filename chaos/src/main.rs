@@ -48,6 +48,8 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 /// node rejoins within two leases when all is well). Past it the run goes on and reports
 /// the node under "liveness"; with `--strict-liveness` that fails the run.
 const REJOIN_LIMIT: Duration = Duration::from_secs(20);
+/// Report lines printed in full; past it, a count per kind.
+const MAX_PRINTED: usize = 60;
 /// Records per `stream_read` page.
 const PAGE: u32 = 500;
 /// How long a killed node stays down before its restart, at most.
@@ -87,6 +89,9 @@ struct Args {
     duration: Duration,
     broker: PathBuf,
     strict_liveness: bool,
+    /// A check of the check: each killed node restarts with its data directory emptied, so
+    /// acknowledged records are lost and the run must end in violations.
+    wipe_on_kill: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -94,6 +99,7 @@ fn parse_args() -> Result<Args, String> {
     let mut duration = DEFAULT_DURATION;
     let mut broker = PathBuf::from("target/release/felix-broker");
     let mut strict_liveness = false;
+    let mut wipe_on_kill = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -111,10 +117,12 @@ fn parse_args() -> Result<Args, String> {
             }
             "--broker-bin" => broker = PathBuf::from(value()?),
             "--strict-liveness" => strict_liveness = true,
+            "--wipe-on-kill" => wipe_on_kill = true,
             "-h" | "--help" => {
                 return Err("usage: felix-chaos [--seed N] [--duration-secs S (default 60, at most 600)] \
                             [--broker-bin PATH (default target/release/felix-broker)] \
-                            [--strict-liveness (a node not ready again after a fault fails the run)]"
+                            [--strict-liveness (a node not ready again after a fault fails the run)] \
+                            [--wipe-on-kill (killed nodes lose their disk: the run must find violations)]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
@@ -135,6 +143,7 @@ fn parse_args() -> Result<Args, String> {
         duration: Duration::from_secs(duration),
         broker,
         strict_liveness,
+        wipe_on_kill,
     })
 }
 
@@ -229,7 +238,13 @@ fn run(args: &Args) -> Result<bool, String> {
         })
         .collect();
 
-    let faults = nemesis(&mut c, &mut plan, &mut schedule, deadline);
+    let faults = nemesis(
+        &mut c,
+        &mut plan,
+        &mut schedule,
+        deadline,
+        args.wipe_on_kill,
+    );
 
     let mut ops = Vec::new();
     for handle in clients {
@@ -276,7 +291,25 @@ fn run(args: &Args) -> Result<bool, String> {
         let was = before.get(shard).map(|(_, g)| *g);
         println!("  {shard}: leader {node} generation {generation} (at start {was:?})");
     }
-    print!("{report}");
+    // The report whole, unless it is long: then the first violations and a count per kind.
+    if report.violations.len() + report.tolerated.len() <= MAX_PRINTED {
+        print!("{report}");
+    } else {
+        let text = report.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        for line in &lines[..MAX_PRINTED] {
+            println!("{line}");
+        }
+        println!("… {} lines more", lines.len() - MAX_PRINTED);
+        let mut per_kind = std::collections::BTreeMap::<&str, usize>::new();
+        for v in &report.violations {
+            *per_kind.entry(v.kind()).or_default() += 1;
+        }
+        for (kind, n) in per_kind {
+            println!("violations of kind {kind}: {n}");
+        }
+        println!("verdict: {} violations", report.violations.len());
+    }
     if report.stats.failed_visible > 0 {
         println!(
             "note: {} publishes refused as not applied are in the log anyway",
@@ -404,6 +437,7 @@ fn nemesis(
     plan: &mut Plan,
     schedule: &mut Schedule,
     deadline: Instant,
+    wipe_on_kill: bool,
 ) -> Result<(), String> {
     let sleep_until = |until: Instant| {
         let now = Instant::now();
@@ -421,6 +455,10 @@ fn nemesis(
             Fault::Kill { node, down } => {
                 schedule.note(format!("{fault} (pid {:?})", c.pid(node)));
                 c.kill(node)?;
+                if wipe_on_kill {
+                    c.wipe(node)?;
+                    schedule.note(format!("wiped {}'s data directory", NODES[node]));
+                }
                 sleep_until(Instant::now() + down);
                 let pid = c.start(node)?;
                 let id = NODES[node];

@@ -117,6 +117,17 @@ pub enum Violation {
 }
 
 impl Violation {
+    /// `lost write`, `conflict`, `gap`, `duplicate` or `phantom`, as the message starts.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Violation::Lost { .. } => "lost write",
+            Violation::Conflict { .. } => "conflict",
+            Violation::Gap { .. } => "gap",
+            Violation::Duplicate { .. } => "duplicate",
+            Violation::Phantom { .. } => "phantom",
+        }
+    }
+
     /// Sort key: kind, then place.
     fn key(&self) -> (u8, Option<(ShardId, u64)>) {
         match self {
@@ -585,5 +596,23 @@ mod tests {
         let report = check(&ops, &[read("q", 0, &[(0, "f")])], &Tolerance::default());
         assert!(report.is_clean());
         assert_eq!(report.stats.failed_visible, 1);
+    }
+
+    #[test]
+    fn each_message_starts_with_its_kind() {
+        let ops = [acked(1, "q", 0, 0, "a"), acked(1, "q", 0, 9, "b")];
+        let reads = [
+            read("q", 0, &[(0, "a"), (2, "a"), (3, "p")]),
+            read("q", 0, &[(0, "x")]),
+        ];
+        let report = check(&ops, &reads, &Tolerance::default());
+        let kinds: Vec<&str> = report.violations.iter().map(Violation::kind).collect();
+        assert_eq!(
+            kinds,
+            ["lost write", "conflict", "gap", "duplicate", "phantom"]
+        );
+        for v in &report.violations {
+            assert!(v.to_string().starts_with(&format!("{}: ", v.kind())), "{v}");
+        }
     }
 }
