@@ -17,10 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Subcommand};
 use ed25519_dalek::SigningKey;
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
-};
+use felix_cli::layout::{toml_string, Certificates, NodeConfig};
 
 use crate::failure::Failure;
 use crate::token;
@@ -356,9 +353,22 @@ fn lay_out(
         write(&cert, cert_pem.as_bytes())?;
         write(&key, key_pem.as_bytes())?;
         restrict(&key)?;
-        let mut text = node_config(
-            node, runtime, &cert, &key, &ca_path, &jwks_path, &data, &peers,
-        );
+        let mut text = NodeConfig {
+            id: &node.id,
+            client: node.client,
+            internal: node.internal,
+            ops: node.ops,
+            peers: &peers,
+            runtime,
+            cert: &cert,
+            key: &key,
+            ca: &ca_path,
+            jwks: &jwks_path,
+            data: &data,
+            fsync_mode: None,
+            lease_ms: None,
+        }
+        .render();
         text.push_str(declared);
         write(&node.config, text.as_bytes())?;
     }
@@ -392,58 +402,6 @@ fn declarations(streams: &[Declared], caches: &[Declared]) -> String {
     out
 }
 
-/// A node's `nodeN.toml` (docs/cluster.md lists every key).
-#[allow(clippy::too_many_arguments)]
-fn node_config(
-    node: &Node,
-    runtime: Option<&str>,
-    cert: &Path,
-    key: &Path,
-    ca: &Path,
-    jwks: &Path,
-    data: &Path,
-    peers: &str,
-) -> String {
-    let q = |p: &Path| toml_string(&p.display().to_string());
-    let runtime = runtime.map_or(String::new(), |r| format!("runtime = {}\n", toml_string(r)));
-    format!(
-        "# felix cluster up: node {id}\n\
-         quic_bind = \"{client}\"\n\
-         metrics_bind = \"{ops}\"\n\
-         {runtime}\n\
-         [tls]\ncert = {cert}\nkey = {key}\n\n\
-         [auth]\njwks_file = {jwks}\n\n\
-         [durable]\nstorage_dir = {data}\n\n\
-         [cluster]\nnode_id = \"{id}\"\ninternal_bind = \"{internal}\"\npeers = \"{peers}\"\n\
-         client_advertise_addr = \"{client}\"\n\
-         internal_tls_cert = {cert}\ninternal_tls_key = {key}\ninternal_tls_ca = {ca}\n",
-        id = node.id,
-        client = node.client,
-        ops = node.ops,
-        internal = node.internal,
-        cert = q(cert),
-        key = q(key),
-        jwks = q(jwks),
-        data = q(data),
-        ca = q(ca),
-    )
-}
-
-/// A TOML basic string.
-fn toml_string(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 /// A private key file readable by its owner only.
 fn restrict(path: &Path) -> Result<(), Failure> {
     use std::os::unix::fs::PermissionsExt;
@@ -453,50 +411,6 @@ fn restrict(path: &Path) -> Result<(), Failure> {
 
 fn cert_failure(e: rcgen::Error) -> Failure {
     Failure::Connection(format!("generating certificates: {e}"))
-}
-
-/// The cluster's CA, which signs every node's leaf.
-struct Certificates {
-    ca_pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl Certificates {
-    fn new() -> Result<Certificates, rcgen::Error> {
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "Felix local cluster CA");
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let cert = params.self_signed(&key)?;
-        Ok(Certificates {
-            ca_pem: cert.pem(),
-            issuer: Issuer::new(params, key),
-        })
-    }
-
-    /// A leaf for node `id`: the node id and `localhost` as DNS names and 127.0.0.1, for
-    /// serving clients and for both ends of peer mTLS. PEM chain (leaf, CA) and PEM key.
-    fn leaf(&self, id: &str) -> Result<(String, String), rcgen::Error> {
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(vec![id.to_owned(), "localhost".to_owned()])?;
-        params.distinguished_name.push(DnType::CommonName, id);
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress(Ipv4Addr::LOCALHOST.into()));
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let cert = params.signed_by(&key, &self.issuer)?;
-        Ok((
-            format!("{}{}", cert.pem(), self.ca_pem),
-            key.serialize_pem(),
-        ))
-    }
 }
 
 /// Starts every node, then waits for each to answer its health endpoint.
@@ -699,20 +613,5 @@ mod tests {
         let toml = declarations(&[s], &[c]);
         assert!(toml.contains("[[streams]]\ntenant = \"t1\"\nnamespace = \"default\"\nstream = \"orders\"\nshards = 6\nreplication_factor = 3\n"), "{toml}");
         assert!(toml.contains("[[caches]]\ntenant = \"t1\"\nnamespace = \"default\"\ncache = \"sessions\"\nreplication_factor = 1\n"), "{toml}");
-    }
-
-    #[test]
-    fn strings_are_quoted_for_toml() {
-        assert_eq!(toml_string(r#"/a "b"\c"#), r#""/a \"b\"\\c""#);
-        assert_eq!(toml_string("x\ny"), r#""x\u000Ay""#);
-    }
-
-    #[test]
-    fn leaves_chain_to_the_ca() {
-        let certs = Certificates::new().unwrap();
-        let (chain, key) = certs.leaf("n1").unwrap();
-        assert_eq!(chain.matches("BEGIN CERTIFICATE").count(), 2);
-        assert!(chain.ends_with(&certs.ca_pem), "the chain ends with the CA");
-        assert!(key.contains("PRIVATE KEY"));
     }
 }

@@ -19,12 +19,18 @@
 //! - Frames: [`json_frame`], [`binary_frame`], [`binary_publish`], [`real_client_auth`],
 //!   [`text`], [`bytes_of`].
 //!
+//! - Real processes: [`history`], the checker a chaos run's record is judged by, and
+//!   [`Relay`], a UDP relay whose directions can be cut (threads and real sockets, for tests
+//!   that run real brokers; nothing else in this crate touches the OS).
+//!
 //! Key generation in [`tls`] uses the OS's randomness; nothing else here does.
 
 mod cluster_net;
 mod frames;
+pub mod history;
 mod net;
 mod quic;
+mod relay;
 mod tls;
 mod tokens;
 
@@ -39,5 +45,6 @@ pub use quic::{
     client_config, client_endpoint, client_tls, client_transport, poll_connection, quic_crypto,
     read_stream, to_client, to_engine, ClientTransport, StreamRead, Trust,
 };
+pub use relay::{Counts, Direction, Relay, Rule};
 pub use tls::{ed25519_identity, shared_tls, tls, Tls};
 pub use tokens::{jwks, token};
