@@ -186,7 +186,11 @@ impl Broker {
 
     /// The log was cut at `offset`: what the shard remembers of records at or above it goes.
     pub(crate) fn truncated(&mut self, log: LogId, offset: u64) {
-        let owner = self.logs.as_ref().and_then(|l| l.slot(log)).map(|s| s.owner);
+        let owner = self
+            .logs
+            .as_ref()
+            .and_then(|l| l.slot(log))
+            .map(|s| s.owner);
         if let Some(Owner::Stream { stream, shard }) = owner {
             let sh = &mut self.streams[stream].shards[shard as usize];
             sh.state.producers.forget_from(offset);
