@@ -31,7 +31,7 @@ mod stream_delete;
 mod tls;
 
 pub use broker::groups::GroupConfig;
-pub use cluster::observe::{ClusterView, ShardLeader};
+pub use cluster::observe::{ClusterView, ReplicaView, ShardLeader, WritesServed};
 pub use config::*;
 pub use engine::{
     Datagram, EcnCodepoint, Engine, EngineError, Output, Transmit, SERVED_FEATURES, SERVED_FLAGS,

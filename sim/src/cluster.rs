@@ -5,8 +5,11 @@
 //! whichever node they are on (forwarded when it is no owner), and subscribe following
 //! `not_leader`. Faults: peer and client links cut one way, a node isolated, links healed, a
 //! node crashed (its memory gone, its disk as the crash model leaves it) and restarted.
+//! Most seeds declare the stream with three replicas at `quorum` consistency: leaders fail
+//! over, a frozen node (SIGSTOP) resumes past its lease, a follower rejoins and is cut.
 //! Invariants: the single-node ones the workload touches, and `meta_agreement`,
-//! `one_leader_per_generation`, `forwarded_acks`, `redirects_end`.
+//! `one_leader_per_generation`, `forwarded_acks`, `redirects_end`, and for replicated shards
+//! `one_writer_per_generation`, `leases_disjoint`, `committed_prefix`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -15,16 +18,20 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use felix_engine::{
-    AuthConfig, ClusterConfig, Datagram, DeclaredCache, DeclaredStream, DurableConfig, Engine,
-    EngineConfig, FileOp, FileOpKind, FsyncPolicy, OpId, Output, PeerAddr,
+    AuthConfig, ClusterConfig, Consistency, Datagram, DeclaredCache, DeclaredStream, DurableConfig,
+    Engine, EngineConfig, FileOp, FileOpKind, FsyncPolicy, OpId, Output, PeerAddr,
+    ReplicationCanary,
 };
 
 use crate::client::{Ctx, Role, Setup, SimClient, CACHE, NAMESPACE, STREAM, TENANT};
 use crate::clock::VirtualClock;
 use crate::disk::{CrashKind, MemFs};
+use crate::invariants::committed_prefix;
 use crate::invariants::forwarded_acks::{self, ReadBack};
+use crate::invariants::leases_disjoint::{self, LeasesDisjoint};
 use crate::invariants::meta_agreement::{self, EndState, MetaAgreement};
 use crate::invariants::no_acked_loss;
+use crate::invariants::one_writer::OneWriter;
 use crate::invariants::requests_answered;
 use crate::invariants::shard_leaders::ShardLeaders;
 use crate::net::{NetConfig, Network, Node};
@@ -61,6 +68,18 @@ enum Fault {
     LossBurst(Duration, f64),
     Crash(usize, CrashKind),
     Restart(usize),
+    /// The node's process is stopped (SIGSTOP): it handles nothing, its datagrams and disk
+    /// completions wait, until `Thaw`.
+    Freeze(usize),
+    Thaw(usize),
+    /// Canaries: the node leading the most replicated shards is frozen for this long.
+    FreezeLeader(Duration),
+    /// Canaries: the node leading the most replicated shards crashes (process).
+    CrashLeader,
+    /// Canary (`AckBeforeDurable`): the links between the busiest leader and one follower
+    /// are cut both ways, and the other follower loses power; the leader crashes as soon as
+    /// that follower is back.
+    StrandLeader,
     /// Canary (`WipeLeaderDisk`): the busiest forwarded-to leader dies and comes back on an
     /// empty disk.
     WipeLeader,
@@ -108,6 +127,10 @@ struct SimNode {
     last_applied: Option<u64>,
     /// Restarted blank: catching up until its applied index reaches this.
     catching_up_to: Option<u64>,
+    /// Stopped (SIGSTOP): what reached it meanwhile, in order, handled on `Thaw`.
+    frozen: Option<Vec<Ev>>,
+    /// Canary (`AckBeforeDurable`): crash this node when the given node restarts.
+    crash_when_restarted: Option<usize>,
 }
 
 pub(crate) struct ClusterWorld {
@@ -148,6 +171,12 @@ pub(crate) struct ClusterWorld {
     /// cluster and forgets committed metadata (a known engine bug, docs/simulator.md).
     majority_crashes: bool,
     crashes_skipped: u64,
+    /// The stream's replicas and consistency, from the seed.
+    replication: (u8, Consistency),
+    one_writer: OneWriter,
+    leases: LeasesDisjoint,
+    prefix_entries_checked: u64,
+    freezes: u64,
 }
 
 impl ClusterWorld {
@@ -155,15 +184,40 @@ impl ClusterWorld {
         let root = SimRng::new(opts.seed);
         let mut plan = root.fork("cluster plan");
         let n = *plan.pick(&[3usize, 3, 3, 5]);
+        // The replication canaries' fault plans name followers: every node holds a copy.
+        let n = if replication_canary(opts.canary).is_some() {
+            3
+        } else {
+            n
+        };
         let shards = plan.range(2..7) as u32;
         let mode = *plan.pick(&[Mode::OnCommitPowerLoss, Mode::PeriodicProcessCrash]);
+        // A follower's report ahead of its sync shows only when power is lost.
+        let mode = if opts.canary == Some(Canary::AckBeforeDurable) {
+            Mode::OnCommitPowerLoss
+        } else {
+            mode
+        };
         let mut tls_rng = root.fork("tls");
         let provider = crate::crypto::seeded_provider(tls_rng.fork("provider"));
         let identity = felix_testkit::ed25519_identity(tls_rng.seed32());
         let mut config =
             EngineConfig::new(identity, AuthConfig::Dev { seed: [7; 32] }, plan.seed32());
         config.crypto_provider = Some(provider.clone());
-        config.declared_streams = vec![DeclaredStream::new(TENANT, NAMESPACE, STREAM, shards)];
+        let mut declared = DeclaredStream::new(TENANT, NAMESPACE, STREAM, shards);
+        // Most seeds replicate (three copies, quorum acks); the rest keep one copy per shard,
+        // which waits for its node. The wiped-disk canary needs lone copies to lose.
+        let replicated = match opts.canary {
+            Some(Canary::WipeLeaderDisk) => false,
+            Some(Canary::PromoteBehind | Canary::ServePastLease | Canary::AckBeforeDurable) => true,
+            _ => plan.chance(0.75),
+        };
+        if replicated {
+            declared.replication_factor = 3;
+            declared.consistency = Consistency::Quorum;
+        }
+        let replication = (declared.replication_factor, declared.consistency);
+        config.declared_streams = vec![declared];
         config.subscriber_queue_capacity = *plan.pick(&[8, 64, 512]);
         config.quic_idle_timeout = Duration::from_secs(10);
         let mut durable = DurableConfig::default();
@@ -188,6 +242,8 @@ impl ClusterWorld {
                 generations: 0,
                 last_applied: None,
                 catching_up_to: None,
+                frozen: None,
+                crash_when_restarted: None,
             })
             .collect();
         let mut net_rng = root.fork("net");
@@ -225,6 +281,11 @@ impl ClusterWorld {
             unused_flags: (false, false),
             majority_crashes: opts.majority_crashes,
             crashes_skipped: 0,
+            replication,
+            one_writer: OneWriter::default(),
+            leases: LeasesDisjoint::default(),
+            prefix_entries_checked: 0,
+            freezes: 0,
         };
         let clocks: Vec<String> = world
             .nodes
@@ -232,8 +293,8 @@ impl ClusterWorld {
             .map(|s| format!("{}+{}ms@{}ppm", s.id, s.offset.as_millis(), s.drift_ppm))
             .collect();
         let header = format!(
-            "seed {} cluster {n} nodes mode {mode:?} shards {shards} workers {workers} clocks {clocks:?} net {:?}",
-            opts.seed, world.net.config
+            "seed {} cluster {n} nodes mode {mode:?} shards {shards} replicas {} {:?} workers {workers} clocks {clocks:?} net {:?}",
+            opts.seed, replication.0, replication.1, world.net.config
         );
         world.log(format_args!("{header}"));
         world.schedule_faults(&mut plan);
@@ -252,7 +313,7 @@ impl ClusterWorld {
             let heal = (t + plan.duration(Duration::from_millis(200), Duration::from_secs(6)))
                 .min(FAULT_PHASE);
             let a = plan.below(n) as usize;
-            let fault = match plan.below(6) {
+            let fault = match plan.below(7) {
                 0 => {
                     let b = (a + 1 + plan.below(n - 1) as usize) % n as usize;
                     self.push_fault(heal, Fault::HealNode(a));
@@ -271,6 +332,16 @@ impl ClusterWorld {
                         Fault::Cut(Node::Server(a), Node::Client(c))
                     }
                 }
+                5 => {
+                    // Stopped past two leases, so that its shards move on meanwhile.
+                    let lease = felix_engine::DEFAULT_LEASE;
+                    let d = plan.duration(
+                        lease * 2 + Duration::from_millis(300),
+                        lease * 2 + Duration::from_secs(2),
+                    );
+                    self.push_fault((t + d).min(FAULT_PHASE), Fault::Thaw(a));
+                    Fault::Freeze(a)
+                }
                 3 => Fault::LossBurst(
                     plan.duration(Duration::from_millis(50), Duration::from_secs(2)),
                     *plan.pick(&[0.3, 0.7, 1.0]),
@@ -287,6 +358,18 @@ impl ClusterWorld {
         }
         if self.canary == Some(Canary::WipeLeaderDisk) {
             self.push_fault(FAULT_PHASE, Fault::WipeLeader);
+        }
+        let three = Duration::from_secs(3);
+        match self.canary {
+            Some(Canary::ServePastLease) => {
+                self.push_fault(three, Fault::FreezeLeader(Duration::from_secs(5)))
+            }
+            Some(Canary::PromoteBehind) => {
+                self.push_fault(three, Fault::CrashLeader);
+                self.push_fault(Duration::from_secs(7), Fault::CrashLeader);
+            }
+            Some(Canary::AckBeforeDurable) => self.push_fault(three, Fault::StrandLeader),
+            _ => {}
         }
         self.push_fault(FAULT_PHASE, Fault::EndOfFaults);
         self.push_fault(FAULT_PHASE + Duration::from_secs(3), Fault::StartAudit);
@@ -316,7 +399,7 @@ impl ClusterWorld {
             self.log(format_args!("VIOLATION {v}"));
         }
         let summary = format!(
-            "cluster {} nodes, mode {:?}, {} shards, {} workers, {} events, {} acked publishes, {} acked records forwarded, {} events seen, {} cache reads checked, {} redirects ({} without an address), {} metadata digests agreed, {} leader claims agreed, {} crashes ({} skipped), {} datagrams ({} dropped), {:.0} ms virtual in {:.0} ms",
+            "cluster {} nodes, mode {:?}, {} shards, {} workers, {} events, {} acked publishes, {} acked records forwarded, {} events seen, {} cache reads checked, {} redirects ({} without an address), {} metadata digests agreed, {} leader claims agreed, {} writes by one writer, {} leases checked disjoint, {} committed entries agreed, {} freezes, {} crashes ({} skipped), {} datagrams ({} dropped), {:.0} ms virtual in {:.0} ms",
             self.nodes.len(),
             self.mode,
             self.shards,
@@ -333,6 +416,10 @@ impl ClusterWorld {
                 .sum::<u64>(),
             self.agreement.checked,
             self.shard_leaders.checked,
+            self.one_writer.checked,
+            self.leases.checked,
+            self.prefix_entries_checked,
+            self.freezes,
             self.crashes,
             self.crashes_skipped,
             self.net.stats.sent,
@@ -446,6 +533,7 @@ impl ClusterWorld {
         let node = &self.nodes[i];
         let mut cluster = ClusterConfig::new(node.id.clone(), peers);
         cluster.client_advertise_addr = Some(node.client_addr.to_string());
+        cluster.canary = replication_canary(self.canary).unwrap_or_default();
         cluster
             .declared_caches
             .push(DeclaredCache::new(TENANT, NAMESPACE, CACHE, 1));
@@ -482,13 +570,14 @@ impl ClusterWorld {
         self.drain(i, now)
     }
 
-    fn crash(&mut self, i: usize, kind: CrashKind, wipe: bool) {
+    /// `forced`: a canary's planned crash, made even when it leaves a majority down.
+    fn crash(&mut self, i: usize, kind: CrashKind, wipe: bool, forced: bool) {
         let now = self.clock.now();
         if self.nodes[i].running.is_none() {
             return;
         }
         let blank = (0..self.nodes.len()).filter(|j| self.blank(*j)).count();
-        if !self.majority_crashes && blank + 1 > (self.nodes.len() - 1) / 2 {
+        if !forced && !self.majority_crashes && blank + 1 > (self.nodes.len() - 1) / 2 {
             self.crashes_skipped += 1;
             let id = self.nodes[i].id.clone();
             self.log(format_args!(
@@ -498,6 +587,8 @@ impl ClusterWorld {
         }
         let node = &mut self.nodes[i];
         node.running = None;
+        // Whatever waited for a stopped process dies with it.
+        node.frozen = None;
         self.crashes += 1;
         let in_flight: Vec<FileOp> = std::mem::take(&mut node.in_flight).into_values().collect();
         let what = if wipe {
@@ -519,7 +610,7 @@ impl ClusterWorld {
     /// a node merely behind counts too.
     fn blank(&self, j: usize) -> bool {
         let n = &self.nodes[j];
-        if n.running.is_none() || n.catching_up_to.is_some() {
+        if n.running.is_none() || n.catching_up_to.is_some() || n.frozen.is_some() {
             return true;
         }
         let mine = n.last_applied.unwrap_or(0);
@@ -531,7 +622,74 @@ impl ClusterWorld {
         (n.generations > 1 && mine < others) || (mine == 0 && others > 0)
     }
 
+    fn crash_kind(&self) -> CrashKind {
+        match self.mode {
+            Mode::OnCommitPowerLoss => CrashKind::Power,
+            Mode::PeriodicProcessCrash => CrashKind::Process,
+        }
+    }
+
+    /// Stops node `i`'s process (SIGSTOP), within the bound on nodes down at once unless
+    /// `forced`.
+    fn freeze(&mut self, i: usize, forced: bool) {
+        let node = &self.nodes[i];
+        if node.running.is_none() || node.frozen.is_some() {
+            return;
+        }
+        let blank = (0..self.nodes.len()).filter(|j| self.blank(*j)).count();
+        if !forced && !self.majority_crashes && blank + 1 > (self.nodes.len() - 1) / 2 {
+            self.crashes_skipped += 1;
+            return;
+        }
+        self.freezes += 1;
+        self.nodes[i].frozen = Some(Vec::new());
+    }
+
+    /// Resumes node `i`: what reached it while stopped is handled now, in arrival order.
+    fn thaw(&mut self, now: Instant, i: usize) -> Result<(), Violation> {
+        let Some(backlog) = self.nodes[i].frozen.take() else {
+            return Ok(());
+        };
+        let id = self.nodes[i].id.clone();
+        self.log(format_args!(
+            "{id} resumes with {} events waiting",
+            backlog.len()
+        ));
+        for ev in backlog {
+            self.handle(now, ev)?;
+        }
+        // Its timers fire too, late.
+        let local = self.local(i, now);
+        if let Some(r) = &mut self.nodes[i].running {
+            r.engine.handle_timeout(local);
+            self.drain(i, now)?;
+        }
+        Ok(())
+    }
+
+    /// The node leading the most shards of the stream, by the freshest metadata seen.
+    fn busiest_leader(&self) -> Option<usize> {
+        let mut count: BTreeMap<SocketAddr, usize> = BTreeMap::new();
+        for addr in self.leaders.values() {
+            *count.entry(*addr).or_default() += 1;
+        }
+        let busiest = count
+            .iter()
+            .max_by_key(|(a, n)| (**n, **a))
+            .map(|(a, _)| *a)?;
+        self.nodes.iter().position(|n| n.client_addr == busiest)
+    }
+
     fn handle(&mut self, now: Instant, ev: Ev) -> Result<(), Violation> {
+        // A stopped process takes nothing in: it waits in its socket and its disk queue.
+        let target = match &ev {
+            Ev::ToNode { node, .. } | Ev::FileDone { node, .. } => Some(*node),
+            _ => None,
+        };
+        if let Some(backlog) = target.and_then(|n| self.nodes[n].frozen.as_mut()) {
+            backlog.push(ev);
+            return Ok(());
+        }
         match ev {
             Ev::ToNode {
                 node,
@@ -617,10 +775,37 @@ impl ClusterWorld {
             }
             Fault::HealNode(i) => self.net.heal_node(Node::Server(i)),
             Fault::LossBurst(d, loss) => self.net.loss_burst(now + d, loss),
-            Fault::Crash(i, kind) => self.crash(i, kind, false),
+            Fault::Crash(i, kind) => self.crash(i, kind, false, false),
             Fault::Restart(i) => {
                 if self.nodes[i].running.is_none() {
                     self.start_node(i)?;
+                    if let Some(leader) = self.nodes[i].crash_when_restarted.take() {
+                        self.net.heal_node(Node::Server(leader));
+                        self.crash(leader, CrashKind::Process, false, true);
+                    }
+                }
+            }
+            Fault::Freeze(i) => self.freeze(i, false),
+            Fault::Thaw(i) => self.thaw(now, i)?,
+            Fault::FreezeLeader(d) => {
+                if let Some(i) = self.busiest_leader() {
+                    self.freeze(i, true);
+                    self.push_fault(self.clock.elapsed() + d, Fault::Thaw(i));
+                }
+            }
+            Fault::CrashLeader => {
+                if let Some(i) = self.busiest_leader() {
+                    self.crash(i, self.crash_kind(), false, true);
+                }
+            }
+            Fault::StrandLeader => {
+                if let Some(l) = self.busiest_leader() {
+                    let n = self.nodes.len();
+                    let (cut, down) = ((l + 1) % n, (l + 2) % n);
+                    self.net.cut(Node::Server(l), Node::Server(cut));
+                    self.net.cut(Node::Server(cut), Node::Server(l));
+                    self.nodes[down].crash_when_restarted = Some(l);
+                    self.crash(down, CrashKind::Power, false, true);
                 }
             }
             Fault::WipeLeader => {
@@ -639,12 +824,15 @@ impl ClusterWorld {
                     .iter()
                     .position(|n| Some(n.client_addr) == busiest)
                 {
-                    self.crash(i, CrashKind::Power, true);
+                    self.crash(i, CrashKind::Power, true, true);
                 }
             }
             Fault::EndOfFaults => {
                 self.quiet = true;
                 self.net.heal_all();
+                for i in 0..self.nodes.len() {
+                    self.thaw(now, i)?;
+                }
                 for i in 0..self.nodes.len() {
                     if self.nodes[i].running.is_none() {
                         self.start_node(i)?;
@@ -829,7 +1017,41 @@ impl ClusterWorld {
                 detail: format!("{} refuses to start: {e}", node.id),
             });
         }
+        self.observe_replicas(i, now)?;
         self.observe(i)
+    }
+
+    /// Feeds node `i`'s replication roles, leases and served writes to the one-writer and
+    /// lease invariants, at true time `now`.
+    fn observe_replicas(&mut self, i: usize, now: Instant) -> Result<(), Violation> {
+        let node = &self.nodes[i];
+        let Some(view) = node.running.as_ref().and_then(|r| r.engine.cluster_view()) else {
+            return Ok(());
+        };
+        let replicas = view.replicas();
+        let served = view.writes_served();
+        let id = node.id.clone();
+        let wrote = self.one_writer.observe(&id, &served)?;
+        for r in &replicas {
+            let lease_end = r.writable_until.map(|w| self.global(i, w));
+            let seen = leases_disjoint::Seen {
+                node: &id,
+                object: &r.object,
+                shard: r.shard,
+                generation: r.generation,
+                lease_end,
+            };
+            self.leases.observe(now, &seen)?;
+        }
+        for (object, shard) in wrote {
+            if replicas
+                .iter()
+                .any(|r| r.object == object && r.shard == shard)
+            {
+                self.leases.wrote(now, &id, &object, shard)?;
+            }
+        }
+        Ok(())
     }
 
     /// Feeds node `i`'s metadata to the cluster invariants when its applied index moved.
@@ -914,6 +1136,9 @@ impl ClusterWorld {
             }
             for i in 0..self.nodes.len() {
                 let local = self.local(i, now);
+                if self.nodes[i].frozen.is_some() {
+                    continue;
+                }
                 let Some(r) = &mut self.nodes[i].running else {
                     continue;
                 };
@@ -956,6 +1181,7 @@ impl ClusterWorld {
             let t = self.nodes[i]
                 .running
                 .as_ref()
+                .filter(|_| self.nodes[i].frozen.is_none())
                 .and_then(|r| r.engine.poll_timeout());
             consider(t.map(|t| self.global(i, t)));
         }
@@ -1000,6 +1226,7 @@ impl ClusterWorld {
             });
         }
         self.agreement.check_end(&ends)?;
+        self.check_committed_prefixes()?;
         let auditors: BTreeMap<u32, &SimClient> = self
             .clients
             .iter()
@@ -1041,6 +1268,62 @@ impl ClusterWorld {
             read.insert(shard, records);
         }
         no_acked_loss::check(&self.oracle, &start, &read)
+    }
+}
+
+impl ClusterWorld {
+    /// `committed_prefix` over every replicated shard, from each node's disk.
+    fn check_committed_prefixes(&mut self) -> Result<(), Violation> {
+        if self.replication.0 < 2 {
+            return Ok(());
+        }
+        let object = format!("stream:{TENANT}/{NAMESPACE}/{STREAM}");
+        for shard in 0..self.shards {
+            // The leader at the highest generation any node leads the shard at.
+            let mut leader: Option<(u64, usize, u64)> = None;
+            for (i, n) in self.nodes.iter().enumerate() {
+                let Some(view) = n.running.as_ref().and_then(|r| r.engine.cluster_view()) else {
+                    continue;
+                };
+                for r in view.replicas() {
+                    if r.object == object && r.shard == shard && r.role == "leading" {
+                        let commit = r.commit.unwrap_or(0);
+                        if leader.is_none_or(|(g, ..)| r.generation > g) {
+                            leader = Some((r.generation, i, commit));
+                        }
+                    }
+                }
+            }
+            let Some((_, l, commit)) = leader else {
+                continue;
+            };
+            let dir = felix_storage::layout::stream_shard_dir(TENANT, NAMESPACE, STREAM, shard);
+            let logs: Vec<(String, Vec<committed_prefix::Entry>)> = self
+                .nodes
+                .iter()
+                .map(|n| (n.id.clone(), committed_prefix::read_log(&n.disk, &dir)))
+                .collect();
+            let copies: Vec<(&str, &[committed_prefix::Entry])> = logs
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != l)
+                .map(|(_, (id, e))| (id.as_str(), &e[..]))
+                .collect();
+            let leader_log = (logs[l].0.as_str(), &logs[l].1[..]);
+            self.prefix_entries_checked +=
+                committed_prefix::check(&object, shard, commit, leader_log, &copies)?;
+        }
+        Ok(())
+    }
+}
+
+/// The engine's bug put back for a replication canary.
+fn replication_canary(canary: Option<Canary>) -> Option<ReplicationCanary> {
+    match canary? {
+        Canary::PromoteBehind => Some(ReplicationCanary::PromoteBehind),
+        Canary::ServePastLease => Some(ReplicationCanary::ServePastLease),
+        Canary::AckBeforeDurable => Some(ReplicationCanary::AckBeforeDurable),
+        _ => None,
     }
 }
 

@@ -72,6 +72,18 @@ pub enum Canary {
     /// Cluster: a subscriber follows each `not_leader` back to the node that sent it
     /// (caught by `redirects_end`).
     RedirectLoop,
+    /// Cluster: a promoted leader opens at once, without fencing a majority of the replica
+    /// set or adopting the most advanced copy (the rule of docs/replication.md invariant 4
+    /// removed); the run crashes a leader mid-load (caught by `no_acked_loss` or
+    /// `committed_prefix`).
+    PromoteBehind,
+    /// Cluster: a leader keeps writing after its lease lapsed; the run freezes a leader past
+    /// two leases and resumes it (caught by `leases_disjoint`).
+    ServePastLease,
+    /// Cluster: a follower's report counts what it received, not what it made durable; the
+    /// run cuts one follower off, powers the other down and then crashes the leader once it
+    /// is back (caught by `no_acked_loss`).
+    AckBeforeDurable,
 }
 
 impl std::str::FromStr for Canary {
@@ -89,8 +101,11 @@ impl std::str::FromStr for Canary {
             "split-leader" => Ok(Canary::SplitLeader),
             "wipe-leader-disk" => Ok(Canary::WipeLeaderDisk),
             "redirect-loop" => Ok(Canary::RedirectLoop),
+            "promote-behind" => Ok(Canary::PromoteBehind),
+            "serve-past-lease" => Ok(Canary::ServePastLease),
+            "ack-before-durable" => Ok(Canary::AckBeforeDurable),
             other => Err(format!(
-                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new, drop-watch-change, stale-cache-read, misroute-claim, withhold-answers, metadata-divergence, split-leader, wipe-leader-disk or redirect-loop"
+                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new, drop-watch-change, stale-cache-read, misroute-claim, withhold-answers, metadata-divergence, split-leader, wipe-leader-disk, redirect-loop, promote-behind, serve-past-lease or ack-before-durable"
             )),
         }
     }

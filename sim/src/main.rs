@@ -18,7 +18,7 @@ use felix_sim::{run, run_cluster, Canary, RunOptions};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: felix-sim (--seeds A..B | --seed S) [--cluster] [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers|metadata-divergence|split-leader|wipe-leader-disk|redirect-loop] [--quiet | --hashes] [--keep-going] [--majority-crashes]"
+        "usage: felix-sim (--seeds A..B | --seed S) [--cluster] [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers|metadata-divergence|split-leader|wipe-leader-disk|redirect-loop|promote-behind|serve-past-lease|ack-before-durable] [--quiet | --hashes] [--keep-going] [--majority-crashes]"
     );
     ExitCode::from(2)
 }
@@ -86,6 +86,9 @@ fn main() -> ExitCode {
         Some(Canary::SplitLeader) => " --canary split-leader",
         Some(Canary::WipeLeaderDisk) => " --canary wipe-leader-disk",
         Some(Canary::RedirectLoop) => " --canary redirect-loop",
+        Some(Canary::PromoteBehind) => " --canary promote-behind",
+        Some(Canary::ServePastLease) => " --canary serve-past-lease",
+        Some(Canary::AckBeforeDurable) => " --canary ack-before-durable",
         None => "",
     };
     let mut out = std::io::stdout().lock();

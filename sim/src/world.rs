@@ -152,7 +152,10 @@ impl World {
                 Canary::MetadataDivergence
                 | Canary::SplitLeader
                 | Canary::WipeLeaderDisk
-                | Canary::RedirectLoop,
+                | Canary::RedirectLoop
+                | Canary::PromoteBehind
+                | Canary::ServePastLease
+                | Canary::AckBeforeDurable,
             ) => *plan.pick(&[
                 Mode::Memory,
                 Mode::Memory,

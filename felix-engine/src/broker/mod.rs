@@ -455,6 +455,8 @@ pub(crate) struct Broker {
     /// Logs of replicated shards led here: answers wait for their commit mark
     /// (`replicated.rs`).
     gates: std::collections::BTreeMap<LogId, replicated::Gate>,
+    /// Gates of leaderships that ended here, kept for the answers they still owe.
+    retired_gates: std::collections::BTreeMap<LogId, replicated::Gate>,
 }
 
 impl Broker {
@@ -503,6 +505,7 @@ impl Broker {
             draining: false,
             cache_expiry: None,
             gates: std::collections::BTreeMap::new(),
+            retired_gates: std::collections::BTreeMap::new(),
         }
     }
 

@@ -30,13 +30,18 @@ pub(crate) struct Gate {
 impl Broker {
     /// Gates `log` (its shard is led here and replicated), committed below `committed`.
     pub(crate) fn gate(&mut self, log: LogId, committed: u64) {
+        self.retired_gates.remove(&log);
         let gate = self.gates.entry(log).or_default();
         gate.committed = gate.committed.max(committed);
     }
 
     /// The shard is no longer led here: its log answers by its own durability again.
+    /// Its marks are kept: a publish held under the leadership that ended must still be
+    /// answered by them (`quorum_timeout`), never by the log's own durability.
     pub(crate) fn ungate(&mut self, log: LogId) {
-        self.gates.remove(&log);
+        if let Some(g) = self.gates.remove(&log) {
+            self.retired_gates.insert(log, g);
+        }
     }
 
     pub(crate) fn is_gated(&self, log: LogId) -> bool {
@@ -71,7 +76,19 @@ impl Broker {
 
     /// The mark below which a held publish on `log` was refused `quorum_timeout`.
     pub(crate) fn timed_out_mark(&self, log: LogId) -> u64 {
-        self.gates.get(&log).map_or(0, |g| g.timed_out)
+        self.gates
+            .get(&log)
+            .or_else(|| self.retired_gates.get(&log))
+            .map_or(0, |g| g.timed_out)
+    }
+
+    /// Records below this were committed by a leadership here (all of them on a log that was
+    /// never gated).
+    pub(crate) fn committed_mark(&self, log: LogId) -> u64 {
+        self.gates
+            .get(&log)
+            .or_else(|| self.retired_gates.get(&log))
+            .map_or(u64::MAX, |g| g.committed)
     }
 }
 

@@ -49,7 +49,7 @@ impl HolderLease {
     }
 
     /// The last instant this node may accept a write under its lease.
-    pub(super) fn writable_until(&self) -> Option<Instant> {
+    pub(crate) fn writable_until(&self) -> Option<Instant> {
         let usable = self.terms.lease_ms - self.terms.holder_margin_ms;
         self.anchor.map(|a| a + Duration::from_millis(usable))
     }

@@ -23,7 +23,7 @@ use felix_cluster::control::wire::{from_peer, to_peer};
 use felix_cluster::control::{ControlConfig, ControlOutput, ControlPlane};
 use felix_cluster::meta::{
     Applied, CacheSpec, Command, Consistency as MetaConsistency, Declarations, Metadata, ObjectKey,
-    ShardMeta, StreamSpec,
+    ShardMeta, ShardRef, StreamSpec,
 };
 use felix_cluster::routing::Owner;
 use felix_cluster::{NodeId, Voters};
@@ -133,6 +133,9 @@ pub(crate) struct ClusterNode {
     replicas_changed: bool,
     /// A bug put back for the simulator's canaries.
     canary: crate::config::ReplicationCanary,
+    /// Publishes served here as the leader, per stream shard: (generation, count). Read by
+    /// the simulator's one-writer invariants (`observe.rs`).
+    writes_served: BTreeMap<ShardRef, (u64, u64)>,
 }
 
 fn declarations(streams: &[DeclaredStream], cfg: &ClusterConfig) -> Declarations {
@@ -281,6 +284,7 @@ impl ClusterNode {
             ),
             replicas_changed: true,
             canary: cfg.canary,
+            writes_served: BTreeMap::new(),
         };
         if node.metalog.is_none() {
             node.start_control(MetaStore::new(raft_ids), now);

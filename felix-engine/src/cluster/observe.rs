@@ -76,3 +76,49 @@ impl<'a> ClusterView<'a> {
             .collect()
     }
 }
+
+/// One replicated shard copy on this node, as its replication role stands now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaView {
+    /// `stream:tenant/namespace/name`.
+    pub object: String,
+    pub shard: u32,
+    /// The generation the role is for.
+    pub generation: u64,
+    /// `preparing`, `fencing`, `leading`, `following` or `idle`.
+    pub role: &'static str,
+    /// Leading: the commit mark (records below it are held as the consistency requires).
+    pub commit: Option<u64>,
+    /// Leading at the metadata's generation: the last instant (this node's clock) its lease
+    /// lets it accept a write. `None` when it may not write at all.
+    pub writable_until: Option<std::time::Instant>,
+}
+
+/// Publishes this node served as a shard's leader: the latest generation it served at, and
+/// how many it has served in all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WritesServed {
+    pub generation: u64,
+    pub count: u64,
+}
+
+impl ClusterView<'_> {
+    /// Every replicated shard copy this node holds.
+    pub fn replicas(&self) -> Vec<ReplicaView> {
+        self.node.replica_views()
+    }
+
+    /// Publishes served here as leader, by `(object, shard)` as in [`ReplicaView`].
+    pub fn writes_served(&self) -> Vec<((String, u32), WritesServed)> {
+        self.node
+            .writes_served
+            .iter()
+            .map(|(r, &(generation, count))| {
+                (
+                    (format!("stream:{}", r.key), r.shard),
+                    WritesServed { generation, count },
+                )
+            })
+            .collect()
+    }
+}

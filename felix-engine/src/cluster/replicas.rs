@@ -135,6 +135,9 @@ struct Slot {
     /// A replica state write is in flight: wait for it before deciding on the next.
     persisting: bool,
     last_sent: Option<Instant>,
+    /// The broker holds this leadership's answers for the commit mark: its `Gate` has been
+    /// handed over. Until then a write would be answered by the log's own durability.
+    gated: bool,
 }
 
 /// This node's part in every replicated shard it holds.
@@ -298,12 +301,65 @@ impl ClusterNode {
             shard,
         };
         match self.replicas.slots.get(&r) {
+            // No copy kept here yet: fine for a shard of one replica, but a replicated one
+            // must wait for its slot (and its fence), or the write would skip replication.
+            None if self.meta().shard(&r).is_some_and(|m| m.replicas.len() > 1) => {
+                Err("the shard's copy here is still being prepared")
+            }
             None => Ok(()),
             Some(s) => match &s.role {
-                Role::Leading(l) if Some(l.generation()) == self.generation_of(&r) => Ok(()),
+                Role::Leading(l) if Some(l.generation()) == self.generation_of(&r) && s.gated => {
+                    Ok(())
+                }
                 _ => Err("the shard's new leader is still fencing its replicas"),
             },
         }
+    }
+
+    /// What [`super::observe::ClusterView::replicas`] shows.
+    pub(super) fn replica_views(&self) -> Vec<super::observe::ReplicaView> {
+        self.replicas
+            .slots
+            .iter()
+            .map(|(r, slot)| {
+                let (role, commit) = match &slot.role {
+                    Role::Preparing => ("preparing", None),
+                    Role::Fencing(_) => ("fencing", None),
+                    Role::Leading(l) => ("leading", Some(l.commit())),
+                    Role::Following(_) => ("following", None),
+                    Role::Idle => ("idle", None),
+                };
+                let current = match &slot.role {
+                    Role::Leading(l) => Some(l.generation()) == self.generation_of(r),
+                    _ => false,
+                };
+                super::observe::ReplicaView {
+                    object: format!("stream:{}", r.key),
+                    shard: r.shard,
+                    generation: slot.generation,
+                    role,
+                    commit,
+                    writable_until: if current {
+                        self.lease.writable_until()
+                    } else {
+                        None
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// A publish on this stream shard is served here as its leader (it passed
+    /// [`local_ready`](Self::local_ready)): counted for the simulator's one-writer checks.
+    pub(crate) fn note_write(&mut self, names: (&str, &str, &str), shard: u32) {
+        let r = ShardRef {
+            kind: ObjectKind::Stream,
+            key: ObjectKey::new(names.0, names.1, names.2),
+            shard,
+        };
+        let generation = self.generation_of(&r).unwrap_or(0);
+        let mark = self.writes_served.entry(r).or_insert((generation, 0));
+        *mark = (generation, mark.1 + 1);
     }
 
     /// Whether a cache request led here may be served now: the lease holds.
@@ -326,8 +382,21 @@ impl ClusterNode {
 
     pub(crate) fn poll_replica_io(&mut self) -> Option<ReplicaIo> {
         let io = self.replicas.io.pop_front()?;
-        if let ReplicaIo::Append { entries, .. } = &io {
-            self.replicas.stats.catch_up_bytes += entries.len() as u64;
+        match &io {
+            ReplicaIo::Append { entries, .. } => {
+                self.replicas.stats.catch_up_bytes += entries.len() as u64;
+            }
+            ReplicaIo::Gate { log, .. } => {
+                let slot = self
+                    .replicas
+                    .by_log
+                    .get(log)
+                    .and_then(|r| self.replicas.slots.get_mut(r));
+                if let Some(slot) = slot {
+                    slot.gated = matches!(slot.role, Role::Leading(_));
+                }
+            }
+            _ => {}
         }
         Some(io)
     }
@@ -399,6 +468,7 @@ impl ClusterNode {
                 role: Role::Preparing,
                 persisting: false,
                 last_sent: None,
+                gated: false,
             });
             if slot.generation != m.generation {
                 slot.generation = m.generation;
@@ -687,6 +757,7 @@ impl ClusterNode {
             self.replicas.io.push_back(ReplicaIo::Ungate { log });
         }
         slot.role = Role::Preparing;
+        slot.gated = false;
     }
 
     /// The engine opened (or found) the shard's log.
@@ -1247,6 +1318,10 @@ impl ClusterNode {
                 tracing::debug!(shard = %r, base = rep.base_offset, count = rep.record_count, ?verdict, "shipment");
                 match verdict {
                     Shipment::Append if !rep.entries.is_empty() => {
+                        // The next shipment may be handled before this append runs (the
+                        // inbox is read before the queue is): it must follow on from here,
+                        // not be mistaken for a gap. A failed append asks again.
+                        f.appended(rep.base_offset + u64::from(rep.record_count));
                         if self.canary == crate::config::ReplicationCanary::AckBeforeDurable {
                             // The bug: say it is durable on arrival.
                             let end = rep.base_offset + u64::from(rep.record_count);

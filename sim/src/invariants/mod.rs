@@ -3,12 +3,15 @@
 //! ones run as events happen, the liveness ones once the run has healed and gone quiet.
 
 pub(crate) mod cache_reads;
+pub(crate) mod committed_prefix;
 pub(crate) mod forwarded_acks;
 pub(crate) mod group_claims;
 pub(crate) mod idempotent_once;
+pub(crate) mod leases_disjoint;
 pub(crate) mod meta_agreement;
 pub(crate) mod no_acked_loss;
 pub(crate) mod offsets;
+pub(crate) mod one_writer;
 pub(crate) mod redirects_end;
 pub(crate) mod requests_answered;
 pub(crate) mod shard_leaders;

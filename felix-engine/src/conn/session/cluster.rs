@@ -286,7 +286,13 @@ impl Session {
             _ => (None, 0),
         };
         match route(t.class, &owner, redirect) {
-            Route::Serve => false,
+            Route::Serve => {
+                let publish = matches!(t.answer, Answer::JsonPublish(_) | Answer::BinaryAck(_));
+                if publish && !t.cache && matches!(owner, Owner::Local) {
+                    cluster.note_write((t.tenant, t.namespace, t.name), shard);
+                }
+                false
+            }
             Route::Redirect {
                 node,
                 addr,

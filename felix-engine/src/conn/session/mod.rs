@@ -278,7 +278,11 @@ impl Session {
                 },
                 Held::Durable { log, end, fail, .. } => {
                     let (log, end, fail) = (*log, *end, *fail);
-                    if core.broker.durable_offset(log) >= end {
+                    // A leadership that ended before committing it: outcome unknown, even
+                    // though the log here holds it (the next leader may not).
+                    let lapsed = core.broker.timed_out_mark(log) >= end
+                        && core.broker.committed_mark(log) < end;
+                    if !lapsed && core.broker.durable_offset(log) >= end {
                         match self.held.pop_front() {
                             Some(Held::Durable { ok, .. }) => ok,
                             _ => unreachable!("front is durable"),
