@@ -221,7 +221,12 @@ impl ShardLeader {
             .iter_mut()
             .find(|f| f.replica.node == *from)
             .ok_or(FollowRefused::NotReplica)?;
-        if f.replica.storage_id != storage_id {
+        // An empty id: the metadata had not recorded this replica's disk when this
+        // leadership began (it is filled on the node's first join). The disk asking now is
+        // the one the join records, so it is taken; a known id must match.
+        if f.replica.storage_id.is_empty() {
+            f.replica.storage_id = storage_id.to_owned();
+        } else if f.replica.storage_id != storage_id {
             return Err(FollowRefused::UnknownStorage);
         }
         let from_offset = agreed_prefix(theirs, log);
@@ -458,6 +463,34 @@ mod tests {
         assert_eq!(drain(&mut l), ["ship n3 from 0"]);
         l.report(&n("n3"), 2, "disk-n3", 3, 3);
         assert_eq!(l.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_replica_whose_disk_the_metadata_had_not_recorded_is_fed_and_then_known_by_it() {
+        let t = Instant::now();
+        let followers = vec![
+            Replica {
+                node: n("n2"),
+                storage_id: String::new(),
+            },
+            Replica {
+                node: n("n3"),
+                storage_id: "disk-n3".into(),
+            },
+        ];
+        let mut l = ShardLeader::new(2, followers, true, EpochLog::default(), 0, 0, SETTINGS);
+        assert_eq!(l.follow(&n("n2"), "disk-n2", &empty()), Ok(0));
+        // Known from now on: another disk under that name is refused.
+        assert_eq!(
+            l.follow(&n("n2"), "disk-n2-wiped", &empty()),
+            Err(FollowRefused::UnknownStorage)
+        );
+        l.follow(&n("n2"), "disk-n2", &empty()).unwrap();
+        l.appended(t, 1, true);
+        l.durable(1);
+        drain(&mut l);
+        l.report(&n("n2"), 2, "disk-n2", 1, 1);
+        assert_eq!(drain(&mut l), ["committed 1"]);
     }
 
     #[test]

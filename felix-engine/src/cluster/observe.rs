@@ -85,7 +85,8 @@ pub struct ReplicaView {
     pub shard: u32,
     /// The generation the role is for.
     pub generation: u64,
-    /// `preparing`, `fencing`, `leading`, `following` or `idle`.
+    /// `preparing`, `fencing`, `leading`, `asking`, `truncating`, `following` (fed),
+    /// `halted` or `idle`.
     pub role: &'static str,
     /// Leading: the commit mark (records below it are held as the consistency requires).
     pub commit: Option<u64>,

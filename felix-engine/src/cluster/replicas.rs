@@ -326,7 +326,12 @@ impl ClusterNode {
                     Role::Preparing => ("preparing", None),
                     Role::Fencing(_) => ("fencing", None),
                     Role::Leading(l) => ("leading", Some(l.commit())),
-                    Role::Following(_) => ("following", None),
+                    Role::Following(f) => match f.state() {
+                        FollowState::Asking => ("asking", None),
+                        FollowState::Truncating { .. } => ("truncating", None),
+                        FollowState::Fed { .. } => ("following", None),
+                        FollowState::Halted { .. } => ("halted", None),
+                    },
                     Role::Idle => ("idle", None),
                 };
                 let current = match &slot.role {
