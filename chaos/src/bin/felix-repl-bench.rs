@@ -207,11 +207,19 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The machine may be shared: say how busy it was, to read the figures by.
+    let load = || {
+        std::fs::read_to_string("/proc/loadavg")
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_else(|_| "unknown".into())
+    };
+    println!("load average at start: {}", load());
     let outcome = match args.cmd.as_str() {
         "compare" => compare(&args, &runtime),
         "failover" => failover(&args, &runtime),
         _ => catch_up(&args, &runtime),
     };
+    println!("load average at the end: {}", load());
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -847,6 +855,24 @@ fn failover(args: &Args, rt: &tokio::runtime::Runtime) -> Result<bool, String> {
                 "MISSED"
             }
         );
+        // A kill that took the metadata log's leader with it waits for an election too.
+        for (what, moved) in [("also led", true), ("did not lead", false)] {
+            let mut some: Vec<Duration> = rounds
+                .iter()
+                .filter(|r| r.terms.0.is_some() && (r.terms.0 != r.terms.1) == moved)
+                .map(|r| r.first_ack)
+                .collect();
+            some.sort();
+            if let Some(max) = some.last() {
+                println!(
+                    "  {} failover(s) where the killed node {what} the metadata log (its raft term \
+                     moved: {moved}): p50 {:.3} s, max {:.3} s",
+                    some.len(),
+                    percentile(&some, 50.0).as_secs_f64(),
+                    max.as_secs_f64()
+                );
+            }
+        }
         println!(
             "kill → new leader named in shard_owners: p50 {:.3} s, max {:.3} s",
             percentile(&named, 50.0).as_secs_f64(),
