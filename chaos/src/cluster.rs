@@ -2,7 +2,8 @@
 //! (one per ordered pair: node A dials B at relay A→B, which forwards to B's internal bind),
 //! so one direction of one link can be cut. Files as `felix cluster up` writes them
 //! (`felix_cli::layout`), plus durable storage with fsync on every commit, a short lease and
-//! the two declared streams.
+//! the two declared streams. `felix-repl-bench` lays out the same files through [`Layout`]:
+//! its own streams, direct peer links, or one node without a cluster.
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
@@ -37,8 +38,54 @@ pub struct Node {
     pub internal: SocketAddr,
     pub ops: SocketAddr,
     config: PathBuf,
-    log: PathBuf,
+    pub log: PathBuf,
     child: Option<Child>,
+}
+
+/// One `[[streams]]` declaration.
+#[derive(Debug, Clone)]
+pub struct StreamDecl {
+    pub name: &'static str,
+    pub shards: u32,
+    pub replication_factor: u32,
+    /// `"leader"` or `"quorum"`.
+    pub consistency: &'static str,
+}
+
+/// What [`Cluster::lay_out_with`] writes.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// `NODES.len()` nodes in a cluster, or one node with no `[cluster]` section at all.
+    pub cluster: bool,
+    pub streams: Vec<StreamDecl>,
+    pub fsync_mode: String,
+    pub lease: Duration,
+    /// Every peer link through a relay of its own (a link can be cut), or direct.
+    pub relays: bool,
+    /// The run directory's name starts with it.
+    pub prefix: &'static str,
+}
+
+impl Layout {
+    /// The chaos run's: three nodes, relayed links, the two streams of [`STREAMS`].
+    pub fn chaos() -> Layout {
+        Layout {
+            cluster: true,
+            streams: STREAMS
+                .iter()
+                .map(|name| StreamDecl {
+                    name,
+                    shards: SHARDS,
+                    replication_factor: REPLICATION_FACTOR,
+                    consistency: name,
+                })
+                .collect(),
+            fsync_mode: "on_commit".into(),
+            lease: LEASE,
+            relays: true,
+            prefix: "felix-chaos",
+        }
+    }
 }
 
 pub struct Cluster {
@@ -80,17 +127,28 @@ fn write(path: &Path, contents: &[u8]) -> Result<(), String> {
 impl Cluster {
     /// Writes every file and starts the relays; no node runs yet.
     pub fn lay_out(broker: &Path) -> Result<Cluster, String> {
+        Cluster::lay_out_with(broker, &Layout::chaos())
+    }
+
+    /// [`Cluster::lay_out`] with other streams, settings or links.
+    pub fn lay_out_with(broker: &Path, layout: &Layout) -> Result<Cluster, String> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
-        let dir =
-            std::env::temp_dir().join(format!("felix-chaos-{}-{nanos:x}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "{}-{}-{nanos:x}",
+            layout.prefix,
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
 
-        let mut next = (std::process::id() * 7919) % 12_000;
+        // Two layouts in one process (the bench's cluster and single node) start their port
+        // windows apart.
+        let mut next = (std::process::id() * 7919 + u32::from(!layout.cluster) * 6000) % 12_000;
         let mut nodes = Vec::new();
-        for id in NODES {
+        let ids: &[&'static str] = if layout.cluster { &NODES } else { &NODES[..1] };
+        for &id in ids {
             let node_dir = dir.join(id);
             std::fs::create_dir_all(node_dir.join("data"))
                 .map_err(|e| format!("creating {}: {e}", node_dir.display()))?;
@@ -108,7 +166,7 @@ impl Cluster {
             .map(|from| {
                 (0..nodes.len())
                     .map(|to| {
-                        (from != to)
+                        (layout.relays && from != to)
                             .then(|| Relay::start(loopback(0), nodes[to].internal))
                             .transpose()
                     })
@@ -146,14 +204,16 @@ impl Cluster {
         );
 
         let mut streams = String::new();
-        for name in STREAMS {
+        for s in &layout.streams {
             streams.push_str(&format!(
-                "\n[[streams]]\ntenant = {}\nnamespace = {}\nstream = {}\nshards = {SHARDS}\n\
-                 replication_factor = {REPLICATION_FACTOR}\nconsistency = {}\n",
+                "\n[[streams]]\ntenant = {}\nnamespace = {}\nstream = {}\nshards = {}\n\
+                 replication_factor = {}\nconsistency = {}\n",
                 toml_string(TENANT),
                 toml_string(NAMESPACE),
-                toml_string(name),
-                toml_string(name),
+                toml_string(s.name),
+                s.shards,
+                s.replication_factor,
+                toml_string(s.consistency),
             ));
         }
         for (i, node) in nodes.iter().enumerate() {
@@ -188,10 +248,16 @@ impl Cluster {
                 ca: &ca,
                 jwks: &jwks,
                 data: &node_dir.join("data"),
-                fsync_mode: Some("on_commit"),
-                lease_ms: Some(LEASE.as_millis() as u64),
+                fsync_mode: Some(&layout.fsync_mode),
+                lease_ms: Some(layout.lease.as_millis() as u64),
             }
             .render();
+            if !layout.cluster {
+                // A plain durable broker: the `[cluster]` section is the last one written.
+                if let Some(at) = text.find("\n[cluster]") {
+                    text.truncate(at + 1);
+                }
+            }
             text.push_str(&streams);
             write(&node.config, text.as_bytes())?;
         }
@@ -357,7 +423,7 @@ impl Drop for Cluster {
 }
 
 /// `GET path`: the status code and, if `body`, the whole answer (bounded).
-fn http_get(addr: SocketAddr, path: &str, body: bool) -> Option<(u16, String)> {
+pub(crate) fn http_get(addr: SocketAddr, path: &str, body: bool) -> Option<(u16, String)> {
     const MAX_ANSWER: usize = 1 << 20;
     let mut conn = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).ok()?;
     conn.set_read_timeout(Some(HTTP_TIMEOUT)).ok()?;

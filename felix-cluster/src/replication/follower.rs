@@ -105,6 +105,9 @@ impl ShardFollower {
             return Shipment::NotReady;
         };
         if base == end {
+            // Taken: the next shipment starts after it, even while this one is still being
+            // written (a leader ships without waiting for each append).
+            self.state = FollowState::Fed { end: base + count };
             return Shipment::Append;
         }
         if base + count <= end {
@@ -114,7 +117,8 @@ impl ShardFollower {
         Shipment::Refollow
     }
 
-    /// The shipment was appended; the log ends at `end` now.
+    /// The shipment was appended; the log ends at `end` now. (A shipment counts from when it
+    /// is taken, so this moves the end only if the log ran ahead of the shipments.)
     pub fn appended(&mut self, end: u64) {
         if let FollowState::Fed { end: e } = &mut self.state {
             *e = (*e).max(end);
@@ -150,6 +154,19 @@ mod tests {
         assert_eq!(f.shipment(&n("n1"), 4, 10, 2), Shipment::Held);
         assert_eq!(f.shipment(&n("n1"), 4, 13, 2), Shipment::Refollow);
         assert_eq!(f.state(), FollowState::Asking);
+    }
+
+    #[test]
+    fn shipments_in_a_row_are_taken_before_the_first_is_written() {
+        let mut f = ShardFollower::new(4, n("n1"));
+        assert_eq!(f.follow_from(10, 10, 10), None);
+        assert_eq!(f.shipment(&n("n1"), 4, 10, 2), Shipment::Append);
+        assert_eq!(f.shipment(&n("n1"), 4, 12, 3), Shipment::Append);
+        assert_eq!(f.shipment(&n("n1"), 4, 12, 3), Shipment::Held);
+        f.appended(12);
+        assert_eq!(f.state(), FollowState::Fed { end: 15 });
+        f.appended(15);
+        assert_eq!(f.shipment(&n("n1"), 4, 15, 1), Shipment::Append);
     }
 
     #[test]

@@ -871,6 +871,14 @@ impl ClusterNode {
         let _ = now;
     }
 
+    /// The log refused a cut for now (busy with a write, a sync or a read): the slot asks
+    /// again on its next pass instead of waiting for a truncation that will never come.
+    pub(crate) fn truncation_refused(&mut self, log: LogId) {
+        if let Some(role) = self.slot_role(log) {
+            retry_cut(role);
+        }
+    }
+
     /// A replication event from a log: a framed read, a truncation, a durable state.
     pub(crate) fn replica_event(
         &mut self,
@@ -903,14 +911,7 @@ impl ClusterNode {
                     }
                     (_, Err(e)) => {
                         warn!(shard = %r, error = ?e, "truncation failed; trying again");
-                        if let Role::Following(f) = &mut slot.role {
-                            f.ask_again();
-                        }
-                        if let Role::Fencing(fe) = &mut slot.role {
-                            if let Some(a) = &mut fe.adopting {
-                                a.cutting = false;
-                            }
-                        }
+                        retry_cut(&mut slot.role);
                     }
                     _ => {}
                 }
@@ -1379,6 +1380,20 @@ impl ClusterNode {
             _ => {}
         }
         let _ = now;
+    }
+}
+
+/// A cut that did not happen: a follower asks to be fed again (the answer brings the cut
+/// again), a fencing leader tries its cut again on its next pass.
+fn retry_cut(role: &mut Role) {
+    match role {
+        Role::Following(f) => f.ask_again(),
+        Role::Fencing(fe) => {
+            if let Some(a) = &mut fe.adopting {
+                a.cutting = false;
+            }
+        }
+        _ => {}
     }
 }
 

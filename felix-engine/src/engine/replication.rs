@@ -65,6 +65,7 @@ impl Engine {
                     ReplicaIo::Truncate { log, to } => {
                         if let Err(e) = broker.truncate_log(log, to) {
                             tracing::debug!(log = log.0, error = %e, "truncation refused for now");
+                            cluster.truncation_refused(log);
                         }
                     }
                     ReplicaIo::Gate { log, committed } => broker.gate(log, committed),
