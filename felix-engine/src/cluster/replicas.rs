@@ -1324,10 +1324,6 @@ impl ClusterNode {
                 tracing::debug!(shard = %r, base = rep.base_offset, count = rep.record_count, ?verdict, "shipment");
                 match verdict {
                     Shipment::Append if !rep.entries.is_empty() => {
-                        // The next shipment may be handled before this append runs (the
-                        // inbox is read before the queue is): it must follow on from here,
-                        // not be mistaken for a gap. A failed append asks again.
-                        f.appended(rep.base_offset + u64::from(rep.record_count));
                         if self.canary == crate::config::ReplicationCanary::AckBeforeDurable {
                             // The bug: say it is durable on arrival.
                             let end = rep.base_offset + u64::from(rep.record_count);
