@@ -205,12 +205,12 @@ impl ClusterWorld {
             EngineConfig::new(identity, AuthConfig::Dev { seed: [7; 32] }, plan.seed32());
         config.crypto_provider = Some(provider.clone());
         let mut declared = DeclaredStream::new(TENANT, NAMESPACE, STREAM, shards);
-        // Most seeds replicate (three copies, quorum acks); the rest keep one copy per shard,
-        // which waits for its node. The wiped-disk canary needs lone copies to lose.
+        // `--replicated`: three copies, quorum acks; otherwise one copy per shard, which
+        // waits for its node. The wiped-disk canary needs lone copies to lose.
         let replicated = match opts.canary {
             Some(Canary::WipeLeaderDisk) => false,
             Some(Canary::PromoteBehind | Canary::ServePastLease | Canary::AckBeforeDurable) => true,
-            _ => plan.chance(0.75),
+            _ => opts.replicated,
         };
         if replicated {
             declared.replication_factor = 3;

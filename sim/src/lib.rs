@@ -123,6 +123,9 @@ pub struct RunOptions {
     /// Cluster runs: crashes may leave a majority of nodes down or blank at once (off: at
     /// most a minority, what this version's in-memory metadata log survives).
     pub majority_crashes: bool,
+    /// Cluster runs: declare the stream with three replicas at `quorum` consistency (off: one
+    /// copy per shard). The replication canaries turn it on themselves.
+    pub replicated: bool,
 }
 
 impl RunOptions {
@@ -133,6 +136,7 @@ impl RunOptions {
             verbose: false,
             canary: None,
             majority_crashes: false,
+            replicated: false,
         }
     }
 }

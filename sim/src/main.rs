@@ -18,7 +18,7 @@ use felix_sim::{run, run_cluster, Canary, RunOptions};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: felix-sim (--seeds A..B | --seed S) [--cluster] [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers|metadata-divergence|split-leader|wipe-leader-disk|redirect-loop|promote-behind|serve-past-lease|ack-before-durable] [--quiet | --hashes] [--keep-going] [--majority-crashes]"
+        "usage: felix-sim (--seeds A..B | --seed S) [--cluster] [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers|metadata-divergence|split-leader|wipe-leader-disk|redirect-loop|promote-behind|serve-past-lease|ack-before-durable] [--quiet | --hashes] [--keep-going] [--majority-crashes] [--replicated]"
     );
     ExitCode::from(2)
 }
@@ -31,6 +31,7 @@ fn main() -> ExitCode {
     let mut cluster = false;
     let mut keep_going = false;
     let mut majority_crashes = false;
+    let mut replicated = false;
     let mut canary: Option<Canary> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -59,6 +60,7 @@ fn main() -> ExitCode {
             "--cluster" => cluster = true,
             "--keep-going" => keep_going = true,
             "--majority-crashes" => majority_crashes = true,
+            "--replicated" => replicated = true,
             "--canary" => match args.next().map(|c| c.parse()) {
                 Some(Ok(c)) => canary = Some(c),
                 Some(Err(e)) => {
@@ -108,6 +110,7 @@ fn main() -> ExitCode {
             verbose,
             canary,
             majority_crashes,
+            replicated,
         };
         let outcome = if cluster {
             run_cluster(&options)
@@ -129,10 +132,12 @@ fn main() -> ExitCode {
             say!("  {}", v.detail);
             say!(
                 "replay: cargo run --release -p felix-sim -- --seed {seed}{}{canary_flag} --verbose",
-                match (cluster, majority_crashes) {
-                    (false, _) => "",
-                    (true, false) => " --cluster",
-                    (true, true) => " --cluster --majority-crashes",
+                match (cluster, majority_crashes, replicated) {
+                    (false, ..) => "",
+                    (true, false, false) => " --cluster",
+                    (true, true, false) => " --cluster --majority-crashes",
+                    (true, false, true) => " --cluster --replicated",
+                    (true, true, true) => " --cluster --majority-crashes --replicated",
                 }
             );
             if !keep_going {

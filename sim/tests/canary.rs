@@ -10,6 +10,7 @@ fn first_caught(canary: Canary, budget: u64) -> Option<(u64, felix_sim::Violatio
             verbose: false,
             canary: Some(canary),
             majority_crashes: false,
+            replicated: false,
         });
         outcome.violation.map(|v| (seed, v))
     })

@@ -90,7 +90,32 @@ fn a_redirect_loop_is_caught() {
 fn a_blank_majority_keeps_committed_metadata() {
     let outcome = run_cluster(&RunOptions {
         majority_crashes: true,
+        replicated: false,
         ..RunOptions::seed(1)
     });
     assert_eq!(outcome.violation, None, "{}", outcome.summary);
+}
+
+/// The replication safety invariants: any of them may be the first to see a broken rule.
+const REPLICATION_SAFETY: &[&str] = &[
+    "no_acked_loss",
+    "offsets_unique_and_contiguous",
+    "committed_prefix",
+    "leases_disjoint",
+    "one_writer_per_generation",
+];
+
+#[test]
+fn a_leader_serving_past_its_lease_is_caught() {
+    let (seed, v) = first_caught(Canary::ServePastLease, 2).expect("went unnoticed");
+    assert_eq!(v.invariant, "leases_disjoint", "seed {seed}: {v}");
+}
+
+#[test]
+fn promoting_a_replica_without_fencing_is_caught() {
+    let (seed, v) = first_caught(Canary::PromoteBehind, 6).expect("went unnoticed");
+    assert!(
+        REPLICATION_SAFETY.contains(&v.invariant),
+        "seed {seed}: {v}"
+    );
 }

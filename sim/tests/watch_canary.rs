@@ -11,6 +11,7 @@ fn a_silently_dropped_watch_change_is_caught() {
             verbose: false,
             canary: Some(Canary::DropWatchChange),
             majority_crashes: false,
+            replicated: false,
         })
         .violation
         .map(|v| (seed, v))
