@@ -64,7 +64,7 @@ pub(crate) fn check(
     for (node, entries) in copies {
         for e in entries.iter().filter(|e| e.end <= commit) {
             match by_base.get(&e.base) {
-                Some(l) if l.bytes == e.bytes => checked += 1,
+                Some(l) if l.end == e.end && l.bytes == e.bytes => checked += 1,
                 Some(_) => {
                     return Err(Violation {
                         invariant: NAME,
