@@ -1289,6 +1289,7 @@ impl ClusterNode {
                     return;
                 }
                 let cut = f.follow_from(ff.truncate_to, info.end, info.state.commit);
+                let level = cut.is_none() && matches!(f.state(), FollowState::Fed { .. });
                 tracing::debug!(shard = %r, truncate_to = ff.truncate_to, end = info.end, ?cut, state = ?f.state(), "fed from");
                 if let FollowState::Halted { agreed, committed } = f.state() {
                     warn!(shard = %r, agreed, committed, "halted: the leader's log disagrees below this copy's commit");
@@ -1305,6 +1306,18 @@ impl ClusterNode {
                 }
                 if let Some(to) = cut {
                     self.replicas.io.push_back(ReplicaIo::Truncate { log, to });
+                }
+                if level {
+                    // Nothing to cut, and perhaps nothing to ship: say where this copy
+                    // stands now, or a new leader whose tail is already here would wait
+                    // for a write at its own generation before committing it.
+                    let report = PeerMessage::ReplicaReport(pp::ReplicaReport {
+                        scope: ff.scope.clone(),
+                        storage_id: self.storage_hex(),
+                        end: info.end,
+                        durable_end: info.durable,
+                    });
+                    self.net.send(from, &report);
                 }
             }
             PeerMessage::Replicate(rep) => {

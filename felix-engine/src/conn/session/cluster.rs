@@ -262,15 +262,18 @@ impl Session {
             if let Err(why) = ready {
                 // Usually a matter of one round trip (a lease renewal, a fence): the request
                 // and the rest of its stream wait for it, as for a placement, for at most the
-                // forward timeout. A forwarded one is not held: its forwarding node holds it.
-                if !cx.core.forwarding_here {
-                    let deadline = *self
-                        .placement_deadline
-                        .get_or_insert(cx.now + cluster.forward_timeout());
-                    if cx.now < deadline {
-                        self.stall_placement = true;
-                        return true;
-                    }
+                // forward timeout. A forwarded one waits half that: its forwarding node gives
+                // up on it after the whole timeout, and must hear the refusal first (a
+                // refusal is retryable; a forward that timed out has an unknown outcome).
+                let hold = if cx.core.forwarding_here {
+                    cluster.forward_timeout() / 2
+                } else {
+                    cluster.forward_timeout()
+                };
+                let deadline = *self.placement_deadline.get_or_insert(cx.now + hold);
+                if cx.now < deadline {
+                    self.stall_placement = true;
+                    return true;
                 }
                 self.placement_deadline = None;
                 self.refuse_routed(t, ErrorCode::ShardUnavailable, why.to_owned());
