@@ -1279,6 +1279,17 @@ impl SimClient {
                     view.on_lagged(&format!("c{me} sub {sub:?}"), resume_from)?;
                     self.subs[spec_i].resume = Some(resume_from);
                 }
+                // The shard's leadership moved: subscribe again (here, to be redirected) from
+                // after the last record seen, or from where the broker stopped offering,
+                // whichever is later, as the reference client does.
+                if let SubscriptionEnd::ShardMoved {
+                    resume_from: Some(r),
+                    ..
+                } = end
+                {
+                    let resume = &mut self.subs[spec_i].resume;
+                    *resume = Some(resume.map_or(r, |o| o.max(r)));
+                }
                 if ctx.oracle.promise == Promise::Memory {
                     self.subs[spec_i].resume = None;
                 }

@@ -172,7 +172,7 @@ use felix_proto::Flags;
 use super::encode::{encode_event_batch, BatchView};
 use felix_proto::ErrorCode;
 
-use super::{fan_in, mark_ready, seal, Broker, FanOut};
+use super::{fan_in, mark_ready, seal, Broker, CatchUp, FanOut};
 use super::{BrokerError, CacheKey};
 use felix_storage::cache_log::{Lookup, MAX_CACHE_KEY_BYTES};
 use felix_storage::log::{LogEvent, ReadBatch, ReadError};
@@ -410,6 +410,12 @@ impl Broker {
         let Some(store) = sh.store.as_mut() else {
             return;
         };
+        let prev = store.released;
+        // Records this release covers that were never queued for fan-out: appended as a
+        // follower, or adopted from another copy while fencing, then committed under this
+        // node's leadership. Live readers take them from the log: they go back to catching up
+        // from the old tail (joining live again once level), ahead of anything fanned in here.
+        let hole = up_to > prev && store.unreleased.front().is_none_or(|f| f.first > prev);
         let mut unreleased = std::mem::take(&mut store.unreleased);
         store.released = store.released.max(up_to);
         let mut fan = FanOut {
@@ -418,6 +424,24 @@ impl Broker {
             stats: &mut self.stats,
             budget: &mut self.event_budget,
         };
+        let mut rewound = Vec::new();
+        if hole && !sh.subscribers.is_empty() {
+            sh.dirty = false;
+            seal(sh, &mut fan);
+            for id in std::mem::take(&mut sh.subscribers) {
+                if let Some(sub) = fan.subscribers.get_mut(&id) {
+                    sub.catch_up = Some(CatchUp {
+                        log,
+                        next: prev,
+                        reading: false,
+                        joined: false,
+                        frames: VecDeque::new(),
+                        failed: None,
+                    });
+                    rewound.push(id);
+                }
+            }
+        }
         while let Some(front) = unreleased.front_mut() {
             if front.first >= up_to {
                 break;
@@ -457,6 +481,9 @@ impl Broker {
         }
         // Consumer groups waiting on this shard have new work.
         self.wake_group_polls(stream, shard);
+        for id in rewound {
+            self.advance_catch_up(id);
+        }
     }
 
     /// Moves a catch-up along: joins live delivery once it has reached the shard's released

@@ -28,7 +28,7 @@ mod expiry;
 pub(crate) mod groups;
 mod producers;
 mod reads;
-mod replicated;
+pub(crate) mod replicated;
 #[cfg(test)]
 mod stream_ops_tests;
 #[cfg(test)]
@@ -248,6 +248,8 @@ pub(crate) struct SubscribeOpts {
     pub(crate) lagged_signal: bool,
     /// The client offered FEATURE_STREAM_DELETED.
     pub(crate) deleted_signal: bool,
+    /// The client offered FEATURE_SHARD_MOVED.
+    pub(crate) moved_signal: bool,
     /// The subscribe's `queue_capacity`, if it sent one.
     pub(crate) queue_capacity: Option<u32>,
     /// Whose event budget its queue counts against (the engine's connection).
@@ -267,6 +269,7 @@ impl SubscribeOpts {
             event_flags: flags,
             lagged_signal: features.contains(Features::SUBSCRIPTION_LAGGED),
             deleted_signal: features.contains(Features::STREAM_DELETED),
+            moved_signal: features.contains(Features::SHARD_MOVED),
             queue_capacity,
             owner: 0,
         }
@@ -355,6 +358,8 @@ struct Subscriber {
     ends_on_lag: bool,
     /// Ends with `stream_deleted` when its stream is deleted (`delete.rs`).
     ends_on_delete: bool,
+    /// Ends with `shard_moved` when its shard's leadership here ends (`replicated.rs`).
+    ends_on_move: bool,
     capacity: usize,
     queue: VecDeque<Bytes>,
     /// Bytes in `queue`, counted against its owner's event budget.
@@ -787,6 +792,7 @@ impl Broker {
                 wants,
                 ends_on_lag: offsets_on_wire && opts.lagged_signal,
                 ends_on_delete: opts.deleted_signal,
+                ends_on_move: opts.moved_signal,
                 capacity,
                 queue: VecDeque::new(),
                 queued_bytes: 0,

@@ -15,8 +15,19 @@ use felix_storage::log::ReadTicket;
 use felix_storage::ops::LogId;
 use felix_storage::replica_state::ReplicaState;
 
+use felix_proto::message::{Message, ShardMoved};
+
 use super::durable::{LogState, Notice, Owner};
-use super::{Broker, StreamKey};
+use super::encode::encode_message;
+use super::{mark_ready, seal, Broker, FanOut, StreamKey, SubscriberId};
+
+/// Where a shard went when its leadership here ended, as the metadata here knew it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MovedTo {
+    pub(crate) node_id: Option<String>,
+    pub(crate) addr: Option<String>,
+    pub(crate) generation: u64,
+}
 
 /// One gated log's marks.
 #[derive(Debug, Clone, Copy, Default)]
@@ -42,6 +53,78 @@ impl Broker {
         if let Some(g) = self.gates.remove(&log) {
             self.retired_gates.insert(log, g);
         }
+    }
+
+    /// The leadership of `log`'s shard here ended: every reader of the shard gets what was
+    /// committed and fanned in, then `shard_moved` (a client that did not offer it sees the
+    /// stream finish), and resubscribes where `to` says from `resume_from`. A reader left
+    /// attached would otherwise see records appended here as a follower never, and the next
+    /// leadership's from wherever that one's commit starts: a gap with no signal.
+    pub(crate) fn shard_moved(&mut self, log: LogId, to: &MovedTo) {
+        let owner = self
+            .logs
+            .as_ref()
+            .and_then(|l| l.slot(log))
+            .map(|s| s.owner);
+        let Some(Owner::Stream { stream, shard }) = owner else {
+            return;
+        };
+        let mut fan = FanOut {
+            subscribers: &mut self.subscribers,
+            ready: &mut self.ready,
+            stats: &mut self.stats,
+            budget: &mut self.event_budget,
+        };
+        let sh = &mut self.streams[stream].shards[shard as usize];
+        sh.dirty = false;
+        seal(sh, &mut fan);
+        let released = sh.store.as_ref().map_or(0, |s| s.released);
+        // In id order, not the hash map's: the final frames are queued (and sent) in it.
+        let mut ids: Vec<SubscriberId> = self
+            .subscribers
+            .iter()
+            .filter(|(_, s)| s.stream == stream && s.shard == shard && s.final_frame.is_none())
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        for id in ids {
+            let Some(sub) = self.subscribers.get_mut(&id) else {
+                continue;
+            };
+            // Replay frames already encoded go out; the replay resumes after them.
+            let resume_from = match sub.catch_up.take() {
+                Some(cu) => {
+                    for f in cu.frames.into_iter().rev() {
+                        sub.queued_bytes += f.len();
+                        self.event_budget.add(sub.owner, f.len());
+                        sub.queue.push_front(f);
+                    }
+                    // Joined: live frames from the released tail queue behind the replay.
+                    if cu.joined {
+                        released
+                    } else {
+                        cu.next
+                    }
+                }
+                None => released,
+            };
+            sub.detached = true;
+            sub.final_frame = Some(if sub.ends_on_move {
+                encode_message(&Message::ShardMoved(ShardMoved {
+                    subscription_id: sub.subscription_id,
+                    resume_from: Some(resume_from),
+                    node_id: to.node_id.clone(),
+                    addr: to.addr.clone(),
+                    generation: to.generation,
+                }))
+            } else {
+                Bytes::new()
+            });
+            mark_ready(id, sub, &mut self.ready);
+        }
+        self.streams[stream].shards[shard as usize]
+            .subscribers
+            .clear();
     }
 
     pub(crate) fn is_gated(&self, log: LogId) -> bool {

@@ -17,6 +17,7 @@ use felix_cluster::replication::fence::{self, FenceOutcome, LogPosition};
 use felix_cluster::replication::follower::{FollowState, ShardFollower, Shipment};
 use felix_cluster::replication::leader::{LeaderOutput, LeaderSettings, ShardLeader};
 use felix_cluster::replication::Replica;
+use felix_cluster::routing::Owner;
 use felix_cluster::NodeId;
 use felix_peer_proto as pp;
 use felix_peer_proto::PeerMessage;
@@ -26,6 +27,7 @@ use felix_storage::replica_state::{Epoch as StoredEpoch, ReplicaState};
 use tracing::{info, warn};
 
 use super::ClusterNode;
+use crate::broker::replicated::MovedTo;
 use crate::broker::LogInfo;
 
 /// How often unanswered requests (follow, fence, tail fetch) are sent again, and shards are
@@ -68,6 +70,12 @@ pub(crate) enum ReplicaIo {
     },
     Ungate {
         log: LogId,
+    },
+    /// The leadership here ended: its readers are ended with `shard_moved`, naming where the
+    /// shard went as far as the metadata knows.
+    Moved {
+        log: LogId,
+        to: MovedTo,
     },
     Committed {
         log: LogId,
@@ -753,16 +761,55 @@ impl ClusterNode {
         let Some(slot) = self.replicas.slots.get_mut(r) else {
             return;
         };
-        if let (Role::Leading(l), Some(log)) = (&slot.role, slot.log) {
-            info!(shard = %r, generation = l.generation(), "no longer leading");
-            self.replicas.io.push_back(ReplicaIo::TimedOut {
-                log,
-                up_to: u64::MAX,
-            });
-            self.replicas.io.push_back(ReplicaIo::Ungate { log });
-        }
+        let led = match (&slot.role, slot.log) {
+            (Role::Leading(l), Some(log)) => Some((l.generation(), log)),
+            _ => None,
+        };
         slot.role = Role::Preparing;
         slot.gated = false;
+        let Some((generation, log)) = led else {
+            return;
+        };
+        info!(shard = %r, generation, "no longer leading");
+        self.replicas.io.push_back(ReplicaIo::TimedOut {
+            log,
+            up_to: u64::MAX,
+        });
+        self.replicas.io.push_back(ReplicaIo::Ungate { log });
+        let to = self.moved_to(r);
+        self.replicas.io.push_back(ReplicaIo::Moved { log, to });
+    }
+
+    /// Where the shard `r` went, as the metadata here says.
+    fn moved_to(&self, r: &ShardRef) -> MovedTo {
+        let generation = self.generation_of(r).unwrap_or(0);
+        let owner = self.stream_owner(&r.key.tenant, &r.key.namespace, &r.key.name, r.shard);
+        match owner {
+            Some(Owner::Remote {
+                node,
+                addr,
+                generation,
+            }) => MovedTo {
+                node_id: Some(node.0),
+                addr,
+                generation,
+            },
+            // Led here again at a new generation once its fence is done.
+            Some(Owner::Local) => MovedTo {
+                node_id: Some(self.me.0.clone()),
+                addr: self
+                    .meta()
+                    .members
+                    .get(&self.me)
+                    .and_then(|m| m.client_addr.clone()),
+                generation,
+            },
+            _ => MovedTo {
+                node_id: None,
+                addr: None,
+                generation,
+            },
+        }
     }
 
     /// The engine opened (or found) the shard's log.

@@ -520,7 +520,11 @@ impl Engine {
         let mut capabilities = capabilities;
         if cluster.is_some() {
             // A cluster member redirects readers and names the owner on forwarded acks.
-            capabilities.features = capabilities.features.union(Features::REDIRECT);
+            // It ends a reader whose shard's leadership moved with `shard_moved`.
+            capabilities.features = capabilities
+                .features
+                .union(Features::REDIRECT)
+                .union(Features::SHARD_MOVED);
             capabilities.flags = capabilities.flags.union(Flags::BINARY_PUBLISH_ACK_OWNER);
         }
         let core = Core {

@@ -70,6 +70,7 @@ impl Engine {
                     }
                     ReplicaIo::Gate { log, committed } => broker.gate(log, committed),
                     ReplicaIo::Ungate { log } => broker.ungate(log),
+                    ReplicaIo::Moved { log, to } => broker.shard_moved(log, &to),
                     ReplicaIo::Committed { log, up_to } => broker.committed(log, up_to),
                     ReplicaIo::TimedOut { log, up_to } => broker.timed_out(log, up_to),
                 }
