@@ -105,6 +105,12 @@ impl ShardFollower {
             return Shipment::NotReady;
         };
         if base == end {
+            // The next shipment starts where this one ends, before the append is done: the
+            // engine appends after it has read every message in hand, and a leader streams
+            // its window, so waiting for `appended` would take every shipment after the first
+            // for a gap. Appends are made in order, and the log refuses one that does not
+            // start at its end; a failed one asks again (`ask_again`).
+            self.state = FollowState::Fed { end: base + count };
             return Shipment::Append;
         }
         if base + count <= end {
@@ -114,7 +120,8 @@ impl ShardFollower {
         Shipment::Refollow
     }
 
-    /// The shipment was appended; the log ends at `end` now.
+    /// The shipment was appended; the log ends at `end` now (or further, with the appends
+    /// accepted after it).
     pub fn appended(&mut self, end: u64) {
         if let FollowState::Fed { end: e } = &mut self.state {
             *e = (*e).max(end);
@@ -150,6 +157,29 @@ mod tests {
         assert_eq!(f.shipment(&n("n1"), 4, 10, 2), Shipment::Held);
         assert_eq!(f.shipment(&n("n1"), 4, 13, 2), Shipment::Refollow);
         assert_eq!(f.state(), FollowState::Asking);
+    }
+
+    #[test]
+    fn shipments_in_a_row_are_appended_before_the_first_append_is_done() {
+        // A leader's window arrives as one burst, read before any append is made.
+        let mut f = ShardFollower::new(2, n("n2"));
+        assert_eq!(f.follow_from(0, 0, 0), None);
+        assert_eq!(f.shipment(&n("n2"), 2, 0, 1), Shipment::Append);
+        assert_eq!(f.shipment(&n("n2"), 2, 1, 3), Shipment::Append);
+        assert_eq!(f.shipment(&n("n2"), 2, 4, 1), Shipment::Append);
+        assert_eq!(f.state(), FollowState::Fed { end: 5 });
+        // A resend of one of them is held, not appended twice.
+        assert_eq!(f.shipment(&n("n2"), 2, 1, 3), Shipment::Held);
+        // The appends land in order; none moves the end back.
+        f.appended(1);
+        f.appended(4);
+        assert_eq!(f.state(), FollowState::Fed { end: 5 });
+        f.appended(5);
+        assert_eq!(f.shipment(&n("n2"), 2, 5, 1), Shipment::Append);
+        // One that failed: asked again from the log's real end.
+        f.ask_again();
+        assert_eq!(f.state(), FollowState::Asking);
+        assert_eq!(f.shipment(&n("n2"), 2, 6, 1), Shipment::NotReady);
     }
 
     #[test]
