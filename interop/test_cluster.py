@@ -8,95 +8,21 @@ Set FELIX_CLI_BIN / FELIX_BROKER_BIN to test other builds.
 """
 
 import os
-import pathlib
-import select
 import signal
-import subprocess
-import tempfile
-import threading
 import time
 
-import felix
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-CLI_BIN = os.environ.get("FELIX_CLI_BIN", str(REPO / "target" / "release" / "felix"))
-BROKER_BIN = os.environ.get("FELIX_BROKER_BIN", str(REPO / "target" / "release" / "felix-broker"))
-START_TIMEOUT_S = 60
+from cluster_up import LocalCluster
+
 EVENT_TIMEOUT_S = 10
 SHARDS = 6
 
 
-class LocalCluster:
-    def __init__(self, runtime):
-        self.dir = tempfile.TemporaryDirectory(prefix="felix-interop-cluster-")
-        d = pathlib.Path(self.dir.name) / "cluster"
-        self.out = open(pathlib.Path(self.dir.name) / "cluster-up.log", "w+")
-        self.proc = subprocess.Popen(
-            [CLI_BIN, "cluster", "up", "--nodes", "3", "--dir", str(d), "--broker", BROKER_BIN,
-             "--runtime", runtime, "--stream", f"t1/default/orders:{SHARDS}",
-             "--cache", "t1/default/sessions"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=dict(os.environ, NO_COLOR="1"),
-        )
-        self.seeds, self.ca, self.token_path, self.pids = None, None, None, []
-        # Output is waited for (select on the pipe's descriptor, bounded by the deadline),
-        # never slept on. Read raw: a buffered reader could hold lines select cannot see.
-        deadline = time.monotonic() + START_TIMEOUT_S
-        fd = self.proc.stdout.fileno()
-        text = ""
-        while "Ctrl-C stops the cluster." not in text:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([fd], [], [], max(left, 0))
-            if not ready:
-                raise RuntimeError(f"the cluster did not start in {START_TIMEOUT_S}s:\n{text}")
-            chunk = os.read(fd, 65536).decode()
-            if not chunk:
-                self.proc.wait()
-                raise RuntimeError(f"felix cluster up exited {self.proc.returncode}:\n{text}")
-            text += chunk
-            self.out.write(chunk)
-        # What the nodes print later goes on to the log file; a full pipe would block them.
-        threading.Thread(target=self._drain, daemon=True).start()
-        for line in text.splitlines():
-            if line.startswith("seeds: "):
-                self.seeds = line.split(": ", 1)[1].split(",")
-            elif line.startswith("ca: "):
-                self.ca = line.split(": ", 1)[1]
-            elif line.startswith("token: "):
-                self.token_path = line.split(": ", 1)[1].split(" ")[0]
-            elif line.startswith("node ") and " pid " in line:
-                self.pids.append(int(line.split(" pid ")[1].split()[0]))
-        self.token = pathlib.Path(self.token_path).read_text().strip()
-
-    def _drain(self):
-        fd = self.proc.stdout.fileno()
-        while chunk := os.read(fd, 65536):
-            self.out.write(chunk.decode(errors="replace"))
-
-    def read_out(self):
-        self.out.flush()
-        self.out.seek(0)
-        return self.out.read()
-
-    def client(self, seeds):
-        return felix.Client(seeds, tenant_id="t1", token=self.token, ca_file=self.ca)
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            code = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-        self.out.close()
-        self.dir.cleanup()
-        return code
-
-
 @pytest.fixture(scope="module")
 def cluster(runtime):
-    c = LocalCluster(runtime)
+    c = LocalCluster(
+        runtime, ["--stream", f"t1/default/orders:{SHARDS}", "--cache", "t1/default/sessions"])
     yield c
     assert c.stop() == 0, "felix cluster up must stop its nodes and exit 0 on SIGINT"
 

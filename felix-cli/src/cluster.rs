@@ -62,8 +62,9 @@ struct UpArgs {
     /// The runtime every node runs on.
     #[arg(long, value_parser = ["tokio", "smol"])]
     runtime: Option<String>,
-    /// Declare a stream on every node: `TENANT/NAMESPACE/STREAM:SHARDS[:REPLICATION_FACTOR]`
-    /// (repeatable). Undeclared streams are placed on first use.
+    /// Declare a stream on every node:
+    /// `TENANT/NAMESPACE/STREAM:SHARDS[:REPLICATION_FACTOR[:CONSISTENCY]]`, CONSISTENCY
+    /// `leader` (default) or `quorum` (repeatable). Undeclared streams are placed on first use.
     #[arg(long = "stream", value_name = "SPEC", value_parser = parse_stream)]
     streams: Vec<Declared>,
     /// Declare a cache on every node: `TENANT/NAMESPACE/CACHE[:REPLICATION_FACTOR]` (repeatable).
@@ -80,6 +81,8 @@ struct Declared {
     names: [String; 3],
     shards: u32,
     replication_factor: u8,
+    /// A stream's `consistency` as the broker spells it; `None` for a cache, which has none.
+    consistency: Option<&'static str>,
 }
 
 fn parse_declared(text: &str, with_shards: bool) -> Result<Declared, String> {
@@ -102,6 +105,19 @@ fn parse_declared(text: &str, with_shards: bool) -> Result<Declared, String> {
         1
     };
     let rf = number(parts.next(), "replication factor")?.unwrap_or(1);
+    let consistency = if with_shards {
+        match parts.next() {
+            None | Some("leader") => Some("leader"),
+            Some("quorum") => Some("quorum"),
+            Some(other) => {
+                return Err(format!(
+                    "{text:?}: consistency {other:?}: expected \"leader\" or \"quorum\""
+                ))
+            }
+        }
+    } else {
+        None
+    };
     if parts.next().is_some() {
         return Err(format!("{text:?}: too many ':' fields"));
     }
@@ -110,6 +126,7 @@ fn parse_declared(text: &str, with_shards: bool) -> Result<Declared, String> {
         shards: u32::try_from(shards).map_err(|_| format!("{text:?}: too many shards"))?,
         replication_factor: u8::try_from(rf)
             .map_err(|_| format!("{text:?}: replication factor"))?,
+        consistency,
     })
 }
 
@@ -381,12 +398,13 @@ fn declarations(streams: &[Declared], caches: &[Declared]) -> String {
     for d in streams {
         let [t, n, s] = &d.names;
         out.push_str(&format!(
-            "\n[[streams]]\ntenant = {}\nnamespace = {}\nstream = {}\nshards = {}\nreplication_factor = {}\n",
+            "\n[[streams]]\ntenant = {}\nnamespace = {}\nstream = {}\nshards = {}\nreplication_factor = {}\nconsistency = {}\n",
             toml_string(t),
             toml_string(n),
             toml_string(s),
             d.shards,
-            d.replication_factor
+            d.replication_factor,
+            toml_string(d.consistency.unwrap_or("leader"))
         ));
     }
     for d in caches {
@@ -606,12 +624,53 @@ mod tests {
         assert!(parse_stream("t1/x:2")
             .unwrap_err()
             .contains("TENANT/NAMESPACE/NAME"));
-        assert!(parse_stream("t1/a/b:2:1:9")
+        assert!(parse_stream("t1/a/b:2:1:leader:9")
             .unwrap_err()
             .contains("too many"));
         let c = parse_cache("t1/default/sessions").unwrap();
         let toml = declarations(&[s], &[c]);
-        assert!(toml.contains("[[streams]]\ntenant = \"t1\"\nnamespace = \"default\"\nstream = \"orders\"\nshards = 6\nreplication_factor = 3\n"), "{toml}");
+        assert!(toml.contains("[[streams]]\ntenant = \"t1\"\nnamespace = \"default\"\nstream = \"orders\"\nshards = 6\nreplication_factor = 3\nconsistency = \"leader\"\n"), "{toml}");
         assert!(toml.contains("[[caches]]\ntenant = \"t1\"\nnamespace = \"default\"\ncache = \"sessions\"\nreplication_factor = 1\n"), "{toml}");
+    }
+
+    #[test]
+    fn a_stream_declares_its_consistency_leader_by_default() {
+        assert_eq!(
+            parse_stream("t1/default/x:3:3").unwrap().consistency,
+            Some("leader")
+        );
+        for (spec, want) in [
+            ("t1/default/x:3:3:leader", "leader"),
+            ("t1/default/x:3:3:quorum", "quorum"),
+        ] {
+            let d = parse_stream(spec).unwrap();
+            assert_eq!((d.shards, d.replication_factor), (3, 3), "{spec}");
+            assert_eq!(d.consistency, Some(want), "{spec}");
+            let toml = declarations(&[d], &[]);
+            assert!(
+                toml.ends_with(&format!(
+                    "replication_factor = 3\nconsistency = \"{want}\"\n"
+                )),
+                "{toml}"
+            );
+        }
+        // Spelled as the broker's config spells it: anything else is named, with the choices.
+        for bad in ["all", "Quorum", "", "1"] {
+            let err = parse_stream(&format!("t1/default/x:3:3:{bad}")).unwrap_err();
+            assert!(
+                err.contains(&format!("consistency {bad:?}"))
+                    && err.contains("\"leader\" or \"quorum\""),
+                "{bad}: {err}"
+            );
+        }
+        // The replication factor comes first: a consistency in its place is not a number.
+        assert!(parse_stream("t1/default/x:3:quorum")
+            .unwrap_err()
+            .contains("replication factor \"quorum\""));
+        // A cache has no consistency, so a third field is one too many.
+        assert!(parse_cache("t1/default/c:3:quorum")
+            .unwrap_err()
+            .contains("too many"));
+        assert_eq!(parse_cache("t1/default/c:3").unwrap().consistency, None);
     }
 }
