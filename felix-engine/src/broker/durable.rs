@@ -344,10 +344,7 @@ impl Broker {
                 logs.notices.push_back(Notice::Durable { log: id, up_to });
                 // A leadership here ended: what it wrote past its commit mark may be cut
                 // by the next leader, so no subscriber sees it.
-                let committed = self
-                    .retired_gates
-                    .get(&id)
-                    .map_or(u64::MAX, |g| g.committed);
+                let committed = self.last_retired(id).map_or(u64::MAX, |g| g.committed);
                 self.release(id, up_to.min(committed));
             }
             LogEvent::Read { ticket, result } => {

@@ -460,8 +460,11 @@ pub(crate) struct Broker {
     /// Logs of replicated shards led here: answers wait for their commit mark
     /// (`replicated.rs`).
     gates: std::collections::BTreeMap<LogId, replicated::Gate>,
-    /// Gates of leaderships that ended here, kept for the answers they still owe.
-    retired_gates: std::collections::BTreeMap<LogId, replicated::Gate>,
+    /// Gates of leaderships that ended here, by (log, leadership), kept for the answers they
+    /// still owe.
+    retired_gates: std::collections::BTreeMap<(LogId, u64), replicated::Gate>,
+    /// Per log, how many leaderships it has had here.
+    leaderships: std::collections::BTreeMap<LogId, u64>,
 }
 
 impl Broker {
@@ -511,6 +514,7 @@ impl Broker {
             cache_expiry: None,
             gates: std::collections::BTreeMap::new(),
             retired_gates: std::collections::BTreeMap::new(),
+            leaderships: std::collections::BTreeMap::new(),
         }
     }
 

@@ -29,9 +29,14 @@ pub(crate) struct MovedTo {
     pub(crate) generation: u64,
 }
 
+/// Ended leaderships of one log whose marks are kept for the answers they still owe.
+const RETIRED_LEADERSHIPS_KEPT: u64 = 4;
+
 /// One gated log's marks.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Gate {
+    /// Which leadership of the log here this is (1, 2, …): held answers name it.
+    pub(crate) leadership: u64,
     /// Records below this are committed.
     pub(crate) committed: u64,
     /// Quorum publishes ending at or below this timed out (unless committed since).
@@ -41,9 +46,42 @@ pub(crate) struct Gate {
 impl Broker {
     /// Gates `log` (its shard is led here and replicated), committed below `committed`.
     pub(crate) fn gate(&mut self, log: LogId, committed: u64) {
-        self.retired_gates.remove(&log);
-        let gate = self.gates.entry(log).or_default();
+        if !self.gates.contains_key(&log) {
+            let n = self.leaderships.entry(log).or_default();
+            *n += 1;
+            let leadership = *n;
+            self.gates.insert(
+                log,
+                Gate {
+                    leadership,
+                    ..Gate::default()
+                },
+            );
+        }
+        let gate = self.gates.get_mut(&log).expect("just made");
         gate.committed = gate.committed.max(committed);
+    }
+
+    /// The leadership of `log` here that a publish written now is answered under (0: the log
+    /// is not gated, and answers by its own durability).
+    pub(crate) fn leadership(&self, log: LogId) -> u64 {
+        self.gates.get(&log).map_or(0, |g| g.leadership)
+    }
+
+    /// What leadership `leadership` of `log` had committed when it ended (0 once forgotten:
+    /// a held answer from so long ago is an unknown outcome).
+    pub(crate) fn retired_committed(&self, log: LogId, leadership: u64) -> u64 {
+        self.retired_gates
+            .get(&(log, leadership))
+            .map_or(0, |g| g.committed)
+    }
+
+    /// The latest ended leadership of `log` here, if any.
+    pub(crate) fn last_retired(&self, log: LogId) -> Option<&Gate> {
+        self.retired_gates
+            .range((log, 0)..=(log, u64::MAX))
+            .next_back()
+            .map(|(_, g)| g)
     }
 
     /// The shard is no longer led here: its log answers by its own durability again.
@@ -51,7 +89,12 @@ impl Broker {
     /// answered by them (`quorum_timeout`), never by the log's own durability.
     pub(crate) fn ungate(&mut self, log: LogId) {
         if let Some(g) = self.gates.remove(&log) {
-            self.retired_gates.insert(log, g);
+            self.retired_gates.insert((log, g.leadership), g);
+            // A few are kept; an answer held across more leaderships than that is old
+            // enough to be an unknown outcome.
+            let keep_from = g.leadership.saturating_sub(RETIRED_LEADERSHIPS_KEPT);
+            self.retired_gates
+                .retain(|&(l, n), _| l != log || n > keep_from);
         }
     }
 
@@ -159,19 +202,7 @@ impl Broker {
 
     /// The mark below which a held publish on `log` was refused `quorum_timeout`.
     pub(crate) fn timed_out_mark(&self, log: LogId) -> u64 {
-        self.gates
-            .get(&log)
-            .or_else(|| self.retired_gates.get(&log))
-            .map_or(0, |g| g.timed_out)
-    }
-
-    /// Records below this were committed by a leadership here (all of them on a log that was
-    /// never gated).
-    pub(crate) fn committed_mark(&self, log: LogId) -> u64 {
-        self.gates
-            .get(&log)
-            .or_else(|| self.retired_gates.get(&log))
-            .map_or(u64::MAX, |g| g.committed)
+        self.gates.get(&log).map_or(0, |g| g.timed_out)
     }
 }
 

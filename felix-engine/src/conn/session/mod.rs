@@ -93,6 +93,8 @@ enum Held {
     Durable {
         log: LogId,
         end: u64,
+        /// The log's leadership here it was written under (0: not gated).
+        leadership: u64,
         ok: Bytes,
         fail: FailAnswer,
     },
@@ -276,13 +278,31 @@ impl Session {
                     Some(Held::Ready(b)) => b,
                     _ => unreachable!("front is ready"),
                 },
-                Held::Durable { log, end, fail, .. } => {
-                    let (log, end, fail) = (*log, *end, *fail);
-                    // A leadership that ended before committing it: outcome unknown, even
-                    // though the log here holds it (the next leader may not).
-                    let lapsed = core.broker.timed_out_mark(log) >= end
-                        && core.broker.committed_mark(log) < end;
-                    if !lapsed && core.broker.durable_offset(log) >= end {
+                Held::Durable {
+                    log,
+                    end,
+                    leadership,
+                    fail,
+                    ..
+                } => {
+                    let (log, end, leadership, fail) = (*log, *end, *leadership, *fail);
+                    // Written under a leadership here that has ended: answered by what that
+                    // one committed, never by the log's durability now (the record may have
+                    // been cut and its offset reused by a later leadership).
+                    if leadership != 0 && leadership != core.broker.leadership(log) {
+                        let committed = core.broker.retired_committed(log, leadership) >= end;
+                        let Some(Held::Durable { ok, .. }) = self.held.pop_front() else {
+                            unreachable!("front is durable")
+                        };
+                        if committed {
+                            ok
+                        } else {
+                            let message = "the shard's leader changed before the publish \
+                                           reached a majority of its replicas; it may still be \
+                                           committed";
+                            self.fail_frame(fail, ErrorCode::QuorumTimeout, message)
+                        }
+                    } else if core.broker.durable_offset(log) >= end {
                         match self.held.pop_front() {
                             Some(Held::Durable { ok, .. }) => ok,
                             _ => unreachable!("front is durable"),
@@ -1202,7 +1222,14 @@ impl Session {
             self.push_frame(frame);
             return;
         }
-        self.held.push_back(Held::Durable { log, end, ok, fail });
+        let leadership = cx.core.broker.leadership(log);
+        self.held.push_back(Held::Durable {
+            log,
+            end,
+            leadership,
+            ok,
+            fail,
+        });
         cx.core.wait_durable(log, end, cx.ch, cx.stream);
     }
 
