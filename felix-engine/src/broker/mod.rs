@@ -603,6 +603,14 @@ impl Broker {
                 }
                 LogState::Open => {}
             }
+            // A replicated shard led here before but not now: a write routed while it was
+            // led and run later (it waited for its log) must not land on a follower's copy.
+            if self.leaderships.contains_key(&log) && !self.gates.contains_key(&log) {
+                return Err(BrokerError::new(
+                    ErrorCode::ShardUnavailable,
+                    "the shard is no longer led here; retry",
+                ));
+            }
             if payloads.is_empty() {
                 let at = slot.log.shard().next_offset();
                 return Ok(Published {

@@ -146,6 +146,10 @@ struct Slot {
     /// The broker holds this leadership's answers for the commit mark: its `Gate` has been
     /// handed over. Until then a write would be answered by the log's own durability.
     gated: bool,
+    /// A follower's epochs once its cut is made (the leader's from the cut on). Persisted
+    /// only then: a request to be fed sent before the cut would otherwise claim the leader's
+    /// epochs for records that are still this copy's own, and be cut too little.
+    epochs_after_cut: Option<Vec<(u64, u64)>>,
 }
 
 /// This node's part in every replicated shard it holds.
@@ -482,6 +486,7 @@ impl ClusterNode {
                 persisting: false,
                 last_sent: None,
                 gated: false,
+                epochs_after_cut: None,
             });
             if slot.generation != m.generation {
                 slot.generation = m.generation;
@@ -948,8 +953,12 @@ impl ClusterNode {
                 let Some(slot) = self.replicas.slots.get_mut(&r) else {
                     return;
                 };
+                let mut cut_epochs = None;
                 match (&mut slot.role, result) {
-                    (Role::Following(f), Ok(end)) => f.truncated(end),
+                    (Role::Following(f), Ok(end)) => {
+                        f.truncated(end);
+                        cut_epochs = slot.epochs_after_cut.take();
+                    }
                     (Role::Fencing(fe), Ok(_)) => {
                         if let Some(a) = &mut fe.adopting {
                             a.cutting = false;
@@ -964,6 +973,13 @@ impl ClusterNode {
                 }
                 slot.last_sent = None;
                 self.replicas_changed = true;
+                if let (Some(epochs), Some(info)) = (cut_epochs, logs.info(log)) {
+                    let mut state = info.state.clone();
+                    state.epochs = stored(&epochs);
+                    if state != info.state {
+                        self.persist(&r, log, state);
+                    }
+                }
             }
             ReplicaEvent::StateDurable(state) => {
                 let Some(r) = self.replicas.by_log.get(&log).cloned() else {
@@ -1346,10 +1362,15 @@ impl ClusterNode {
                 let own = to_epoch_log(&info.state, info.end);
                 let at = ff.truncate_to.min(info.end);
                 let epochs = splice(&own.epochs, &from_wire(&ff.epochs), at);
-                let mut state = info.state.clone();
-                state.epochs = stored(&epochs);
-                if state != info.state {
-                    self.persist(&r, log, state);
+                if cut.is_some() {
+                    slot.epochs_after_cut = Some(epochs);
+                } else {
+                    slot.epochs_after_cut = None;
+                    let mut state = info.state.clone();
+                    state.epochs = stored(&epochs);
+                    if state != info.state {
+                        self.persist(&r, log, state);
+                    }
                 }
                 if let Some(to) = cut {
                     self.replicas.io.push_back(ReplicaIo::Truncate { log, to });
