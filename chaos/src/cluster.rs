@@ -423,7 +423,7 @@ impl Drop for Cluster {
 }
 
 /// `GET path`: the status code and, if `body`, the whole answer (bounded).
-pub(crate) fn http_get(addr: SocketAddr, path: &str, body: bool) -> Option<(u16, String)> {
+pub fn http_get(addr: SocketAddr, path: &str, body: bool) -> Option<(u16, String)> {
     const MAX_ANSWER: usize = 1 << 20;
     let mut conn = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).ok()?;
     conn.set_read_timeout(Some(HTTP_TIMEOUT)).ok()?;

@@ -13,8 +13,6 @@
 //! generation moved may lose acknowledged records by design; those losses are reported as
 //! tolerated. Every other check holds either way.
 
-mod cluster;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,7 +25,9 @@ use felix_proto::routing::{shard_for_key, RoutingMapping};
 use felix_testkit::history::{self, Op, Read, ShardId, Tolerance};
 use felix_testkit::{Direction, Rule};
 
-use crate::cluster::{Cluster, LEASE, NAMESPACE, NODES, READY_LIMIT, SHARDS, STREAMS, TENANT};
+use felix_chaos::cluster::{
+    Cluster, LEASE, NAMESPACE, NODES, READY_LIMIT, SHARDS, STREAMS, TENANT,
+};
 
 /// `--duration-secs` at most: the run is meant for a test suite.
 const MAX_DURATION: u64 = 600;

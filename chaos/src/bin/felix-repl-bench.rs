@@ -18,10 +18,6 @@
 //! cluster did not do what it measures in time (failover, catch-up: logs kept and printed),
 //! 2 on a usage error or a harness failure.
 
-#[allow(dead_code)] // the chaos run's harness; the bench needs part of it
-#[path = "../cluster.rs"]
-mod cluster;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,7 +29,7 @@ use bytes::Bytes;
 use felix_client::{Ack, Client, ClientConfig, Offer};
 use felix_proto::message::{self, Message, ShardKind};
 
-use crate::cluster::{http_get, Cluster, Layout, StreamDecl, NAMESPACE, NODES, TENANT};
+use felix_chaos::cluster::{self, http_get, Cluster, Layout, StreamDecl, NAMESPACE, NODES, TENANT};
 
 const USAGE: &str = "\
 usage: felix-repl-bench <compare|failover|catch-up> [options]

@@ -1,0 +1,5 @@
+//! What the chaos run (`felix-chaos`) and the replication benchmarks (`felix-repl-bench`)
+//! share: a real cluster of `felix-broker` processes on loopback, laid out and run
+//! (`cluster`).
+
+pub mod cluster;
