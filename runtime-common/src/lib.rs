@@ -295,10 +295,12 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
     ops_state.set_ready(!clustered);
     let (stop, stop_rx) = oneshot::channel();
     let (stopped_tx, stopped) = oneshot::channel();
-    runtime.spawn(async move {
+    // Boxed: the loop's future holds the whole engine, and an unoptimised build copies a
+    // future by value through the executor's spawn frames (it overflowed a 2 MiB test thread).
+    runtime.spawn(Box::pin(async move {
         driver.run(stop_rx).await;
         let _ = stopped_tx.send(());
-    });
+    }));
     info!(%local_addr, runtime = R::NAME, dev_mode = dev_token.is_some(), "felix broker listening");
     Ok(RunningBroker {
         runtime: R::NAME,
