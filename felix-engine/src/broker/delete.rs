@@ -26,7 +26,7 @@ use felix_proto::message::{Message, StreamDeleted};
 
 use super::durable::{Notice, ShardStore};
 use super::encode::encode_message;
-use super::{mark_ready, seal, Broker, FanOut, Shard, Stream, StreamKey, SubscriberId};
+use super::{Broker, Shard, Stream, StreamKey};
 use felix_storage::layout;
 use felix_storage::ops::LogId;
 
@@ -106,52 +106,17 @@ impl Broker {
 
     /// Ends every subscription on stream `index` after what is queued for it.
     fn end_subscriptions(&mut self, index: usize) {
-        let mut fan = FanOut {
-            subscribers: &mut self.subscribers,
-            ready: &mut self.ready,
-            stats: &mut self.stats,
-            budget: &mut self.event_budget,
-        };
-        // Records already fanned in go out first.
-        for sh in &mut self.streams[index].shards {
-            sh.dirty = false;
-            seal(sh, &mut fan);
-        }
-        // In id order, not the hash map's: the final frames are queued (and sent) in it.
-        let mut ids: Vec<SubscriberId> = self
-            .subscribers
-            .iter()
-            .filter(|(_, s)| s.stream == index && s.final_frame.is_none())
-            .map(|(id, _)| *id)
-            .collect();
-        ids.sort_unstable();
-        for id in ids {
-            let Some(sub) = self.subscribers.get_mut(&id) else {
-                continue;
-            };
-            // Replay frames already encoded go out too; the rest of the replay cannot.
-            if let Some(cu) = sub.catch_up.take() {
-                for f in cu.frames.into_iter().rev() {
-                    sub.queued_bytes += f.len();
-                    self.event_budget.add(sub.owner, f.len());
-                    sub.queue.push_front(f);
-                }
-            }
-            sub.detached = true;
-            // An empty final frame finishes the stream with nothing more on it: what a
-            // client that did not offer the feature always saw.
-            sub.final_frame = Some(if sub.ends_on_delete {
+        // An empty final frame finishes the stream with nothing more on it: what a client
+        // that did not offer the feature always saw.
+        self.end_readers(index, None, |sub, _| {
+            if sub.ends_on_delete {
                 encode_message(&Message::StreamDeleted(StreamDeleted {
                     subscription_id: sub.subscription_id,
                 }))
             } else {
                 Bytes::new()
-            });
-            mark_ready(id, sub, &mut self.ready);
-        }
-        for sh in &mut self.streams[index].shards {
-            sh.subscribers.clear();
-        }
+            }
+        });
     }
 }
 

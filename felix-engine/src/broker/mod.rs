@@ -1245,6 +1245,73 @@ fn seal(sh: &mut Shard, fan: &mut FanOut<'_>) {
     }
 }
 
+impl Broker {
+    /// Ends the readers of stream `index` (of one shard, or of all) after what is queued for
+    /// them: records already fanned in are sealed and go out, and so do replay frames already
+    /// encoded. `last` makes each one's final frame from the first offset it was not offered.
+    fn end_readers(
+        &mut self,
+        index: usize,
+        shard: Option<u32>,
+        last: impl Fn(&Subscriber, u64) -> Bytes,
+    ) {
+        let ends = |i: u32| shard.is_none_or(|s| s == i);
+        let mut fan = FanOut {
+            subscribers: &mut self.subscribers,
+            ready: &mut self.ready,
+            stats: &mut self.stats,
+            budget: &mut self.event_budget,
+        };
+        for (i, sh) in self.streams[index].shards.iter_mut().enumerate() {
+            if ends(i as u32) {
+                sh.dirty = false;
+                seal(sh, &mut fan);
+            }
+        }
+        // In id order, not the hash map's: the final frames are queued (and sent) in it.
+        let mut ids: Vec<SubscriberId> = self
+            .subscribers
+            .iter()
+            .filter(|(_, s)| s.stream == index && ends(s.shard) && s.final_frame.is_none())
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        for id in ids {
+            let Some(sub) = self.subscribers.get_mut(&id) else {
+                continue;
+            };
+            let released = self.streams[index].shards[sub.shard as usize]
+                .store
+                .as_ref()
+                .map_or(0, |s| s.released);
+            let resume_from = match sub.catch_up.take() {
+                Some(cu) => {
+                    for f in cu.frames.into_iter().rev() {
+                        sub.queued_bytes += f.len();
+                        self.event_budget.add(sub.owner, f.len());
+                        sub.queue.push_front(f);
+                    }
+                    // Joined: live frames from the released tail queue behind the replay.
+                    if cu.joined {
+                        released
+                    } else {
+                        cu.next
+                    }
+                }
+                None => released,
+            };
+            sub.detached = true;
+            sub.final_frame = Some(last(sub, resume_from));
+            mark_ready(id, sub, &mut self.ready);
+        }
+        for (i, sh) in self.streams[index].shards.iter_mut().enumerate() {
+            if ends(i as u32) {
+                sh.subscribers.clear();
+            }
+        }
+    }
+}
+
 fn mark_ready(id: SubscriberId, sub: &mut Subscriber, ready: &mut VecDeque<SubscriberId>) {
     if !sub.ready {
         sub.ready = true;

@@ -19,7 +19,7 @@ use felix_proto::message::{Message, ShardMoved};
 
 use super::durable::{LogState, Notice, Owner};
 use super::encode::encode_message;
-use super::{mark_ready, seal, Broker, FanOut, StreamKey, SubscriberId};
+use super::{Broker, StreamKey};
 
 /// Where a shard went when its leadership here ended, as the metadata here knew it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,47 +112,8 @@ impl Broker {
         let Some(Owner::Stream { stream, shard }) = owner else {
             return;
         };
-        let mut fan = FanOut {
-            subscribers: &mut self.subscribers,
-            ready: &mut self.ready,
-            stats: &mut self.stats,
-            budget: &mut self.event_budget,
-        };
-        let sh = &mut self.streams[stream].shards[shard as usize];
-        sh.dirty = false;
-        seal(sh, &mut fan);
-        let released = sh.store.as_ref().map_or(0, |s| s.released);
-        // In id order, not the hash map's: the final frames are queued (and sent) in it.
-        let mut ids: Vec<SubscriberId> = self
-            .subscribers
-            .iter()
-            .filter(|(_, s)| s.stream == stream && s.shard == shard && s.final_frame.is_none())
-            .map(|(id, _)| *id)
-            .collect();
-        ids.sort_unstable();
-        for id in ids {
-            let Some(sub) = self.subscribers.get_mut(&id) else {
-                continue;
-            };
-            // Replay frames already encoded go out; the replay resumes after them.
-            let resume_from = match sub.catch_up.take() {
-                Some(cu) => {
-                    for f in cu.frames.into_iter().rev() {
-                        sub.queued_bytes += f.len();
-                        self.event_budget.add(sub.owner, f.len());
-                        sub.queue.push_front(f);
-                    }
-                    // Joined: live frames from the released tail queue behind the replay.
-                    if cu.joined {
-                        released
-                    } else {
-                        cu.next
-                    }
-                }
-                None => released,
-            };
-            sub.detached = true;
-            sub.final_frame = Some(if sub.ends_on_move {
+        self.end_readers(stream, Some(shard), |sub, resume_from| {
+            if sub.ends_on_move {
                 encode_message(&Message::ShardMoved(ShardMoved {
                     subscription_id: sub.subscription_id,
                     resume_from: Some(resume_from),
@@ -162,12 +123,8 @@ impl Broker {
                 }))
             } else {
                 Bytes::new()
-            });
-            mark_ready(id, sub, &mut self.ready);
-        }
-        self.streams[stream].shards[shard as usize]
-            .subscribers
-            .clear();
+            }
+        });
     }
 
     pub(crate) fn is_gated(&self, log: LogId) -> bool {
