@@ -1218,6 +1218,11 @@ impl Engine {
             due
         };
         for (_, ch, stream) in due {
+            // A forwarded request waits in a virtual session, not on a connection.
+            if self.forwarded.contains(ch) {
+                self.wake_virtual(now, ch, true);
+                continue;
+            }
             if let Some(conn) = self.conns.get_mut(&ch) {
                 conn.resume_stalled(now, ch, stream, &mut self.core);
                 self.touch(ch);
