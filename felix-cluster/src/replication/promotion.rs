@@ -26,8 +26,10 @@ pub trait Renewals {
 ///   clients are told `shard_unavailable` instead of being sent to a dead node;
 /// - a shard led by nobody goes to the first such replica as soon as one is live.
 ///
-/// A durable shard with one replica therefore waits for its node, and a node with an empty
-/// disk is never named.
+/// A leader placed before it first joined is waited for as long as a lease it might hold,
+/// so a cluster starting up does not hand its shards to nobody and back while its nodes
+/// join. A durable shard with one replica therefore waits for its node, and a node with an
+/// empty disk is never named.
 pub fn promotions(meta: &Metadata, renewals: &impl Renewals) -> Vec<Command> {
     let mut due = Vec::new();
     for (shard, m) in meta.shards() {
@@ -40,6 +42,9 @@ pub fn promotions(meta: &Metadata, renewals: &impl Renewals) -> Vec<Command> {
                 .cloned()
         };
         let next = match &m.leader {
+            // Placed before it first joined (its disk not yet recorded): its join records
+            // the copy, so it is waited for like a leader that may hold its lease.
+            Some(l) if !meta.members.contains_key(l) && renewals.may_hold_lease(l) => None,
             Some(l) if !holds(l) => Some(candidate(Some(l))),
             Some(l) if !renewals.may_hold_lease(l) => Some(candidate(Some(l))),
             Some(_) => None,
@@ -217,6 +222,54 @@ mod tests {
             m.apply_entry(51, &bad.encode()),
             crate::meta::Applied::Invalid(_)
         ));
+    }
+
+    #[test]
+    fn a_leader_placed_before_it_joined_is_waited_for_then_handed_on_if_it_never_comes() {
+        // Declared while n3 had not joined: its copies have no disk recorded yet.
+        let mut m = Metadata::new(vec![
+            NodeId::new("n1"),
+            NodeId::new("n2"),
+            NodeId::new("n3"),
+        ]);
+        let mut d = Declarations::default();
+        d.streams.insert(
+            ObjectKey::new("t", "ns", "s"),
+            StreamSpec {
+                shards: 2,
+                replication_factor: 1,
+                consistency: Consistency::Leader,
+            },
+        );
+        let join = |n: &str| Command::Join {
+            node: NodeId::new(n),
+            client_addr: None,
+            storage_id: format!("disk-{n}"),
+        };
+        m.apply_entry(1, &join("n1").encode());
+        m.apply_entry(2, &join("n2").encode());
+        let declare = Command::Declare {
+            node: NodeId::new("n1"),
+            declarations: d,
+        };
+        m.apply_entry(3, &declare.encode());
+        assert_eq!(
+            leaders(&m),
+            [
+                "stream t/ns/s#0: [\"n3\"] g1 led by n3",
+                "stream t/ns/s#1: [\"n1\"] g1 led by n1",
+            ]
+        );
+        // n3 may still come (and no lease of its can be ruled out): nothing moves.
+        let live = ["n1", "n2"];
+        assert!(promotions(&m, &seen(&["n1", "n2", "n3"], &live)).is_empty());
+        // Past the time a lease could run, a node that never came is handed on.
+        let due = promotions(&m, &seen(&live, &live));
+        assert_eq!(show(&due), ["stream t/ns/s#0 -> g2 nobody"]);
+        // Once it joins, its join records the copy's disk and it leads at generation 1.
+        m.apply_entry(4, &join("n3").encode());
+        let all = ["n1", "n2", "n3"];
+        assert!(promotions(&m, &seen(&all, &all)).is_empty());
     }
 
     #[test]
