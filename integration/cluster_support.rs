@@ -124,7 +124,29 @@ impl Cluster {
         for i in 0..NODES.len() {
             c.wait_ready(i).await;
         }
+        // Ready is joined; a test starts from a cluster whose every shard is led, as every
+        // node sees it.
+        for i in 0..NODES.len() {
+            c.wait_led(i).await;
+        }
         c
+    }
+
+    /// Waits until node `i` names a leader for every shard of the stream. Bounded.
+    pub async fn wait_led(&self, i: usize) {
+        within(30, async {
+            loop {
+                let changed = self.brokers[i]
+                    .as_ref()
+                    .expect("running")
+                    .metadata_changed();
+                if self.owners(i).await.iter().all(|o| o.node_id.is_some()) {
+                    return;
+                }
+                let _ = changed.await;
+            }
+        })
+        .await;
     }
 
     pub async fn boot(&self, i: usize, shards: u32) -> RunningBroker {

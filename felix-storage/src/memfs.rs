@@ -154,6 +154,11 @@ impl MemFs {
         self.fault = Some(Box::new(fault));
     }
 
+    /// Some file holds bytes a power loss may take (written since its last sync).
+    pub fn has_unsynced_data(&self) -> bool {
+        self.files.values().any(|f| f.data != f.durable)
+    }
+
     pub fn is_dead(&self) -> bool {
         self.dead
     }

@@ -32,23 +32,33 @@ fn leaders(owners: &[felix_proto::message::ShardOwner]) -> Vec<(u64, Option<Stri
 }
 
 /// Asks node `i` until every shard is led by the node it was led by in `expected`, and
-/// returns that answer; bounded by `within`.
+/// returns that answer; at most 30 s, then fails naming what it saw last.
 async fn settled(
     c: &Cluster,
     i: usize,
     expected: &[felix_proto::message::ShardOwner],
 ) -> Vec<felix_proto::message::ShardOwner> {
-    within(30, async {
+    let last = std::cell::RefCell::new(Vec::new());
+    let wait = async {
         loop {
             let changed = c.brokers[i].as_ref().expect("running").metadata_changed();
             let now = c.owners(i).await;
             if leaders(&now) == leaders(expected) {
                 return now;
             }
+            *last.borrow_mut() = now;
             let _ = changed.await;
         }
-    })
-    .await
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(30), wait).await {
+        Ok(now) => now,
+        Err(_) => panic!(
+            "node {} did not settle within 30 s: wanted leaders {:?}, saw {:?}",
+            NODES[i],
+            leaders(expected),
+            last.borrow()
+        ),
+    }
 }
 
 async fn stop(c: &mut Cluster, i: usize) {
@@ -67,6 +77,7 @@ fn metadata_files(dir: &Path) -> Vec<String> {
 
 #[tokio::test]
 async fn a_durable_cluster_keeps_its_metadata_across_restarts() {
+    felix_integration::test_logs();
     let dirs: Vec<TempDir> = NODES
         .iter()
         .map(|n| TempDir::new(&format!("metalog-{n}")))

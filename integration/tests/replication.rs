@@ -74,21 +74,37 @@ async fn publish(c: &Cluster, at: usize, shard: u32, payload: Bytes) -> u64 {
     panic!("the shard never took the publish");
 }
 
-/// Every record of `shard` from the start, read through node `at` (redirected to the leader).
+/// Every record of `shard` from the start, read from the node that leads it as node `at`
+/// sees it. Our client does not follow redirects, so a reader that meets a leader change
+/// (a `not_leader` answer) asks again.
 async fn read_all(c: &Cluster, at: usize, shard: u32, expect: usize) -> Vec<(u64, Bytes)> {
-    let client = c.client(at, Offer::reference_client()).await;
-    let mut sub = within(
-        10,
-        client.subscribe_shard("default", &c.stream, Start::Earliest, Some(shard)),
-    )
-    .await
-    .expect("the shard serves a reader");
-    let mut out = Vec::new();
-    while out.len() < expect {
-        let e = felix_integration::next_event(&mut sub).await;
-        out.push((e.offset.expect("durable records have offsets"), e.payload));
+    for _ in 0..20 {
+        let changed = c.brokers[at].as_ref().expect("running").metadata_changed();
+        let leader = leader_of(c, at, shard).await.expect("the shard is led");
+        let leader = NODES.iter().position(|n| *n == leader).expect("a node");
+        let client = c.client(leader, Offer::reference_client()).await;
+        let sub = within(
+            10,
+            client.subscribe_shard("default", &c.stream, Start::Earliest, Some(shard)),
+        )
+        .await;
+        let mut sub = match sub {
+            Ok(sub) => sub,
+            Err(e) if e.to_string().contains("not_leader") => {
+                // The metadata here trails the leader's own: wait for it to move, bounded.
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(10), changed).await;
+                continue;
+            }
+            Err(e) => panic!("the shard serves a reader: {e}"),
+        };
+        let mut out = Vec::new();
+        while out.len() < expect {
+            let e = felix_integration::next_event(&mut sub).await;
+            out.push((e.offset.expect("durable records have offsets"), e.payload));
+        }
+        return out;
     }
-    out
+    panic!("the shard's leader never served a reader");
 }
 
 #[tokio::test]

@@ -77,9 +77,18 @@ enum Fault {
     /// Canaries: the node leading the most replicated shards crashes (process).
     CrashLeader,
     /// Canary (`AckBeforeDurable`): the links between the busiest leader and one follower
-    /// are cut both ways, and the other follower loses power; the leader crashes as soon as
-    /// that follower is back.
+    /// are cut both ways, so that follower falls behind and the other one alone makes the
+    /// quorum; a second later that one loses power (see `PowerLossUnsynced`), and the leader
+    /// crashes as soon as it is back, staying down long enough for a new leader to be named.
     StrandLeader,
+    /// Canary (`AckBeforeDurable`): `node` loses power at the first moment it has a write
+    /// not yet durable (checked every millisecond, `tries` more times); `leader` crashes
+    /// when it restarts.
+    PowerLossUnsynced {
+        node: usize,
+        leader: usize,
+        tries: u32,
+    },
     /// Canary (`WipeLeaderDisk`): the busiest forwarded-to leader dies and comes back on an
     /// empty disk.
     WipeLeader,
@@ -131,6 +140,8 @@ struct SimNode {
     frozen: Option<Vec<Ev>>,
     /// Canary (`AckBeforeDurable`): crash this node when the given node restarts.
     crash_when_restarted: Option<usize>,
+    /// Canary (`AckBeforeDurable`): a restart due before this instant waits for it.
+    down_until: Option<Instant>,
 }
 
 pub(crate) struct ClusterWorld {
@@ -244,6 +255,7 @@ impl ClusterWorld {
                 catching_up_to: None,
                 frozen: None,
                 crash_when_restarted: None,
+                down_until: None,
             })
             .collect();
         let mut net_rng = root.fork("net");
@@ -308,7 +320,15 @@ impl ClusterWorld {
     fn schedule_faults(&mut self, plan: &mut SimRng) {
         let n = self.nodes.len() as u64;
         let at = |plan: &mut SimRng| plan.duration(Duration::from_millis(800), FAULT_PHASE);
-        for _ in 0..plan.range(0..8) {
+        let count = plan.range(0..8);
+        // The ack-before-durable canary needs its own faults alone: one more (a freeze, a
+        // cut) on the follower it aims at keeps that follower from holding what it reported.
+        let count = if self.canary == Some(Canary::AckBeforeDurable) {
+            0
+        } else {
+            count
+        };
+        for _ in 0..count {
             let t = at(plan);
             let heal = (t + plan.duration(Duration::from_millis(200), Duration::from_secs(6)))
                 .min(FAULT_PHASE);
@@ -777,11 +797,20 @@ impl ClusterWorld {
             Fault::LossBurst(d, loss) => self.net.loss_burst(now + d, loss),
             Fault::Crash(i, kind) => self.crash(i, kind, false, false),
             Fault::Restart(i) => {
+                if let Some(until) = self.nodes[i].down_until.take() {
+                    if now < until {
+                        self.queue.push(until, Ev::Fault(Fault::Restart(i)));
+                        return Ok(());
+                    }
+                }
                 if self.nodes[i].running.is_none() {
                     self.start_node(i)?;
                     if let Some(leader) = self.nodes[i].crash_when_restarted.take() {
                         self.net.heal_node(Node::Server(leader));
                         self.crash(leader, CrashKind::Process, false, true);
+                        // Past the lease it held and an election: its copy is not there
+                        // when the others fence a new leadership.
+                        self.nodes[leader].down_until = Some(now + Duration::from_secs(6));
                     }
                 }
             }
@@ -804,9 +833,34 @@ impl ClusterWorld {
                     let (cut, down) = ((l + 1) % n, (l + 2) % n);
                     self.net.cut(Node::Server(l), Node::Server(cut));
                     self.net.cut(Node::Server(cut), Node::Server(l));
-                    self.nodes[down].crash_when_restarted = Some(l);
-                    self.crash(down, CrashKind::Power, false, true);
+                    let later = self.clock.elapsed() + Duration::from_secs(1);
+                    let f = Fault::PowerLossUnsynced {
+                        node: down,
+                        leader: l,
+                        tries: 3000,
+                    };
+                    self.push_fault(later, f);
                 }
+            }
+            Fault::PowerLossUnsynced {
+                node,
+                leader,
+                tries,
+            } => {
+                let n = &self.nodes[node];
+                let unsynced = !n.in_flight.is_empty() || n.disk.has_unsynced_data();
+                if n.running.is_some() && !unsynced && tries > 0 {
+                    let f = Fault::PowerLossUnsynced {
+                        node,
+                        leader,
+                        tries: tries - 1,
+                    };
+                    self.queue
+                        .push(now + Duration::from_millis(1), Ev::Fault(f));
+                    return Ok(());
+                }
+                self.nodes[node].crash_when_restarted = Some(leader);
+                self.crash(node, CrashKind::Power, false, true);
             }
             Fault::WipeLeader => {
                 let mut count: BTreeMap<SocketAddr, usize> = BTreeMap::new();

@@ -119,3 +119,14 @@ fn promoting_a_replica_without_fencing_is_caught() {
         "seed {seed}: {v}"
     );
 }
+
+#[test]
+fn a_follower_reporting_before_its_write_is_durable_is_caught() {
+    // Caught first at seed 5 (2 of seeds 0..30); the same faults with a correct follower
+    // pass (60 seeds, checked by hand with the engine's canary branch disabled).
+    let (seed, v) = first_caught(Canary::AckBeforeDurable, 8).expect("went unnoticed");
+    assert!(
+        REPLICATION_SAFETY.contains(&v.invariant),
+        "seed {seed}: {v}"
+    );
+}
