@@ -56,6 +56,10 @@ pub struct ClusterNet {
     pub cut: BTreeSet<(usize, usize)>,
     /// Peer datagrams carried so far.
     pub peer_datagrams: u64,
+    /// The largest peer datagram carried, and the most datagrams one peer transmit held
+    /// (a GSO batch).
+    pub peer_largest_datagram: usize,
+    pub peer_most_segments: usize,
 }
 
 impl ClusterNet {
@@ -98,6 +102,8 @@ impl ClusterNet {
             internal,
             cut: BTreeSet::new(),
             peer_datagrams: 0,
+            peer_largest_datagram: 0,
+            peer_most_segments: 0,
         }
     }
 
@@ -193,6 +199,10 @@ impl ClusterNet {
                     continue;
                 }
                 self.peer_datagrams += 1;
+                let segment = t.segment_size.unwrap_or(bytes.len()).max(1);
+                self.peer_largest_datagram = self.peer_largest_datagram.max(segment);
+                self.peer_most_segments =
+                    self.peer_most_segments.max(bytes.len().div_ceil(segment));
                 let datagram = Datagram {
                     remote: self.internal[from],
                     local_ip: None,

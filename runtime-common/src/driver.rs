@@ -564,20 +564,26 @@ impl<R: Runtime> Driver<R> {
         }
     }
 
-    /// Sends on the internal socket, one datagram at a time (peer links send no GSO trains).
+    /// Sends on the internal socket: a GSO train whole where the socket takes them, else
+    /// one datagram at a time.
     async fn send_peer(&self, t: &Transmit) {
         let Some(peer) = self.peer.as_ref() else {
             return;
         };
         let contents = &self.out[..t.size];
-        for one in contents.chunks(t.segment_size.unwrap_or(contents.len()).max(1)) {
+        // GSO can be found broken at run time; then the segments go one by one.
+        let (step, segment_size) = match t.segment_size {
+            Some(segment) if peer.state.max_gso_segments() < 2 => (segment, None),
+            segment => (contents.len().max(1), segment),
+        };
+        for one in contents.chunks(step) {
             let transmit = quinn_udp::Transmit {
                 destination: t.destination,
                 ecn: t
                     .ecn
                     .and_then(|e| quinn_udp::EcnCodepoint::from_bits(e as u8)),
                 contents: one,
-                segment_size: None,
+                segment_size,
                 src_ip: t.src_ip,
             };
             let sent = poll_fn(|cx| {

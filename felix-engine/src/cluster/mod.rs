@@ -33,7 +33,6 @@ use tracing::{info, warn};
 
 use crate::config::{ClusterConfig, Consistency, DeclaredStream};
 use crate::engine::{Datagram, Transmit};
-use crate::tls::TlsIdentity;
 pub(crate) use metalog::METALOG_LOG;
 use metalog::{Done, MetaLog};
 use peers::{Identity, PeerCrypto, PeerEvent, PeerLimits, PeerNet};
@@ -169,8 +168,7 @@ impl ClusterNode {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         cfg: &ClusterConfig,
-        declared_streams: &[DeclaredStream],
-        client_identity: &TlsIdentity,
+        engine: &crate::config::EngineConfig,
         provider: Arc<rustls::crypto::CryptoProvider>,
         seed: &[u8; 32],
         metadata_log_compact_bytes: Option<u64>,
@@ -192,7 +190,7 @@ impl ClusterNode {
             identity: cfg
                 .peer_tls
                 .as_ref()
-                .map_or_else(|| client_identity.clone(), |t| t.identity.clone()),
+                .map_or_else(|| engine.tls.clone(), |t| t.identity.clone()),
             ca: cfg.peer_tls.as_ref().map(|t| t.ca.clone()),
             provider,
         };
@@ -225,6 +223,12 @@ impl ClusterNode {
             backlog_bytes: cfg.max_peer_backlog_bytes,
             idle_timeout: cfg.peer_idle_timeout,
             max_streams: cfg.peer_max_streams,
+            // Peer links carry replication: the client links' datagram sizes (checked by
+            // the engine before this) and GSO batches serve them the same way.
+            mtu_upper_bound: engine.mtu_upper_bound,
+            initial_mtu: engine.initial_mtu,
+            max_udp_payload_size: engine.max_udp_payload_size,
+            max_gso_segments: engine.max_gso_segments,
         };
         let net = PeerNet::new(identity, names, dial, &crypto, limits, seed, now)?;
         let control_seed = u64::from_be_bytes(derived[24..32].try_into().expect("8 bytes"));
@@ -240,7 +244,7 @@ impl ClusterNode {
             },
             Command::Declare {
                 node: me.clone(),
-                declarations: declarations(declared_streams, cfg),
+                declarations: declarations(&engine.declared_streams, cfg),
             },
         ];
         let metalog =

@@ -21,7 +21,7 @@ use felix_peer_proto::{
 use quinn_proto::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn_proto::{
     ClientConfig, ConnectionHandle, DatagramEvent, Dir, Endpoint, EndpointConfig, Event,
-    IdleTimeout, ServerConfig, StreamEvent, StreamId, TransportConfig, VarInt,
+    IdleTimeout, MtuDiscoveryConfig, ServerConfig, StreamEvent, StreamId, TransportConfig, VarInt,
 };
 use rustls_pki_types::{CertificateDer, ServerName};
 use tracing::{debug, warn};
@@ -45,6 +45,12 @@ pub(crate) struct PeerLimits {
     pub(crate) idle_timeout: Duration,
     /// Bidirectional streams the other side may open.
     pub(crate) max_streams: u32,
+    /// `limits.mtu_upper_bound`, `initial_mtu`, `max_udp_payload_size` and
+    /// `max_gso_segments`, as for client links.
+    pub(crate) mtu_upper_bound: u16,
+    pub(crate) initial_mtu: u16,
+    pub(crate) max_udp_payload_size: u16,
+    pub(crate) max_gso_segments: usize,
 }
 
 /// What the links report.
@@ -118,6 +124,8 @@ pub(crate) struct PeerNet {
     backlog: BTreeMap<String, BytesMut>,
     /// [`PeerLimits::backlog_bytes`].
     backlog_limit: usize,
+    /// Datagrams one transmit may carry (a GSO batch).
+    max_gso_segments: usize,
     /// Messages dropped because their peer's backlog was full.
     pub(crate) backlog_dropped: u64,
     endpoint_transmits: VecDeque<(Transmit, Vec<u8>)>,
@@ -130,14 +138,28 @@ pub(crate) struct PeerNet {
     link_deadline: Option<Instant>,
 }
 
+fn hello_of(me: &Identity) -> Hello {
+    Hello {
+        cluster_id: me.cluster_id.clone(),
+        node_id: me.node_id.clone(),
+        protocol_version: PEER_PROTOCOL_VERSION,
+        storage_id: me.storage_id,
+        incarnation: me.incarnation,
+    }
+}
+
 fn transport(limits: &PeerLimits) -> Result<TransportConfig, String> {
     let idle = IdleTimeout::try_from(limits.idle_timeout)
         .map_err(|_| format!("peer idle timeout {:?} is too long", limits.idle_timeout))?;
     let mut t = TransportConfig::default();
+    let mut mtu = MtuDiscoveryConfig::default();
+    mtu.upper_bound(limits.mtu_upper_bound);
     t.max_concurrent_bidi_streams(VarInt::from_u32(limits.max_streams))
         .max_concurrent_uni_streams(VarInt::from_u32(0))
         .max_idle_timeout(Some(idle))
-        .keep_alive_interval(Some(limits.idle_timeout / 3));
+        .keep_alive_interval(Some(limits.idle_timeout / 3))
+        .initial_mtu(limits.initial_mtu)
+        .mtu_discovery_config(Some(mtu));
     Ok(t)
 }
 
@@ -281,7 +303,9 @@ impl PeerNet {
         let mut endpoint_config = EndpointConfig::new(crate::seed::reset_key(&peer_seed));
         endpoint_config
             .cid_generator(move || Box::new(crate::seed::SeededCidGenerator::new(&peer_seed)))
-            .rng_seed(Some(crate::seed::endpoint_rng_seed(&peer_seed)));
+            .rng_seed(Some(crate::seed::endpoint_rng_seed(&peer_seed)))
+            .max_udp_payload_size(limits.max_udp_payload_size)
+            .map_err(|_| "max_udp_payload_size is out of range".to_owned())?;
         let endpoint = Endpoint::new(
             Arc::new(endpoint_config),
             Some(Arc::new(server)),
@@ -300,6 +324,7 @@ impl PeerNet {
             endpoint,
             client_config,
             backlog_limit: limits.backlog_bytes,
+            max_gso_segments: limits.max_gso_segments,
             backlog_dropped: 0,
             links: BTreeMap::new(),
             dialing: BTreeMap::new(),
@@ -511,7 +536,11 @@ impl PeerNet {
                 continue;
             };
             self.send_order.push_back(ch);
-            if let Some(t) = link.quic.poll_transmit(now, 1, buf) {
+            // A batch over MAX_GSO_BATCH_BYTES would be refused whole by the kernel.
+            let segments = (crate::config::MAX_GSO_BATCH_BYTES
+                / usize::from(link.quic.current_mtu()))
+            .clamp(1, self.max_gso_segments);
+            if let Some(t) = link.quic.poll_transmit(now, segments, buf) {
                 return Some(Transmit::of(&t));
             }
         }
@@ -534,7 +563,6 @@ impl PeerNet {
     }
 
     fn pump_link(&mut self, now: Instant, ch: ConnectionHandle) {
-        let hello = PeerMessage::Hello(self.me_hello());
         let Some(link) = self.links.get_mut(&ch) else {
             return;
         };
@@ -549,6 +577,8 @@ impl PeerNet {
                 Event::Connected if link.dialed.is_some() => {
                     if let Some(id) = link.quic.streams().open(Dir::Bi) {
                         link.stream = Some(id);
+                        // Built here, not per pump: pumps are frequent, connects rare.
+                        let hello = PeerMessage::Hello(hello_of(&self.me));
                         let mut frame = Vec::new();
                         if encode_frame(&hello, &mut frame).is_ok() {
                             link.outbox.extend_from_slice(&frame);
@@ -590,13 +620,7 @@ impl PeerNet {
     }
 
     fn me_hello(&self) -> Hello {
-        Hello {
-            cluster_id: self.me.cluster_id.clone(),
-            node_id: self.me.node_id.clone(),
-            protocol_version: PEER_PROTOCOL_VERSION,
-            storage_id: self.me.storage_id,
-            incarnation: self.me.incarnation,
-        }
+        hello_of(&self.me)
     }
 
     fn read_link(&mut self, ch: ConnectionHandle) {
@@ -784,6 +808,10 @@ mod tests {
             backlog_bytes,
             idle_timeout: Duration::from_secs(5),
             max_streams: 1,
+            mtu_upper_bound: crate::config::DEFAULT_MTU_UPPER_BOUND,
+            initial_mtu: crate::config::DEFAULT_INITIAL_MTU,
+            max_udp_payload_size: crate::config::DEFAULT_MAX_UDP_PAYLOAD_SIZE,
+            max_gso_segments: crate::config::DEFAULT_MAX_GSO_SEGMENTS,
         };
         let voters = vec!["n1".into(), "n2".into()];
         PeerNet::new(me, voters, dial, &crypto, limits, &[3; 32], Instant::now()).expect("net")

@@ -506,8 +506,7 @@ impl Engine {
                     .map(|_| c.metadata_log_compact_bytes);
                 let node = crate::cluster::ClusterNode::new(
                     c,
-                    &config.declared_streams,
-                    &config.tls,
+                    &config,
                     provider,
                     &seed,
                     metadata_log,
