@@ -24,6 +24,15 @@ fn usage() -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    if let Ok(filter) = std::env::var("FELIX_SIM_LOG") {
+        // Without wall-clock stamps: the trace lines around them give virtual time.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .without_time()
+            .with_ansi(false)
+            .with_writer(std::io::stdout)
+            .try_init();
+    }
     let mut seeds: Option<(u64, u64)> = None;
     let mut verbose = false;
     let mut quiet = false;
