@@ -98,6 +98,8 @@ struct Link {
     outbox: BytesMut,
     /// The dialer has its hello answered; the acceptor has answered one.
     ready: bool,
+    /// Until `ready`: when the link is given up (`PeerLimits::idle_timeout` after it began).
+    hello_by: Option<Instant>,
 }
 
 enum Dialing {
@@ -120,6 +122,8 @@ pub(crate) struct PeerNet {
     backlog_limit: usize,
     /// Messages dropped because their peer's backlog was full.
     pub(crate) backlog_dropped: u64,
+    /// [`PeerLimits::idle_timeout`]: also how long a link may take to exchange its hellos.
+    hello_timeout: Duration,
     endpoint_transmits: VecDeque<(Transmit, Vec<u8>)>,
     send_order: VecDeque<ConnectionHandle>,
     events: VecDeque<PeerEvent>,
@@ -301,6 +305,7 @@ impl PeerNet {
             client_config,
             backlog_limit: limits.backlog_bytes,
             backlog_dropped: 0,
+            hello_timeout: limits.idle_timeout,
             links: BTreeMap::new(),
             dialing: BTreeMap::new(),
             backlog: BTreeMap::new(),
@@ -351,6 +356,7 @@ impl PeerNet {
                             ),
                             outbox: BytesMut::new(),
                             ready: false,
+                            hello_by: Some(now + self.hello_timeout),
                         },
                     );
                     self.dialing.insert(peer, Dialing::Link(ch));
@@ -454,6 +460,7 @@ impl PeerNet {
                                     ),
                                     outbox: BytesMut::new(),
                                     ready: false,
+                                    hello_by: Some(now + self.hello_timeout),
                                 },
                             );
                             self.send_order.push_back(ch);
@@ -487,8 +494,42 @@ impl PeerNet {
                 link.quic.handle_timeout(now);
             }
         }
+        self.expire_hellos(now);
         self.dial_due(now);
         self.pump(now);
+    }
+
+    /// Gives up the links whose hellos were not exchanged within the idle timeout; a dialed
+    /// one is dialed again at once. QUIC alone would wait far longer: its idle timer is at
+    /// least three probe timeouts, and a handshake answered after a stall (a frozen process,
+    /// a restart's first packets lost) measures the stall as its round trip, so a dialer
+    /// whose acceptor already forgot the handshake retried it for a minute while every
+    /// message for that peer waited (the simulator's replicated cluster seed 661).
+    fn expire_hellos(&mut self, now: Instant) {
+        let late: Vec<ConnectionHandle> = self
+            .links
+            .iter()
+            .filter(|(_, l)| !l.ready && l.hello_by.is_some_and(|at| at <= now))
+            .map(|(ch, _)| *ch)
+            .collect();
+        for ch in late {
+            let link = self.links.get_mut(&ch).expect("listed");
+            link.hello_by = None;
+            let peer = link.dialed.clone();
+            self.close(ch, "no hello exchanged within the idle timeout");
+            if let Some(peer) = peer {
+                self.link_ended(&peer, ch, now);
+            }
+        }
+    }
+
+    /// `ch`, a link dialed to `peer`, is closed or lost: if it is still the one for `peer`,
+    /// the next dial is due at `at` (a link given up earlier is not redialed twice).
+    fn link_ended(&mut self, peer: &str, ch: ConnectionHandle, at: Instant) {
+        if matches!(self.dialing.get(peer), Some(Dialing::Link(c)) if *c == ch) {
+            self.dialing
+                .insert(peer.to_owned(), Dialing::After(at, FIRST_REDIAL * 2));
+        }
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
@@ -497,7 +538,12 @@ impl PeerNet {
             Dialing::After(at, _) => Some(*at),
             Dialing::Link(_) => None,
         });
-        links.chain(redials).min()
+        let hellos = self
+            .links
+            .values()
+            .filter(|l| !l.ready)
+            .filter_map(|l| l.hello_by);
+        links.chain(redials).chain(hellos).min()
     }
 
     pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
@@ -569,11 +615,11 @@ impl PeerNet {
                 _ => {}
             }
         }
-        if lost {
+        // Closed here (a bad frame, a refusal, no hello in time) and drained: gone too.
+        if lost || link.quic.is_drained() {
             let link = self.links.remove(&ch).expect("present");
             if let Some(peer) = link.dialed {
-                self.dialing
-                    .insert(peer, Dialing::After(now + FIRST_REDIAL, FIRST_REDIAL * 2));
+                self.link_ended(&peer, ch, now + FIRST_REDIAL);
             }
             return;
         }
@@ -686,8 +732,25 @@ impl PeerNet {
                     self.events.push_back(PeerEvent::Connected {
                         from: h.node_id.clone(),
                     });
-                    link.peer = Some(h.node_id);
+                    link.peer = Some(h.node_id.clone());
                     link.ready = true;
+                    // The peer dials one link at a time: one it accepted earlier is one the
+                    // peer gave up (or lost in a restart), and answers sent there are lost.
+                    let older: Vec<ConnectionHandle> = self
+                        .links
+                        .iter()
+                        .filter(|(c, l)| {
+                            **c != ch && l.dialed.is_none() && l.peer.as_deref() == Some(&h.node_id)
+                        })
+                        .map(|(c, _)| *c)
+                        .collect();
+                    for c in older {
+                        if let Some(l) = self.links.get_mut(&c) {
+                            l.ready = false;
+                            l.hello_by = None;
+                        }
+                        self.close(c, "the peer dialed a new link");
+                    }
                 }
                 (true, PeerMessage::HelloAck(h)) if link.peer.as_deref() == Some(&h.node_id) => {
                     link.ready = true;
