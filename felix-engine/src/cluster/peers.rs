@@ -879,7 +879,10 @@ mod tests {
             storage_id: [seed; 16],
             incarnation: 1,
         };
-        let dial = dials.iter().map(|(n, p)| ((*n).to_owned(), addr(*p))).collect();
+        let dial = dials
+            .iter()
+            .map(|(n, p)| ((*n).to_owned(), addr(*p)))
+            .collect();
         let crypto = PeerCrypto {
             identity: large_identity(),
             ca: None,
@@ -1005,7 +1008,10 @@ mod tests {
         // its late timers; what n1 sends then is lost too.
         deliver(&mut n1, thaw, addr(7102), held[..1].to_vec());
         n1.handle_timeout(thaw);
-        assert!(!sent(&mut n1, thaw).is_empty(), "n1 went on with the handshake");
+        assert!(
+            !sent(&mut n1, thaw).is_empty(),
+            "n1 went on with the handshake"
+        );
         let mut wire = Wire {
             nets: [n1, n2],
             now: thaw,
@@ -1016,7 +1022,10 @@ mod tests {
             1,
             "n1's link to n2 is up within the idle timeout of its resuming"
         );
-        assert!(connected_from(&mut wire.nets[1], "n1"), "n2 heard n1's hello");
+        assert!(
+            connected_from(&mut wire.nets[1], "n1"),
+            "n2 heard n1's hello"
+        );
     }
 
     /// The hello deadline's edge: a dialed link nobody answers is kept until the idle timeout
