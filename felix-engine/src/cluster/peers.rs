@@ -104,6 +104,8 @@ struct Link {
     outbox: BytesMut,
     /// The dialer has its hello answered; the acceptor has answered one.
     ready: bool,
+    /// Until `ready`: when the link is given up (`PeerLimits::idle_timeout` after it began).
+    hello_by: Option<Instant>,
 }
 
 enum Dialing {
@@ -128,6 +130,8 @@ pub(crate) struct PeerNet {
     max_gso_segments: usize,
     /// Messages dropped because their peer's backlog was full.
     pub(crate) backlog_dropped: u64,
+    /// [`PeerLimits::idle_timeout`]: also how long a link may take to exchange its hellos.
+    hello_timeout: Duration,
     endpoint_transmits: VecDeque<(Transmit, Vec<u8>)>,
     send_order: VecDeque<ConnectionHandle>,
     events: VecDeque<PeerEvent>,
@@ -326,6 +330,7 @@ impl PeerNet {
             backlog_limit: limits.backlog_bytes,
             max_gso_segments: limits.max_gso_segments,
             backlog_dropped: 0,
+            hello_timeout: limits.idle_timeout,
             links: BTreeMap::new(),
             dialing: BTreeMap::new(),
             backlog: BTreeMap::new(),
@@ -376,6 +381,7 @@ impl PeerNet {
                             ),
                             outbox: BytesMut::new(),
                             ready: false,
+                            hello_by: Some(now + self.hello_timeout),
                         },
                     );
                     self.dialing.insert(peer, Dialing::Link(ch));
@@ -479,6 +485,7 @@ impl PeerNet {
                                     ),
                                     outbox: BytesMut::new(),
                                     ready: false,
+                                    hello_by: Some(now + self.hello_timeout),
                                 },
                             );
                             self.send_order.push_back(ch);
@@ -512,8 +519,42 @@ impl PeerNet {
                 link.quic.handle_timeout(now);
             }
         }
+        self.expire_hellos(now);
         self.dial_due(now);
         self.pump(now);
+    }
+
+    /// Gives up the links whose hellos were not exchanged within the idle timeout; a dialed
+    /// one is dialed again at once. QUIC alone would wait far longer: its idle timer is at
+    /// least three probe timeouts, and a handshake answered after a stall (a frozen process,
+    /// a restart's first packets lost) measures the stall as its round trip, so a dialer
+    /// whose acceptor already forgot the handshake retried it for a minute while every
+    /// message for that peer waited (the simulator's replicated cluster seed 661).
+    fn expire_hellos(&mut self, now: Instant) {
+        let late: Vec<ConnectionHandle> = self
+            .links
+            .iter()
+            .filter(|(_, l)| !l.ready && l.hello_by.is_some_and(|at| at <= now))
+            .map(|(ch, _)| *ch)
+            .collect();
+        for ch in late {
+            let link = self.links.get_mut(&ch).expect("listed");
+            link.hello_by = None;
+            let peer = link.dialed.clone();
+            self.close(ch, "no hello exchanged within the idle timeout");
+            if let Some(peer) = peer {
+                self.link_ended(&peer, ch, now);
+            }
+        }
+    }
+
+    /// `ch`, a link dialed to `peer`, is closed or lost: if it is still the one for `peer`,
+    /// the next dial is due at `at` (a link given up earlier is not redialed twice).
+    fn link_ended(&mut self, peer: &str, ch: ConnectionHandle, at: Instant) {
+        if matches!(self.dialing.get(peer), Some(Dialing::Link(c)) if *c == ch) {
+            self.dialing
+                .insert(peer.to_owned(), Dialing::After(at, FIRST_REDIAL * 2));
+        }
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
@@ -522,7 +563,12 @@ impl PeerNet {
             Dialing::After(at, _) => Some(*at),
             Dialing::Link(_) => None,
         });
-        links.chain(redials).min()
+        let hellos = self
+            .links
+            .values()
+            .filter(|l| !l.ready)
+            .filter_map(|l| l.hello_by);
+        links.chain(redials).chain(hellos).min()
     }
 
     pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
@@ -599,11 +645,11 @@ impl PeerNet {
                 _ => {}
             }
         }
-        if lost {
+        // Closed here (a bad frame, a refusal, no hello in time) and drained: gone too.
+        if lost || link.quic.is_drained() {
             let link = self.links.remove(&ch).expect("present");
             if let Some(peer) = link.dialed {
-                self.dialing
-                    .insert(peer, Dialing::After(now + FIRST_REDIAL, FIRST_REDIAL * 2));
+                self.link_ended(&peer, ch, now + FIRST_REDIAL);
             }
             return;
         }
@@ -710,8 +756,25 @@ impl PeerNet {
                     self.events.push_back(PeerEvent::Connected {
                         from: h.node_id.clone(),
                     });
-                    link.peer = Some(h.node_id);
+                    link.peer = Some(h.node_id.clone());
                     link.ready = true;
+                    // The peer dials one link at a time: one it accepted earlier is one the
+                    // peer gave up (or lost in a restart), and answers sent there are lost.
+                    let older: Vec<ConnectionHandle> = self
+                        .links
+                        .iter()
+                        .filter(|(c, l)| {
+                            **c != ch && l.dialed.is_none() && l.peer.as_deref() == Some(&h.node_id)
+                        })
+                        .map(|(c, _)| *c)
+                        .collect();
+                    for c in older {
+                        if let Some(l) = self.links.get_mut(&c) {
+                            l.ready = false;
+                            l.hello_by = None;
+                        }
+                        self.close(c, "the peer dialed a new link");
+                    }
                 }
                 (true, PeerMessage::HelloAck(h)) if link.peer.as_deref() == Some(&h.node_id) => {
                     link.ready = true;
@@ -777,6 +840,19 @@ mod tests {
         }
     }
 
+    /// A certificate too large for one datagram, as real ones are: a handshake's answer
+    /// then comes in several, and a part of it can be lost.
+    fn large_identity() -> TlsIdentity {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let names = (0..40).map(|i| format!("felix-peer-{i:02}.nodes.example.internal"));
+        let params = rcgen::CertificateParams::new(names.collect::<Vec<_>>()).expect("params");
+        let cert = params.self_signed(&key).expect("certificate");
+        TlsIdentity {
+            cert_chain: vec![cert.der().clone()],
+            key: rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key"),
+        }
+    }
+
     fn hello(node: &str) -> PeerMessage {
         PeerMessage::Hello(Hello {
             cluster_id: "c".into(),
@@ -815,6 +891,199 @@ mod tests {
         };
         let voters = vec!["n1".into(), "n2".into()];
         PeerNet::new(me, voters, dial, &crypto, limits, &[3; 32], Instant::now()).expect("net")
+    }
+
+    const IDLE: Duration = Duration::from_secs(5);
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// `me` in a cluster of n1 (port 7101) and n2 (7102), dialing only `dials`.
+    fn node(me: &str, dials: &[(&str, u16)], seed: u8, now: Instant) -> PeerNet {
+        let identity_of = Identity {
+            cluster_id: "c".into(),
+            node_id: me.into(),
+            storage_id: [seed; 16],
+            incarnation: 1,
+        };
+        let dial = dials
+            .iter()
+            .map(|(n, p)| ((*n).to_owned(), addr(*p)))
+            .collect();
+        let crypto = PeerCrypto {
+            identity: large_identity(),
+            ca: None,
+            provider: Arc::new(rustls::crypto::ring::default_provider()),
+        };
+        let limits = PeerLimits {
+            backlog_bytes: 1 << 20,
+            idle_timeout: IDLE,
+            max_streams: 1,
+        };
+        let voters = vec!["n1".into(), "n2".into()];
+        PeerNet::new(identity_of, voters, dial, &crypto, limits, &[seed; 32], now).expect("net")
+    }
+
+    /// Everything `net` has to send now.
+    fn sent(net: &mut PeerNet, now: Instant) -> Vec<(SocketAddr, Vec<u8>)> {
+        let mut out = Vec::new();
+        loop {
+            let mut buf = Vec::new();
+            let Some(t) = net.poll_transmit(now, &mut buf) else {
+                return out;
+            };
+            let seg = t.segment_size.unwrap_or(t.size).max(1);
+            for d in buf[..t.size].chunks(seg) {
+                out.push((t.destination, d.to_vec()));
+            }
+        }
+    }
+
+    fn deliver(net: &mut PeerNet, now: Instant, from: SocketAddr, datagrams: Vec<Vec<u8>>) {
+        for d in datagrams {
+            net.handle_datagram(
+                now,
+                Datagram {
+                    remote: from,
+                    local_ip: None,
+                    ecn: None,
+                    data: BytesMut::from(&d[..]),
+                    segment_size: None,
+                },
+            );
+        }
+    }
+
+    /// n1 (index 0, port 7101) and n2 (index 1, port 7102) on a lossless wire with no delay.
+    struct Wire {
+        nets: [PeerNet; 2],
+        now: Instant,
+    }
+
+    impl Wire {
+        /// Carries datagrams both ways until neither side sends.
+        fn carry(&mut self) {
+            for _ in 0..10_000 {
+                let mut moved = false;
+                for i in 0..2 {
+                    let out = sent(&mut self.nets[i], self.now);
+                    moved |= !out.is_empty();
+                    let from = addr(7101 + i as u16);
+                    let datagrams = out.into_iter().map(|(_, d)| d).collect();
+                    deliver(&mut self.nets[1 - i], self.now, from, datagrams);
+                }
+                if !moved {
+                    return;
+                }
+            }
+            panic!("the links never went quiet");
+        }
+
+        /// Lets time pass to `end`, firing both sides' timers at their instants.
+        fn advance_to(&mut self, end: Instant) {
+            self.carry();
+            loop {
+                let next = self.nets.iter().filter_map(|n| n.poll_timeout()).min();
+                let Some(at) = next.filter(|at| *at <= end) else {
+                    break;
+                };
+                self.now = self.now.max(at);
+                for n in &mut self.nets {
+                    if n.poll_timeout().is_some_and(|t| t <= self.now) {
+                        n.handle_timeout(self.now);
+                    }
+                }
+                self.carry();
+            }
+            self.now = end;
+        }
+    }
+
+    fn connected_from(net: &mut PeerNet, peer: &str) -> bool {
+        let mut seen = false;
+        while let Some(e) = net.poll_event() {
+            seen |= matches!(e, PeerEvent::Connected { from } if from == peer);
+        }
+        seen
+    }
+
+    /// The replicated cluster's seed 661 in the simulator: n1 restarts and dials n2, n2's
+    /// answers reach it only after a stall of more than the idle timeout (the process was
+    /// frozen), by which time n2 has forgotten the handshake, and n1's next packets are lost.
+    /// The late answers make QUIC measure the stall as the round trip and stretch its own
+    /// idle timer (three probe timeouts) to about a minute, its retries going to a peer that
+    /// drops them; the link is redialed by the hello deadline instead.
+    #[test]
+    fn a_handshake_answered_after_the_acceptor_forgot_it_is_redialed() {
+        let t0 = Instant::now();
+        let mut n1 = node("n1", &[("n1", 7101), ("n2", 7102)], 1, t0);
+        let mut n2 = node("n2", &[("n2", 7102)], 2, t0);
+        let first = sent(&mut n1, t0).into_iter().map(|(_, d)| d).collect();
+        deliver(&mut n2, t0, addr(7101), first);
+        let held: Vec<Vec<u8>> = sent(&mut n2, t0).into_iter().map(|(_, d)| d).collect();
+        assert!(held.len() > 1, "n2 answered in several datagrams");
+        // n1 is stopped: n2 alone lives through the idle timeout and more, its retries lost.
+        let thaw = t0 + IDLE + Duration::from_millis(1500);
+        let mut now = t0;
+        while let Some(at) = n2.poll_timeout().filter(|at| *at <= thaw) {
+            now = now.max(at);
+            n2.handle_timeout(now);
+            let _ = sent(&mut n2, now);
+        }
+        assert!(n2.links.is_empty(), "n2 gave the handshake up");
+        // n1 resumes: what waited in its socket first (only the start of n2's answer), then
+        // its late timers; what n1 sends then is lost too.
+        deliver(&mut n1, thaw, addr(7102), held[..1].to_vec());
+        n1.handle_timeout(thaw);
+        assert!(
+            !sent(&mut n1, thaw).is_empty(),
+            "n1 went on with the handshake"
+        );
+        let mut wire = Wire {
+            nets: [n1, n2],
+            now: thaw,
+        };
+        wire.advance_to(thaw + IDLE);
+        assert_eq!(
+            wire.nets[0].ready_links(),
+            1,
+            "n1's link to n2 is up within the idle timeout of its resuming"
+        );
+        assert!(
+            connected_from(&mut wire.nets[1], "n1"),
+            "n2 heard n1's hello"
+        );
+    }
+
+    /// The hello deadline's edge: a dialed link nobody answers is kept until the idle timeout
+    /// since its dial, and replaced by a new dial at it.
+    #[test]
+    fn an_unanswered_dial_is_replaced_at_the_idle_timeout() {
+        let t0 = Instant::now();
+        let mut n1 = node("n1", &[("n1", 7101), ("n2", 7102)], 1, t0);
+        let link = |n: &PeerNet| match n.dialing.get("n2") {
+            Some(Dialing::Link(ch)) => Some(*ch),
+            _ => None,
+        };
+        let first = link(&n1).expect("dialed at start");
+        let _ = sent(&mut n1, t0);
+        let mut now = t0;
+        let edge = t0 + IDLE;
+        // Just before the deadline (every timer run, every datagram lost): the same link.
+        while let Some(at) = n1
+            .poll_timeout()
+            .filter(|at| *at < edge - Duration::from_millis(1))
+        {
+            now = now.max(at);
+            n1.handle_timeout(now);
+            let _ = sent(&mut n1, now);
+        }
+        n1.handle_timeout(edge - Duration::from_millis(1));
+        assert_eq!(link(&n1), Some(first), "kept before the deadline");
+        n1.handle_timeout(edge);
+        let second = link(&n1).expect("redialed at the deadline, not later");
+        assert_ne!(second, first);
     }
 
     #[test]
