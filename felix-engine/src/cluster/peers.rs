@@ -853,6 +853,19 @@ mod tests {
         }
     }
 
+    /// One stream per link and the engine's default datagram sizes.
+    fn limits(backlog_bytes: usize, idle_timeout: Duration) -> PeerLimits {
+        PeerLimits {
+            backlog_bytes,
+            idle_timeout,
+            max_streams: 1,
+            mtu_upper_bound: crate::config::DEFAULT_MTU_UPPER_BOUND,
+            initial_mtu: crate::config::DEFAULT_INITIAL_MTU,
+            max_udp_payload_size: crate::config::DEFAULT_MAX_UDP_PAYLOAD_SIZE,
+            max_gso_segments: crate::config::DEFAULT_MAX_GSO_SEGMENTS,
+        }
+    }
+
     fn hello(node: &str) -> PeerMessage {
         PeerMessage::Hello(Hello {
             cluster_id: "c".into(),
@@ -880,15 +893,7 @@ mod tests {
             ca: None,
             provider: Arc::new(rustls::crypto::ring::default_provider()),
         };
-        let limits = PeerLimits {
-            backlog_bytes,
-            idle_timeout: Duration::from_secs(5),
-            max_streams: 1,
-            mtu_upper_bound: crate::config::DEFAULT_MTU_UPPER_BOUND,
-            initial_mtu: crate::config::DEFAULT_INITIAL_MTU,
-            max_udp_payload_size: crate::config::DEFAULT_MAX_UDP_PAYLOAD_SIZE,
-            max_gso_segments: crate::config::DEFAULT_MAX_GSO_SEGMENTS,
-        };
+        let limits = limits(backlog_bytes, Duration::from_secs(5));
         let voters = vec!["n1".into(), "n2".into()];
         PeerNet::new(me, voters, dial, &crypto, limits, &[3; 32], Instant::now()).expect("net")
     }
@@ -916,11 +921,7 @@ mod tests {
             ca: None,
             provider: Arc::new(rustls::crypto::ring::default_provider()),
         };
-        let limits = PeerLimits {
-            backlog_bytes: 1 << 20,
-            idle_timeout: IDLE,
-            max_streams: 1,
-        };
+        let limits = limits(1 << 20, IDLE);
         let voters = vec!["n1".into(), "n2".into()];
         PeerNet::new(identity_of, voters, dial, &crypto, limits, &[seed; 32], now).expect("net")
     }
