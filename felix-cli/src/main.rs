@@ -81,9 +81,15 @@ fn block_on(
     threads: Option<usize>,
     command: impl Future<Output = Result<(), Failure>>,
 ) -> Result<(), Failure> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = threads {
-        builder.worker_threads(n.max(1));
+    // One thread is a current-thread runtime: tasks woken together run in the order woken,
+    // so requests written in one round leave in one datagram (a one-worker multi-thread
+    // runtime runs the connection's driver after each request, one datagram each).
+    let mut builder = match threads {
+        Some(n) if n <= 1 => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    if let Some(n) = threads.filter(|&n| n > 1) {
+        builder.worker_threads(n);
     }
     let rt = builder
         .enable_all()

@@ -141,6 +141,29 @@ impl UdpSocket for Socket {
         self.io.get_ref().into()
     }
 
+    fn poll_recv_batch(
+        &self,
+        cx: &mut Context<'_>,
+        capacity: usize,
+        mut op: impl FnMut() -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            let mut guard = ready!(self.io.poll_read_ready(cx))?;
+            match guard.try_io(|_| op()) {
+                Ok(Ok(n)) => {
+                    // Emptied: a datagram arriving from now on raises a new edge, and a
+                    // readiness the reactor recorded meanwhile is not cleared (its tick moved).
+                    if n < capacity {
+                        guard.clear_ready();
+                    }
+                    return Poll::Ready(Ok(n));
+                }
+                Ok(result) => return Poll::Ready(result),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
     fn poll_io<T>(
         &self,
         cx: &mut Context<'_>,
@@ -272,5 +295,38 @@ mod tests {
         assert!(!socket.write_registered());
         let mut buf = [0u8; 4];
         assert_eq!(peer.recv(&mut buf).unwrap(), 1);
+    }
+
+    /// Pins the saved call: a receive that came back short of its capacity emptied the
+    /// socket, so the next one waits for the reactor rather than failing once first; and
+    /// a datagram arriving afterwards still wakes it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_short_receive_batch_forgets_the_readiness() {
+        let std_socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = std_socket.local_addr().unwrap();
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let socket = Tokio::current().wrap_udp_socket(std_socket).unwrap();
+        peer.send_to(b"one", to).unwrap();
+        let calls = std::cell::Cell::new(0);
+        let recv = || {
+            calls.set(calls.get() + 1);
+            let mut buf = [0u8; 16];
+            socket.io.get_ref().recv(&mut buf).map(|_| 1)
+        };
+        let n = std::future::poll_fn(|cx| socket.poll_recv_batch(cx, 4, recv))
+            .await
+            .unwrap();
+        assert_eq!((n, calls.get()), (1, 1));
+        // Drained: polling again makes no call and waits.
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        assert!(socket.poll_recv_batch(&mut cx, 4, recv).is_pending());
+        assert_eq!(calls.get(), 1, "a receive was tried on an emptied socket");
+        // A new datagram raises readiness again.
+        peer.send_to(b"two", to).unwrap();
+        let n = std::future::poll_fn(|cx| socket.poll_recv_batch(cx, 4, recv))
+            .await
+            .unwrap();
+        assert_eq!((n, calls.get()), (1, 2));
     }
 }
