@@ -268,11 +268,28 @@ fn a_delivery_leaves_before_the_ack_of_its_publish() {
     for round in 1..=3u64 {
         net.engine_transmits.clear();
         net.engine_transmit_peers.clear();
-        net.send(publisher, pid, &binary_publish(Some(round), None, "s", &[b"m"]));
+        net.send(
+            publisher,
+            pid,
+            &binary_publish(Some(round), None, "s", &[b"m"]),
+        );
         net.run();
-        assert_eq!(net.read_frames(publisher, pid).len(), 1, "round {round}: one ack");
-        assert_eq!(net.read_frames(subscriber, events).len(), 1, "round {round}: one event");
+        assert_eq!(
+            net.read_frames(publisher, pid).len(),
+            1,
+            "round {round}: one ack"
+        );
+        assert_eq!(
+            net.read_frames(subscriber, events).len(),
+            1,
+            "round {round}: one event"
+        );
         let first = net.engine_transmit_peers.iter().flatten().next().copied();
-        assert_eq!(first, Some(subscriber), "round {round}: {:?}", net.engine_transmit_peers);
+        assert_eq!(
+            first,
+            Some(subscriber),
+            "round {round}: {:?}",
+            net.engine_transmit_peers
+        );
     }
 }

@@ -181,7 +181,12 @@ impl UdpSocket for Socket {
             },
             // The call first: the socket nearly always has room.
             Interest::Write => {
-                if self.write.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+                if self
+                    .write
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_none()
+                {
                     match op() {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         result => return Poll::Ready(result),
