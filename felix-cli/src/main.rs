@@ -97,3 +97,30 @@ fn block_on(
         .map_err(|e| Failure::io("cannot start the async runtime", e))?;
     rt.block_on(command)
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+
+    use super::*;
+
+    fn flavor(threads: Option<usize>) -> RuntimeFlavor {
+        let seen = std::cell::Cell::new(None);
+        let ran = block_on(threads, async {
+            seen.set(Some(Handle::current().runtime_flavor()));
+            Ok(())
+        });
+        assert!(ran.is_ok());
+        seen.take().expect("the command ran")
+    }
+
+    /// Pins `--threads 1` to a current-thread runtime: on a one-worker multi-thread runtime
+    /// each request the bench's workers wrote left in a datagram of its own
+    /// (docs/performance.md, "Profiled pass").
+    #[test]
+    fn one_thread_is_a_current_thread_runtime() {
+        assert_eq!(flavor(Some(1)), RuntimeFlavor::CurrentThread);
+        assert_eq!(flavor(Some(2)), RuntimeFlavor::MultiThread);
+        assert_eq!(flavor(None), RuntimeFlavor::MultiThread);
+    }
+}

@@ -98,7 +98,7 @@ pub struct Socket {
 impl Socket {
     fn new(socket: std::net::UdpSocket) -> io::Result<Socket> {
         Ok(Socket {
-            io: AsyncFd::with_interest(socket, tokio::io::Interest::READABLE)?,
+            io: register(socket, tokio::io::Interest::READABLE)?,
             write: Mutex::new(None),
         })
     }
@@ -114,7 +114,7 @@ impl Socket {
         loop {
             if slot.is_none() {
                 let dup = self.io.get_ref().try_clone()?;
-                *slot = Some(AsyncFd::with_interest(dup, tokio::io::Interest::WRITABLE)?);
+                *slot = Some(register(dup, tokio::io::Interest::WRITABLE)?);
             }
             let fd = slot.as_ref().expect("registered above");
             let mut guard = ready!(fd.poll_write_ready(cx))?;
@@ -134,6 +134,16 @@ impl Socket {
     fn write_registered(&self) -> bool {
         self.write.lock().unwrap().is_some()
     }
+}
+
+/// Registers `socket` with the current reactor for `interest` only.
+fn register(
+    socket: std::net::UdpSocket,
+    interest: tokio::io::Interest,
+) -> io::Result<AsyncFd<std::net::UdpSocket>> {
+    // SAFETY: a `std::net::UdpSocket` owns its descriptor: it stays open, and is the one
+    // `as_raw_fd` returns, until the `AsyncFd` drops the socket.
+    unsafe { AsyncFd::register_with_interest(socket, interest) }.map_err(|e| e.into_parts().1)
 }
 
 impl UdpSocket for Socket {
