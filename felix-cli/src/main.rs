@@ -81,13 +81,46 @@ fn block_on(
     threads: Option<usize>,
     command: impl Future<Output = Result<(), Failure>>,
 ) -> Result<(), Failure> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = threads {
-        builder.worker_threads(n.max(1));
+    // One thread is a current-thread runtime: tasks woken together run in the order woken,
+    // so requests written in one round leave in one datagram (a one-worker multi-thread
+    // runtime runs the connection's driver after each request, one datagram each).
+    let mut builder = match threads {
+        Some(n) if n <= 1 => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    if let Some(n) = threads.filter(|&n| n > 1) {
+        builder.worker_threads(n);
     }
     let rt = builder
         .enable_all()
         .build()
         .map_err(|e| Failure::io("cannot start the async runtime", e))?;
     rt.block_on(command)
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+
+    use super::*;
+
+    fn flavor(threads: Option<usize>) -> RuntimeFlavor {
+        let seen = std::cell::Cell::new(None);
+        let ran = block_on(threads, async {
+            seen.set(Some(Handle::current().runtime_flavor()));
+            Ok(())
+        });
+        assert!(ran.is_ok());
+        seen.take().expect("the command ran")
+    }
+
+    /// Pins `--threads 1` to a current-thread runtime: on a one-worker multi-thread runtime
+    /// each request the bench's workers wrote left in a datagram of its own
+    /// (docs/performance.md, "Profiled pass").
+    #[test]
+    fn one_thread_is_a_current_thread_runtime() {
+        assert_eq!(flavor(Some(1)), RuntimeFlavor::CurrentThread);
+        assert_eq!(flavor(Some(2)), RuntimeFlavor::MultiThread);
+        assert_eq!(flavor(None), RuntimeFlavor::MultiThread);
+    }
 }

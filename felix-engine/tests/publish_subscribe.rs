@@ -255,3 +255,41 @@ fn replay_is_refused_on_in_memory_streams() {
     assert_eq!(v["code"], "invalid_request");
     assert!(net.peers[p].incoming_uni.is_empty());
 }
+
+/// Pins the order within a turn: the delivery leaves before the publisher's ack, so the
+/// ack's send (and its handling, by a client in the same process) is not between a publish
+/// and its delivery (docs/performance.md, batch 1).
+#[test]
+fn a_delivery_leaves_before_the_ack_of_its_publish() {
+    let mut net = Net::new(|_| {});
+    let (publisher, subscriber) = (net.connect(&[]), net.connect(&[]));
+    let events = subscribe(&mut net, subscriber, "s", 1);
+    let (pid, _) = net.auth_stream(publisher);
+    for round in 1..=3u64 {
+        net.engine_transmits.clear();
+        net.engine_transmit_peers.clear();
+        net.send(
+            publisher,
+            pid,
+            &binary_publish(Some(round), None, "s", &[b"m"]),
+        );
+        net.run();
+        assert_eq!(
+            net.read_frames(publisher, pid).len(),
+            1,
+            "round {round}: one ack"
+        );
+        assert_eq!(
+            net.read_frames(subscriber, events).len(),
+            1,
+            "round {round}: one event"
+        );
+        let first = net.engine_transmit_peers.iter().flatten().next().copied();
+        assert_eq!(
+            first,
+            Some(subscriber),
+            "round {round}: {:?}",
+            net.engine_transmit_peers
+        );
+    }
+}

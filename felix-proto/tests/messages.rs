@@ -1307,3 +1307,28 @@ fn cache_put_always_carries_ttl_and_accepts_it_missing() {
         m
     );
 }
+
+/// Byte fields are encoded on the stack up to 768 bytes and on the heap above: both sides of
+/// that edge give the same standard padded base64 and read back to the same bytes.
+#[test]
+fn byte_fields_encode_alike_either_side_of_the_stack_buffer() {
+    use base64::Engine as _;
+    for len in [0usize, 1, 2, 766, 767, 768, 769, 770, 4096] {
+        let value: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&value);
+        assert_wire(
+            &format!(
+                r#"{{"type":"cache_value","tenant_id":"t","namespace":"n","cache":"c","key":"k","value":"{b64}","request_id":3}}"#
+            ),
+            Message::CacheValue(CacheValue {
+                tenant_id: "t".into(),
+                namespace: "n".into(),
+                cache: "c".into(),
+                key: "k".into(),
+                value: Some(Bytes::from(value)),
+                request_id: Some(3),
+                version: None,
+            }),
+        );
+    }
+}

@@ -61,6 +61,8 @@ pub struct Net {
     buf: Vec<u8>,
     /// Datagrams the engine sent, for tests that look at GSO batches.
     pub engine_transmits: Vec<felix_engine::Transmit>,
+    /// The peer (index in `peers`) each of `engine_transmits` reached, if any.
+    pub engine_transmit_peers: Vec<Option<usize>>,
     /// Where the engine's file ops run.
     pub disk: MemFs,
     /// File ops handed out and not yet performed (held ones wait here).
@@ -114,6 +116,7 @@ impl Net {
             client_keep_alive: None,
             buf: Vec::new(),
             engine_transmits: Vec::new(),
+            engine_transmit_peers: Vec::new(),
             disk: MemFs::new(),
             pending_ops: Vec::new(),
             hold: |_| false,
@@ -250,10 +253,13 @@ impl Net {
             };
             self.engine_transmits.push(t);
             assert_eq!(t.destination, self.client_addr);
+            let mut reached = None;
             for (ch, ev) in to_client(&mut self.client, self.now, self.server_addr, &t, &out) {
-                let peer = self.peers.iter_mut().find(|p| p.ch == ch).expect("peer");
-                peer.conn.handle_event(ev);
+                let i = self.peers.iter().position(|p| p.ch == ch).expect("peer");
+                reached.get_or_insert(i);
+                self.peers[i].conn.handle_event(ev);
             }
+            self.engine_transmit_peers.push(reached);
         }
         self.process_client_events();
         if self.perform_file_ops() {

@@ -393,7 +393,7 @@ impl<R: Runtime> Driver<R> {
             metas,
             ..
         } = self;
-        socket.poll_io(cx, Interest::Read, || {
+        socket.poll_recv_batch(cx, BATCH_SIZE, || {
             let mut bufs = recv_bufs.iter_mut();
             let mut iovs: [IoSliceMut<'_>; BATCH_SIZE] =
                 std::array::from_fn(|_| IoSliceMut::new(bufs.next().expect("BATCH_SIZE buffers")));

@@ -93,6 +93,8 @@ pub(crate) struct Conn {
     pub(crate) drained: bool,
     /// In the engine's `touched` list this turn.
     pub(crate) touched: bool,
+    /// Given events to deliver this turn: its transmits go ahead of the turn's answers.
+    pub(crate) delivering: bool,
     /// In the engine's transmit queue.
     pub(crate) queued: bool,
     /// The deadline registered in the engine's timer index.
@@ -118,6 +120,7 @@ impl Conn {
             closing: false,
             drained: false,
             touched: false,
+            delivering: false,
             queued: false,
             deadline: None,
         }

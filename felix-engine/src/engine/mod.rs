@@ -1051,6 +1051,7 @@ impl Engine {
                 };
                 if let Some(conn) = self.conns.get_mut(&ch) {
                     conn.deliver(now, stream, &mut self.core);
+                    conn.delivering = true;
                     self.touch(ch);
                 }
             }
@@ -1058,17 +1059,33 @@ impl Engine {
                 break;
             }
         }
-        for ch in std::mem::take(&mut self.touched) {
+        // Deliveries leave ahead of the turn's answers: a publisher's ack sent first would
+        // put one more send (and, for a client in the same process, its handling) between
+        // a publish and its delivery. The front keeps the deliveries' own order.
+        let touched = std::mem::take(&mut self.touched);
+        for &ch in touched.iter().rev() {
+            if let Some(conn) = self.conns.get_mut(&ch) {
+                if conn.delivering && !conn.queued {
+                    conn.queued = true;
+                    self.send_queue.push_front(ch);
+                }
+            }
+        }
+        for &ch in &touched {
             let Some(conn) = self.conns.get_mut(&ch) else {
                 continue;
             };
             conn.touched = false;
+            conn.delivering = false;
             if !conn.queued {
                 conn.queued = true;
                 self.send_queue.push_back(ch);
             }
             self.rearm(ch);
         }
+        // The list's allocation is kept for the next turn.
+        self.touched = touched;
+        self.touched.clear();
     }
 
     /// Lets connections that held streams back for the broker-wide buffer budget read again

@@ -4,7 +4,6 @@
 
 use std::fmt;
 
-use base64::display::Base64Display;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use bytes::Bytes;
@@ -36,9 +35,22 @@ impl<'de> Visitor<'de> for Base64Visitor {
     }
 }
 
+/// Values up to this many bytes are encoded on the stack (a 768-byte value is 1024 base64).
+const STACK_BASE64_INPUT: usize = 768;
+
 fn serialize_base64<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-    // Streams the encoding into the output: no intermediate `String`.
-    s.collect_str(&Base64Display::new(bytes, &STANDARD))
+    // Encoded whole, then written as one string: `collect_str` over a `Base64Display` went
+    // through `fmt::Write` a few bytes at a time and cost more than the rest of a cache
+    // answer's encoding (docs/performance.md, profile). Small values need no allocation.
+    if bytes.len() <= STACK_BASE64_INPUT {
+        let mut buf = [0u8; STACK_BASE64_INPUT / 3 * 4];
+        let n = STANDARD
+            .encode_slice(bytes, &mut buf)
+            .expect("the buffer holds the encoding");
+        let text = std::str::from_utf8(&buf[..n]).expect("base64 is ASCII");
+        return s.serialize_str(text);
+    }
+    s.serialize_str(&STANDARD.encode(bytes))
 }
 
 /// A required byte field.
