@@ -272,8 +272,11 @@ impl ClusterNode {
             .iter()
             .filter(|(_, s)| s.shards.first().is_some_and(|m| m.replicas.len() > 1))
             .flat_map(|(key, s)| {
-                s.shards.iter().enumerate().filter_map(move |(i, m)| {
-                    m.replicas.contains(&self.me).then(|| {
+                s.shards
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| m.replicas.contains(&self.me))
+                    .map(move |(i, m)| {
                         let r = ShardRef {
                             kind: ObjectKind::Stream,
                             key: key.clone(),
@@ -281,7 +284,6 @@ impl ClusterNode {
                         };
                         (r, m.clone(), s.spec.consistency)
                     })
-                })
             })
             .collect()
     }
