@@ -154,9 +154,15 @@ impl MemFs {
         self.fault = Some(Box::new(fault));
     }
 
-    /// Some file holds bytes a power loss may take (written since its last sync).
-    pub fn has_unsynced_data(&self) -> bool {
-        self.files.values().any(|f| f.data != f.durable)
+    /// Some file in a directory under `prefix` holds bytes a power loss may take (written
+    /// since its last sync).
+    pub fn has_unsynced_data_under(&self, prefix: &str) -> bool {
+        self.dirs
+            .iter()
+            .filter(|(path, _)| path.starts_with(prefix))
+            .flat_map(|(_, d)| d.live.values())
+            .filter_map(|inode| self.files.get(inode))
+            .any(|f| f.data != f.durable)
     }
 
     pub fn is_dead(&self) -> bool {

@@ -797,20 +797,22 @@ impl ClusterWorld {
             Fault::LossBurst(d, loss) => self.net.loss_burst(now + d, loss),
             Fault::Crash(i, kind) => self.crash(i, kind, false, false),
             Fault::Restart(i) => {
-                if let Some(until) = self.nodes[i].down_until.take() {
+                if let Some(until) = self.nodes[i].down_until {
                     if now < until {
                         self.queue.push(until, Ev::Fault(Fault::Restart(i)));
                         return Ok(());
                     }
+                    self.nodes[i].down_until = None;
                 }
                 if self.nodes[i].running.is_none() {
                     self.start_node(i)?;
                     if let Some(leader) = self.nodes[i].crash_when_restarted.take() {
                         self.net.heal_node(Node::Server(leader));
                         self.crash(leader, CrashKind::Process, false, true);
-                        // Past the lease it held and an election: its copy is not there
-                        // when the others fence a new leadership.
-                        self.nodes[leader].down_until = Some(now + Duration::from_secs(6));
+                        // Past the lease it held and, when it also led the control plane,
+                        // the next control-plane leader's election and wait for that lease:
+                        // its copy is not there when the others fence a new leadership.
+                        self.nodes[leader].down_until = Some(now + Duration::from_secs(8));
                     }
                 }
             }
@@ -848,7 +850,12 @@ impl ClusterWorld {
                 tries,
             } => {
                 let n = &self.nodes[node];
-                let unsynced = !n.in_flight.is_empty() || n.disk.has_unsynced_data();
+                // A shard's records received (and, under the canary, reported) but not yet
+                // durable: an append in flight, or written and not yet synced.
+                let appending = n.in_flight.values().any(|op| {
+                    matches!(&op.kind, FileOpKind::Append { path, .. } if path.starts_with("streams/"))
+                });
+                let unsynced = appending || n.disk.has_unsynced_data_under("streams/");
                 if n.running.is_some() && !unsynced && tries > 0 {
                     let f = Fault::PowerLossUnsynced {
                         node,
@@ -888,7 +895,9 @@ impl ClusterWorld {
                     self.thaw(now, i)?;
                 }
                 for i in 0..self.nodes.len() {
-                    if self.nodes[i].running.is_none() {
+                    // A node the canary keeps down restarts on its own `Restart`.
+                    let kept_down = self.nodes[i].down_until.is_some_and(|t| now < t);
+                    if self.nodes[i].running.is_none() && !kept_down {
                         self.start_node(i)?;
                     }
                 }
