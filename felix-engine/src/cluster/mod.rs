@@ -260,7 +260,10 @@ impl ClusterNode {
             forward_timeout: cfg.forward_timeout,
             metadata_changed: false,
             max_forward_channels: cfg.max_forward_channels,
-            next_channel: 1,
+            // Channel numbers name forwards on the leaders (the high half of forward ids):
+            // a restarted node starts where its last process is unlikely to have been, so an
+            // answer a leader still owes that process never matches one of this one's.
+            next_channel: (incarnation as u32).max(1),
             cluster_id: cid,
             me,
             net,
@@ -1012,5 +1015,42 @@ impl ClusterNode {
                 })
                 .collect(),
         )
+    }
+}
+
+#[cfg(test)]
+mod channel_tests {
+    use super::*;
+    use crate::config::{AuthConfig, EngineConfig, PeerAddr};
+
+    fn node(seed: u8) -> ClusterNode {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let params = rcgen::CertificateParams::new(vec!["n1".to_owned()]).expect("params");
+        let cert = params.self_signed(&key).expect("certificate");
+        let tls = crate::tls::TlsIdentity {
+            cert_chain: vec![cert.der().clone()],
+            key: rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key"),
+        };
+        let engine = EngineConfig::new(tls, AuthConfig::Dev { seed: [7; 32] }, [seed; 32]);
+        let peers = (1..=3)
+            .map(|i| PeerAddr {
+                node_id: format!("n{i}"),
+                addr: ([127, 0, 0, 1], 7100 + i).into(),
+            })
+            .collect();
+        let cfg = ClusterConfig::new("n1", peers);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        ClusterNode::new(&cfg, &engine, provider, &[seed; 32], None, Instant::now()).expect("node")
+    }
+
+    #[test]
+    fn a_restarted_node_numbers_its_forward_channels_elsewhere() {
+        // Two processes of one node (each start draws its own seed): a leader may still owe
+        // the first one answers, whose forward ids must not be the second one's.
+        let (mut first, mut second) = (node(1), node(2));
+        let (a, b) = (first.new_channel(), second.new_channel());
+        assert_ne!(a, b);
+        assert_ne!(a, 0);
+        assert_eq!(first.new_channel(), a.wrapping_add(1).max(1));
     }
 }
