@@ -90,6 +90,20 @@ mod tests {
     }
 
     fn cluster(rf: u8) -> Metadata {
+        declared_after(rf, &["n1", "n2", "n3"])
+    }
+
+    fn join(n: &str) -> Command {
+        Command::Join {
+            node: NodeId::new(n),
+            client_addr: None,
+            storage_id: format!("disk-{n}"),
+        }
+    }
+
+    /// Three voters; `joined` join (in order, disk `disk-<id>`), then n1 declares one stream
+    /// of two shards at `rf` copies. Entries are numbered from 1.
+    fn declared_after(rf: u8, joined: &[&str]) -> Metadata {
         let mut m = Metadata::new(vec![
             NodeId::new("n1"),
             NodeId::new("n2"),
@@ -104,28 +118,14 @@ mod tests {
                 consistency: Consistency::Quorum,
             },
         );
-        let mut i = 0;
-        let mut apply = |m: &mut Metadata, c: Command| {
-            i += 1;
-            m.apply_entry(i, &c.encode())
+        let declare = Command::Declare {
+            node: NodeId::new("n1"),
+            declarations: d,
         };
-        for n in ["n1", "n2", "n3"] {
-            apply(
-                &mut m,
-                Command::Join {
-                    node: NodeId::new(n),
-                    client_addr: None,
-                    storage_id: format!("disk-{n}"),
-                },
-            );
+        let entries = joined.iter().map(|n| join(n)).chain([declare]);
+        for (i, c) in entries.enumerate() {
+            m.apply_entry(i as u64 + 1, &c.encode());
         }
-        apply(
-            &mut m,
-            Command::Declare {
-                node: NodeId::new("n1"),
-                declarations: d,
-            },
-        );
         m
     }
 
@@ -227,32 +227,7 @@ mod tests {
     #[test]
     fn a_leader_placed_before_it_joined_is_waited_for_then_handed_on_if_it_never_comes() {
         // Declared while n3 had not joined: its copies have no disk recorded yet.
-        let mut m = Metadata::new(vec![
-            NodeId::new("n1"),
-            NodeId::new("n2"),
-            NodeId::new("n3"),
-        ]);
-        let mut d = Declarations::default();
-        d.streams.insert(
-            ObjectKey::new("t", "ns", "s"),
-            StreamSpec {
-                shards: 2,
-                replication_factor: 1,
-                consistency: Consistency::Leader,
-            },
-        );
-        let join = |n: &str| Command::Join {
-            node: NodeId::new(n),
-            client_addr: None,
-            storage_id: format!("disk-{n}"),
-        };
-        m.apply_entry(1, &join("n1").encode());
-        m.apply_entry(2, &join("n2").encode());
-        let declare = Command::Declare {
-            node: NodeId::new("n1"),
-            declarations: d,
-        };
-        m.apply_entry(3, &declare.encode());
+        let mut m = declared_after(1, &["n1", "n2"]);
         assert_eq!(
             leaders(&m),
             [
@@ -267,7 +242,7 @@ mod tests {
         let due = promotions(&m, &seen(&live, &live));
         assert_eq!(show(&due), ["stream t/ns/s#0 -> g2 nobody"]);
         // Once it joins, its join records the copy's disk and it leads at generation 1.
-        m.apply_entry(4, &join("n3").encode());
+        m.apply_entry(10, &join("n3").encode());
         let all = ["n1", "n2", "n3"];
         assert!(promotions(&m, &seen(&all, &all)).is_empty());
     }
