@@ -435,6 +435,52 @@ fn unwritten_answer_bytes_per_connection_are_bounded() {
     assert_eq!(net.engine.usage().max_connection_unwritten_bytes, 0);
 }
 
+/// The budget is freed by answers that complete off the connection's own events (here disk
+/// reads; in a cluster, forwards answered by other nodes): a stream paused for it must be read
+/// again then, though the client, waiting on its answers, sends nothing more (sim cluster seed
+/// 3129: a publish stuck behind cache gets on another stream, never answered).
+#[test]
+fn a_stream_paused_for_the_answer_budget_resumes_when_answers_complete_off_its_events() {
+    const VALUE: usize = 3_000;
+    // A value not read yet counts as the largest one's answer: about 4.3 KB each.
+    const BUDGET: usize = 10_000;
+    let mut durable = felix_engine::DurableConfig::default();
+    // Every get reads its value from the log.
+    durable.tail_cache_bytes = 0;
+    let mut net = Net::durable(durable, |c| {
+        c.max_connection_unwritten_bytes = BUDGET;
+        c.cache_max_value_bytes = VALUE;
+    });
+    let p = net.connect(&[]);
+    let (s0, _) = net.auth_stream(p);
+    let put = r#"{"type":"cache_put","tenant_id":"t1","namespace":"default","cache":"c","key":"k","value":"djE=","request_id":1}"#;
+    assert_eq!(request(&mut net, p, s0, put)["type"], "cache_ok");
+    net.hold = |k| matches!(k, felix_storage::ops::FileOpKind::Read { .. });
+    let gets = net.auth_stream(p).0;
+    let other = net.auth_stream(p).0;
+    let get = json_frame(
+        r#"{"type":"cache_get","tenant_id":"t1","namespace":"default","cache":"c","key":"k"}"#,
+    );
+    for _ in 0..4 {
+        net.send(p, gets, &get);
+    }
+    net.run();
+    assert!(net.engine.usage().max_connection_unwritten_bytes >= BUDGET);
+    // Another stream's request is not read while the reads hold the budget...
+    let put2 = json_frame(
+        r#"{"type":"cache_put","tenant_id":"t1","namespace":"default","cache":"c","key":"k2","value":"djI=","request_id":2}"#,
+    );
+    net.send(p, other, &put2);
+    net.run();
+    assert!(net.read_frames(p, other).is_empty());
+    // ...and is once they complete, with nothing more from the client.
+    net.release_held_ops();
+    let answers = net.read_frames(p, other);
+    assert_eq!(answers.len(), 1);
+    assert_eq!(json(&answers[0])["type"], "cache_ok");
+    assert_eq!(net.read_frames(p, gets).len(), 4);
+}
+
 #[test]
 fn event_bytes_queued_per_connection_are_bounded_and_others_unaffected() {
     const BUDGET: usize = 64 * 1024;

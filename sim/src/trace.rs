@@ -9,6 +9,8 @@ use ring::digest;
 pub(crate) struct Trace {
     hasher: digest::Context,
     lines: Option<Vec<String>>,
+    /// Print each line as it happens (with `FELIX_SIM_LOG`, so the engines' logs interleave).
+    stream: bool,
     count: u64,
     line: String,
 }
@@ -18,6 +20,7 @@ impl Trace {
         Trace {
             hasher: digest::Context::new(&digest::SHA256),
             lines: keep_lines.then(Vec::new),
+            stream: keep_lines && std::env::var_os("FELIX_SIM_LOG").is_some(),
             count: 0,
             line: String::new(),
         }
@@ -30,7 +33,9 @@ impl Trace {
         self.hasher.update(self.line.as_bytes());
         self.hasher.update(b"\n");
         self.count += 1;
-        if let Some(lines) = &mut self.lines {
+        if self.stream {
+            println!("{}", self.line);
+        } else if let Some(lines) = &mut self.lines {
             lines.push(self.line.clone());
         }
     }

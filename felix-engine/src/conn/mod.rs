@@ -325,21 +325,24 @@ impl Conn {
         now: Instant,
         ch: ConnectionHandle,
         core: &mut Core,
-    ) {
+    ) -> bool {
         if self.paused_for_answers.is_empty()
             || self.unwritten_bytes >= core.limits.max_connection_unwritten_bytes
         {
-            return;
+            return false;
         }
+        let mut resumed = false;
         for id in std::mem::take(&mut self.paused_for_answers) {
             let Some(session) = self.sessions.get_mut(&id) else {
                 continue;
             };
             if session.paused && session.backlog() < core.limits.stream_answer_backlog {
                 session.paused = false;
+                resumed = true;
                 self.read_session(now, ch, id, core);
             }
         }
+        resumed
     }
 
     /// Brings the broker-wide total of partly received bytes up to date with this

@@ -1312,6 +1312,13 @@ impl Engine {
                 }
             }
             if !any {
+                // Answers written outside the connection's events (a forward's answer, a
+                // durable release, a value read) free its budget too, and the client may
+                // have nothing more to send until its streams are read again.
+                if conn.resume_paused_for_answers(now, ch, &mut self.core) {
+                    progressed = true;
+                    continue;
+                }
                 return progressed;
             }
             conn.resume_starved(now, ch, &mut self.core);
