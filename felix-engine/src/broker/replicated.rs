@@ -93,7 +93,11 @@ impl Broker {
             // leader may cut it, and should a later leadership here commit those offsets,
             // their records are replayed from the log as it is then (`release`), not from
             // here, where two leaderships' writes at one offset would both go out.
-            let owner = self.logs.as_ref().and_then(|l| l.slot(log)).map(|s| s.owner);
+            let owner = self
+                .logs
+                .as_ref()
+                .and_then(|l| l.slot(log))
+                .map(|s| s.owner);
             if let Some(Owner::Stream { stream, shard }) = owner {
                 if let Some(store) = self.streams[stream].shards[shard as usize].store.as_mut() {
                     store.unreleased.clear();

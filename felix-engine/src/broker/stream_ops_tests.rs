@@ -792,10 +792,16 @@ fn a_leaderships_uncommitted_write_is_not_fanned_out_by_a_later_one_here() {
     let at = r.publish_at(T0_MICROS, vec![Bytes::from_static(b"written-later")]);
     assert_eq!(at, 1);
     let o = SubscribeOpts::negotiated(1, Flags(0x1FFF), Default::default(), None);
-    let id = r.b.subscribe(r.now, &key(), 0, Start::Latest, o).unwrap().id;
+    let id =
+        r.b.subscribe(r.now, &key(), 0, Start::Latest, o)
+            .unwrap()
+            .id;
     r.b.committed(log, 2);
     r.pump();
     let frames = delivered(&mut r.b, id);
     assert!(!holds(&frames, b"uncommitted"), "the cut write went out");
-    assert!(holds(&frames, b"written-later"), "the committed record did not");
+    assert!(
+        holds(&frames, b"written-later"),
+        "the committed record did not"
+    );
 }
