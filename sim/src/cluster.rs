@@ -535,6 +535,7 @@ impl ClusterWorld {
     // ---- nodes ---------------------------------------------------------------------------
 
     fn start_node(&mut self, i: usize) -> Result<(), Violation> {
+        crate::trace::set_node(i);
         let now = self.clock.now();
         let local = self.local(i, now);
         let node = &mut self.nodes[i];
@@ -681,6 +682,7 @@ impl ClusterWorld {
         // Its timers fire too, late.
         let local = self.local(i, now);
         if let Some(r) = &mut self.nodes[i].running {
+            crate::trace::set_node(i);
             r.engine.handle_timeout(local);
             self.drain(i, now)?;
         }
@@ -731,6 +733,7 @@ impl ClusterWorld {
                     data: BytesMut::from(&data[..]),
                     segment_size: None,
                 };
+                crate::trace::set_node(node);
                 if peer {
                     r.engine.handle_peer_datagram(local, d);
                 } else {
@@ -765,6 +768,7 @@ impl ClusterWorld {
                     .execute(op.clone())
                     .expect("the simulated disk dies only through crash_drawn");
                 let ok = completion.result.is_ok();
+                crate::trace::set_node(node);
                 r.engine.handle_file_completion(local, completion);
                 let id = n.id.clone();
                 self.trace.event(
@@ -967,6 +971,7 @@ impl ClusterWorld {
 
     /// Takes every output of node `i`'s engine, then looks at its metadata.
     fn drain(&mut self, i: usize, now: Instant) -> Result<(), Violation> {
+        crate::trace::set_node(i);
         let local = self.local(i, now);
         let mut buf = Vec::new();
         let (peer_addr, client_addr) = (self.nodes[i].peer_addr, self.nodes[i].client_addr);
@@ -1206,6 +1211,7 @@ impl ClusterWorld {
                     continue;
                 };
                 if r.engine.poll_timeout().is_some_and(|t| t <= local) {
+                    crate::trace::set_node(i);
                     r.engine.handle_timeout(local);
                     self.drain(i, now)?;
                 }

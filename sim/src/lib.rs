@@ -34,6 +34,7 @@ mod watcher;
 mod world;
 
 pub use oracle::Violation;
+pub use trace::{current_node, print_live as print_trace_live};
 
 /// A deliberately broken piece of the *simulator* that the invariants must catch, proving
 /// they can fail. Never part of a normal run.

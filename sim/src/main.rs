@@ -30,8 +30,16 @@ fn main() -> ExitCode {
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .without_time()
             .with_ansi(false)
-            .with_writer(std::io::stdout)
+            .with_writer(|| {
+                // Each log line is tagged with the node whose engine wrote it.
+                let mut out = std::io::stdout();
+                if let Some(i) = felix_sim::current_node() {
+                    let _ = write!(out, "[n{}] ", i + 1);
+                }
+                out
+            })
             .try_init();
+        felix_sim::print_trace_live();
     }
     let mut seeds: Option<(u64, u64)> = None;
     let mut verbose = false;

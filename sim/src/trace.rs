@@ -2,15 +2,36 @@
 //! runs of one seed must produce the same hash; `--verbose` also keeps the lines.
 
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ring::digest;
 
+/// Kept lines are printed as they happen instead of at the end, so that the engines' own
+/// logs (`FELIX_SIM_LOG`) land between the events they belong to.
+static LIVE: AtomicBool = AtomicBool::new(false);
+
+/// See [`LIVE`]: a run's kept lines go to stdout as they happen (and `Outcome::trace` is empty).
+pub fn print_live() {
+    LIVE.store(true, Ordering::Relaxed);
+}
+
+/// The node whose engine runs now, plus one (0: none), for tagging the engines' log lines.
+static NODE: AtomicUsize = AtomicUsize::new(0);
+
+/// Notes that node `i` (0-based) is about to run, for [`current_node`].
+pub(crate) fn set_node(i: usize) {
+    NODE.store(i + 1, Ordering::Relaxed);
+}
+
+/// The 0-based index of the node whose engine ran last, if any.
+pub fn current_node() -> Option<usize> {
+    NODE.load(Ordering::Relaxed).checked_sub(1)
+}
+
 pub(crate) struct Trace {
     hasher: digest::Context,
     lines: Option<Vec<String>>,
-    /// Print each line as it happens (with `FELIX_SIM_LOG`, so the engines' logs interleave).
-    stream: bool,
     count: u64,
     line: String,
 }
@@ -20,7 +41,6 @@ impl Trace {
         Trace {
             hasher: digest::Context::new(&digest::SHA256),
             lines: keep_lines.then(Vec::new),
-            stream: keep_lines && std::env::var_os("FELIX_SIM_LOG").is_some(),
             count: 0,
             line: String::new(),
         }
@@ -33,10 +53,12 @@ impl Trace {
         self.hasher.update(self.line.as_bytes());
         self.hasher.update(b"\n");
         self.count += 1;
-        if self.stream {
-            println!("{}", self.line);
-        } else if let Some(lines) = &mut self.lines {
-            lines.push(self.line.clone());
+        if let Some(lines) = &mut self.lines {
+            if LIVE.load(Ordering::Relaxed) {
+                println!("{}", self.line);
+            } else {
+                lines.push(self.line.clone());
+            }
         }
     }
 

@@ -183,6 +183,18 @@ impl ShardLeader {
     /// The leader appended up to `end` (the log's next offset). A quorum publish among them
     /// is owed an answer by `now + quorum_timeout`: `owes_answer`.
     pub fn appended(&mut self, now: Instant, end: u64, owes_answer: bool) {
+        self.extend_log(end);
+        if self.quorum && owes_answer {
+            self.pending
+                .push_back((end, now + self.settings.quorum_timeout));
+        }
+    }
+
+    /// The leader's own log holds records written at this generation up to `end`.
+    fn extend_log(&mut self, end: u64) {
+        if end <= self.log.end {
+            return;
+        }
         if self
             .log
             .epochs
@@ -191,15 +203,16 @@ impl ShardLeader {
         {
             self.log.epochs.push((self.generation, self.log.end));
         }
-        self.log.end = self.log.end.max(end);
-        if self.quorum && owes_answer {
-            self.pending
-                .push_back((end, now + self.settings.quorum_timeout));
-        }
+        self.log.end = end;
     }
 
     /// The leader's own log is durable below `up_to`.
     pub fn durable(&mut self, up_to: u64) {
+        // Not every write is announced by `appended` (only those owed an answer), but every
+        // one becomes durable: the epochs a follower is compared with, and is cut to, must
+        // hold everything shipped (shipping stops at `durable`), or a follower holding a
+        // committed record the leader's epochs had not counted yet is cut below it.
+        self.extend_log(up_to);
         if up_to > self.durable {
             self.durable = up_to;
             self.recompute();
@@ -463,6 +476,34 @@ mod tests {
         assert_eq!(drain(&mut l), ["ship n3 from 0"]);
         l.report(&n("n3"), 2, "disk-n3", 3, 3);
         assert_eq!(l.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_write_owed_no_answer_counts_in_the_epochs_a_rejoining_follower_is_cut_to() {
+        // Sim replicated seed 1529: a fire-and-forget record at 8 was committed (leader and
+        // n2 durable), then n2 restarted and asked to be fed; the leader's epochs ended at 8
+        // (the last write owed an answer), so n2 was told to cut the committed record.
+        let t = Instant::now();
+        let mut l = leader(true, &["n2", "n3"]);
+        l.follow(&n("n2"), "disk-n2", &empty()).unwrap();
+        l.appended(t, 8, true);
+        l.durable(9); // record 8 was a publish nobody waits for
+        assert_eq!(drain(&mut l), ["ship n2 from 0"]);
+        l.shipped(t, &n("n2"), 0, 9, 90);
+        l.report(&n("n2"), 2, "disk-n2", 9, 9);
+        assert_eq!(drain(&mut l), ["committed 9"]);
+        assert_eq!(
+            l.epochs(),
+            &EpochLog {
+                epochs: vec![(2, 0)],
+                end: 9
+            }
+        );
+        let n2 = EpochLog {
+            epochs: vec![(2, 0)],
+            end: 9,
+        };
+        assert_eq!(l.follow(&n("n2"), "disk-n2", &n2), Ok(9));
     }
 
     #[test]

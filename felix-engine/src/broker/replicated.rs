@@ -89,6 +89,20 @@ impl Broker {
     /// answered by them (`quorum_timeout`), never by the log's own durability.
     pub(crate) fn ungate(&mut self, log: LogId) {
         if let Some(g) = self.gates.remove(&log) {
+            // What it wrote past its commit mark waits for fan-out no longer: the next
+            // leader may cut it, and should a later leadership here commit those offsets,
+            // their records are replayed from the log as it is then (`release`), not from
+            // here, where two leaderships' writes at one offset would both go out.
+            let owner = self
+                .logs
+                .as_ref()
+                .and_then(|l| l.slot(log))
+                .map(|s| s.owner);
+            if let Some(Owner::Stream { stream, shard }) = owner {
+                if let Some(store) = self.streams[stream].shards[shard as usize].store.as_mut() {
+                    store.unreleased.clear();
+                }
+            }
             self.retired_gates.insert((log, g.leadership), g);
             // A few are kept; an answer held across more leaderships than that is old
             // enough to be an unknown outcome.

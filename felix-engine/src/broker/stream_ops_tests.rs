@@ -756,3 +756,52 @@ fn a_page_asking_for_more_than_the_limit_gets_the_limit() {
     assert_eq!(page.records.len(), MAX_RECORDS_PER_READ);
     assert_eq!(page.next_offset, MAX_RECORDS_PER_READ as u64);
 }
+
+/// Every frame handed to `id` so far, concatenated.
+fn delivered(b: &mut Broker, id: SubscriberId) -> Vec<u8> {
+    std::iter::from_fn(|| b.next_delivery(id))
+        .take(10_000)
+        .flat_map(|d| match d {
+            Delivery::Frame(f) | Delivery::Final(f) => f.to_vec(),
+        })
+        .collect()
+}
+
+fn holds(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn a_leaderships_uncommitted_write_is_not_fanned_out_by_a_later_one_here() {
+    // Sim replicated seed 503: a leader wrote past its commit mark and stepped down; its copy
+    // was cut there and refilled; when it led again and committed that offset, the old write
+    // still queued for fan-out went out in place of the log's record.
+    let mut r = Rig::new();
+    r.publish_at(T0_MICROS, vec![Bytes::from_static(b"first")]);
+    let i = r.b.stream_index[&key()];
+    let log = r.b.streams[i].shards[0].store.as_ref().unwrap().log;
+    r.b.gate(log, 1);
+    let at = r.publish_at(T0_MICROS, vec![Bytes::from_static(b"uncommitted")]);
+    assert_eq!(at, 1);
+    r.b.ungate(log);
+    r.b.truncate_log(log, 1).expect("a cut above the commit");
+    r.pump();
+    r.b.truncated(log, 1);
+    assert_eq!(r.tail(), 1);
+    r.b.gate(log, 1);
+    let at = r.publish_at(T0_MICROS, vec![Bytes::from_static(b"written-later")]);
+    assert_eq!(at, 1);
+    let o = SubscribeOpts::negotiated(1, Flags(0x1FFF), Default::default(), None);
+    let id =
+        r.b.subscribe(r.now, &key(), 0, Start::Latest, o)
+            .unwrap()
+            .id;
+    r.b.committed(log, 2);
+    r.pump();
+    let frames = delivered(&mut r.b, id);
+    assert!(!holds(&frames, b"uncommitted"), "the cut write went out");
+    assert!(
+        holds(&frames, b"written-later"),
+        "the committed record did not"
+    );
+}
