@@ -462,6 +462,9 @@ impl ControlPlane {
         }
         if !leader {
             self.took_over = None;
+            // Its verdicts came from its own record of renewals, which the next leader does
+            // not share: proposed now, raft would forward them to that leader.
+            self.wanted.retain(|c| !leader_only(c));
         }
         self.was_leader = leader;
         if !leader {
@@ -527,7 +530,11 @@ impl ControlPlane {
         if self.node.raft.leader_id == 0 {
             return;
         }
+        let leader = self.is_leader();
         for i in 0..self.wanted.len() {
+            if !leader && leader_only(&self.wanted[i]) {
+                continue;
+            }
             let data = self.wanted[i].encode();
             // Dropped when there is no leader or a transfer is under way: retried later.
             let _ = self.node.propose(Vec::new(), data);
@@ -638,6 +645,12 @@ impl Renewals for LeaseBook<'_> {
     fn is_live(&self, node: &NodeId) -> bool {
         self.renewed.contains_key(node) && self.quiet_ms(node) <= self.terms.lease_ms / 2
     }
+}
+
+/// A decision only the control plane's leader makes, from what it alone has heard (lease
+/// renewals, silence): never proposed by another node.
+fn leader_only(cmd: &Command) -> bool {
+    matches!(cmd, Command::Promote { .. } | Command::Liveness { .. })
 }
 
 /// Whether `cmd`'s effect is already in the metadata.

@@ -614,3 +614,85 @@ fn a_grant_is_refused_while_a_shard_is_being_moved_away_from_its_holder() {
     }
     assert!(refused, "a promotion away from the victim was never wanted");
 }
+
+/// Promotions and liveness verdicts are the leader's, made from its own record of renewals: a
+/// leader deposed before its promotion committed must not hand it to the next leader (raft
+/// forwards a follower's proposals), which would move a shard whose holder renews with it.
+/// Sim replicated seed 3328: two nodes held one shard's lease at once.
+#[test]
+fn a_deposed_leader_does_not_pass_on_the_promotions_it_wanted() {
+    let mut c = Cluster::new(23);
+    c.run_until(100, |c| c.leaders().len() == 1);
+    c.join_all();
+    let old = c.leaders()[0].clone();
+    let now = c.now;
+    c.planes.get_mut(&old).unwrap().want(
+        Command::Declare {
+            node: old.clone(),
+            declarations: declarations(),
+        },
+        now,
+    );
+    c.run_until(100, |c| c.planes[&old].metadata().streams.len() == 1);
+    let key = ObjectKey::new("t1", "default", "orders");
+    let victim = c.planes.keys().find(|n| **n != old).unwrap().clone();
+    let led_by_victim = |c: &Cluster, at: &NodeId| -> Vec<(usize, u64)> {
+        c.planes[at].metadata().streams[&key]
+            .shards
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.leader.as_ref() == Some(&victim))
+            .map(|(i, s)| (i, s.generation))
+            .collect()
+    };
+    let before = led_by_victim(&c, &old);
+    assert!(!before.is_empty());
+    c.renew_all();
+    // The victim's renewals stop reaching the leader; at the first tick where the leader wants
+    // the victim's shards moved, the leader is cut off before the proposal leaves it.
+    let mut wanted = false;
+    for _ in 0..60 {
+        let now = c.now;
+        let others: Vec<NodeId> = c.planes.keys().filter(|n| **n != victim).cloned().collect();
+        for n in &others {
+            c.planes.get_mut(&old).unwrap().lease_renewed(now, n);
+        }
+        c.now += Duration::from_millis(100);
+        let now = c.now;
+        let p = c.planes.get_mut(&old).unwrap();
+        p.handle_timeout(now);
+        if p.wanted
+            .iter()
+            .any(|w| matches!(w, Command::Promote { .. }))
+        {
+            wanted = true;
+            c.cut.insert(old.clone());
+            break;
+        }
+        c.settle();
+    }
+    assert!(wanted, "the leader never wanted the victim's shards moved");
+    // The others elect a leader, and the victim renews with it.
+    c.run_until(100, |c| c.leaders().len() == 1);
+    let new = c.leaders()[0].clone();
+    assert_ne!(new, old);
+    c.run_until(20, |c| {
+        c.planes[&new].metadata().applied >= c.planes[&old].metadata().applied
+    });
+    for _ in 0..5 {
+        c.run(1);
+        assert!(c.renew_all()[&victim].is_some());
+    }
+    // The old leader comes back as a follower of the new one.
+    c.cut.clear();
+    for _ in 0..30 {
+        c.renew_all();
+        c.run(1);
+    }
+    assert!(!c.planes[&old].is_leader());
+    assert!(!c.planes[&old]
+        .wanted
+        .iter()
+        .any(|w| matches!(w, Command::Promote { .. } | Command::Liveness { .. })));
+    assert_eq!(led_by_victim(&c, &new), before, "the victim's shards moved");
+}
