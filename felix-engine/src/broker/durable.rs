@@ -329,10 +329,15 @@ impl Broker {
                     );
                 }
                 let durable = slot.log.durable_offset();
+                // Gated already (led here before it opened): only the committed part is served.
+                let released = self
+                    .gates
+                    .get(&id)
+                    .map_or(durable, |g| durable.min(g.committed));
                 if let Owner::Stream { stream, shard } = slot.owner {
                     if let Some(store) = self.streams[stream].shards[shard as usize].store.as_mut()
                     {
-                        store.released = durable;
+                        store.released = released;
                     }
                 }
             }

@@ -60,6 +60,22 @@ impl Broker {
         }
         let gate = self.gates.get_mut(&log).expect("just made");
         gate.committed = gate.committed.max(committed);
+        let committed = gate.committed;
+        // A log opened (or last led) here counts its whole durable end as released; past the
+        // commit mark that is not this leadership's to serve: the records may never have
+        // reached a majority, and the next leader would hand out those offsets again.
+        if let Some(store) = self.store_of(log) {
+            store.released = store.released.min(committed);
+        }
+    }
+
+    /// The stream shard store that `log` backs, if it is one.
+    fn store_of(&mut self, log: LogId) -> Option<&mut super::durable::ShardStore> {
+        let owner = self.logs.as_ref()?.slot(log)?.owner;
+        let Owner::Stream { stream, shard } = owner else {
+            return None;
+        };
+        self.streams[stream].shards[shard as usize].store.as_mut()
     }
 
     /// The leadership of `log` here that a publish written now is answered under (0: the log

@@ -805,3 +805,46 @@ fn a_leaderships_uncommitted_write_is_not_fanned_out_by_a_later_one_here() {
         "the committed record did not"
     );
 }
+
+#[test]
+fn a_reopened_log_gated_at_its_commit_serves_readers_only_the_committed_records() {
+    // Sim replicated seed 3124: a node restarted with records past its commit mark, was made
+    // leader at that mark, and served them to a catch-up reader; the next leader, which never
+    // had them, gave those offsets to other records.
+    let mut r = Rig::new();
+    for p in ["committed", "past-commit-1", "past-commit-2"] {
+        r.publish_at(T0_MICROS, vec![Bytes::from_static(p.as_bytes())]);
+    }
+    let fs = r.fs;
+    let mut r = Rig::on(fs);
+    assert_eq!(
+        r.publish_at(T0_MICROS, vec![Bytes::from_static(b"opens")]),
+        3
+    );
+    let i = r.b.stream_index[&key()];
+    let log = r.b.streams[i].shards[0].store.as_ref().unwrap().log;
+    r.b.gate(log, 1);
+    let o = SubscribeOpts::negotiated(1, Flags(0x1FFF), Default::default(), None);
+    let id = match r.b.subscribe(r.now, &key(), 0, Start::Earliest, o) {
+        Ok(s) => s.id,
+        Err(_) => panic!("the subscribe was refused"),
+    };
+    r.pump();
+    let frames = delivered(&mut r.b, id);
+    assert!(
+        holds(&frames, b"committed"),
+        "the committed record was not served"
+    );
+    assert!(
+        !holds(&frames, b"past-commit-1") && !holds(&frames, b"past-commit-2"),
+        "records past the commit mark were served"
+    );
+    r.b.committed(log, 3);
+    r.pump();
+    let frames = delivered(&mut r.b, id);
+    assert!(holds(&frames, b"past-commit-1") && holds(&frames, b"past-commit-2"));
+    assert!(
+        !holds(&frames, b"opens"),
+        "the write past the new mark went out"
+    );
+}
