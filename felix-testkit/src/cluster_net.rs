@@ -60,6 +60,42 @@ pub struct ClusterNet {
     /// (a GSO batch).
     pub peer_largest_datagram: usize,
     pub peer_most_segments: usize,
+    /// How many times each node's process was replaced ([`ClusterNet::restart`]).
+    restarts: Vec<u8>,
+    /// The virtual instant the engines' Unix clocks started at [`START_UNIX_MICROS`].
+    started: Instant,
+}
+
+/// When every engine's Unix clock starts (2026-01-01T00:00:00Z).
+const START_UNIX_MICROS: u64 = 1_767_225_600_000_000;
+
+fn client_addr(i: usize) -> SocketAddr {
+    ([127, 0, 0, 1], 5001 + i as u16).into()
+}
+
+fn internal_addr(i: usize) -> SocketAddr {
+    ([127, 0, 0, 1], 7101 + i as u16).into()
+}
+
+/// Node `i`'s cluster settings, in its process started after `restarts` others.
+fn node_config(spec: &ClusterSpec, i: usize, restarts: u8, c: &mut EngineConfig) {
+    let peers: Vec<PeerAddr> = spec
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(j, id)| PeerAddr {
+            node_id: id.clone(),
+            addr: internal_addr(j),
+        })
+        .collect();
+    // Each node its own randomness (storage ids, election timeouts), each process anew.
+    c.rng_seed = [i as u8 + 1; 32];
+    c.rng_seed[1] ^= restarts;
+    let mut cluster = ClusterConfig::new(spec.nodes[i].clone(), peers);
+    cluster.client_advertise_addr = Some(client_addr(i).to_string());
+    cluster.declared_caches = spec.caches.clone();
+    c.cluster = Some(cluster);
+    c.declared_streams = spec.streams.clone();
 }
 
 impl ClusterNet {
@@ -68,29 +104,11 @@ impl ClusterNet {
     pub fn new(spec: &ClusterSpec, tweak: impl Fn(usize, &mut EngineConfig)) -> ClusterNet {
         let now = Instant::now();
         let n = spec.nodes.len();
-        let client = |i: usize| -> SocketAddr { ([127, 0, 0, 1], 5001 + i as u16).into() };
-        let internal: Vec<SocketAddr> = (0..n)
-            .map(|i| ([127, 0, 0, 1], 7101 + i as u16).into())
-            .collect();
-        let peers: Vec<PeerAddr> = spec
-            .nodes
-            .iter()
-            .zip(&internal)
-            .map(|(id, addr)| PeerAddr {
-                node_id: id.clone(),
-                addr: *addr,
-            })
-            .collect();
+        let internal: Vec<SocketAddr> = (0..n).map(internal_addr).collect();
         let nodes = (0..n)
             .map(|i| {
-                Net::on_clock(now, 1_767_225_600_000_000, client(i), |c| {
-                    // Each node its own randomness (storage ids, election timeouts).
-                    c.rng_seed = [i as u8 + 1; 32];
-                    let mut cluster = ClusterConfig::new(spec.nodes[i].clone(), peers.clone());
-                    cluster.client_advertise_addr = Some(client(i).to_string());
-                    cluster.declared_caches = spec.caches.clone();
-                    c.cluster = Some(cluster);
-                    c.declared_streams = spec.streams.clone();
+                Net::on_clock(now, START_UNIX_MICROS, client_addr(i), |c| {
+                    node_config(spec, i, 0, c);
                     tweak(i, c);
                 })
             })
@@ -104,7 +122,32 @@ impl ClusterNet {
             peer_datagrams: 0,
             peer_largest_datagram: 0,
             peer_most_segments: 0,
+            restarts: vec![0; n],
+            started: now,
         }
+    }
+
+    /// Node `i`'s process is replaced, as after a crash (`kill -9`: what it wrote is kept):
+    /// a new engine with new randomness, so a new incarnation, on the same disk, recovered
+    /// before it returns. Its clients are gone. `spec` and `tweak` as the cluster was made.
+    pub fn restart(
+        &mut self,
+        i: usize,
+        spec: &ClusterSpec,
+        tweak: impl Fn(usize, &mut EngineConfig),
+    ) {
+        self.restarts[i] += 1;
+        let restarts = self.restarts[i];
+        let disk = std::mem::take(&mut self.nodes[i].disk);
+        // The same wall clock as the others.
+        let unix = START_UNIX_MICROS + (self.now - self.started).as_micros() as u64;
+        let mut net = Net::on_clock(self.now, unix, client_addr(i), |c| {
+            node_config(spec, i, restarts, c);
+            tweak(i, c);
+        });
+        net.disk = disk;
+        self.nodes[i] = net;
+        self.run();
     }
 
     /// A cluster that has elected, joined every node and led every declared shard.

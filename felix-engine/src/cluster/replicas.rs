@@ -1205,6 +1205,16 @@ impl ClusterNode {
                     let msg = refuse(pp::RefusalReason::Fenced, fence, "fenced above");
                     self.net.send(from, &msg);
                 } else if fence == g && !slot.persisting {
+                    // Its own leader fencing again at the same generation has restarted: it
+                    // feeds only those who ask, so a copy that thinks itself fed asks again
+                    // (else both wait: sim replicated seed 3124, with the peer restart fix).
+                    if let Role::Following(fo) = &mut slot.role {
+                        if *fo.leader() == from_node && fo.state() != FollowState::Asking {
+                            fo.ask_again();
+                            slot.last_sent = None;
+                            self.replicas_changed = true;
+                        }
+                    }
                     let epochs = to_epoch_log(&info.state, info.end);
                     let answer = PeerMessage::FenceAnswer(pp::FenceAnswer {
                         scope: f.scope.clone(),
