@@ -86,7 +86,18 @@ pub enum ControlOutput {
     Persist { ready: u64, record: Vec<u8> },
     /// A committed entry was applied to the metadata.
     Applied(Applied),
+    /// A renewal from [`ControlPlane::lease_renewed`] is granted: a majority confirmed this
+    /// node still led after the request arrived. Answer `seq` of `node` with `grant`.
+    LeaseGranted {
+        node: NodeId,
+        seq: u64,
+        grant: LeaseGrant,
+    },
 }
+
+/// Renewals waiting for their leadership check; past this the oldest is dropped (its holder
+/// asks again within a quarter lease).
+const MAX_PENDING_GRANTS: usize = 256;
 
 /// A snapshot of the metadata and the log that follows it, as files.
 #[derive(Debug, Clone)]
@@ -153,6 +164,10 @@ pub struct ControlPlane {
     /// As leader: when this term began here, and its first entry (everything before it must be
     /// applied before a lease is granted, so a grant never predates a promotion in the log).
     took_over: Option<(Instant, u64)>,
+    /// As leader: renewals waiting for raft to confirm the leadership (a read index), by
+    /// the context they were sent with.
+    pending_grants: BTreeMap<u64, (NodeId, u64)>,
+    next_grant_ctx: u64,
 }
 
 /// A lease renewal the control plane's leader accepted.
@@ -232,16 +247,41 @@ impl ControlPlane {
             was_leader: false,
             renewed: BTreeMap::new(),
             took_over: None,
+            pending_grants: BTreeMap::new(),
+            next_grant_ctx: 0,
         }
     }
 
-    /// A node (this one included) asks to renew its shard leases; the answer is `None` when
-    /// this node is not the leader, has not applied all of its predecessors' entries yet, or
-    /// is moving one of that node's shards away (a grant then would overlap the next leader).
-    pub fn lease_renewed(&mut self, now: Instant, node: &NodeId) -> Option<LeaseGrant> {
-        let (_, first) = self.took_over?;
+    /// A node (this one included) asks to renew its shard leases with its request `seq`.
+    /// Refused (`false`) when this node is not the leader, has not applied all of its
+    /// predecessors' entries yet, or is moving one of that node's shards away (a grant then
+    /// would overlap the next leader). Accepted, the grant follows as
+    /// [`ControlOutput::LeaseGranted`] once a majority has confirmed this node still leads:
+    /// so every grant answers a request sent before any later leader's term began, which
+    /// is what lets that leader count an unheard holder's lease from its own takeover
+    /// (`promote_due`).
+    pub fn lease_renewed(&mut self, now: Instant, node: &NodeId, seq: u64) -> bool {
+        if !self.may_grant(node) {
+            return false;
+        }
+        self.renewed.insert(node.clone(), now);
+        let ctx = self.next_grant_ctx;
+        self.next_grant_ctx += 1;
+        self.pending_grants.insert(ctx, (node.clone(), seq));
+        while self.pending_grants.len() > MAX_PENDING_GRANTS {
+            self.pending_grants.pop_first();
+        }
+        self.node.read_index(ctx.to_be_bytes().to_vec());
+        self.drive();
+        true
+    }
+
+    fn may_grant(&self, node: &NodeId) -> bool {
+        let Some((_, first)) = self.took_over else {
+            return false;
+        };
         if !self.is_leader() || self.meta.applied < first {
-            return None;
+            return false;
         }
         let moving_away = self.wanted.iter().any(|c| match c {
             Command::Promote { shard, .. } => self
@@ -250,14 +290,28 @@ impl ControlPlane {
                 .is_some_and(|m| m.leader.as_ref() == Some(node)),
             _ => false,
         });
-        if moving_away || !self.cfg.voters.names().contains(node) {
-            return None;
+        !moving_away && self.cfg.voters.names().contains(node)
+    }
+
+    /// Raft confirmed the leadership for these read-index contexts: their renewals are
+    /// granted, each checked again (a promotion may have become due meanwhile).
+    fn confirmed(&mut self, states: Vec<raft::ReadState>) {
+        for rs in states {
+            let Ok(ctx) = <[u8; 8]>::try_from(rs.request_ctx.as_slice()) else {
+                continue;
+            };
+            let Some((node, seq)) = self.pending_grants.remove(&u64::from_be_bytes(ctx)) else {
+                continue;
+            };
+            if self.may_grant(&node) {
+                let grant = LeaseGrant {
+                    term: self.term(),
+                    applied: self.meta.applied,
+                };
+                self.out
+                    .push_back(ControlOutput::LeaseGranted { node, seq, grant });
+            }
         }
-        self.renewed.insert(node.clone(), now);
-        Some(LeaseGrant {
-            term: self.term(),
-            applied: self.meta.applied,
-        })
     }
 
     /// The metadata as applied here.
@@ -462,6 +516,7 @@ impl ControlPlane {
         }
         if !leader {
             self.took_over = None;
+            self.pending_grants.clear();
             // Its verdicts came from its own record of renewals, which the next leader does
             // not share: proposed now, raft would forward them to that leader.
             self.wanted.retain(|c| !leader_only(c));
@@ -498,9 +553,12 @@ impl ControlPlane {
     }
 
     /// Proposes the promotions due (`replication::promotion`). A node this leader has not
-    /// heard renew since it took over is treated as renewing at the takeover, plus the longest
-    /// election timeout: a lease granted by the previous leader ran from no later than its
-    /// last contact with a majority, which ended at most that long before this term.
+    /// heard renew since it took over is treated as renewing at the takeover: a lease runs
+    /// from when its request was sent, and an earlier leader granted one only after a
+    /// majority confirmed it still led (`lease_renewed`). Some member of that majority voted
+    /// for this term too, and it acknowledged the old leader before it voted (its term only
+    /// rises), so every such request was sent before this term began, whatever the clocks
+    /// and delays.
     fn promote_due(&mut self, now: Instant) {
         let Some((since, first)) = self.took_over else {
             return;
@@ -510,12 +568,11 @@ impl ControlPlane {
         if self.meta.applied < first || !self.renewed.contains_key(&self.cfg.node) {
             return;
         }
-        let election = self.cfg.tick * (2 * self.cfg.election_ticks) as u32;
         let book = LeaseBook {
             now,
             terms: self.cfg.lease,
             renewed: &self.renewed,
-            default: since + election,
+            default: since,
         };
         let due = promotion::promotions(&self.meta, &book);
         for c in &due {
@@ -546,6 +603,8 @@ impl ControlPlane {
     fn drive(&mut self) {
         while self.in_flight.is_none() && self.node.has_ready() {
             let mut rd = self.node.ready();
+            let states = rd.take_read_states();
+            self.confirmed(states);
             let msgs = rd.take_messages();
             self.send_all(msgs);
             let snapshot = (!rd.snapshot().is_empty()).then(|| rd.snapshot().clone());

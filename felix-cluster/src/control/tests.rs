@@ -22,6 +22,8 @@ struct Cluster {
     cut: BTreeSet<NodeId>,
     /// Every node's applied changes, in order.
     applied: BTreeMap<NodeId, Vec<Applied>>,
+    /// Lease grants the planes gave out, by the node they are for (the latest).
+    grants: BTreeMap<NodeId, LeaseGrant>,
 }
 
 fn voters() -> Voters {
@@ -44,6 +46,7 @@ impl Cluster {
             net: VecDeque::new(),
             cut: BTreeSet::new(),
             applied: BTreeMap::new(),
+            grants: BTreeMap::new(),
         };
         for name in START_NODES {
             c.start(&n(name));
@@ -119,6 +122,9 @@ impl Cluster {
                         }
                         ControlOutput::Applied(a) => {
                             self.applied.entry(name.clone()).or_default().push(a)
+                        }
+                        ControlOutput::LeaseGranted { node, grant, .. } => {
+                            self.grants.insert(node, grant);
                         }
                     }
                 }
@@ -489,23 +495,33 @@ fn a_heartbeat_committing_past_an_open_blank_log_does_not_abort() {
 }
 
 impl Cluster {
-    /// Every node not cut off renews its leases with the control plane's leader; the grants.
+    /// Every node not cut off renews its leases with the control plane's leader; the grants
+    /// once the leadership is confirmed (no time passes).
     fn renew_all(&mut self) -> BTreeMap<NodeId, Option<LeaseGrant>> {
         let now = self.now;
         let Some(leader) = self.leaders().first().cloned() else {
             return BTreeMap::new();
         };
         let names: Vec<NodeId> = self.planes.keys().cloned().collect();
-        let mut grants = BTreeMap::new();
-        for name in names.into_iter().filter(|n| !self.cut.contains(n)) {
-            let g = self
-                .planes
+        let asking: Vec<NodeId> = names
+            .into_iter()
+            .filter(|n| !self.cut.contains(n))
+            .collect();
+        self.grants.clear();
+        for name in &asking {
+            self.planes
                 .get_mut(&leader)
                 .unwrap()
-                .lease_renewed(now, &name);
-            grants.insert(name, g);
+                .lease_renewed(now, name, 0);
         }
-        grants
+        self.settle();
+        asking
+            .into_iter()
+            .map(|n| {
+                let g = self.grants.get(&n).copied();
+                (n, g)
+            })
+            .collect()
     }
 }
 
@@ -606,7 +622,7 @@ fn a_grant_is_refused_while_a_shard_is_being_moved_away_from_its_holder() {
             .iter()
             .any(|w| matches!(w, Command::Promote { .. }))
         {
-            assert_eq!(p.lease_renewed(now, &victim), None);
+            assert!(!p.lease_renewed(now, &victim, 0));
             refused = true;
             break;
         }
@@ -655,7 +671,7 @@ fn a_deposed_leader_does_not_pass_on_the_promotions_it_wanted() {
         let now = c.now;
         let others: Vec<NodeId> = c.planes.keys().filter(|n| **n != victim).cloned().collect();
         for n in &others {
-            c.planes.get_mut(&old).unwrap().lease_renewed(now, n);
+            c.planes.get_mut(&old).unwrap().lease_renewed(now, n, 0);
         }
         c.now += Duration::from_millis(100);
         let now = c.now;
@@ -695,4 +711,93 @@ fn a_deposed_leader_does_not_pass_on_the_promotions_it_wanted() {
         .iter()
         .any(|w| matches!(w, Command::Promote { .. } | Command::Liveness { .. })));
     assert_eq!(led_by_victim(&c, &new), before, "the victim's shards moved");
+}
+
+/// A renewal is granted only once a majority has answered this leader after the request
+/// arrived: a leader cut off from every other node, still leader in its own eyes, accepts the
+/// request and never grants it.
+#[test]
+fn a_renewal_is_granted_only_once_a_majority_confirms_the_leadership() {
+    let mut c = Cluster::new(24);
+    c.run_until(100, |c| c.leaders().len() == 1);
+    c.join_all();
+    c.run(5);
+    let control = c.leaders()[0].clone();
+    let other = c.planes.keys().find(|n| **n != control).unwrap().clone();
+    assert!(c.renew_all()[&other].is_some(), "granted when connected");
+    c.cut.insert(control.clone());
+    c.grants.clear();
+    let now = c.now;
+    let p = c.planes.get_mut(&control).unwrap();
+    assert!(p.is_leader());
+    assert!(
+        p.lease_renewed(now, &control, 7),
+        "accepted: it still leads here"
+    );
+    c.settle();
+    assert!(
+        c.grants.is_empty(),
+        "granted without a majority's confirmation: {:?}",
+        c.grants
+    );
+}
+
+/// The control plane's leader dies with the shards it led: the next leader, which never heard
+/// it renew, moves them a lease and the regrant margin after it took over (every earlier
+/// grant answered a request sent before that), not a further election timeout later.
+#[test]
+fn a_new_leader_moves_its_silent_predecessors_shards_a_lease_and_margin_after_taking_over() {
+    let mut c = Cluster::new(25);
+    c.run_until(100, |c| c.leaders().len() == 1);
+    c.join_all();
+    let old = c.leaders()[0].clone();
+    let now = c.now;
+    c.planes.get_mut(&old).unwrap().want(
+        Command::Declare {
+            node: old.clone(),
+            declarations: declarations(),
+        },
+        now,
+    );
+    c.run_until(100, |c| c.planes[&old].metadata().streams.len() == 1);
+    let key = ObjectKey::new("t1", "default", "orders");
+    let led_by_old = |c: &Cluster, at: &NodeId| -> usize {
+        c.planes[at].metadata().streams[&key]
+            .shards
+            .iter()
+            .filter(|s| s.leader.as_ref() == Some(&old))
+            .count()
+    };
+    assert!(
+        led_by_old(&c, &old) > 0,
+        "the control plane's node leads shards"
+    );
+    for _ in 0..10 {
+        c.renew_all();
+        c.run(1);
+    }
+    c.cut.insert(old.clone());
+    let mut took_over = None;
+    for _ in 0..200 {
+        c.renew_all();
+        c.run(1);
+        let Some(new) = c.leaders().first().cloned() else {
+            continue;
+        };
+        let since = *took_over.get_or_insert(c.now);
+        if led_by_old(&c, &new) == 0 {
+            let waited = c.now - since;
+            // The lease (2 s) and its regrant margin (0.5 s), give or take a 100 ms round.
+            assert!(
+                waited >= Duration::from_millis(2400),
+                "moved after {waited:?}"
+            );
+            assert!(
+                waited <= Duration::from_millis(3000),
+                "moved after {waited:?}"
+            );
+            return;
+        }
+    }
+    panic!("the silent leader's shards never moved");
 }

@@ -90,13 +90,10 @@ impl ClusterNode {
             self.lease.sent.pop_front();
         }
         if leader == self.me {
+            // Granted as `ControlOutput::LeaseGranted` once raft confirms the leadership.
             let me = self.me.clone();
-            let grant = self
-                .control
-                .as_mut()
-                .and_then(|c| c.lease_renewed(now, &me));
-            if let Some(g) = grant {
-                self.lease_granted(seq, g);
+            if let Some(c) = self.control.as_mut() {
+                c.lease_renewed(now, &me, seq);
             }
             return;
         }
@@ -120,20 +117,25 @@ impl ClusterNode {
             return;
         }
         let node = NodeId::new(from);
-        let Some(grant) = self
-            .control
-            .as_mut()
-            .and_then(|c| c.lease_renewed(now, &node))
-        else {
+        if let Some(c) = self.control.as_mut() {
+            c.lease_renewed(now, &node, renew.seq);
+        }
+    }
+
+    /// The control plane granted `node`'s renewal `seq`: answered, or counted when it is
+    /// this node's own.
+    pub(super) fn grant_lease(&mut self, node: &NodeId, seq: u64, grant: LeaseGrant) {
+        if *node == self.me {
+            self.lease_granted(seq, grant);
             return;
-        };
+        }
         let answer = PeerMessage::LeaseGrant(felix_peer_proto::LeaseGrant {
-            seq: renew.seq,
+            seq,
             term: grant.term,
             lease_ms: self.lease.terms.lease_ms as u32,
             applied: grant.applied,
         });
-        self.net.reply(from, &answer);
+        self.net.reply(node.as_str(), &answer);
     }
 
     pub(super) fn on_lease_grant(&mut self, grant: felix_peer_proto::LeaseGrant) {

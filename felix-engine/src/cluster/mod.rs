@@ -804,6 +804,9 @@ impl ClusterNode {
                         }
                     },
                     ControlOutput::Applied(a) => self.on_applied(a),
+                    ControlOutput::LeaseGranted { node, seq, grant } => {
+                        self.grant_lease(&node, seq, grant)
+                    }
                 }
             }
             self.net.pump(now);
