@@ -7,6 +7,8 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -103,8 +105,14 @@ struct Outcomes {
     unanswered: Vec<(String, ClientError)>,
 }
 
-/// Publishes `p{task}-{i}` one at a time until refused or cut off (bounded in time).
-async fn publish_until_refused(client: Client, stream: String, task: usize) -> Outcomes {
+/// Publishes `p{task}-{i}` one at a time until refused or cut off (bounded in time), and
+/// counts each ack in `acks`.
+async fn publish_until_refused(
+    client: Client,
+    stream: String,
+    task: usize,
+    acks: Arc<AtomicUsize>,
+) -> Outcomes {
     let mut out = Outcomes::default();
     let began = Instant::now();
     for i in 0.. {
@@ -122,7 +130,10 @@ async fn publish_until_refused(client: Client, stream: String, task: usize) -> O
             )
             .await;
         match result {
-            Ok(Some(offset)) => out.acked.push((payload, offset)),
+            Ok(Some(offset)) => {
+                out.acked.push((payload, offset));
+                acks.fetch_add(1, Ordering::SeqCst);
+            }
             Ok(None) => panic!("an on_commit ack carries its offset"),
             Err(e) if e.code() == Some(&ErrorCode::Draining) => {
                 out.refused += 1;
@@ -149,10 +160,23 @@ async fn drain_loses_nothing(runtime: &str) {
     config.request_timeout = Duration::from_secs(10);
     let client = Client::connect(config).await.unwrap();
     let stream = "drained".to_owned();
+    let acks = Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = (0..PUBLISHERS)
-        .map(|t| tokio::spawn(publish_until_refused(client.clone(), stream.clone(), t)))
+        .map(|t| {
+            let publisher = publish_until_refused(client.clone(), stream.clone(), t, acks.clone());
+            tokio::spawn(publisher)
+        })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The signal lands while publishes are in flight: once the publishers have had some
+    // acked (a slow machine takes longer, so this waits for the acks, not for a time).
+    let began = Instant::now();
+    while acks.load(Ordering::SeqCst) < 4 * PUBLISHERS {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "{runtime}: no acks before the signal"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let mut child = process.0.take().expect("running");
     sigterm(&child);
     let status =
