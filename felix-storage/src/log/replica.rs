@@ -171,8 +171,12 @@ impl ShardLog {
             // Entries of one write lie back to back in its buffer.
             let same_write =
                 e.write.as_ptr() == first.write.as_ptr() && e.write.len() == first.write.len();
+            if !same_write || e.end > job.limit {
+                break;
+            }
+            // Offsets within one write only: another write's may lie below `first`'s.
             let len = e.rel + e.bytes.len() - first.rel;
-            if !same_write || e.end > job.limit || (last.is_some() && len > acc.max_bytes) {
+            if last.is_some() && len > acc.max_bytes {
                 break;
             }
             count += e.end - e.base;
