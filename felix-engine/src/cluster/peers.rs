@@ -100,8 +100,8 @@ struct Link {
     peer: Option<String>,
     stream: Option<StreamId>,
     decoder: PeerFrameDecoder,
-    /// Frames not yet taken by the stream.
-    outbox: BytesMut,
+    /// Frames not yet taken by the stream, each handed to quinn as it is (no copy).
+    outbox: VecDeque<Bytes>,
     /// The dialer has its hello answered; the acceptor has answered one.
     ready: bool,
     /// Until `ready`: when the link is given up (`PeerLimits::idle_timeout` after it began).
@@ -382,7 +382,7 @@ impl PeerNet {
                             decoder: PeerFrameDecoder::new(
                                 felix_peer_proto::limits::MAX_FRAME_BODY_BYTES,
                             ),
-                            outbox: BytesMut::new(),
+                            outbox: VecDeque::new(),
                             ready: false,
                             hello_by: Some(now + self.hello_timeout),
                             incarnation: None,
@@ -421,7 +421,7 @@ impl PeerNet {
             return;
         }
         match link {
-            Some(link) => link.outbox.extend_from_slice(&frame),
+            Some(link) => link.outbox.push_back(Bytes::from(frame)),
             None => {
                 let backlog = self.backlog.entry(to.to_owned()).or_default();
                 if backlog.len() + frame.len() > self.backlog_limit {
@@ -446,7 +446,7 @@ impl PeerNet {
             .values_mut()
             .find(|l| l.dialed.is_none() && l.ready && l.peer.as_deref() == Some(to))
         {
-            link.outbox.extend_from_slice(&frame);
+            link.outbox.push_back(Bytes::from(frame));
         }
     }
 
@@ -495,7 +495,7 @@ impl PeerNet {
                                     decoder: PeerFrameDecoder::new(
                                         felix_peer_proto::limits::MAX_FRAME_BODY_BYTES,
                                     ),
-                                    outbox: BytesMut::new(),
+                                    outbox: VecDeque::new(),
                                     ready: false,
                                     hello_by: Some(now + self.hello_timeout),
                                     incarnation: None,
@@ -640,7 +640,7 @@ impl PeerNet {
                         let hello = PeerMessage::Hello(hello_of(&self.me));
                         let mut frame = Vec::new();
                         if encode_frame(&hello, &mut frame).is_ok() {
-                            link.outbox.extend_from_slice(&frame);
+                            link.outbox.push_back(Bytes::from(frame));
                         }
                     }
                 }
@@ -760,7 +760,7 @@ impl PeerNet {
                     let mut frame = Vec::new();
                     let _ = encode_frame(&answer, &mut frame);
                     let link = self.links.get_mut(&ch).expect("present");
-                    link.outbox.extend_from_slice(&frame);
+                    link.outbox.push_back(Bytes::from(frame));
                     if let Some(reason) = refusal {
                         warn!(node = %h.node_id, ?reason, "refused a peer's hello");
                         link.ready = false;
@@ -796,7 +796,7 @@ impl PeerNet {
                     link.incarnation = Some(h.incarnation);
                     let peer = h.node_id;
                     if let Some(backlog) = self.backlog.remove(&peer) {
-                        link.outbox.extend_from_slice(&backlog);
+                        link.outbox.push_back(backlog.freeze());
                     }
                 }
                 (_, other) => {
@@ -846,9 +846,12 @@ impl PeerNet {
             return;
         };
         while !link.outbox.is_empty() {
-            match link.quic.send_stream(id).write(&link.outbox) {
-                Ok(n) if n > 0 => {
-                    let _ = link.outbox.split_to(n);
+            let (front, _) = link.outbox.as_mut_slices();
+            match link.quic.send_stream(id).write_chunks(front) {
+                // Whole chunks written are emptied in place; a partly written one is
+                // advanced past what went.
+                Ok(w) if w.bytes > 0 => {
+                    link.outbox.drain(..w.chunks);
                 }
                 _ => break,
             }
