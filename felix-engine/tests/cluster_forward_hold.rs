@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use felix_engine::{Consistency, DeclaredStream, DurableConfig, EngineConfig};
 use felix_proto::binary::{AckResult, PublishAck};
-use felix_proto::routing::{shard_for_key, RoutingMapping};
 use felix_proto::ErrorCode;
 use felix_testkit::*;
 
@@ -33,21 +32,6 @@ fn leader_of(c: &ClusterNet, at: usize, shard: u32) -> Option<usize> {
         .map(|l| c.index(&l))
 }
 
-/// Node `at` may accept a write on `shard` now, by its own lease.
-fn writable(c: &ClusterNet, at: usize, shard: u32) -> bool {
-    let view = c.nodes[at].engine.cluster_view().expect("a cluster node");
-    view.replicas()
-        .iter()
-        .any(|r| r.shard == shard && r.writable_until.is_some_and(|until| c.now < until))
-}
-
-fn key_for(shard: u32) -> Vec<u8> {
-    (0..1000)
-        .map(|i| format!("key-{i}").into_bytes())
-        .find(|k| shard_for_key(Some(k), SHARDS, RoutingMapping::Modulo) == shard)
-        .expect("some key lands on the shard")
-}
-
 #[test]
 fn a_forward_held_by_a_leader_whose_lease_lapsed_is_refused_retryably_before_the_forward_timeout() {
     let mut c = ClusterNet::started(&spec(), |_, cfg: &mut EngineConfig| {
@@ -63,7 +47,7 @@ fn a_forward_held_by_a_leader_whose_lease_lapsed_is_refused_retryably_before_the
         .expect("a shard led elsewhere");
     let leader = leader_of(&c, control, shard).unwrap();
     let entry = (0..3).find(|&i| i != leader && i != control).unwrap();
-    c.until(Duration::from_secs(10), |c| writable(c, leader, shard));
+    c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
     let p = c.connect(entry);
     let (id, _) = c.auth_stream(entry, p);
 
@@ -72,13 +56,13 @@ fn a_forward_held_by_a_leader_whose_lease_lapsed_is_refused_retryably_before_the
     // to the old one.
     c.cut.insert((leader, control));
     c.cut.insert((control, leader));
-    c.until(Duration::from_secs(10), |c| !writable(c, leader, shard));
+    c.until(Duration::from_secs(10), |c| !c.writable(leader, shard));
     assert_eq!(
         leader_of(&c, entry, shard),
         Some(leader),
         "the entry node still names the old leader"
     );
-    let key = key_for(shard);
+    let key = key_for_shard(SHARDS, shard);
     let f = c.exchange(
         entry,
         p,

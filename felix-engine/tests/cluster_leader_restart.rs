@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use felix_engine::{Consistency, DeclaredStream, DurableConfig, EngineConfig};
 use felix_proto::binary::{AckResult, PublishAck};
-use felix_proto::routing::{shard_for_key, RoutingMapping};
 use felix_testkit::*;
 
 const SHARDS: u32 = 3;
@@ -39,26 +38,12 @@ fn leader_of(c: &ClusterNet, at: usize, shard: u32) -> (Option<usize>, u64) {
     (s.leader.map(|l| c.index(&l)), s.generation)
 }
 
-fn writable(c: &ClusterNet, at: usize, shard: u32) -> bool {
-    let view = c.nodes[at].engine.cluster_view().expect("a cluster node");
-    view.replicas()
-        .iter()
-        .any(|r| r.shard == shard && r.writable_until.is_some_and(|until| c.now < until))
-}
-
-fn key_for(shard: u32) -> Vec<u8> {
-    (0..1000)
-        .map(|i| format!("key-{i}").into_bytes())
-        .find(|k| shard_for_key(Some(k), SHARDS, RoutingMapping::Modulo) == shard)
-        .expect("some key lands on the shard")
-}
-
 /// Publishes one record on `shard` through node `at` and waits (virtual time, bounded) for
 /// its ack: the offset it was written at.
 fn publish(c: &mut ClusterNet, at: usize, shard: u32, request_id: u64) -> u64 {
     let p = c.connect(at);
     let (id, _) = c.auth_stream(at, p);
-    let key = key_for(shard);
+    let key = key_for_shard(SHARDS, shard);
     let frame = binary_publish(Some(request_id), Some(&key), "orders", &[b"r"]);
     let mut answer = c.exchange(at, p, id, &frame);
     let start = c.now;
@@ -92,11 +77,11 @@ fn a_leader_restarted_within_its_lease_feeds_its_followers_again() {
         .expect("a shard led elsewhere");
     let (leader, generation) = leader_of(&c, control, shard);
     let leader = leader.unwrap();
-    c.until(Duration::from_secs(10), |c| writable(c, leader, shard));
+    c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
     assert_eq!(publish(&mut c, leader, shard, 1), 0);
 
     c.restart(leader, &spec, durable);
-    c.until(Duration::from_secs(10), |c| writable(c, leader, shard));
+    c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
     assert_eq!(
         leader_of(&c, control, shard),
         (Some(leader), generation),

@@ -136,7 +136,7 @@ impl ClusterNet {
         spec: &ClusterSpec,
         tweak: impl Fn(usize, &mut EngineConfig),
     ) {
-        self.restarts[i] += 1;
+        self.restarts[i] = self.restarts[i].wrapping_add(1);
         let restarts = self.restarts[i];
         let disk = std::mem::take(&mut self.nodes[i].disk);
         // The same wall clock as the others.
@@ -148,6 +148,11 @@ impl ClusterNet {
         net.disk = disk;
         self.nodes[i] = net;
         self.run();
+        assert!(
+            self.nodes[i].engine.is_ready(),
+            "node {i} did not recover: {:?}",
+            self.nodes[i].engine.storage_error()
+        );
     }
 
     /// A cluster that has elected, joined every node and led every declared shard.
@@ -299,6 +304,17 @@ impl ClusterNet {
         }
     }
 
+    /// Node `at` may accept a write on `shard` now, by its own lease.
+    pub fn writable(&self, at: usize, shard: u32) -> bool {
+        let view = self.nodes[at]
+            .engine
+            .cluster_view()
+            .expect("a cluster node");
+        view.replicas()
+            .iter()
+            .any(|r| r.shard == shard && r.writable_until.is_some_and(|until| self.now < until))
+    }
+
     /// Runs until `done` holds, letting time pass in 1 ms steps, for at most `limit`.
     /// Returns the virtual time it took.
     pub fn until(&mut self, limit: Duration, done: impl Fn(&mut ClusterNet) -> bool) -> Duration {
@@ -310,4 +326,13 @@ impl ClusterNet {
         }
         self.now - start
     }
+}
+
+/// A routing key that lands on `shard` of a stream of `shards` shards (modulo routing).
+pub fn key_for_shard(shards: u32, shard: u32) -> Vec<u8> {
+    use felix_proto::routing::{shard_for_key, RoutingMapping};
+    (0..1000)
+        .map(|i| format!("key-{i}").into_bytes())
+        .find(|k| shard_for_key(Some(k), shards, RoutingMapping::Modulo) == shard)
+        .expect("some key lands on the shard")
 }

@@ -495,6 +495,25 @@ fn a_heartbeat_committing_past_an_open_blank_log_does_not_abort() {
 }
 
 impl Cluster {
+    /// A cluster of `seed` with a leader, every node joined, and the leader's declarations
+    /// applied there; the leader.
+    fn declared(seed: u64) -> (Cluster, NodeId) {
+        let mut c = Cluster::new(seed);
+        c.run_until(100, |c| c.leaders().len() == 1);
+        c.join_all();
+        let leader = c.leaders()[0].clone();
+        let now = c.now;
+        c.planes.get_mut(&leader).unwrap().want(
+            Command::Declare {
+                node: leader.clone(),
+                declarations: declarations(),
+            },
+            now,
+        );
+        c.run_until(100, |c| c.planes[&leader].metadata().streams.len() == 1);
+        (c, leader)
+    }
+
     /// Every node not cut off renews its leases with the control plane's leader; the grants
     /// once the leadership is confirmed (no time passes).
     fn renew_all(&mut self) -> BTreeMap<NodeId, Option<LeaseGrant>> {
@@ -527,19 +546,7 @@ impl Cluster {
 
 #[test]
 fn a_leader_that_stops_renewing_loses_its_shards_only_after_its_lease_and_margin() {
-    let mut c = Cluster::new(21);
-    c.run_until(100, |c| c.leaders().len() == 1);
-    c.join_all();
-    let control = c.leaders()[0].clone();
-    let now = c.now;
-    c.planes.get_mut(&control).unwrap().want(
-        Command::Declare {
-            node: control.clone(),
-            declarations: declarations(),
-        },
-        now,
-    );
-    c.run_until(100, |c| c.planes[&control].metadata().streams.len() == 1);
+    let (mut c, control) = Cluster::declared(21);
     let key = ObjectKey::new("t1", "default", "orders");
     let led_by = |c: &Cluster, node: &NodeId| -> Vec<u32> {
         c.planes[&control].metadata().streams[&key]
@@ -747,19 +754,7 @@ fn a_renewal_is_granted_only_once_a_majority_confirms_the_leadership() {
 /// grant answered a request sent before that), not a further election timeout later.
 #[test]
 fn a_new_leader_moves_its_silent_predecessors_shards_a_lease_and_margin_after_taking_over() {
-    let mut c = Cluster::new(25);
-    c.run_until(100, |c| c.leaders().len() == 1);
-    c.join_all();
-    let old = c.leaders()[0].clone();
-    let now = c.now;
-    c.planes.get_mut(&old).unwrap().want(
-        Command::Declare {
-            node: old.clone(),
-            declarations: declarations(),
-        },
-        now,
-    );
-    c.run_until(100, |c| c.planes[&old].metadata().streams.len() == 1);
+    let (mut c, old) = Cluster::declared(25);
     let key = ObjectKey::new("t1", "default", "orders");
     let led_by_old = |c: &Cluster, at: &NodeId| -> usize {
         c.planes[at].metadata().streams[&key]

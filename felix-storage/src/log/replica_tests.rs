@@ -56,6 +56,18 @@ fn framed(rig: &mut Rig, from: u64, max_bytes: usize) -> FramedBatch {
         .expect("framed read ok")
 }
 
+/// Appends `count` one-record entries of `payload` in this turn (one write once pumped).
+fn append_unnamed(rig: &mut Rig, payload: &Bytes, count: usize) {
+    for _ in 0..count {
+        let batch = Batch {
+            time_us: 1,
+            publisher: None,
+            payloads: std::slice::from_ref(payload),
+        };
+        rig.log.append(rig.t0, batch).unwrap();
+    }
+}
+
 fn reads_issued(rig: &Rig) -> usize {
     rig.ops_seen
         .iter()
@@ -182,14 +194,7 @@ fn max_bytes_is_honoured_at_its_edge_and_one_entry_always_goes() {
         });
         // Three one-record entries appended in one turn: one write.
         let p = Bytes::from_static(b"0123456789");
-        for _ in 0..3 {
-            let batch = Batch {
-                time_us: 1,
-                publisher: None,
-                payloads: std::slice::from_ref(&p),
-            };
-            rig.log.append(rig.t0, batch).unwrap();
-        }
+        append_unnamed(&mut rig, &p, 3);
         rig.pump();
         let len = crate::record::entry_len(b"", &[&p[..]]);
         for (max, entries) in [
@@ -223,23 +228,9 @@ fn a_framed_read_from_late_in_one_write_stops_at_the_next_write() {
     // buffer, below where the first entry sits in its buffer; measuring across the two
     // overflowed.
     let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
-    let p = Bytes::from_static(b"0123456789");
-    for _ in 0..3 {
-        let batch = Batch {
-            time_us: 1,
-            publisher: None,
-            payloads: std::slice::from_ref(&p),
-        };
-        rig.log.append(rig.t0, batch).unwrap();
-    }
+    append_unnamed(&mut rig, &Bytes::from_static(b"0123456789"), 3);
     rig.pump();
-    let x = Bytes::from_static(b"x");
-    let batch = Batch {
-        time_us: 2,
-        publisher: None,
-        payloads: std::slice::from_ref(&x),
-    };
-    rig.log.append(rig.t0, batch).unwrap();
+    append_unnamed(&mut rig, &Bytes::from_static(b"x"), 1);
     rig.pump();
     let b = framed(&mut rig, 2, 1 << 20);
     assert_eq!((b.base, b.end), (2, 3), "one write per framed read");
