@@ -106,6 +106,40 @@ pub fn route(class: RequestClass, owner: &Owner, client_redirect: bool) -> Route
     }
 }
 
+/// What the node a request was forwarded to does with it, by its own metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardVerdict {
+    /// Serve it: this node leads the shard at the generation it was routed by (or a later
+    /// one this node has not applied yet).
+    Serve,
+    /// Hold it until this node's metadata catches up: the shard is not placed here yet, or
+    /// this node knows it only at an older generation than the forwarding node did.
+    AwaitMetadata,
+    /// Refuse it `not_leader` (not applied): another node leads the shard as far as both
+    /// nodes know.
+    NotLeader,
+    /// Refuse it `not_leader` (not applied): this node leads the shard, but at a later
+    /// generation than the one the request was routed by. A generation changes only with
+    /// its leader, so another node led the shard in between, and the forwarding client
+    /// session may have had its later requests served there; applied now, this one would
+    /// land after them and reorder the session's writes.
+    Outdated,
+}
+
+/// Judges a forward routed at generation `routed` against this node's view of the shard:
+/// `owner` and the shard's `current` generation (`None` when not placed here).
+pub fn judge_forward(owner: &Owner, current: Option<u64>, routed: u64) -> ForwardVerdict {
+    match (owner, current) {
+        (Owner::Local, Some(g)) if g > routed => ForwardVerdict::Outdated,
+        (Owner::Local, _) => ForwardVerdict::Serve,
+        (Owner::Remote { generation, .. }, _) if *generation < routed => {
+            ForwardVerdict::AwaitMetadata
+        }
+        (Owner::Remote { .. }, _) => ForwardVerdict::NotLeader,
+        (Owner::Unassigned, _) => ForwardVerdict::AwaitMetadata,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,5 +228,59 @@ mod tests {
             }
         );
         assert_eq!(Unavailable::NotAssigned.reason(), "not_assigned");
+    }
+
+    /// A forward against every view the receiving node may hold of its shard, as one table of
+    /// exact outputs: led here at an older, the same or a newer generation than it was routed
+    /// by; led elsewhere at an older, the same or a newer one; not placed.
+    #[test]
+    fn a_forward_is_served_only_by_its_routed_leadership_or_a_newer_view_of_it() {
+        let elsewhere = |generation| Owner::Remote {
+            node: NodeId::new("n3"),
+            addr: None,
+            generation,
+        };
+        let routed = 5;
+        let got: Vec<(&str, ForwardVerdict)> = vec![
+            (
+                "led here at 4",
+                judge_forward(&Owner::Local, Some(4), routed),
+            ),
+            (
+                "led here at 5",
+                judge_forward(&Owner::Local, Some(5), routed),
+            ),
+            (
+                "led here at 6",
+                judge_forward(&Owner::Local, Some(6), routed),
+            ),
+            (
+                "led elsewhere at 4",
+                judge_forward(&elsewhere(4), Some(4), routed),
+            ),
+            (
+                "led elsewhere at 5",
+                judge_forward(&elsewhere(5), Some(5), routed),
+            ),
+            (
+                "led elsewhere at 6",
+                judge_forward(&elsewhere(6), Some(6), routed),
+            ),
+            (
+                "not placed",
+                judge_forward(&Owner::Unassigned, None, routed),
+            ),
+        ];
+        use ForwardVerdict::*;
+        let want = vec![
+            ("led here at 4", Serve),
+            ("led here at 5", Serve),
+            ("led here at 6", Outdated),
+            ("led elsewhere at 4", AwaitMetadata),
+            ("led elsewhere at 5", NotLeader),
+            ("led elsewhere at 6", NotLeader),
+            ("not placed", AwaitMetadata),
+        ];
+        assert_eq!(got, want);
     }
 }

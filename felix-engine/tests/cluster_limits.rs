@@ -162,6 +162,43 @@ fn a_forward_that_waits_past_its_timeout_is_refused_as_not_applied() {
     assert_eq!(c.nodes[N2].engine.stats().forwards_served, 1);
 }
 
+/// A node stopped past a waiting forward's deadline, and woken by the answer that frees its
+/// window, answers that forward as not applied instead of sending it late (where it would
+/// land after whatever its session was served since).
+#[test]
+fn a_forward_past_its_timeout_when_the_window_opens_is_refused_not_sent() {
+    let timeout = Duration::from_secs(3);
+    let mut c = cluster(N1, |cfg| {
+        cfg.forward_window = 1;
+        cfg.forward_timeout = timeout;
+    });
+    let p = c.connect(N1);
+    let (id, _) = c.auth_stream(N1, p);
+    // n2's answers are lost until n1 is stopped; its QUIC sends them again after.
+    c.cut.insert((N2, N1));
+    let mut wire = publish(1);
+    wire.extend(publish(2));
+    assert!(c.exchange(N1, p, id, &wire).is_empty());
+    assert_eq!(c.nodes[N1].engine.stats().forwards_waiting, 1);
+    c.advance(Duration::from_secs(1));
+    c.freeze(N1);
+    c.cut.clear();
+    c.advance(timeout);
+    // Resumed past both deadlines, n1 reads the first answer before its clock.
+    c.thaw(N1);
+    let f = c.nodes[N1].read_frames(p, id);
+    assert_eq!(f.len(), 2, "{f:?}");
+    assert_ok_ack(&f[0], 1);
+    let waited = format!(
+        "n2 did not take the forwarded request within {timeout:?} (its forward window stayed \
+         full); it was not applied"
+    );
+    assert_failed_ack(&f[1], 2, ErrorCode::ShardUnavailable, &waited);
+    c.advance(Duration::from_secs(1));
+    assert_eq!(c.nodes[N2].engine.stats().forwards_served, 1);
+    assert_eq!(c.nodes[N2].engine.stats().published_records, 1);
+}
+
 #[test]
 fn past_the_channel_cap_the_idle_channel_is_closed_and_reopened_on_its_next_forward() {
     let mut c = cluster(N2, |cfg| cfg.max_forward_channels = 2);

@@ -2,7 +2,7 @@
 //! own clients), the peer datagrams between them carried by hand, one virtual clock for all.
 //! Links can be cut one way, to make a node silent towards another.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -60,6 +60,9 @@ pub struct ClusterNet {
     /// (a GSO batch).
     pub peer_largest_datagram: usize,
     pub peer_most_segments: usize,
+    /// Nodes stopped as by SIGSTOP ([`ClusterNet::freeze`]), each with the peer datagrams
+    /// that reached it since, in arrival order.
+    frozen: BTreeMap<usize, Vec<Datagram>>,
     /// How many times each node's process was replaced ([`ClusterNet::restart`]).
     restarts: Vec<u8>,
     /// The virtual instant the engines' Unix clocks started at [`START_UNIX_MICROS`].
@@ -122,6 +125,7 @@ impl ClusterNet {
             peer_datagrams: 0,
             peer_largest_datagram: 0,
             peer_most_segments: 0,
+            frozen: BTreeMap::new(),
             restarts: vec![0; n],
             started: now,
         }
@@ -233,7 +237,10 @@ impl ClusterNet {
     /// Steps every node once and carries their peer datagrams. True if anything moved.
     pub fn step(&mut self) -> bool {
         let mut moved = false;
-        for net in &mut self.nodes {
+        for (i, net) in self.nodes.iter_mut().enumerate() {
+            if self.frozen.contains_key(&i) {
+                continue;
+            }
             net.now = self.now;
             moved |= net.step();
         }
@@ -258,6 +265,10 @@ impl ClusterNet {
                     data: BytesMut::from(&bytes[..]),
                     segment_size: t.segment_size,
                 };
+                if let Some(backlog) = self.frozen.get_mut(&to) {
+                    backlog.push(datagram);
+                    continue;
+                }
                 self.nodes[to]
                     .engine
                     .handle_peer_datagram(self.now, datagram);
@@ -281,10 +292,13 @@ impl ClusterNet {
         let end = self.now + d;
         self.run();
         for _ in 0..MAX_ROUNDS {
+            let frozen = &self.frozen;
             let next = self
                 .nodes
                 .iter_mut()
-                .filter_map(|n| n.next_timer())
+                .enumerate()
+                .filter(|(i, _)| !frozen.contains_key(i))
+                .filter_map(|(_, n)| n.next_timer())
                 .min()
                 .filter(|t| *t <= end);
             let Some(at) = next else { break };
@@ -298,10 +312,36 @@ impl ClusterNet {
     }
 
     fn fire_timers(&mut self) {
-        for net in &mut self.nodes {
+        for (i, net) in self.nodes.iter_mut().enumerate() {
+            if self.frozen.contains_key(&i) {
+                continue;
+            }
             net.now = self.now;
             net.fire_timers();
         }
+    }
+
+    /// Stops node `i` as SIGSTOP would: it runs nothing and fires no timer, and the peer
+    /// datagrams that reach it wait, in order, for [`ClusterNet::thaw`]. Its clients share
+    /// its `Net` and pause with it.
+    pub fn freeze(&mut self, i: usize) {
+        self.frozen.entry(i).or_default();
+    }
+
+    /// Resumes node `i`: what reached it while stopped is handled first, at the present
+    /// instant, and its overdue timers fire after (on the next [`ClusterNet::advance`]), as a
+    /// resumed process reads its sockets before its clock.
+    pub fn thaw(&mut self, i: usize) {
+        let Some(backlog) = self.frozen.remove(&i) else {
+            return;
+        };
+        self.nodes[i].now = self.now;
+        for datagram in backlog {
+            self.nodes[i]
+                .engine
+                .handle_peer_datagram(self.now, datagram);
+        }
+        self.run();
     }
 
     /// Node `at` may accept a write on `shard` now, by its own lease.

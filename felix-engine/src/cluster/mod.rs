@@ -25,7 +25,7 @@ use felix_cluster::meta::{
     Applied, CacheSpec, Command, Consistency as MetaConsistency, Declarations, Metadata, ObjectKey,
     ShardMeta, ShardRef, StreamSpec,
 };
-use felix_cluster::routing::Owner;
+use felix_cluster::routing::{judge_forward, ForwardVerdict, Owner};
 use felix_cluster::{NodeId, Voters};
 use felix_peer_proto::PeerMessage;
 use felix_storage::ops::{FileCompletion, FileOp};
@@ -407,15 +407,8 @@ impl ClusterNode {
         for (to, queue) in self.waiting.iter_mut() {
             let timeout = self.forward_timeout;
             queue.retain(|w| match w.answer_to {
-                Some((ch, stream)) if w.deadline <= now => {
-                    let why = format!(
-                        "{to} did not take the forwarded request within {timeout:?} (its \
-                         forward window stayed full); it was not applied"
-                    );
-                    let outcome =
-                        ForwardOutcome::Refused(felix_proto::ErrorCode::ShardUnavailable, why);
-                    self.done
-                        .push_back((ch, stream, w.forward.forward_id, outcome));
+                Some(owner) if w.deadline <= now => {
+                    self.done.push_back(not_taken(to, timeout, w, owner));
                     false
                 }
                 _ => true,
@@ -524,17 +517,26 @@ impl ClusterNode {
             answer_to,
             deadline,
         });
-        self.send_waiting(to);
+        self.send_waiting(now, to);
         self.pump(now);
     }
 
-    /// Sends what waits for `to`, in order, while its window has room.
-    fn send_waiting(&mut self, to: &NodeId) {
+    /// Sends what waits for `to`, in order, while its window has room. One whose deadline has
+    /// passed is answered as not applied instead of sent: its session may have served later
+    /// requests for the same shard elsewhere since (a node frozen past the deadline handles
+    /// what reached it before its timers), and sent now it would land after them.
+    fn send_waiting(&mut self, now: Instant, to: &NodeId) {
         let Some(queue) = self.waiting.get_mut(to) else {
             return;
         };
         let in_flight = self.in_flight.entry(to.clone()).or_default();
         while let Some(front) = queue.front() {
+            if let Some(owner) = front.answer_to.filter(|_| front.deadline <= now) {
+                let w = queue.pop_front().expect("front");
+                self.done
+                    .push_back(not_taken(to, self.forward_timeout, &w, owner));
+                continue;
+            }
             if front.answer_to.is_some() && *in_flight >= self.forward_window {
                 break;
             }
@@ -562,11 +564,11 @@ impl ClusterNode {
     }
 
     /// A forward to `to` owed an answer has ended: its place goes to the next waiting one.
-    fn answered(&mut self, _now: Instant, to: &NodeId) {
+    fn answered(&mut self, now: Instant, to: &NodeId) {
         if let Some(n) = self.in_flight.get_mut(to) {
             *n = n.saturating_sub(1);
         }
-        self.send_waiting(to);
+        self.send_waiting(now, to);
     }
 
     /// Peer links up now, and messages dropped for a full peer backlog.
@@ -686,29 +688,23 @@ impl ClusterNode {
         self.inbound.pop_front()
     }
 
-    /// This node's metadata is older than the forward's: the shard is not placed here yet, or
-    /// is at an older generation. The forward waits for the metadata instead of being refused
-    /// (the forwarding node may apply a placement before its leader does).
-    pub(crate) fn behind(&self, scope: &felix_peer_proto::ShardScope) -> bool {
-        match self.scope_owner(scope) {
-            Owner::Unassigned => true,
-            Owner::Remote { generation, .. } => generation < scope.generation,
-            Owner::Local => false,
-        }
+    /// What this node does with a forward, by its metadata (felix-cluster's `routing`
+    /// decides).
+    pub(crate) fn judge_forward(&self, scope: &felix_peer_proto::ShardScope) -> ForwardVerdict {
+        let meta = self.scope_meta(scope);
+        let owner = meta.map_or(Owner::Unassigned, |m| self.owner_of(m));
+        judge_forward(&owner, meta.map(|m| m.generation), scope.generation)
     }
 
-    /// Who serves the shard a forward names, as this node's metadata says.
-    pub(crate) fn scope_owner(&self, scope: &felix_peer_proto::ShardScope) -> Owner {
+    fn scope_meta(&self, scope: &felix_peer_proto::ShardScope) -> Option<&ShardMeta> {
         let s = &scope.shard;
-        let owner = match s.kind {
-            felix_peer_proto::ShardKind::Cache => {
-                self.cache_owner(&s.tenant, &s.namespace, &s.name)
-            }
+        let key = ObjectKey::new(&s.tenant, &s.namespace, &s.name);
+        match s.kind {
+            felix_peer_proto::ShardKind::Cache => self.meta().caches.get(&key)?.shards.first(),
             felix_peer_proto::ShardKind::Stream => {
-                self.stream_owner(&s.tenant, &s.namespace, &s.name, s.shard)
+                self.stream_shards_meta(&key)?.get(s.shard as usize)
             }
-        };
-        owner.unwrap_or(Owner::Unassigned)
+        }
     }
 
     pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
@@ -1019,6 +1015,27 @@ impl ClusterNode {
                 .collect(),
         )
     }
+}
+
+/// The answer to a forward that waited for `to`'s window past its deadline: it never left
+/// this node, so it was not applied.
+fn not_taken(
+    to: &NodeId,
+    timeout: std::time::Duration,
+    w: &Waiting,
+    (ch, stream): (quinn_proto::ConnectionHandle, quinn_proto::StreamId),
+) -> (
+    quinn_proto::ConnectionHandle,
+    quinn_proto::StreamId,
+    u64,
+    ForwardOutcome,
+) {
+    let why = format!(
+        "{to} did not take the forwarded request within {timeout:?} (its forward window \
+         stayed full); it was not applied"
+    );
+    let outcome = ForwardOutcome::Refused(felix_proto::ErrorCode::ShardUnavailable, why);
+    (ch, stream, w.forward.forward_id, outcome)
 }
 
 #[cfg(test)]

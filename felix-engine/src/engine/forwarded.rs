@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_cluster::routing::{Owner, RequestClass};
+use felix_cluster::routing::{ForwardVerdict, RequestClass};
 use felix_peer_proto::{Forward, ForwardAnswer, ForwardRefused, PeerMessage};
 use felix_proto::frame::FrameDecoder;
 use felix_proto::message::Message;
@@ -29,10 +29,19 @@ pub(crate) struct Virtual {
     /// Forward ids owed an answer, in request order: answers leave in the same order.
     owed: VecDeque<u64>,
     /// Frames that arrived while the session waited for a log to open.
-    queued: VecDeque<(u64, felix_proto::frame::Frame)>,
+    queued: VecDeque<(Pending, felix_proto::frame::Frame)>,
+    /// The forward whose frame the session holds stalled.
+    stalled: Option<Pending>,
     last_used: Instant,
     /// The forwarding node's session ended: gone once everything it sent is answered.
     closing: bool,
+}
+
+/// A forward not yet run: checked again against the metadata when it runs.
+struct Pending {
+    forward_id: u64,
+    scope: felix_peer_proto::ShardScope,
+    answered: bool,
 }
 
 impl Virtual {
@@ -112,6 +121,15 @@ impl Engine {
         }
     }
 
+    /// A forward this node would have to refuse as routed by a leadership since ended here
+    /// and begun again ([`ForwardVerdict::Outdated`]).
+    fn outdated(&self, scope: &felix_peer_proto::ShardScope) -> bool {
+        self.core
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.judge_forward(scope) == ForwardVerdict::Outdated)
+    }
+
     fn refuse_forward(&mut self, now: Instant, from: &str, forward_id: u64, code: ErrorCode) {
         if let Some(c) = self.core.cluster.as_mut() {
             let refused = ForwardRefused {
@@ -178,11 +196,19 @@ impl Engine {
             self.refuse_forward(now, &from, forward.forward_id, ErrorCode::InvalidRequest);
             return;
         };
-        let leads = self
+        let verdict = self
             .core
             .cluster
             .as_ref()
-            .is_some_and(|c| c.scope_owner(&forward.scope) == Owner::Local);
+            .map_or(ForwardVerdict::NotLeader, |c| {
+                c.judge_forward(&forward.scope)
+            });
+        if verdict == ForwardVerdict::Outdated {
+            if answered {
+                self.refuse_forward(now, &from, forward.forward_id, ErrorCode::NotLeader);
+            }
+            return;
+        }
         // A forward behind one of its channel's that waits for metadata waits too, whatever
         // the metadata now says: run first, it would overtake the older one once that runs.
         let queued_behind = self
@@ -190,13 +216,8 @@ impl Engine {
             .forwards_awaiting_metadata
             .iter()
             .any(|(_, f, w)| *f == from && (w.forward_id >> 32) as u32 == channel);
-        if !leads || queued_behind {
-            let behind = queued_behind
-                || self
-                    .core
-                    .cluster
-                    .as_ref()
-                    .is_some_and(|c| c.behind(&forward.scope));
+        if verdict != ForwardVerdict::Serve || queued_behind {
+            let behind = queued_behind || verdict == ForwardVerdict::AwaitMetadata;
             // Bounded by what the peers may have in flight here (`limits.forward_window` each).
             let cap = self
                 .core
@@ -232,11 +253,16 @@ impl Engine {
         if answered {
             v.owed.push_back(forward.forward_id);
         }
+        let pending = Pending {
+            forward_id: forward.forward_id,
+            scope: forward.scope,
+            answered,
+        };
         if v.session.is_stalled() || !v.queued.is_empty() {
-            v.queued.push_back((forward.forward_id, frame));
+            v.queued.push_back((pending, frame));
             return;
         }
-        self.run_virtual(now, ch, frame);
+        self.run_virtual(now, ch, frame, Some(pending));
         self.drain_virtual(now, ch);
     }
 
@@ -279,12 +305,13 @@ impl Engine {
             shared: ConnShared::new(now),
             owed: VecDeque::new(),
             queued: VecDeque::new(),
+            stalled: None,
             last_used: now,
             closing: false,
         };
         self.forwarded.by_handle.insert(ch, v);
         self.forwarded.by_channel.insert(key, ch);
-        self.run_virtual(now, ch, auth);
+        self.run_virtual(now, ch, auth, None);
         if let Some(v) = self.forwarded.by_handle.get_mut(&ch) {
             // The auth answer stays here: the forwarding node already answered its client.
             v.session.outbox.clear();
@@ -306,11 +333,13 @@ impl Engine {
         }
     }
 
+    /// Runs one forwarded frame (`pending` names its forward; none for the channel's `auth`).
     fn run_virtual(
         &mut self,
         now: Instant,
         ch: ConnectionHandle,
         frame: felix_proto::frame::Frame,
+        pending: Option<Pending>,
     ) {
         let Some(v) = self.forwarded.by_handle.get_mut(&ch) else {
             return;
@@ -327,7 +356,8 @@ impl Engine {
         cx.core.forwarding_here = false;
         self.core.metrics.absorb(&mut v.session.raised);
         if result == FrameResult::Stall {
-            // Run again on `Opened`.
+            // Run again on `Opened`, or once what it waits for (a lease, a fence) is done.
+            v.stalled = pending;
         }
     }
 
@@ -363,14 +393,25 @@ impl Engine {
                 let Some(v) = self.forwarded.by_handle.get_mut(&ch) else {
                     return;
                 };
-                let next = match v.session.take_stalled() {
-                    Some(f) => f,
+                let (pending, next) = match v.session.take_stalled() {
+                    Some(f) => (v.stalled.take(), f),
                     None => match v.queued.pop_front() {
-                        Some((_, f)) => f,
+                        Some((p, f)) => (Some(p), f),
                         None => break,
                     },
                 };
-                self.run_virtual(now, ch, next);
+                // Held while this node was not ready: its leadership may have ended and begun
+                // again at a later generation since.
+                if let Some(p) = pending.as_ref().filter(|p| self.outdated(&p.scope)) {
+                    let v = self.forwarded.by_handle.get_mut(&ch).expect("looked up");
+                    if p.answered {
+                        v.owed.retain(|id| *id != p.forward_id);
+                        let peer = v.peer.clone();
+                        self.refuse_forward(now, &peer, p.forward_id, ErrorCode::NotLeader);
+                    }
+                    continue;
+                }
+                self.run_virtual(now, ch, next, pending);
                 if self
                     .forwarded
                     .by_handle
