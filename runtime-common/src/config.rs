@@ -329,6 +329,7 @@ pub const SETTINGS: &[Setting] = &[
     limit!("limits.counter_max_logs", &["FELIX_COUNTER_MAX_LOGS"], int counter_max_logs),
     limit!("limits.durable_cache_max_keys", &["FELIX_DURABLE_CACHE_MAX_KEYS"], int durable_cache_max_keys),
     limit!("limits.durable_cache_max_total_bytes", &["FELIX_DURABLE_CACHE_MAX_TOTAL_BYTES"], int durable_cache_max_total_bytes),
+    plain("limits.busy_poll_us", &["FELIX_BUSY_POLL_US"], Kind::Int, Default_::Int(crate::DEFAULT_BUSY_POLL.as_micros() as u64)),
     // Cluster (docs/cluster.md). Every setting from here on needs `cluster.node_id`; the
     // cluster limits stay in `[limits]` (they must follow the other limits for `--print-config`).
     plain("limits.default_replication_factor", &["FELIX_DEFAULT_REPLICATION_FACTOR"], Kind::Int, Default_::Int(DEFAULT_REPLICATION_FACTOR as u64)),
@@ -871,6 +872,17 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
         Some(ms) => Some(Duration::from_millis(ms)),
     };
 
+    options.busy_poll = match int("limits.busy_poll_us") {
+        Some(us) if us > crate::MAX_BUSY_POLL.as_micros() as u64 => {
+            return Err(ConfigError(format!(
+                "{} must be 0 (never spin) to {}, not {us}",
+                name("limits.busy_poll_us"),
+                crate::MAX_BUSY_POLL.as_micros()
+            )))
+        }
+        Some(us) => Duration::from_micros(us),
+        None => crate::DEFAULT_BUSY_POLL,
+    };
     durable(&name, &text, &int, &flag, &mut options)?;
     let (cluster, internal_bind) = cluster(&effective, &name, &text, &int, &flag, bind)?;
 
@@ -1594,6 +1606,23 @@ mod tests {
         c.mtu_upper_bound = 1400;
         let err = felix_engine::Engine::new(c, std::time::Instant::now(), 0).unwrap_err();
         assert!(err.to_string().contains("initial_mtu"), "{err}");
+    }
+
+    #[test]
+    fn busy_poll_has_a_default_a_knob_and_refuses_past_its_edge() {
+        let c = from_vars(vars(&[])).unwrap();
+        assert_eq!(c.options.busy_poll, crate::DEFAULT_BUSY_POLL);
+        let c = from_vars(vars(&[("FELIX_BUSY_POLL_US", "0")])).unwrap();
+        assert_eq!(c.options.busy_poll, Duration::ZERO, "zero never spins");
+        let max = crate::MAX_BUSY_POLL.as_micros().to_string();
+        let c = from_vars(vars(&[("FELIX_BUSY_POLL_US", max.as_str())])).unwrap();
+        assert_eq!(c.options.busy_poll, crate::MAX_BUSY_POLL);
+        let over = (crate::MAX_BUSY_POLL.as_micros() + 1).to_string();
+        let err = from_vars(vars(&[("FELIX_BUSY_POLL_US", over.as_str())])).unwrap_err();
+        assert!(
+            err.0.contains("FELIX_BUSY_POLL_US") && err.0.contains("must be"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -26,7 +26,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use felix_engine::{AuthConfig, DurableConfig, Engine, EngineConfig};
 use futures_channel::oneshot;
@@ -47,6 +47,14 @@ const SOCKET_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 
 /// A change to the engine configuration, applied before the engine starts.
 pub type ConfigureEngine = Box<dyn FnOnce(&mut EngineConfig) + Send>;
+
+/// How long the drive loop spins on the client socket after traffic by default: longer than a
+/// client on loopback or a LAN takes to answer, so a request-answer client's next datagram
+/// usually finds the broker awake, and short enough that an idle broker burns next to nothing
+/// (docs/performance.md, "Busy polling").
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
+/// The longest spin `limits.busy_poll_us` accepts: past this a spin is a sleep that burns a core.
+pub const MAX_BUSY_POLL: Duration = Duration::from_millis(10);
 
 /// How to start a broker.
 #[non_exhaustive]
@@ -81,6 +89,10 @@ pub struct BrokerOptions {
     /// A failure to bind `metrics_bind` only logs a warning (for a default address that
     /// another process may hold) instead of failing the start.
     pub metrics_bind_optional: bool,
+    /// After a turn with traffic, how long the loop keeps polling the client socket before
+    /// it sleeps in the reactor (`limits.busy_poll_us`; zero never spins). Default
+    /// [`DEFAULT_BUSY_POLL`], at most [`MAX_BUSY_POLL`].
+    pub busy_poll: Duration,
 }
 
 impl BrokerOptions {
@@ -98,6 +110,7 @@ impl BrokerOptions {
             internal_bind: None,
             cache_behind_bytes: Some(files::DEFAULT_CACHE_BEHIND_BYTES),
             direct_io: true,
+            busy_poll: DEFAULT_BUSY_POLL,
         }
     }
 
@@ -285,7 +298,8 @@ pub async fn start<R: Runtime>(runtime: R, opts: BrokerOptions) -> io::Result<Ru
         control,
     )
     .with_peer_socket(peer)
-    .with_readiness(ops_state.clone(), failed_tx);
+    .with_readiness(ops_state.clone(), failed_tx)
+    .with_busy_poll(opts.busy_poll);
     if let Some(dir) = &opts.storage_dir {
         let began = Instant::now();
         driver.recover().await?;
