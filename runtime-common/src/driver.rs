@@ -222,7 +222,7 @@ impl<R: Runtime> Driver<R> {
             if self.check_cluster() {
                 break;
             }
-            let wake = if busy {
+            let wake = if busy && !self.busy_poll.is_zero() {
                 // Whatever the reactor already holds comes first, so a spin never starves
                 // the peer socket, the timer, scrapes or the stop signal.
                 match self.wait_now(&mut stop).await {
