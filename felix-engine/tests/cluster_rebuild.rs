@@ -1,7 +1,8 @@
 //! A follower whose copy cannot be fed from its own log end is rebuilt from its leader's
 //! retained log: one whose disk was wiped (a new storage identity), and one whose log ends
 //! below the first offset the leader still keeps. Once level it counts again: with the
-//! other follower stopped, quorum writes still commit. Three durable nodes on
+//! other follower stopped, quorum writes still commit; and once the metadata records the
+//! new disk, the next leader's fence counts it. Three durable nodes on
 //! felix-testkit's `ClusterNet` and its virtual clock; one stream of three shards with three
 //! copies at quorum consistency.
 
@@ -180,6 +181,39 @@ fn a_wiped_follower_is_rebuilt_from_its_leader_and_counts_for_the_quorum_once_le
         assert_eq!(publish(&mut c, leader, shard, i, 100), i);
     }
     assert!(level(&c, leader, wiped, shard));
+}
+
+#[test]
+fn a_rebuilt_copy_once_recorded_counts_in_the_next_leaders_fence() {
+    let spec = spec();
+    let mut c = ClusterNet::started(&spec, durable);
+    let (shard, leader, wiped, other) = layout(&mut c);
+    for i in 0..5 {
+        assert_eq!(publish(&mut c, leader, shard, i, 100), i);
+    }
+    c.restart_wiped(wiped, &spec, durable);
+    for i in 5..8 {
+        assert_eq!(publish(&mut c, leader, shard, i, 100), i);
+    }
+    c.until(Duration::from_secs(20), |c| {
+        level(c, leader, wiped, shard) && copy_recorded(c, other, wiped, shard)
+    });
+    let (_, generation) = shard_of(&c, other, shard);
+    // The leader stops. The next one, whichever survivor it is, opens only once a majority
+    // of the set has taken its fence from the disks the metadata names: itself and the
+    // other survivor, which counts only because its new disk was recorded.
+    c.freeze(leader);
+    let next_leader = |c: &ClusterNet| {
+        let (l, g) = shard_of(c, other, shard);
+        l.filter(|&l| g > generation && l != leader && c.writable(l, shard))
+    };
+    c.until(Duration::from_secs(30), |c| next_leader(c).is_some());
+    let next = next_leader(&c).unwrap();
+    assert_eq!(publish(&mut c, next, shard, 8, 100), 8);
+    // Nothing acknowledged was lost on the way.
+    let survivor = if next == wiped { other } else { wiped };
+    c.until(Duration::from_secs(10), |c| level(c, next, survivor, shard));
+    assert_eq!(log_on(&c.nodes[next].disk, shard).len(), 9);
 }
 
 #[test]
