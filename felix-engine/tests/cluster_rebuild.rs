@@ -217,6 +217,61 @@ fn a_rebuilt_copy_once_recorded_counts_in_the_next_leaders_fence() {
 }
 
 #[test]
+fn a_leader_back_on_an_empty_disk_never_opens_the_shard_it_was_named_for() {
+    let spec = spec();
+    let mut c = ClusterNet::started(&spec, durable);
+    let control = {
+        let view = c.nodes[0].engine.cluster_view().expect("a cluster node");
+        c.index(view.raft_leader().expect("an elected control plane"))
+    };
+    // A shard led off the control plane's node; the control plane's node is a follower.
+    let shard = (0..SHARDS)
+        .find(|&s| shard_of(&c, control, s).0.is_some_and(|l| l != control))
+        .expect("leaders are balanced");
+    let (leader, generation) = shard_of(&c, control, shard);
+    let leader = leader.unwrap();
+    let third = (0..3).find(|&i| i != leader && i != control).unwrap();
+    c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
+    let cut_both = |c: &mut ClusterNet, a: usize, b: usize, on: bool| {
+        for pair in [(a, b), (b, a)] {
+            if on {
+                c.cut.insert(pair);
+            } else {
+                c.cut.remove(&pair);
+            }
+        }
+    };
+    // The control plane's node falls behind on this shard: the leader and the third node
+    // commit alone.
+    cut_both(&mut c, leader, control, true);
+    for i in 0..5 {
+        assert_eq!(publish(&mut c, leader, shard, i, 100), i);
+    }
+    // The leader comes back at once on an empty disk, reaching only the follower that is
+    // behind. Named leader still, it must not fence with that one and open its short log.
+    cut_both(&mut c, leader, control, false);
+    cut_both(&mut c, leader, third, true);
+    c.restart_wiped(leader, &spec, durable);
+    let moved = |c: &ClusterNet| {
+        let (l, g) = shard_of(c, control, shard);
+        l.filter(|&l| g > generation && l != leader && c.writable(l, shard))
+    };
+    c.until(Duration::from_secs(30), |c| {
+        assert!(
+            !c.writable(leader, shard),
+            "the wiped node opened the shard it holds nothing of"
+        );
+        moved(c).is_some()
+    });
+    let next = moved(&c).unwrap();
+    assert_eq!(
+        publish(&mut c, next, shard, 5, 100),
+        5,
+        "every acknowledged record is still there"
+    );
+}
+
+#[test]
 fn a_follower_behind_its_leaders_log_start_is_rebuilt_from_that_start() {
     let spec = spec();
     let mut c = ClusterNet::started(&spec, durable_trimmed);
