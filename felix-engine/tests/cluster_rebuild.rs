@@ -122,9 +122,9 @@ fn layout(c: &mut ClusterNet) -> (u32, usize, usize, usize) {
     (shard, control, rebuilt, other)
 }
 
-/// Whether the metadata, as node `at` has it, records `node`'s copy of `shard` on the disk
-/// `node` has now: fences and promotions count it only then.
-fn copy_recorded(c: &ClusterNet, at: usize, node: usize, shard: u32) -> bool {
+/// The disk the metadata, as node `at` has it, records for `node`'s copy of `shard`, and
+/// whether that is the disk `node` has now: fences and promotions count the copy only then.
+fn recorded_disk(c: &ClusterNet, at: usize, node: usize, shard: u32) -> (String, bool) {
     let view = c.nodes[at].engine.cluster_view().expect("a cluster node");
     let meta = Metadata::restore(&view.metadata_bytes()).expect("a metadata snapshot");
     let r = ShardRef {
@@ -133,8 +133,16 @@ fn copy_recorded(c: &ClusterNet, at: usize, node: usize, shard: u32) -> bool {
         shard,
     };
     let node = NodeId::new(&c.ids[node]);
-    meta.shard(&r)
-        .is_some_and(|m| m.holds_copy(&node, &meta.members))
+    let m = meta.shard(&r).expect("the shard is placed");
+    let disk = m.storage_of(&node).unwrap_or("").to_owned();
+    (disk, m.holds_copy(&node, &meta.members))
+}
+
+/// Whether the metadata at `at` records `node`'s copy on a disk other than `old`, and that
+/// disk is the node's now.
+fn recorded_anew(c: &ClusterNet, at: usize, node: usize, shard: u32, old: &str) -> bool {
+    let (disk, holds) = recorded_disk(c, at, node, shard);
+    holds && disk != old
 }
 
 /// Whether `follower` holds, entry for entry, the leader's log from the leader's start
@@ -157,14 +165,9 @@ fn a_wiped_follower_is_rebuilt_from_its_leader_and_counts_for_the_quorum_once_le
     for i in 0..5 {
         assert_eq!(publish(&mut c, leader, shard, i, 100), i);
     }
+    let (old_disk, recorded) = recorded_disk(&c, leader, wiped, shard);
+    assert!(recorded);
     c.restart_wiped(wiped, &spec, durable);
-    c.until(Duration::from_secs(10), |c| {
-        c.nodes[leader]
-            .engine
-            .cluster_view()
-            .is_some_and(|v| v.members().len() == 3)
-            && !copy_recorded(c, leader, wiped, shard)
-    });
     for i in 5..10 {
         assert_eq!(publish(&mut c, leader, shard, i, 100), i);
     }
@@ -172,7 +175,7 @@ fn a_wiped_follower_is_rebuilt_from_its_leader_and_counts_for_the_quorum_once_le
     assert_eq!(log_on(&c.nodes[wiped].disk, shard).len(), 10);
     // Level, it is recorded on its new disk, for the fences of later generations.
     c.until(Duration::from_secs(10), |c| {
-        copy_recorded(c, leader, wiped, shard)
+        recorded_anew(c, leader, wiped, shard, &old_disk)
     });
 
     // The rebuilt copy and the leader are a majority on their own.
@@ -191,12 +194,13 @@ fn a_rebuilt_copy_once_recorded_counts_in_the_next_leaders_fence() {
     for i in 0..5 {
         assert_eq!(publish(&mut c, leader, shard, i, 100), i);
     }
+    let (old_disk, _) = recorded_disk(&c, other, wiped, shard);
     c.restart_wiped(wiped, &spec, durable);
     for i in 5..8 {
         assert_eq!(publish(&mut c, leader, shard, i, 100), i);
     }
     c.until(Duration::from_secs(20), |c| {
-        level(c, leader, wiped, shard) && copy_recorded(c, other, wiped, shard)
+        level(c, leader, wiped, shard) && recorded_anew(c, other, wiped, shard, &old_disk)
     });
     let (_, generation) = shard_of(&c, other, shard);
     // The leader stops. The next one, whichever survivor it is, opens only once a majority

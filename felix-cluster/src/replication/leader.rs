@@ -250,10 +250,11 @@ impl ShardLeader {
     ///
     /// A copy on a disk other than the one the metadata names (a wiped or replaced drive) is
     /// fed like any other, but its reports count for the quorum mark only once it is durable
-    /// to the leader's log end as of its request (see [`ShardLeader::counted_storage`]).
-    /// Counting it earlier would not break a quorum's overlap with a later fence (the fence
-    /// counts only recorded disks, and the old one never answers again) but it would say a
-    /// copy holds records it has not received yet.
+    /// to the leader's log end as of its request (see [`ShardLeader::counted_storage`]): from
+    /// then on it holds every record acknowledged before its old disk went, which is also
+    /// when the control plane may record it. Counting it earlier would not break a quorum's
+    /// overlap with a later fence (the fence counts only recorded disks, and the old one
+    /// never answers again); one moment for both keeps "counted" meaning "a full copy".
     pub fn follow(
         &mut self,
         from: &NodeId,

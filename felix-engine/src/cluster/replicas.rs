@@ -1416,7 +1416,7 @@ impl ClusterNode {
                     return;
                 }
                 let cut = if ff.rebuild {
-                    f.rebuild_from(ff.truncate_to, info.end, info.state.commit)
+                    f.rebuild_from(ff.truncate_to, info.start, info.end, info.state.commit)
                 } else {
                     f.follow_from(ff.truncate_to, info.end, info.state.commit)
                 };
