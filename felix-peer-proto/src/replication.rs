@@ -105,7 +105,9 @@ impl Body for Follow {
     }
 }
 
-/// The leader's answer to [`Follow`]: cut the copy at `truncate_to`, then be fed from there.
+/// The leader's answer to [`Follow`]: cut the copy at `truncate_to`, then be fed from there;
+/// or, with `rebuild`, drop the whole copy and start the log again, empty, at `truncate_to`
+/// (the leader's log start), because nothing the copy holds can be fed from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct FollowFrom {
@@ -115,6 +117,7 @@ pub struct FollowFrom {
     pub commit: u64,
     /// The leader's epochs, so the follower's describe what it will hold.
     pub epochs: Vec<Epoch>,
+    pub rebuild: bool,
 }
 
 impl Scoped for FollowFrom {
@@ -127,7 +130,9 @@ impl Body for FollowFrom {
     fn encode(&self, out: &mut Vec<u8>) -> Result<(), PeerEncodeError> {
         self.scope.encode(out)?;
         put_u64s(out, &[self.truncate_to, self.leader_end, self.commit]);
-        put_epochs(out, &self.epochs, "follow_from.epochs")
+        put_epochs(out, &self.epochs, "follow_from.epochs")?;
+        out.push(u8::from(self.rebuild));
+        Ok(())
     }
 
     fn decode(r: &mut Reader<'_>) -> Result<FollowFrom, PeerDecodeError> {
@@ -137,6 +142,7 @@ impl Body for FollowFrom {
             leader_end: r.u64("follow_from.leader_end")?,
             commit: r.u64("follow_from.commit")?,
             epochs: epochs(r, "follow_from.epochs")?,
+            rebuild: r.bool("follow_from.rebuild")?,
         })
     }
 }

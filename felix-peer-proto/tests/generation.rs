@@ -166,6 +166,7 @@ fn replication(scope: ShardScope) -> Vec<PeerMessage> {
             leader_end: 9,
             commit: 3,
             epochs: epochs.clone(),
+            rebuild: false,
         }),
         PeerMessage::Replicate(Replicate {
             scope: scope.clone(),

@@ -265,6 +265,7 @@ fn epochs_limit() {
             leader_end: 0,
             commit: 0,
             epochs: epochs(n),
+            rebuild: false,
         })
     };
     edge(

@@ -159,6 +159,19 @@ impl ClusterNet {
         );
     }
 
+    /// Node `i`'s process is replaced on an empty disk, as after losing its drive: a new
+    /// storage identity, no metadata log, no shard logs. `spec` and `tweak` as the cluster
+    /// was made.
+    pub fn restart_wiped(
+        &mut self,
+        i: usize,
+        spec: &ClusterSpec,
+        tweak: impl Fn(usize, &mut EngineConfig),
+    ) {
+        self.nodes[i].disk = Default::default();
+        self.restart(i, spec, tweak);
+    }
+
     /// A cluster that has elected, joined every node and led every declared shard.
     pub fn started(spec: &ClusterSpec, tweak: impl Fn(usize, &mut EngineConfig)) -> ClusterNet {
         let mut net = ClusterNet::new(spec, tweak);

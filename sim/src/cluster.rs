@@ -181,6 +181,8 @@ pub(crate) struct ClusterWorld {
     /// metadata log is in memory in this version, so a blank majority re-founds the
     /// cluster and forgets committed metadata (a known engine bug, docs/simulator.md).
     majority_crashes: bool,
+    /// `--wipe-disks`: every other drawn crash replaces the node's disk.
+    wipe_disks: bool,
     crashes_skipped: u64,
     /// The stream's replicas and consistency, from the seed.
     replication: (u8, Consistency),
@@ -277,7 +279,10 @@ impl ClusterWorld {
             crash_rng: root.fork("crash"),
             clients: Vec::new(),
             by_addr: BTreeMap::new(),
-            oracle: Oracle::new(Promise::Durable, shards),
+            oracle: Oracle {
+                cache_values_may_be_lost: opts.wipe_disks,
+                ..Oracle::new(Promise::Durable, shards)
+            },
             token: String::new(),
             crypto: crate::crypto::client_crypto(provider),
             client_rng: root.fork("clients"),
@@ -292,6 +297,7 @@ impl ClusterWorld {
             diverge_at: None,
             unused_flags: (false, false),
             majority_crashes: opts.majority_crashes,
+            wipe_disks: opts.wipe_disks,
             crashes_skipped: 0,
             replication,
             one_writer: OneWriter::default(),
@@ -799,7 +805,10 @@ impl ClusterWorld {
             }
             Fault::HealNode(i) => self.net.heal_node(Node::Server(i)),
             Fault::LossBurst(d, loss) => self.net.loss_burst(now + d, loss),
-            Fault::Crash(i, kind) => self.crash(i, kind, false, false),
+            Fault::Crash(i, kind) => {
+                let wipe = self.wipe_disks && self.crashes % 2 == 1;
+                self.crash(i, kind, wipe, false)
+            }
             Fault::Restart(i) => {
                 if let Some(until) = self.nodes[i].down_until {
                     if now < until {

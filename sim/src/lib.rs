@@ -127,6 +127,11 @@ pub struct RunOptions {
     /// Cluster runs: declare the stream with three replicas at `quorum` consistency (off: one
     /// copy per shard). The replication canaries turn it on themselves.
     pub replicated: bool,
+    /// Cluster runs: every other crash a fault draws replaces the node's disk with an empty
+    /// one (a lost drive), so replicated copies are rebuilt from their leaders
+    /// (docs/replication.md, "Rebuilding a copy"). Off by default, so a seed's schedule
+    /// stays what earlier sweeps ran.
+    pub wipe_disks: bool,
 }
 
 impl RunOptions {
@@ -138,6 +143,7 @@ impl RunOptions {
             canary: None,
             majority_crashes: false,
             replicated: false,
+            wipe_disks: false,
         }
     }
 }

@@ -82,6 +82,9 @@ pub(crate) struct Oracle {
     /// Events seen by subscribers, for the summary.
     pub(crate) events_seen: u64,
     pub(crate) cache_reads_checked: u64,
+    /// `--wipe-disks`: a cache shard has one copy, so a replaced drive loses its values by
+    /// design; reads are not checked against the writes.
+    pub(crate) cache_values_may_be_lost: bool,
     pub(crate) lagged: u64,
     /// Consumer-group handouts (`invariants/group_claims.rs`).
     pub(crate) groups: crate::invariants::group_claims::GroupClaims,
@@ -101,6 +104,7 @@ impl Oracle {
             outstanding: BTreeMap::new(),
             events_seen: 0,
             cache_reads_checked: 0,
+            cache_values_may_be_lost: false,
             lagged: 0,
             groups: Default::default(),
         }

@@ -11,6 +11,7 @@ fn first_caught(canary: Canary, budget: u64) -> Option<(u64, felix_sim::Violatio
             canary: Some(canary),
             majority_crashes: false,
             replicated: false,
+            wipe_disks: false,
         });
         outcome.violation.map(|v| (seed, v))
     })

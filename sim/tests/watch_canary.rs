@@ -12,6 +12,7 @@ fn a_silently_dropped_watch_change_is_caught() {
             canary: Some(Canary::DropWatchChange),
             majority_crashes: false,
             replicated: false,
+            wipe_disks: false,
         })
         .violation
         .map(|v| (seed, v))

@@ -733,6 +733,18 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
         } => meta
             .shard(shard)
             .is_none_or(|m| m.generation >= *generation),
+        // Done, or no longer possible: another generation, or the node's disk changed again.
+        Command::RecordCopy {
+            shard,
+            generation,
+            node,
+            storage_id,
+        } => {
+            meta.members.get(node).map(|m| &m.storage_id) != Some(storage_id)
+                || meta.shard(shard).is_none_or(|m| {
+                    m.generation != *generation || m.storage_of(node) == Some(storage_id)
+                })
+        }
     }
 }
 

@@ -219,6 +219,17 @@ pub enum Command {
         generation: u64,
         leader: Option<NodeId>,
     },
+    /// The leader of `shard` at `generation` fed `node`'s copy onto the disk `storage_id` (a
+    /// new one: the node came back without its old disk) until it held the leader's whole
+    /// log as of its request: the copy lives there from now on, so later fences and
+    /// promotions count it. Applied only at that generation (a later leader may not have fed
+    /// it) and only while `storage_id` is still the node's disk.
+    RecordCopy {
+        shard: ShardRef,
+        generation: u64,
+        node: NodeId,
+        storage_id: String,
+    },
 }
 
 impl Command {
@@ -254,6 +265,11 @@ pub enum Applied {
         shard: ShardRef,
         generation: u64,
         leader: Option<NodeId>,
+    },
+    CopyRecorded {
+        shard: ShardRef,
+        node: NodeId,
+        storage_id: String,
     },
     /// Already true: nothing changed.
     Unchanged,
@@ -447,6 +463,37 @@ impl Metadata {
                     shard: shard.clone(),
                     generation: *generation,
                     leader: leader.clone(),
+                }
+            }
+            Command::RecordCopy {
+                shard,
+                generation,
+                node,
+                storage_id,
+            } => {
+                let disk_now = self.members.get(node).map(|m| m.storage_id.clone());
+                let Some(meta) = self.shard_mut(shard) else {
+                    return Applied::Invalid(format!("{shard} is not placed"));
+                };
+                let Some(i) = meta.replicas.iter().position(|r| r == node) else {
+                    return Applied::Invalid(format!("{node} holds no copy of {shard}"));
+                };
+                let current = meta.generation == *generation;
+                if !current || disk_now.as_ref() != Some(storage_id) || storage_id.is_empty() {
+                    return Applied::Unchanged;
+                }
+                if meta.replica_storage.len() < meta.replicas.len() {
+                    meta.replica_storage
+                        .resize(meta.replicas.len(), String::new());
+                }
+                if meta.replica_storage[i] == *storage_id {
+                    return Applied::Unchanged;
+                }
+                meta.replica_storage[i] = storage_id.clone();
+                Applied::CopyRecorded {
+                    shard: shard.clone(),
+                    node: node.clone(),
+                    storage_id: storage_id.clone(),
                 }
             }
         }

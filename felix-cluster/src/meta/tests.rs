@@ -263,3 +263,60 @@ fn same_commands_same_bytes_and_a_snapshot_restores_exactly() {
     assert_eq!(a.snapshot(), b.snapshot());
     assert_eq!(Metadata::restore(&a.snapshot()).unwrap(), a);
 }
+
+#[test]
+fn a_rebuilt_copy_is_recorded_on_its_new_disk_only_at_the_generation_that_fed_it() {
+    let mut m = meta();
+    apply(
+        &mut m,
+        &[
+            join("n1", None, "disk-1"),
+            join("n2", None, "disk-2"),
+            join("n3", None, "disk-3"),
+            Command::Declare {
+                node: n("n1"),
+                declarations: decls(1, 3),
+            },
+        ],
+    );
+    let shard = ShardRef {
+        kind: ObjectKind::Stream,
+        key: ObjectKey::new("t1", "default", "orders"),
+        shard: 0,
+    };
+    let generation = m.shard(&shard).unwrap().generation;
+    let record = |generation: u64, storage: &str| Command::RecordCopy {
+        shard: shard.clone(),
+        generation,
+        node: n("n3"),
+        storage_id: storage.into(),
+    };
+    let got = apply(
+        &mut m,
+        &[
+            // Not n3's disk (yet): nothing.
+            record(generation, "disk-3-new"),
+            join("n3", None, "disk-3-new"),
+            // Fed by an older leadership: nothing.
+            record(generation.saturating_sub(1), "disk-3-new"),
+            record(generation + 1, "disk-3-new"),
+            record(generation, "disk-3-new"),
+            record(generation, "disk-3-new"),
+        ],
+    );
+    let copy = Applied::CopyRecorded {
+        shard: shard.clone(),
+        node: n("n3"),
+        storage_id: "disk-3-new".into(),
+    };
+    let rejoin = Applied::Rejoined {
+        node: n("n3"),
+        previous_storage: "disk-3".into(),
+    };
+    let u = || Applied::Unchanged;
+    assert_eq!(got, vec![u(), rejoin, u(), u(), copy, u()]);
+    let meta = m.shard(&shard).unwrap();
+    assert_eq!(meta.storage_of(&n("n3")), Some("disk-3-new"));
+    assert!(meta.holds_copy(&n("n3"), &m.members));
+    assert_eq!(meta.storage_of(&n("n2")), Some("disk-2"));
+}

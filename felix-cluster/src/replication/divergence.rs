@@ -40,7 +40,23 @@ impl EpochLog {
 
 /// The length of the longest prefix both copies hold identically.
 pub fn agreed_prefix(a: &EpochLog, b: &EpochLog) -> u64 {
-    let mut offset = 0;
+    agree_on_from(a, b, 0)
+}
+
+/// For copies of which one no longer holds the offsets below `from` (retention dropped
+/// them, or the copy was started there): where they stop agreeing, when both hold `from`
+/// at one generation. Then they hold the same records from `from` on (and, as far as either
+/// still holds, before it: a record at one offset and generation is the same record with
+/// the same history). `None` when they do not.
+pub fn agreed_from(a: &EpochLog, b: &EpochLog, from: u64) -> Option<u64> {
+    match (a.generation_at(from), b.generation_at(from)) {
+        (Some(x), Some(y)) if x == y => Some(agree_on_from(a, b, from)),
+        _ => None,
+    }
+}
+
+/// The first offset at or after `offset` where the copies stop agreeing.
+fn agree_on_from(a: &EpochLog, b: &EpochLog, mut offset: u64) -> u64 {
     // Each round moves to the next boundary of either log, so it ends within their epoch counts.
     for _ in 0..=(a.epochs.len() + b.epochs.len() + 1) {
         match (a.generation_at(offset), b.generation_at(offset)) {
@@ -101,12 +117,20 @@ mod tests {
         }
     }
 
-    /// Each case is one line: `replica=LOG committed=N leader=LOG`.
+    /// Each case is one line: `replica=LOG committed=N leader=LOG`, or `replica=LOG
+    /// leader=LOG from=N` for [`agreed_from`].
     fn run(block: &Block) -> String {
         let f = golden::fields(&block.lines[0]);
         let (r, l) = (log(&f["replica"]), log(&f["leader"]));
         let agreed = agreed_prefix(&r, &l);
         assert_eq!(agreed, agreed_prefix(&l, &r), "agreement is symmetric");
+        if let Some(from) = f.get("from") {
+            let from: u64 = from.parse().unwrap();
+            return match agreed_from(&r, &l, from) {
+                Some(a) => format!("agreed_from={a}"),
+                None => "no agreement there".to_owned(),
+            };
+        }
         match rejoin(&r, golden::num(&f, "committed"), &l) {
             Rejoin::TruncateTo(t) => format!("agreed={agreed} truncate_to={t}"),
             Rejoin::Halt { agreed, committed } => {

@@ -46,6 +46,15 @@ pub enum FenceOutcome {
 /// identity the metadata does not name (a wiped disk answering from an empty log), do not
 /// count: such a replica has not yet been rebuilt and cannot hold anything promised.
 ///
+/// The leader counts itself by the same rule: a node back on a new disk that the metadata
+/// still names as leader (it restarted within its lease, or a promotion decided before its
+/// disk changed was applied after) holds none of the records it is named for, so it waits
+/// — never opening, however the others answer — until the control plane hands the shard
+/// on. (Found by the replicated simulator with follower and leader disks wiped: such a node
+/// fenced with one follower that was behind and opened an empty log, and acknowledged
+/// records were lost.) A leader whose disk the metadata has not recorded at all (placed
+/// before it ever joined) still counts: no copy can hold records before its first leader.
+///
 /// Ties go to the leader (no copy needed), then to the lowest node id, so every node reading
 /// the same answers decides the same.
 pub fn fence_outcome(
@@ -55,6 +64,9 @@ pub fn fence_outcome(
     answers: &[FenceAnswer],
 ) -> FenceOutcome {
     let needed = majority(set.len());
+    let leader_holds_its_copy = set.iter().any(|r| {
+        r.node == leader.node && (r.storage_id.is_empty() || r.storage_id == leader.storage_id)
+    });
     let mut counted: Vec<&FenceAnswer> = answers
         .iter()
         .filter(|a| {
@@ -66,8 +78,8 @@ pub fn fence_outcome(
         .collect();
     counted.sort_by(|a, b| a.node.cmp(&b.node));
     counted.dedup_by(|a, b| a.node == b.node);
-    let have = counted.len() + 1;
-    if have < needed {
+    let have = counted.len() + usize::from(leader_holds_its_copy);
+    if have < needed || !leader_holds_its_copy {
         return FenceOutcome::Waiting {
             counted: have,
             needed,
@@ -91,7 +103,8 @@ mod tests {
     use super::super::golden::{self, Block};
     use super::*;
 
-    /// Each case: `set=a:sa,b:sb,c:sc leader=a own=G/E`, then one answer per line:
+    /// Each case: `set=a:sa,b:sb,c:sc leader=a own=G/E` (and `leader_storage=S` when the
+    /// leader runs on another disk than the metadata names), then one answer per line:
     /// `node=b storage=sb at=G/E`.
     fn run(block: &Block) -> String {
         let pos = |s: &str| {
@@ -112,11 +125,15 @@ mod tests {
                 }
             })
             .collect();
-        let leader = set
+        let mut leader = set
             .iter()
             .find(|r| r.node.as_str() == head["leader"])
             .unwrap()
             .clone();
+        // The disk the leader runs on, when it is not the one the metadata names.
+        if let Some(s) = head.get("leader_storage") {
+            leader.storage_id = s.clone();
+        }
         let answers: Vec<FenceAnswer> = block.lines[1..]
             .iter()
             .map(|l| {

@@ -16,6 +16,9 @@ pub enum FollowState {
     Asking,
     /// Cutting its log at the leader's word; fed once the cut is done.
     Truncating { to: u64 },
+    /// Dropping its whole copy to start the log again, empty, at the leader's log start;
+    /// fed from there once that is done.
+    Rebuilding { from: u64 },
     /// Appending from `end`.
     Fed { end: u64 },
     /// The leader would have it cut below what it had persisted as committed: it stops
@@ -34,7 +37,7 @@ pub enum Shipment {
     Refollow,
     /// From an older generation or a node that does not lead this shard: refuse.
     Stale,
-    /// Not now (asking, cutting, or halted): drop it; the leader resends after a new request.
+    /// Not now (asking, cutting, rebuilding, or halted): drop it; the leader resends after a new request.
     NotReady,
 }
 
@@ -89,9 +92,46 @@ impl ShardFollower {
         Some(truncate_to)
     }
 
-    /// The cut is done: appending starts at `end`.
+    /// The leader's answer to the request to be fed: nothing this copy holds can be fed
+    /// from, so it starts again, empty, at `from` (the leader's log start). The copy holds
+    /// `start..end`; `committed` as for [`ShardFollower::follow_from`]. Returns `from` when
+    /// the copy is to be dropped (then call [`ShardFollower::truncated`] once the log starts
+    /// there), `None` when it halts instead, or when it is already empty at `from` and is
+    /// fed at once.
+    ///
+    /// Fed at once matters: the leader ships right after its answer, and what arrives while
+    /// a copy is being dropped is refused, so the next shipment finds a gap and the copy
+    /// asks again. A copy that asked again once its restart was done is empty at `from`; if
+    /// that answer started another restart, each round would refuse the shipments the
+    /// last one sent, for ever (the replicated simulator with wiped disks, seed 67).
+    ///
+    /// Records below `from` are gone from the leader too (its retention dropped them), so
+    /// dropping them here loses nothing a copy still promises. Records at or above it that
+    /// this copy knew were committed are another matter: the leader holds those offsets and
+    /// does not agree with this copy there, and rewriting them could lose what a client was
+    /// promised, so it halts as a cut below the commit would.
+    pub fn rebuild_from(&mut self, from: u64, start: u64, end: u64, committed: u64) -> Option<u64> {
+        if self.state != FollowState::Asking {
+            return None;
+        }
+        if committed.min(end) > from {
+            self.state = FollowState::Halted {
+                agreed: from,
+                committed,
+            };
+            return None;
+        }
+        if start == from && end == from {
+            self.state = FollowState::Fed { end };
+            return None;
+        }
+        self.state = FollowState::Rebuilding { from };
+        Some(from)
+    }
+
+    /// The cut (or the restart of a rebuilt copy) is done: appending starts at `end`.
     pub fn truncated(&mut self, end: u64) {
-        if let FollowState::Truncating { .. } = self.state {
+        if let FollowState::Truncating { .. } | FollowState::Rebuilding { .. } = self.state {
             self.state = FollowState::Fed { end };
         }
     }
@@ -188,5 +228,45 @@ mod tests {
         );
         g.ask_again();
         assert!(matches!(g.state(), FollowState::Halted { .. }));
+    }
+
+    #[test]
+    fn a_copy_with_nothing_to_feed_from_starts_again_at_the_leaders_log_start() {
+        // Behind the leader's start (retention there dropped 0..20): everything here goes.
+        let mut f = ShardFollower::new(4, n("n1"));
+        assert_eq!(f.rebuild_from(20, 0, 12, 12), Some(20));
+        assert_eq!(f.state(), FollowState::Rebuilding { from: 20 });
+        assert_eq!(f.shipment(&n("n1"), 4, 20, 1), Shipment::NotReady);
+        f.truncated(20);
+        assert_eq!(f.shipment(&n("n1"), 4, 20, 1), Shipment::Append);
+
+        // A new disk part way through an earlier rebuild from 20: dropped again.
+        let mut g = ShardFollower::new(4, n("n1"));
+        assert_eq!(g.rebuild_from(20, 20, 26, 0), Some(20));
+        // Already empty at the start (a new disk, or a restart just done): fed at once, so
+        // the shipments sent right after the answer are taken.
+        let mut e = ShardFollower::new(4, n("n1"));
+        assert_eq!(e.rebuild_from(20, 20, 20, 0), None);
+        assert_eq!(e.state(), FollowState::Fed { end: 20 });
+        assert_eq!(e.shipment(&n("n1"), 4, 20, 3), Shipment::Append);
+        let mut z = ShardFollower::new(4, n("n1"));
+        assert_eq!(z.rebuild_from(0, 0, 0, 0), None);
+        assert_eq!(z.state(), FollowState::Fed { end: 0 });
+
+        // It knew 25 committed, and the leader disagrees with it from 20: it halts.
+        let mut h = ShardFollower::new(4, n("n1"));
+        assert_eq!(h.rebuild_from(20, 0, 30, 25), None);
+        assert_eq!(
+            h.state(),
+            FollowState::Halted {
+                agreed: 20,
+                committed: 25
+            }
+        );
+        // Only an answer to a request counts.
+        let mut k = ShardFollower::new(4, n("n1"));
+        assert_eq!(k.follow_from(5, 5, 5), None);
+        assert_eq!(k.rebuild_from(20, 0, 5, 5), None);
+        assert_eq!(k.state(), FollowState::Fed { end: 5 });
     }
 }

@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::divergence::{agreed_prefix, EpochLog};
+use super::divergence::{agreed_from, agreed_prefix, EpochLog};
 use super::quorum::{QuorumMark, Report};
 use super::Replica;
 use crate::NodeId;
@@ -55,8 +55,28 @@ pub enum LeaderOutput {
 pub enum FollowRefused {
     /// Not in the shard's replica set.
     NotReplica,
-    /// In the set, but writing to a disk the metadata does not name for its copy.
-    UnknownStorage,
+}
+
+/// The leader's answer to a follower's request to be fed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FollowAnswer {
+    /// Cut the copy at this offset (nothing to cut when it is the copy's end) and be fed
+    /// from there: the end of the prefix both copies agree on.
+    TruncateTo(u64),
+    /// The copy cannot be fed from anything it holds (a new disk, or a log that stops agreeing
+    /// with the leader's before the leader's first retained offset): drop it, start the log
+    /// again empty at `from` (the leader's log start), and be fed from there.
+    Rebuild { from: u64 },
+}
+
+/// A copy on a disk the metadata does not name for its replica, being fed until it is level.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NewDisk {
+    storage_id: String,
+    /// The leader's log end when the copy asked: it holds every record acknowledged at any
+    /// generation so far (the fence adopted them, or this leadership wrote them). A copy
+    /// durable to here has lost nothing its old disk was counted for.
+    level_at: u64,
 }
 
 #[derive(Debug)]
@@ -71,6 +91,8 @@ struct Follower {
     in_flight: VecDeque<(u64, u64, u64, Instant)>,
     in_flight_bytes: u64,
     report: Option<Report>,
+    /// Fed onto a new disk: its reports count once it is level, not before.
+    new_disk: Option<NewDisk>,
 }
 
 impl Follower {
@@ -132,6 +154,7 @@ impl ShardLeader {
                 in_flight: VecDeque::new(),
                 in_flight_bytes: 0,
                 report: None,
+                new_disk: None,
             })
             .collect();
         let mut leader = ShardLeader {
@@ -220,14 +243,25 @@ impl ShardLeader {
         }
     }
 
-    /// A follower asks to be fed, describing its copy. The answer is where it must cut its
-    /// log and be fed from: the end of the prefix both copies agree on.
+    /// A follower asks to be fed, describing its copy; `log_start` is the first offset the
+    /// leader's log still holds. The answer is where it must cut its log and be fed from
+    /// (the end of the prefix both copies agree on), or, when nothing it holds can be fed
+    /// from, that it is rebuilt from `log_start`.
+    ///
+    /// A copy on a disk other than the one the metadata names (a wiped or replaced drive) is
+    /// fed like any other, but its reports count for the quorum mark only once it is durable
+    /// to the leader's log end as of its request (see [`ShardLeader::counted_storage`]): from
+    /// then on it holds every record acknowledged before its old disk went, which is also
+    /// when the control plane may record it. Counting it earlier would not break a quorum's
+    /// overlap with a later fence (the fence counts only recorded disks, and the old one
+    /// never answers again); one moment for both keeps "counted" meaning "a full copy".
     pub fn follow(
         &mut self,
         from: &NodeId,
         storage_id: &str,
         theirs: &EpochLog,
-    ) -> Result<u64, FollowRefused> {
+        log_start: u64,
+    ) -> Result<FollowAnswer, FollowRefused> {
         let log = &self.log;
         let f = self
             .followers
@@ -236,14 +270,26 @@ impl ShardLeader {
             .ok_or(FollowRefused::NotReplica)?;
         // An empty id: the metadata had not recorded this replica's disk when this
         // leadership began (it is filled on the node's first join). The disk asking now is
-        // the one the join records, so it is taken; a known id must match.
+        // the one the join records, so it is taken; a known id must match, or the copy is a
+        // new disk's.
         if f.replica.storage_id.is_empty() {
             f.replica.storage_id = storage_id.to_owned();
-        } else if f.replica.storage_id != storage_id {
-            return Err(FollowRefused::UnknownStorage);
         }
-        let from_offset = agreed_prefix(theirs, log);
-        f.next = Some(from_offset);
+        f.new_disk = (f.replica.storage_id != storage_id).then(|| NewDisk {
+            storage_id: storage_id.to_owned(),
+            level_at: log.end,
+        });
+        let answer = match agreement(theirs, log, log_start) {
+            // A new disk keeps only what an earlier rebuild already fed it past the start.
+            Some(agreed) if f.new_disk.is_none() || agreed > log_start => {
+                FollowAnswer::TruncateTo(agreed)
+            }
+            _ => FollowAnswer::Rebuild { from: log_start },
+        };
+        f.next = Some(match answer {
+            FollowAnswer::TruncateTo(at) => at,
+            FollowAnswer::Rebuild { from } => from,
+        });
         // A read still in flight for an earlier request is ignored when it lands.
         f.reading = None;
         f.in_flight.clear();
@@ -251,7 +297,14 @@ impl ShardLeader {
         f.report = None;
         self.recompute();
         self.ship();
-        Ok(from_offset)
+        Ok(answer)
+    }
+
+    /// The disk each follower's reports are counted from now: the metadata's, or a new one
+    /// fed level since. The engine asks the control plane to record a new one, so that
+    /// fences and promotions at later generations count it too.
+    pub fn counted_storage(&self) -> impl Iterator<Item = &Replica> {
+        self.followers.iter().map(|f| &f.replica)
     }
 
     /// The read asked for by `Ship { to, from, .. }` found entries up to `end` (`bytes` long)
@@ -299,6 +352,15 @@ impl ShardLeader {
             return;
         }
         f.received(end);
+        let level = f
+            .new_disk
+            .as_ref()
+            .is_some_and(|d| d.storage_id == storage_id && durable_end >= d.level_at);
+        if level {
+            // From now on the copy counts from its new disk.
+            f.replica.storage_id = storage_id.to_owned();
+            f.new_disk = None;
+        }
         let durable_end = f
             .report
             .as_ref()
@@ -408,6 +470,19 @@ impl ShardLeader {
     }
 }
 
+/// How far a follower's copy agrees with the leader's log, counted only where the leader
+/// still holds records: from 0 when the leader's log still starts there, else from
+/// `log_start`, which both must hold at one generation (a record at one offset and
+/// generation is the same record, and so is everything before it). `None`: nothing the
+/// follower holds can be fed from.
+fn agreement(theirs: &EpochLog, log: &EpochLog, log_start: u64) -> Option<u64> {
+    let agreed = agreed_prefix(theirs, log);
+    if agreed >= log_start {
+        return Some(agreed);
+    }
+    agreed_from(theirs, log, log_start)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,8 +529,14 @@ mod tests {
         let t = Instant::now();
         let mut l = leader(true, &["n2", "n3"]);
         assert!(drain(&mut l).is_empty());
-        assert_eq!(l.follow(&n("n2"), "disk-n2", &empty()), Ok(0));
-        assert_eq!(l.follow(&n("n3"), "disk-n3", &empty()), Ok(0));
+        assert_eq!(
+            l.follow(&n("n2"), "disk-n2", &empty(), 0),
+            Ok(FollowAnswer::TruncateTo(0))
+        );
+        assert_eq!(
+            l.follow(&n("n3"), "disk-n3", &empty(), 0),
+            Ok(FollowAnswer::TruncateTo(0))
+        );
         l.appended(t, 3, true);
         // Not shipped before the leader's own copy is durable.
         assert!(drain(&mut l).is_empty());
@@ -485,7 +566,7 @@ mod tests {
         // (the last write owed an answer), so n2 was told to cut the committed record.
         let t = Instant::now();
         let mut l = leader(true, &["n2", "n3"]);
-        l.follow(&n("n2"), "disk-n2", &empty()).unwrap();
+        l.follow(&n("n2"), "disk-n2", &empty(), 0).unwrap();
         l.appended(t, 8, true);
         l.durable(9); // record 8 was a publish nobody waits for
         assert_eq!(drain(&mut l), ["ship n2 from 0"]);
@@ -503,7 +584,10 @@ mod tests {
             epochs: vec![(2, 0)],
             end: 9,
         };
-        assert_eq!(l.follow(&n("n2"), "disk-n2", &n2), Ok(9));
+        assert_eq!(
+            l.follow(&n("n2"), "disk-n2", &n2, 0),
+            Ok(FollowAnswer::TruncateTo(9))
+        );
     }
 
     #[test]
@@ -520,13 +604,16 @@ mod tests {
             },
         ];
         let mut l = ShardLeader::new(2, followers, true, EpochLog::default(), 0, 0, SETTINGS);
-        assert_eq!(l.follow(&n("n2"), "disk-n2", &empty()), Ok(0));
-        // Known from now on: another disk under that name is refused.
         assert_eq!(
-            l.follow(&n("n2"), "disk-n2-wiped", &empty()),
-            Err(FollowRefused::UnknownStorage)
+            l.follow(&n("n2"), "disk-n2", &empty(), 0),
+            Ok(FollowAnswer::TruncateTo(0))
         );
-        l.follow(&n("n2"), "disk-n2", &empty()).unwrap();
+        // Known from now on: another disk under that name is a new one, rebuilt.
+        assert_eq!(
+            l.follow(&n("n2"), "disk-n2-wiped", &empty(), 0),
+            Ok(FollowAnswer::Rebuild { from: 0 })
+        );
+        l.follow(&n("n2"), "disk-n2", &empty(), 0).unwrap();
         l.appended(t, 1, true);
         l.durable(1);
         drain(&mut l);
@@ -539,14 +626,14 @@ mod tests {
         let t = Instant::now();
         let mut l = leader(true, &["n2", "n3"]);
         assert_eq!(
-            l.follow(&n("n2"), "disk-n2-wiped", &empty()),
-            Err(FollowRefused::UnknownStorage)
+            l.follow(&n("n2"), "disk-n2-wiped", &empty(), 0),
+            Ok(FollowAnswer::Rebuild { from: 0 })
         );
         assert_eq!(
-            l.follow(&n("n9"), "disk-n9", &empty()),
+            l.follow(&n("n9"), "disk-n9", &empty(), 0),
             Err(FollowRefused::NotReplica)
         );
-        l.follow(&n("n2"), "disk-n2", &empty()).unwrap();
+        l.follow(&n("n2"), "disk-n2", &empty(), 0).unwrap();
         l.appended(t, 1, true);
         l.durable(1);
         drain(&mut l);
@@ -560,7 +647,7 @@ mod tests {
     fn without_a_majority_a_quorum_publish_times_out_and_may_still_commit_later() {
         let t = Instant::now();
         let mut l = leader(true, &["n2", "n3"]);
-        l.follow(&n("n2"), "disk-n2", &empty()).unwrap();
+        l.follow(&n("n2"), "disk-n2", &empty(), 0).unwrap();
         l.appended(t, 2, true);
         l.appended(t + Duration::from_millis(100), 5, true);
         l.durable(5);
@@ -581,7 +668,7 @@ mod tests {
     fn a_follower_gets_no_more_than_its_window_until_it_says_it_received() {
         let t = Instant::now();
         let mut l = leader(true, &["n2", "n3"]);
-        l.follow(&n("n2"), "disk-n2", &empty()).unwrap();
+        l.follow(&n("n2"), "disk-n2", &empty(), 0).unwrap();
         l.appended(t, 10, true);
         l.durable(10);
         assert_eq!(drain(&mut l), ["ship n2 from 0"]);
@@ -616,9 +703,15 @@ mod tests {
             epochs: vec![(1, 0)],
             end: 8,
         };
-        assert_eq!(l.follow(&n("n2"), "disk-n2", &theirs), Ok(6));
+        assert_eq!(
+            l.follow(&n("n2"), "disk-n2", &theirs, 0),
+            Ok(FollowAnswer::TruncateTo(6))
+        );
         assert_eq!(drain(&mut l), ["ship n2 from 6"]);
-        assert_eq!(l.follow(&n("n2"), "disk-n2", &theirs), Ok(6));
+        assert_eq!(
+            l.follow(&n("n2"), "disk-n2", &theirs, 0),
+            Ok(FollowAnswer::TruncateTo(6))
+        );
         assert_eq!(drain(&mut l), ["ship n2 from 6"]);
         l.shipped(t, &n("n2"), 6, 9, 30);
         l.shipped(t, &n("n2"), 6, 9, 30); // the earlier read, landing late
@@ -632,7 +725,7 @@ mod tests {
     fn a_shipment_no_report_covers_is_sent_again_from_its_start() {
         let t = Instant::now();
         let mut l = leader(true, &["n2", "n3"]);
-        l.follow(&n("n2"), "disk-n2", &empty()).unwrap();
+        l.follow(&n("n2"), "disk-n2", &empty(), 0).unwrap();
         l.appended(t, 2, true);
         l.durable(2);
         assert_eq!(drain(&mut l), ["ship n2 from 0"]);
@@ -667,5 +760,115 @@ mod tests {
         l.appended(t, 2, true);
         l.durable(2);
         assert_eq!(drain(&mut l), ["committed 2"]);
+    }
+
+    /// `G@S,…/END` → an epoch list and an end; `-/0` is an empty log.
+    fn log(s: &str) -> EpochLog {
+        let (epochs, end) = s.rsplit_once('/').unwrap();
+        let epochs = epochs
+            .split(',')
+            .filter(|e| *e != "-")
+            .map(|e| {
+                let (g, start) = e.split_once('@').unwrap();
+                (g.parse().unwrap(), start.parse().unwrap())
+            })
+            .collect();
+        EpochLog {
+            epochs,
+            end: end.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_copy_that_cannot_be_fed_from_its_own_log_is_rebuilt_from_the_leaders_start() {
+        // (disk asking, its copy, the leader's log, the leader's first retained offset) →
+        // the answer. n2's copy lives on `disk-n2` as far as the metadata knows.
+        let cases = [
+            ("disk-n2", "1@0/30", "1@0,2@30/40", 0, "truncate to 30"),
+            // Behind the leader's start: nothing it holds is still on the leader.
+            ("disk-n2", "1@0/15", "1@0,2@30/40", 20, "rebuild from 20"),
+            // Holds the start at the leader's generation: fed from where they part.
+            ("disk-n2", "1@0/25", "1@0,2@30/40", 20, "truncate to 25"),
+            // Holds the start, but written at a generation the leader's log lacks there.
+            (
+                "disk-n2",
+                "1@0,3@18/35",
+                "1@0,2@15/40",
+                20,
+                "rebuild from 20",
+            ),
+            // A copy started at the leader's start before (rebuilt there) is fed on.
+            ("disk-n2", "2@20/33", "1@0,2@15/40", 20, "truncate to 33"),
+            // A new disk is rebuilt from the start, even where the leader kept everything...
+            ("disk-n2-new", "-/0", "1@0,2@30/40", 0, "rebuild from 0"),
+            ("disk-n2-new", "-/0", "1@0,2@30/40", 20, "rebuild from 20"),
+            // ...unless an earlier rebuild of that disk already fed it past the start.
+            (
+                "disk-n2-new",
+                "2@20/33",
+                "1@0,2@15/40",
+                20,
+                "truncate to 33",
+            ),
+            (
+                "disk-n2-new",
+                "1@0,2@30/32",
+                "1@0,2@30/40",
+                0,
+                "truncate to 32",
+            ),
+        ];
+        let mut got = Vec::new();
+        for (disk, theirs, ours, start, _) in cases {
+            let mut l = ShardLeader::new(2, vec![r("n2")], true, log(ours), 0, 0, SETTINGS);
+            got.push(match l.follow(&n("n2"), disk, &log(theirs), start) {
+                Ok(FollowAnswer::TruncateTo(t)) => format!("truncate to {t}"),
+                Ok(FollowAnswer::Rebuild { from }) => format!("rebuild from {from}"),
+                Err(e) => format!("{e:?}"),
+            });
+        }
+        let want: Vec<&str> = cases.iter().map(|c| c.4).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_new_disk_counts_for_the_quorum_once_it_holds_the_leaders_log_as_of_its_request() {
+        let t = Instant::now();
+        let mut l = leader(true, &["n2", "n3"]);
+        l.follow(&n("n2"), "disk-n2", &empty(), 0).unwrap();
+        l.appended(t, 5, true);
+        l.durable(5);
+        drain(&mut l);
+        l.shipped(t, &n("n2"), 0, 5, 50);
+        l.report(&n("n2"), 2, "disk-n2", 5, 5);
+        assert_eq!(drain(&mut l), ["committed 5"]);
+        // n3 comes back on an empty disk while the leader holds 0..5.
+        assert_eq!(
+            l.follow(&n("n3"), "disk-n3-new", &empty(), 0),
+            Ok(FollowAnswer::Rebuild { from: 0 })
+        );
+        assert_eq!(drain(&mut l), ["ship n3 from 0"]);
+        l.shipped(t, &n("n3"), 0, 3, 30);
+        // Half way, and n2 gone quiet: a write needs n3, which is not level yet.
+        l.appended(t, 6, true);
+        l.durable(6);
+        drain(&mut l);
+        l.report(&n("n3"), 2, "disk-n3-new", 3, 3);
+        assert!(drain(&mut l).iter().all(|o| o.starts_with("ship")));
+        assert_eq!(l.commit(), 5);
+        let counted = |l: &ShardLeader| {
+            l.counted_storage()
+                .map(|r| format!("{}={}", r.node, r.storage_id))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(counted(&l), ["n2=disk-n2", "n3=disk-n3"]);
+        // Durable to 5, the leader's end when it asked: level, and counted from its new disk.
+        l.shipped(t, &n("n3"), 3, 6, 30);
+        l.report(&n("n3"), 2, "disk-n3-new", 6, 6);
+        assert_eq!(drain(&mut l), ["committed 6"]);
+        assert_eq!(counted(&l), ["n2=disk-n2", "n3=disk-n3-new"]);
+        // The old disk is not heard from again: it no longer counts.
+        l.report(&n("n3"), 2, "disk-n3", 9, 9);
+        assert_eq!(l.commit(), 6);
     }
 }

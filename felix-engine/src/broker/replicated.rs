@@ -196,6 +196,8 @@ impl Broker {
 /// What replication needs to know of a shard's log.
 #[derive(Debug, Clone)]
 pub(crate) struct LogInfo {
+    /// The oldest offset it still holds (retention, or a rebuild, moves it up).
+    pub(crate) start: u64,
     /// The next offset it would write.
     pub(crate) end: u64,
     /// Its own durable end (not the commit mark).
@@ -237,6 +239,7 @@ impl Broker {
         }
         let shard = slot.log.shard();
         Some(LogInfo {
+            start: shard.start_offset(),
             end: shard.next_offset(),
             durable: shard.durable_offset(),
             state: shard.replica_state().clone(),
@@ -319,6 +322,13 @@ impl Broker {
     pub(crate) fn truncate_log(&mut self, log: LogId, to: u64) -> Result<(), String> {
         let l = self.shard_log_mut(log)?;
         l.truncate_to(to).map_err(|e| format!("{e:?}"))
+    }
+
+    /// Drops the whole log and starts it again, empty, at `start` (a follower rebuilt from
+    /// its leader's log start); the end comes as [`Notice::Replica`], as a cut's does.
+    pub(crate) fn restart_log(&mut self, log: LogId, start: u64) -> Result<(), String> {
+        let l = self.shard_log_mut(log)?;
+        l.restart_at(start).map_err(|e| format!("{e:?}"))
     }
 
     /// Writes the replica state file; durable when [`Notice::Replica`] says so.

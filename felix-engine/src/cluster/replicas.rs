@@ -11,11 +11,13 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_cluster::meta::{Consistency, ObjectKey, ObjectKind, ShardMeta, ShardRef};
+use felix_cluster::meta::{Command, Consistency, ObjectKey, ObjectKind, ShardMeta, ShardRef};
 use felix_cluster::replication::divergence::{agreed_prefix, EpochLog};
 use felix_cluster::replication::fence::{self, FenceOutcome, LogPosition};
 use felix_cluster::replication::follower::{FollowState, ShardFollower, Shipment};
-use felix_cluster::replication::leader::{LeaderOutput, LeaderSettings, ShardLeader};
+use felix_cluster::replication::leader::{
+    FollowAnswer, FollowRefused, LeaderOutput, LeaderSettings, ShardLeader,
+};
 use felix_cluster::replication::Replica;
 use felix_cluster::routing::Owner;
 use felix_cluster::NodeId;
@@ -63,6 +65,12 @@ pub(crate) enum ReplicaIo {
     Truncate {
         log: LogId,
         to: u64,
+    },
+    /// Drop the whole copy and start the log again, empty, at `start`; answered as a
+    /// truncation is.
+    RestartAt {
+        log: LogId,
+        start: u64,
     },
     Gate {
         log: LogId,
@@ -343,6 +351,7 @@ impl ClusterNode {
                     Role::Following(f) => match f.state() {
                         FollowState::Asking => ("asking", None),
                         FollowState::Truncating { .. } => ("truncating", None),
+                        FollowState::Rebuilding { .. } => ("rebuilding", None),
                         FollowState::Fed { .. } => ("following", None),
                         FollowState::Halted { .. } => ("halted", None),
                     },
@@ -573,7 +582,11 @@ impl ClusterNode {
         let generation = m.generation;
         let slot = self.replicas.slots.get_mut(r).expect("present");
         match &mut slot.role {
-            Role::Leading(_) | Role::Idle => return,
+            Role::Leading(_) => {
+                self.record_rebuilt_copies(now, r, m);
+                return;
+            }
+            Role::Idle => return,
             Role::Fencing(_) => {}
             Role::Preparing | Role::Following(_) => {
                 slot.role = Role::Fencing(Fencing {
@@ -697,6 +710,34 @@ impl ClusterNode {
             }
         }
         let _ = consistency;
+    }
+
+    /// Asks the control plane to record the new disk of every copy this leadership fed
+    /// level onto one (`ShardLeader::counted_storage`), so that fences and promotions at
+    /// later generations count it too; asked again on every pass until the metadata says
+    /// so, or can no longer (another generation, or the node's disk changed again).
+    fn record_rebuilt_copies(&mut self, now: Instant, r: &ShardRef, m: &ShardMeta) {
+        let Some(Role::Leading(l)) = self.replicas.slots.get(r).map(|s| &s.role) else {
+            return;
+        };
+        let members = &self.meta().members;
+        let wanted: Vec<Command> = l
+            .counted_storage()
+            .filter(|c| m.storage_of(&c.node) != Some(c.storage_id.as_str()))
+            .filter(|c| members.get(&c.node).map(|mm| &mm.storage_id) == Some(&c.storage_id))
+            .map(|c| Command::RecordCopy {
+                shard: r.clone(),
+                generation: l.generation(),
+                node: c.node.clone(),
+                storage_id: c.storage_id.clone(),
+            })
+            .collect();
+        let Some(control) = self.control.as_mut() else {
+            return;
+        };
+        for c in wanted {
+            control.want(c, now);
+        }
     }
 
     /// Persists the state a leader opens with: its fence, the commit it knows, and this
@@ -1088,8 +1129,17 @@ impl ClusterNode {
                     }
                     Ok(_) => l.shipped(now, &to, from, from, 0),
                     Err(e) => {
-                        warn!(shard = %r, to = %to, error = ?e, "nothing to ship; the follower must be rebuilt");
+                        // Its next record is gone from this log (retention moved the start
+                        // past it since it asked): it asks again, and is rebuilt.
+                        warn!(shard = %r, to = %to, error = ?e, "nothing to ship from there; the follower is told to ask again");
                         l.ship_failed(&to);
+                        let msg = PeerMessage::ReplicationRefused(pp::ReplicationRefused {
+                            scope,
+                            reason: pp::RefusalReason::NotOpen,
+                            current_generation: scope_generation,
+                            detail: "its next record is gone from the leader's log".to_owned(),
+                        });
+                        self.net.send(to.as_str(), &msg);
                     }
                 }
                 self.drain_leader(&r);
@@ -1313,28 +1363,30 @@ impl ClusterNode {
                     epochs: from_wire(&f.epochs),
                     end: f.end,
                 };
-                let answer = l.follow(&from_node, &f.storage_id, &theirs);
+                let log_start = info.as_ref().map_or(0, |i| i.start);
+                let answer = l.follow(&from_node, &f.storage_id, &theirs, log_start);
                 tracing::debug!(shard = %r, from, ?answer, "follow request");
                 match answer {
-                    Ok(truncate_to) => {
+                    Ok(answer) => {
+                        let (truncate_to, rebuild) = match answer {
+                            FollowAnswer::TruncateTo(at) => (at, false),
+                            FollowAnswer::Rebuild { from } => {
+                                info!(shard = %r, follower = %from_node, from, "rebuilding a follower's copy from this log");
+                                (from, true)
+                            }
+                        };
                         let answer = PeerMessage::FollowFrom(pp::FollowFrom {
                             scope: f.scope.clone(),
                             truncate_to,
                             leader_end: l.epochs().end,
                             commit: l.commit(),
                             epochs: wire_epochs(&l.epochs().epochs),
+                            rebuild,
                         });
                         self.net.send(from, &answer);
                     }
-                    Err(e) => {
-                        let reason = match e {
-                            felix_cluster::replication::leader::FollowRefused::NotReplica => {
-                                pp::RefusalReason::NotReplica
-                            }
-                            felix_cluster::replication::leader::FollowRefused::UnknownStorage => {
-                                pp::RefusalReason::UnknownStorage
-                            }
-                        };
+                    Err(FollowRefused::NotReplica) => {
+                        let reason = pp::RefusalReason::NotReplica;
                         let msg = refuse(reason, l.generation(), "not counted");
                         self.net.send(from, &msg);
                     }
@@ -1363,17 +1415,26 @@ impl ClusterNode {
                 if ff.scope.generation != f.generation() || *f.leader() != from_node {
                     return;
                 }
-                let cut = f.follow_from(ff.truncate_to, info.end, info.state.commit);
+                let cut = if ff.rebuild {
+                    f.rebuild_from(ff.truncate_to, info.start, info.end, info.state.commit)
+                } else {
+                    f.follow_from(ff.truncate_to, info.end, info.state.commit)
+                };
                 let level = cut.is_none() && matches!(f.state(), FollowState::Fed { .. });
-                tracing::debug!(shard = %r, truncate_to = ff.truncate_to, end = info.end, ?cut, state = ?f.state(), "fed from");
+                tracing::debug!(shard = %r, truncate_to = ff.truncate_to, rebuild = ff.rebuild, end = info.end, ?cut, state = ?f.state(), "fed from");
                 if let FollowState::Halted { agreed, committed } = f.state() {
                     warn!(shard = %r, agreed, committed, "halted: the leader's log disagrees below this copy's commit");
                     return;
                 }
-                // The copy will hold the leader's epochs from the cut on.
+                // The copy will hold the leader's epochs from the cut on (nothing of its own
+                // when it starts again).
                 let own = to_epoch_log(&info.state, info.end);
-                let at = ff.truncate_to.min(info.end);
-                let epochs = splice(&own.epochs, &from_wire(&ff.epochs), at);
+                let (own, at) = if ff.rebuild {
+                    (&[][..], ff.truncate_to)
+                } else {
+                    (&own.epochs[..], ff.truncate_to.min(info.end))
+                };
+                let epochs = splice(own, &from_wire(&ff.epochs), at);
                 if cut.is_some() {
                     slot.epochs_after_cut = Some(epochs);
                 } else {
@@ -1385,7 +1446,15 @@ impl ClusterNode {
                     }
                 }
                 if let Some(to) = cut {
-                    self.replicas.io.push_back(ReplicaIo::Truncate { log, to });
+                    // A cut below what this copy still holds (its own retention went
+                    // further than the leader's) is a restart there too.
+                    self.replicas
+                        .io
+                        .push_back(if ff.rebuild || to < info.start {
+                            ReplicaIo::RestartAt { log, start: to }
+                        } else {
+                            ReplicaIo::Truncate { log, to }
+                        });
                 }
                 if level {
                     // Nothing to cut, and perhaps nothing to ship: say where this copy

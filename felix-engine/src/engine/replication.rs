@@ -68,6 +68,12 @@ impl Engine {
                             cluster.truncation_refused(log);
                         }
                     }
+                    ReplicaIo::RestartAt { log, start } => {
+                        if let Err(e) = broker.restart_log(log, start) {
+                            tracing::debug!(log = log.0, error = %e, "rebuild refused for now");
+                            cluster.truncation_refused(log);
+                        }
+                    }
                     ReplicaIo::Gate { log, committed } => broker.gate(log, committed),
                     ReplicaIo::Ungate { log } => broker.ungate(log),
                     ReplicaIo::Moved { log, to } => broker.shard_moved(log, &to),

@@ -402,6 +402,9 @@ pub struct ShardLog {
     appended: VecDeque<AppendedEntry>,
     /// A `truncate_to` in progress: it has both write lanes until it is done.
     truncation: Option<Box<Truncation>>,
+    /// A `restart_at` in progress: the offset the log starts again at, reported once its
+    /// new segment is on the device.
+    restarting: Option<u64>,
     /// The replica state file: loaded at open, rewritten by `persist_replica_state`.
     replica: crate::replica_state::StateFile,
     segments: Vec<Segment>,
@@ -463,6 +466,7 @@ impl ShardLog {
             scanned_ext: VecDeque::new(),
             appended: VecDeque::new(),
             truncation: None,
+            restarting: None,
             replica: crate::replica_state::StateFile::default(),
             segments: Vec::new(),
             next_offset: 0,

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use std::time::Instant;
 
 use super::{
-    AppendError, Inflight, LogEvent, ReadError, ReadJob, ReadTicket, ShardLog, StorageError,
+    AppendError, Inflight, LogEvent, ReadError, ReadJob, ReadTicket, ShardLog, StorageError, Task,
 };
 use crate::layout;
 use crate::ops::{FileError, FileOpKind, FileOutput};
@@ -25,7 +25,7 @@ use crate::record::{self, EntryMeta, ScannedExt, Step, ENTRY_HEADER_LEN, SEGMENT
 use crate::replica_state::{
     ReplicaState, ReplicaStateError, StateFile, MAX_REPLICA_STATE_BYTES, REPLICA_STATE_FILE,
 };
-use crate::segment::{Stage, INDEX_INTERVAL_BYTES};
+use crate::segment::{Segment, Stage, INDEX_INTERVAL_BYTES};
 
 /// Entries exactly as a segment holds them, for shipping to a follower.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,8 +57,8 @@ pub enum ReplicaEvent {
         ticket: ReadTicket,
         result: Result<FramedBatch, ReadError>,
     },
-    /// A `truncate_to` finished: `Ok(offset)` once the cut is durable (the log's next
-    /// offset is then `offset`, and `Durable` marks start from there again).
+    /// A `truncate_to` (or a `restart_at`) finished: `Ok(offset)` once the cut is durable
+    /// (the log's next offset is then `offset`, and `Durable` marks start from there again).
     Truncated { result: Result<u64, TruncateError> },
     /// This state is now the durable content of the replica state file.
     StateDurable(ReplicaState),
@@ -359,24 +359,7 @@ impl ShardLog {
     /// been without the truncation, or a prefix of it ending at or past `offset`; the
     /// caller (a rejoining follower) then simply truncates again.
     pub fn truncate_to(&mut self, offset: u64) -> Result<(), TruncateError> {
-        if let Some(e) = &self.poison {
-            return Err(TruncateError::Failed(e.clone()));
-        }
-        if !self.is_open() {
-            return Err(TruncateError::NotOpen);
-        }
-        let busy = self.truncation.is_some()
-            || self.compaction.is_some()
-            || !self.reads.is_empty()
-            || self.lane.is_some()
-            || self.sync_lane.is_some()
-            || !self.tasks.is_empty()
-            || self.write_due
-            || !self.pending_is_empty()
-            || self.segments.iter().any(|s| s.stage != Stage::Ready);
-        if busy {
-            return Err(TruncateError::Busy);
-        }
+        self.check_cuttable()?;
         let (start, next) = (self.start_offset(), self.next_offset);
         if offset < start || offset > next {
             return Err(TruncateError::OutOfRange {
@@ -435,6 +418,81 @@ impl ShardLog {
         }));
         self.drive();
         Ok(())
+    }
+
+    /// Whether the log may be cut now: open, healthy, and nothing else in flight.
+    fn check_cuttable(&self) -> Result<(), TruncateError> {
+        if let Some(e) = &self.poison {
+            return Err(TruncateError::Failed(e.clone()));
+        }
+        if !self.is_open() {
+            return Err(TruncateError::NotOpen);
+        }
+        let busy = self.truncation.is_some()
+            || self.restarting.is_some()
+            || self.compaction.is_some()
+            || !self.reads.is_empty()
+            || self.lane.is_some()
+            || self.sync_lane.is_some()
+            || !self.tasks.is_empty()
+            || self.write_due
+            || !self.pending_is_empty()
+            || self.segments.iter().any(|s| s.stage != Stage::Ready);
+        if busy {
+            return Err(TruncateError::Busy);
+        }
+        Ok(())
+    }
+
+    /// Drops every record and starts the log again, empty, at `start`, which may lie past
+    /// its end: a follower rebuilt from its leader's first retained offset. Nothing else may
+    /// be in flight, as for [`ShardLog::truncate_to`]. [`ReplicaEvent::Truncated`] with
+    /// `Ok(start)` says when it is done; appends and cuts wait until then.
+    ///
+    /// Order: every segment is removed, newest first, each unlink synced into the directory
+    /// before the next, then the new empty segment at `start` is created and synced as any
+    /// new segment is. A crash leaves a prefix of the old log, or no segment at all (which
+    /// opens as an empty log at 0); either way the follower asks its leader again.
+    pub fn restart_at(&mut self, start: u64) -> Result<(), TruncateError> {
+        self.check_cuttable()?;
+        if self.segments.iter().any(|s| s.compacted_end.is_some()) {
+            return Err(TruncateError::Compacted);
+        }
+        let old: Vec<Segment> = std::mem::take(&mut self.segments);
+        for seg in old.into_iter().rev() {
+            self.tasks.push_back(Task::Remove(seg.path));
+            self.tasks.push_back(Task::SyncDir);
+        }
+        self.segments.push(Segment::new_unborn(&self.dir, start));
+        self.tail.clear();
+        self.tail_bytes = 0;
+        self.next_offset = start;
+        self.written_offset = start;
+        self.synced_offset = start;
+        self.reported_durable = start;
+        self.dirty_since = None;
+        self.periodic_due = false;
+        self.sync_requested = false;
+        self.restarting = Some(start);
+        self.drive();
+        Ok(())
+    }
+
+    /// A `restart_at` is done once the old segments are gone and the new one is ready.
+    pub(super) fn restart_progress(&mut self) {
+        let Some(start) = self.restarting else {
+            return;
+        };
+        let ready = self.tasks.is_empty()
+            && self.lane.is_none()
+            && self.segments.iter().all(|s| s.stage == Stage::Ready);
+        if ready {
+            self.restarting = None;
+            self.events
+                .push_back(LogEvent::Replica(ReplicaEvent::Truncated {
+                    result: Ok(start),
+                }));
+        }
     }
 
     pub(super) fn drive_truncation(&mut self) {

@@ -681,3 +681,82 @@ fn states_asked_for_while_one_is_written_coalesce_to_the_newest() {
     assert_eq!(rig.states, vec![state(1, 1, &[]), state(1, 3, &[])]);
     assert_eq!(rig.log.replica_state(), &state(1, 3, &[]));
 }
+
+#[test]
+fn a_log_restarted_past_its_end_holds_only_what_follows_even_across_a_crash() {
+    for start in [0, 23, 500] {
+        let mut rig = truncatable();
+        let segs = rig.log.segment_count();
+        assert!(segs >= 4, "{segs}");
+        rig.append(&[b"pending"]);
+        assert_eq!(rig.log.restart_at(start), Err(TruncateError::Busy));
+        rig.pump();
+        rig.log.restart_at(start).unwrap();
+        assert_eq!(rig.log.truncate_to(start), Err(TruncateError::Busy));
+        rig.pump();
+        assert_eq!(rig.truncated, vec![Ok(start)], "start {start}");
+        assert_eq!(
+            (rig.log.start_offset(), rig.log.next_offset()),
+            (start, start)
+        );
+        assert_eq!(rig.log.segment_count(), 1);
+        assert_eq!(segment_files(&rig).len(), 1, "the old segments are gone");
+        // The rig counts offsets by what it appended.
+        rig.appended = vec![Bytes::new(); start as usize];
+        rig.append(&[b"after-0", b"after-1"]);
+        rig.pump();
+        let mut rig = rig.reopen(Crash::Power);
+        assert_eq!(rig.opened.map(|o| o.1), Some(start + 2), "start {start}");
+        assert_eq!(rig.log.start_offset(), start);
+        let got: Vec<(u64, Vec<u8>)> = rig
+            .read_all()
+            .into_iter()
+            .map(|(o, p)| (o, p.to_vec()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (start, b"after-0".to_vec()),
+                (start + 1, b"after-1".to_vec())
+            ]
+        );
+    }
+}
+
+#[test]
+fn a_crash_at_every_step_of_a_restart_leaves_a_prefix_or_an_empty_log() {
+    let start = 500;
+    let mut rig = truncatable();
+    let old = rig.read_all();
+    let base = rig.fs.writes;
+    rig.log.restart_at(start).unwrap();
+    rig.pump();
+    let steps = rig.fs.writes - base;
+    for k in 0..=steps {
+        for crash in [
+            Crash::Process,
+            Crash::Power,
+            Crash::PowerReordered(k as u64 + 1),
+        ] {
+            let what = format!("step {k} {crash:?}");
+            let mut rig = truncatable();
+            rig.fs.crash_at_step(base + k, None);
+            rig.log.restart_at(start).unwrap();
+            rig.pump();
+            let mut rig = rig.reopen(crash);
+            assert!(rig.failed.is_none(), "{what}: {:?}", rig.failed);
+            let (_, next, _) = rig.opened.unwrap();
+            let got = rig.read_all();
+            if next == start {
+                assert!(got.is_empty(), "{what}");
+            } else {
+                assert_eq!(got[..], old[..next as usize], "{what}");
+            }
+            // The follower asks again and is told to start over: the restart runs again.
+            rig.log.restart_at(start).unwrap();
+            rig.pump();
+            assert_eq!(rig.truncated, vec![Ok(start)], "{what}");
+            assert_eq!(rig.log.next_offset(), start, "{what}");
+        }
+    }
+}

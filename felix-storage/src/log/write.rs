@@ -375,6 +375,7 @@ impl ShardLog {
             }
             WriteJob::Task(_) => {}
         }
+        self.restart_progress();
         // Parked reads may now see more; a finished segment sync may let retention go on.
         self.report_durable();
     }

@@ -1,0 +1,314 @@
+//! A follower whose copy cannot be fed from its own log end is rebuilt from its leader's
+//! retained log: one whose disk was wiped (a new storage identity), and one whose log ends
+//! below the first offset the leader still keeps. Once level it counts again: with the
+//! other follower stopped, quorum writes still commit; and once the metadata records the
+//! new disk, the next leader's fence counts it. Three durable nodes on
+//! felix-testkit's `ClusterNet` and its virtual clock; one stream of three shards with three
+//! copies at quorum consistency.
+
+use std::time::Duration;
+
+use felix_cluster::meta::{Metadata, ObjectKey, ObjectKind, ShardRef};
+use felix_cluster::NodeId;
+use felix_engine::{Consistency, DeclaredStream, DurableConfig, EngineConfig, FsyncPolicy};
+use felix_proto::binary::{AckResult, PublishAck};
+use felix_storage::memfs::MemFs;
+use felix_storage::record::{self, Step, SEGMENT_HEADER_LEN};
+use felix_testkit::*;
+
+const SHARDS: u32 = 3;
+
+fn spec() -> ClusterSpec {
+    let mut s = ClusterSpec::default();
+    let mut d = DeclaredStream::new("t1", "default", "orders", SHARDS);
+    d.replication_factor = 3;
+    d.consistency = Consistency::Quorum;
+    s.streams.push(d);
+    s
+}
+
+fn durable(_: usize, cfg: &mut EngineConfig) {
+    let mut d = DurableConfig::default();
+    d.fsync = FsyncPolicy::OnCommit;
+    cfg.durable = Some(d);
+}
+
+/// Small segments and a small size bound, checked often: a leader's log start moves up
+/// while a follower is away.
+fn durable_trimmed(_: usize, cfg: &mut EngineConfig) {
+    let mut d = DurableConfig::default();
+    d.fsync = FsyncPolicy::OnCommit;
+    d.segment_max_bytes = 2048;
+    d.retention_bytes = Some(4096);
+    d.retention_check_interval = Duration::from_millis(100);
+    cfg.durable = Some(d);
+}
+
+/// The shard's leader, replicas and generation as node `at` knows them.
+fn shard_of(c: &ClusterNet, at: usize, shard: u32) -> (Option<usize>, u64) {
+    let view = c.nodes[at].engine.cluster_view().expect("a cluster node");
+    let s = view
+        .shard_leaders()
+        .into_iter()
+        .find(|s| s.object == "stream:t1/default/orders" && s.shard == shard)
+        .expect("the shard is placed");
+    (s.leader.map(|l| c.index(&l)), s.generation)
+}
+
+/// One entry of a shard's log on a node's disk: its first offset and its bytes.
+type Entry = (u64, Vec<u8>);
+
+/// The entries of `shard`'s log on `disk`, in offset order, read with the storage's own
+/// entry scanner (the same bytes the leader shipped).
+fn log_on(disk: &MemFs, shard: u32) -> Vec<Entry> {
+    let dir = felix_storage::layout::stream_shard_dir("t1", "default", "orders", shard);
+    let mut out = Vec::new();
+    for name in disk.list(&dir).into_iter().filter(|n| n.ends_with(".seg")) {
+        let Some(bytes) = disk.file(&format!("{dir}/{name}")) else {
+            continue;
+        };
+        let mut at = SEGMENT_HEADER_LEN as usize;
+        while at < bytes.len() {
+            let Step::Entry(meta) = record::step(&bytes[at..]) else {
+                break;
+            };
+            let len = meta.len as usize;
+            out.push((meta.base, bytes[at..at + len].to_vec()));
+            at += len;
+        }
+    }
+    out.sort_by_key(|e| e.0);
+    out
+}
+
+/// Publishes one record of `size` bytes on `shard` through node `at` and waits (virtual
+/// time, bounded) for its ack: the offset it was written at.
+fn publish(c: &mut ClusterNet, at: usize, shard: u32, request_id: u64, size: usize) -> u64 {
+    let p = c.connect(at);
+    let (id, _) = c.auth_stream(at, p);
+    let key = key_for_shard(SHARDS, shard);
+    let payload = vec![b'a' + (request_id % 26) as u8; size];
+    let frame = binary_publish(Some(request_id), Some(&key), "orders", &[&payload]);
+    let mut answer = c.exchange(at, p, id, &frame);
+    let start = c.now;
+    while answer.is_empty() {
+        assert!(
+            c.now - start < Duration::from_secs(20),
+            "publish {request_id} never answered"
+        );
+        c.advance(Duration::from_millis(10));
+        answer = c.nodes[at].read_frames(p, id);
+    }
+    let a = PublishAck::decode(answer[0].flags, &answer[0].payload).expect("a binary ack");
+    match a.result {
+        AckResult::Ok { offset, .. } => offset.expect("an offset"),
+        other => panic!("publish {request_id} refused: {other:?}"),
+    }
+}
+
+/// The control plane's leader, a shard it leads, and that shard's two followers: stopping
+/// a follower then leaves the control plane a majority of its own.
+fn layout(c: &mut ClusterNet) -> (u32, usize, usize, usize) {
+    let control = {
+        let view = c.nodes[0].engine.cluster_view().expect("a cluster node");
+        c.index(view.raft_leader().expect("an elected control plane"))
+    };
+    let shard = (0..SHARDS)
+        .find(|&s| shard_of(c, control, s).0 == Some(control))
+        .expect("leaders are balanced: the control plane's node leads a shard");
+    c.until(Duration::from_secs(10), |c| c.writable(control, shard));
+    let mut others = (0..c.nodes.len()).filter(|&i| i != control);
+    let (rebuilt, other) = (others.next().unwrap(), others.next().unwrap());
+    (shard, control, rebuilt, other)
+}
+
+/// The disk the metadata, as node `at` has it, records for `node`'s copy of `shard`, and
+/// whether that is the disk `node` has now: fences and promotions count the copy only then.
+fn recorded_disk(c: &ClusterNet, at: usize, node: usize, shard: u32) -> (String, bool) {
+    let view = c.nodes[at].engine.cluster_view().expect("a cluster node");
+    let meta = Metadata::restore(&view.metadata_bytes()).expect("a metadata snapshot");
+    let r = ShardRef {
+        kind: ObjectKind::Stream,
+        key: ObjectKey::new("t1", "default", "orders"),
+        shard,
+    };
+    let node = NodeId::new(&c.ids[node]);
+    let m = meta.shard(&r).expect("the shard is placed");
+    let disk = m.storage_of(&node).unwrap_or("").to_owned();
+    (disk, m.holds_copy(&node, &meta.members))
+}
+
+/// Whether the metadata at `at` records `node`'s copy on a disk other than `old`, and that
+/// disk is the node's now.
+fn recorded_anew(c: &ClusterNet, at: usize, node: usize, shard: u32, old: &str) -> bool {
+    let (disk, holds) = recorded_disk(c, at, node, shard);
+    holds && disk != old
+}
+
+/// Whether `follower` holds, entry for entry, the leader's log from the leader's start
+/// (each node's retention trims its own copy's head on its own schedule).
+fn level(c: &ClusterNet, leader: usize, follower: usize, shard: u32) -> bool {
+    let theirs = log_on(&c.nodes[leader].disk, shard);
+    let Some(start) = theirs.first().map(|e| e.0) else {
+        return false;
+    };
+    let mut ours = log_on(&c.nodes[follower].disk, shard);
+    ours.retain(|e| e.0 >= start);
+    ours == theirs
+}
+
+#[test]
+fn a_wiped_follower_is_rebuilt_from_its_leader_and_counts_for_the_quorum_once_level() {
+    let spec = spec();
+    let mut c = ClusterNet::started(&spec, durable);
+    let (shard, leader, wiped, other) = layout(&mut c);
+    for i in 0..5 {
+        assert_eq!(publish(&mut c, leader, shard, i, 100), i);
+    }
+    let (old_disk, recorded) = recorded_disk(&c, leader, wiped, shard);
+    assert!(recorded);
+    c.restart_wiped(wiped, &spec, durable);
+    for i in 5..10 {
+        assert_eq!(publish(&mut c, leader, shard, i, 100), i);
+    }
+    c.until(Duration::from_secs(20), |c| level(c, leader, wiped, shard));
+    assert_eq!(log_on(&c.nodes[wiped].disk, shard).len(), 10);
+    // Level, it is recorded on its new disk, for the fences of later generations.
+    c.until(Duration::from_secs(10), |c| {
+        recorded_anew(c, leader, wiped, shard, &old_disk)
+    });
+
+    // The rebuilt copy and the leader are a majority on their own.
+    c.freeze(other);
+    for i in 10..13 {
+        assert_eq!(publish(&mut c, leader, shard, i, 100), i);
+    }
+    assert!(level(&c, leader, wiped, shard));
+}
+
+#[test]
+fn a_rebuilt_copy_once_recorded_counts_in_the_next_leaders_fence() {
+    let spec = spec();
+    let mut c = ClusterNet::started(&spec, durable);
+    let (shard, leader, wiped, other) = layout(&mut c);
+    for i in 0..5 {
+        assert_eq!(publish(&mut c, leader, shard, i, 100), i);
+    }
+    let (old_disk, _) = recorded_disk(&c, other, wiped, shard);
+    c.restart_wiped(wiped, &spec, durable);
+    for i in 5..8 {
+        assert_eq!(publish(&mut c, leader, shard, i, 100), i);
+    }
+    c.until(Duration::from_secs(20), |c| {
+        level(c, leader, wiped, shard) && recorded_anew(c, other, wiped, shard, &old_disk)
+    });
+    let (_, generation) = shard_of(&c, other, shard);
+    // The leader stops. The next one, whichever survivor it is, opens only once a majority
+    // of the set has taken its fence from the disks the metadata names: itself and the
+    // other survivor, which counts only because its new disk was recorded.
+    c.freeze(leader);
+    let next_leader = |c: &ClusterNet| {
+        let (l, g) = shard_of(c, other, shard);
+        l.filter(|&l| g > generation && l != leader && c.writable(l, shard))
+    };
+    c.until(Duration::from_secs(30), |c| next_leader(c).is_some());
+    let next = next_leader(&c).unwrap();
+    assert_eq!(publish(&mut c, next, shard, 8, 100), 8);
+    // Nothing acknowledged was lost on the way.
+    let survivor = if next == wiped { other } else { wiped };
+    c.until(Duration::from_secs(10), |c| level(c, next, survivor, shard));
+    assert_eq!(log_on(&c.nodes[next].disk, shard).len(), 9);
+}
+
+#[test]
+fn a_leader_back_on_an_empty_disk_never_opens_the_shard_it_was_named_for() {
+    let spec = spec();
+    let mut c = ClusterNet::started(&spec, durable);
+    let control = {
+        let view = c.nodes[0].engine.cluster_view().expect("a cluster node");
+        c.index(view.raft_leader().expect("an elected control plane"))
+    };
+    // A shard led off the control plane's node; the control plane's node is a follower.
+    let shard = (0..SHARDS)
+        .find(|&s| shard_of(&c, control, s).0.is_some_and(|l| l != control))
+        .expect("leaders are balanced");
+    let (leader, generation) = shard_of(&c, control, shard);
+    let leader = leader.unwrap();
+    let third = (0..3).find(|&i| i != leader && i != control).unwrap();
+    c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
+    let cut_both = |c: &mut ClusterNet, a: usize, b: usize, on: bool| {
+        for pair in [(a, b), (b, a)] {
+            if on {
+                c.cut.insert(pair);
+            } else {
+                c.cut.remove(&pair);
+            }
+        }
+    };
+    // The control plane's node falls behind on this shard: the leader and the third node
+    // commit alone.
+    cut_both(&mut c, leader, control, true);
+    for i in 0..5 {
+        assert_eq!(publish(&mut c, leader, shard, i, 100), i);
+    }
+    // The leader comes back at once on an empty disk, reaching only the follower that is
+    // behind. Named leader still, it must not fence with that one and open its short log.
+    cut_both(&mut c, leader, control, false);
+    cut_both(&mut c, leader, third, true);
+    c.restart_wiped(leader, &spec, durable);
+    let moved = |c: &ClusterNet| {
+        let (l, g) = shard_of(c, control, shard);
+        l.filter(|&l| g > generation && l != leader && c.writable(l, shard))
+    };
+    c.until(Duration::from_secs(30), |c| {
+        assert!(
+            !c.writable(leader, shard),
+            "the wiped node opened the shard it holds nothing of"
+        );
+        moved(c).is_some()
+    });
+    let next = moved(&c).unwrap();
+    assert_eq!(
+        publish(&mut c, next, shard, 5, 100),
+        5,
+        "every acknowledged record is still there"
+    );
+}
+
+#[test]
+fn a_follower_behind_its_leaders_log_start_is_rebuilt_from_that_start() {
+    let spec = spec();
+    let mut c = ClusterNet::started(&spec, durable_trimmed);
+    let (shard, leader, behind, other) = layout(&mut c);
+    for i in 0..3 {
+        assert_eq!(publish(&mut c, leader, shard, i, 500), i);
+    }
+    c.until(Duration::from_secs(10), |c| level(c, leader, behind, shard));
+    // Cut off while the leader writes and retention drops the leader's oldest segments
+    // (what was shipped is lost with the links), then restarted on its own disk.
+    let n = c.nodes.len();
+    for i in (0..n).filter(|&i| i != behind) {
+        c.cut.insert((i, behind));
+        c.cut.insert((behind, i));
+    }
+    for i in 3..30 {
+        assert_eq!(publish(&mut c, leader, shard, i, 500), i);
+    }
+    let behind_end = log_on(&c.nodes[behind].disk, shard)
+        .last()
+        .map_or(0, |e| e.0 + 1);
+    c.until(Duration::from_secs(10), |c| {
+        log_on(&c.nodes[leader].disk, shard)
+            .first()
+            .is_some_and(|e| e.0 > behind_end)
+    });
+    c.restart(behind, &spec, durable_trimmed);
+    c.cut.clear();
+    c.until(Duration::from_secs(20), |c| level(c, leader, behind, shard));
+
+    c.freeze(other);
+    for i in 30..33 {
+        assert_eq!(publish(&mut c, leader, shard, i, 500), i);
+    }
+    assert!(level(&c, leader, behind, shard));
+}
