@@ -5,17 +5,8 @@
 
 use std::time::Duration;
 
-use felix_engine::{Consistency, DeclaredStream, DurableConfig, EngineConfig};
+use felix_engine::{DurableConfig, EngineConfig};
 use felix_testkit::*;
-
-fn spec() -> ClusterSpec {
-    let mut s = ClusterSpec::default();
-    let mut d = DeclaredStream::new("t1", "default", "orders", 1);
-    d.replication_factor = 3;
-    d.consistency = Consistency::Quorum;
-    s.streams.push(d);
-    s
-}
 
 fn leader(c: &ClusterNet) -> usize {
     let view = c.nodes[0].engine.cluster_view().expect("a cluster node");
@@ -29,7 +20,7 @@ fn leader(c: &ClusterNet) -> usize {
 }
 
 fn ship_a_large_batch(upper: Option<u16>) -> ClusterNet {
-    let mut c = ClusterNet::started(&spec(), |_, cfg: &mut EngineConfig| {
+    let mut c = ClusterNet::started(&ClusterSpec::quorum_orders(1), |_, cfg: &mut EngineConfig| {
         cfg.durable = Some(DurableConfig::default());
         if let Some(u) = upper {
             cfg.mtu_upper_bound = u;

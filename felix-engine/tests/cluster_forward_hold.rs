@@ -7,21 +7,12 @@
 
 use std::time::Duration;
 
-use felix_engine::{Consistency, DeclaredStream, DurableConfig, EngineConfig};
+use felix_engine::{DurableConfig, EngineConfig};
 use felix_proto::binary::{AckResult, PublishAck};
 use felix_proto::ErrorCode;
 use felix_testkit::*;
 
 const SHARDS: u32 = 3;
-
-fn spec() -> ClusterSpec {
-    let mut s = ClusterSpec::default();
-    let mut d = DeclaredStream::new("t1", "default", "orders", SHARDS);
-    d.replication_factor = 3;
-    d.consistency = Consistency::Quorum;
-    s.streams.push(d);
-    s
-}
 
 fn leader_of(c: &ClusterNet, at: usize, shard: u32) -> Option<usize> {
     let view = c.nodes[at].engine.cluster_view().expect("a cluster node");
@@ -34,9 +25,12 @@ fn leader_of(c: &ClusterNet, at: usize, shard: u32) -> Option<usize> {
 
 #[test]
 fn a_forward_held_by_a_leader_whose_lease_lapsed_is_refused_retryably_before_the_forward_timeout() {
-    let mut c = ClusterNet::started(&spec(), |_, cfg: &mut EngineConfig| {
-        cfg.durable = Some(DurableConfig::default());
-    });
+    let mut c = ClusterNet::started(
+        &ClusterSpec::quorum_orders(SHARDS),
+        |_, cfg: &mut EngineConfig| {
+            cfg.durable = Some(DurableConfig::default());
+        },
+    );
     let control = {
         let view = c.nodes[0].engine.cluster_view().expect("a cluster node");
         c.index(view.raft_leader().expect("an elected control plane"))

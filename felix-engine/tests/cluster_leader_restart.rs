@@ -8,20 +8,10 @@
 
 use std::time::Duration;
 
-use felix_engine::{Consistency, DeclaredStream, DurableConfig, EngineConfig};
-use felix_proto::binary::{AckResult, PublishAck};
+use felix_engine::{DurableConfig, EngineConfig};
 use felix_testkit::*;
 
 const SHARDS: u32 = 3;
-
-fn spec() -> ClusterSpec {
-    let mut s = ClusterSpec::default();
-    let mut d = DeclaredStream::new("t1", "default", "orders", SHARDS);
-    d.replication_factor = 3;
-    d.consistency = Consistency::Quorum;
-    s.streams.push(d);
-    s
-}
 
 fn durable(_: usize, cfg: &mut EngineConfig) {
     cfg.durable = Some(DurableConfig::default());
@@ -38,33 +28,9 @@ fn leader_of(c: &ClusterNet, at: usize, shard: u32) -> (Option<usize>, u64) {
     (s.leader.map(|l| c.index(&l)), s.generation)
 }
 
-/// Publishes one record on `shard` through node `at` and waits (virtual time, bounded) for
-/// its ack: the offset it was written at.
-fn publish(c: &mut ClusterNet, at: usize, shard: u32, request_id: u64) -> u64 {
-    let p = c.connect(at);
-    let (id, _) = c.auth_stream(at, p);
-    let key = key_for_shard(SHARDS, shard);
-    let frame = binary_publish(Some(request_id), Some(&key), "orders", &[b"r"]);
-    let mut answer = c.exchange(at, p, id, &frame);
-    let start = c.now;
-    while answer.is_empty() {
-        assert!(
-            c.now - start < Duration::from_secs(20),
-            "publish {request_id} never answered"
-        );
-        c.advance(Duration::from_millis(10));
-        answer = c.nodes[at].read_frames(p, id);
-    }
-    let a = PublishAck::decode(answer[0].flags, &answer[0].payload).expect("a binary ack");
-    match a.result {
-        AckResult::Ok { offset, .. } => offset.expect("an offset"),
-        other => panic!("publish {request_id} refused: {other:?}"),
-    }
-}
-
 #[test]
 fn a_leader_restarted_within_its_lease_feeds_its_followers_again() {
-    let spec = spec();
+    let spec = ClusterSpec::quorum_orders(SHARDS);
     let mut c = ClusterNet::started(&spec, durable);
     let control = {
         let view = c.nodes[0].engine.cluster_view().expect("a cluster node");
@@ -78,7 +44,7 @@ fn a_leader_restarted_within_its_lease_feeds_its_followers_again() {
     let (leader, generation) = leader_of(&c, control, shard);
     let leader = leader.unwrap();
     c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
-    assert_eq!(publish(&mut c, leader, shard, 1), 0);
+    assert_eq!(c.publish_acked(leader, (SHARDS, shard), 1, b"r"), 0);
 
     c.restart(leader, &spec, durable);
     c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
@@ -88,7 +54,7 @@ fn a_leader_restarted_within_its_lease_feeds_its_followers_again() {
         "the restarted node leads again at the same generation"
     );
     assert_eq!(
-        publish(&mut c, leader, shard, 2),
+        c.publish_acked(leader, (SHARDS, shard), 2, b"r"),
         1,
         "a write after the restart reaches a quorum"
     );

@@ -10,22 +10,12 @@ use std::time::Duration;
 
 use felix_cluster::meta::{Metadata, ObjectKey, ObjectKind, ShardRef};
 use felix_cluster::NodeId;
-use felix_engine::{Consistency, DeclaredStream, DurableConfig, EngineConfig, FsyncPolicy};
-use felix_proto::binary::{AckResult, PublishAck};
+use felix_engine::{DurableConfig, EngineConfig, FsyncPolicy};
 use felix_storage::memfs::MemFs;
 use felix_storage::record::{self, Step, SEGMENT_HEADER_LEN};
 use felix_testkit::*;
 
 const SHARDS: u32 = 3;
-
-fn spec() -> ClusterSpec {
-    let mut s = ClusterSpec::default();
-    let mut d = DeclaredStream::new("t1", "default", "orders", SHARDS);
-    d.replication_factor = 3;
-    d.consistency = Consistency::Quorum;
-    s.streams.push(d);
-    s
-}
 
 fn durable(_: usize, cfg: &mut EngineConfig) {
     let mut d = DurableConfig::default();
@@ -81,31 +71,6 @@ fn log_on(disk: &MemFs, shard: u32) -> Vec<Entry> {
     out
 }
 
-/// Publishes one record of `size` bytes on `shard` through node `at` and waits (virtual
-/// time, bounded) for its ack: the offset it was written at.
-fn publish(c: &mut ClusterNet, at: usize, shard: u32, request_id: u64, size: usize) -> u64 {
-    let p = c.connect(at);
-    let (id, _) = c.auth_stream(at, p);
-    let key = key_for_shard(SHARDS, shard);
-    let payload = vec![b'a' + (request_id % 26) as u8; size];
-    let frame = binary_publish(Some(request_id), Some(&key), "orders", &[&payload]);
-    let mut answer = c.exchange(at, p, id, &frame);
-    let start = c.now;
-    while answer.is_empty() {
-        assert!(
-            c.now - start < Duration::from_secs(20),
-            "publish {request_id} never answered"
-        );
-        c.advance(Duration::from_millis(10));
-        answer = c.nodes[at].read_frames(p, id);
-    }
-    let a = PublishAck::decode(answer[0].flags, &answer[0].payload).expect("a binary ack");
-    match a.result {
-        AckResult::Ok { offset, .. } => offset.expect("an offset"),
-        other => panic!("publish {request_id} refused: {other:?}"),
-    }
-}
-
 /// The control plane's leader, a shard it leads, and that shard's two followers: stopping
 /// a follower then leaves the control plane a majority of its own.
 fn layout(c: &mut ClusterNet) -> (u32, usize, usize, usize) {
@@ -157,9 +122,16 @@ fn level(c: &ClusterNet, leader: usize, follower: usize, shard: u32) -> bool {
     ours == theirs
 }
 
+/// Publishes `size` bytes (a letter chosen by `request_id`) to `shard` through node `at`
+/// and waits for its ack: the offset it was written at.
+fn publish(c: &mut ClusterNet, at: usize, shard: u32, request_id: u64, size: usize) -> u64 {
+    let payload = vec![b'a' + (request_id % 26) as u8; size];
+    c.publish_acked(at, (SHARDS, shard), request_id, &payload)
+}
+
 #[test]
 fn a_wiped_follower_is_rebuilt_from_its_leader_and_counts_for_the_quorum_once_level() {
-    let spec = spec();
+    let spec = ClusterSpec::quorum_orders(SHARDS);
     let mut c = ClusterNet::started(&spec, durable);
     let (shard, leader, wiped, other) = layout(&mut c);
     for i in 0..5 {
@@ -188,7 +160,7 @@ fn a_wiped_follower_is_rebuilt_from_its_leader_and_counts_for_the_quorum_once_le
 
 #[test]
 fn a_rebuilt_copy_once_recorded_counts_in_the_next_leaders_fence() {
-    let spec = spec();
+    let spec = ClusterSpec::quorum_orders(SHARDS);
     let mut c = ClusterNet::started(&spec, durable);
     let (shard, leader, wiped, other) = layout(&mut c);
     for i in 0..5 {
@@ -222,7 +194,7 @@ fn a_rebuilt_copy_once_recorded_counts_in_the_next_leaders_fence() {
 
 #[test]
 fn a_leader_back_on_an_empty_disk_never_opens_the_shard_it_was_named_for() {
-    let spec = spec();
+    let spec = ClusterSpec::quorum_orders(SHARDS);
     let mut c = ClusterNet::started(&spec, durable);
     let control = {
         let view = c.nodes[0].engine.cluster_view().expect("a cluster node");
@@ -277,7 +249,7 @@ fn a_leader_back_on_an_empty_disk_never_opens_the_shard_it_was_named_for() {
 
 #[test]
 fn a_follower_behind_its_leaders_log_start_is_rebuilt_from_that_start() {
-    let spec = spec();
+    let spec = ClusterSpec::quorum_orders(SHARDS);
     let mut c = ClusterNet::started(&spec, durable_trimmed);
     let (shard, leader, behind, other) = layout(&mut c);
     for i in 0..3 {

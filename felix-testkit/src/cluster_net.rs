@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use felix_engine::{
-    ClusterConfig, Datagram, DeclaredCache, DeclaredStream, EngineConfig, PeerAddr,
+    ClusterConfig, Consistency, Datagram, DeclaredCache, DeclaredStream, EngineConfig, PeerAddr,
 };
+use felix_proto::binary::{AckResult, PublishAck};
 
 use felix_proto::Frame;
 use quinn_proto::StreamId;
@@ -31,6 +32,19 @@ pub struct ClusterSpec {
     pub streams: Vec<DeclaredStream>,
     /// Caches declared on every node.
     pub caches: Vec<DeclaredCache>,
+}
+
+impl ClusterSpec {
+    /// The default three nodes and one stream, `t1/default/orders`, of `shards` shards with
+    /// three copies each at quorum consistency.
+    pub fn quorum_orders(shards: u32) -> ClusterSpec {
+        let mut s = ClusterSpec::default();
+        let mut d = DeclaredStream::new("t1", "default", "orders", shards);
+        d.replication_factor = 3;
+        d.consistency = Consistency::Quorum;
+        s.streams.push(d);
+        s
+    }
 }
 
 impl Default for ClusterSpec {
@@ -366,6 +380,37 @@ impl ClusterNet {
         view.replicas()
             .iter()
             .any(|r| r.shard == shard && r.writable_until.is_some_and(|until| self.now < until))
+    }
+
+    /// Publishes `payload` to `shard` of `t1/default/orders` (`shards` shards) through node
+    /// `at` on a new connection, and waits (virtual time, at most 20 s) for its ack: the
+    /// offset it was written at. Panics on a refusal.
+    pub fn publish_acked(
+        &mut self,
+        at: usize,
+        (shards, shard): (u32, u32),
+        request_id: u64,
+        payload: &[u8],
+    ) -> u64 {
+        let p = self.connect(at);
+        let (id, _) = self.auth_stream(at, p);
+        let key = key_for_shard(shards, shard);
+        let frame = crate::binary_publish(Some(request_id), Some(&key), "orders", &[payload]);
+        let mut answer = self.exchange(at, p, id, &frame);
+        let start = self.now;
+        while answer.is_empty() {
+            assert!(
+                self.now - start < Duration::from_secs(20),
+                "publish {request_id} never answered"
+            );
+            self.advance(Duration::from_millis(10));
+            answer = self.nodes[at].read_frames(p, id);
+        }
+        let a = PublishAck::decode(answer[0].flags, &answer[0].payload).expect("a binary ack");
+        match a.result {
+            AckResult::Ok { offset, .. } => offset.expect("an offset"),
+            other => panic!("publish {request_id} refused: {other:?}"),
+        }
     }
 
     /// Runs until `done` holds, letting time pass in 1 ms steps, for at most `limit`.
