@@ -20,13 +20,16 @@ fn leader(c: &ClusterNet) -> usize {
 }
 
 fn ship_a_large_batch(upper: Option<u16>) -> ClusterNet {
-    let mut c = ClusterNet::started(&ClusterSpec::quorum_orders(1), |_, cfg: &mut EngineConfig| {
-        cfg.durable = Some(DurableConfig::default());
-        if let Some(u) = upper {
-            cfg.mtu_upper_bound = u;
-            cfg.initial_mtu = cfg.initial_mtu.min(u);
-        }
-    });
+    let mut c = ClusterNet::started(
+        &ClusterSpec::quorum_orders(1),
+        |_, cfg: &mut EngineConfig| {
+            cfg.durable = Some(DurableConfig::default());
+            if let Some(u) = upper {
+                cfg.mtu_upper_bound = u;
+                cfg.initial_mtu = cfg.initial_mtu.min(u);
+            }
+        },
+    );
     // MTU probes run on their own timer once the links are up.
     c.advance(Duration::from_secs(5));
     let l = leader(&c);
