@@ -12,7 +12,8 @@
 //!   ready and the leader's lag is zero; `--iterations` times.
 //! - `catch-up`: stops (SIGSTOP, or SIGKILL with `--fault kill`) one follower, publishes
 //!   `--bytes` to the quorum shard (the leader and the other follower are a majority), resumes
-//!   it, and times until the leader reports its lag zero.
+//!   it, and times until the leader reports its lag zero. `--fault wipe` kills it and empties
+//!   its data directory before the restart: it comes back on a new disk and is rebuilt.
 //!
 //! Every loop is bounded in count and in time. Exit 0 when the benchmark ran, 1 when the
 //! cluster did not do what it measures in time (failover, catch-up: logs kept and printed),
@@ -39,7 +40,7 @@ common:   --broker-bin PATH (default target/release/felix-broker)
 compare:  --rounds N (3)  --secs S per throughput phase (3)  --samples N per latency phase (1000)
           --batch N (64)  --connections N (1)  --inflight N per connection (4)
 failover: --iterations N (20, at most 100)  --stream quorum|leader (quorum)  --max-secs S (1200)
-catch-up: --bytes N[K|M|G] (1G)  --fault stop|kill (stop)  --batch N (64)  --connections N (1)
+catch-up: --bytes N[K|M|G] (1G)  --fault stop|kill|wipe (stop)  --batch N (64)  --connections N (1)
           --inflight N (4)  --max-secs S (900)";
 
 /// How long one failover may take before it counts as never completed.
@@ -77,7 +78,18 @@ struct Args {
     stream: &'static str,
     max_secs: u64,
     bytes: u64,
-    kill: bool,
+    fault: Fault,
+}
+
+/// What `catch-up` does to the follower.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// SIGSTOP, then SIGCONT.
+    Stop,
+    /// SIGKILL, then a restart on its disk.
+    Kill,
+    /// SIGKILL, its data directory emptied, then a restart: rebuilt from the leader.
+    Wipe,
 }
 
 fn parse_size(v: &str) -> Result<u64, String> {
@@ -129,7 +141,7 @@ fn parse_args() -> Result<Args, String> {
         stream: "quorum",
         max_secs: 0,
         bytes: 1 << 30,
-        kill: false,
+        fault: Fault::Stop,
     };
     let mut max_secs = None;
     while let Some(flag) = it.next() {
@@ -164,10 +176,11 @@ fn parse_args() -> Result<Args, String> {
                 }
             }
             "--fault" => {
-                a.kill = match value()?.as_str() {
-                    "stop" => false,
-                    "kill" => true,
-                    other => return Err(format!("--fault {other:?}: stop or kill")),
+                a.fault = match value()?.as_str() {
+                    "stop" => Fault::Stop,
+                    "kill" => Fault::Kill,
+                    "wipe" => Fault::Wipe,
+                    other => return Err(format!("--fault {other:?}: stop, kill or wipe")),
                 }
             }
             "-h" | "--help" => return Err(String::new()),
@@ -1060,7 +1073,11 @@ fn catch_up(args: &Args, rt: &tokio::runtime::Runtime) -> Result<bool, String> {
         args.bytes,
         args.batch,
         args.payload,
-        if args.kill { "killed" } else { "stopped" }
+        match args.fault {
+            Fault::Stop => "stopped",
+            Fault::Kill => "killed",
+            Fault::Wipe => "killed and wiped",
+        }
     );
     println!("runs in {}", c.dir.display());
     start_all(&mut c)?;
@@ -1110,19 +1127,27 @@ fn catch_up_run(
         Some(WARMUP_PUBLISHES as u64 * (args.batch * args.payload) as u64),
     ))?;
     wait_lag(c, lead, "quorum", deadline, |l| l == 0)?;
-    let appended_before = if args.kill {
+    let killed = args.fault != Fault::Stop;
+    let appended_before = if killed {
         0
     } else {
         catch_up_bytes(c.nodes[f].ops).ok_or("no catch-up counter on the follower")?
     };
-    if args.kill {
+    if killed {
         c.kill(f)?;
     } else {
         c.signal(f, libc::SIGSTOP)?;
     }
+    if args.fault == Fault::Wipe {
+        c.wipe(f)?;
+    }
     println!(
         "leader {leader} at {addr}; {} {fid}",
-        if args.kill { "SIGKILL" } else { "SIGSTOP" }
+        match args.fault {
+            Fault::Stop => "SIGSTOP",
+            Fault::Kill => "SIGKILL",
+            Fault::Wipe => "SIGKILL and wiped the data directory of",
+        }
     );
     let (bytes, took) = rt.block_on(pump(
         &clients,
@@ -1139,14 +1164,14 @@ fn catch_up_run(
     );
     let lag_at_resume = scrape(c.nodes[lead].ops).and_then(|t| lag_records(&t, "quorum"));
     let resumed = Instant::now();
-    if args.kill {
+    if killed {
         c.start(f)?;
     } else {
         c.signal(f, libc::SIGCONT)?;
     }
     println!(
         "{} {fid}; the leader's lag is {lag_at_resume:?} records",
-        if args.kill { "restart" } else { "SIGCONT" }
+        if killed { "restart" } else { "SIGCONT" }
     );
     let caught = wait_lag(c, lead, "quorum", deadline, |l| l == 0);
     let took = resumed.elapsed();
