@@ -1,6 +1,7 @@
 //! Replicated shards on three durable nodes in this process: a quorum publish is acknowledged
 //! once two of three copies hold it, the shard survives its leader (a new one fences the
-//! others and serves the same log), and everything acknowledged is read back at its offset.
+//! others and serves the same log), a follower back on an empty disk is rebuilt and counts
+//! again, and everything acknowledged is read back at its offset.
 
 use std::collections::BTreeMap;
 
@@ -162,6 +163,63 @@ async fn quorum_acks_survive_the_leader_and_are_read_back_at_their_offsets() {
     assert_eq!(
         read, acked,
         "nothing acknowledged was lost across two failovers"
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_follower_back_on_an_empty_disk_is_rebuilt_and_counts_for_the_quorum() {
+    felix_integration::test_logs();
+    let dirs: Vec<TempDir> = NODES
+        .iter()
+        .map(|n| TempDir::new(&format!("rebuild-{n}")))
+        .collect();
+    let paths = dirs.iter().map(|d| d.path().to_path_buf()).collect();
+    let mut c = Cluster::start_replicated(SHARDS, paths, Consistency::Quorum).await;
+    let shard = 0;
+    let leader = leader_of(&c, 0, shard).await.expect("placed with a leader");
+    let lead_at = NODES.iter().position(|n| *n == leader).unwrap();
+    let (wiped, other) = ((lead_at + 1) % NODES.len(), (lead_at + 2) % NODES.len());
+
+    let mut acked = BTreeMap::new();
+    for i in 0..20 {
+        let p = Bytes::from(format!("before-{i}"));
+        acked.insert(publish(&c, lead_at, shard, p.clone()).await, p);
+    }
+    // A follower loses its drive: stopped, its directory emptied, started again. It comes
+    // back under a new storage identity with nothing of the shard.
+    let b = c.brokers[wiped].take().unwrap();
+    within(15, b.shutdown()).await.unwrap();
+    let dir = dirs[wiped].path();
+    std::fs::remove_dir_all(dir).unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    c.brokers[wiped] = Some(c.boot(wiped, SHARDS).await);
+    c.wait_ready(wiped).await;
+    for i in 0..10 {
+        let p = Bytes::from(format!("while-rebuilt-{i}"));
+        acked.insert(publish(&c, lead_at, shard, p.clone()).await, p);
+    }
+    // With the other follower stopped, the only majority is the leader and the rebuilt copy:
+    // these are acknowledged (not `quorum_timeout`) only if that copy holds the whole log and
+    // counts for the quorum.
+    let b = c.brokers[other].take().unwrap();
+    within(15, b.shutdown()).await.unwrap();
+    for i in 0..10 {
+        let p = Bytes::from(format!("after-{i}"));
+        acked.insert(publish(&c, lead_at, shard, p.clone()).await, p);
+    }
+    let read: BTreeMap<u64, Bytes> = read_all(&c, lead_at, shard, acked.len())
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!(
+        read, acked,
+        "every acknowledged record, at its offset, once"
+    );
+    assert_eq!(
+        acked.keys().copied().collect::<Vec<u64>>(),
+        (0..40).collect::<Vec<u64>>(),
+        "contiguous from 0"
     );
     c.shutdown().await;
 }
