@@ -89,8 +89,8 @@ struct Args {
     duration: Duration,
     broker: PathBuf,
     strict_liveness: bool,
-    /// A check of the check: each killed node restarts with its data directory emptied, so
-    /// acknowledged records are lost and the run must end in violations.
+    /// Each killed node restarts with its data directory emptied: a lost drive, which its
+    /// copies survive by being rebuilt from their leaders (docs/replication.md).
     wipe_on_kill: bool,
 }
 
@@ -122,7 +122,7 @@ fn parse_args() -> Result<Args, String> {
                 return Err("usage: felix-chaos [--seed N] [--duration-secs S (default 60, at most 600)] \
                             [--broker-bin PATH (default target/release/felix-broker)] \
                             [--strict-liveness (a node not ready again after a fault fails the run)] \
-                            [--wipe-on-kill (killed nodes lose their disk: the run must find violations)]"
+                            [--wipe-on-kill (killed nodes come back on an empty disk, rebuilt from the leaders)]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
