@@ -362,6 +362,11 @@ pub const DEFAULT_LEASE: Duration = Duration::from_millis(2000);
 /// Bytes of metadata log after which a durable cluster node writes a snapshot of the
 /// metadata and starts a fresh log after it (`limits.metadata_log_compact_bytes`, 1 MiB).
 pub const DEFAULT_METADATA_LOG_COMPACT_BYTES: u64 = 1 << 20;
+/// Lease renewals the control plane's leader holds while it confirms its leadership
+/// (`limits.max_pending_lease_grants`); past it the oldest is dropped and its holder asks
+/// again within a quarter lease.
+pub const DEFAULT_MAX_PENDING_LEASE_GRANTS: usize =
+    felix_cluster::control::DEFAULT_MAX_PENDING_GRANTS;
 
 /// How long a quorum publish waits for a majority of its shard's replicas before it is
 /// answered `quorum_timeout` (`replication.quorum_timeout_ms`).
@@ -421,6 +426,8 @@ pub struct ClusterConfig {
     pub peer_max_streams: u32,
     /// See [`DEFAULT_METADATA_LOG_COMPACT_BYTES`]; used only with durable storage.
     pub metadata_log_compact_bytes: u64,
+    /// See [`DEFAULT_MAX_PENDING_LEASE_GRANTS`]. At least 1.
+    pub max_pending_lease_grants: usize,
     /// See [`DEFAULT_QUORUM_TIMEOUT`]. Above zero.
     pub quorum_timeout: Duration,
     /// See [`DEFAULT_REPLICATION_WINDOW_BYTES`]. Above zero.
@@ -446,6 +453,7 @@ impl ClusterConfig {
             peer_idle_timeout: DEFAULT_PEER_IDLE_TIMEOUT,
             peer_max_streams: DEFAULT_PEER_MAX_STREAMS,
             metadata_log_compact_bytes: DEFAULT_METADATA_LOG_COMPACT_BYTES,
+            max_pending_lease_grants: DEFAULT_MAX_PENDING_LEASE_GRANTS,
             quorum_timeout: DEFAULT_QUORUM_TIMEOUT,
             replication_window_bytes: DEFAULT_REPLICATION_WINDOW_BYTES,
             canary: ReplicationCanary::None,

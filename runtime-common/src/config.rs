@@ -340,6 +340,7 @@ pub const SETTINGS: &[Setting] = &[
     plain("limits.peer_idle_timeout_ms", &["FELIX_PEER_IDLE_TIMEOUT_MS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_PEER_IDLE_TIMEOUT.as_millis() as u64)),
     plain("limits.peer_max_streams", &["FELIX_PEER_MAX_STREAMS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_PEER_MAX_STREAMS as u64)),
     plain("limits.metadata_log_compact_bytes", &["FELIX_METADATA_LOG_COMPACT_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_METADATA_LOG_COMPACT_BYTES)),
+    plain("limits.max_pending_lease_grants", &["FELIX_MAX_PENDING_LEASE_GRANTS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_MAX_PENDING_LEASE_GRANTS as u64)),
     plain("cluster.node_id", &["FELIX_NODE_ID"], Kind::Text, Default_::Unset),
     plain("cluster.internal_bind", &["FELIX_INTERNAL_BIND"], Kind::Text, Default_::Unset),
     plain("cluster.peers", &["FELIX_CLUSTER_PEERS"], Kind::Text, Default_::Unset),
@@ -968,6 +969,7 @@ const CLUSTER_ONLY: &[&str] = &[
     "limits.peer_idle_timeout_ms",
     "limits.peer_max_streams",
     "limits.metadata_log_compact_bytes",
+    "limits.max_pending_lease_grants",
     "cluster.internal_bind",
     "cluster.peers",
     "cluster.client_advertise_addr",
@@ -1140,6 +1142,10 @@ fn cluster(
     };
     let compact_bytes = positive(int, name, "limits.metadata_log_compact_bytes")?
         .unwrap_or(felix_engine::DEFAULT_METADATA_LOG_COMPACT_BYTES);
+    let max_pending_lease_grants = positive(int, name, "limits.max_pending_lease_grants")?
+        .map_or(felix_engine::DEFAULT_MAX_PENDING_LEASE_GRANTS, |n| {
+            n as usize
+        });
     let nodes = peers.len();
     let default_rf = match int("limits.default_replication_factor") {
         None => DEFAULT_REPLICATION_FACTOR,
@@ -1217,6 +1223,7 @@ fn cluster(
         config.peer_max_streams = n;
     }
     config.metadata_log_compact_bytes = compact_bytes;
+    config.max_pending_lease_grants = max_pending_lease_grants;
     if let Some(t) = quorum_timeout {
         config.quorum_timeout = t;
     }
@@ -1906,6 +1913,10 @@ shards = 4
             c.metadata_log_compact_bytes,
             felix_engine::DEFAULT_METADATA_LOG_COMPACT_BYTES
         );
+        assert_eq!(
+            c.max_pending_lease_grants,
+            felix_engine::DEFAULT_MAX_PENDING_LEASE_GRANTS
+        );
         assert_eq!(c.client_advertise_addr, None);
         assert!(c.peer_tls.is_none(), "allowed unauthenticated");
         assert!(c.declared_caches.is_empty());
@@ -1921,6 +1932,7 @@ shards = 4
             ("FELIX_PEER_IDLE_TIMEOUT_MS", "86400000"),
             ("FELIX_PEER_MAX_STREAMS", "1024"),
             ("FELIX_METADATA_LOG_COMPACT_BYTES", "1"),
+            ("FELIX_MAX_PENDING_LEASE_GRANTS", "1"),
             ("FELIX_QUORUM_TIMEOUT_MS", "1"),
             ("FELIX_REPLICATION_WINDOW_BYTES", "1"),
             ("FELIX_DURABLE_STORAGE_DIR", "/var/lib/felix"),
@@ -1944,6 +1956,7 @@ shards = 4
             c.metadata_log_compact_bytes, 1,
             "the smallest threshold is one byte"
         );
+        assert_eq!(c.max_pending_lease_grants, 1, "the smallest bound is one");
 
         // No node id: a single node, as before.
         let c = from_vars(vars(&[])).unwrap();
@@ -2117,6 +2130,7 @@ shards = 4
             ("FELIX_PEER_MAX_STREAMS", "0", "above zero"),
             ("FELIX_PEER_MAX_STREAMS", "1025", "more than 1024"),
             ("FELIX_METADATA_LOG_COMPACT_BYTES", "0", "above zero"),
+            ("FELIX_MAX_PENDING_LEASE_GRANTS", "0", "above zero"),
             (
                 "FELIX_METADATA_LOG_COMPACT_BYTES",
                 "lots",

@@ -57,6 +57,9 @@ pub struct ControlConfig {
     pub down_after: Duration,
     /// The shard leadership lease and its margins (docs/replication.md, "Leases").
     pub lease: LeaseTerms,
+    /// Renewals waiting for their leadership check; past this the oldest is dropped (its
+    /// holder asks again within a quarter lease). At least 1.
+    pub max_pending_grants: usize,
 }
 
 impl ControlConfig {
@@ -72,6 +75,7 @@ impl ControlConfig {
             retry: Duration::from_millis(500),
             down_after: lease / 2,
             lease: LeaseTerms::for_lease(lease.as_millis() as u64),
+            max_pending_grants: DEFAULT_MAX_PENDING_GRANTS,
         }
     }
 }
@@ -95,9 +99,9 @@ pub enum ControlOutput {
     },
 }
 
-/// Renewals waiting for their leadership check; past this the oldest is dropped (its holder
-/// asks again within a quarter lease).
-const MAX_PENDING_GRANTS: usize = 256;
+/// How many renewals may wait for their leadership check by default
+/// ([`ControlConfig::max_pending_grants`]): a few per member for the largest cluster, with room.
+pub const DEFAULT_MAX_PENDING_GRANTS: usize = 256;
 
 /// A snapshot of the metadata and the log that follows it, as files.
 #[derive(Debug, Clone)]
@@ -268,7 +272,7 @@ impl ControlPlane {
         let ctx = self.next_grant_ctx;
         self.next_grant_ctx += 1;
         self.pending_grants.insert(ctx, (node.clone(), seq));
-        while self.pending_grants.len() > MAX_PENDING_GRANTS {
+        while self.pending_grants.len() > self.cfg.max_pending_grants.max(1) {
             self.pending_grants.pop_first();
         }
         self.node.read_index(ctx.to_be_bytes().to_vec());

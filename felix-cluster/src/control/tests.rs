@@ -749,6 +749,35 @@ fn a_renewal_is_granted_only_once_a_majority_confirms_the_leadership() {
     );
 }
 
+/// At most `max_pending_grants` renewals wait for the leadership check: a further one drops
+/// the oldest waiting, whose holder asks again later; at the default all are granted.
+#[test]
+fn renewals_past_the_pending_bound_drop_the_oldest_waiting() {
+    for (bound, granted) in [
+        (2, vec!["n2", "n3"]),
+        (DEFAULT_MAX_PENDING_GRANTS, vec!["n1", "n2", "n3"]),
+    ] {
+        let mut c = Cluster::new(26);
+        c.run_until(100, |c| c.leaders().len() == 1);
+        c.join_all();
+        c.run(5);
+        let leader = c.leaders()[0].clone();
+        c.grants.clear();
+        let now = c.now;
+        let p = c.planes.get_mut(&leader).unwrap();
+        p.cfg.max_pending_grants = bound;
+        for (seq, node) in ["n1", "n2", "n3"].into_iter().enumerate() {
+            assert!(
+                p.lease_renewed(now, &n(node), seq as u64),
+                "{node} accepted"
+            );
+        }
+        c.settle();
+        let got: Vec<&str> = c.grants.keys().map(|k| k.0.as_str()).collect();
+        assert_eq!(got, granted, "bound {bound}");
+    }
+}
+
 /// The control plane's leader dies with the shards it led: the next leader, which never heard
 /// it renew, moves them a lease and the regrant margin after it took over (every earlier
 /// grant answered a request sent before that), not a further election timeout later.

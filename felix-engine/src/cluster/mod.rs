@@ -210,12 +210,13 @@ impl ClusterNode {
         if cfg.forward_window == 0
             || cfg.max_forward_channels == 0
             || cfg.peer_max_streams == 0
+            || cfg.max_pending_lease_grants == 0
             || cfg.forward_timeout.is_zero()
             || cfg.peer_idle_timeout.is_zero()
         {
             return Err(
-                "forward_window, max_forward_channels, peer_max_streams, forward_timeout and \
-                 peer_idle_timeout must be above zero"
+                "forward_window, max_forward_channels, peer_max_streams, \
+                 max_pending_lease_grants, forward_timeout and peer_idle_timeout must be above zero"
                     .into(),
             );
         }
@@ -234,7 +235,8 @@ impl ClusterNode {
         let control_seed = u64::from_be_bytes(derived[24..32].try_into().expect("8 bytes"));
         let raft_ids = voters.raft_ids();
         let blank = Metadata::new(voters.names().to_vec());
-        let control_cfg = ControlConfig::new(me.clone(), voters, control_seed, cfg.lease);
+        let mut control_cfg = ControlConfig::new(me.clone(), voters, control_seed, cfg.lease);
+        control_cfg.max_pending_grants = cfg.max_pending_lease_grants;
         let storage_hex: String = storage_id.iter().map(|b| format!("{b:02x}")).collect();
         let wishes = vec![
             Command::Join {
