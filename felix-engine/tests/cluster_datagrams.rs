@@ -8,17 +8,6 @@ use std::time::Duration;
 use felix_engine::{DurableConfig, EngineConfig};
 use felix_testkit::*;
 
-fn leader(c: &ClusterNet) -> usize {
-    let view = c.nodes[0].engine.cluster_view().expect("a cluster node");
-    let l = view
-        .shard_leaders()
-        .into_iter()
-        .find(|s| s.object == "stream:t1/default/orders")
-        .and_then(|s| s.leader)
-        .expect("led");
-    c.index(&l)
-}
-
 fn ship_a_large_batch(upper: Option<u16>) -> ClusterNet {
     let mut c = ClusterNet::started(
         &ClusterSpec::quorum_orders(1),
@@ -32,7 +21,7 @@ fn ship_a_large_batch(upper: Option<u16>) -> ClusterNet {
     );
     // MTU probes run on their own timer once the links are up.
     c.advance(Duration::from_secs(5));
-    let l = leader(&c);
+    let l = c.orders_leader(0, 0).0.expect("led");
     let p = c.connect(l);
     let (id, _) = c.auth_stream(l, p);
     let payload = vec![7u8; 1024];

@@ -14,15 +14,6 @@ use felix_testkit::*;
 
 const SHARDS: u32 = 3;
 
-fn leader_of(c: &ClusterNet, at: usize, shard: u32) -> Option<usize> {
-    let view = c.nodes[at].engine.cluster_view().expect("a cluster node");
-    view.shard_leaders()
-        .into_iter()
-        .find(|s| s.object == "stream:t1/default/orders" && s.shard == shard)
-        .and_then(|s| s.leader)
-        .map(|l| c.index(&l))
-}
-
 #[test]
 fn a_forward_held_by_a_leader_whose_lease_lapsed_is_refused_retryably_before_the_forward_timeout() {
     let mut c = ClusterNet::started(
@@ -31,15 +22,12 @@ fn a_forward_held_by_a_leader_whose_lease_lapsed_is_refused_retryably_before_the
             cfg.durable = Some(DurableConfig::default());
         },
     );
-    let control = {
-        let view = c.nodes[0].engine.cluster_view().expect("a cluster node");
-        c.index(view.raft_leader().expect("an elected control plane"))
-    };
+    let control = c.control_leader();
     // Leaders are balanced, one shard each: some shard is led off the control plane's node.
     let shard = (0..SHARDS)
-        .find(|&s| leader_of(&c, control, s).is_some_and(|l| l != control))
+        .find(|&s| c.orders_leader(control, s).0.is_some_and(|l| l != control))
         .expect("a shard led elsewhere");
-    let leader = leader_of(&c, control, shard).unwrap();
+    let leader = c.orders_leader(control, shard).0.unwrap();
     let entry = (0..3).find(|&i| i != leader && i != control).unwrap();
     c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
     let p = c.connect(entry);
@@ -52,7 +40,7 @@ fn a_forward_held_by_a_leader_whose_lease_lapsed_is_refused_retryably_before_the
     c.cut.insert((control, leader));
     c.until(Duration::from_secs(10), |c| !c.writable(leader, shard));
     assert_eq!(
-        leader_of(&c, entry, shard),
+        c.orders_leader(entry, shard).0,
         Some(leader),
         "the entry node still names the old leader"
     );

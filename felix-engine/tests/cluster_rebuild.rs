@@ -34,17 +34,6 @@ fn durable_trimmed(_: usize, cfg: &mut EngineConfig) {
     cfg.durable = Some(d);
 }
 
-/// The shard's leader, replicas and generation as node `at` knows them.
-fn shard_of(c: &ClusterNet, at: usize, shard: u32) -> (Option<usize>, u64) {
-    let view = c.nodes[at].engine.cluster_view().expect("a cluster node");
-    let s = view
-        .shard_leaders()
-        .into_iter()
-        .find(|s| s.object == "stream:t1/default/orders" && s.shard == shard)
-        .expect("the shard is placed");
-    (s.leader.map(|l| c.index(&l)), s.generation)
-}
-
 /// One entry of a shard's log on a node's disk: its first offset and its bytes.
 type Entry = (u64, Vec<u8>);
 
@@ -74,12 +63,9 @@ fn log_on(disk: &MemFs, shard: u32) -> Vec<Entry> {
 /// The control plane's leader, a shard it leads, and that shard's two followers: stopping
 /// a follower then leaves the control plane a majority of its own.
 fn layout(c: &mut ClusterNet) -> (u32, usize, usize, usize) {
-    let control = {
-        let view = c.nodes[0].engine.cluster_view().expect("a cluster node");
-        c.index(view.raft_leader().expect("an elected control plane"))
-    };
+    let control = c.control_leader();
     let shard = (0..SHARDS)
-        .find(|&s| shard_of(c, control, s).0 == Some(control))
+        .find(|&s| c.orders_leader(control, s).0 == Some(control))
         .expect("leaders are balanced: the control plane's node leads a shard");
     c.until(Duration::from_secs(10), |c| c.writable(control, shard));
     let mut others = (0..c.nodes.len()).filter(|&i| i != control);
@@ -174,13 +160,13 @@ fn a_rebuilt_copy_once_recorded_counts_in_the_next_leaders_fence() {
     c.until(Duration::from_secs(20), |c| {
         level(c, leader, wiped, shard) && recorded_anew(c, other, wiped, shard, &old_disk)
     });
-    let (_, generation) = shard_of(&c, other, shard);
+    let (_, generation) = c.orders_leader(other, shard);
     // The leader stops. The next one, whichever survivor it is, opens only once a majority
     // of the set has taken its fence from the disks the metadata names: itself and the
     // other survivor, which counts only because its new disk was recorded.
     c.freeze(leader);
     let next_leader = |c: &ClusterNet| {
-        let (l, g) = shard_of(c, other, shard);
+        let (l, g) = c.orders_leader(other, shard);
         l.filter(|&l| g > generation && l != leader && c.writable(l, shard))
     };
     c.until(Duration::from_secs(30), |c| next_leader(c).is_some());
@@ -196,15 +182,12 @@ fn a_rebuilt_copy_once_recorded_counts_in_the_next_leaders_fence() {
 fn a_leader_back_on_an_empty_disk_never_opens_the_shard_it_was_named_for() {
     let spec = ClusterSpec::quorum_orders(SHARDS);
     let mut c = ClusterNet::started(&spec, durable);
-    let control = {
-        let view = c.nodes[0].engine.cluster_view().expect("a cluster node");
-        c.index(view.raft_leader().expect("an elected control plane"))
-    };
+    let control = c.control_leader();
     // A shard led off the control plane's node; the control plane's node is a follower.
     let shard = (0..SHARDS)
-        .find(|&s| shard_of(&c, control, s).0.is_some_and(|l| l != control))
+        .find(|&s| c.orders_leader(control, s).0.is_some_and(|l| l != control))
         .expect("leaders are balanced");
-    let (leader, generation) = shard_of(&c, control, shard);
+    let (leader, generation) = c.orders_leader(control, shard);
     let leader = leader.unwrap();
     let third = (0..3).find(|&i| i != leader && i != control).unwrap();
     c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
@@ -229,7 +212,7 @@ fn a_leader_back_on_an_empty_disk_never_opens_the_shard_it_was_named_for() {
     cut_both(&mut c, leader, third, true);
     c.restart_wiped(leader, &spec, durable);
     let moved = |c: &ClusterNet| {
-        let (l, g) = shard_of(c, control, shard);
+        let (l, g) = c.orders_leader(control, shard);
         l.filter(|&l| g > generation && l != leader && c.writable(l, shard))
     };
     c.until(Duration::from_secs(30), |c| {

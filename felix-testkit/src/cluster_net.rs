@@ -382,6 +382,27 @@ impl ClusterNet {
             .any(|r| r.shard == shard && r.writable_until.is_some_and(|until| self.now < until))
     }
 
+    /// The control plane's leader, as node 0 sees it.
+    pub fn control_leader(&self) -> usize {
+        let view = self.nodes[0].engine.cluster_view().expect("a cluster node");
+        self.index(view.raft_leader().expect("an elected control plane"))
+    }
+
+    /// The leader (if any) and generation of `shard` of `t1/default/orders`, as node `at`
+    /// sees them.
+    pub fn orders_leader(&self, at: usize, shard: u32) -> (Option<usize>, u64) {
+        let view = self.nodes[at]
+            .engine
+            .cluster_view()
+            .expect("a cluster node");
+        let s = view
+            .shard_leaders()
+            .into_iter()
+            .find(|s| s.object == "stream:t1/default/orders" && s.shard == shard)
+            .expect("the shard is placed");
+        (s.leader.map(|l| self.index(&l)), s.generation)
+    }
+
     /// Publishes `payload` to `shard` of `t1/default/orders` (`shards` shards) through node
     /// `at` on a new connection, and waits (virtual time, at most 20 s) for its ack: the
     /// offset it was written at. Panics on a refusal.

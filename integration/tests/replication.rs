@@ -108,15 +108,23 @@ async fn read_all(c: &Cluster, at: usize, shard: u32, expect: usize) -> Vec<(u64
     panic!("the shard's leader never served a reader");
 }
 
+/// Three durable nodes, each in a directory of its own named after `name`, with the stream
+/// replicated on all three at quorum consistency.
+async fn start_quorum(name: &str) -> (Cluster, Vec<TempDir>) {
+    let dirs: Vec<TempDir> = NODES
+        .iter()
+        .map(|n| TempDir::new(&format!("{name}-{n}")))
+        .collect();
+    let paths = dirs.iter().map(|d| d.path().to_path_buf()).collect();
+    let c = Cluster::start_replicated(SHARDS, paths, Consistency::Quorum).await;
+    (c, dirs)
+}
+
 #[tokio::test]
 async fn quorum_acks_survive_the_leader_and_are_read_back_at_their_offsets() {
     felix_integration::test_logs();
-    let dirs: Vec<TempDir> = NODES
-        .iter()
-        .map(|n| TempDir::new(&format!("repl-{n}")))
-        .collect();
-    let paths = dirs.iter().map(|d| d.path().to_path_buf()).collect();
-    let mut c = Cluster::start_replicated(SHARDS, paths, Consistency::Quorum).await;
+    // The directories live as long as the test.
+    let (mut c, _dirs) = start_quorum("repl").await;
     let shard = 0;
     let old = leader_of(&c, 0, shard).await.expect("placed with a leader");
     let old_at = NODES.iter().position(|n| *n == old).unwrap();
@@ -170,12 +178,7 @@ async fn quorum_acks_survive_the_leader_and_are_read_back_at_their_offsets() {
 #[tokio::test]
 async fn a_follower_back_on_an_empty_disk_is_rebuilt_and_counts_for_the_quorum() {
     felix_integration::test_logs();
-    let dirs: Vec<TempDir> = NODES
-        .iter()
-        .map(|n| TempDir::new(&format!("rebuild-{n}")))
-        .collect();
-    let paths = dirs.iter().map(|d| d.path().to_path_buf()).collect();
-    let mut c = Cluster::start_replicated(SHARDS, paths, Consistency::Quorum).await;
+    let (mut c, dirs) = start_quorum("rebuild").await;
     let shard = 0;
     let leader = leader_of(&c, 0, shard).await.expect("placed with a leader");
     let lead_at = NODES.iter().position(|n| *n == leader).unwrap();
