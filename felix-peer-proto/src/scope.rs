@@ -20,6 +20,10 @@ pub enum ShardKind {
     Stream,
     /// A cache's shard (wire 2).
     Cache,
+    /// A stream shard's consumer-group log, a log of its own that rides the shard: it has
+    /// the shard's replica set, leader and generation, and is replicated beside the shard's
+    /// records (wire 3; replication messages only).
+    StreamGroups,
 }
 
 impl ShardKind {
@@ -27,6 +31,7 @@ impl ShardKind {
         match self {
             ShardKind::Stream => 1,
             ShardKind::Cache => 2,
+            ShardKind::StreamGroups => 3,
         }
     }
 
@@ -34,6 +39,7 @@ impl ShardKind {
         match n {
             1 => Some(ShardKind::Stream),
             2 => Some(ShardKind::Cache),
+            3 => Some(ShardKind::StreamGroups),
             _ => None,
         }
     }
@@ -63,6 +69,7 @@ impl fmt::Display for ShardId {
         let kind = match self.kind {
             ShardKind::Stream => "stream",
             ShardKind::Cache => "cache",
+            ShardKind::StreamGroups => "stream-groups",
         };
         write!(
             f,

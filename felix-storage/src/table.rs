@@ -95,8 +95,9 @@ impl AnyLog {
         self.shard().durable_offset()
     }
 
-    /// The log as the broker drives it, whatever its kind.
-    fn driven(&mut self) -> &mut dyn Driven {
+    /// The log as the broker drives it, whatever its kind (replication works on its segment
+    /// log through [`Driven::shard_mut`], then calls [`Driven::after_input`]).
+    pub fn driven(&mut self) -> &mut dyn Driven {
         match self {
             AnyLog::Stream(l) => l,
             AnyLog::Cache(c) => c,
@@ -274,46 +275,7 @@ impl<N: From<TableEvent>> LogTable<N> {
         startup: bool,
     ) -> LogId {
         let id = LogId(self.slots.len() as u32 + 1);
-        let log = match kind {
-            Kind::Stream => AnyLog::Stream(ShardLog::open(
-                id,
-                dir.clone(),
-                self.log_config.clone(),
-                now,
-            )),
-            // Retention is a stream bound: on a cache it would forget live keys. A cache is
-            // bounded by compaction instead.
-            Kind::Cache => {
-                let cfg = LogConfig {
-                    retention_bytes: None,
-                    retention_age: None,
-                    ..self.log_config.clone()
-                };
-                AnyLog::Cache(CacheLog::open(id, dir.clone(), cfg, now))
-            }
-            // Counters are bounded by compaction too: retention would forget sums.
-            Kind::Counter => {
-                let cfg = LogConfig {
-                    retention_bytes: None,
-                    retention_age: None,
-                    ..self.log_config.clone()
-                };
-                AnyLog::Counter(CounterLog::open(id, dir.clone(), cfg, now))
-            }
-            // Retention would forget cursors; small segments let compaction start early.
-            Kind::Group => {
-                let cfg = LogConfig {
-                    retention_bytes: None,
-                    retention_age: None,
-                    segment_max_bytes: self
-                        .log_config
-                        .segment_max_bytes
-                        .min(GROUP_SEGMENT_MAX_BYTES),
-                    ..self.log_config.clone()
-                };
-                AnyLog::Group(GroupLog::open(id, dir.clone(), cfg, now))
-            }
-        };
+        let log = self.new_log(id, dir.clone(), kind, now);
         self.slots.push(Some(LogSlot {
             log,
             owner,
@@ -328,6 +290,71 @@ impl<N: From<TableEvent>> LogTable<N> {
         }
         self.mark_dirty(id);
         id
+    }
+
+    /// A log of `kind` over `dir`, opening (it replays what the directory holds).
+    fn new_log(&self, id: LogId, dir: String, kind: Kind, now: Instant) -> AnyLog {
+        match kind {
+            Kind::Stream => AnyLog::Stream(ShardLog::open(id, dir, self.log_config.clone(), now)),
+            // Retention is a stream bound: on a cache it would forget live keys. A cache is
+            // bounded by compaction instead.
+            Kind::Cache => {
+                let cfg = LogConfig {
+                    retention_bytes: None,
+                    retention_age: None,
+                    ..self.log_config.clone()
+                };
+                AnyLog::Cache(CacheLog::open(id, dir, cfg, now))
+            }
+            // Counters are bounded by compaction too: retention would forget sums.
+            Kind::Counter => {
+                let cfg = LogConfig {
+                    retention_bytes: None,
+                    retention_age: None,
+                    ..self.log_config.clone()
+                };
+                AnyLog::Counter(CounterLog::open(id, dir, cfg, now))
+            }
+            // Retention would forget cursors; small segments let compaction start early.
+            Kind::Group => {
+                let cfg = LogConfig {
+                    retention_bytes: None,
+                    retention_age: None,
+                    segment_max_bytes: self
+                        .log_config
+                        .segment_max_bytes
+                        .min(GROUP_SEGMENT_MAX_BYTES),
+                    ..self.log_config.clone()
+                };
+                AnyLog::Group(GroupLog::open(id, dir, cfg, now))
+            }
+        }
+    }
+
+    /// Opens an idle log again from its files, under the same id: a projection (a group
+    /// log's groups) that followed a replicated log through cuts it cannot undo is rebuilt
+    /// by replaying what the log holds now. `false` (nothing done) while the log has work
+    /// in flight; its completions would land in the new log.
+    pub fn reopen(&mut self, id: LogId, now: Instant) -> bool {
+        let Some(slot) = self.slot(id) else {
+            return false;
+        };
+        if !slot.log.is_idle() || !matches!(slot.state, LogState::Open) {
+            return false;
+        }
+        let kind = match &slot.log {
+            AnyLog::Stream(_) => Kind::Stream,
+            AnyLog::Cache(_) => Kind::Cache,
+            AnyLog::Counter(_) => Kind::Counter,
+            AnyLog::Group(_) => Kind::Group,
+        };
+        let dir = slot.log.shard().dir().to_owned();
+        let log = self.new_log(id, dir, kind, now);
+        let slot = self.slot_mut(id).expect("checked");
+        slot.log = log;
+        slot.state = LogState::Opening;
+        self.mark_dirty(id);
+        true
     }
 
     /// Every live log's slot, in id order.

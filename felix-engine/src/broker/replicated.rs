@@ -247,13 +247,20 @@ impl Broker {
         })
     }
 
-    fn shard_log_mut(&mut self, log: LogId) -> Result<&mut felix_storage::log::ShardLog, String> {
+    /// Runs `f` on the segment log under `log` (a shard's, or a group log's), then lets a
+    /// group log take in what it did (replayed entries, events).
+    fn with_replica_log<R>(
+        &mut self,
+        log: LogId,
+        f: impl FnOnce(&mut felix_storage::log::ShardLog) -> R,
+    ) -> Result<R, String> {
         let logs = self.logs.as_mut().ok_or("no durable storage")?;
         logs.mark_dirty(log);
         let slot = logs.slot_mut(log).ok_or("the log is gone")?;
-        slot.log
-            .stream_mut()
-            .ok_or_else(|| "not a stream's log".to_owned())
+        let driven = slot.log.driven();
+        let out = f(driven.shard_mut());
+        driven.after_input();
+        Ok(out)
     }
 
     /// Starts a framed read for shipping; the answer comes as [`Notice::Replica`].
@@ -263,8 +270,8 @@ impl Broker {
         from: u64,
         max_bytes: usize,
     ) -> Result<ReadTicket, String> {
-        let l = self.shard_log_mut(log)?;
-        l.read_framed(from, max_bytes).map_err(|e| format!("{e:?}"))
+        self.with_replica_log(log, |l| l.read_framed(from, max_bytes))?
+            .map_err(|e| format!("{e:?}"))
     }
 
     /// Appends entries a leader shipped, and folds their producer marks and commit state into
@@ -276,14 +283,16 @@ impl Broker {
         base: u64,
         entries: Bytes,
     ) -> Result<u64, String> {
-        let l = self.shard_log_mut(log)?;
-        let end = l
-            .append_framed(now, base, entries)
+        let (end, appended) = self
+            .with_replica_log(log, |l| {
+                let end = l.append_framed(now, base, entries)?;
+                let mut appended = Vec::new();
+                while let Some(a) = l.take_appended() {
+                    appended.push(a);
+                }
+                Ok::<_, felix_storage::log::AppendError>((end, appended))
+            })?
             .map_err(|e| format!("{e:?}"))?;
-        let mut appended = Vec::new();
-        while let Some(a) = l.take_appended() {
-            appended.push(a);
-        }
         let owner = self
             .logs
             .as_ref()
@@ -320,15 +329,15 @@ impl Broker {
 
     /// Cuts the log at `to` (a rejoining follower); the end comes as [`Notice::Replica`].
     pub(crate) fn truncate_log(&mut self, log: LogId, to: u64) -> Result<(), String> {
-        let l = self.shard_log_mut(log)?;
-        l.truncate_to(to).map_err(|e| format!("{e:?}"))
+        self.with_replica_log(log, |l| l.truncate_to(to))?
+            .map_err(|e| format!("{e:?}"))
     }
 
     /// Drops the whole log and starts it again, empty, at `start` (a follower rebuilt from
     /// its leader's log start); the end comes as [`Notice::Replica`], as a cut's does.
     pub(crate) fn restart_log(&mut self, log: LogId, start: u64) -> Result<(), String> {
-        let l = self.shard_log_mut(log)?;
-        l.restart_at(start).map_err(|e| format!("{e:?}"))
+        self.with_replica_log(log, |l| l.restart_at(start))?
+            .map_err(|e| format!("{e:?}"))
     }
 
     /// Writes the replica state file; durable when [`Notice::Replica`] says so.
@@ -337,8 +346,8 @@ impl Broker {
         log: LogId,
         state: ReplicaState,
     ) -> Result<(), String> {
-        let l = self.shard_log_mut(log)?;
-        l.persist_replica_state(state).map_err(|e| format!("{e:?}"))
+        self.with_replica_log(log, |l| l.persist_replica_state(state))?
+            .map_err(|e| format!("{e:?}"))
     }
 }
 

@@ -36,7 +36,7 @@ use crate::engine::{Datagram, Transmit};
 pub(crate) use metalog::METALOG_LOG;
 use metalog::{Done, MetaLog};
 use peers::{Identity, PeerCrypto, PeerEvent, PeerLimits, PeerNet};
-pub(crate) use replicas::{LogView, ReplicaIo};
+pub(crate) use replicas::{CopyKind, LogView, ReplicaIo};
 
 /// A shard's owner as `shard_owners` reports it.
 pub(crate) struct OwnerEntry {
@@ -703,7 +703,7 @@ impl ClusterNode {
         let key = ObjectKey::new(&s.tenant, &s.namespace, &s.name);
         match s.kind {
             felix_peer_proto::ShardKind::Cache => self.meta().caches.get(&key)?.shards.first(),
-            felix_peer_proto::ShardKind::Stream => {
+            felix_peer_proto::ShardKind::Stream | felix_peer_proto::ShardKind::StreamGroups => {
                 self.stream_shards_meta(&key)?.get(s.shard as usize)
             }
         }

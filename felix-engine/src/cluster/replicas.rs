@@ -32,6 +32,41 @@ use super::ClusterNode;
 use crate::broker::replicated::MovedTo;
 use crate::broker::LogInfo;
 
+/// Which of a shard's logs a copy is of. A stream shard's consumer-group log rides the
+/// shard: same replica set, leader and generation, fenced and fed like the records, but
+/// acknowledged at the leader's own durability whatever the stream's consistency (a group's
+/// ack waits for no follower, as its publishes' do not wait for group state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum CopyKind {
+    Records,
+    Groups,
+}
+
+/// One replicated log of one shard: the key of a replica slot.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct CopyRef {
+    pub(crate) shard: ShardRef,
+    pub(crate) kind: CopyKind,
+}
+
+impl CopyRef {
+    pub(crate) fn records(shard: ShardRef) -> CopyRef {
+        CopyRef {
+            shard,
+            kind: CopyKind::Records,
+        }
+    }
+}
+
+impl std::fmt::Display for CopyRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kind {
+            CopyKind::Records => write!(f, "{}", self.shard),
+            CopyKind::Groups => write!(f, "{} groups", self.shard),
+        }
+    }
+}
+
 /// How often unanswered requests (follow, fence, tail fetch) are sent again, and shards are
 /// checked against the metadata.
 pub(crate) const REPLICATION_RETRY: Duration = Duration::from_millis(200);
@@ -43,7 +78,7 @@ const TAIL_FETCH_BYTES: u32 = 1 << 20;
 pub(crate) enum ReplicaIo {
     /// Make the shard's log exist and open; answer with [`ClusterNode::replica_log`].
     Open {
-        shard: ShardRef,
+        copy: CopyRef,
     },
     PersistState {
         log: LogId,
@@ -101,7 +136,11 @@ pub(crate) enum ReadPurpose {
     /// Shipping to a follower (the leader asked from `from`).
     Ship { to: NodeId, from: u64 },
     /// Answering a promoted leader's tail fetch.
-    Tail { to: String, scope: pp::ShardScope },
+    Tail {
+        to: String,
+        scope: pp::ShardScope,
+        from: u64,
+    },
 }
 
 /// What the broker's logs can tell replication.
@@ -162,8 +201,8 @@ struct Slot {
 
 /// This node's part in every replicated shard it holds.
 pub(crate) struct Replicas {
-    slots: BTreeMap<ShardRef, Slot>,
-    by_log: BTreeMap<LogId, ShardRef>,
+    slots: BTreeMap<CopyRef, Slot>,
+    by_log: BTreeMap<LogId, CopyRef>,
     io: VecDeque<ReplicaIo>,
     reads: BTreeMap<(LogId, u64), ReadPurpose>,
     inbox: VecDeque<(String, PeerMessage)>,
@@ -270,8 +309,9 @@ fn splice(own: &[(u64, u64)], theirs: &[(u64, u64)], cut: u64) -> Vec<(u64, u64)
 }
 
 impl ClusterNode {
-    /// Replicated shards of streams this node holds a copy of, as the metadata says now.
-    fn replicated_here(&self) -> Vec<(ShardRef, ShardMeta, Consistency)> {
+    /// Replicated logs of streams this node holds a copy of, as the metadata says now: each
+    /// shard's records, at the stream's consistency, and its group log, at `leader`.
+    fn replicated_here(&self) -> Vec<(CopyRef, ShardMeta, Consistency)> {
         if !self.replicas.durable {
             return Vec::new();
         }
@@ -284,26 +324,37 @@ impl ClusterNode {
                     .iter()
                     .enumerate()
                     .filter(|(_, m)| m.replicas.contains(&self.me))
-                    .map(move |(i, m)| {
-                        let r = ShardRef {
+                    .flat_map(move |(i, m)| {
+                        let shard = ShardRef {
                             kind: ObjectKind::Stream,
                             key: key.clone(),
                             shard: i as u32,
                         };
-                        (r, m.clone(), s.spec.consistency)
+                        let groups = CopyRef {
+                            shard: shard.clone(),
+                            kind: CopyKind::Groups,
+                        };
+                        [
+                            (CopyRef::records(shard), m.clone(), s.spec.consistency),
+                            (groups, m.clone(), Consistency::Leader),
+                        ]
                     })
             })
             .collect()
     }
 
-    fn shard_scope(&self, shard: &ShardRef, generation: u64) -> pp::ShardScope {
-        let k = &shard.key;
-        self.scope(
+    fn shard_scope(&self, copy: &CopyRef, generation: u64) -> pp::ShardScope {
+        let k = &copy.shard.key;
+        let mut scope = self.scope(
             false,
             (&k.tenant, &k.namespace, &k.name),
-            shard.shard,
+            copy.shard.shard,
             generation,
-        )
+        );
+        if copy.kind == CopyKind::Groups {
+            scope.shard.kind = pp::ShardKind::StreamGroups;
+        }
+        scope
     }
 
     /// Whether a write on this stream shard may be served here now: the lease holds, and a
@@ -322,15 +373,45 @@ impl ClusterNode {
             key: ObjectKey::new(names.0, names.1, names.2),
             shard,
         };
-        match self.replicas.slots.get(&r) {
+        self.copy_ready(r, CopyKind::Records)
+    }
+
+    /// Whether a consumer-group request on this stream shard may be served here now: as
+    /// [`local_ready`](Self::local_ready), for the shard's group log.
+    pub(crate) fn groups_ready(
+        &self,
+        now: Instant,
+        names: (&str, &str, &str),
+        shard: u32,
+    ) -> Result<(), &'static str> {
+        if !self.lease_valid(now) {
+            return Err("this node's lease on the shard lapsed; it is being renewed");
+        }
+        let r = ShardRef {
+            kind: ObjectKind::Stream,
+            key: ObjectKey::new(names.0, names.1, names.2),
+            shard,
+        };
+        self.copy_ready(r, CopyKind::Groups)
+    }
+
+    fn copy_ready(&self, r: ShardRef, kind: CopyKind) -> Result<(), &'static str> {
+        let copy = CopyRef { shard: r, kind };
+        match self.replicas.slots.get(&copy) {
             // No copy kept here yet: fine for a shard of one replica, but a replicated one
             // must wait for its slot (and its fence), or the write would skip replication.
-            None if self.meta().shard(&r).is_some_and(|m| m.replicas.len() > 1) => {
+            None if self
+                .meta()
+                .shard(&copy.shard)
+                .is_some_and(|m| m.replicas.len() > 1) =>
+            {
                 Err("the shard's copy here is still being prepared")
             }
             None => Ok(()),
             Some(s) => match &s.role {
-                Role::Leading(l) if Some(l.generation()) == self.generation_of(&r) && s.gated => {
+                Role::Leading(l)
+                    if Some(l.generation()) == self.generation_of(&copy.shard) && s.gated =>
+                {
                     Ok(())
                 }
                 _ => Err("the shard's new leader is still fencing its replicas"),
@@ -358,12 +439,16 @@ impl ClusterNode {
                     Role::Idle => ("idle", None),
                 };
                 let current = match &slot.role {
-                    Role::Leading(l) => Some(l.generation()) == self.generation_of(r),
+                    Role::Leading(l) => Some(l.generation()) == self.generation_of(&r.shard),
                     _ => false,
                 };
+                let object = match r.kind {
+                    CopyKind::Records => format!("stream:{}", r.shard.key),
+                    CopyKind::Groups => format!("stream-groups:{}", r.shard.key),
+                };
                 super::observe::ReplicaView {
-                    object: format!("stream:{}", r.key),
-                    shard: r.shard,
+                    object,
+                    shard: r.shard.shard,
                     generation: slot.generation,
                     role,
                     commit,
@@ -436,8 +521,11 @@ impl ClusterNode {
             .replicas
             .slots
             .iter()
-            .filter_map(|(r, s)| match &s.role {
-                Role::Leading(l) => Some((format!("{}#{}", r.key, r.shard), l.lag_records())),
+            .filter_map(|(r, s)| match (&s.role, r.kind) {
+                (Role::Leading(l), CopyKind::Records) => Some((
+                    format!("{}#{}", r.shard.key, r.shard.shard),
+                    l.lag_records(),
+                )),
                 _ => None,
             })
             .collect();
@@ -464,7 +552,7 @@ impl ClusterNode {
             self.replicas.next_check = Some(now + REPLICATION_RETRY);
             self.reconcile(now, logs);
         }
-        let refs: Vec<ShardRef> = self.replicas.slots.keys().cloned().collect();
+        let refs: Vec<CopyRef> = self.replicas.slots.keys().cloned().collect();
         for r in refs {
             if let Some(Role::Leading(l)) = self.replicas.slots.get_mut(&r).map(|s| &mut s.role) {
                 l.handle_timeout(now);
@@ -477,8 +565,8 @@ impl ClusterNode {
     fn reconcile(&mut self, now: Instant, logs: &dyn LogView) {
         let wanted = self.replicated_here();
         // Copies no longer held here.
-        let keep: Vec<&ShardRef> = wanted.iter().map(|(r, _, _)| r).collect();
-        let gone: Vec<ShardRef> = self
+        let keep: Vec<&CopyRef> = wanted.iter().map(|(r, _, _)| r).collect();
+        let gone: Vec<CopyRef> = self
             .replicas
             .slots
             .keys()
@@ -508,11 +596,11 @@ impl ClusterNode {
             }
             let slot = self.replicas.slots.get_mut(&r).expect("present");
             let Some(log) = slot.log else {
-                self.replicas.io.push_back(ReplicaIo::Open { shard: r });
+                self.replicas.io.push_back(ReplicaIo::Open { copy: r });
                 continue;
             };
             let Some(info) = logs.info(log) else {
-                self.replicas.io.push_back(ReplicaIo::Open { shard: r });
+                self.replicas.io.push_back(ReplicaIo::Open { copy: r });
                 continue;
             };
             self.advance(now, &r, &m, consistency, log, &info);
@@ -523,7 +611,7 @@ impl ClusterNode {
     fn advance(
         &mut self,
         now: Instant,
-        r: &ShardRef,
+        r: &CopyRef,
         m: &ShardMeta,
         consistency: Consistency,
         log: LogId,
@@ -560,7 +648,7 @@ impl ClusterNode {
         }
     }
 
-    fn persist(&mut self, r: &ShardRef, log: LogId, state: ReplicaState) {
+    fn persist(&mut self, r: &CopyRef, log: LogId, state: ReplicaState) {
         let slot = self.replicas.slots.get_mut(r).expect("present");
         slot.persisting = true;
         self.replicas
@@ -572,7 +660,7 @@ impl ClusterNode {
     fn lead(
         &mut self,
         now: Instant,
-        r: &ShardRef,
+        r: &CopyRef,
         m: &ShardMeta,
         consistency: Consistency,
         log: LogId,
@@ -716,17 +804,34 @@ impl ClusterNode {
     /// level onto one (`ShardLeader::counted_storage`), so that fences and promotions at
     /// later generations count it too; asked again on every pass until the metadata says
     /// so, or can no longer (another generation, or the node's disk changed again).
-    fn record_rebuilt_copies(&mut self, now: Instant, r: &ShardRef, m: &ShardMeta) {
+    /// The copy's new disk is recorded for the whole shard, so only once every log of the
+    /// shard led here was fed level onto it: the records' leadership asks, when the group
+    /// log's counts that disk too.
+    fn record_rebuilt_copies(&mut self, now: Instant, r: &CopyRef, m: &ShardMeta) {
+        if r.kind != CopyKind::Records {
+            return;
+        }
         let Some(Role::Leading(l)) = self.replicas.slots.get(r).map(|s| &s.role) else {
             return;
         };
+        let groups = CopyRef {
+            shard: r.shard.clone(),
+            kind: CopyKind::Groups,
+        };
+        let groups_counted: Option<Vec<&Replica>> =
+            match self.replicas.slots.get(&groups).map(|s| &s.role) {
+                Some(Role::Leading(g)) => Some(g.counted_storage().collect()),
+                Some(_) => Some(Vec::new()),
+                None => None,
+            };
         let members = &self.meta().members;
         let wanted: Vec<Command> = l
             .counted_storage()
             .filter(|c| m.storage_of(&c.node) != Some(c.storage_id.as_str()))
             .filter(|c| members.get(&c.node).map(|mm| &mm.storage_id) == Some(&c.storage_id))
+            .filter(|c| groups_counted.as_ref().is_none_or(|g| g.contains(c)))
             .map(|c| Command::RecordCopy {
-                shard: r.clone(),
+                shard: r.shard.clone(),
                 generation: l.generation(),
                 node: c.node.clone(),
                 storage_id: c.storage_id.clone(),
@@ -744,7 +849,7 @@ impl ClusterNode {
     /// generation's epoch, durable before the first write at it.
     fn open(
         &mut self,
-        r: &ShardRef,
+        r: &CopyRef,
         log: LogId,
         generation: u64,
         mut epochs: Vec<(u64, u64)>,
@@ -770,7 +875,7 @@ impl ClusterNode {
     fn follow(
         &mut self,
         now: Instant,
-        r: &ShardRef,
+        r: &CopyRef,
         generation: u64,
         leader: NodeId,
         _log: LogId,
@@ -805,7 +910,7 @@ impl ClusterNode {
 
     /// The slot's leadership ends (a new generation, or the copy left this node): what it
     /// owed clients is answered `quorum_timeout` (outcome unknown), and the log is ungated.
-    fn step_down(&mut self, r: &ShardRef) {
+    fn step_down(&mut self, r: &CopyRef) {
         let Some(slot) = self.replicas.slots.get_mut(r) else {
             return;
         };
@@ -829,9 +934,10 @@ impl ClusterNode {
     }
 
     /// Where the shard `r` went, as the metadata here says.
-    fn moved_to(&self, r: &ShardRef) -> MovedTo {
-        let generation = self.generation_of(r).unwrap_or(0);
-        let owner = self.stream_owner(&r.key.tenant, &r.key.namespace, &r.key.name, r.shard);
+    fn moved_to(&self, r: &CopyRef) -> MovedTo {
+        let generation = self.generation_of(&r.shard).unwrap_or(0);
+        let k = &r.shard.key;
+        let owner = self.stream_owner(&k.tenant, &k.namespace, &k.name, r.shard.shard);
         match owner {
             Some(Owner::Remote {
                 node,
@@ -861,10 +967,10 @@ impl ClusterNode {
     }
 
     /// The engine opened (or found) the shard's log.
-    pub(crate) fn replica_log(&mut self, shard: &ShardRef, log: LogId) {
-        if let Some(slot) = self.replicas.slots.get_mut(shard) {
+    pub(crate) fn replica_log(&mut self, copy: &CopyRef, log: LogId) {
+        if let Some(slot) = self.replicas.slots.get_mut(copy) {
             slot.log = Some(log);
-            self.replicas.by_log.insert(log, shard.clone());
+            self.replicas.by_log.insert(log, copy.clone());
         }
     }
 
@@ -1042,19 +1148,22 @@ impl ClusterNode {
     fn state_durable(
         &mut self,
         now: Instant,
-        r: &ShardRef,
+        r: &CopyRef,
         log: LogId,
         state: ReplicaState,
         logs: &dyn LogView,
     ) {
-        let Some(m) = self.meta().shard(r).cloned() else {
+        let Some(m) = self.meta().shard(&r.shard).cloned() else {
             return;
         };
-        let consistency = self
-            .meta()
-            .streams
-            .get(&r.key)
-            .map_or(Consistency::Leader, |s| s.spec.consistency);
+        let consistency = match r.kind {
+            CopyKind::Records => self
+                .meta()
+                .streams
+                .get(&r.shard.key)
+                .map_or(Consistency::Leader, |s| s.spec.consistency),
+            CopyKind::Groups => Consistency::Leader,
+        };
         let Some(info) = logs.info(log) else {
             return;
         };
@@ -1117,10 +1226,14 @@ impl ClusterNode {
                 };
                 match result {
                     Ok(batch) if !batch.entries.is_empty() => {
+                        // A compacted log (a group log) can have a gap between `from` and
+                        // its first entry, and between entries: the shipment spans them, so
+                        // the follower's end moves to the batch's end (it fills the gaps).
+                        let (base_offset, record_count) = shipped_span(from, &batch);
                         let msg = PeerMessage::Replicate(pp::Replicate {
                             scope,
-                            base_offset: batch.base,
-                            record_count: batch.record_count,
+                            base_offset,
+                            record_count,
                             commit: l.commit(),
                             entries: batch.entries.clone(),
                         });
@@ -1144,7 +1257,7 @@ impl ClusterNode {
                 }
                 self.drain_leader(&r);
             }
-            ReadPurpose::Tail { to, scope } => {
+            ReadPurpose::Tail { to, scope, from } => {
                 let end = self
                     .replicas
                     .by_log
@@ -1154,8 +1267,8 @@ impl ClusterNode {
                 let chunk = match result {
                     Ok(b) => pp::TailChunk {
                         scope,
-                        base_offset: b.base,
-                        record_count: b.record_count,
+                        base_offset: shipped_span(from, &b).0,
+                        record_count: shipped_span(from, &b).1,
                         last: b.end >= end,
                         entries: b.entries,
                         end,
@@ -1175,7 +1288,7 @@ impl ClusterNode {
     }
 
     /// Turns a leader's outputs into reads and marks.
-    fn drain_leader(&mut self, r: &ShardRef) {
+    fn drain_leader(&mut self, r: &CopyRef) {
         let Some(slot) = self.replicas.slots.get_mut(r) else {
             return;
         };
@@ -1215,13 +1328,18 @@ impl ClusterNode {
             return;
         };
         let s = &scope.shard;
-        if s.kind != pp::ShardKind::Stream {
-            return;
-        }
-        let r = ShardRef {
-            kind: ObjectKind::Stream,
-            key: ObjectKey::new(&s.tenant, &s.namespace, &s.name),
-            shard: s.shard,
+        let kind = match s.kind {
+            pp::ShardKind::Stream => CopyKind::Records,
+            pp::ShardKind::StreamGroups => CopyKind::Groups,
+            pp::ShardKind::Cache => return,
+        };
+        let r = CopyRef {
+            shard: ShardRef {
+                kind: ObjectKind::Stream,
+                key: ObjectKey::new(&s.tenant, &s.namespace, &s.name),
+                shard: s.shard,
+            },
+            kind,
         };
         let from_node = NodeId::new(from);
         let refuse = |reason: pp::RefusalReason, current: u64, detail: &str| {
@@ -1321,6 +1439,7 @@ impl ClusterNode {
                     purpose: ReadPurpose::Tail {
                         to: from.to_owned(),
                         scope: t.scope,
+                        from: t.from,
                     },
                 });
             }
@@ -1539,6 +1658,15 @@ impl ClusterNode {
         }
         let _ = now;
     }
+}
+
+/// The offsets a shipment read from `from` covers: from `from` (or its first entry, when
+/// that holds `from`) to the batch's end. In a log without gaps this is exactly the
+/// batch's entries; in a compacted one it takes in the offsets compaction emptied.
+fn shipped_span(from: u64, batch: &felix_storage::log::FramedBatch) -> (u64, u32) {
+    let base = batch.base.min(from);
+    let span = batch.end.saturating_sub(base);
+    (base, u32::try_from(span).unwrap_or(u32::MAX))
 }
 
 /// A cut that did not happen: a follower asks to be fed again (the answer brings the cut

@@ -8,7 +8,7 @@ use felix_storage::ops::LogId;
 
 use super::Engine;
 use crate::broker::{Broker, LogInfo, StreamKey};
-use crate::cluster::{LogView, ReplicaIo};
+use crate::cluster::{CopyKind, LogView, ReplicaIo};
 
 /// Rounds of replication work in one call: each round's results can ask for more (an
 /// answer read from the tail cache at once), bounded so one turn stays short.
@@ -34,11 +34,17 @@ impl Engine {
                 any = true;
                 let broker = &mut core.broker;
                 match io {
-                    ReplicaIo::Open { shard } => {
-                        let k = &shard.key;
+                    ReplicaIo::Open { copy } => {
+                        let k = &copy.shard.key;
                         let key = StreamKey::new(&k.tenant, &k.namespace, &k.name);
-                        if let Some((log, _open)) = broker.shard_log(now, &key, shard.shard) {
-                            cluster.replica_log(&shard, log);
+                        let log = match copy.kind {
+                            CopyKind::Records => broker
+                                .shard_log(now, &key, copy.shard.shard)
+                                .map(|(l, _)| l),
+                            CopyKind::Groups => broker.group_log_of(now, &key, copy.shard.shard),
+                        };
+                        if let Some(log) = log {
+                            cluster.replica_log(&copy, log);
                         }
                     }
                     ReplicaIo::PersistState { log, state } => {
@@ -74,7 +80,11 @@ impl Engine {
                             cluster.truncation_refused(log);
                         }
                     }
-                    ReplicaIo::Gate { log, committed } => broker.gate(log, committed),
+                    ReplicaIo::Gate { log, committed } => {
+                        broker.gate(log, committed);
+                        // A group log led here from now on serves groups rebuilt from it.
+                        broker.reload_groups(now, log);
+                    }
                     ReplicaIo::Ungate { log } => broker.ungate(log),
                     ReplicaIo::Moved { log, to } => broker.shard_moved(log, &to),
                     ReplicaIo::Committed { log, up_to } => broker.committed(log, up_to),
@@ -105,6 +115,8 @@ impl Engine {
         let core = &mut self.core;
         if let felix_storage::log::ReplicaEvent::Truncated { result: Ok(offset) } = &event {
             core.broker.truncated(log, *offset);
+            // A group log's groups cannot be cut back: they are read again from the log.
+            core.broker.reload_groups(now, log);
         }
         if let Some(c) = core.cluster.as_mut() {
             c.replica_event(now, log, event, &core.broker);

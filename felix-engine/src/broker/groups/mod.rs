@@ -154,6 +154,9 @@ struct ShardGroups {
     groups: HashMap<String, GroupState>,
     /// Polls waiting for work here.
     waiting: Vec<u64>,
+    /// Led again by replication: the groups are rebuilt from the log (opened again, once
+    /// idle) before anything is served, since as a follower it may have been cut.
+    reload: bool,
 }
 
 /// A poll in progress: waiting for work, or reading what it claimed.
@@ -203,6 +206,8 @@ pub(crate) struct Groups {
     /// Shards with waiting polls to look at again this turn.
     woken: Vec<(usize, u32)>,
     waiting_count: usize,
+    /// Some shard's group log waits to be opened again (`ShardGroups::reload`).
+    reload_waiting: bool,
     /// Records retention removed before a group reached them.
     pub(crate) skipped: u64,
 }
@@ -308,12 +313,21 @@ impl Broker {
                         recovered: HashMap::new(),
                         groups: HashMap::new(),
                         waiting: Vec::new(),
+                        reload: false,
                     },
                 );
                 log
             }
         };
+        if self.groups.shards[&(stream, shard)].reload {
+            self.reload_groups_now(now, (stream, shard));
+        }
+        let logs = self.logs.as_mut().expect("checked");
         let slot = logs.slot_mut(sg).expect("live");
+        if self.groups.shards[&(stream, shard)].reload {
+            // Still busy: tried again after every turn's log work (`retry_group_reloads`).
+            return Err(BrokerError::opening(sg));
+        }
         log_ready(&slot.state, sg)?;
         let entry = self.groups.shards.get_mut(&(stream, shard)).expect("added");
         if !entry.loaded {
@@ -323,6 +337,104 @@ impl Broker {
             }
         }
         Ok((stream, shard))
+    }
+
+    /// The group log of shard `shard` of `key`, claimed (it opens in the background) if
+    /// this node never used it: replication keeps a copy of it beside the shard's log.
+    pub(crate) fn group_log_of(
+        &mut self,
+        now: Instant,
+        key: &StreamKey,
+        shard: u32,
+    ) -> Option<LogId> {
+        let stream = self.stream_or_create(now, key).ok()?;
+        if shard as usize >= self.streams[stream].shards.len() {
+            return None;
+        }
+        if let Some(sg) = self.groups.shards.get(&(stream, shard)) {
+            return Some(sg.log);
+        }
+        let logs = self.logs.as_mut()?;
+        let log = logs.claim(
+            group_log_dir(key, shard),
+            Owner::Groups { stream, shard },
+            now,
+        );
+        self.groups.shards.insert(
+            (stream, shard),
+            ShardGroups {
+                log,
+                loaded: false,
+                recovered: HashMap::new(),
+                groups: HashMap::new(),
+                waiting: Vec::new(),
+                reload: false,
+            },
+        );
+        Some(log)
+    }
+
+    /// Replication made this node the leader of the group log `log`: the groups it serves
+    /// are rebuilt from what the log holds now. Polls in progress on the shard end empty
+    /// (their claims belonged to the state being replaced).
+    pub(crate) fn reload_groups(&mut self, now: Instant, log: LogId) {
+        let Some(key) = self
+            .groups
+            .shards
+            .iter()
+            .find(|(_, sg)| sg.log == log)
+            .map(|(k, _)| *k)
+        else {
+            return;
+        };
+        let polls: Vec<u64> = self
+            .groups
+            .polls
+            .iter()
+            .filter(|(_, p)| (p.stream, p.shard) == key)
+            .map(|(w, _)| *w)
+            .collect();
+        for w in polls {
+            self.answer_poll(w, Ok(Vec::new()));
+        }
+        self.groups.shards.get_mut(&key).expect("found").reload = true;
+        self.reload_groups_now(now, key);
+    }
+
+    /// Opens the shard's group log again if it is idle (else leaves `reload` set).
+    fn reload_groups_now(&mut self, now: Instant, key: (usize, u32)) {
+        let Some(logs) = self.logs.as_mut() else {
+            return;
+        };
+        let Some(sg) = self.groups.shards.get_mut(&key) else {
+            return;
+        };
+        if logs.reopen(sg.log, now) {
+            sg.reload = false;
+            sg.loaded = false;
+            sg.recovered.clear();
+            sg.groups.clear();
+        } else {
+            self.groups.reload_waiting = true;
+        }
+    }
+
+    /// Group logs waiting to be opened again (they were busy): tried after each turn's
+    /// log work.
+    pub(super) fn retry_group_reloads(&mut self, now: Instant) {
+        if !std::mem::take(&mut self.groups.reload_waiting) {
+            return;
+        }
+        let waiting: Vec<(usize, u32)> = self
+            .groups
+            .shards
+            .iter()
+            .filter(|(_, sg)| sg.reload)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in waiting {
+            self.reload_groups_now(now, key);
+        }
     }
 
     /// Refuses a group the shard does not know yet once it holds [`MAX_GROUPS_PER_SHARD`].
@@ -886,13 +998,18 @@ impl Broker {
         let logs = self.logs.as_mut().expect("called with logs");
         match ev {
             LogEvent::Opened { .. } => logs.opened(id, Ok(())),
+            // A replicated group log led here counts its own durability toward the commit
+            // mark, as a shard's log does (`replicated.rs`).
+            LogEvent::Durable { up_to } if self.gates.contains_key(&id) => logs
+                .notices
+                .push_back(Notice::LocalDurable { log: id, up_to }),
             LogEvent::Durable { up_to } => {
                 logs.notices.push_back(Notice::Durable { log: id, up_to })
             }
             LogEvent::Failed(e) => logs.failed(id, e.to_string()),
             LogEvent::Read { .. } | LogEvent::Trimmed { .. } => {}
             LogEvent::Compacted { .. } | LogEvent::CompactionFailed(_) => {}
-            LogEvent::Replica(_) => {}
+            LogEvent::Replica(event) => logs.notices.push_back(Notice::Replica { log: id, event }),
         }
     }
 

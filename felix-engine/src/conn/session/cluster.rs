@@ -256,6 +256,11 @@ impl Session {
             let names = (t.tenant, t.namespace, t.name);
             let ready = if t.cache {
                 cluster.local_ready_cache(cx.now)
+            } else if matches!(t.class, RequestClass::Group) {
+                // Group state lives in the shard's group log, which has its own fence.
+                cluster
+                    .local_ready(cx.now, names, shard)
+                    .and_then(|()| cluster.groups_ready(cx.now, names, shard))
             } else {
                 cluster.local_ready(cx.now, names, shard)
             };

@@ -1,0 +1,139 @@
+//! A replicated stream shard's consumer groups move with it: the shard's group log (cursors,
+//! dead letters) is shipped to its followers beside the records, so the next leader serves
+//! each group from where it was acknowledged, not from scratch. Three durable nodes on
+//! felix-testkit's `ClusterNet` and its virtual clock; one stream of three shards with three
+//! copies at quorum consistency.
+
+use std::time::Duration;
+
+use felix_engine::{DurableConfig, EngineConfig, FsyncPolicy};
+use felix_storage::memfs::MemFs;
+use felix_storage::record::{self, Step, SEGMENT_HEADER_LEN};
+use felix_testkit::*;
+use serde_json::Value;
+
+const SHARDS: u32 = 3;
+
+fn durable(_: usize, cfg: &mut EngineConfig) {
+    let mut d = DurableConfig::default();
+    d.fsync = FsyncPolicy::OnCommit;
+    cfg.durable = Some(d);
+}
+
+/// The entries of `shard`'s group log on `disk`, as (first offset, bytes), in offset order.
+fn group_log_on(disk: &MemFs, shard: u32) -> Vec<(u64, Vec<u8>)> {
+    let dir = format!(
+        "{}/t1/default/orders/{shard}",
+        felix_storage::layout::GROUPS_DIR
+    );
+    let mut out = Vec::new();
+    for name in disk.list(&dir).into_iter().filter(|n| n.ends_with(".seg")) {
+        let Some(bytes) = disk.file(&format!("{dir}/{name}")) else {
+            continue;
+        };
+        let mut at = SEGMENT_HEADER_LEN as usize;
+        while at < bytes.len() {
+            let Step::Entry(meta) = record::step(&bytes[at..]) else {
+                break;
+            };
+            let len = meta.len as usize;
+            out.push((meta.base, bytes[at..at + len].to_vec()));
+            at += len;
+        }
+    }
+    out.sort_by_key(|e| e.0);
+    out
+}
+
+/// Sends one JSON request to node `at` on a new connection and waits (virtual time) for
+/// its answer.
+fn ask(c: &mut ClusterNet, at: usize, body: &str) -> Value {
+    let p = c.connect(at);
+    let (id, _) = c.auth_stream(at, p);
+    let mut answer = c.exchange(at, p, id, &json_frame(body));
+    let start = c.now;
+    while answer.is_empty() {
+        assert!(
+            c.now - start < Duration::from_secs(20),
+            "{body} never answered"
+        );
+        c.advance(Duration::from_millis(10));
+        answer = c.nodes[at].read_frames(p, id);
+    }
+    serde_json::from_str(text(&answer[0])).expect("a JSON answer")
+}
+
+fn group_addr(shard: u32) -> String {
+    format!(
+        r#""tenant_id":"t1","namespace":"default","stream":"orders","shard":{shard},"group":"g""#
+    )
+}
+
+/// Polls group `g` on `shard` through node `at`: the offsets handed out.
+fn poll(c: &mut ClusterNet, at: usize, shard: u32, request_id: u64) -> Vec<u64> {
+    let body = format!(
+        r#"{{"type":"group_poll",{},"max_records":16,"request_id":{request_id}}}"#,
+        group_addr(shard)
+    );
+    let answer = ask(c, at, &body);
+    answer["records"]
+        .as_array()
+        .unwrap_or_else(|| panic!("group records, not {answer}"))
+        .iter()
+        .map(|r| r["offset"].as_u64().expect("an offset"))
+        .collect()
+}
+
+fn ack(c: &mut ClusterNet, at: usize, shard: u32, offset: u64, request_id: u64) {
+    let body = format!(
+        r#"{{"type":"group_ack",{},"offset":{offset},"request_id":{request_id}}}"#,
+        group_addr(shard)
+    );
+    let answer = ask(c, at, &body);
+    assert_eq!(answer["type"], "cache_ok", "ack {offset}: {answer}");
+}
+
+#[test]
+fn a_groups_acknowledged_cursor_survives_the_loss_of_the_shards_leader() {
+    let spec = ClusterSpec::quorum_orders(SHARDS);
+    let mut c = ClusterNet::started(&spec, durable);
+    // A shard led off the control plane's node, so stopping its leader leaves the control
+    // plane its majority and leader.
+    let control = c.control_leader();
+    let shard = (0..SHARDS)
+        .find(|&s| c.orders_leader(control, s).0.is_some_and(|l| l != control))
+        .expect("leaders are balanced");
+    let (leader, generation) = c.orders_leader(control, shard);
+    let leader = leader.unwrap();
+    c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
+    for i in 0..6 {
+        let payload = [b'a' + i as u8; 16];
+        assert_eq!(c.publish_acked(leader, (SHARDS, shard), i, &payload), i);
+    }
+    assert_eq!(poll(&mut c, leader, shard, 100), (0..6).collect::<Vec<_>>());
+    for offset in 0..4 {
+        ack(&mut c, leader, shard, offset, 200 + offset);
+    }
+    // The group log goes to both followers as written.
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    c.until(Duration::from_secs(10), |c| {
+        let theirs = group_log_on(&c.nodes[leader].disk, shard);
+        !theirs.is_empty()
+            && followers
+                .iter()
+                .all(|&f| group_log_on(&c.nodes[f].disk, shard) == theirs)
+    });
+
+    c.freeze(leader);
+    let next_leader = |c: &ClusterNet| {
+        let (l, g) = c.orders_leader(control, shard);
+        l.filter(|&l| g > generation && l != leader && c.writable(l, shard))
+    };
+    c.until(Duration::from_secs(30), |c| next_leader(c).is_some());
+    let next = next_leader(&c).unwrap();
+    // A write at the new generation commits everything before it.
+    assert_eq!(c.publish_acked(next, (SHARDS, shard), 6, b"after"), 6);
+    // The claims of the poll on the old leader lapse with it; what was acknowledged there
+    // stays acknowledged: the next leader hands out only the rest.
+    assert_eq!(poll(&mut c, next, shard, 300), vec![4, 5, 6]);
+}
