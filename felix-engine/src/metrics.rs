@@ -155,8 +155,9 @@ pub struct Metrics {
     pub cluster_metadata_term: u64,
     /// Gauge, in a cluster: the last metadata log index applied here.
     pub cluster_metadata_applied: u64,
-    /// Gauges, per replicated shard led here (`tenant/namespace/stream#shard`): records the
-    /// slowest follower lacks durably — what a `leader` ack can lose at a failover.
+    /// Gauges, per replicated shard led here (`tenant/namespace/stream#shard`, its group log
+    /// as `…#shard/groups`): records the slowest follower lacks durably — what a `leader` ack
+    /// can lose at a failover.
     pub replication_lag_records: Vec<(String, u64)>,
     /// Shard leadership changes this node applied.
     pub replication_leader_changes: u64,

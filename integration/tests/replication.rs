@@ -10,7 +10,9 @@ use felix_client::{Ack, Offer, Start};
 use felix_integration::cluster_support::{Cluster, NODES};
 use felix_integration::durable_support::TempDir;
 use felix_integration::within;
+use felix_proto::message::Message;
 use felix_proto::routing::{shard_for_key, RoutingMapping};
+use felix_proto::ErrorCode;
 use felix_runtime_tokio::felix_engine::Consistency;
 
 const SHARDS: u32 = 3;
@@ -223,6 +225,76 @@ async fn a_follower_back_on_an_empty_disk_is_rebuilt_and_counts_for_the_quorum()
         acked.keys().copied().collect::<Vec<u64>>(),
         (0..40).collect::<Vec<u64>>(),
         "contiguous from 0"
+    );
+    c.shutdown().await;
+}
+
+/// Sends one consumer-group request for group `g` on `shard` to node `at`, asking again
+/// while the shard is between leaders (`not_leader` from a node whose metadata trails, or
+/// `shard_unavailable` while the new leader fences).
+async fn group_request(c: &Cluster, at: usize, shard: u32, body: &str) -> Message {
+    let json = format!(
+        r#"{{"tenant_id":"t1","namespace":"default","stream":"{}","shard":{shard},"group":"g",{body}}}"#,
+        c.stream
+    );
+    let ask = Message::decode(json.as_bytes()).expect("a group request");
+    for _ in 0..50 {
+        let changed = c.brokers[at].as_ref().expect("running").metadata_changed();
+        match c.ask(at, Offer::reference_client(), &ask).await {
+            Message::Error(e)
+                if matches!(e.code, ErrorCode::NotLeader | ErrorCode::ShardUnavailable) =>
+            {
+                let _ = within(10, changed).await;
+            }
+            answer => return answer,
+        }
+    }
+    panic!("the shard's group never answered");
+}
+
+#[tokio::test]
+async fn a_groups_acknowledged_cursor_survives_its_shards_leader() {
+    felix_integration::test_logs();
+    let (mut c, _dirs) = start_quorum("groups").await;
+    let shard = 0;
+    let old = leader_of(&c, 0, shard).await.expect("placed with a leader");
+    let old_at = NODES.iter().position(|n| *n == old).unwrap();
+    let entry = (old_at + 1) % NODES.len();
+    for i in 0..6 {
+        let offset = publish(&c, entry, shard, Bytes::from(format!("job-{i}"))).await;
+        assert_eq!(offset, i);
+    }
+    let poll = r#""type":"group_poll","max_records":16,"request_id":1"#;
+    let Message::GroupRecords(got) = group_request(&c, old_at, shard, poll).await else {
+        panic!("group records");
+    };
+    let offsets: Vec<u64> = got.records.iter().map(|r| r.offset).collect();
+    assert_eq!(offsets, (0..6).collect::<Vec<u64>>());
+    // On a quorum stream a group's ack is answered once a majority holds it, like a publish.
+    for offset in 0..4 {
+        let ack = format!(r#""type":"group_ack","offset":{offset},"request_id":2"#);
+        let answer = group_request(&c, old_at, shard, &ack).await;
+        assert!(
+            matches!(answer, Message::CacheOk(_)),
+            "ack {offset}: {answer:?}"
+        );
+    }
+    let b = c.brokers[old_at].take().unwrap();
+    within(15, b.shutdown()).await.unwrap();
+    let next_at = new_leader(&c, entry, shard, &old).await;
+    // A record at the new generation commits everything below it.
+    assert_eq!(
+        publish(&c, entry, shard, Bytes::from_static(b"job-6")).await,
+        6
+    );
+    let Message::GroupRecords(got) = group_request(&c, next_at, shard, poll).await else {
+        panic!("group records");
+    };
+    let offsets: Vec<u64> = got.records.iter().map(|r| r.offset).collect();
+    assert_eq!(
+        offsets,
+        vec![4, 5, 6],
+        "the acknowledged four stay acknowledged on the next leader"
     );
     c.shutdown().await;
 }

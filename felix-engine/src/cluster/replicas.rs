@@ -33,9 +33,8 @@ use crate::broker::replicated::MovedTo;
 use crate::broker::LogInfo;
 
 /// Which of a shard's logs a copy is of. A stream shard's consumer-group log rides the
-/// shard: same replica set, leader and generation, fenced and fed like the records, but
-/// acknowledged at the leader's own durability whatever the stream's consistency (a group's
-/// ack waits for no follower, as its publishes' do not wait for group state).
+/// shard: same replica set, leader, generation and consistency, fenced and fed like the
+/// records, so a group's ack on a quorum stream promises what a quorum publish does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum CopyKind {
     Records,
@@ -310,7 +309,7 @@ fn splice(own: &[(u64, u64)], theirs: &[(u64, u64)], cut: u64) -> Vec<(u64, u64)
 
 impl ClusterNode {
     /// Replicated logs of streams this node holds a copy of, as the metadata says now: each
-    /// shard's records, at the stream's consistency, and its group log, at `leader`.
+    /// shard's records and its group log, both at the stream's consistency.
     fn replicated_here(&self) -> Vec<(CopyRef, ShardMeta, Consistency)> {
         if !self.replicas.durable {
             return Vec::new();
@@ -336,7 +335,7 @@ impl ClusterNode {
                         };
                         [
                             (CopyRef::records(shard), m.clone(), s.spec.consistency),
-                            (groups, m.clone(), Consistency::Leader),
+                            (groups, m.clone(), s.spec.consistency),
                         ]
                     })
             })
@@ -521,12 +520,16 @@ impl ClusterNode {
             .replicas
             .slots
             .iter()
-            .filter_map(|(r, s)| match (&s.role, r.kind) {
-                (Role::Leading(l), CopyKind::Records) => Some((
-                    format!("{}#{}", r.shard.key, r.shard.shard),
-                    l.lag_records(),
-                )),
-                _ => None,
+            .filter_map(|(r, s)| {
+                let Role::Leading(l) = &s.role else {
+                    return None;
+                };
+                let shard = format!("{}#{}", r.shard.key, r.shard.shard);
+                let label = match r.kind {
+                    CopyKind::Records => shard,
+                    CopyKind::Groups => format!("{shard}/groups"),
+                };
+                Some((label, l.lag_records()))
             })
             .collect();
         stats
@@ -1156,14 +1159,11 @@ impl ClusterNode {
         let Some(m) = self.meta().shard(&r.shard).cloned() else {
             return;
         };
-        let consistency = match r.kind {
-            CopyKind::Records => self
-                .meta()
-                .streams
-                .get(&r.shard.key)
-                .map_or(Consistency::Leader, |s| s.spec.consistency),
-            CopyKind::Groups => Consistency::Leader,
-        };
+        let consistency = self
+            .meta()
+            .streams
+            .get(&r.shard.key)
+            .map_or(Consistency::Leader, |s| s.spec.consistency);
         let Some(info) = logs.info(log) else {
             return;
         };
