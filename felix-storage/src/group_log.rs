@@ -229,6 +229,21 @@ impl GroupLog {
         first.map(|f| f + payloads.len() as u64)
     }
 
+    /// Appends entries a leader's group log shipped (its `read_framed`), as a follower does:
+    /// with [`ShardLog::append_framed_with_gaps`], since a compacted log's offsets jump.
+    /// Their records are folded in as recovery's are: into the live records, and into what
+    /// [`GroupLog::take_recovered`] hands out next. Returns the log's new next offset.
+    pub fn append_shipped(
+        &mut self,
+        now: Instant,
+        base: u64,
+        entries: Bytes,
+    ) -> Result<u64, AppendError> {
+        let r = self.log.append_framed_with_gaps(now, base, entries);
+        self.absorb();
+        r
+    }
+
     fn note_live(&mut self, r: &GroupRecord, at: u64) {
         if r.op == GroupOp::Delete {
             self.live.remove(&r.group);
@@ -273,6 +288,8 @@ impl GroupLog {
         while let Some(entry) = self.log.take_replayed() {
             self.replay(entry);
         }
+        // Shipped entries reach the groups through replay; their metadata is not needed.
+        while self.log.take_appended().is_some() {}
         while let Some(ev) = self.log.poll_event() {
             let ev = match ev {
                 LogEvent::Opened { .. } if self.corrupt.is_some() => {
