@@ -741,6 +741,8 @@ impl ShardLog {
 }
 
 #[cfg(test)]
+mod gap_tests;
+#[cfg(test)]
 mod replica_tests;
 #[cfg(test)]
 mod tests;
