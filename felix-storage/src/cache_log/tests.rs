@@ -568,7 +568,10 @@ fn a_follower_fed_a_compacted_cache_log_answers_every_key_as_its_leader_does() {
     for max_bytes in [1, 1 << 20] {
         let mut follow = Rig::on(MemFs::new(), cfg(600));
         let first = shipper.framed(0, max_bytes);
-        assert!(first.base > 0, "offset 0 was overwritten, so compacted away");
+        assert!(
+            first.base > 0,
+            "offset 0 was overwritten, so compacted away"
+        );
         let end = follow
             .cache
             .append_shipped(follow.bench.t0, first.base, first.entries)

@@ -10,7 +10,7 @@ use crate::record::{Step, SEGMENT_HEADER_LEN};
 
 /// Offsets a compacted leader keeps in its sealed segments: two of every three dropped.
 fn kept(offset: u64) -> bool {
-    offset % 3 == 0
+    offset.is_multiple_of(3)
 }
 
 /// A leader of `n` one-record entries whose sealed segments are compacted to [`kept`].
@@ -125,7 +125,8 @@ fn a_gapped_batch_may_start_past_the_end_and_jump_but_never_overlap() {
         "the first entry starts at the base given"
     );
     assert_eq!(
-        f.log.append_framed_with_gaps(f.t0, b.base, b.entries.clone()),
+        f.log
+            .append_framed_with_gaps(f.t0, b.base, b.entries.clone()),
         Ok(b.end)
     );
     f.pump();
@@ -251,7 +252,9 @@ fn truncate_to_cuts_a_gapped_follower_at_its_skip_entries_boundaries() {
         assert_eq!(f.log.next_offset(), base);
         ship_gapped(&mut lead, &mut f, 1 << 20);
         assert_eq!(f.log.next_offset(), lead.log.next_offset());
-        assert!(entries(&f).iter().any(|e| (e.1, e.2, e.3) == (base, end, true)));
+        assert!(entries(&f)
+            .iter()
+            .any(|e| (e.1, e.2, e.3) == (base, end, true)));
         let mut f = f.reopen(Crash::Power);
         assert_eq!(f.read_all(), want);
     }
