@@ -288,7 +288,7 @@ impl GroupLog {
         while let Some(entry) = self.log.take_replayed() {
             self.replay(entry);
         }
-        // Shipped entries reach the groups through replay; their metadata is not needed.
+        // A shipped entry's records come through `take_replayed`; its metadata is not needed.
         while self.log.take_appended().is_some() {}
         while let Some(ev) = self.log.poll_event() {
             let ev = match ev {

@@ -220,7 +220,7 @@ impl CounterLog {
         base: u64,
         entries: Bytes,
     ) -> Result<u64, AppendError> {
-        // Recovery's entries are folded in already; what the log hands out next is ours.
+        // Recovery's entries go to the sums first, so what is replayed below is this batch.
         self.absorb();
         let r = self.log.append_framed_with_gaps(now, base, entries);
         while let Some(entry) = self.log.take_replayed() {
@@ -298,7 +298,7 @@ impl CounterLog {
         while let Some(entry) = self.log.take_replayed() {
             self.replay(entry);
         }
-        // Shipped entries reach the sums through replay; their metadata is not needed.
+        // A shipped entry's records come through `take_replayed`; its metadata is not needed.
         while self.log.take_appended().is_some() {}
         while let Some(ev) = self.log.poll_event() {
             match ev {

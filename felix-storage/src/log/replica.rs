@@ -159,8 +159,8 @@ enum TStep {
 impl ShardLog {
     // ---- framed reads -------------------------------------------------------------------
 
-    /// Reads whole entries as stored, from the entry holding `from` on, for shipping to a
-    /// follower: at most `max_bytes` of them (always at least one when one is durable),
+    /// Reads whole entries as stored, from the entry holding `from` on (in a compacted log's
+    /// gap, the first entry after it), for shipping to a follower: at most `max_bytes` of them (always at least one when one is durable),
     /// only durable ones, and never across a segment or (from the tail cache) a write. The
     /// answer comes as [`ReplicaEvent::Framed`]; from the tail cache it is queued before
     /// this returns and shares its bytes (no copy), otherwise it is one file read.
