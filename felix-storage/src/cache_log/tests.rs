@@ -626,6 +626,22 @@ fn a_follower_fed_a_compacted_cache_log_answers_every_key_as_its_leader_does() {
             (follow.cache.live_bytes(), follow.cache.expiring()),
             (lead_live, lead_expiring)
         );
+
+        // The follower's own compaction keeps nothing of its skip entries: its sealed
+        // files hold exactly the live records, as the leader's do.
+        assert!(follow.cache.compact(1_000));
+        follow.pump();
+        assert!(follow.failed.is_none(), "{:?}", follow.failed);
+        assert_eq!(follow.snapshot(&keys, 1_000), want);
+        let (sealed, active_base) = stored_offsets(&follow.bench.fs);
+        let live: Vec<u64> = want
+            .values()
+            .map(|(o, _)| *o)
+            .filter(|&o| o < active_base)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        assert_eq!(sealed, live);
         assert_eq!(follow.put("k02", "after", None), lead_next);
     }
 }
