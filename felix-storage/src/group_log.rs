@@ -229,6 +229,21 @@ impl GroupLog {
         first.map(|f| f + payloads.len() as u64)
     }
 
+    /// Appends entries a leader's group log shipped (its `read_framed`), as a follower does:
+    /// with [`ShardLog::append_framed_with_gaps`], since a compacted log's offsets jump.
+    /// Their records are folded in as recovery's are: into the live records, and into what
+    /// [`GroupLog::take_recovered`] hands out next. Returns the log's new next offset.
+    pub fn append_shipped(
+        &mut self,
+        now: Instant,
+        base: u64,
+        entries: Bytes,
+    ) -> Result<u64, AppendError> {
+        let r = self.log.append_framed_with_gaps(now, base, entries);
+        self.absorb();
+        r
+    }
+
     fn note_live(&mut self, r: &GroupRecord, at: u64) {
         if r.op == GroupOp::Delete {
             self.live.remove(&r.group);
@@ -273,6 +288,8 @@ impl GroupLog {
         while let Some(entry) = self.log.take_replayed() {
             self.replay(entry);
         }
+        // A shipped entry's records come through `take_replayed`; its metadata is not needed.
+        while self.log.take_appended().is_some() {}
         while let Some(ev) = self.log.poll_event() {
             let ev = match ev {
                 LogEvent::Opened { .. } if self.corrupt.is_some() => {
@@ -321,7 +338,7 @@ mod tests {
     use super::*;
     use crate::cache_log::COMPACT_MIN_BYTES;
     use crate::log::FsyncMode;
-    use crate::memfs::MemFs;
+    use crate::memfs::{Crash, MemFs};
 
     const DIR: &str = "groups/t/ns/s/0";
 
@@ -415,6 +432,88 @@ mod tests {
         assert!(groups
             .get("gone")
             .is_none_or(|d| *d == DurableGroup::default()));
+    }
+
+    #[test]
+    fn a_follower_fed_a_compacted_group_log_rebuilds_its_leaders_groups() {
+        let cfg = LogConfig {
+            fsync: FsyncMode::OnCommit,
+            segment_max_bytes: 64 << 10,
+            ..LogConfig::default()
+        };
+        let t0 = Instant::now();
+        let mut compacted = 0;
+        let mut fs = MemFs::new();
+        let mut lead = GroupLog::open(LogId(3), DIR.into(), cfg.clone(), t0);
+        pump(&mut fs, &mut lead, &mut compacted);
+        // Records compaction drops that undo earlier ones: a discard, a finished redrive,
+        // a deleted group.
+        let early = [
+            record(GroupOp::Dead, "a", 7),
+            record(GroupOp::Dead, "a", 8),
+            record(GroupOp::Dead, "a", 9),
+            record(GroupOp::Discard, "a", 9),
+            record(GroupOp::Redrive, "a", 8),
+            record(GroupOp::Redrive, "a", 7),
+            record(GroupOp::Done, "a", 7),
+            record(GroupOp::Cursor, "gone", 5),
+            record(GroupOp::Delete, "gone", 0),
+            record(GroupOp::Dead, "b", 1),
+            record(GroupOp::Dead, "a", 10),
+        ];
+        lead.append(t0, 1, &early).unwrap();
+        for i in 0..24_000u64 {
+            lead.append(t0, 1, &[record(GroupOp::Cursor, "a", i)])
+                .unwrap();
+            if i % 64 == 0 {
+                pump(&mut fs, &mut lead, &mut compacted);
+            }
+        }
+        pump(&mut fs, &mut lead, &mut compacted);
+        assert!(compacted >= 1, "a pass ran");
+        let lead_next = lead.log().next_offset();
+        let live = lead.live_records();
+        assert_eq!(live, 4, "a's cursor, dead 10, redriven 8, b's dead 1");
+        fs.crash(Crash::Process);
+        let mut again = GroupLog::open(LogId(4), DIR.into(), cfg.clone(), t0);
+        pump(&mut fs, &mut again, &mut compacted);
+        let want = again.take_recovered();
+        assert!(!want.contains_key("gone"));
+        assert_eq!(want["a"].cursor, Some(23_999));
+        let mut shipper = crate::test_bench::Shipper::on(fs, cfg.clone(), DIR);
+
+        let mut follow = (
+            MemFs::new(),
+            GroupLog::open(LogId(5), DIR.into(), cfg.clone(), t0),
+        );
+        pump(&mut follow.0, &mut follow.1, &mut compacted);
+        assert!(follow.1.take_recovered().is_empty());
+        let in_gaps = crate::test_bench::ship(
+            &mut shipper,
+            &mut follow,
+            64 << 10,
+            |f| f.1.log().next_offset(),
+            |f, base, entries| {
+                let end =
+                    f.1.append_shipped(t0, base, entries)
+                        .expect("append_shipped");
+                pump(&mut f.0, &mut f.1, &mut 0);
+                end
+            },
+        );
+        assert!(in_gaps > 0, "some reads began in a gap");
+        let (mut fs, mut follow) = follow;
+        assert_eq!(follow.log().next_offset(), lead_next);
+        assert_eq!(follow.log().durable_offset(), lead_next);
+        assert_eq!(follow.live_records(), live);
+        assert_eq!(follow.take_recovered(), want);
+
+        fs.crash(Crash::Power);
+        let mut follow = GroupLog::open(LogId(6), DIR.into(), cfg, t0);
+        pump(&mut fs, &mut follow, &mut compacted);
+        assert_eq!(follow.log().next_offset(), lead_next);
+        assert_eq!(follow.live_records(), live);
+        assert_eq!(follow.take_recovered(), want);
     }
 
     #[test]

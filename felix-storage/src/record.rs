@@ -5,6 +5,10 @@
 //! count, append time, publisher and payloads, so record `i` of an entry has offset
 //! `base + i`. The CRC32C covers the length field and the body, so a damaged length is
 //! caught like any other damaged byte once the body is there to check.
+//!
+//! A *skip* entry holds no record: it says that its offsets hold nothing. Only a follower
+//! writes one, where shipped entries of a compacted log jump, so its own log stays
+//! contiguous (see [`encode_skip`]).
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -29,6 +33,10 @@ pub const MAX_ENTRY_BYTES: usize = 64 << 20;
 pub const MAX_PUBLISHER_BYTES: usize = 255;
 
 const ENTRY_KIND_BATCH: u8 = 1;
+/// Entry kind: offsets `[base, base + count)` hold no record.
+const ENTRY_KIND_SKIP: u8 = 2;
+/// Size of a skip entry: the entry header and the fixed part of a body, nothing after.
+pub const SKIP_ENTRY_LEN: usize = ENTRY_HEADER_LEN + BATCH_FIXED_LEN;
 /// Entry flag: a producer mark (id, sequence, payload digest) follows the publisher.
 const ENTRY_FLAG_PRODUCER: u16 = 1;
 /// Entry flag: a state block (length-prefixed, see `broker/commit.rs`) follows.
@@ -264,6 +272,37 @@ pub fn encode_entry_ext<P: AsRef<[u8]>>(
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// Appends a skip entry: offsets `[base, base + count)` hold no record. A follower of a
+/// compacted log writes these where the shipped offsets jump, so its log stays contiguous
+/// (every segment, scan and cut keeps the rule that an entry starts where the one before it
+/// ended) while readers, replay and compaction find nothing there. `time_us` is stored as
+/// any entry's time. `count` is at least 1.
+pub fn encode_skip(out: &mut BytesMut, base: u64, count: u32, time_us: u64) {
+    debug_assert!(count > 0);
+    let start = out.len();
+    out.reserve(SKIP_ENTRY_LEN);
+    out.put_u32_le(BATCH_FIXED_LEN as u32);
+    out.put_u32_le(0); // CRC, filled below
+    out.put_u8(ENTRY_KIND_SKIP);
+    out.put_u8(0);
+    out.put_u16_le(0);
+    out.put_u32_le(count);
+    out.put_u64_le(base);
+    out.put_u64_le(time_us);
+    let crc = entry_crc(&out[start..start + 4], &out[start + ENTRY_HEADER_LEN..]);
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Records in an entry this log holds (validated when written or scanned): its count, or
+/// none for a skip entry.
+pub(crate) fn records_in(entry: &[u8]) -> u32 {
+    if entry[ENTRY_HEADER_LEN] == ENTRY_KIND_SKIP {
+        0
+    } else {
+        u32_at(entry, ENTRY_HEADER_LEN + 4)
+    }
+}
+
 fn entry_crc(len_field: &[u8], body: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(len_field), body)
 }
@@ -272,16 +311,28 @@ fn entry_crc(len_field: &[u8], body: &[u8]) -> u32 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EntryMeta {
     pub base: u64,
+    /// Offsets the entry covers: its records, or for a skip entry the offsets it skips.
     pub count: u32,
     pub time_us: u64,
     /// Encoded size, header included.
     pub len: u32,
+    /// A skip entry ([`encode_skip`]): its offsets hold no record.
+    pub skip: bool,
 }
 
 impl EntryMeta {
     /// One past the last offset in the entry.
     pub fn end(&self) -> u64 {
         self.base + u64::from(self.count)
+    }
+
+    /// Records the entry holds (none for a skip entry).
+    pub fn records(&self) -> u32 {
+        if self.skip {
+            0
+        } else {
+            self.count
+        }
     }
 }
 
@@ -330,7 +381,7 @@ pub fn step(buf: &[u8]) -> Step {
     }
     let body_len = u32_at(buf, 0);
     let total = body_len as usize + ENTRY_HEADER_LEN;
-    if (body_len as usize) < BATCH_FIXED_LEN + RECORD_OVERHEAD || total > MAX_ENTRY_BYTES {
+    if (body_len as usize) < BATCH_FIXED_LEN || total > MAX_ENTRY_BYTES {
         return Step::Damaged {
             damage: Damage::Length(body_len),
             len: None,
@@ -353,18 +404,22 @@ pub fn step(buf: &[u8]) -> Step {
             count,
             time_us,
             len: total as u32,
+            skip: body[0] == ENTRY_KIND_SKIP,
         }),
         Err(why) => damaged(Damage::Layout(why)),
     }
 }
 
 /// Validates a body whose CRC matched: a known kind, no unknown flags, and payload lengths
-/// that fill it exactly. A CRC that matches over a malformed body means a writer bug or a
-/// newer format, and guessing at either is worse than refusing.
+/// that fill it exactly (a skip entry: the fixed part alone, no publisher, no flags). A CRC
+/// that matches over a malformed body means a writer bug or a newer format, and guessing
+/// at either is worse than refusing.
 fn check_body(body: &[u8]) -> Result<(u32, u64, u64), &'static str> {
-    if body[0] != ENTRY_KIND_BATCH {
-        return Err("unknown entry kind");
-    }
+    let skip = match body[0] {
+        ENTRY_KIND_BATCH => false,
+        ENTRY_KIND_SKIP => true,
+        _ => return Err("unknown entry kind"),
+    };
     let flags = u16::from_le_bytes([body[2], body[3]]);
     if flags & !(ENTRY_FLAG_PRODUCER | ENTRY_FLAG_STATE) != 0 {
         return Err("unknown entry flags");
@@ -375,10 +430,16 @@ fn check_body(body: &[u8]) -> Result<(u32, u64, u64), &'static str> {
     }
     let base = u64_at(body, 8);
     let time_us = u64_at(body, 16);
-    let mut at = records_at(body).ok_or("the extension runs past the entry")?;
     if base.checked_add(u64::from(count)).is_none() {
         return Err("offsets overflow");
     }
+    if skip {
+        if body[1] != 0 || flags != 0 || body.len() != BATCH_FIXED_LEN {
+            return Err("a skip entry with a publisher, flags or payloads");
+        }
+        return Ok((count, base, time_us));
+    }
+    let mut at = records_at(body).ok_or("the extension runs past the entry")?;
     for _ in 0..count {
         if body.len() < at + RECORD_OVERHEAD {
             return Err("payload lengths run past the entry");
@@ -468,11 +529,16 @@ pub struct DecodedEntry {
     pub payloads: Vec<Bytes>,
 }
 
-/// Decodes an entry [`step`] has already validated (`entry` is exactly its bytes).
+/// Decodes an entry [`step`] has already validated (`entry` is exactly its bytes). A skip
+/// entry decodes with no payloads.
 pub fn decode_entry(entry: &Bytes) -> DecodedEntry {
     let body = entry.slice(ENTRY_HEADER_LEN..);
     let publisher_len = body[1] as usize;
-    let count = u32_at(&body, 4) as usize;
+    let count = if body[0] == ENTRY_KIND_SKIP {
+        0
+    } else {
+        u32_at(&body, 4) as usize
+    };
     let base = u64_at(&body, 8);
     let time_us = u64_at(&body, 16);
     let publisher =
@@ -673,6 +739,75 @@ mod tests {
             panic!()
         };
         assert_eq!(scanned_ext(&plain, &meta), None);
+    }
+
+    #[test]
+    fn a_skip_entry_covers_its_offsets_and_holds_no_record() {
+        let mut out = BytesMut::new();
+        encode_skip(&mut out, 100, 7, 9);
+        let buf = out.freeze();
+        // Golden bytes, as for a batch: kind 2, no publisher, no flags, count, base, time.
+        let expect_body: Vec<u8> = [
+            &[2u8, 0, 0, 0][..],
+            &7u32.to_le_bytes(),
+            &100u64.to_le_bytes(),
+            &9u64.to_le_bytes(),
+        ]
+        .concat();
+        assert_eq!(buf.len(), SKIP_ENTRY_LEN);
+        assert_eq!(&buf[0..4], &24u32.to_le_bytes());
+        assert_eq!(&buf[8..], &expect_body[..]);
+        let Step::Entry(meta) = step(&buf) else {
+            panic!("not an entry: {:?}", step(&buf))
+        };
+        assert_eq!((meta.base, meta.count, meta.end()), (100, 7, 107));
+        assert_eq!((meta.skip, meta.records(), meta.time_us), (true, 0, 9));
+        assert_eq!(meta.len as usize, SKIP_ENTRY_LEN);
+        let d = decode_entry(&buf);
+        assert_eq!((d.base, d.time_us, d.publisher), (100, 9, None));
+        assert!(d.payloads.is_empty());
+        assert_eq!(scanned_ext(&buf, &meta), None);
+        let Step::Entry(batch) = step(&one(3, &[b"x"])) else {
+            panic!()
+        };
+        assert_eq!((batch.skip, batch.records()), (false, 1));
+        for i in 0..buf.len() {
+            let mut bad = BytesMut::from(&buf[..]);
+            bad[i] ^= 0x10;
+            assert!(
+                matches!(step(&bad), Step::Damaged { .. } | Step::Partial { .. }),
+                "flip at {i} went unnoticed"
+            );
+        }
+    }
+
+    #[test]
+    fn a_skip_entry_with_anything_after_its_fixed_part_is_refused() {
+        // A skip entry is exactly its fixed part: a publisher length, a flag or a payload
+        // behind a matching CRC is refused, as any malformed body is.
+        for (at, byte, extra) in [(9usize, 1u8, 1usize), (10, 1, 0), (0, 0, 4)] {
+            let mut out = BytesMut::new();
+            encode_skip(&mut out, 5, 2, 0);
+            out.extend_from_slice(&vec![0u8; extra]);
+            let body_len = (out.len() - ENTRY_HEADER_LEN) as u32;
+            out[0..4].copy_from_slice(&body_len.to_le_bytes());
+            if at != 0 {
+                out[at] = byte;
+            }
+            let crc = entry_crc(&out[0..4], &out[8..]);
+            out[4..8].copy_from_slice(&crc.to_le_bytes());
+            assert!(
+                matches!(
+                    step(&out),
+                    Step::Damaged {
+                        damage: Damage::Layout(_),
+                        ..
+                    }
+                ),
+                "byte {at} = {byte}, {extra} extra: {:?}",
+                step(&out)
+            );
+        }
     }
 
     #[test]

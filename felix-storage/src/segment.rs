@@ -170,6 +170,7 @@ mod tests {
             count,
             time_us: base * 10,
             len,
+            skip: false,
         }
     }
 
@@ -214,6 +215,7 @@ mod tests {
                 count: 1,
                 time_us,
                 len,
+                skip: false,
             };
             s.note_entry(pos, &m);
             pos += u64::from(len);

@@ -5,10 +5,12 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use bytes::Bytes;
+
 use super::driven::Driven;
-use super::log::{FsyncMode, LogConfig};
+use super::log::{FramedBatch, FsyncMode, LogConfig, LogEvent, ReplicaEvent, ShardLog};
 use super::memfs::{Crash, MemFs};
-use super::ops::{FileOp, FileOpKind};
+use super::ops::{FileOp, FileOpKind, LogId};
 
 /// Synced on commit, so a write is durable once acknowledged; small segments make
 /// compaction reachable.
@@ -88,4 +90,80 @@ pub(crate) fn settle(what: &str, mut step: impl FnMut() -> bool) {
         }
     }
     panic!("{what} did not settle");
+}
+
+/// A leader's files opened as a plain log, to read framed entries from (the cache, counter
+/// and group logs do not hand out their log's replication events).
+pub(crate) struct Shipper {
+    bench: Bench,
+    log: ShardLog,
+}
+
+impl Shipper {
+    pub(crate) fn on(fs: MemFs, cfg: LogConfig, dir: &str) -> Shipper {
+        let (bench, log) = Bench::open(fs, cfg, |cfg, t0| {
+            ShardLog::open(LogId(40), dir.into(), cfg, t0)
+        });
+        let mut s = Shipper { bench, log };
+        s.framed_or_none(None);
+        assert!(s.log.is_open());
+        s
+    }
+
+    pub(crate) fn next_offset(&self) -> u64 {
+        self.log.next_offset()
+    }
+
+    /// Runs the log until it settles; the answer to `ticket`, if one came.
+    fn framed_or_none(&mut self, ticket: Option<crate::log::ReadTicket>) -> Option<FramedBatch> {
+        let mut answer = None;
+        settle("the shipper", || {
+            self.bench.take_ops(&mut self.log);
+            while let Some(ev) = self.log.poll_event() {
+                match ev {
+                    LogEvent::Replica(ReplicaEvent::Framed { ticket: t, result }) => {
+                        assert_eq!(Some(t), ticket);
+                        answer = Some(result.expect("framed read ok"));
+                    }
+                    LogEvent::Failed(e) => panic!("the shipper failed: {e}"),
+                    _ => {}
+                }
+            }
+            self.bench.run_one(&mut self.log)
+        });
+        answer
+    }
+
+    /// One framed read from `from`.
+    pub(crate) fn framed(&mut self, from: u64, max_bytes: usize) -> FramedBatch {
+        let ticket = self.log.read_framed(from, max_bytes).expect("read_framed");
+        self.framed_or_none(Some(ticket)).expect("answered")
+    }
+}
+
+/// Ships everything on `shipper` to `follower`, `max_bytes` at a time, as a replicating
+/// leader would: a framed read from the follower's next offset (`next`), handed to
+/// `append`, which returns the follower's new next offset. Returns how many reads began
+/// inside a gap (the batch started past the offset asked for).
+pub(crate) fn ship<F>(
+    shipper: &mut Shipper,
+    follower: &mut F,
+    max_bytes: usize,
+    next: impl Fn(&F) -> u64,
+    mut append: impl FnMut(&mut F, u64, Bytes) -> u64,
+) -> usize {
+    let mut in_gaps = 0;
+    for _ in 0..100_000 {
+        let from = next(follower);
+        let b = shipper.framed(from, max_bytes);
+        if b.entries.is_empty() {
+            assert_eq!((b.base, b.end, b.record_count), (from, from, 0));
+            return in_gaps;
+        }
+        assert!(b.base >= from && b.end > b.base, "{b:?} from {from}");
+        assert!(u64::from(b.record_count) <= b.end - b.base);
+        in_gaps += usize::from(b.base > from);
+        assert_eq!(append(follower, b.base, b.entries), b.end);
+    }
+    panic!("shipping did not finish");
 }

@@ -398,6 +398,31 @@ impl CacheLog {
         Ok(Some(offset))
     }
 
+    /// Appends entries a leader's cache log shipped (its `read_framed`), as a follower does:
+    /// with [`ShardLog::append_framed_with_gaps`], since a compacted log's offsets jump.
+    /// Their writes become visible as this cache's own do, once durable, in offset order.
+    /// Returns the log's new next offset.
+    pub fn append_shipped(
+        &mut self,
+        now: Instant,
+        base: u64,
+        entries: Bytes,
+    ) -> Result<u64, AppendError> {
+        // Recovery's entries go to the index first, so what is replayed below is this batch.
+        self.absorb();
+        let r = self.log.append_framed_with_gaps(now, base, entries);
+        while let Some(entry) = self.log.take_replayed() {
+            for (offset, payload) in entry_records(&entry) {
+                match self.decode_write(offset, payload) {
+                    Some(staged) => self.staged.push_back(staged),
+                    None => break,
+                }
+            }
+        }
+        self.absorb();
+        r
+    }
+
     /// Reports every applied write as [`CacheEvent::Applied`] while on.
     pub fn set_observed(&mut self, on: bool) {
         self.observed = on;
@@ -564,33 +589,48 @@ impl CacheLog {
 
     /// Replays one recovered entry into the index.
     fn replay(&mut self, entry: DecodedEntry) {
-        for (i, payload) in entry.payloads.iter().enumerate() {
-            let offset = entry.base + i as u64;
-            match CacheRecord::decode(payload) {
-                Ok(CacheRecord::Put {
-                    key,
-                    expiry_unix_ms,
-                    ..
-                }) => {
-                    let bytes = record::entry_len(b"", &[payload]) as u32;
-                    let slot = Slot {
-                        offset,
-                        expiry_ms: expiry_unix_ms.unwrap_or(0),
-                        bytes,
-                    };
-                    self.set(key[..].into(), Some(slot));
-                }
-                Ok(CacheRecord::Delete { key }) => self.forget(&key),
-                Err(why) => {
-                    let e = StorageError::Corrupt {
-                        path: self.log.dir().to_owned(),
-                        pos: 0,
-                        what: format!("record {offset} is {why}"),
-                    };
-                    self.fail(e);
-                }
-            }
+        for (offset, payload) in entry_records(&entry) {
+            let Some(w) = self.decode_write(offset, payload) else {
+                return;
+            };
+            self.set(w.key, w.slot);
         }
+    }
+
+    /// The write a stored record holds; a record that is not one fails the cache.
+    fn decode_write(&mut self, offset: u64, payload: &Bytes) -> Option<Staged> {
+        let w = match CacheRecord::decode(payload) {
+            Ok(CacheRecord::Put {
+                key,
+                value,
+                expiry_unix_ms,
+            }) => Staged {
+                offset,
+                key: key[..].into(),
+                slot: Some(Slot {
+                    offset,
+                    expiry_ms: expiry_unix_ms.unwrap_or(0),
+                    bytes: record::entry_len(b"", &[payload]) as u32,
+                }),
+                value: Some(value),
+            },
+            Ok(CacheRecord::Delete { key }) => Staged {
+                offset,
+                key: key[..].into(),
+                slot: None,
+                value: None,
+            },
+            Err(why) => {
+                let e = StorageError::Corrupt {
+                    path: self.log.dir().to_owned(),
+                    pos: 0,
+                    what: format!("record {offset} is {why}"),
+                };
+                self.fail(e);
+                return None;
+            }
+        };
+        Some(w)
     }
 
     /// Takes in whatever the log did.
@@ -598,6 +638,8 @@ impl CacheLog {
         while let Some(entry) = self.log.take_replayed() {
             self.replay(entry);
         }
+        // A shipped entry's records come through `take_replayed`; its metadata is not needed.
+        while self.log.take_appended().is_some() {}
         while let Some(ev) = self.log.poll_event() {
             match ev {
                 LogEvent::Opened { next_offset, .. } => {
@@ -699,6 +741,11 @@ impl CacheLog {
             Err(why) => Err(wrong(format!("record {offset} is {why}"))),
         }
     }
+}
+
+/// Each record of an entry with its offset.
+fn entry_records(entry: &DecodedEntry) -> impl Iterator<Item = (u64, &Bytes)> {
+    (entry.base..).zip(&entry.payloads)
 }
 
 impl Driven for CacheLog {

@@ -525,3 +525,123 @@ fn observed_writes_are_reported_in_offset_order_once_durable_and_versions_count_
     rig.pump();
     assert_eq!(rig.applied.len(), 2, "not reported while unobserved");
 }
+
+/// Every entry in `fs`'s segments under DIR: (base, end, skip), after checking that each
+/// segment is plain (a follower never holds a compacted one it did not compact itself).
+fn follower_entries(fs: &MemFs) -> Vec<(u64, u64, bool)> {
+    let mut out = Vec::new();
+    for name in fs.list(DIR) {
+        let bytes = fs.file(&format!("{DIR}/{name}")).unwrap();
+        let h = record::SegmentHeader::decode(bytes).unwrap();
+        assert_eq!(h.compacted_end, None, "{name}");
+        let mut at = record::SEGMENT_HEADER_LEN as usize;
+        while let record::Step::Entry(m) = record::step(&bytes[at..]) {
+            out.push((m.base, m.end(), m.skip));
+            at += m.len as usize;
+        }
+        assert_eq!(at, bytes.len());
+    }
+    out
+}
+
+#[test]
+fn a_follower_fed_a_compacted_cache_log_answers_every_key_as_its_leader_does() {
+    let mut lead = Rig::on(MemFs::new(), cfg(600));
+    let keys = history(&mut lead);
+    assert!(lead.cache.compact(1_000));
+    lead.pump();
+    assert!(lead.failed.is_none(), "{:?}", lead.failed);
+    let want = lead.snapshot(&keys, 1_000);
+    assert_eq!(want.len(), 14);
+    let lead_next = lead.cache.log().next_offset();
+    let (lead_len, lead_live, lead_expiring) = (
+        lead.cache.len(),
+        lead.cache.live_bytes(),
+        lead.cache.expiring(),
+    );
+    let (fs, lead_cfg) = lead.bench.crashed(Crash::Process);
+    let mut shipper = crate::test_bench::Shipper::on(fs, lead_cfg, DIR);
+    assert_eq!(shipper.next_offset(), lead_next);
+
+    // One entry per read (every read after a dropped record starts in a gap), then whole
+    // segments per read.
+    for max_bytes in [1, 1 << 20] {
+        let mut follow = Rig::on(MemFs::new(), cfg(600));
+        let first = shipper.framed(0, max_bytes);
+        assert!(
+            first.base > 0,
+            "offset 0 was overwritten, so compacted away"
+        );
+        let end = follow
+            .cache
+            .append_shipped(follow.bench.t0, first.base, first.entries)
+            .unwrap();
+        assert_eq!(end, first.end);
+        assert!(follow.cache.is_empty(), "visible once durable, not before");
+        follow.pump();
+        // A compacted segment holds one put per live key.
+        assert_eq!(follow.cache.len(), first.record_count as usize);
+
+        let in_gaps = crate::test_bench::ship(
+            &mut shipper,
+            &mut follow,
+            max_bytes,
+            |f| f.cache.log().next_offset(),
+            |f, base, entries| {
+                let end = f
+                    .cache
+                    .append_shipped(f.bench.t0, base, entries)
+                    .expect("append_shipped");
+                f.pump();
+                end
+            },
+        );
+        assert!(in_gaps > 0, "some reads began in a gap");
+        assert!(follow.failed.is_none(), "{:?}", follow.failed);
+        assert_eq!(follow.cache.log().next_offset(), lead_next);
+        assert_eq!(follow.durable, lead_next);
+        assert_eq!(follow.snapshot(&keys, 1_000), want, "max_bytes {max_bytes}");
+        assert_eq!(
+            (
+                follow.cache.len(),
+                follow.cache.live_bytes(),
+                follow.cache.expiring()
+            ),
+            (lead_len, lead_live, lead_expiring)
+        );
+        // Its own log is contiguous, the leader's gaps filled with skip entries.
+        let entries = follower_entries(&follow.bench.fs);
+        assert_eq!(entries.first().map(|e| e.0), Some(0));
+        assert!(entries.windows(2).all(|w| w[0].1 == w[1].0));
+        assert_eq!(entries.last().map(|e| e.1), Some(lead_next));
+        assert!(entries.iter().any(|e| e.2), "skip entries were written");
+
+        // A power loss and a restart: recovery scans the skip entries and rebuilds the same
+        // index.
+        let mut follow = follow.reopen(Crash::Power);
+        assert!(follow.failed.is_none(), "{:?}", follow.failed);
+        assert_eq!(follow.opened, Some((lead_len, lead_next)));
+        assert_eq!(follow.snapshot(&keys, 1_000), want);
+        assert_eq!(
+            (follow.cache.live_bytes(), follow.cache.expiring()),
+            (lead_live, lead_expiring)
+        );
+
+        // The follower's own compaction keeps nothing of its skip entries: its sealed
+        // files hold exactly the live records, as the leader's do.
+        assert!(follow.cache.compact(1_000));
+        follow.pump();
+        assert!(follow.failed.is_none(), "{:?}", follow.failed);
+        assert_eq!(follow.snapshot(&keys, 1_000), want);
+        let (sealed, active_base) = stored_offsets(&follow.bench.fs);
+        let live: Vec<u64> = want
+            .values()
+            .map(|(o, _)| *o)
+            .filter(|&o| o < active_base)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        assert_eq!(sealed, live);
+        assert_eq!(follow.put("k02", "after", None), lead_next);
+    }
+}

@@ -210,6 +210,31 @@ impl CounterLog {
         Ok((offset, sum))
     }
 
+    /// Appends entries a leader's counter log shipped (its `read_framed`), as a follower
+    /// does: with [`ShardLog::append_framed_with_gaps`], since a compacted log's offsets
+    /// jump. Their sums become visible as this log's own adds do, once durable. Returns the
+    /// log's new next offset.
+    pub fn append_shipped(
+        &mut self,
+        now: Instant,
+        base: u64,
+        entries: Bytes,
+    ) -> Result<u64, AppendError> {
+        // Recovery's entries go to the sums first, so what is replayed below is this batch.
+        self.absorb();
+        let r = self.log.append_framed_with_gaps(now, base, entries);
+        while let Some(entry) = self.log.take_replayed() {
+            for (i, payload) in entry.payloads.iter().enumerate() {
+                match self.decode_sum(entry.base + i as u64, payload) {
+                    Some(staged) => self.staged.push_back(staged),
+                    None => break,
+                }
+            }
+        }
+        self.absorb();
+        r
+    }
+
     /// Starts a compaction pass keeping each counter's newest record. False if nothing is
     /// sealed or a pass is running.
     pub fn compact(&mut self) -> bool {
@@ -239,25 +264,32 @@ impl CounterLog {
 
     fn replay(&mut self, entry: DecodedEntry) {
         for (i, payload) in entry.payloads.iter().enumerate() {
-            let offset = entry.base + i as u64;
-            match CounterRecord::decode(payload) {
-                Ok(r) => {
-                    let bytes = record::entry_len(b"", &[payload]) as u32;
-                    let sum = Sum {
-                        offset,
-                        value: r.sum,
-                        bytes,
-                    };
-                    self.set(r.key[..].into(), sum);
-                }
-                Err(why) => {
-                    let e = StorageError::Corrupt {
-                        path: self.log.dir().to_owned(),
-                        pos: 0,
-                        what: format!("record {offset} is {why}"),
-                    };
-                    self.fail(e);
-                }
+            let Some((key, sum)) = self.decode_sum(entry.base + i as u64, payload) else {
+                return;
+            };
+            self.set(key, sum);
+        }
+    }
+
+    /// The key and sum a stored record holds; a record that is not one fails the log.
+    fn decode_sum(&mut self, offset: u64, payload: &Bytes) -> Option<(Box<[u8]>, Sum)> {
+        match CounterRecord::decode(payload) {
+            Ok(r) => {
+                let sum = Sum {
+                    offset,
+                    value: r.sum,
+                    bytes: record::entry_len(b"", &[payload]) as u32,
+                };
+                Some((r.key[..].into(), sum))
+            }
+            Err(why) => {
+                let e = StorageError::Corrupt {
+                    path: self.log.dir().to_owned(),
+                    pos: 0,
+                    what: format!("record {offset} is {why}"),
+                };
+                self.fail(e);
+                None
             }
         }
     }
@@ -266,6 +298,8 @@ impl CounterLog {
         while let Some(entry) = self.log.take_replayed() {
             self.replay(entry);
         }
+        // A shipped entry's records come through `take_replayed`; its metadata is not needed.
+        while self.log.take_appended().is_some() {}
         while let Some(ev) = self.log.poll_event() {
             match ev {
                 LogEvent::Opened { next_offset, .. } => {

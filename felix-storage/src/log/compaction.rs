@@ -377,6 +377,7 @@ impl Compaction {
                 Step::Entry(meta) => {
                     let entry = data.slice(at..at + meta.len as usize);
                     at += meta.len as usize;
+                    // A skip entry decodes with no payloads: nothing of it is kept.
                     let d = record::decode_entry(&entry);
                     for (i, payload) in d.payloads.into_iter().enumerate() {
                         let offset = meta.base + i as u64;
@@ -391,6 +392,7 @@ impl Compaction {
                             count: 1,
                             time_us: d.time_us,
                             len: one.len() as u32,
+                            skip: false,
                         };
                         self.seg_out.push((one.freeze(), m));
                     }

@@ -189,7 +189,10 @@ pub enum AppendError {
     /// Too many bytes wait to be written ([`LogConfig::max_pending_bytes`]).
     Backpressure,
     /// `append_framed`: the first entry is not at `expected` (the log's next offset), or an
-    /// entry does not start where the one before it ended.
+    /// entry does not start where the one before it ended (a skip entry counts as a jump
+    /// from its base to its end). `append_framed_with_gaps`: an entry starts below
+    /// `expected` (the next offset, or where the entry before it ended), or the first one
+    /// not at the base given.
     NotContiguous {
         expected: u64,
         got: u64,
@@ -740,6 +743,8 @@ impl ShardLog {
     }
 }
 
+#[cfg(test)]
+mod gap_tests;
 #[cfg(test)]
 mod replica_tests;
 #[cfg(test)]

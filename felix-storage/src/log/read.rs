@@ -123,6 +123,12 @@ impl ShardLog {
             job.next = job.next.max(job.limit);
             return false;
         }
+        if meta.skip {
+            // Nothing lives at these offsets: the read goes on past them, up to the durable
+            // mark.
+            job.next = job.next.max(meta.end().min(job.limit));
+            return job.next >= meta.end() && !Self::read_is_done(job);
+        }
         let d = record::decode_entry(entry);
         let mut taken: Vec<Bytes> = Vec::new();
         let mut first = None;
@@ -218,6 +224,14 @@ impl ShardLog {
             _ => seg.seek(job.next),
         };
         if pos >= seg.written_len {
+            if seg.compacted_end.is_some() && i + 1 < self.segments.len() {
+                // A compacted segment may end in a gap (its last records were dropped):
+                // what follows is in the next segment, not nowhere.
+                job.next = seg.end;
+                job.resume = None;
+                self.reads.insert(key, job);
+                return self.advance_read(key);
+            }
             return self.finish_read(job, Ok(()));
         }
         let want = (job.max_bytes as u64)

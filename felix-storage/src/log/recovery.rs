@@ -343,7 +343,8 @@ impl ShardLog {
                     if let Some(ext) = record::scanned_ext(entry, &meta) {
                         self.scanned_ext.push_back(ext);
                     }
-                    if let Some(r) = self.replay.as_mut() {
+                    // A skip entry holds no record to replay.
+                    if let Some(r) = self.replay.as_mut().filter(|_| !meta.skip) {
                         r.push_back(record::decode_entry(
                             &data.slice(at..at + meta.len as usize),
                         ));

@@ -12,6 +12,15 @@
 //! as `NotContiguous`: a follower whose end is inside a leader's entry has entries that
 //! differ from the leader's, and must `truncate_to` a boundary both logs share first.
 //! Nothing ever splits or skips part of an entry.
+//!
+//! **Gaps.** A compacted log (a cache's, counters', consumer groups') holds only live
+//! records at their own offsets, so the entries it ships jump. A follower of such a log
+//! appends them with `append_framed_with_gaps`, which writes a skip entry
+//! (`record::encode_skip`) over each jump: the follower's log stays contiguous, so its
+//! offsets, durable mark, recovery rules and truncation boundaries work as for any log,
+//! while reads, replay and compaction find nothing in a skip. A stream's follower uses
+//! `append_framed`, which refuses a jump and a shipped skip entry alike: there a gap would
+//! be lost records.
 
 use bytes::Bytes;
 use std::time::Instant;
@@ -28,11 +37,16 @@ use crate::replica_state::{
 use crate::segment::{Segment, Stage, INDEX_INTERVAL_BYTES};
 
 /// Entries exactly as a segment holds them, for shipping to a follower.
+///
+/// In a plain log `end == base + record_count`. Where the log is compacted (or holds skip
+/// entries) offsets jump, so `end - base` may exceed `record_count` and `base` may lie past
+/// the `from` asked for: `end` is where the batch ends, never `base + record_count`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FramedBatch {
-    /// The first entry's base offset (at or below the `from` asked for).
+    /// The first entry's base offset: at or below the `from` asked for in a plain log, and
+    /// above it when `from` falls in a compacted log's gap.
     pub base: u64,
-    /// Records in all the entries.
+    /// Records the entries hold (a skip entry holds none).
     pub record_count: u32,
     /// One past the last entry's last offset: where the next framed read starts.
     pub end: u64,
@@ -145,8 +159,8 @@ enum TStep {
 impl ShardLog {
     // ---- framed reads -------------------------------------------------------------------
 
-    /// Reads whole entries as stored, from the entry holding `from` on, for shipping to a
-    /// follower: at most `max_bytes` of them (always at least one when one is durable),
+    /// Reads whole entries as stored, from the entry holding `from` on (in a compacted log's
+    /// gap, the first entry after it), for shipping to a follower: at most `max_bytes` of them (always at least one when one is durable),
     /// only durable ones, and never across a segment or (from the tail cache) a write. The
     /// answer comes as [`ReplicaEvent::Framed`]; from the tail cache it is queued before
     /// this returns and shares its bytes (no copy), otherwise it is one file read.
@@ -179,7 +193,7 @@ impl ShardLog {
             if last.is_some() && len > acc.max_bytes {
                 break;
             }
-            count += e.end - e.base;
+            count += u64::from(record::records_in(&e.bytes));
             last = Some(e);
         }
         if let Some(last) = last {
@@ -231,7 +245,7 @@ impl ShardLog {
                         break;
                     }
                     let t = taken.get_or_insert((at, meta.base, 0));
-                    t.2 += u64::from(meta.count);
+                    t.2 += u64::from(meta.records());
                     end = meta.end();
                     at += len;
                 }
@@ -282,29 +296,62 @@ impl ShardLog {
     /// durable as `append`'s do (`Durable`, `durable_offset`). Returns the new next offset.
     /// Each appended entry is queued for [`ShardLog::take_appended`] (and, for a log opened
     /// replaying, decoded for `take_replayed`); drain them after every call.
+    ///
+    /// For a stream's log: a skip entry among the shipped ones is refused as a gap
+    /// (`NotContiguous` from its base to its end), since a stream never skips offsets.
     pub fn append_framed(
         &mut self,
         now: Instant,
         base: u64,
         entries: Bytes,
     ) -> Result<u64, AppendError> {
+        self.append_framed_entries(now, base, entries, false)
+    }
+
+    /// [`ShardLog::append_framed`] for a compacted log (a cache's, counters', groups'),
+    /// whose shipped offsets jump: `base` (the first entry's base) may lie past the next
+    /// offset, and each entry may start past the end of the one before it, but never below.
+    /// Each jump is filled with a skip entry (`record::encode_skip`, stamped with the time of
+    /// the entry after it) before the shipped entry, so this log stays contiguous and its
+    /// next offset lands where the leader's batch ended. Skip entries, shipped or written
+    /// here, are queued neither for `take_appended` nor for `take_replayed`: they hold no
+    /// record.
+    ///
+    /// A follower's projection (a cache's keys) equals its leader's only if everything in
+    /// its log came from the leader's log as it is now: compaction drops deletes, so a
+    /// follower that holds records from before a leader's pass over offsets at or past its
+    /// next offset would keep keys the leader deleted. Such a follower is rebuilt (see
+    /// [`ShardLog::complete_from`]), not fed through the gap.
+    pub fn append_framed_with_gaps(
+        &mut self,
+        now: Instant,
+        base: u64,
+        entries: Bytes,
+    ) -> Result<u64, AppendError> {
+        self.append_framed_entries(now, base, entries, true)
+    }
+
+    /// Both framed appends: `gaps` lets offsets jump (filled with skip entries).
+    fn append_framed_entries(
+        &mut self,
+        now: Instant,
+        base: u64,
+        entries: Bytes,
+        gaps: bool,
+    ) -> Result<u64, AppendError> {
         self.check_appendable()?;
         if entries.is_empty() {
             return Err(AppendError::Empty);
         }
         let expected = self.next_offset;
-        if base != expected {
+        if base < expected || (base > expected && !gaps) {
             return Err(AppendError::NotContiguous {
                 expected,
                 got: base,
             });
         }
-        if self.pending_bytes + entries.len() > self.cfg.max_pending_bytes && self.pending_bytes > 0
-        {
-            return Err(AppendError::Backpressure);
-        }
         let mut metas = Vec::new();
-        let (mut at, mut next) = (0usize, base);
+        let (mut at, mut next, mut skip_bytes) = (0usize, expected, 0usize);
         while at < entries.len() {
             let meta = match record::step(&entries[at..]) {
                 Step::Entry(meta) => meta,
@@ -321,26 +368,60 @@ impl ShardLog {
                     })
                 }
             };
-            if meta.base != next {
+            // The first entry starts at `base`; each later one where the last ended (or,
+            // with gaps, past it).
+            let want = if at == 0 { base } else { next };
+            if meta.base < want || (meta.base > want && (!gaps || at == 0)) {
                 return Err(AppendError::NotContiguous {
-                    expected: next,
+                    expected: want,
                     got: meta.base,
                 });
             }
+            if meta.skip && !gaps {
+                return Err(AppendError::NotContiguous {
+                    expected: meta.base,
+                    got: meta.end(),
+                });
+            }
+            skip_bytes += skips_over(meta.base - next) * record::SKIP_ENTRY_LEN;
             next = meta.end();
             metas.push((at, meta));
             at += meta.len as usize;
         }
+        let len = entries.len() + skip_bytes;
+        if self.pending_bytes + len > self.cfg.max_pending_bytes && self.pending_bytes > 0 {
+            return Err(AppendError::Backpressure);
+        }
         for (at, meta) in metas {
+            self.stage_skips(now, meta.base, meta.time_us);
             let entry = entries.slice(at..at + meta.len as usize);
-            let ext = record::scanned_ext(&entry, &meta);
-            if let Some(r) = self.replay.as_mut() {
-                r.push_back(record::decode_entry(&entry));
+            if !meta.skip {
+                let ext = record::scanned_ext(&entry, &meta);
+                if let Some(r) = self.replay.as_mut() {
+                    r.push_back(record::decode_entry(&entry));
+                }
+                self.appended.push_back(AppendedEntry { meta, ext });
             }
-            self.appended.push_back(AppendedEntry { meta, ext });
             self.stage_entry(now, &meta, |buf| buf.extend_from_slice(&entry));
         }
         Ok(self.next_offset)
+    }
+
+    /// Fills `[next_offset, to)` with skip entries stamped `time_us`.
+    fn stage_skips(&mut self, now: Instant, to: u64, time_us: u64) {
+        while self.next_offset < to {
+            let count = (to - self.next_offset).min(u64::from(u32::MAX)) as u32;
+            let meta = EntryMeta {
+                base: self.next_offset,
+                count,
+                time_us,
+                len: record::SKIP_ENTRY_LEN as u32,
+                skip: true,
+            };
+            self.stage_entry(now, &meta, |buf| {
+                record::encode_skip(buf, meta.base, count, time_us)
+            });
+        }
     }
 
     /// The next entry `append_framed` appended, oldest first.
@@ -697,6 +778,11 @@ impl ShardLog {
         self.replica = StateFile::loaded(state);
         Ok(())
     }
+}
+
+/// Skip entries a jump of `gap` offsets takes (one holds at most `u32::MAX`).
+fn skips_over(gap: u64) -> usize {
+    gap.div_ceil(u64::from(u32::MAX)) as usize
 }
 
 /// What a truncation's scan found in a chunk.

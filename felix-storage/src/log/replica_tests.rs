@@ -9,7 +9,7 @@ use crate::memfs::{Crash, MemFs};
 use crate::record::{EntryExt, ProducerMark};
 use crate::replica_state::{Epoch, ReplicaState, ReplicaStateError, REPLICA_STATE_FILE};
 
-fn body(i: usize) -> Vec<u8> {
+pub(super) fn body(i: usize) -> Vec<u8> {
     format!("record-{i:04}-{}", "x".repeat(i % 13)).into_bytes()
 }
 
@@ -47,7 +47,7 @@ fn leader(log_cfg: LogConfig, n: usize) -> Rig {
     rig
 }
 
-fn framed(rig: &mut Rig, from: u64, max_bytes: usize) -> FramedBatch {
+pub(super) fn framed(rig: &mut Rig, from: u64, max_bytes: usize) -> FramedBatch {
     let ticket = rig.log.read_framed(from, max_bytes).expect("read_framed");
     rig.pump();
     rig.framed
@@ -96,7 +96,7 @@ fn ship(leader: &mut Rig, follower: &mut Rig, max_bytes: usize) -> usize {
     panic!("shipping did not finish");
 }
 
-fn segment_files(rig: &Rig) -> Vec<(String, Vec<u8>)> {
+pub(super) fn segment_files(rig: &Rig) -> Vec<(String, Vec<u8>)> {
     rig.fs
         .files()
         .into_iter()

@@ -57,6 +57,7 @@ impl ShardLog {
             count: batch.payloads.len() as u32,
             time_us: batch.time_us,
             len: len as u32,
+            skip: false,
         };
         self.stage_entry(now, &meta, |buf| {
             record::encode_entry_ext(buf, first, batch.time_us, publisher, batch.payloads, ext)
