@@ -369,6 +369,43 @@ mod tests {
     }
 
     #[test]
+    fn compaction_stays_below_its_bound() {
+        let cfg = LogConfig {
+            fsync: FsyncMode::None,
+            segment_max_bytes: 64 << 10,
+            ..LogConfig::default()
+        };
+        let t0 = Instant::now();
+        let mut fs = MemFs::new();
+        let mut compacted = 0;
+        let mut g = GroupLog::open(LogId(3), DIR.into(), cfg, t0);
+        pump(&mut fs, &mut g, &mut compacted);
+        // A follower that holds nothing yet: no segment may be compacted.
+        g.log.bound_compaction(Some(0));
+        let mut append = |g: &mut GroupLog, fs: &mut MemFs, compacted: &mut usize, n: u64| {
+            for i in 0..n {
+                g.append(t0, 1, &[record(GroupOp::Cursor, "a", i)]).unwrap();
+                if i % 64 == 0 {
+                    pump(fs, g, compacted);
+                }
+            }
+            pump(fs, g, compacted);
+        };
+        append(&mut g, &mut fs, &mut compacted, 30_000);
+        assert_eq!(compacted, 0, "garbage-heavy, but bounded at 0");
+        assert_eq!(g.log.complete_from(), 0);
+        // Followers hold 10,000: only segments ending there go.
+        g.log.bound_compaction(Some(10_000));
+        append(&mut g, &mut fs, &mut compacted, 64);
+        assert!(compacted >= 1, "a pass ran");
+        let complete = g.log.complete_from();
+        assert!(
+            complete > 0 && complete <= 10_000,
+            "compacted up to {complete}"
+        );
+    }
+
+    #[test]
     fn a_busy_log_is_compacted_to_its_live_records_and_replays_the_same() {
         let cfg = LogConfig {
             fsync: FsyncMode::None,

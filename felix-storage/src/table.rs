@@ -349,7 +349,9 @@ impl<N: From<TableEvent>> LogTable<N> {
             AnyLog::Group(_) => Kind::Group,
         };
         let dir = slot.log.shard().dir().to_owned();
-        let log = self.new_log(id, dir, kind, now);
+        let bound = slot.log.shard().compaction_bound();
+        let mut log = self.new_log(id, dir, kind, now);
+        log.driven().shard_mut().bound_compaction(bound);
         let slot = self.slot_mut(id).expect("checked");
         slot.log = log;
         slot.state = LogState::Opening;

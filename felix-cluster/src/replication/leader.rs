@@ -262,6 +262,47 @@ impl ShardLeader {
         theirs: &EpochLog,
         log_start: u64,
     ) -> Result<FollowAnswer, FollowRefused> {
+        self.follow_where(from, storage_id, theirs, log_start, |agreed, new_disk| {
+            // A new disk keeps only what an earlier rebuild already fed it past the start.
+            agreed.filter(|&a| !new_disk || a > log_start)
+        })
+    }
+
+    /// [`follow`](Self::follow) for a log compaction rewrites (a stream shard's group log).
+    /// Compaction drops records a later record made void (a dead letter and its discard),
+    /// so a copy fed across a compacted part keeps what the leader no longer has: such a
+    /// copy may be fed only from empty. One that would need a cut, or whose end lies below
+    /// `complete_from` (where the leader's log starts holding every record), is rebuilt from
+    /// `log_start`, as is a new disk not yet fed past it; the others are fed on from their
+    /// end. The
+    /// leader keeps compaction below what every follower holds (the engine bounds it by
+    /// [`lag_records`](Self::lag_records)), so a follower being fed never meets a part
+    /// compacted after it passed.
+    pub fn follow_compacted(
+        &mut self,
+        from: &NodeId,
+        storage_id: &str,
+        theirs: &EpochLog,
+        log_start: u64,
+        complete_from: u64,
+    ) -> Result<FollowAnswer, FollowRefused> {
+        let end = theirs.end;
+        self.follow_where(from, storage_id, theirs, log_start, |agreed, new_disk| {
+            agreed.filter(|&a| a == end && end >= complete_from && (!new_disk || a > log_start))
+        })
+    }
+
+    /// `follow`'s bookkeeping, with `feed_from` deciding from the agreed prefix (if any can
+    /// be fed from) and whether the copy is on a new disk: `Some(at)` cuts there and feeds
+    /// on, `None` rebuilds from `log_start`.
+    fn follow_where(
+        &mut self,
+        from: &NodeId,
+        storage_id: &str,
+        theirs: &EpochLog,
+        log_start: u64,
+        feed_from: impl FnOnce(Option<u64>, bool) -> Option<u64>,
+    ) -> Result<FollowAnswer, FollowRefused> {
         let log = &self.log;
         let f = self
             .followers
@@ -279,12 +320,9 @@ impl ShardLeader {
             storage_id: storage_id.to_owned(),
             level_at: log.end,
         });
-        let answer = match agreement(theirs, log, log_start) {
-            // A new disk keeps only what an earlier rebuild already fed it past the start.
-            Some(agreed) if f.new_disk.is_none() || agreed > log_start => {
-                FollowAnswer::TruncateTo(agreed)
-            }
-            _ => FollowAnswer::Rebuild { from: log_start },
+        let answer = match feed_from(agreement(theirs, log, log_start), f.new_disk.is_some()) {
+            Some(agreed) => FollowAnswer::TruncateTo(agreed),
+            None => FollowAnswer::Rebuild { from: log_start },
         };
         f.next = Some(match answer {
             FollowAnswer::TruncateTo(at) => at,
@@ -777,6 +815,54 @@ mod tests {
             epochs,
             end: end.parse().unwrap(),
         }
+    }
+
+    #[test]
+    fn a_compacted_logs_copy_is_fed_on_only_from_its_end_and_past_the_compacted_part() {
+        // (disk asking, its copy, the leader's log, its first offset, where it holds every
+        // record from) → the answer.
+        let cases = [
+            // Level with the leader's epochs, past the compacted part: fed on.
+            ("disk-n2", "1@0/30", "1@0,2@30/40", 0, 20, "truncate to 30"),
+            ("disk-n2", "1@0/20", "1@0,2@30/40", 0, 20, "truncate to 20"),
+            // Its end lies in the compacted part: a record voided there may still be here.
+            ("disk-n2", "1@0/15", "1@0,2@30/40", 0, 20, "rebuild from 0"),
+            // It would need a cut (a dead leader's suffix): rebuilt, never cut.
+            (
+                "disk-n2",
+                "1@0,3@32/35",
+                "1@0,2@30/40",
+                0,
+                0,
+                "rebuild from 0",
+            ),
+            ("disk-n2", "1@0/45", "1@0,2@30/40", 0, 0, "rebuild from 0"),
+            // Empty where the leader starts: fed from there (the rebuild's own start).
+            ("disk-n2", "-/0", "1@0,2@30/40", 0, 20, "rebuild from 0"),
+            ("disk-n2", "-/0", "1@0,2@30/40", 0, 0, "truncate to 0"),
+            // A new disk: rebuilt, unless a rebuild already fed it past the start.
+            ("disk-n2-new", "-/0", "1@0,2@30/40", 0, 0, "rebuild from 0"),
+            (
+                "disk-n2-new",
+                "1@0,2@30/33",
+                "1@0,2@30/40",
+                0,
+                20,
+                "truncate to 33",
+            ),
+        ];
+        let mut got = Vec::new();
+        for (disk, theirs, ours, start, complete, _) in cases {
+            let mut l = ShardLeader::new(2, vec![r("n2")], true, log(ours), 0, 0, SETTINGS);
+            let answer = l.follow_compacted(&n("n2"), disk, &log(theirs), start, complete);
+            got.push(match answer {
+                Ok(FollowAnswer::TruncateTo(t)) => format!("truncate to {t}"),
+                Ok(FollowAnswer::Rebuild { from }) => format!("rebuild from {from}"),
+                Err(e) => format!("{e:?}"),
+            });
+        }
+        let want: Vec<&str> = cases.iter().map(|c| c.5).collect();
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -206,6 +206,8 @@ pub(crate) struct LogInfo {
     pub(crate) state: ReplicaState,
     /// Nothing queued or in flight: a truncation may start.
     pub(crate) idle: bool,
+    /// From here on the log holds every record (below, compaction may have dropped some).
+    pub(crate) complete_from: u64,
 }
 
 impl Broker {
@@ -244,6 +246,7 @@ impl Broker {
             durable: shard.durable_offset(),
             state: shard.replica_state().clone(),
             idle: shard.is_idle(),
+            complete_from: shard.complete_from(),
         })
     }
 
@@ -283,9 +286,19 @@ impl Broker {
         base: u64,
         entries: Bytes,
     ) -> Result<u64, String> {
+        // A group log is compacted: a shipment from it may jump over offsets it dropped.
+        let gaps = self
+            .logs
+            .as_ref()
+            .and_then(|l| l.slot(log))
+            .is_some_and(|s| matches!(s.owner, Owner::Groups { .. }));
         let (end, appended) = self
             .with_replica_log(log, |l| {
-                let end = l.append_framed(now, base, entries)?;
+                let end = if gaps {
+                    l.append_framed_with_gaps(now, base, entries)?
+                } else {
+                    l.append_framed(now, base, entries)?
+                };
                 let mut appended = Vec::new();
                 while let Some(a) = l.take_appended() {
                     appended.push(a);
@@ -338,6 +351,11 @@ impl Broker {
     pub(crate) fn restart_log(&mut self, log: LogId, start: u64) -> Result<(), String> {
         self.with_replica_log(log, |l| l.restart_at(start))?
             .map_err(|e| format!("{e:?}"))
+    }
+
+    /// Keeps compaction of `log` to segments ending at or below `below`.
+    pub(crate) fn bound_compaction(&mut self, log: LogId, below: u64) {
+        let _ = self.with_replica_log(log, |l| l.bound_compaction(Some(below)));
     }
 
     /// Writes the replica state file; durable when [`Notice::Replica`] says so.

@@ -113,6 +113,11 @@ pub(crate) enum ReplicaIo {
     Ungate {
         log: LogId,
     },
+    /// Keep compaction of a led group log below what every follower holds durably.
+    BoundCompaction {
+        log: LogId,
+        below: u64,
+    },
     /// The leadership here ended: its readers are ended with `shard_moved`, naming where the
     /// shard went as far as the metadata knows.
     Moved {
@@ -196,6 +201,8 @@ struct Slot {
     /// only then: a request to be fed sent before the cut would otherwise claim the leader's
     /// epochs for records that are still this copy's own, and be cut too little.
     epochs_after_cut: Option<Vec<(u64, u64)>>,
+    /// The compaction bound last handed to a led group log.
+    compaction_bound: Option<u64>,
 }
 
 /// This node's part in every replicated shard it holds.
@@ -589,6 +596,7 @@ impl ClusterNode {
                 last_sent: None,
                 gated: false,
                 epochs_after_cut: None,
+                compaction_bound: None,
             });
             if slot.generation != m.generation {
                 slot.generation = m.generation;
@@ -673,7 +681,16 @@ impl ClusterNode {
         let generation = m.generation;
         let slot = self.replicas.slots.get_mut(r).expect("present");
         match &mut slot.role {
-            Role::Leading(_) => {
+            Role::Leading(l) => {
+                if r.kind == CopyKind::Groups {
+                    // Compaction stays below what every follower holds durably.
+                    let below = l.epochs().end.saturating_sub(l.lag_records());
+                    if slot.compaction_bound != Some(below) {
+                        slot.compaction_bound = Some(below);
+                        let io = ReplicaIo::BoundCompaction { log, below };
+                        self.replicas.io.push_back(io);
+                    }
+                }
                 self.record_rebuilt_copies(now, r, m);
                 return;
             }
@@ -755,9 +772,17 @@ impl ClusterNode {
                         epochs: their.clone(),
                         end: position.end,
                     };
+                    // A group log takes the other copy whole: fetched from its start, where
+                    // compaction cannot have dropped what this copy would keep (see
+                    // `ShardLeader::follow_compacted`), and never cut, which a compacted
+                    // log cannot be.
+                    let agreed = match r.kind {
+                        CopyKind::Records => agreed_prefix(&own_epochs, &theirs),
+                        CopyKind::Groups => 0,
+                    };
                     Adopting {
                         from: from.clone(),
-                        agreed: agreed_prefix(&own_epochs, &theirs),
+                        agreed,
                         target: position.end,
                         epochs: their,
                         cut: false,
@@ -773,7 +798,10 @@ impl ClusterNode {
                         if info.idle {
                             adopting.cutting = true;
                             let to = adopting.agreed;
-                            self.replicas.io.push_back(ReplicaIo::Truncate { log, to });
+                            self.replicas.io.push_back(match r.kind {
+                                CopyKind::Records => ReplicaIo::Truncate { log, to },
+                                CopyKind::Groups => ReplicaIo::RestartAt { log, start: to },
+                            });
                         }
                         return;
                     }
@@ -1195,6 +1223,12 @@ impl ClusterNode {
                 log,
                 committed: leader.commit(),
             });
+            if r.kind == CopyKind::Groups {
+                // Nothing compacted until the followers report what they hold.
+                slot.compaction_bound = Some(0);
+                let io = ReplicaIo::BoundCompaction { log, below: 0 };
+                self.replicas.io.push_back(io);
+            }
             slot.role = Role::Leading(leader);
             // Requests parked for this shard may go now.
             self.metadata_changed = true;
@@ -1220,11 +1254,27 @@ impl ClusterNode {
                     _ => return,
                 };
                 let scope = self.shard_scope(&r, scope_generation);
+                // Compaction passed this follower's end since it was last told where to
+                // be fed from (the bound lags the reports): it must ask again, and is rebuilt.
+                let compacted_past = r.kind == CopyKind::Groups
+                    && logs
+                        .info(log)
+                        .is_some_and(|i| from != i.start && from < i.complete_from);
                 let Some(Role::Leading(l)) = self.replicas.slots.get_mut(&r).map(|s| &mut s.role)
                 else {
                     return;
                 };
                 match result {
+                    Ok(_) if compacted_past => {
+                        l.ship_failed(&to);
+                        let msg = PeerMessage::ReplicationRefused(pp::ReplicationRefused {
+                            scope,
+                            reason: pp::RefusalReason::NotOpen,
+                            current_generation: scope_generation,
+                            detail: "its next record is in a compacted part of the log".to_owned(),
+                        });
+                        self.net.send(to.as_str(), &msg);
+                    }
                     Ok(batch) if !batch.entries.is_empty() => {
                         // A compacted log (a group log) can have a gap between `from` and
                         // its first entry, and between entries: the shipment spans them, so
@@ -1483,7 +1533,14 @@ impl ClusterNode {
                     end: f.end,
                 };
                 let log_start = info.as_ref().map_or(0, |i| i.start);
-                let answer = l.follow(&from_node, &f.storage_id, &theirs, log_start);
+                let answer = match r.kind {
+                    CopyKind::Records => l.follow(&from_node, &f.storage_id, &theirs, log_start),
+                    CopyKind::Groups => {
+                        let complete_from = info.as_ref().map_or(0, |i| i.complete_from);
+                        let storage = &f.storage_id;
+                        l.follow_compacted(&from_node, storage, &theirs, log_start, complete_from)
+                    }
+                };
                 tracing::debug!(shard = %r, from, ?answer, "follow request");
                 match answer {
                     Ok(answer) => {

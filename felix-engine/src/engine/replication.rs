@@ -86,6 +86,9 @@ impl Engine {
                         broker.reload_groups(now, log);
                     }
                     ReplicaIo::Ungate { log } => broker.ungate(log),
+                    ReplicaIo::BoundCompaction { log, below } => {
+                        broker.bound_compaction(log, below)
+                    }
                     ReplicaIo::Moved { log, to } => broker.shard_moved(log, &to),
                     ReplicaIo::Committed { log, up_to } => broker.committed(log, up_to),
                     ReplicaIo::TimedOut { log, up_to } => broker.timed_out(log, up_to),

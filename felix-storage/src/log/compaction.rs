@@ -24,7 +24,9 @@ impl ShardLog {
         {
             return false;
         }
-        let durable = self.durable_offset();
+        let durable = self
+            .durable_offset()
+            .min(self.compact_below.unwrap_or(u64::MAX));
         let mut k = 0;
         while k + 1 < self.segments.len()
             && self.segments[k + 1].stage == Stage::Ready
@@ -65,6 +67,19 @@ impl ShardLog {
         }));
         self.drive();
         true
+    }
+
+    /// Keeps later passes to the segments that end at or below `below` (`None`: any sealed,
+    /// durable one). A replicated log's leader bounds it by what every follower holds, so
+    /// no follower is fed across a part compacted after it passed (docs/replication.md,
+    /// "Consumer groups").
+    pub fn bound_compaction(&mut self, below: Option<u64>) {
+        self.compact_below = below;
+    }
+
+    /// The bound [`bound_compaction`](Self::bound_compaction) set.
+    pub fn compaction_bound(&self) -> Option<u64> {
+        self.compact_below
     }
 
     pub fn compacting(&self) -> bool {

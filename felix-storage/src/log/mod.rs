@@ -448,6 +448,9 @@ pub struct ShardLog {
     parked_reads: Vec<u64>,
     next_ticket: u64,
     compaction: Option<Box<Compaction>>,
+    /// Compaction takes only segments ending at or below this (a replicated log's leader
+    /// keeps it below what its followers hold); `None`: no bound.
+    compact_below: Option<u64>,
     next_seq: u32,
     ops: VecDeque<FileOp>,
     events: VecDeque<LogEvent>,
@@ -496,6 +499,7 @@ impl ShardLog {
             parked_reads: Vec::new(),
             next_ticket: 0,
             compaction: None,
+            compact_below: None,
             next_seq: 0,
             ops: VecDeque::new(),
             events: VecDeque::new(),

@@ -535,10 +535,9 @@ impl ShardLog {
     /// new segment is. A crash leaves a prefix of the old log, or no segment at all (which
     /// opens as an empty log at 0); either way the follower asks its leader again.
     pub fn restart_at(&mut self, start: u64) -> Result<(), TruncateError> {
+        // Compacted segments go like any other: nothing of the old log is kept, and a crash
+        // part way leaves its oldest segments, a log that opens as it did before.
         self.check_cuttable()?;
-        if self.segments.iter().any(|s| s.compacted_end.is_some()) {
-            return Err(TruncateError::Compacted);
-        }
         let old: Vec<Segment> = std::mem::take(&mut self.segments);
         for seg in old.into_iter().rev() {
             self.tasks.push_back(Task::Remove(seg.path));
