@@ -24,6 +24,9 @@ pub enum ShardKind {
     /// the shard's replica set, leader and generation, and is replicated beside the shard's
     /// records (wire 3; replication messages only).
     StreamGroups,
+    /// A cache shard's counter log, riding the cache's shard as a group log rides a stream's
+    /// (wire 4; replication messages only).
+    CacheCounters,
 }
 
 impl ShardKind {
@@ -32,6 +35,7 @@ impl ShardKind {
             ShardKind::Stream => 1,
             ShardKind::Cache => 2,
             ShardKind::StreamGroups => 3,
+            ShardKind::CacheCounters => 4,
         }
     }
 
@@ -40,6 +44,7 @@ impl ShardKind {
             1 => Some(ShardKind::Stream),
             2 => Some(ShardKind::Cache),
             3 => Some(ShardKind::StreamGroups),
+            4 => Some(ShardKind::CacheCounters),
             _ => None,
         }
     }
@@ -70,6 +75,7 @@ impl fmt::Display for ShardId {
             ShardKind::Stream => "stream",
             ShardKind::Cache => "cache",
             ShardKind::StreamGroups => "stream-groups",
+            ShardKind::CacheCounters => "cache-counters",
         };
         write!(
             f,

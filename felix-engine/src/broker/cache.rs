@@ -14,7 +14,7 @@ use felix_storage::cache_log::put_entry_bytes;
 use felix_storage::counter_log::add_entry_bytes;
 use felix_storage::layout;
 use felix_storage::ops::LogId;
-use felix_storage::table::AnyLog;
+use felix_storage::table::{AnyLog, Owner};
 
 /// At most this many expired entries are removed per sweep, so one timer turn stays short.
 pub(crate) const CACHE_SWEEP_MAX_ENTRIES: usize = 1024;
@@ -401,6 +401,32 @@ impl Broker {
             AnyLog::Stream(_) | AnyLog::Group(_) => return,
         };
         self.durable_usage.note(log, kind, usage);
+    }
+
+    /// A replicated cache's values (or, with `counters`, its counters) log, claimed (it
+    /// opens in the background) if this node never used it: replication keeps the copy, so
+    /// the durable limits, which bound what clients create, do not refuse it.
+    pub(crate) fn replica_cache_log(
+        &mut self,
+        now: Instant,
+        key: &CacheKey,
+        counters: bool,
+    ) -> Option<LogId> {
+        let (dir, owner, kind) = if counters {
+            let dir = layout::counter_shard_dir(&key.tenant, &key.namespace, &key.cache, 0);
+            (dir, Owner::Counter, DurableKind::Counter)
+        } else {
+            let dir = layout::cache_shard_dir(&key.tenant, &key.namespace, &key.cache, 0);
+            (dir, Owner::Cache, DurableKind::Cache)
+        };
+        let logs = self.logs.as_mut()?;
+        if let Some(id) = logs.find(&dir) {
+            return Some(id);
+        }
+        let id = logs.claim(dir, owner, now);
+        self.durable_usage
+            .note(id, kind, LogUsage { keys: 0, bytes: 0 });
+        Some(id)
     }
 
     /// The log a durable-cache write goes to, opened (created if new) once the write is

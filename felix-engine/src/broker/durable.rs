@@ -271,6 +271,7 @@ impl Broker {
     /// Handles the events of every log touched this turn.
     pub(super) fn process_logs(&mut self, now: Now) {
         self.retry_group_reloads(now);
+        self.retry_reloads(now);
         for _ in 0..MAX_LOG_ROUNDS {
             let Some(logs) = self.logs.as_mut() else {
                 return;
@@ -877,7 +878,14 @@ impl Broker {
                 }
             }
             CacheEvent::Durable { up_to } => {
-                logs.notices.push_back(Notice::Durable { log: id, up_to });
+                // A replicated cache led here counts its own durability toward the commit
+                // mark, as a shard's log does (`replicated.rs`).
+                let notice = if self.gates.contains_key(&id) {
+                    Notice::LocalDurable { log: id, up_to }
+                } else {
+                    Notice::Durable { log: id, up_to }
+                };
+                logs.notices.push_back(notice);
                 let unix_ms = logs.unix_ms(now);
                 if let Some(c) = logs.slot_mut(id).and_then(|s| s.log.cache_mut()) {
                     if !watch_reading && c.compaction_due() && c.compact(unix_ms) {
@@ -907,6 +915,9 @@ impl Broker {
                 tracing::warn!(log = id.0, error = %e, "cache compaction failed; the log goes on")
             }
             CacheEvent::Failed(e) => logs.failed(id, e.to_string()),
+            CacheEvent::Replica(event) => {
+                logs.notices.push_back(Notice::Replica { log: id, event })
+            }
             // Taken by the watches above.
             CacheEvent::Applied(_) | CacheEvent::Scanned { .. } => {}
         }

@@ -460,6 +460,8 @@ pub(crate) struct Broker {
     /// Logs of replicated shards led here: answers wait for their commit mark
     /// (`replicated.rs`).
     gates: std::collections::BTreeMap<LogId, replicated::Gate>,
+    /// Cache and counter logs to open again once idle (`replicated::reload_projection`).
+    reload_logs: std::collections::BTreeSet<LogId>,
     /// Gates of leaderships that ended here, by (log, leadership), kept for the answers they
     /// still owe.
     retired_gates: std::collections::BTreeMap<(LogId, u64), replicated::Gate>,
@@ -513,6 +515,7 @@ impl Broker {
             draining: false,
             cache_expiry: None,
             gates: std::collections::BTreeMap::new(),
+            reload_logs: std::collections::BTreeSet::new(),
             retired_gates: std::collections::BTreeMap::new(),
             leaderships: std::collections::BTreeMap::new(),
         }

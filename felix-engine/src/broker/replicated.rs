@@ -286,12 +286,13 @@ impl Broker {
         base: u64,
         entries: Bytes,
     ) -> Result<u64, String> {
-        // A group log is compacted: a shipment from it may jump over offsets it dropped.
+        // A group, cache or counter log is compacted: a shipment from it may jump over
+        // offsets it dropped.
         let gaps = self
             .logs
             .as_ref()
             .and_then(|l| l.slot(log))
-            .is_some_and(|s| matches!(s.owner, Owner::Groups { .. }));
+            .is_some_and(|s| !matches!(s.owner, Owner::Stream { .. }));
         let (end, appended) = self
             .with_replica_log(log, |l| {
                 let end = if gaps {
@@ -351,6 +352,41 @@ impl Broker {
     pub(crate) fn restart_log(&mut self, log: LogId, start: u64) -> Result<(), String> {
         self.with_replica_log(log, |l| l.restart_at(start))?
             .map_err(|e| format!("{e:?}"))
+    }
+
+    /// The log `log` is led here from now on, or was cut: what is served from it (a group
+    /// log's groups, a cache's index, a counter log's sums) is rebuilt by opening it again
+    /// once idle. A cache's watches end (the client watches again, from its offset).
+    pub(crate) fn reload_projection(&mut self, now: Instant, log: LogId) {
+        let Some(owner) = self
+            .logs
+            .as_ref()
+            .and_then(|l| l.slot(log))
+            .map(|s| s.owner)
+        else {
+            return;
+        };
+        match owner {
+            Owner::Groups { .. } => self.reload_groups(now, log),
+            Owner::Cache | Owner::Counter => {
+                self.on_watch_log_failed(log, "the cache's leader changed; watch again");
+                self.reload_logs.insert(log);
+                self.retry_reloads(now);
+            }
+            _ => {}
+        }
+    }
+
+    /// Opens again the cache and counter logs waiting for it (`reload_projection`) that are
+    /// idle now; run after each turn's log work.
+    pub(crate) fn retry_reloads(&mut self, now: Instant) {
+        if self.reload_logs.is_empty() {
+            return;
+        }
+        let Some(logs) = self.logs.as_mut() else {
+            return;
+        };
+        self.reload_logs.retain(|&id| !logs.reopen(id, now));
     }
 
     /// Keeps compaction of `log` to segments ending at or below `below`.

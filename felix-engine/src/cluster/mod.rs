@@ -702,7 +702,9 @@ impl ClusterNode {
         let s = &scope.shard;
         let key = ObjectKey::new(&s.tenant, &s.namespace, &s.name);
         match s.kind {
-            felix_peer_proto::ShardKind::Cache => self.meta().caches.get(&key)?.shards.first(),
+            felix_peer_proto::ShardKind::Cache | felix_peer_proto::ShardKind::CacheCounters => {
+                self.meta().caches.get(&key)?.shards.first()
+            }
             felix_peer_proto::ShardKind::Stream | felix_peer_proto::ShardKind::StreamGroups => {
                 self.stream_shards_meta(&key)?.get(s.shard as usize)
             }

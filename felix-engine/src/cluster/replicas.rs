@@ -34,11 +34,39 @@ use crate::broker::LogInfo;
 
 /// Which of a shard's logs a copy is of. A stream shard's consumer-group log rides the
 /// shard: same replica set, leader, generation and consistency, fenced and fed like the
-/// records, so a group's ack on a quorum stream promises what a quorum publish does.
+/// records, so a group's ack on a quorum stream promises what a quorum publish does. A
+/// cache's values and its counters are two logs of its shard in the same way, at `leader`
+/// consistency (a cache declares none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum CopyKind {
     Records,
     Groups,
+    Values,
+    Counters,
+}
+
+impl CopyKind {
+    /// A log compaction rewrites: fed on only from its end, rebuilt rather than cut
+    /// (`ShardLeader::follow_compacted`), and read as a projection rebuilt when led here.
+    pub(crate) fn compacted(self) -> bool {
+        self != CopyKind::Records
+    }
+
+    /// The log that speaks for the shard's copy (the others ride it): a new disk is recorded
+    /// once every log of the shard led here has fed it level.
+    fn primary(self) -> CopyKind {
+        match self {
+            CopyKind::Records | CopyKind::Groups => CopyKind::Records,
+            CopyKind::Values | CopyKind::Counters => CopyKind::Values,
+        }
+    }
+
+    fn rider(self) -> CopyKind {
+        match self {
+            CopyKind::Records | CopyKind::Groups => CopyKind::Groups,
+            CopyKind::Values | CopyKind::Counters => CopyKind::Counters,
+        }
+    }
 }
 
 /// One replicated log of one shard: the key of a replica slot.
@@ -60,8 +88,9 @@ impl CopyRef {
 impl std::fmt::Display for CopyRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.kind {
-            CopyKind::Records => write!(f, "{}", self.shard),
+            CopyKind::Records | CopyKind::Values => write!(f, "{}", self.shard),
             CopyKind::Groups => write!(f, "{} groups", self.shard),
+            CopyKind::Counters => write!(f, "{} counters", self.shard),
         }
     }
 }
@@ -315,14 +344,16 @@ fn splice(own: &[(u64, u64)], theirs: &[(u64, u64)], cut: u64) -> Vec<(u64, u64)
 }
 
 impl ClusterNode {
-    /// Replicated logs of streams this node holds a copy of, as the metadata says now: each
-    /// shard's records and its group log, both at the stream's consistency.
+    /// Replicated logs this node holds a copy of, as the metadata says now: each stream
+    /// shard's records and group log, at the stream's consistency, and each cache's values
+    /// and counters, at `leader`.
     fn replicated_here(&self) -> Vec<(CopyRef, ShardMeta, Consistency)> {
         if !self.replicas.durable {
             return Vec::new();
         }
         let meta = self.meta();
-        meta.streams
+        let streams = meta
+            .streams
             .iter()
             .filter(|(_, s)| s.shards.first().is_some_and(|m| m.replicas.len() > 1))
             .flat_map(|(key, s)| {
@@ -345,21 +376,44 @@ impl ClusterNode {
                             (groups, m.clone(), s.spec.consistency),
                         ]
                     })
-            })
-            .collect()
+            });
+        // A cache is served from its first shard (`cache_owner`): that one is replicated.
+        let caches = meta
+            .caches
+            .iter()
+            .filter_map(|(key, c)| Some((key, c.shards.first()?)))
+            .filter(|(_, m)| m.replicas.len() > 1 && m.replicas.contains(&self.me))
+            .flat_map(|(key, m)| {
+                let shard = ShardRef {
+                    kind: ObjectKind::Cache,
+                    key: key.clone(),
+                    shard: 0,
+                };
+                [CopyKind::Values, CopyKind::Counters].map(|kind| {
+                    let copy = CopyRef {
+                        shard: shard.clone(),
+                        kind,
+                    };
+                    (copy, m.clone(), Consistency::Leader)
+                })
+            });
+        streams.chain(caches).collect()
     }
 
     fn shard_scope(&self, copy: &CopyRef, generation: u64) -> pp::ShardScope {
         let k = &copy.shard.key;
         let mut scope = self.scope(
-            false,
+            copy.shard.kind == ObjectKind::Cache,
             (&k.tenant, &k.namespace, &k.name),
             copy.shard.shard,
             generation,
         );
-        if copy.kind == CopyKind::Groups {
-            scope.shard.kind = pp::ShardKind::StreamGroups;
-        }
+        scope.shard.kind = match copy.kind {
+            CopyKind::Records => pp::ShardKind::Stream,
+            CopyKind::Groups => pp::ShardKind::StreamGroups,
+            CopyKind::Values => pp::ShardKind::Cache,
+            CopyKind::Counters => pp::ShardKind::CacheCounters,
+        };
         scope
     }
 
@@ -451,6 +505,8 @@ impl ClusterNode {
                 let object = match r.kind {
                     CopyKind::Records => format!("stream:{}", r.shard.key),
                     CopyKind::Groups => format!("stream-groups:{}", r.shard.key),
+                    CopyKind::Values => format!("cache:{}", r.shard.key),
+                    CopyKind::Counters => format!("cache-counters:{}", r.shard.key),
                 };
                 super::observe::ReplicaView {
                     object,
@@ -481,13 +537,23 @@ impl ClusterNode {
         *mark = (generation, mark.1 + 1);
     }
 
-    /// Whether a cache request led here may be served now: the lease holds.
-    pub(crate) fn local_ready_cache(&self, now: Instant) -> Result<(), &'static str> {
-        if self.lease_valid(now) {
-            Ok(())
-        } else {
-            Err("this node's lease on the shard lapsed; it is being renewed")
+    /// Whether a cache request led here may be served now: the lease holds, and a
+    /// replicated cache's values and counters are open at the metadata's generation.
+    pub(crate) fn local_ready_cache(
+        &self,
+        now: Instant,
+        names: (&str, &str, &str),
+    ) -> Result<(), &'static str> {
+        if !self.lease_valid(now) {
+            return Err("this node's lease on the shard lapsed; it is being renewed");
         }
+        let r = ShardRef {
+            kind: ObjectKind::Cache,
+            key: ObjectKey::new(names.0, names.1, names.2),
+            shard: 0,
+        };
+        self.copy_ready(r.clone(), CopyKind::Values)?;
+        self.copy_ready(r, CopyKind::Counters)
     }
 
     fn generation_of(&self, shard: &ShardRef) -> Option<u64> {
@@ -533,8 +599,9 @@ impl ClusterNode {
                 };
                 let shard = format!("{}#{}", r.shard.key, r.shard.shard);
                 let label = match r.kind {
-                    CopyKind::Records => shard,
+                    CopyKind::Records | CopyKind::Values => shard,
                     CopyKind::Groups => format!("{shard}/groups"),
+                    CopyKind::Counters => format!("{shard}/counters"),
                 };
                 Some((label, l.lag_records()))
             })
@@ -682,7 +749,7 @@ impl ClusterNode {
         let slot = self.replicas.slots.get_mut(r).expect("present");
         match &mut slot.role {
             Role::Leading(l) => {
-                if r.kind == CopyKind::Groups {
+                if r.kind.compacted() {
                     // Compaction stays below what every follower holds durably.
                     let below = l.epochs().end.saturating_sub(l.lag_records());
                     if slot.compaction_bound != Some(below) {
@@ -776,9 +843,10 @@ impl ClusterNode {
                     // compaction cannot have dropped what this copy would keep (see
                     // `ShardLeader::follow_compacted`), and never cut, which a compacted
                     // log cannot be.
-                    let agreed = match r.kind {
-                        CopyKind::Records => agreed_prefix(&own_epochs, &theirs),
-                        CopyKind::Groups => 0,
+                    let agreed = if r.kind.compacted() {
+                        0
+                    } else {
+                        agreed_prefix(&own_epochs, &theirs)
                     };
                     Adopting {
                         from: from.clone(),
@@ -798,9 +866,10 @@ impl ClusterNode {
                         if info.idle {
                             adopting.cutting = true;
                             let to = adopting.agreed;
-                            self.replicas.io.push_back(match r.kind {
-                                CopyKind::Records => ReplicaIo::Truncate { log, to },
-                                CopyKind::Groups => ReplicaIo::RestartAt { log, start: to },
+                            self.replicas.io.push_back(if r.kind.compacted() {
+                                ReplicaIo::RestartAt { log, start: to }
+                            } else {
+                                ReplicaIo::Truncate { log, to }
                             });
                         }
                         return;
@@ -839,7 +908,7 @@ impl ClusterNode {
     /// shard led here was fed level onto it: the records' leadership asks, when the group
     /// log's counts that disk too.
     fn record_rebuilt_copies(&mut self, now: Instant, r: &CopyRef, m: &ShardMeta) {
-        if r.kind != CopyKind::Records {
+        if r.kind != r.kind.primary() {
             return;
         }
         let Some(Role::Leading(l)) = self.replicas.slots.get(r).map(|s| &s.role) else {
@@ -847,7 +916,7 @@ impl ClusterNode {
         };
         let groups = CopyRef {
             shard: r.shard.clone(),
-            kind: CopyKind::Groups,
+            kind: r.kind.rider(),
         };
         let groups_counted: Option<Vec<&Replica>> =
             match self.replicas.slots.get(&groups).map(|s| &s.role) {
@@ -968,7 +1037,12 @@ impl ClusterNode {
     fn moved_to(&self, r: &CopyRef) -> MovedTo {
         let generation = self.generation_of(&r.shard).unwrap_or(0);
         let k = &r.shard.key;
-        let owner = self.stream_owner(&k.tenant, &k.namespace, &k.name, r.shard.shard);
+        let owner = match r.shard.kind {
+            ObjectKind::Stream => {
+                self.stream_owner(&k.tenant, &k.namespace, &k.name, r.shard.shard)
+            }
+            ObjectKind::Cache => self.cache_owner(&k.tenant, &k.namespace, &k.name),
+        };
         match owner {
             Some(Owner::Remote {
                 node,
@@ -1187,11 +1261,14 @@ impl ClusterNode {
         let Some(m) = self.meta().shard(&r.shard).cloned() else {
             return;
         };
-        let consistency = self
-            .meta()
-            .streams
-            .get(&r.shard.key)
-            .map_or(Consistency::Leader, |s| s.spec.consistency);
+        let consistency = match r.shard.kind {
+            ObjectKind::Stream => self
+                .meta()
+                .streams
+                .get(&r.shard.key)
+                .map_or(Consistency::Leader, |s| s.spec.consistency),
+            ObjectKind::Cache => Consistency::Leader,
+        };
         let Some(info) = logs.info(log) else {
             return;
         };
@@ -1223,7 +1300,7 @@ impl ClusterNode {
                 log,
                 committed: leader.commit(),
             });
-            if r.kind == CopyKind::Groups {
+            if r.kind.compacted() {
                 // Nothing compacted until the followers report what they hold.
                 slot.compaction_bound = Some(0);
                 let io = ReplicaIo::BoundCompaction { log, below: 0 };
@@ -1256,7 +1333,7 @@ impl ClusterNode {
                 let scope = self.shard_scope(&r, scope_generation);
                 // Compaction passed this follower's end since it was last told where to
                 // be fed from (the bound lags the reports): it must ask again, and is rebuilt.
-                let compacted_past = r.kind == CopyKind::Groups
+                let compacted_past = r.kind.compacted()
                     && logs
                         .info(log)
                         .is_some_and(|i| from != i.start && from < i.complete_from);
@@ -1378,14 +1455,15 @@ impl ClusterNode {
             return;
         };
         let s = &scope.shard;
-        let kind = match s.kind {
-            pp::ShardKind::Stream => CopyKind::Records,
-            pp::ShardKind::StreamGroups => CopyKind::Groups,
-            pp::ShardKind::Cache => return,
+        let (object, kind) = match s.kind {
+            pp::ShardKind::Stream => (ObjectKind::Stream, CopyKind::Records),
+            pp::ShardKind::StreamGroups => (ObjectKind::Stream, CopyKind::Groups),
+            pp::ShardKind::Cache => (ObjectKind::Cache, CopyKind::Values),
+            pp::ShardKind::CacheCounters => (ObjectKind::Cache, CopyKind::Counters),
         };
         let r = CopyRef {
             shard: ShardRef {
-                kind: ObjectKind::Stream,
+                kind: object,
                 key: ObjectKey::new(&s.tenant, &s.namespace, &s.name),
                 shard: s.shard,
             },
@@ -1533,13 +1611,12 @@ impl ClusterNode {
                     end: f.end,
                 };
                 let log_start = info.as_ref().map_or(0, |i| i.start);
-                let answer = match r.kind {
-                    CopyKind::Records => l.follow(&from_node, &f.storage_id, &theirs, log_start),
-                    CopyKind::Groups => {
-                        let complete_from = info.as_ref().map_or(0, |i| i.complete_from);
-                        let storage = &f.storage_id;
-                        l.follow_compacted(&from_node, storage, &theirs, log_start, complete_from)
-                    }
+                let answer = if r.kind.compacted() {
+                    let complete_from = info.as_ref().map_or(0, |i| i.complete_from);
+                    let storage = &f.storage_id;
+                    l.follow_compacted(&from_node, storage, &theirs, log_start, complete_from)
+                } else {
+                    l.follow(&from_node, &f.storage_id, &theirs, log_start)
                 };
                 tracing::debug!(shard = %r, from, ?answer, "follow request");
                 match answer {

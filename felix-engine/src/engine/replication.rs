@@ -7,7 +7,7 @@ use std::time::Instant;
 use felix_storage::ops::LogId;
 
 use super::Engine;
-use crate::broker::{Broker, LogInfo, StreamKey};
+use crate::broker::{Broker, CacheKey, LogInfo, StreamKey};
 use crate::cluster::{CopyKind, LogView, ReplicaIo};
 
 /// Rounds of replication work in one call: each round's results can ask for more (an
@@ -37,11 +37,14 @@ impl Engine {
                     ReplicaIo::Open { copy } => {
                         let k = &copy.shard.key;
                         let key = StreamKey::new(&k.tenant, &k.namespace, &k.name);
+                        let cache = CacheKey::new(&k.tenant, &k.namespace, &k.name);
                         let log = match copy.kind {
                             CopyKind::Records => broker
                                 .shard_log(now, &key, copy.shard.shard)
                                 .map(|(l, _)| l),
                             CopyKind::Groups => broker.group_log_of(now, &key, copy.shard.shard),
+                            CopyKind::Values => broker.replica_cache_log(now, &cache, false),
+                            CopyKind::Counters => broker.replica_cache_log(now, &cache, true),
                         };
                         if let Some(log) = log {
                             cluster.replica_log(&copy, log);
@@ -82,8 +85,9 @@ impl Engine {
                     }
                     ReplicaIo::Gate { log, committed } => {
                         broker.gate(log, committed);
-                        // A group log led here from now on serves groups rebuilt from it.
-                        broker.reload_groups(now, log);
+                        // A projection (groups, a cache's index, its sums) led here from now
+                        // on is rebuilt from its log.
+                        broker.reload_projection(now, log);
                     }
                     ReplicaIo::Ungate { log } => broker.ungate(log),
                     ReplicaIo::BoundCompaction { log, below } => {
@@ -118,8 +122,8 @@ impl Engine {
         let core = &mut self.core;
         if let felix_storage::log::ReplicaEvent::Truncated { result: Ok(offset) } = &event {
             core.broker.truncated(log, *offset);
-            // A group log's groups cannot be cut back: they are read again from the log.
-            core.broker.reload_groups(now, log);
+            // A projection cannot be cut back: it is read again from the log.
+            core.broker.reload_projection(now, log);
         }
         if let Some(c) = core.cluster.as_mut() {
             c.replica_event(now, log, event, &core.broker);

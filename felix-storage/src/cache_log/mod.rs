@@ -204,6 +204,8 @@ pub enum CacheEvent {
         ticket: ReadTicket,
         result: Result<crate::log::ReadBatch, ReadError>,
     },
+    /// Replication's answers on the log underneath (see [`LogEvent::Replica`]).
+    Replica(crate::log::ReplicaEvent),
 }
 
 /// One cache shard on a log, [`Driven`] like [`ShardLog`]: inputs `handle_completion`,
@@ -703,8 +705,8 @@ impl CacheLog {
                     self.events.push_back(CacheEvent::CompactionFailed(e))
                 }
                 LogEvent::Failed(e) => self.fail(e),
-                // Nothing here replicates yet: nothing asks for these.
-                LogEvent::Replica(_) => {}
+                // Replication's answers (framed reads, cuts, replica state) go up as they are.
+                LogEvent::Replica(e) => self.events.push_back(CacheEvent::Replica(e)),
             }
         }
     }

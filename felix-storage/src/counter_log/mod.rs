@@ -329,8 +329,8 @@ impl CounterLog {
                     self.events.push_back(CacheEvent::CompactionFailed(e))
                 }
                 LogEvent::Failed(e) => self.fail(e),
-                // Nothing here replicates yet: nothing asks for these.
-                LogEvent::Replica(_) => {}
+                // Replication's answers (framed reads, cuts, replica state) go up as they are.
+                LogEvent::Replica(e) => self.events.push_back(CacheEvent::Replica(e)),
             }
         }
     }

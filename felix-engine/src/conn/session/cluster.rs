@@ -255,7 +255,7 @@ impl Session {
             // needs this node's lease, and a replicated shard's fence done at the generation.
             let names = (t.tenant, t.namespace, t.name);
             let ready = if t.cache {
-                cluster.local_ready_cache(cx.now)
+                cluster.local_ready_cache(cx.now, names)
             } else if matches!(t.class, RequestClass::Group) {
                 // Group state lives in the shard's group log, which has its own fence.
                 cluster
