@@ -503,35 +503,39 @@ fn the_stream_decoder_yields_every_sample_fed_one_byte_at_a_time() {
     assert_eq!(d.buffered(), 0);
 }
 
-/// A shard's consumer-group log is replicated under the shard's own scope with kind 3:
-/// the same fields, one byte apart, and a view that knows the stream shard accepts it.
+/// A log riding a shard (a stream shard's group log, kind 3; a cache's counters, kind 4) is
+/// replicated under its shard's scope with its own kind: the same fields, one byte apart,
+/// and a view that knows the shard accepts it.
 #[test]
-fn a_group_log_scope_is_kind_3_and_checked_against_its_shards_generation() {
-    let mut groups = scope();
-    groups.shard.kind = ShardKind::StreamGroups;
-    let msg = PeerMessage::ReplicaReport(ReplicaReport {
-        scope: groups,
-        storage_id: "d2".into(),
-        end: 122,
-        durable_end: 120,
-    });
-    let mut out = Vec::new();
-    encode_frame(&msg, &mut out).unwrap();
-    let golden = "
-        46585001 0404 00000034
-        0002 6331 03 0001 74 0002 6e73 0006 6f7264657273
-        00000003 0000000000000009
-        0002 6432 000000000000007a 0000000000000078
-    ";
-    assert_eq!(hex::encode(&out), unspaced(golden));
-    // The view here is the engine's: it answers for a group log as for its stream shard.
-    let stream_view = |s: &ShardId| {
-        let mut as_stream = s.clone();
-        if as_stream.kind == ShardKind::StreamGroups {
+fn a_riding_logs_scope_is_its_own_kind_and_checked_against_its_shards_generation() {
+    for (kind, byte) in [
+        (ShardKind::StreamGroups, "03"),
+        (ShardKind::CacheCounters, "04"),
+    ] {
+        let mut riding = scope();
+        riding.shard.kind = kind;
+        let msg = PeerMessage::ReplicaReport(ReplicaReport {
+            scope: riding,
+            storage_id: "d2".into(),
+            end: 122,
+            durable_end: 120,
+        });
+        let mut out = Vec::new();
+        encode_frame(&msg, &mut out).unwrap();
+        let golden = format!(
+            "46585001 0404 00000034
+             0002 6331 {byte} 0001 74 0002 6e73 0006 6f7264657273
+             00000003 0000000000000009
+             0002 6432 000000000000007a 0000000000000078"
+        );
+        assert_eq!(hex::encode(&out), unspaced(&golden), "{kind:?}");
+        // The view here is the engine's: it answers for a riding log as for its shard.
+        let shard_view = |s: &ShardId| {
+            let mut as_stream = s.clone();
             as_stream.kind = ShardKind::Stream;
-        }
-        view(&as_stream)
-    };
-    let decoded = decode_frame(&Bytes::from(out), &stream_view).unwrap();
-    assert_eq!(decoded, msg);
+            view(&as_stream)
+        };
+        let decoded = decode_frame(&Bytes::from(out), &shard_view).unwrap();
+        assert_eq!(decoded, msg);
+    }
 }

@@ -242,7 +242,10 @@ async fn group_request(c: &Cluster, at: usize, shard: u32, body: &str) -> Messag
         let changed = c.brokers[at].as_ref().expect("running").metadata_changed();
         match c.ask(at, Offer::reference_client(), &ask).await {
             Message::Error(e)
-                if matches!(e.code, ErrorCode::NotLeader | ErrorCode::ShardUnavailable) =>
+                if matches!(
+                    e.code,
+                    Some(ErrorCode::NotLeader | ErrorCode::ShardUnavailable)
+                ) =>
             {
                 let _ = within(10, changed).await;
             }
