@@ -382,7 +382,7 @@ mod tests {
         pump(&mut fs, &mut g, &mut compacted);
         // A follower that holds nothing yet: no segment may be compacted.
         g.log.bound_compaction(Some(0));
-        let mut append = |g: &mut GroupLog, fs: &mut MemFs, compacted: &mut usize, n: u64| {
+        let append = |g: &mut GroupLog, fs: &mut MemFs, compacted: &mut usize, n: u64| {
             for i in 0..n {
                 g.append(t0, 1, &[record(GroupOp::Cursor, "a", i)]).unwrap();
                 if i % 64 == 0 {

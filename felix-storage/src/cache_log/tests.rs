@@ -67,6 +67,8 @@ impl Rig {
                 CacheEvent::Scanned { ticket, result } => {
                     self.scanned.insert(ticket, result);
                 }
+                // A cache log shipping for replication: not driven here.
+                CacheEvent::Replica(_) => {}
             }
         }
     }
