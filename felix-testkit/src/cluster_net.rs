@@ -455,3 +455,32 @@ pub fn key_for_shard(shards: u32, shard: u32) -> Vec<u8> {
         .find(|k| shard_for_key(Some(k), shards, RoutingMapping::Modulo) == shard)
         .expect("some key lands on the shard")
 }
+
+/// The entries of `stream`'s `shard` log (tenant `t1`, namespace `default`) on `disk`, as
+/// (first offset, bytes), in offset order, read with the storage's own entry scanner: the
+/// bytes a leader ships.
+pub fn shard_log_on(
+    disk: &felix_storage::memfs::MemFs,
+    stream: &str,
+    shard: u32,
+) -> Vec<(u64, Vec<u8>)> {
+    use felix_storage::record::{self, Step, SEGMENT_HEADER_LEN};
+    let dir = felix_storage::layout::stream_shard_dir("t1", "default", stream, shard);
+    let mut out = Vec::new();
+    for name in disk.list(&dir).into_iter().filter(|n| n.ends_with(".seg")) {
+        let Some(bytes) = disk.file(&format!("{dir}/{name}")) else {
+            continue;
+        };
+        let mut at = SEGMENT_HEADER_LEN as usize;
+        while at < bytes.len() {
+            let Step::Entry(meta) = record::step(&bytes[at..]) else {
+                break;
+            };
+            let len = meta.len as usize;
+            out.push((meta.base, bytes[at..at + len].to_vec()));
+            at += len;
+        }
+    }
+    out.sort_by_key(|e| e.0);
+    out
+}

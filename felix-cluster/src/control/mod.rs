@@ -737,6 +737,9 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
         } => meta
             .shard(shard)
             .is_none_or(|m| m.generation >= *generation),
+        Command::Reopen {
+            shard, generation, ..
+        } => meta.shard(shard).is_none_or(|m| m.generation > *generation),
         // Done, or no longer possible: another generation, or the node's disk changed again.
         Command::RecordCopy {
             shard,

@@ -219,6 +219,18 @@ pub enum Command {
         generation: u64,
         leader: Option<NodeId>,
     },
+    /// The leader of `shard` at `generation` came back (a restart) to lead it again: the
+    /// shard moves to `generation + 1`, led by the same node, so that no node opens one
+    /// generation twice. A leader ships records before its own disk holds them, so a copy
+    /// may hold, at `generation`, records the restarted leader lost; at a new generation the
+    /// epochs tell them apart and the copy is cut (docs/replication.md, "Shipping before the
+    /// leader's sync"). Applied only while `leader` leads at exactly `generation`, so it can
+    /// never move a shard: any node may ask.
+    Reopen {
+        shard: ShardRef,
+        generation: u64,
+        leader: NodeId,
+    },
     /// The leader of `shard` at `generation` fed `node`'s copy onto the disk `storage_id` (a
     /// new one: the node came back without its old disk) until it held the leader's whole
     /// log as of its request: the copy lives there from now on, so later fences and
@@ -463,6 +475,24 @@ impl Metadata {
                     shard: shard.clone(),
                     generation: *generation,
                     leader: leader.clone(),
+                }
+            }
+            Command::Reopen {
+                shard,
+                generation,
+                leader,
+            } => {
+                let Some(meta) = self.shard_mut(shard) else {
+                    return Applied::Invalid(format!("{shard} is not placed"));
+                };
+                if meta.generation != *generation || meta.leader.as_ref() != Some(leader) {
+                    return Applied::Unchanged;
+                }
+                meta.generation += 1;
+                Applied::Promoted {
+                    shard: shard.clone(),
+                    generation: meta.generation,
+                    leader: Some(leader.clone()),
                 }
             }
             Command::RecordCopy {

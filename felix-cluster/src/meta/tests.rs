@@ -320,3 +320,63 @@ fn a_rebuilt_copy_is_recorded_on_its_new_disk_only_at_the_generation_that_fed_it
     assert!(meta.holds_copy(&n("n3"), &m.members));
     assert_eq!(meta.storage_of(&n("n2")), Some("disk-2"));
 }
+
+#[test]
+fn a_reopen_moves_only_its_leaders_own_generation_on_by_one() {
+    let mut m = Metadata::new(vec![n("n1"), n("n2"), n("n3")]);
+    apply(
+        &mut m,
+        &[
+            join("n1", None, "disk-1"),
+            join("n2", None, "disk-2"),
+            join("n3", None, "disk-3"),
+            Command::Declare {
+                node: n("n1"),
+                declarations: decls(1, 3),
+            },
+        ],
+    );
+    let shard = ShardRef {
+        kind: ObjectKind::Stream,
+        key: ObjectKey::new("t1", "default", "orders"),
+        shard: 0,
+    };
+    let placed = m.shard(&shard).unwrap().clone();
+    let (g, leader) = (placed.generation, placed.leader.clone().unwrap());
+    let other = placed
+        .replicas
+        .iter()
+        .find(|r| **r != leader)
+        .unwrap()
+        .clone();
+    let reopen = |generation: u64, leader: &NodeId| Command::Reopen {
+        shard: shard.clone(),
+        generation,
+        leader: leader.clone(),
+    };
+    let got = apply(
+        &mut m,
+        &[
+            // Not the leader at g, an older generation, a later one: nothing.
+            reopen(g, &other),
+            reopen(g.saturating_sub(1), &leader),
+            reopen(g + 1, &leader),
+            reopen(g, &leader),
+            // Asked twice: the second finds g + 1.
+            reopen(g, &leader),
+        ],
+    );
+    let u = || Applied::Unchanged;
+    let moved = Applied::Promoted {
+        shard: shard.clone(),
+        generation: g + 1,
+        leader: Some(leader.clone()),
+    };
+    assert_eq!(got, vec![u(), u(), u(), moved, u()]);
+    let now = m.shard(&shard).unwrap();
+    assert_eq!(
+        (now.generation, now.leader.as_ref()),
+        (g + 1, Some(&leader))
+    );
+    assert_eq!(now.replicas, placed.replicas);
+}

@@ -7,8 +7,12 @@
 //! its own log is durable. It answers with the commit mark ([`LeaderOutput::Committed`]) and the
 //! quorum publishes that ran out of time ([`LeaderOutput::TimedOut`]).
 //!
-//! Only durable entries are shipped: a follower never holds what its leader could lose on a
-//! crash, so the leader's own copy is always at least as long as anything a follower reports.
+//! Entries are shipped once the leader's own copy holds them durably, or, when the engine
+//! reports writes ([`ShardLeader::written`]), once written: followers then sync in parallel
+//! with the leader. A record counts as committed only once the leader itself holds it durably
+//! (the quorum mark counts the leader among the holders), so a follower may hold records its
+//! leader lost in a power cut; the leader never opens a generation twice
+//! (`Command::Reopen`), and at the next one the epochs cut them away.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -126,6 +130,8 @@ pub struct ShardLeader {
     /// The leader's own log: its epochs and end.
     log: EpochLog,
     durable: u64,
+    /// Written (maybe not synced) below this, as the engine reports it: shippable.
+    written: u64,
     mark: QuorumMark,
     /// Quorum publishes owed an answer: the end of each, and when it times out.
     pending: VecDeque<(u64, Instant)>,
@@ -164,6 +170,7 @@ impl ShardLeader {
             followers,
             log,
             durable,
+            written: durable,
             mark: QuorumMark::starting_at(committed.min(durable)),
             pending: VecDeque::new(),
             out: VecDeque::new(),
@@ -227,6 +234,16 @@ impl ShardLeader {
             self.log.epochs.push((self.generation, self.log.end));
         }
         self.log.end = end;
+    }
+
+    /// The leader's own log holds (written, not yet synced) every record below `up_to`: it
+    /// may be shipped now.
+    pub fn written(&mut self, up_to: u64) {
+        self.extend_log(up_to);
+        if up_to > self.written {
+            self.written = up_to;
+            self.ship();
+        }
     }
 
     /// The leader's own log is durable below `up_to`.
@@ -496,7 +513,8 @@ impl ShardLeader {
             let Some(next) = f.next else { continue };
             // At least one shipment is always allowed, however large.
             let in_window = f.in_flight_bytes < self.settings.window_bytes;
-            if f.reading.is_none() && next < self.durable && in_window {
+            let shippable = self.durable.max(self.written);
+            if f.reading.is_none() && next < shippable && in_window {
                 f.reading = Some(next);
                 self.out.push_back(LeaderOutput::Ship {
                     to: f.replica.node.clone(),
@@ -595,6 +613,33 @@ mod tests {
         assert_eq!(drain(&mut l), ["ship n3 from 0"]);
         l.report(&n("n3"), 2, "disk-n3", 3, 3);
         assert_eq!(l.poll_timeout(), None);
+    }
+
+    #[test]
+    fn written_entries_ship_before_the_leaders_sync_and_commit_only_once_it_holds_them() {
+        let t = Instant::now();
+        let mut l = leader(true, &["n2", "n3"]);
+        for f in ["n2", "n3"] {
+            let disk = format!("disk-{f}");
+            assert_eq!(
+                l.follow(&n(f), &disk, &empty(), 0),
+                Ok(FollowAnswer::TruncateTo(0))
+            );
+        }
+        l.appended(t, 3, true);
+        assert!(drain(&mut l).is_empty(), "not written yet");
+        l.written(3);
+        assert_eq!(drain(&mut l), ["ship n2 from 0", "ship n3 from 0"]);
+        l.shipped(t, &n("n2"), 0, 3, 40);
+        l.shipped(t, &n("n3"), 0, 3, 40);
+        // Both followers hold it durably before the leader does: no commit, since the
+        // leader could still lose it.
+        l.report(&n("n2"), 2, "disk-n2", 3, 3);
+        l.report(&n("n3"), 2, "disk-n3", 3, 3);
+        assert!(drain(&mut l).is_empty());
+        assert_eq!(l.commit(), 0);
+        l.durable(3);
+        assert_eq!(drain(&mut l), ["committed 3"]);
     }
 
     #[test]

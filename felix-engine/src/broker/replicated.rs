@@ -58,6 +58,10 @@ impl Broker {
                 },
             );
         }
+        // A led stream log ships what it has written, while it syncs (`ShardLeader::written`).
+        if self.store_of(log).is_some() {
+            let _ = self.with_replica_log(log, |l| l.ship_before_sync(true));
+        }
         let gate = self.gates.get_mut(&log).expect("just made");
         gate.committed = gate.committed.max(committed);
         let committed = gate.committed;
@@ -104,6 +108,9 @@ impl Broker {
     /// Its marks are kept: a publish held under the leadership that ended must still be
     /// answered by them (`quorum_timeout`), never by the log's own durability.
     pub(crate) fn ungate(&mut self, log: LogId) {
+        if self.store_of(log).is_some() {
+            let _ = self.with_replica_log(log, |l| l.ship_before_sync(false));
+        }
         if let Some(g) = self.gates.remove(&log) {
             // What it wrote past its commit mark waits for fan-out no longer: the next
             // leader may cut it, and should a later leadership here commit those offsets,

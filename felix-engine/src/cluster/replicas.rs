@@ -249,6 +249,10 @@ pub(crate) struct Replicas {
     durable: bool,
     /// Counters for `/metrics`.
     pub(super) stats: ReplicationStats,
+    /// Generations of shard records this process opened as their leader: one found opened
+    /// in the log's epochs but not here was opened before a restart, and is not opened
+    /// again (`Command::Reopen`).
+    opened: std::collections::BTreeSet<(ShardRef, u64)>,
 }
 
 /// What `/metrics` reports about replication on this node.
@@ -278,6 +282,7 @@ impl Replicas {
             now: None,
             durable,
             stats: ReplicationStats::default(),
+            opened: std::collections::BTreeSet::new(),
         }
     }
 }
@@ -764,6 +769,28 @@ impl ClusterNode {
             Role::Idle => return,
             Role::Fencing(_) => {}
             Role::Preparing | Role::Following(_) => {
+                // This node led the shard's records at this generation before a restart: it
+                // shipped what its own disk may have lost since (`ShardLeader::written`), so
+                // it leads on at the next generation, where the epochs tell those records
+                // apart. A copy of a compacted log ships only what it synced: it fences again.
+                let reopened = r.kind == CopyKind::Records
+                    && info.state.epochs.iter().any(|e| e.generation == generation)
+                    && !self
+                        .replicas
+                        .opened
+                        .contains(&(r.shard.clone(), generation));
+                if reopened {
+                    let reopen = Command::Reopen {
+                        shard: r.shard.clone(),
+                        generation,
+                        leader: self.me.clone(),
+                    };
+                    if let Some(control) = self.control.as_mut() {
+                        control.want(reopen, now);
+                    }
+                    return;
+                }
+                let slot = self.replicas.slots.get_mut(r).expect("present");
                 slot.role = Role::Fencing(Fencing {
                     answers: BTreeMap::new(),
                     adopting: None,
@@ -1235,6 +1262,14 @@ impl ClusterNode {
                     }
                 }
             }
+            ReplicaEvent::Written { up_to } => {
+                if let Some(Role::Leading(l)) = self.slot_role(log) {
+                    l.written(up_to);
+                }
+                if let Some(r) = self.replicas.by_log.get(&log).cloned() {
+                    self.drain_leader(&r);
+                }
+            }
             ReplicaEvent::StateDurable(state) => {
                 let Some(r) = self.replicas.by_log.get(&log).cloned() else {
                     return;
@@ -1296,6 +1331,9 @@ impl ClusterNode {
                 self.replicas.settings,
             );
             info!(shard = %r, generation = m.generation, end = info.end, "leading");
+            if r.kind == CopyKind::Records {
+                self.replicas.opened.insert((r.shard.clone(), m.generation));
+            }
             self.replicas.io.push_back(ReplicaIo::Gate {
                 log,
                 committed: leader.commit(),

@@ -413,6 +413,9 @@ pub struct ShardLog {
     segments: Vec<Segment>,
     next_offset: u64,
     written_offset: u64,
+    /// A leader ships from here before its own sync: framed reads go up to what is written,
+    /// and each write is reported (`ReplicaEvent::Written`).
+    ship_written: bool,
     synced_offset: u64,
     reported_durable: u64,
     pending: VecDeque<Pending>,
@@ -477,6 +480,7 @@ impl ShardLog {
             segments: Vec::new(),
             next_offset: 0,
             written_offset: 0,
+            ship_written: false,
             synced_offset: 0,
             reported_durable: 0,
             pending: VecDeque::new(),

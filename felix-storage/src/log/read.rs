@@ -54,10 +54,17 @@ impl ShardLog {
         }
         let ticket = ReadTicket(self.next_ticket);
         self.next_ticket += 1;
+        // A shipping leader's framed reads take what is written: its followers sync it
+        // while it syncs its own copy (`ship_before_sync`).
+        let limit = if framed.is_some() && self.ship_written {
+            self.written_offset.max(self.durable_offset())
+        } else {
+            self.durable_offset()
+        };
         let job = ReadJob {
             ticket,
             next: from_offset,
-            limit: self.durable_offset(),
+            limit,
             max_records: max_records.clamp(1, MAX_RECORDS_PER_READ),
             max_bytes,
             records: 0,

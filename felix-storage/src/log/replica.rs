@@ -76,6 +76,9 @@ pub enum ReplicaEvent {
     Truncated { result: Result<u64, TruncateError> },
     /// This state is now the durable content of the replica state file.
     StateDurable(ReplicaState),
+    /// With early shipping on ([`ShardLog::ship_before_sync`]): every record below `up_to`
+    /// is written (not yet synced) and may be read framed.
+    Written { up_to: u64 },
 }
 
 /// Why `truncate_to` refused (at the call, or later in [`ReplicaEvent::Truncated`]). Nothing
@@ -285,6 +288,14 @@ impl ShardLog {
         // Nothing taken: the chunk held only entries before `from`; go on past them.
         self.reads.insert(key, job);
         self.advance_read(key);
+    }
+
+    /// Lets framed reads take records once written rather than once synced, and reports
+    /// each write ([`ReplicaEvent::Written`]): a replicated log's leader ships in parallel
+    /// with its own sync. Only a leader sets it; a quorum still counts the leader only for
+    /// what it has synced (docs/replication.md, "Shipping before the leader's sync").
+    pub fn ship_before_sync(&mut self, on: bool) {
+        self.ship_written = on;
     }
 
     // ---- framed appends -----------------------------------------------------------------

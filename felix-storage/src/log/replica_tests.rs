@@ -260,6 +260,42 @@ fn a_framed_read_ships_only_durable_entries() {
 }
 
 #[test]
+fn a_leader_shipping_before_its_sync_reads_what_is_written_and_hears_of_each_write() {
+    let mut rig = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
+    rig.log.ship_before_sync(true);
+    rig.append(&[b"one"]);
+    rig.pump();
+    rig.append(&[b"two"]);
+    for _ in 0..10 {
+        if rig.log.written_offset == 2 {
+            break;
+        }
+        rig.step();
+    }
+    assert_eq!((rig.log.written_offset, rig.log.synced_offset()), (2, 1));
+    assert_eq!(rig.written, [1, 2], "each write, as it lands");
+    // Not synced yet, and shipped all the same.
+    let b = framed(&mut rig, 1, 1 << 20);
+    assert_eq!((b.base, b.end), (1, 2));
+    // Off again, as a leader stepping down: synced only.
+    rig.log.ship_before_sync(false);
+    rig.append(&[b"three"]);
+    for _ in 0..10 {
+        if rig.log.written_offset == 3 {
+            break;
+        }
+        rig.step();
+    }
+    assert!(rig.log.synced_offset() < 3);
+    let b = framed(&mut rig, 2, 1 << 20);
+    assert_eq!(
+        (b.end, b.record_count),
+        (2, 0),
+        "only what is synced: nothing yet"
+    );
+}
+
+#[test]
 fn a_mid_entry_start_ships_the_whole_entry_and_a_follower_off_the_boundary_refuses_it() {
     let mut lead = Rig::new(cfg(FsyncMode::OnCommit, 1 << 20));
     lead.append(&[b"a", b"b", b"c"]);

@@ -35,6 +35,8 @@ pub(crate) struct Rig {
     pub(crate) framed: HashMap<ReadTicket, Result<FramedBatch, ReadError>>,
     pub(crate) truncated: Vec<Result<u64, TruncateError>>,
     pub(crate) states: Vec<crate::replica_state::ReplicaState>,
+    /// `Written` reports (a log shipping before its sync).
+    pub(crate) written: Vec<u64>,
 }
 
 pub(crate) fn cfg(fsync: FsyncMode, segment_max_bytes: u64) -> LogConfig {
@@ -71,6 +73,7 @@ impl Rig {
             framed: HashMap::new(),
             truncated: Vec::new(),
             states: Vec::new(),
+            written: Vec::new(),
         };
         rig.pump();
         rig
@@ -110,6 +113,7 @@ impl Rig {
                     self.truncated.push(result);
                 }
                 LogEvent::Replica(ReplicaEvent::StateDurable(s)) => self.states.push(s),
+                LogEvent::Replica(ReplicaEvent::Written { up_to }) => self.written.push(up_to),
             }
         }
     }

@@ -348,6 +348,12 @@ impl ShardLog {
                 // among them.
                 self.pending_bytes = self.pending_bytes.saturating_sub(bytes.len());
                 self.written_offset = end;
+                if self.ship_written {
+                    self.events
+                        .push_back(super::LogEvent::Replica(super::ReplicaEvent::Written {
+                            up_to: end,
+                        }));
+                }
                 for e in entries {
                     self.tail_bytes += e.len;
                     self.tail.push_back(TailEntry {
