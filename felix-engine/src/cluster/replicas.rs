@@ -1332,7 +1332,10 @@ impl ClusterNode {
             );
             info!(shard = %r, generation = m.generation, end = info.end, "leading");
             if r.kind == CopyKind::Records {
-                self.replicas.opened.insert((r.shard.clone(), m.generation));
+                // Only a shard's latest generation is ever asked about.
+                let opened = &mut self.replicas.opened;
+                opened.retain(|(s, _)| *s != r.shard);
+                opened.insert((r.shard.clone(), m.generation));
             }
             self.replicas.io.push_back(ReplicaIo::Gate {
                 log,
