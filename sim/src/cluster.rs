@@ -184,7 +184,7 @@ pub(crate) struct ClusterWorld {
     /// cluster and forgets committed metadata (a known engine bug, docs/simulator.md).
     majority_crashes: bool,
     /// `--wipe-disks`: every other drawn crash replaces the node's disk, unless that would
-    /// lose a majority of some shard's copies (`lost_drives`).
+    /// leave some shard more than a minority of its copies lost (`lost_drives`).
     wipe_disks: bool,
     crashes_skipped: u64,
     /// Drawn wipes turned into plain crashes by `lost_drives`.
@@ -642,8 +642,8 @@ impl ClusterWorld {
     }
 
     /// Whether node `i`'s disk may be replaced now (see `lost_drives`); when not, says why in
-    /// the trace. Judged by the freshest metadata any running node has applied: an older one
-    /// only misses recorded copies, which withholds a wipe and never allows one wrongly.
+    /// the trace. Judged by the freshest metadata any running node has applied: a copy's record
+    /// on a disk only ever arrives, so an older view at worst withholds a wipe needlessly.
     fn may_wipe(&mut self, i: usize) -> bool {
         let meta = self
             .nodes
