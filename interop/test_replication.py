@@ -1,7 +1,7 @@
 """Interop: felix-client 0.6.2 against replicated shards (docs/replication.md) on three
 `felix-broker` processes started by `felix cluster up`, once per broker runtime.
 
-Two faults, each on a cluster of its own, against a stream of 3 shards with replication
+Three faults, each on a cluster of its own, against a stream of 3 shards with replication
 factor 3 and `consistency = "quorum"` (and, for the second, one with `"leader"`):
 
 - the leader of one shard is SIGKILLed while client threads publish acked keyed records to
@@ -9,7 +9,10 @@ factor 3 and `consistency = "quorum"` (and, for the second, one with `"leader"`)
   every acknowledged record is read back from the survivors once, at the offset its ack gave;
 - both followers of a shard are SIGSTOPped: a quorum publish is answered `quorum_timeout`
   (felix.OutcomeUnknownError) while a leader-consistency publish on the same leader is acked;
-  after SIGCONT a quorum publish is acked again.
+  after SIGCONT a quorum publish is acked again;
+- a consumer group acknowledges four of six records on a shard's leader, which is then
+  SIGKILLed: the next leader hands out only the other two (and a new record), since the
+  shard's group log is replicated with it.
 
 The shard a key lands on is computed here as the broker does (felix-proto/src/routing.rs);
 who leads a shard is read from the nodes' /metrics (`replication_lag_records` lists each
@@ -314,3 +317,56 @@ def test_a_quorum_publish_without_its_followers_is_outcome_unknown(frozen_cluste
     # The followers are back: a majority acknowledges again.
     after = client.publish("t1", "default", QUORUM, b"after", key=qkey)
     assert after is not None and after > before, (before, after)
+
+
+GROUP_ATTEMPTS = 200
+
+
+def group_call(call, deadline):
+    """A group call, asked again (bounded in count and time) while the shard is between
+    leaders: a refusal says nothing was done."""
+    for _ in range(GROUP_ATTEMPTS):
+        assert time.monotonic() < deadline, "out of time for a group call"
+        try:
+            return call()
+        except REFUSED:
+            continue
+    raise AssertionError(f"a group call refused {GROUP_ATTEMPTS} times")
+
+
+def test_a_groups_acknowledged_records_stay_acknowledged_after_its_leader_is_killed(
+        quorum_cluster):
+    cluster = quorum_cluster
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    shard = 0
+    keys = keys_on(shard)
+    publisher = cluster.client(cluster.seeds)
+    offsets = []
+    for n in range(6):
+        _, offset, _ = publish_acked(publisher, QUORUM, f"job-{n}", keys[0], deadline)
+        offsets.append(offset)
+    victim = the_leader(cluster, QUORUM, shard)
+
+    def poll(client):
+        return client.group_poll("t1", "default", QUORUM, shard, "workers", max_records=32,
+                                 wait=0)
+
+    # Group calls are served by the shard's leader: the consumer is seeded with it.
+    consumer = cluster.client([victim.client])
+    handed = group_call(lambda: poll(consumer), deadline)
+    assert [r.offset for r in handed] == offsets
+    # On a quorum stream a group ack is answered once a majority of the copies holds it.
+    for r in handed[:4]:
+        group_call(lambda: consumer.group_ack("t1", "default", QUORUM, shard, "workers",
+                                              r.offset), deadline)
+
+    cluster.kill(victim)
+    survivors = [n for n in cluster.nodes if n is not victim]
+    after = cluster.client([n.client for n in survivors])
+    # A record at the new generation commits everything below it, and names the new leader.
+    _, last, _ = publish_acked(after, QUORUM, "job-after", keys[0], deadline)
+    (leader,) = leaders_of(survivors, QUORUM, shard)
+    consumer = cluster.client([leader.client])
+    again = group_call(lambda: poll(consumer), deadline)
+    assert [r.offset for r in again] == offsets[4:] + [last], \
+        "what was acknowledged before the kill is not handed out again"

@@ -41,6 +41,8 @@ use crate::rng::SimRng;
 use crate::trace::{short_hash, Trace};
 use crate::{Canary, Outcome, RunOptions};
 
+mod lost_drives;
+
 const START_UNIX_MICROS: u64 = 1_767_225_600_000_000;
 const FAULT_PHASE: Duration = Duration::from_secs(10);
 const QUIET_PHASE: Duration = Duration::from_secs(25);
@@ -181,9 +183,12 @@ pub(crate) struct ClusterWorld {
     /// metadata log is in memory in this version, so a blank majority re-founds the
     /// cluster and forgets committed metadata (a known engine bug, docs/simulator.md).
     majority_crashes: bool,
-    /// `--wipe-disks`: every other drawn crash replaces the node's disk.
+    /// `--wipe-disks`: every other drawn crash replaces the node's disk, unless that would
+    /// leave some shard more than a minority of its copies lost (`lost_drives`).
     wipe_disks: bool,
     crashes_skipped: u64,
+    /// Drawn wipes turned into plain crashes by `lost_drives`.
+    wipes_skipped: u64,
     /// The stream's replicas and consistency, from the seed.
     replication: (u8, Consistency),
     one_writer: OneWriter,
@@ -299,6 +304,7 @@ impl ClusterWorld {
             majority_crashes: opts.majority_crashes,
             wipe_disks: opts.wipe_disks,
             crashes_skipped: 0,
+            wipes_skipped: 0,
             replication,
             one_writer: OneWriter::default(),
             leases: LeasesDisjoint::default(),
@@ -425,7 +431,7 @@ impl ClusterWorld {
             self.log(format_args!("VIOLATION {v}"));
         }
         let summary = format!(
-            "cluster {} nodes, mode {:?}, {} shards, {} workers, {} events, {} acked publishes, {} acked records forwarded, {} events seen, {} cache reads checked, {} redirects ({} without an address), {} metadata digests agreed, {} leader claims agreed, {} writes by one writer, {} leases checked disjoint, {} committed entries agreed, {} freezes, {} crashes ({} skipped), {} datagrams ({} dropped), {:.0} ms virtual in {:.0} ms",
+            "cluster {} nodes, mode {:?}, {} shards, {} workers, {} events, {} acked publishes, {} acked records forwarded, {} events seen, {} cache reads checked, {} redirects ({} without an address), {} metadata digests agreed, {} leader claims agreed, {} writes by one writer, {} leases checked disjoint, {} committed entries agreed, {} freezes, {} crashes ({} skipped, {} wipes withheld), {} datagrams ({} dropped), {:.0} ms virtual in {:.0} ms",
             self.nodes.len(),
             self.mode,
             self.shards,
@@ -448,6 +454,7 @@ impl ClusterWorld {
             self.freezes,
             self.crashes,
             self.crashes_skipped,
+            self.wipes_skipped,
             self.net.stats.sent,
             self.net.stats.dropped,
             self.clock.elapsed().as_secs_f64() * 1e3,
@@ -612,6 +619,8 @@ impl ClusterWorld {
             ));
             return;
         }
+        // A canary's wipe is its own plan; a drawn one stays within the fault model.
+        let wipe = wipe && (forced || self.may_wipe(i));
         let node = &mut self.nodes[i];
         node.running = None;
         // Whatever waited for a stopped process dies with it.
@@ -630,6 +639,34 @@ impl ClusterWorld {
             .crash_rng
             .duration(Duration::from_millis(100), Duration::from_secs(3));
         self.queue.push(now + down, Ev::Fault(Fault::Restart(i)));
+    }
+
+    /// Whether node `i`'s disk may be replaced now (see `lost_drives`); when not, says why in
+    /// the trace. Judged by the freshest metadata any running node has applied: a copy's record
+    /// on a disk only ever arrives, so an older view at worst withholds a wipe needlessly.
+    fn may_wipe(&mut self, i: usize) -> bool {
+        let meta = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.running.as_ref()?.engine.cluster_view())
+            .max_by_key(|v| v.applied_index())
+            .and_then(|v| felix_cluster::meta::Metadata::restore(&v.metadata_bytes()).ok());
+        let disks = self
+            .nodes
+            .iter()
+            .map(|n| (n.id.clone(), lost_drives::identity(&n.disk)))
+            .collect();
+        let why = match &meta {
+            Some(meta) => lost_drives::wipe_blocker(meta, &self.nodes[i].id, &disks),
+            None => Some("no metadata to judge by".to_owned()),
+        };
+        let Some(why) = why else {
+            return true;
+        };
+        self.wipes_skipped += 1;
+        let id = self.nodes[i].id.clone();
+        self.log(format_args!("{id} wipe skipped: {why}"));
+        false
     }
 
     /// Node `j` is down, or may hold an empty (or not caught up) metadata log: restarted and

@@ -129,8 +129,9 @@ pub struct RunOptions {
     pub replicated: bool,
     /// Cluster runs: every other crash a fault draws replaces the node's disk with an empty
     /// one (a lost drive), so replicated copies are rebuilt from their leaders
-    /// (docs/replication.md, "Rebuilding a copy"). Off by default, so a seed's schedule
-    /// stays what earlier sweeps ran.
+    /// (docs/replication.md, "Rebuilding a copy"). A wipe that would leave a shard a second
+    /// copy not recorded on its node's disk is withheld (the crash still happens). Off by
+    /// default, so a seed's schedule stays what earlier sweeps ran.
     pub wipe_disks: bool,
 }
 
