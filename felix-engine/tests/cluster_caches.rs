@@ -33,23 +33,12 @@ fn cache_leader(c: &ClusterNet, at: usize) -> (Option<usize>, u64) {
     (s.leader.map(|l| c.index(&l)), s.generation)
 }
 
-/// Sends one cache request (`body` without its scope) to node `at` on a new connection and
-/// waits (virtual time) for the answer.
+/// Sends one cache request (`body` without its scope) to node `at` and waits (virtual time)
+/// for the answer.
 fn ask(c: &mut ClusterNet, at: usize, body: &str) -> Value {
     let json = format!(r#"{{"tenant_id":"t1","namespace":"default","cache":"sessions",{body}}}"#);
-    let p = c.connect(at);
-    let (id, _) = c.auth_stream(at, p);
-    let mut answer = c.exchange(at, p, id, &json_frame(&json));
-    let start = c.now;
-    while answer.is_empty() {
-        assert!(
-            c.now - start < Duration::from_secs(20),
-            "{body} never answered"
-        );
-        c.advance(Duration::from_millis(10));
-        answer = c.nodes[at].read_frames(p, id);
-    }
-    serde_json::from_str(text(&answer[0])).expect("a JSON answer")
+    let answer = c.request(at, &json_frame(&json));
+    serde_json::from_str(text(&answer)).expect("a JSON answer")
 }
 
 fn put(c: &mut ClusterNet, at: usize, key: &str, value_b64: &str) {

@@ -7,8 +7,6 @@
 use std::time::Duration;
 
 use felix_engine::{DurableConfig, EngineConfig, FsyncPolicy};
-use felix_storage::memfs::MemFs;
-use felix_storage::record::{self, Step, SEGMENT_HEADER_LEN};
 use felix_testkit::*;
 use serde_json::Value;
 
@@ -26,41 +24,13 @@ fn group_log_on(disk: &MemFs, shard: u32) -> Vec<(u64, Vec<u8>)> {
         "{}/t1/default/orders/{shard}",
         felix_storage::layout::GROUPS_DIR
     );
-    let mut out = Vec::new();
-    for name in disk.list(&dir).into_iter().filter(|n| n.ends_with(".seg")) {
-        let Some(bytes) = disk.file(&format!("{dir}/{name}")) else {
-            continue;
-        };
-        let mut at = SEGMENT_HEADER_LEN as usize;
-        while at < bytes.len() {
-            let Step::Entry(meta) = record::step(&bytes[at..]) else {
-                break;
-            };
-            let len = meta.len as usize;
-            out.push((meta.base, bytes[at..at + len].to_vec()));
-            at += len;
-        }
-    }
-    out.sort_by_key(|e| e.0);
-    out
+    log_entries_on(disk, &dir)
 }
 
-/// Sends one JSON request to node `at` on a new connection and waits (virtual time) for
-/// its answer.
+/// Sends one JSON request to node `at` and waits (virtual time) for its answer.
 fn ask(c: &mut ClusterNet, at: usize, body: &str) -> Value {
-    let p = c.connect(at);
-    let (id, _) = c.auth_stream(at, p);
-    let mut answer = c.exchange(at, p, id, &json_frame(body));
-    let start = c.now;
-    while answer.is_empty() {
-        assert!(
-            c.now - start < Duration::from_secs(20),
-            "{body} never answered"
-        );
-        c.advance(Duration::from_millis(10));
-        answer = c.nodes[at].read_frames(p, id);
-    }
-    serde_json::from_str(text(&answer[0])).expect("a JSON answer")
+    let answer = c.request(at, &json_frame(body));
+    serde_json::from_str(text(&answer)).expect("a JSON answer")
 }
 
 fn group_addr(shard: u32) -> String {

@@ -12,7 +12,6 @@ use felix_cluster::meta::{Metadata, ObjectKey, ObjectKind, ShardRef};
 use felix_cluster::NodeId;
 use felix_engine::{DurableConfig, EngineConfig, FsyncPolicy};
 use felix_storage::memfs::MemFs;
-use felix_storage::record::{self, Step, SEGMENT_HEADER_LEN};
 use felix_testkit::*;
 
 const SHARDS: u32 = 3;
@@ -37,27 +36,9 @@ fn durable_trimmed(_: usize, cfg: &mut EngineConfig) {
 /// One entry of a shard's log on a node's disk: its first offset and its bytes.
 type Entry = (u64, Vec<u8>);
 
-/// The entries of `shard`'s log on `disk`, in offset order, read with the storage's own
-/// entry scanner (the same bytes the leader shipped).
+/// The entries of `shard`'s log on `disk`, in offset order (the bytes the leader shipped).
 fn log_on(disk: &MemFs, shard: u32) -> Vec<Entry> {
-    let dir = felix_storage::layout::stream_shard_dir("t1", "default", "orders", shard);
-    let mut out = Vec::new();
-    for name in disk.list(&dir).into_iter().filter(|n| n.ends_with(".seg")) {
-        let Some(bytes) = disk.file(&format!("{dir}/{name}")) else {
-            continue;
-        };
-        let mut at = SEGMENT_HEADER_LEN as usize;
-        while at < bytes.len() {
-            let Step::Entry(meta) = record::step(&bytes[at..]) else {
-                break;
-            };
-            let len = meta.len as usize;
-            out.push((meta.base, bytes[at..at + len].to_vec()));
-            at += len;
-        }
-    }
-    out.sort_by_key(|e| e.0);
-    out
+    shard_log_on(disk, "orders", shard)
 }
 
 /// The control plane's leader, a shard it leads, and that shard's two followers: stopping
@@ -191,25 +172,16 @@ fn a_leader_back_on_an_empty_disk_never_opens_the_shard_it_was_named_for() {
     let leader = leader.unwrap();
     let third = (0..3).find(|&i| i != leader && i != control).unwrap();
     c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
-    let cut_both = |c: &mut ClusterNet, a: usize, b: usize, on: bool| {
-        for pair in [(a, b), (b, a)] {
-            if on {
-                c.cut.insert(pair);
-            } else {
-                c.cut.remove(&pair);
-            }
-        }
-    };
     // The control plane's node falls behind on this shard: the leader and the third node
     // commit alone.
-    cut_both(&mut c, leader, control, true);
+    c.cut_both(leader, control, true);
     for i in 0..5 {
         assert_eq!(publish(&mut c, leader, shard, i, 100), i);
     }
     // The leader comes back at once on an empty disk, reaching only the follower that is
     // behind. Named leader still, it must not fence with that one and open its short log.
-    cut_both(&mut c, leader, control, false);
-    cut_both(&mut c, leader, third, true);
+    c.cut_both(leader, control, false);
+    c.cut_both(leader, third, true);
     c.restart_wiped(leader, &spec, durable);
     let moved = |c: &ClusterNet| {
         let (l, g) = c.orders_leader(control, shard);

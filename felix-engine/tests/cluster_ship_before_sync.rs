@@ -24,16 +24,6 @@ fn log_of(c: &ClusterNet, node: usize, shard: u32) -> Vec<(u64, Vec<u8>)> {
     shard_log_on(&c.nodes[node].disk, "orders", shard)
 }
 
-fn cut_both(c: &mut ClusterNet, a: usize, b: usize, on: bool) {
-    for pair in [(a, b), (b, a)] {
-        if on {
-            c.cut.insert(pair);
-        } else {
-            c.cut.remove(&pair);
-        }
-    }
-}
-
 #[test]
 fn a_record_shipped_before_its_leader_lost_it_is_cut_from_the_follower_that_took_it() {
     let spec = ClusterSpec::quorum_orders(SHARDS);
@@ -70,7 +60,7 @@ fn a_record_shipped_before_its_leader_lost_it_is_cut_from_the_follower_that_took
 
     // Back, it reaches only the control plane's node: it leads on at the next generation,
     // with that node as its majority, and writes a different record at the same offset.
-    cut_both(&mut c, leader, took, true);
+    c.cut_both(leader, took, true);
     c.cut.remove(&(leader, control));
     c.restart(leader, &spec, durable);
     c.until(Duration::from_secs(30), |c| {
@@ -85,7 +75,7 @@ fn a_record_shipped_before_its_leader_lost_it_is_cut_from_the_follower_that_took
 
     // The follower that took the lost record rejoins: cut where the generations part, and
     // fed the leader's record at offset 1. Every copy ends the same, byte for byte.
-    cut_both(&mut c, leader, took, false);
+    c.cut_both(leader, took, false);
     c.until(Duration::from_secs(30), |c| {
         let lead = log_of(c, leader, shard);
         lead.len() == 2 && log_of(c, took, shard) == lead && log_of(c, control, shard) == lead

@@ -17,6 +17,7 @@ use quinn_proto::StreamId;
 
 use crate::frames::real_client_auth;
 use crate::net::Net;
+use felix_storage::memfs::MemFs;
 
 /// Rounds of stepping every node before a test is declared stuck.
 const MAX_ROUNDS: usize = 100_000;
@@ -403,6 +404,35 @@ impl ClusterNet {
         (s.leader.map(|l| self.index(&l)), s.generation)
     }
 
+    /// Drops (`on`) or carries again every peer datagram between nodes `a` and `b`, both ways.
+    pub fn cut_both(&mut self, a: usize, b: usize, on: bool) {
+        for pair in [(a, b), (b, a)] {
+            if on {
+                self.cut.insert(pair);
+            } else {
+                self.cut.remove(&pair);
+            }
+        }
+    }
+
+    /// Sends one request frame to node `at` on a new connection and waits (virtual time, at
+    /// most 20 s) for its first answer.
+    pub fn request(&mut self, at: usize, frame: &[u8]) -> Frame {
+        let p = self.connect(at);
+        let (id, _) = self.auth_stream(at, p);
+        let mut answer = self.exchange(at, p, id, frame);
+        let start = self.now;
+        while answer.is_empty() {
+            assert!(
+                self.now - start < Duration::from_secs(20),
+                "a request to node {at} never answered"
+            );
+            self.advance(Duration::from_millis(10));
+            answer = self.nodes[at].read_frames(p, id);
+        }
+        answer.remove(0)
+    }
+
     /// Publishes `payload` to `shard` of `t1/default/orders` (`shards` shards) through node
     /// `at` on a new connection, and waits (virtual time, at most 20 s) for its ack: the
     /// offset it was written at. Panics on a refusal.
@@ -413,21 +443,10 @@ impl ClusterNet {
         request_id: u64,
         payload: &[u8],
     ) -> u64 {
-        let p = self.connect(at);
-        let (id, _) = self.auth_stream(at, p);
         let key = key_for_shard(shards, shard);
         let frame = crate::binary_publish(Some(request_id), Some(&key), "orders", &[payload]);
-        let mut answer = self.exchange(at, p, id, &frame);
-        let start = self.now;
-        while answer.is_empty() {
-            assert!(
-                self.now - start < Duration::from_secs(20),
-                "publish {request_id} never answered"
-            );
-            self.advance(Duration::from_millis(10));
-            answer = self.nodes[at].read_frames(p, id);
-        }
-        let a = PublishAck::decode(answer[0].flags, &answer[0].payload).expect("a binary ack");
+        let answer = self.request(at, &frame);
+        let a = PublishAck::decode(answer.flags, &answer.payload).expect("a binary ack");
         match a.result {
             AckResult::Ok { offset, .. } => offset.expect("an offset"),
             other => panic!("publish {request_id} refused: {other:?}"),
@@ -457,17 +476,18 @@ pub fn key_for_shard(shards: u32, shard: u32) -> Vec<u8> {
 }
 
 /// The entries of `stream`'s `shard` log (tenant `t1`, namespace `default`) on `disk`, as
-/// (first offset, bytes), in offset order, read with the storage's own entry scanner: the
-/// bytes a leader ships.
-pub fn shard_log_on(
-    disk: &felix_storage::memfs::MemFs,
-    stream: &str,
-    shard: u32,
-) -> Vec<(u64, Vec<u8>)> {
-    use felix_storage::record::{self, Step, SEGMENT_HEADER_LEN};
+/// (first offset, bytes), in offset order: the bytes a leader ships.
+pub fn shard_log_on(disk: &MemFs, stream: &str, shard: u32) -> Vec<(u64, Vec<u8>)> {
     let dir = felix_storage::layout::stream_shard_dir("t1", "default", stream, shard);
+    log_entries_on(disk, &dir)
+}
+
+/// The entries of the log in directory `dir` on `disk`, as (first offset, bytes), in offset
+/// order, read with the storage's own entry scanner.
+pub fn log_entries_on(disk: &MemFs, dir: &str) -> Vec<(u64, Vec<u8>)> {
+    use felix_storage::record::{self, Step, SEGMENT_HEADER_LEN};
     let mut out = Vec::new();
-    for name in disk.list(&dir).into_iter().filter(|n| n.ends_with(".seg")) {
+    for name in disk.list(dir).into_iter().filter(|n| n.ends_with(".seg")) {
         let Some(bytes) = disk.file(&format!("{dir}/{name}")) else {
             continue;
         };

@@ -34,7 +34,7 @@ mod relay;
 mod tls;
 mod tokens;
 
-pub use cluster_net::{key_for_shard, shard_log_on, ClusterNet, ClusterSpec};
+pub use cluster_net::{key_for_shard, log_entries_on, shard_log_on, ClusterNet, ClusterSpec};
 pub use felix_storage::memfs::MemFs;
 pub use frames::{
     binary_frame, binary_publish, bytes_of, json_frame, real_client_auth, text,

@@ -430,34 +430,54 @@ impl ClusterNode {
         names: (&str, &str, &str),
         shard: u32,
     ) -> Result<(), &'static str> {
-        if !self.lease_valid(now) {
-            return Err("this node's lease on the shard lapsed; it is being renewed");
-        }
-        let r = ShardRef {
-            kind: ObjectKind::Stream,
-            key: ObjectKey::new(names.0, names.1, names.2),
-            shard,
-        };
-        self.copy_ready(r, CopyKind::Records)
+        self.ready(
+            now,
+            (ObjectKind::Stream, names, shard),
+            &[CopyKind::Records],
+        )
     }
 
     /// Whether a consumer-group request on this stream shard may be served here now: as
-    /// [`local_ready`](Self::local_ready), for the shard's group log.
+    /// [`local_ready`](Self::local_ready), and the shard's group log is open too.
     pub(crate) fn groups_ready(
         &self,
         now: Instant,
         names: (&str, &str, &str),
         shard: u32,
     ) -> Result<(), &'static str> {
+        let copies = [CopyKind::Records, CopyKind::Groups];
+        self.ready(now, (ObjectKind::Stream, names, shard), &copies)
+    }
+
+    /// Whether a cache request led here may be served now: the lease holds, and a
+    /// replicated cache's values and counters are open at the metadata's generation.
+    pub(crate) fn local_ready_cache(
+        &self,
+        now: Instant,
+        names: (&str, &str, &str),
+    ) -> Result<(), &'static str> {
+        let copies = [CopyKind::Values, CopyKind::Counters];
+        self.ready(now, (ObjectKind::Cache, names, 0), &copies)
+    }
+
+    /// The lease holds, and each of `copies` of the shard is ready (`copy_ready`).
+    fn ready(
+        &self,
+        now: Instant,
+        (kind, names, shard): (ObjectKind, (&str, &str, &str), u32),
+        copies: &[CopyKind],
+    ) -> Result<(), &'static str> {
         if !self.lease_valid(now) {
             return Err("this node's lease on the shard lapsed; it is being renewed");
         }
         let r = ShardRef {
-            kind: ObjectKind::Stream,
+            kind,
             key: ObjectKey::new(names.0, names.1, names.2),
             shard,
         };
-        self.copy_ready(r, CopyKind::Groups)
+        copies
+            .iter()
+            .try_for_each(|&copy| self.copy_ready(r.clone(), copy))
     }
 
     fn copy_ready(&self, r: ShardRef, kind: CopyKind) -> Result<(), &'static str> {
@@ -540,25 +560,6 @@ impl ClusterNode {
         let generation = self.generation_of(&r).unwrap_or(0);
         let mark = self.writes_served.entry(r).or_insert((generation, 0));
         *mark = (generation, mark.1 + 1);
-    }
-
-    /// Whether a cache request led here may be served now: the lease holds, and a
-    /// replicated cache's values and counters are open at the metadata's generation.
-    pub(crate) fn local_ready_cache(
-        &self,
-        now: Instant,
-        names: (&str, &str, &str),
-    ) -> Result<(), &'static str> {
-        if !self.lease_valid(now) {
-            return Err("this node's lease on the shard lapsed; it is being renewed");
-        }
-        let r = ShardRef {
-            kind: ObjectKind::Cache,
-            key: ObjectKey::new(names.0, names.1, names.2),
-            shard: 0,
-        };
-        self.copy_ready(r.clone(), CopyKind::Values)?;
-        self.copy_ready(r, CopyKind::Counters)
     }
 
     fn generation_of(&self, shard: &ShardRef) -> Option<u64> {

@@ -297,28 +297,7 @@ impl Broker {
             .log;
         let logs = self.logs.as_mut().expect("checked");
         log_ready(&logs.slot(stream_log).expect("live").state, stream_log)?;
-        let sg = match self.groups.shards.get(&(stream, shard)) {
-            Some(sg) => sg.log,
-            None => {
-                let log = logs.claim(
-                    group_log_dir(key, shard),
-                    Owner::Groups { stream, shard },
-                    now,
-                );
-                self.groups.shards.insert(
-                    (stream, shard),
-                    ShardGroups {
-                        log,
-                        loaded: false,
-                        recovered: HashMap::new(),
-                        groups: HashMap::new(),
-                        waiting: Vec::new(),
-                        reload: false,
-                    },
-                );
-                log
-            }
-        };
+        let sg = self.claim_group_log(now, key, (stream, shard));
         if self.groups.shards[&(stream, shard)].reload {
             self.reload_groups_now(now, (stream, shard));
         }
@@ -347,21 +326,28 @@ impl Broker {
         key: &StreamKey,
         shard: u32,
     ) -> Option<LogId> {
+        self.logs.as_ref()?;
         let stream = self.stream_or_create(now, key).ok()?;
         if shard as usize >= self.streams[stream].shards.len() {
             return None;
         }
-        if let Some(sg) = self.groups.shards.get(&(stream, shard)) {
-            return Some(sg.log);
+        Some(self.claim_group_log(now, key, (stream, shard)))
+    }
+
+    /// The shard's group log, claimed (it opens in the background) on first use.
+    fn claim_group_log(&mut self, now: Instant, key: &StreamKey, at: (usize, u32)) -> LogId {
+        if let Some(sg) = self.groups.shards.get(&at) {
+            return sg.log;
         }
-        let logs = self.logs.as_mut()?;
+        let (stream, shard) = at;
+        let logs = self.logs.as_mut().expect("groups live on durable brokers");
         let log = logs.claim(
             group_log_dir(key, shard),
             Owner::Groups { stream, shard },
             now,
         );
         self.groups.shards.insert(
-            (stream, shard),
+            at,
             ShardGroups {
                 log,
                 loaded: false,
@@ -371,7 +357,7 @@ impl Broker {
                 reload: false,
             },
         );
-        Some(log)
+        log
     }
 
     /// Replication made this node the leader of the group log `log`: the groups it serves

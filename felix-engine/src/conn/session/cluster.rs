@@ -258,9 +258,7 @@ impl Session {
                 cluster.local_ready_cache(cx.now, names)
             } else if matches!(t.class, RequestClass::Group) {
                 // Group state lives in the shard's group log, which has its own fence.
-                cluster
-                    .local_ready(cx.now, names, shard)
-                    .and_then(|()| cluster.groups_ready(cx.now, names, shard))
+                cluster.groups_ready(cx.now, names, shard)
             } else {
                 cluster.local_ready(cx.now, names, shard)
             };
