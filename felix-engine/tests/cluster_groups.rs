@@ -69,13 +69,7 @@ fn a_groups_acknowledged_cursor_survives_the_loss_of_the_shards_leader() {
     let mut c = ClusterNet::started(&spec, durable);
     // A shard led off the control plane's node, so stopping its leader leaves the control
     // plane its majority and leader.
-    let control = c.control_leader();
-    let shard = (0..SHARDS)
-        .find(|&s| c.orders_leader(control, s).0.is_some_and(|l| l != control))
-        .expect("leaders are balanced");
-    let (leader, generation) = c.orders_leader(control, shard);
-    let leader = leader.unwrap();
-    c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
+    let (control, shard, leader, generation) = c.shard_led_off_control(SHARDS);
     for i in 0..6 {
         let payload = [b'a' + i as u8; 16];
         assert_eq!(c.publish_acked(leader, (SHARDS, shard), i, &payload), i);

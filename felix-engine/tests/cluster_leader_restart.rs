@@ -23,15 +23,9 @@ fn durable(_: usize, cfg: &mut EngineConfig) {
 fn a_leader_restarted_within_its_lease_feeds_its_followers_again() {
     let spec = ClusterSpec::quorum_orders(SHARDS);
     let mut c = ClusterNet::started(&spec, durable);
-    let control = c.control_leader();
-    // Leaders are balanced, one shard each: some shard is led off the control plane's node,
-    // so the restart leaves the control plane alone.
-    let shard = (0..SHARDS)
-        .find(|&s| c.orders_leader(control, s).0.is_some_and(|l| l != control))
-        .expect("a shard led elsewhere");
-    let (leader, generation) = c.orders_leader(control, shard);
-    let leader = leader.unwrap();
-    c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
+    // Some shard is led off the control plane's node, so the restart leaves the control
+    // plane alone.
+    let (control, shard, leader, generation) = c.shard_led_off_control(SHARDS);
     assert_eq!(c.publish_acked(leader, (SHARDS, shard), 1, b"r"), 0);
 
     c.restart(leader, &spec, durable);

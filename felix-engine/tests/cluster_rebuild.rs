@@ -163,15 +163,9 @@ fn a_rebuilt_copy_once_recorded_counts_in_the_next_leaders_fence() {
 fn a_leader_back_on_an_empty_disk_never_opens_the_shard_it_was_named_for() {
     let spec = ClusterSpec::quorum_orders(SHARDS);
     let mut c = ClusterNet::started(&spec, durable);
-    let control = c.control_leader();
     // A shard led off the control plane's node; the control plane's node is a follower.
-    let shard = (0..SHARDS)
-        .find(|&s| c.orders_leader(control, s).0.is_some_and(|l| l != control))
-        .expect("leaders are balanced");
-    let (leader, generation) = c.orders_leader(control, shard);
-    let leader = leader.unwrap();
+    let (control, shard, leader, generation) = c.shard_led_off_control(SHARDS);
     let third = (0..3).find(|&i| i != leader && i != control).unwrap();
-    c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
     // The control plane's node falls behind on this shard: the leader and the third node
     // commit alone.
     c.cut_both(leader, control, true);

@@ -28,15 +28,9 @@ fn log_of(c: &ClusterNet, node: usize, shard: u32) -> Vec<(u64, Vec<u8>)> {
 fn a_record_shipped_before_its_leader_lost_it_is_cut_from_the_follower_that_took_it() {
     let spec = ClusterSpec::quorum_orders(SHARDS);
     let mut c = ClusterNet::started(&spec, durable);
-    let control = c.control_leader();
-    let shard = (0..SHARDS)
-        .find(|&s| c.orders_leader(control, s).0.is_some_and(|l| l != control))
-        .expect("leaders are balanced");
-    let (leader, generation) = c.orders_leader(control, shard);
-    let leader = leader.unwrap();
+    let (control, shard, leader, generation) = c.shard_led_off_control(SHARDS);
     // `took` receives the doomed record; the control plane's node does not.
     let took = (0..3).find(|&i| i != leader && i != control).unwrap();
-    c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
     assert_eq!(c.publish_acked(leader, (SHARDS, shard), 1, b"kept"), 0);
 
     // The leader's syncs stall: the next write lands in its page cache and is shipped to

@@ -404,6 +404,25 @@ impl ClusterNet {
         (s.leader.map(|l| self.index(&l)), s.generation)
     }
 
+    /// A shard of `t1/default/orders` (`shards` wide) led off the control plane's node, once
+    /// its leader may write: (the control plane's leader, the shard, its leader, its
+    /// generation). Stopping or cutting that leader leaves the control plane its leader.
+    /// Leaders are balanced, one shard each, so there is one.
+    pub fn shard_led_off_control(&mut self, shards: u32) -> (usize, u32, usize, u64) {
+        let control = self.control_leader();
+        let shard = (0..shards)
+            .find(|&s| {
+                self.orders_leader(control, s)
+                    .0
+                    .is_some_and(|l| l != control)
+            })
+            .expect("leaders are balanced: some shard is led off the control plane's node");
+        let (leader, generation) = self.orders_leader(control, shard);
+        let leader = leader.expect("led");
+        self.until(Duration::from_secs(10), |c| c.writable(leader, shard));
+        (control, shard, leader, generation)
+    }
+
     /// Drops (`on`) or carries again every peer datagram between nodes `a` and `b`, both ways.
     pub fn cut_both(&mut self, a: usize, b: usize, on: bool) {
         for pair in [(a, b), (b, a)] {
