@@ -368,8 +368,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn compaction_stays_below_its_bound() {
+    /// A group log with small segments opened on an empty disk, and the passes counted.
+    fn opened() -> (Instant, LogConfig, MemFs, GroupLog, usize) {
         let cfg = LogConfig {
             fsync: FsyncMode::None,
             segment_max_bytes: 64 << 10,
@@ -378,8 +378,14 @@ mod tests {
         let t0 = Instant::now();
         let mut fs = MemFs::new();
         let mut compacted = 0;
-        let mut g = GroupLog::open(LogId(3), DIR.into(), cfg, t0);
+        let mut g = GroupLog::open(LogId(3), DIR.into(), cfg.clone(), t0);
         pump(&mut fs, &mut g, &mut compacted);
+        (t0, cfg, fs, g, compacted)
+    }
+
+    #[test]
+    fn compaction_stays_below_its_bound() {
+        let (t0, _, mut fs, mut g, mut compacted) = opened();
         // A follower that holds nothing yet: no segment may be compacted.
         g.log.bound_compaction(Some(0));
         let append = |g: &mut GroupLog, fs: &mut MemFs, compacted: &mut usize, n: u64| {
@@ -407,16 +413,7 @@ mod tests {
 
     #[test]
     fn a_busy_log_is_compacted_to_its_live_records_and_replays_the_same() {
-        let cfg = LogConfig {
-            fsync: FsyncMode::None,
-            segment_max_bytes: 64 << 10,
-            ..LogConfig::default()
-        };
-        let t0 = Instant::now();
-        let mut fs = MemFs::new();
-        let mut compacted = 0;
-        let mut g = GroupLog::open(LogId(3), DIR.into(), cfg.clone(), t0);
-        pump(&mut fs, &mut g, &mut compacted);
+        let (t0, cfg, mut fs, mut g, mut compacted) = opened();
         g.append(
             t0,
             1,

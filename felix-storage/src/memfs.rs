@@ -142,12 +142,6 @@ impl MemFs {
         fs
     }
 
-    /// Write steps run so far: `crash_at_step(write_steps() + n)` kills the machine at the
-    /// `n`th write from now (0: the next).
-    pub fn write_steps(&self) -> usize {
-        self.writes
-    }
-
     /// The write step numbered `step` (0-based) is where the machine dies; if it is an
     /// append and `tear` is set, only that many of its bytes reach the page cache first.
     pub fn crash_at_step(&mut self, step: usize, tear: Option<usize>) {

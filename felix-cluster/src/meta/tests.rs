@@ -264,8 +264,9 @@ fn same_commands_same_bytes_and_a_snapshot_restores_exactly() {
     assert_eq!(Metadata::restore(&a.snapshot()).unwrap(), a);
 }
 
-#[test]
-fn a_rebuilt_copy_is_recorded_on_its_new_disk_only_at_the_generation_that_fed_it() {
+/// Three nodes joined on their disks and one stream of one shard with three copies placed:
+/// the metadata and that shard.
+fn three_joined_one_shard() -> (Metadata, ShardRef) {
     let mut m = meta();
     apply(
         &mut m,
@@ -284,6 +285,12 @@ fn a_rebuilt_copy_is_recorded_on_its_new_disk_only_at_the_generation_that_fed_it
         key: ObjectKey::new("t1", "default", "orders"),
         shard: 0,
     };
+    (m, shard)
+}
+
+#[test]
+fn a_rebuilt_copy_is_recorded_on_its_new_disk_only_at_the_generation_that_fed_it() {
+    let (mut m, shard) = three_joined_one_shard();
     let generation = m.shard(&shard).unwrap().generation;
     let record = |generation: u64, storage: &str| Command::RecordCopy {
         shard: shard.clone(),
@@ -323,24 +330,7 @@ fn a_rebuilt_copy_is_recorded_on_its_new_disk_only_at_the_generation_that_fed_it
 
 #[test]
 fn a_reopen_moves_only_its_leaders_own_generation_on_by_one() {
-    let mut m = Metadata::new(vec![n("n1"), n("n2"), n("n3")]);
-    apply(
-        &mut m,
-        &[
-            join("n1", None, "disk-1"),
-            join("n2", None, "disk-2"),
-            join("n3", None, "disk-3"),
-            Command::Declare {
-                node: n("n1"),
-                declarations: decls(1, 3),
-            },
-        ],
-    );
-    let shard = ShardRef {
-        kind: ObjectKind::Stream,
-        key: ObjectKey::new("t1", "default", "orders"),
-        shard: 0,
-    };
+    let (mut m, shard) = three_joined_one_shard();
     let placed = m.shard(&shard).unwrap().clone();
     let (g, leader) = (placed.generation, placed.leader.clone().unwrap());
     let other = placed

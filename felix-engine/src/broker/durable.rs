@@ -270,7 +270,6 @@ impl Broker {
 
     /// Handles the events of every log touched this turn.
     pub(super) fn process_logs(&mut self, now: Now) {
-        self.retry_group_reloads(now);
         self.retry_reloads(now);
         for _ in 0..MAX_LOG_ROUNDS {
             let Some(logs) = self.logs.as_mut() else {

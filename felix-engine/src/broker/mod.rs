@@ -460,7 +460,7 @@ pub(crate) struct Broker {
     /// Logs of replicated shards led here: answers wait for their commit mark
     /// (`replicated.rs`).
     gates: std::collections::BTreeMap<LogId, replicated::Gate>,
-    /// Cache and counter logs to open again once idle (`replicated::reload_projection`).
+    /// Group, cache and counter logs to open again once idle (`replicated::reload_projection`).
     reload_logs: std::collections::BTreeSet<LogId>,
     /// Gates of leaderships that ended here, by (log, leadership), kept for the answers they
     /// still owe.

@@ -363,7 +363,8 @@ impl Broker {
 
     /// The log `log` is led here from now on, or was cut: what is served from it (a group
     /// log's groups, a cache's index, a counter log's sums) is rebuilt by opening it again
-    /// once idle. A cache's watches end (the client watches again, from its offset).
+    /// once idle; meanwhile requests on it wait as for a log opening. A shard's polls end
+    /// empty and a cache's watches end (the client watches again, from its offset).
     pub(crate) fn reload_projection(&mut self, now: Instant, log: LogId) {
         let Some(owner) = self
             .logs
@@ -374,18 +375,18 @@ impl Broker {
             return;
         };
         match owner {
-            Owner::Groups { .. } => self.reload_groups(now, log),
+            Owner::Groups { stream, shard } => self.end_group_polls((stream, shard)),
             Owner::Cache | Owner::Counter => {
                 self.on_watch_log_failed(log, "the cache's leader changed; watch again");
-                self.reload_logs.insert(log);
-                self.retry_reloads(now);
             }
-            _ => {}
+            _ => return,
         }
+        self.reload_logs.insert(log);
+        self.retry_reloads(now);
     }
 
-    /// Opens again the cache and counter logs waiting for it (`reload_projection`) that are
-    /// idle now; run after each turn's log work.
+    /// Opens again the logs waiting for it (`reload_projection`) that are idle now; run
+    /// after each turn's log work.
     pub(crate) fn retry_reloads(&mut self, now: Instant) {
         if self.reload_logs.is_empty() {
             return;
@@ -393,7 +394,19 @@ impl Broker {
         let Some(logs) = self.logs.as_mut() else {
             return;
         };
-        self.reload_logs.retain(|&id| !logs.reopen(id, now));
+        let mut reopened = Vec::new();
+        self.reload_logs.retain(|&id| {
+            let done = logs.reopen(id, now);
+            if done {
+                reopened.push(logs.slot(id).map(|s| s.owner));
+            }
+            !done
+        });
+        for owner in reopened {
+            if let Some(Owner::Groups { stream, shard }) = owner {
+                self.forget_loaded_groups((stream, shard));
+            }
+        }
     }
 
     /// Keeps compaction of `log` to segments ending at or below `below`.

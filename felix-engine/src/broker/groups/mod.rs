@@ -154,9 +154,6 @@ struct ShardGroups {
     groups: HashMap<String, GroupState>,
     /// Polls waiting for work here.
     waiting: Vec<u64>,
-    /// Led again by replication: the groups are rebuilt from the log (opened again, once
-    /// idle) before anything is served, since as a follower it may have been cut.
-    reload: bool,
 }
 
 /// A poll in progress: waiting for work, or reading what it claimed.
@@ -206,8 +203,6 @@ pub(crate) struct Groups {
     /// Shards with waiting polls to look at again this turn.
     woken: Vec<(usize, u32)>,
     waiting_count: usize,
-    /// Some shard's group log waits to be opened again (`ShardGroups::reload`).
-    reload_waiting: bool,
     /// Records retention removed before a group reached them.
     pub(crate) skipped: u64,
 }
@@ -298,15 +293,15 @@ impl Broker {
         let logs = self.logs.as_mut().expect("checked");
         log_ready(&logs.slot(stream_log).expect("live").state, stream_log)?;
         let sg = self.claim_group_log(now, key, (stream, shard));
-        if self.groups.shards[&(stream, shard)].reload {
-            self.reload_groups_now(now, (stream, shard));
+        if self.reload_logs.contains(&sg) {
+            self.retry_reloads(now);
+            if self.reload_logs.contains(&sg) {
+                // Still busy: tried again after every turn's log work (`retry_reloads`).
+                return Err(BrokerError::opening(sg));
+            }
         }
         let logs = self.logs.as_mut().expect("checked");
         let slot = logs.slot_mut(sg).expect("live");
-        if self.groups.shards[&(stream, shard)].reload {
-            // Still busy: tried again after every turn's log work (`retry_group_reloads`).
-            return Err(BrokerError::opening(sg));
-        }
         log_ready(&slot.state, sg)?;
         let entry = self.groups.shards.get_mut(&(stream, shard)).expect("added");
         if !entry.loaded {
@@ -354,72 +349,33 @@ impl Broker {
                 recovered: HashMap::new(),
                 groups: HashMap::new(),
                 waiting: Vec::new(),
-                reload: false,
             },
         );
         log
     }
 
-    /// Replication made this node the leader of the group log `log`: the groups it serves
-    /// are rebuilt from what the log holds now. Polls in progress on the shard end empty
-    /// (their claims belonged to the state being replaced).
-    pub(crate) fn reload_groups(&mut self, now: Instant, log: LogId) {
-        let Some(key) = self
-            .groups
-            .shards
-            .iter()
-            .find(|(_, sg)| sg.log == log)
-            .map(|(k, _)| *k)
-        else {
-            return;
-        };
+    /// Replication is about to rebuild the groups of shard `at` from its log (it leads the
+    /// log from now on, or the log was cut): polls in progress on the shard end empty, their
+    /// claims belonging to the state being replaced.
+    pub(crate) fn end_group_polls(&mut self, at: (usize, u32)) {
         let polls: Vec<u64> = self
             .groups
             .polls
             .iter()
-            .filter(|(_, p)| (p.stream, p.shard) == key)
+            .filter(|(_, p)| (p.stream, p.shard) == at)
             .map(|(w, _)| *w)
             .collect();
         for w in polls {
             self.answer_poll(w, Ok(Vec::new()));
         }
-        self.groups.shards.get_mut(&key).expect("found").reload = true;
-        self.reload_groups_now(now, key);
     }
 
-    /// Opens the shard's group log again if it is idle (else leaves `reload` set).
-    fn reload_groups_now(&mut self, now: Instant, key: (usize, u32)) {
-        let Some(logs) = self.logs.as_mut() else {
-            return;
-        };
-        let Some(sg) = self.groups.shards.get_mut(&key) else {
-            return;
-        };
-        if logs.reopen(sg.log, now) {
-            sg.reload = false;
+    /// The group log of shard `at` was opened again: its groups are read from it anew.
+    pub(crate) fn forget_loaded_groups(&mut self, at: (usize, u32)) {
+        if let Some(sg) = self.groups.shards.get_mut(&at) {
             sg.loaded = false;
             sg.recovered.clear();
             sg.groups.clear();
-        } else {
-            self.groups.reload_waiting = true;
-        }
-    }
-
-    /// Group logs waiting to be opened again (they were busy): tried after each turn's
-    /// log work.
-    pub(super) fn retry_group_reloads(&mut self, now: Instant) {
-        if !std::mem::take(&mut self.groups.reload_waiting) {
-            return;
-        }
-        let waiting: Vec<(usize, u32)> = self
-            .groups
-            .shards
-            .iter()
-            .filter(|(_, sg)| sg.reload)
-            .map(|(k, _)| *k)
-            .collect();
-        for key in waiting {
-            self.reload_groups_now(now, key);
         }
     }
 
