@@ -79,7 +79,15 @@ def check_promises(docs, replicas):
     names = [p.split("=")[0] for p in peers.split('"')[1].split(",")]
     full = sts["metadata"]["name"]
     assert names == [f"{full}-{i}" for i in range(replicas)], peers
-    assert f".{headless[0]['metadata']['name']}.{NAMESPACE}.svc.cluster.local:" in peers
+    # Each peer at its own Service (a stable address across pod restarts), which selects
+    # exactly its pod and lists it before it is ready.
+    hosts = [p.split("=")[1].split(":")[0] for p in peers.split('"')[1].split(",")]
+    assert hosts == [f"{n}.{NAMESPACE}.svc.cluster.local" for n in names], peers
+    own = {s["metadata"]["name"]: s for s in by_kind(docs, "Service")}
+    for n in names:
+        spec = own[n]["spec"]
+        assert spec["selector"]["statefulset.kubernetes.io/pod-name"] == n
+        assert spec["publishNotReadyAddresses"] is True and spec.get("clusterIP") != "None"
     assert "[[streams]]" in config and "[[caches]]" in config
     test = [p for p in by_kind(docs, "Pod")
             if p["metadata"]["annotations"].get("helm.sh/hook") == "test"]

@@ -23,13 +23,12 @@ app.kubernetes.io/name: felix
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{/* id=host:port of every node, at the headless Service's stable names. */}}
+{{/* id=host:port of every node, at its own Service's name (see services.yaml). */}}
 {{- define "felix.peers" -}}
 {{- $full := include "felix.fullname" . -}}
-{{- $headless := include "felix.headless" . -}}
 {{- $peers := list -}}
 {{- range $i := until (int .Values.replicas) -}}
-{{- $peers = append $peers (printf "%s-%d=%s-%d.%s.%s.svc.cluster.local:%d" $full $i $full $i $headless $.Release.Namespace (int $.Values.ports.internal)) -}}
+{{- $peers = append $peers (printf "%s-%d=%s-%d.%s.svc.cluster.local:%d" $full $i $full $i $.Release.Namespace (int $.Values.ports.internal)) -}}
 {{- end -}}
 {{- join "," $peers -}}
 {{- end -}}
