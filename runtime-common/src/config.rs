@@ -886,6 +886,15 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
     };
     durable(&name, &text, &int, &flag, &mut options)?;
     let (cluster, internal_bind) = cluster(&effective, &name, &text, &int, &flag, bind)?;
+    // Acking on arrival would answer a `quorum` publish before any follower holds it.
+    if options.durable.ack_before_write && cluster.is_some() {
+        return Err(ConfigError(format!(
+            "{} cannot be used on a cluster node ({} is set): acks must wait for the write \
+             and for replication",
+            name("durable.ack_before_write"),
+            name("cluster.node_id")
+        )));
+    }
 
     // Engine settings: limits, TLS client certificates and ALPN, declared streams.
     let mut limits: Vec<(Setter, u64)> = Vec::new();
@@ -2016,6 +2025,16 @@ shards = 4
                 "{peers}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn ack_before_write_is_refused_on_a_cluster_node() {
+        let e = refused(&node(&[("FELIX_ACK_BEFORE_WRITE", "true")]));
+        assert!(
+            e.contains("FELIX_ACK_BEFORE_WRITE cannot be used on a cluster node")
+                && e.contains("FELIX_NODE_ID is set"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -379,6 +379,15 @@ impl Engine {
                     "ack_before_write cannot be combined with ack_on_commit or the on_commit fsync mode".into(),
                 ));
             }
+            // On a cluster node a `quorum` publish would be answered on arrival, before any
+            // follower holds it: the replication promise would be void.
+            if d.ack_before_write && config.cluster.is_some() {
+                return Err(EngineError::Config(
+                    "ack_before_write cannot be used on a cluster node (FELIX_ACK_BEFORE_WRITE \
+                     with FELIX_NODE_ID): acks must wait for the write and for replication"
+                        .into(),
+                ));
+            }
         }
         let mut transport = TransportConfig::default();
         datagram_sizes(&config, &mut transport)?;
