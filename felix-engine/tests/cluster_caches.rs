@@ -103,3 +103,59 @@ fn a_caches_values_and_counters_survive_the_loss_of_its_leader() {
     assert_eq!(get(&mut c, next, "b"), Value::Null, "b stays deleted");
     assert_eq!(add(&mut c, next, "n", 1), 4, "the sum goes on from 3");
 }
+
+/// The cache's values log on node `at`, as shipped entries.
+fn values_log(c: &ClusterNet, at: usize) -> Vec<(u64, Vec<u8>)> {
+    let dir = felix_storage::layout::cache_shard_dir("t1", "default", "sessions", 0);
+    log_entries_on(&c.nodes[at].disk, &dir)
+}
+
+#[test]
+fn a_follower_copy_takes_no_expiry_deletes_of_its_own() {
+    // Only the leader writes a cache's TTL deletes, and ships them. A follower that ran its
+    // own expiry pass (armed by recovery after a restart) would append deletes the leader
+    // never wrote: its copy would diverge from the leader's at those offsets.
+    let mut c = ClusterNet::started(&spec(), durable);
+    let control = c.control_leader();
+    let (leader, _) = cache_leader(&c, control);
+    let leader = leader.expect("a leader");
+    let follower = (0..3).find(|&i| i != leader).unwrap();
+    let body = r#""type":"cache_put","key":"short","value":"eA==","request_id":1,"ttl_ms":3000"#;
+    assert_eq!(ask(&mut c, leader, body)["type"], "cache_ok");
+    put(&mut c, leader, "long", "eQ==");
+    c.until(Duration::from_secs(10), |c| {
+        values_log(c, follower) == values_log(c, leader)
+    });
+    // Recovery finds a key with a TTL in the follower's copy and arms its expiry pass.
+    c.restart(follower, &spec(), durable);
+    c.until(Duration::from_secs(30), |c| {
+        let (l, _) = cache_leader(c, follower);
+        l == Some(leader) && c.nodes[follower].engine.is_serving()
+    });
+    let before = values_log(&c, follower);
+    // Past the TTL, with the follower cut off from the leader: its copy must not change,
+    // whatever its own expiry pass finds due.
+    c.cut_both(follower, leader, true);
+    c.advance(Duration::from_secs(5));
+    assert_eq!(
+        values_log(&c, follower),
+        before,
+        "the follower wrote to its copy"
+    );
+    c.cut_both(follower, leader, false);
+    // The leader deleted the key and ships the delete.
+    c.until(Duration::from_secs(10), |c| {
+        let lag = c.nodes[leader].engine.metrics().replication_lag_records;
+        lag.iter()
+            .any(|(l, n)| l == "t1/default/sessions#0" && *n == 0)
+    });
+    let leader_log = values_log(&c, leader);
+    assert_eq!(leader_log.len(), 3, "two puts and the leader's delete");
+    for at in (0..3).filter(|&i| i != leader) {
+        assert_eq!(
+            values_log(&c, at),
+            leader_log,
+            "node {at}'s copy is the leader's"
+        );
+    }
+}

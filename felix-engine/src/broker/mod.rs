@@ -1179,6 +1179,11 @@ pub(crate) fn append_error(e: AppendError) -> BrokerError {
         AppendError::Truncating => {
             BrokerError::new(ErrorCode::Overloaded, "the shard's log is being truncated")
         }
+        // A follower's copy: the shard is led elsewhere (or by nobody yet).
+        AppendError::ShippedOnly => BrokerError::new(
+            ErrorCode::ShardUnavailable,
+            "this node's copy of the shard is a follower's: it takes only what its leader ships",
+        ),
     }
 }
 
