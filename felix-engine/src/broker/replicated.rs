@@ -156,8 +156,10 @@ impl Broker {
             .as_ref()
             .and_then(|l| l.slot(log))
             .map(|s| s.owner);
-        let Some(Owner::Stream { stream, shard }) = owner else {
-            return;
+        let (stream, shard) = match owner {
+            Some(Owner::Stream { stream, shard }) => (stream, shard),
+            Some(Owner::Cache) => return self.watches_moved(log, to),
+            _ => return,
         };
         self.end_readers(stream, Some(shard), |sub, resume_from| {
             if sub.ends_on_move {
