@@ -368,6 +368,11 @@ impl Engine {
         now: Instant,
         unix_micros: u64,
     ) -> Result<Engine, EngineError> {
+        if config.max_producers_per_tenant == 0 {
+            return Err(EngineError::Config(
+                "max_producers_per_tenant must be at least 1".into(),
+            ));
+        }
         if config.max_gso_segments == 0 {
             return Err(EngineError::Config(
                 "max_gso_segments must be at least 1".into(),
@@ -468,6 +473,7 @@ impl Engine {
             counter_max_logs: config.counter_max_logs,
             durable_cache_max_keys: config.durable_cache_max_keys as u64,
             durable_cache_max_total_bytes: config.durable_cache_max_total_bytes,
+            max_producers_per_tenant: config.max_producers_per_tenant,
         };
         let (mut broker, capabilities) = match &config.durable {
             None => (
