@@ -126,6 +126,11 @@ pub const DEFAULT_CACHE_WATCH_QUEUE_CAPACITY: usize = 4096;
 pub const DEFAULT_DURABLE_CACHE_MAX_LOGS: usize = 1024;
 /// Counter logs (one per cache that has counters, under `counters/`), bounded as above.
 pub const DEFAULT_COUNTER_MAX_LOGS: usize = 1024;
+/// Idempotent producers one tenant's shards remember together (each holds its last batches'
+/// marks in memory). A new producer past it takes the place of the tenant's least recently
+/// used one, if that one has been idle for the eviction time; else it is refused
+/// `limit_exceeded`. Another tenant's producers are never touched.
+pub const DEFAULT_MAX_PRODUCERS_PER_TENANT: usize = 65_536;
 /// Keys over every durable cache and counter log together (each is an index entry in
 /// memory). A put or add that would create one more is refused `limit_exceeded`.
 pub const DEFAULT_DURABLE_CACHE_MAX_KEYS: usize = 1 << 20;
@@ -588,6 +593,8 @@ pub struct EngineConfig {
     pub counter_max_logs: usize,
     /// See [`DEFAULT_DURABLE_CACHE_MAX_KEYS`].
     pub durable_cache_max_keys: usize,
+    /// See [`DEFAULT_MAX_PRODUCERS_PER_TENANT`]. Above zero.
+    pub max_producers_per_tenant: usize,
     /// See [`DEFAULT_DURABLE_CACHE_MAX_TOTAL_BYTES`].
     pub durable_cache_max_total_bytes: u64,
 
@@ -651,6 +658,7 @@ impl EngineConfig {
             counter_max_logs: DEFAULT_COUNTER_MAX_LOGS,
             durable_cache_max_keys: DEFAULT_DURABLE_CACHE_MAX_KEYS,
             durable_cache_max_total_bytes: DEFAULT_DURABLE_CACHE_MAX_TOTAL_BYTES,
+            max_producers_per_tenant: DEFAULT_MAX_PRODUCERS_PER_TENANT,
             durable: None,
             cluster: None,
         }

@@ -329,6 +329,7 @@ pub const SETTINGS: &[Setting] = &[
     limit!("limits.counter_max_logs", &["FELIX_COUNTER_MAX_LOGS"], int counter_max_logs),
     limit!("limits.durable_cache_max_keys", &["FELIX_DURABLE_CACHE_MAX_KEYS"], int durable_cache_max_keys),
     limit!("limits.durable_cache_max_total_bytes", &["FELIX_DURABLE_CACHE_MAX_TOTAL_BYTES"], int durable_cache_max_total_bytes),
+    limit!("limits.max_producers_per_tenant", &["FELIX_MAX_PRODUCERS_PER_TENANT"], int max_producers_per_tenant),
     plain("limits.busy_poll_us", &["FELIX_BUSY_POLL_US"], Kind::Int, Default_::Int(crate::DEFAULT_BUSY_POLL.as_micros() as u64)),
     // Cluster (docs/cluster.md). Every setting from here on needs `cluster.node_id`; the
     // cluster limits stay in `[limits]` (they must follow the other limits for `--print-config`).
@@ -886,6 +887,15 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
     };
     durable(&name, &text, &int, &flag, &mut options)?;
     let (cluster, internal_bind) = cluster(&effective, &name, &text, &int, &flag, bind)?;
+    // Acking on arrival would answer a `quorum` publish before any follower holds it.
+    if options.durable.ack_before_write && cluster.is_some() {
+        return Err(ConfigError(format!(
+            "{} cannot be used on a cluster node ({} is set): acks must wait for the write \
+             and for replication",
+            name("durable.ack_before_write"),
+            name("cluster.node_id")
+        )));
+    }
 
     // Engine settings: limits, TLS client certificates and ALPN, declared streams.
     let mut limits: Vec<(Setter, u64)> = Vec::new();
@@ -1541,9 +1551,11 @@ mod tests {
                 ("FELIX_COUNTER_MAX_LOGS", "12"),
                 ("FELIX_DURABLE_CACHE_MAX_KEYS", "13"),
                 ("FELIX_DURABLE_CACHE_MAX_TOTAL_BYTES", "14"),
+                ("FELIX_MAX_PRODUCERS_PER_TENANT", "15"),
             ]))
             .unwrap(),
         );
+        assert_eq!(e.max_producers_per_tenant, 15);
         assert_eq!(
             (
                 e.durable_cache_max_logs,
@@ -2016,6 +2028,16 @@ shards = 4
                 "{peers}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn ack_before_write_is_refused_on_a_cluster_node() {
+        let e = refused(&node(&[("FELIX_ACK_BEFORE_WRITE", "true")]));
+        assert!(
+            e.contains("FELIX_ACK_BEFORE_WRITE cannot be used on a cluster node")
+                && e.contains("FELIX_NODE_ID is set"),
+            "{e}"
+        );
     }
 
     #[test]

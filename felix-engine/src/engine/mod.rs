@@ -368,6 +368,11 @@ impl Engine {
         now: Instant,
         unix_micros: u64,
     ) -> Result<Engine, EngineError> {
+        if config.max_producers_per_tenant == 0 {
+            return Err(EngineError::Config(
+                "max_producers_per_tenant must be at least 1".into(),
+            ));
+        }
         if config.max_gso_segments == 0 {
             return Err(EngineError::Config(
                 "max_gso_segments must be at least 1".into(),
@@ -377,6 +382,15 @@ impl Engine {
             if d.ack_before_write && (d.ack_on_commit || d.fsync == FsyncPolicy::OnCommit) {
                 return Err(EngineError::Config(
                     "ack_before_write cannot be combined with ack_on_commit or the on_commit fsync mode".into(),
+                ));
+            }
+            // On a cluster node a `quorum` publish would be answered on arrival, before any
+            // follower holds it: the replication promise would be void.
+            if d.ack_before_write && config.cluster.is_some() {
+                return Err(EngineError::Config(
+                    "ack_before_write cannot be used on a cluster node (FELIX_ACK_BEFORE_WRITE \
+                     with FELIX_NODE_ID): acks must wait for the write and for replication"
+                        .into(),
                 ));
             }
         }
@@ -459,6 +473,7 @@ impl Engine {
             counter_max_logs: config.counter_max_logs,
             durable_cache_max_keys: config.durable_cache_max_keys as u64,
             durable_cache_max_total_bytes: config.durable_cache_max_total_bytes,
+            max_producers_per_tenant: config.max_producers_per_tenant,
         };
         let (mut broker, capabilities) = match &config.durable {
             None => (
