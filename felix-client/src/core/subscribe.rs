@@ -73,6 +73,11 @@ pub fn read_subscribe_reply(frame: &Frame) -> Result<Subscribed, ClientError> {
             live_offset: s.live_offset,
         }),
         Message::Error(e) => Err(refusal(e)),
+        Message::NotLeader(n) => Err(ClientError::NotLeader {
+            node_id: n.node_id,
+            addr: n.addr,
+            generation: n.generation,
+        }),
         Message::SubscribeCursorError(e) => Err(ClientError::server(
             Some(felix_proto::ErrorCode::InvalidRequest),
             None,
