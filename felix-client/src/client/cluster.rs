@@ -226,7 +226,7 @@ impl ClusterShared {
         key: Option<&[u8]>,
         shard: Option<u32>,
     ) -> Result<SocketAddr, ClientError> {
-        // Two rounds at most: dial, then ask owners, then route.
+        // Three rounds at most: dial, ask owners, route.
         for _ in 0..3 {
             let now = Instant::now();
             let route = {
@@ -238,6 +238,9 @@ impl ClusterShared {
             };
             match route {
                 Route::Owner { addr, .. } | Route::Entry { addr } => return Ok(addr),
+                Route::Unavailable { shard, lost } => {
+                    return Err(Route::unavailable_error(shard, lost))
+                }
                 Route::NoEntry => {
                     self.entry().await?;
                 }
@@ -288,11 +291,13 @@ impl ClusterShared {
         }
     }
 
-    /// What a failed call at `addr` says: a lost or unanswering broker is closed and
-    /// forgotten; an owner that refuses the shard as not its own is forgotten as owner.
+    /// What a failed call at `addr` says: a broker whose connection failed is forgotten;
+    /// an owner that refuses the shard as not its own is forgotten as owner. A call that
+    /// outlived its deadline says nothing of the connection (a broker may hold a forwarded
+    /// call for its own forward timeout); QUIC's keep-alives judge that.
     fn after_failure(&self, addr: SocketAddr, object: &Object, e: &ClientError) {
         match e {
-            ClientError::Connection(_) | ClientError::Timeout(_) => self.node_failed(addr),
+            ClientError::Connection(_) => self.node_failed(addr),
             ClientError::NotLeader { .. } => self.core().handle_stale_owner(object),
             ClientError::Server {
                 code:
@@ -618,11 +623,7 @@ impl Client {
         let entry = cluster.entry().await?;
         let addr = entry.inner.config.addr;
         cluster.refresh_owners(addr, &object).await?;
-        Ok(cluster
-            .core()
-            .owners(&object)
-            .map(<[_]>::to_vec)
-            .unwrap_or_default())
+        Ok(cluster.core().owners(&object).unwrap_or_default())
     }
 
     /// The brokers this client holds a connection to.

@@ -60,6 +60,8 @@ pub struct ClientConfig {
     pub owners_refresh: Duration,
     /// How long a broker whose connection failed is dialled last.
     pub suspect_for: Duration,
+    /// How long an answer naming a lost broker as a shard's owner is believed.
+    pub lost_owner_reask: Duration,
     /// TLS server name (SNI and certificate check). Default `"localhost"`, whatever `addr` is.
     pub server_name: String,
     /// PEM of the CA(s) to trust.
@@ -134,6 +136,7 @@ impl ClientConfig {
             topology_interval: cluster.topology_interval,
             owners_refresh: cluster.owners_refresh,
             suspect_for: cluster.suspect_for,
+            lost_owner_reask: cluster.lost_owner_reask,
             server_name: "localhost".into(),
             ca_pem: ca_pem.into(),
             tenant: tenant.into(),
@@ -186,6 +189,7 @@ impl ClientConfig {
         c.topology_interval = self.topology_interval;
         c.owners_refresh = self.owners_refresh;
         c.suspect_for = self.suspect_for;
+        c.lost_owner_reask = self.lost_owner_reask;
         c
     }
 }

@@ -35,8 +35,14 @@ pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(2);
 pub const DEFAULT_TOPOLOGY_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a `shard_owners` answer is used before it is asked again (the reference: ~5 s).
 pub const DEFAULT_OWNERS_REFRESH: Duration = Duration::from_secs(5);
-/// How long a broker whose connection failed is tried last when choosing where to dial.
-pub const DEFAULT_SUSPECT_FOR: Duration = Duration::from_secs(10);
+/// How long a broker whose connection failed is tried last when choosing where to dial, and
+/// not routed to while `shard_owners` still names it.
+pub const DEFAULT_SUSPECT_FOR: Duration = Duration::from_secs(5);
+/// While a shard's owner is a lost broker, how long a `shard_owners` answer that still names
+/// it is believed before the owners are asked again. Meanwhile the shard's calls are
+/// refused here (not applied, so retried with backoff) rather than forwarded by another
+/// broker into the dead one, where they would wait for its forward timeout.
+pub const DEFAULT_LOST_OWNER_REASK: Duration = Duration::from_millis(100);
 /// Brokers taken from one `topology` answer; the rest are ignored.
 pub const MAX_TOPOLOGY_BROKERS: usize = 256;
 /// Shards taken from one `shard_owners` answer; a longer answer is not used for routing.
@@ -62,6 +68,8 @@ pub struct ClusterConfig {
     pub owners_refresh: Duration,
     /// See [`DEFAULT_SUSPECT_FOR`].
     pub suspect_for: Duration,
+    /// See [`DEFAULT_LOST_OWNER_REASK`].
+    pub lost_owner_reask: Duration,
 }
 
 impl ClusterConfig {
@@ -75,6 +83,7 @@ impl ClusterConfig {
             topology_interval: DEFAULT_TOPOLOGY_INTERVAL,
             owners_refresh: DEFAULT_OWNERS_REFRESH,
             suspect_for: DEFAULT_SUSPECT_FOR,
+            lost_owner_reask: DEFAULT_LOST_OWNER_REASK,
         }
     }
 }
@@ -339,6 +348,22 @@ pub enum Route {
     AskOwners { entry: SocketAddr },
     /// No broker is connected: dial one from [`Cluster::dial_order`] first.
     NoEntry,
+    /// The shard's owner is a broker this client lost, and the cluster has not named
+    /// another yet: nothing is sent; the call fails as not applied and is retried.
+    Unavailable { shard: u32, lost: SocketAddr },
+}
+
+impl Route {
+    /// The error a call meets on [`Route::Unavailable`] (retried: nothing was sent).
+    pub fn unavailable_error(shard: u32, lost: SocketAddr) -> ClientError {
+        ClientError::Server {
+            code: Some(ErrorCode::ShardUnavailable),
+            retry: Some(RetryClass::Retry),
+            message: format!(
+                "shard {shard}'s owner {lost} was lost and the cluster names no other yet"
+            ),
+        }
+    }
 }
 
 /// A stream or cache whose owners are tracked.
@@ -372,10 +397,20 @@ impl Object {
     }
 }
 
+/// One shard's owner as known here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Owner(SocketAddr),
+    /// Nobody is known to serve it: calls go through the entry, which forwards.
+    Unowned,
+    /// Its owner is a broker whose connection failed.
+    Lost(SocketAddr),
+}
+
 #[derive(Debug, Clone)]
 struct OwnerTable {
-    /// One entry per shard, in shard order; `None` when nobody serves it.
-    shards: Vec<Option<SocketAddr>>,
+    /// One entry per shard, in shard order.
+    shards: Vec<Slot>,
     /// When it was learned (a failed ask counts: it is not asked again before the refresh).
     at: Instant,
 }
@@ -473,9 +508,9 @@ impl Cluster {
             self.next_topology = None;
         }
         for table in self.owners.values_mut() {
-            for owner in &mut table.shards {
-                if *owner == Some(addr) {
-                    *owner = None;
+            for slot in &mut table.shards {
+                if *slot == Slot::Owner(addr) {
+                    *slot = Slot::Lost(addr);
                 }
             }
         }
@@ -508,38 +543,35 @@ impl Cluster {
     /// publish (shard 0, as the broker places it). Keys hash with the shared routing function
     /// over the shard count `shard_owners` reported.
     pub fn route(&self, object: &Object, key: Option<&[u8]>, now: Instant) -> Route {
-        let Some(entry) = self.entry else {
-            return Route::NoEntry;
-        };
-        match self.owners.get(object) {
-            Some(table) if now < table.at + self.config.owners_refresh => {
-                let count = u32::try_from(table.shards.len()).unwrap_or(u32::MAX);
-                if count == 0 {
-                    return Route::Entry { addr: entry };
-                }
-                let shard = shard_for_key(key, count, RoutingMapping::Modulo);
-                match table.shards.get(shard as usize).copied().flatten() {
-                    Some(addr) => Route::Owner { addr, shard },
-                    None => Route::Entry { addr: entry },
-                }
-            }
-            _ => Route::AskOwners { entry },
-        }
+        self.route_by(object, now, |count| {
+            shard_for_key(key, count, RoutingMapping::Modulo)
+        })
     }
 
     /// Where a call on one given `shard` of `object` goes (a subscription to that shard).
     pub fn route_shard(&self, object: &Object, shard: u32, now: Instant) -> Route {
+        self.route_by(object, now, |_| shard)
+    }
+
+    fn route_by(&self, object: &Object, now: Instant, pick: impl FnOnce(u32) -> u32) -> Route {
         let Some(entry) = self.entry else {
             return Route::NoEntry;
         };
-        match self.owners.get(object) {
-            Some(table) if now < table.at + self.config.owners_refresh => {
-                match table.shards.get(shard as usize).copied().flatten() {
-                    Some(addr) => Route::Owner { addr, shard },
-                    None => Route::Entry { addr: entry },
-                }
+        let Some(table) = self.owners.get(object) else {
+            return Route::AskOwners { entry };
+        };
+        let count = u32::try_from(table.shards.len()).unwrap_or(u32::MAX);
+        let shard = pick(count);
+        let slot = table.shards.get(shard as usize).copied();
+        match slot {
+            // A lost owner is asked about again sooner than the refresh.
+            Some(Slot::Lost(lost)) if now < table.at + self.config.lost_owner_reask => {
+                Route::Unavailable { shard, lost }
             }
-            _ => Route::AskOwners { entry },
+            Some(Slot::Lost(_)) => Route::AskOwners { entry },
+            _ if now >= table.at + self.config.owners_refresh => Route::AskOwners { entry },
+            Some(Slot::Owner(addr)) => Route::Owner { addr, shard },
+            Some(Slot::Unowned) | None => Route::Entry { addr: entry },
         }
     }
 
@@ -552,9 +584,18 @@ impl Cluster {
             .and_then(|n| u32::try_from(n).ok())
     }
 
-    /// The owners of every shard of `object`, as last learned (`None` when not known).
-    pub fn owners(&self, object: &Object) -> Option<&[Option<SocketAddr>]> {
-        self.owners.get(object).map(|t| &t.shards[..])
+    /// The owners of every shard of `object`, as last learned (`None` for a shard with no
+    /// owner, or one whose owner was lost); `None` when not known at all.
+    pub fn owners(&self, object: &Object) -> Option<Vec<Option<SocketAddr>>> {
+        self.owners.get(object).map(|t| {
+            t.shards
+                .iter()
+                .map(|s| match s {
+                    Slot::Owner(a) => Some(*a),
+                    Slot::Unowned | Slot::Lost(_) => None,
+                })
+                .collect()
+        })
     }
 
     /// The answer to `shard_owners` for `object`. Shards with no owner, or an owner whose
@@ -563,17 +604,22 @@ impl Cluster {
     pub fn handle_shard_owners(&mut self, object: &Object, view: &ShardOwnersView, now: Instant) {
         let mut shards = Vec::new();
         if view.owners.len() <= MAX_OWNED_SHARDS {
-            shards = vec![None; view.owners.len()];
+            shards = vec![Slot::Unowned; view.owners.len()];
             for o in &view.owners {
-                if let Some(slot) = usize::try_from(o.shard)
+                let Some(slot) = usize::try_from(o.shard)
                     .ok()
                     .and_then(|s| shards.get_mut(s))
-                {
-                    *slot = o.addr.as_deref().and_then(parse_addr).filter(|a| {
-                        // A broker that just failed is not routed to until it answers again.
-                        self.suspects.get(a).is_none_or(|until| *until <= now)
-                    });
-                }
+                else {
+                    continue;
+                };
+                *slot = match o.addr.as_deref().and_then(parse_addr) {
+                    None => Slot::Unowned,
+                    // A broker that just failed is not routed to until it answers again.
+                    Some(a) if self.suspects.get(&a).is_some_and(|until| *until > now) => {
+                        Slot::Lost(a)
+                    }
+                    Some(a) => Slot::Owner(a),
+                };
             }
         }
         self.remember(object.clone(), OwnerTable { shards, at: now });
@@ -596,7 +642,7 @@ impl Cluster {
             return;
         };
         if let Some(slot) = table.shards.get_mut(shard as usize) {
-            *slot = Some(addr);
+            *slot = Slot::Owner(addr);
         }
     }
 

@@ -206,33 +206,80 @@ fn keyed_calls_route_to_the_keys_owner_and_unknown_owners_go_through_the_entry()
 }
 
 #[test]
-fn a_lost_owner_routes_through_the_entry_and_is_not_relearned_while_suspected() {
+fn a_lost_owner_is_asked_about_again_and_not_routed_to_while_suspected() {
     let now = Instant::now();
     let mut c = connected(&[5001], now);
     let s = Object::stream("ns", "s");
     let view = owners(&[Some("127.0.0.1:5002"), Some("127.0.0.1:5003")]);
     c.handle_shard_owners(&s, &view, now);
-    c.handle_connection_lost(a(5002), now);
-    assert_eq!(c.owners(&s), Some(&[None, Some(a(5003))][..]));
-    assert_eq!(c.route(&s, None, now), Route::Entry { addr: a(5001) });
-    // A stale answer still naming the dead owner does not bring it back...
-    c.handle_shard_owners(&s, &view, now);
-    assert_eq!(c.owners(&s), Some(&[None, Some(a(5003))][..]));
-    // ...until its suspicion ends.
-    let later = now + DEFAULT_SUSPECT_FOR;
-    c.handle_shard_owners(&s, &view, later);
-    assert_eq!(c.owners(&s), Some(&[Some(a(5002)), Some(a(5003))][..]));
-    // A refusal by an owner forgets the object's owners.
-    c.handle_stale_owner(&s);
+    let later = now + Duration::from_secs(1);
+    c.handle_connection_lost(a(5002), later);
+    assert_eq!(c.owners(&s), Some(vec![None, Some(a(5003))]));
+    // Not forwarded by the entry into the dead owner: the owners are asked again at once...
     assert_eq!(
         c.route(&s, None, later),
         Route::AskOwners { entry: a(5001) }
     );
-    // A failed ask routes through the entry until the refresh.
-    c.handle_owners_failed(&s, later);
-    assert_eq!(c.route(&s, None, later), Route::Entry { addr: a(5001) });
     assert_eq!(
-        c.route(&s, None, later + DEFAULT_OWNERS_REFRESH),
+        c.route_shard(&s, 1, later),
+        Route::Owner {
+            addr: a(5003),
+            shard: 1
+        },
+        "the other shard is untouched"
+    );
+    // ...and an answer still naming it makes the shard unavailable here for the re-ask
+    // interval, then asked again.
+    c.handle_shard_owners(&s, &view, later);
+    assert_eq!(
+        c.route(&s, None, later),
+        Route::Unavailable {
+            shard: 0,
+            lost: a(5002)
+        }
+    );
+    let err = Route::unavailable_error(0, a(5002));
+    assert_eq!(classify(&err, false), Failure::NotApplied);
+    assert_eq!(
+        c.route(
+            &s,
+            None,
+            later + DEFAULT_LOST_OWNER_REASK - Duration::from_nanos(1)
+        ),
+        Route::Unavailable {
+            shard: 0,
+            lost: a(5002)
+        }
+    );
+    assert_eq!(
+        c.route(&s, None, later + DEFAULT_LOST_OWNER_REASK),
+        Route::AskOwners { entry: a(5001) }
+    );
+    // The cluster names a new owner: routed there.
+    let moved = owners(&[Some("127.0.0.1:5003"), Some("127.0.0.1:5003")]);
+    c.handle_shard_owners(&s, &moved, later);
+    assert_eq!(
+        c.route(&s, None, later),
+        Route::Owner {
+            addr: a(5003),
+            shard: 0
+        }
+    );
+    // Once its suspicion ends, an answer naming the old owner is believed again.
+    let cleared = later + DEFAULT_SUSPECT_FOR;
+    c.handle_shard_owners(&s, &view, cleared);
+    assert_eq!(c.owners(&s), Some(vec![Some(a(5002)), Some(a(5003))]));
+    // A refusal by an owner forgets the object's owners.
+    c.handle_stale_owner(&s);
+    assert_eq!(
+        c.route(&s, None, cleared),
+        Route::AskOwners { entry: a(5001) }
+    );
+    // A failed ask routes through the entry until the refresh.
+    c.handle_owners_failed(&s, cleared);
+    assert_eq!(c.route(&s, None, cleared), Route::Entry { addr: a(5001) });
+    assert_eq!(
+        c.route(&s, None, cleared + DEFAULT_OWNERS_REFRESH),
         Route::AskOwners { entry: a(5001) }
     );
 }
@@ -246,7 +293,7 @@ fn an_owner_hint_replaces_the_shards_owner() {
     c.handle_owner_hint(&s, 1, "127.0.0.1:5003");
     c.handle_owner_hint(&s, 7, "127.0.0.1:5004"); // no such shard: ignored
     c.handle_owner_hint(&s, 0, "garbage"); // unparseable: ignored
-    assert_eq!(c.owners(&s), Some(&[None, Some(a(5003))][..]));
+    assert_eq!(c.owners(&s), Some(vec![None, Some(a(5003))]));
 }
 
 #[test]
