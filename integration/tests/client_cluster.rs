@@ -94,6 +94,26 @@ async fn join_all<T>(mut futs: Vec<BoxFuture<'_, T>>) -> Vec<T> {
     out.into_iter().map(|v| v.expect("finished")).collect()
 }
 
+/// Takes what the sharded subscription has within a second into `seen`.
+async fn consume(
+    rt: &dyn Rt,
+    sharded: &mut felix_client::ShardedSubscription,
+    seen: &mut [Vec<(u64, Bytes)>],
+) {
+    match within(rt, Duration::from_secs(1), sharded.next()).await {
+        None => {}
+        Some(Ok(ev)) => match ev.item {
+            felix_client::SubscriptionItem::Event(e) => {
+                seen[ev.shard as usize].push((e.offset.expect("durable offsets"), e.payload))
+            }
+            felix_client::SubscriptionItem::End(end) => {
+                panic!("shard {} ended: {end:?}", ev.shard)
+            }
+        },
+        Some(Err(e)) => panic!("the sharded subscription: {e}"),
+    }
+}
+
 fn metric(ops: SocketAddr, name: &str) -> f64 {
     let (_, text) = http_get(ops, "/metrics", true).expect("metrics answer");
     text.lines()
@@ -182,16 +202,29 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
     let mut cluster = lay_out();
     let all: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.client).collect();
 
-    // Who leads shard 0 (the stream is placed on first use: one publish places it).
+    // Who leads shard 0. The stream is placed on first use: one acknowledged publish per
+    // shard places it and has every shard led.
+    let keys = keys();
     let probe = Client::connect(config(&cluster, all.clone(), runtime))
         .await
         .expect("connect");
-    probe
-        .publish_at_least_once(NAMESPACE, STREAM, vec![Bytes::from_static(b"probe")], None)
-        .await
-        .expect("the probe publish");
+    for key in &keys {
+        probe
+            .publish_at_least_once(
+                NAMESPACE,
+                STREAM,
+                vec![Bytes::from_static(b"probe")],
+                Some(key.clone()),
+            )
+            .await
+            .expect("the probe publish");
+    }
     let owners = probe.shard_owners(NAMESPACE, STREAM).await.expect("owners");
     assert_eq!(owners.len(), SHARDS as usize, "{owners:?}");
+    assert!(
+        owners.iter().all(Option::is_some),
+        "every shard led: {owners:?}"
+    );
     let victim_addr = owners[0].expect("shard 0 is led");
     let victim = all
         .iter()
@@ -216,8 +249,13 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
     let mut want = all.clone();
     want.sort();
     assert_eq!(known, want, "learned every broker from its one seed");
+    // Every shard, from its first record, across the kill.
+    let mut sharded = client
+        .subscribe_sharded(NAMESPACE, STREAM, Start::Earliest, &HashMap::new())
+        .await
+        .expect("subscribe to every shard");
+    assert_eq!(sharded.shards(), SHARDS as usize);
 
-    let keys = keys();
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Outcome>();
     let mut producers: Vec<BoxFuture<'_, ()>> = Vec::new();
@@ -308,8 +346,19 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
         }
         (outcomes, killed_at.expect("killed"), forwards_at_kill)
     };
-    let mut all_futs: Vec<BoxFuture<'_, Option<RunResult>>> =
-        vec![Box::pin(async { Some(control.await) })];
+    let mut seen: Vec<Vec<(u64, Bytes)>> = vec![Vec::new(); SHARDS as usize];
+    let consumer = async {
+        while !stop.load(Ordering::Relaxed) {
+            consume(rt, &mut sharded, &mut seen).await;
+        }
+    };
+    let mut all_futs: Vec<BoxFuture<'_, Option<RunResult>>> = vec![
+        Box::pin(async { Some(control.await) }),
+        Box::pin(async {
+            consumer.await;
+            None
+        }),
+    ];
     for p in producers {
         all_futs.push(Box::pin(async move {
             p.await;
@@ -384,6 +433,29 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
             last + 1
         );
         logs.push(log);
+    }
+
+    // The sharded subscription: every shard contiguous from its first record, no gap and no
+    // repeat across the failover, and the same records the read-back found.
+    let began = Instant::now();
+    for shard in 0..SHARDS as usize {
+        let last = logs[shard].len() as u64 - 1;
+        while seen[shard].last().is_none_or(|(o, _)| *o < last) {
+            assert!(
+                began.elapsed() < READ_LIMIT,
+                "the sharded subscription's shard {shard} stopped at {:?} of {last}",
+                seen[shard].last().map(|(o, _)| o)
+            );
+            consume(rt, &mut sharded, &mut seen).await;
+        }
+    }
+    for (shard, events) in seen.iter().enumerate() {
+        for (i, (offset, payload)) in events.iter().enumerate() {
+            assert_eq!(*offset, i as u64, "shard {shard}: contiguous from 0");
+            if let Some(logged) = logs[shard].get(offset) {
+                assert_eq!(logged, payload, "shard {shard} offset {offset}");
+            }
+        }
     }
 
     let mut acked = 0;

@@ -1204,30 +1204,26 @@ impl Subscription {
                 // A refusal on the event stream is the broker's word, not a lost broker.
                 Err(ClientError::Server { .. }) | Err(ClientError::Protocol(_)) => return item,
                 Err(_) => {
-                    resume.cluster.node_failed(resume.node);
+                    // Only a closed connection condemns the broker; a stream reset alone
+                    // is resubscribed on the same connection.
+                    if self._client.conn.close_reason().is_some() {
+                        resume.cluster.node_failed(resume.node);
+                    }
                     None
                 }
             };
-            let resume = self.resume.take().expect("checked above");
-            let fresh = resume
-                .cluster
-                .clone()
-                .subscribe(
-                    &resume.namespace,
-                    &resume.stream,
-                    resume.shard,
-                    resume.cursor,
-                    moved_to.as_deref(),
-                )
-                .await;
-            match fresh {
-                Ok(fresh) => *self = fresh,
-                Err(e) => {
-                    // Kept, so the next call tries again.
-                    self.resume = Some(resume);
-                    return Err(e);
-                }
-            }
+            // Cloned, not taken: a caller dropping this future mid-way (a timeout) leaves
+            // the subscription able to resume on the next call.
+            let (cluster, namespace, stream, shard, cursor) = (
+                resume.cluster.clone(),
+                resume.namespace.clone(),
+                resume.stream.clone(),
+                resume.shard,
+                resume.cursor,
+            );
+            *self = cluster
+                .subscribe(&namespace, &stream, shard, cursor, moved_to.as_deref())
+                .await?;
         }
     }
 

@@ -38,8 +38,8 @@ pub const DEFAULT_OWNERS_REFRESH: Duration = Duration::from_secs(5);
 /// How long a broker whose connection failed is tried last when choosing where to dial, and
 /// not routed to while `shard_owners` still names it.
 pub const DEFAULT_SUSPECT_FOR: Duration = Duration::from_secs(5);
-/// While a shard's owner is a lost broker, how long a `shard_owners` answer that still names
-/// it is believed before the owners are asked again. Meanwhile the shard's calls are
+/// While a shard's owner is a lost broker (or nobody yet), how long a `shard_owners` answer
+/// saying so is believed before the owners are asked again. Meanwhile the shard's calls are
 /// refused here (not applied, so retried with backoff) rather than forwarded by another
 /// broker into the dead one, where they would wait for its forward timeout.
 pub const DEFAULT_LOST_OWNER_REASK: Duration = Duration::from_millis(100);
@@ -571,6 +571,11 @@ impl Cluster {
             Some(Slot::Lost(_)) => Route::AskOwners { entry },
             _ if now >= table.at + self.config.owners_refresh => Route::AskOwners { entry },
             Some(Slot::Owner(addr)) => Route::Owner { addr, shard },
+            // A shard with no owner yet (a stream placed a moment ago) is forwarded by the
+            // entry meanwhile, and asked about again as soon as a lost owner would be.
+            Some(Slot::Unowned) if now >= table.at + self.config.lost_owner_reask => {
+                Route::AskOwners { entry }
+            }
             Some(Slot::Unowned) | None => Route::Entry { addr: entry },
         }
     }

@@ -188,6 +188,23 @@ fn keyed_calls_route_to_the_keys_owner_and_unknown_owners_go_through_the_entry()
         };
         assert_eq!(c.route(&orders, Some(key), now), want, "key {key:?}");
     }
+    // A shard nobody owned yet is asked about again soon, the others not.
+    let soon = now + DEFAULT_LOST_OWNER_REASK;
+    let unowned = (0..100)
+        .map(|i| format!("k{i}"))
+        .find(|k| shard_for_key(Some(k.as_bytes()), 3, RoutingMapping::Modulo) == 2)
+        .unwrap();
+    assert_eq!(
+        c.route(&orders, Some(unowned.as_bytes()), soon),
+        Route::AskOwners { entry: a(5001) }
+    );
+    assert_eq!(
+        c.route(&orders, None, soon),
+        Route::Owner {
+            addr: a(5001),
+            shard: 0
+        }
+    );
     // The answer is used for the refresh interval, then asked again.
     let stale = now + DEFAULT_OWNERS_REFRESH;
     assert_eq!(
@@ -691,4 +708,23 @@ fn a_shard_routes_to_its_own_owner() {
         None,
         "an empty answer says nothing of the count"
     );
+}
+
+#[test]
+fn a_cursor_past_retention_is_final_and_one_ahead_of_the_tail_is_retried() {
+    use crate::core::read_subscribe_reply;
+    use felix_proto::message::{CursorErrorReason, Message, SubscribeCursorError};
+    for (reason, want) in [
+        (CursorErrorReason::TooOld, Failure::Terminal),
+        (CursorErrorReason::InFuture, Failure::NotApplied),
+    ] {
+        let frame = Message::SubscribeCursorError(SubscribeCursorError {
+            requested: 33,
+            available: 0,
+            reason,
+        })
+        .to_frame();
+        let err = read_subscribe_reply(&frame).unwrap_err();
+        assert_eq!(classify(&err, true), want, "{err}");
+    }
 }
