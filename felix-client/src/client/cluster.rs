@@ -160,7 +160,16 @@ impl ClusterShared {
             Some(found) => found,
             None => self.dial().await?,
         };
-        if self.core().topology_due(Instant::now()) {
+        let due = {
+            let mut core = self.core();
+            let now = Instant::now();
+            let due = core.topology_due(now);
+            if due {
+                core.begin_topology(now);
+            }
+            due
+        };
+        if due {
             self.refresh_topology(&node).await;
         }
         let _ = addr;
@@ -226,6 +235,10 @@ impl ClusterShared {
         key: Option<&[u8]>,
         shard: Option<u32>,
     ) -> Result<SocketAddr, ClientError> {
+        // `topology` on its interval, through the entry, paid by the call that finds it due.
+        if self.core().topology_due(Instant::now()) {
+            self.entry().await?;
+        }
         // Three rounds at most: dial, ask owners, route.
         for _ in 0..3 {
             let now = Instant::now();

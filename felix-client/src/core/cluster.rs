@@ -521,6 +521,14 @@ impl Cluster {
         self.entry.is_some() && self.next_topology.is_some_and(|t| t <= now)
     }
 
+    /// `topology` is being asked now: it is not due again for an interval, so concurrent
+    /// callers do not all ask (the answer, or its failure, restarts the interval).
+    pub fn begin_topology(&mut self, now: Instant) {
+        if self.entry.is_some() {
+            self.next_topology = Some(now + self.config.topology_interval);
+        }
+    }
+
     /// The answer to `topology` (or `None` when it failed or was refused, which keeps what
     /// was known). An answer with an entry that is not a string `node_id` and `addr` has
     /// already failed to decode; here an address that does not parse skips that entry, and

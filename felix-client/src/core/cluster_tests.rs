@@ -74,6 +74,11 @@ fn endpoints_are_the_topology_then_every_seed_not_in_it() {
     );
     assert_eq!(c.endpoints(), vec![a(5001), a(5002), a(5003)]);
     assert!(!c.topology_due(now));
+    c.begin_topology(now);
+    assert!(
+        !c.topology_due(now),
+        "asked: not due again while it is answered"
+    );
     assert!(!c.topology_due(now + DEFAULT_TOPOLOGY_INTERVAL - Duration::from_nanos(1)));
     assert!(c.topology_due(now + DEFAULT_TOPOLOGY_INTERVAL));
     assert_eq!(c.poll_timeout(), Some(now + DEFAULT_TOPOLOGY_INTERVAL));
