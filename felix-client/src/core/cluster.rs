@@ -14,7 +14,7 @@
 //! `&self`.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use core::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use felix_proto::message::{NotLeader, ShardKind, ShardOwnersView, TopologyView};
@@ -776,5 +776,4 @@ impl SplitMix64 {
 }
 
 #[cfg(test)]
-#[path = "cluster_tests.rs"]
 mod tests;
