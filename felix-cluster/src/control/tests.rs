@@ -172,6 +172,7 @@ impl Cluster {
                     node: name.clone(),
                     client_addr: Some(format!("127.0.0.1:{}", 5000 + name.0.len())),
                     storage_id: format!("disk-{name}"),
+                    durable: true,
                 },
                 now,
             );
@@ -349,6 +350,7 @@ fn a_blank_voter_does_not_elect_a_leader_that_lacks_committed_entries() {
             node: n("n1"),
             client_addr: None,
             storage_id: "d1".into(),
+            durable: true,
         },
         now,
     );

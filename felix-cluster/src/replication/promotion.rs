@@ -8,7 +8,7 @@
 //! never while the current leader may still hold its lease, which [`super::lease::may_regrant`]
 //! decides from when this node last heard the leader renew.
 
-use crate::meta::{Command, Metadata};
+use crate::meta::{may_hand_over, Command, Metadata};
 use crate::NodeId;
 
 /// What the control plane knows of one node's lease renewals, by its own clock.
@@ -31,31 +31,70 @@ pub trait Renewals {
 /// join. A durable shard with one replica therefore waits for its node, and a node with an
 /// empty disk is never named.
 pub fn promotions(meta: &Metadata, renewals: &impl Renewals) -> Vec<Command> {
+    promotions_by(meta, renewals, LeaderShards::Proven)
+}
+
+/// Which replicas of a `leader`-consistency shard may be named when its leader lapses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LeaderShards {
+    /// Only one its leader's standing quiescence named level ([`crate::meta::may_hand_over`]).
+    #[default]
+    Proven,
+    /// Any live replica holding a copy, as before the spec's rule was kept: acknowledged
+    /// records only the crashed leader held are lost. The simulator's canary.
+    AbandonOnSilence,
+}
+
+/// [`promotions`] under `rule` (the simulator's canary names the old one).
+pub fn promotions_by(meta: &Metadata, renewals: &impl Renewals, rule: LeaderShards) -> Vec<Command> {
     let mut due = Vec::new();
     for (shard, m) in meta.shards() {
+        let consistency = meta.consistency_of(&shard);
         let holds = |n: &NodeId| m.holds_copy(n, &meta.members);
+        let allowed = |next: Option<&NodeId>| {
+            rule == LeaderShards::AbandonOnSilence
+                || may_hand_over(m, consistency, next, &meta.members).is_ok()
+        };
         let candidate = |skip: Option<&NodeId>| {
-            m.replicas
+            let found = m
+                .replicas
                 .iter()
                 .filter(|r| Some(*r) != skip)
-                .find(|r| renewals.is_live(r) && holds(r))
-                .cloned()
+                .find(|r| renewals.is_live(r) && holds(r) && allowed(Some(r)))
+                .cloned();
+            // No one may take it: nobody leads, unless that too would give up records
+            // only the current leader holds (it is then waited for).
+            match found {
+                Some(n) => Some(Some(n)),
+                None if allowed(None) => Some(None),
+                None => None,
+            }
         };
         let next = match &m.leader {
             // Placed before it first joined (its disk not yet recorded): its join records
             // the copy, so it is waited for like a leader that may hold its lease.
             Some(l) if !meta.members.contains_key(l) && renewals.may_hold_lease(l) => None,
-            Some(l) if !holds(l) => Some(candidate(Some(l))),
-            Some(l) if !renewals.may_hold_lease(l) => Some(candidate(Some(l))),
+            Some(l) if !holds(l) => candidate(Some(l)),
+            Some(l) if !renewals.may_hold_lease(l) => candidate(Some(l)),
             Some(_) => None,
-            None => candidate(None).map(Some),
+            None => candidate(None).flatten().map(Some),
         };
-        if let Some(leader) = next {
-            due.push(Command::Promote {
+        let proven = |n: Option<&NodeId>| may_hand_over(m, consistency, n, &meta.members).is_ok();
+        match next {
+            // The canary's move: what the old rule did, which only an operator's abandon
+            // may do now.
+            Some(Some(leader)) if !proven(Some(&leader)) => due.push(Command::Abandon {
+                shard,
+                generation: m.generation,
+                leader,
+            }),
+            Some(None) if !proven(None) => {}
+            Some(leader) => due.push(Command::Promote {
                 shard,
                 generation: m.generation + 1,
                 leader,
-            });
+            }),
+            None => {}
         }
     }
     due
@@ -98,6 +137,7 @@ mod tests {
             node: NodeId::new(n),
             client_addr: None,
             storage_id: format!("disk-{n}"),
+            durable: true,
         }
     }
 
@@ -207,6 +247,7 @@ mod tests {
             node: NodeId::new("n1"),
             client_addr: None,
             storage_id: "disk-n1-new".into(),
+            durable: true,
         };
         m.apply_entry(50, &wiped.encode());
         let all = ["n1", "n2", "n3"];

@@ -243,6 +243,7 @@ impl ClusterNode {
                 node: me.clone(),
                 client_addr: cfg.client_advertise_addr.clone(),
                 storage_id: storage_hex,
+                durable: metadata_log_compact_bytes.is_some(),
             },
             Command::Declare {
                 node: me.clone(),
