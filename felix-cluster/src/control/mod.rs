@@ -728,8 +728,7 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
             storage_id,
             durable,
         } => meta.members.get(node).is_some_and(|m| {
-            m.up
-                && m.client_addr == *client_addr
+            m.up && m.client_addr == *client_addr
                 && m.storage_id == *storage_id
                 && m.durable == *durable
         }),
@@ -765,7 +764,9 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
             .is_none_or(|m| m.generation != *generation || m.resumed_at.is_some_and(|r| r >= *end)),
         Command::Abandon {
             shard, generation, ..
-        } => meta.shard(shard).is_none_or(|m| m.generation != *generation),
+        } => meta
+            .shard(shard)
+            .is_none_or(|m| m.generation != *generation),
         // Done, or no longer possible: another generation, or the node's disk changed again.
         Command::RecordCopy {
             shard,

@@ -349,7 +349,9 @@ pub enum Applied {
         storage_id: String,
     },
     /// A leader's quiescence or resumption was recorded.
-    QuietChanged { shard: ShardRef },
+    QuietChanged {
+        shard: ShardRef,
+    },
     /// An operator gave up what `shard`'s holders had and `leader` lacks.
     Abandoned {
         shard: ShardRef,
@@ -446,7 +448,9 @@ impl Metadata {
                     for shard in self.shards_mut() {
                         if let Some(i) = shard.replicas.iter().position(|r| r == node) {
                             if shard.replica_storage.len() < shard.replicas.len() {
-                                shard.replica_storage.resize(shard.replicas.len(), String::new());
+                                shard
+                                    .replica_storage
+                                    .resize(shard.replicas.len(), String::new());
                             }
                             shard.replica_storage[i] = storage_id.clone();
                         }

@@ -967,6 +967,8 @@ impl Engine {
             m.replication_leader_changes = r.leader_changes;
             m.replication_quorum_timeouts = r.quorum_timeouts;
             m.replication_catch_up_bytes = r.catch_up_bytes;
+            m.acknowledged_records_abandoned = r.acknowledged_abandoned;
+            m.leader_shards_quiet = r.leader_shards_quiet;
         }
         m
     }

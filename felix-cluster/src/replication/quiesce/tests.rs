@@ -35,8 +35,13 @@ fn an_idle_leader_with_a_level_follower_asks_once_idle_for_quiet_after_and_holds
     // Held from the moment it asks: the quiescence may be applied after a write.
     assert_eq!(q.held_past(), Some(10));
     // Asked again until recorded, then nothing.
-    assert!(q.look(at(t0, 2100), &view(10, &["n2"], None, None)).is_some());
-    assert_eq!(q.look(at(t0, 2200), &view(10, &["n2"], Some(10), None)), None);
+    assert!(q
+        .look(at(t0, 2100), &view(10, &["n2"], None, None))
+        .is_some());
+    assert_eq!(
+        q.look(at(t0, 2200), &view(10, &["n2"], Some(10), None)),
+        None
+    );
 }
 
 #[test]
@@ -45,7 +50,9 @@ fn a_write_restarts_the_idle_clock() {
     let mut q = QuietLeader::new(t0, 10, AFTER);
     assert_eq!(q.look(at(t0, 1500), &view(11, &["n2"], None, None)), None);
     assert_eq!(q.look(at(t0, 3000), &view(11, &["n2"], None, None)), None);
-    assert!(q.look(at(t0, 3500), &view(11, &["n2"], None, None)).is_some());
+    assert!(q
+        .look(at(t0, 3500), &view(11, &["n2"], None, None))
+        .is_some());
 }
 
 #[test]
@@ -112,6 +119,9 @@ fn after_a_resumption_the_same_end_is_never_asked_for_again() {
     // be stale on arrival, so the leader does not ask for one.
     let t0 = Instant::now();
     let mut q = QuietLeader::new(t0, 10, AFTER);
-    assert_eq!(q.look(at(t0, 9000), &view(10, &["n2"], None, Some(10))), None);
+    assert_eq!(
+        q.look(at(t0, 9000), &view(10, &["n2"], None, Some(10))),
+        None
+    );
     assert_eq!(q.held_past(), None);
 }
