@@ -112,6 +112,7 @@ fn main() -> ExitCode {
         Some(Canary::PromoteBehind) => " --canary promote-behind",
         Some(Canary::ServePastLease) => " --canary serve-past-lease",
         Some(Canary::AckBeforeDurable) => " --canary ack-before-durable",
+        Some(Canary::AbandonOnSilence) => " --canary abandon-on-silence",
         None => "",
     };
     let mut out = std::io::stdout().lock();

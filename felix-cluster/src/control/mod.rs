@@ -536,6 +536,15 @@ impl ControlPlane {
         let mut changes = Vec::new();
         for (n, m) in &self.meta.members {
             if *n == self.cfg.node {
+                // A leader judged down by an earlier one (it was frozen, or cut off) is
+                // plainly up: nobody else will say so, and a `leader` shard it leads is
+                // awaited by clients while it reads as down.
+                if !m.up {
+                    changes.push(Command::Liveness {
+                        node: n.clone(),
+                        up: true,
+                    });
+                }
                 continue;
             }
             let heard = self.last_heard.get(n).copied().unwrap_or(now);

@@ -7,6 +7,7 @@
 //! storage the log is memory only: a restarted node comes back blank, and the control
 //! plane's disk guard keeps it from voting until it has caught up (docs/cluster.md).
 
+pub(crate) mod abandon;
 mod lease;
 mod metalog;
 pub(crate) mod observe;
