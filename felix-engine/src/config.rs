@@ -376,6 +376,12 @@ pub const DEFAULT_MAX_PENDING_LEASE_GRANTS: usize =
 /// How long a quorum publish waits for a majority of its shard's replicas before it is
 /// answered `quorum_timeout` (`replication.quorum_timeout_ms`).
 pub const DEFAULT_QUORUM_TIMEOUT: Duration = Duration::from_millis(5000);
+/// How long a `leader` shard's leader goes without a new record, every record durable on a
+/// follower, before it has the cluster record that follower as level with it
+/// (`replication.leader_quiet_after_ms`): from then on that follower may take the shard over
+/// if the leader fails, and the first write after the quiet spell waits one metadata round
+/// trip (docs/replication.md, "Who may lead a `leader` shard").
+pub const DEFAULT_LEADER_QUIET_AFTER: Duration = Duration::from_millis(2000);
 /// Bytes a leader ships to one follower ahead of its reports
 /// (`replication.window_bytes`, 8 MiB).
 pub const DEFAULT_REPLICATION_WINDOW_BYTES: u64 = 8 << 20;
@@ -395,6 +401,9 @@ pub enum ReplicationCanary {
     /// The quorum mark counts what followers received, not what they made durable: a
     /// follower's ack comes before its write is durable.
     AckBeforeDurable,
+    /// A `leader` shard whose leader went silent is handed to any live replica holding a
+    /// copy, as before the spec's rule was kept: what only the leader held is lost.
+    AbandonOnSilence,
 }
 
 /// This node's place in a cluster (docs/cluster.md). `None` in [`EngineConfig::cluster`] is a
@@ -437,6 +446,8 @@ pub struct ClusterConfig {
     pub quorum_timeout: Duration,
     /// See [`DEFAULT_REPLICATION_WINDOW_BYTES`]. Above zero.
     pub replication_window_bytes: u64,
+    /// See [`DEFAULT_LEADER_QUIET_AFTER`]. Above zero.
+    pub leader_quiet_after: Duration,
     #[doc(hidden)]
     pub canary: ReplicationCanary,
 }
@@ -461,6 +472,7 @@ impl ClusterConfig {
             max_pending_lease_grants: DEFAULT_MAX_PENDING_LEASE_GRANTS,
             quorum_timeout: DEFAULT_QUORUM_TIMEOUT,
             replication_window_bytes: DEFAULT_REPLICATION_WINDOW_BYTES,
+            leader_quiet_after: DEFAULT_LEADER_QUIET_AFTER,
             canary: ReplicationCanary::None,
         }
     }

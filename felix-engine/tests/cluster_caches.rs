@@ -34,6 +34,16 @@ fn cache_leader(c: &ClusterNet, at: usize) -> (Option<usize>, u64) {
     (s.leader.map(|l| c.index(&l)), s.generation)
 }
 
+/// The followers the cache's leader had the cluster record as level with it.
+fn quiet_level(c: &ClusterNet, at: usize) -> Vec<String> {
+    let view = c.nodes[at].engine.cluster_view().expect("a cluster node");
+    view.shard_leaders()
+        .into_iter()
+        .find(|s| s.object == "cache:t1/default/sessions" && s.shard == 0)
+        .map(|s| s.quiet_level)
+        .unwrap_or_default()
+}
+
 /// Sends one cache request (`body` without its scope) to node `at` and waits (virtual time)
 /// for the answer.
 fn ask(c: &mut ClusterNet, at: usize, body: &str) -> Value {
@@ -91,6 +101,12 @@ fn a_caches_values_and_counters_survive_the_loss_of_its_leader() {
         let lag = c.nodes[leader].engine.metrics().replication_lag_records;
         let level = |label: &str| lag.iter().any(|(l, n)| l == label && *n == 0);
         level("t1/default/sessions#0") && level("t1/default/sessions#0/counters")
+    });
+    // A `leader` shard passes on only to a follower its leader had the cluster record as
+    // level with it, after `leader_quiet_after` without writes (docs/replication.md, "Who
+    // may lead a `leader` shard").
+    c.until(Duration::from_secs(10), |c| {
+        quiet_level(c, ask_at).len() == 2
     });
 
     c.freeze(leader);

@@ -354,6 +354,7 @@ pub const SETTINGS: &[Setting] = &[
     // Replicated shards (docs/replication.md).
     plain("replication.quorum_timeout_ms", &["FELIX_QUORUM_TIMEOUT_MS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_QUORUM_TIMEOUT.as_millis() as u64)),
     plain("replication.window_bytes", &["FELIX_REPLICATION_WINDOW_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_REPLICATION_WINDOW_BYTES)),
+    plain("replication.leader_quiet_after_ms", &["FELIX_LEADER_QUIET_AFTER_MS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_LEADER_QUIET_AFTER.as_millis() as u64)),
 ];
 
 /// Sections of the file; every other table is refused.
@@ -990,6 +991,7 @@ const CLUSTER_ONLY: &[&str] = &[
     "cluster.internal_allow_unauthenticated",
     "replication.quorum_timeout_ms",
     "replication.window_bytes",
+    "replication.leader_quiet_after_ms",
 ];
 
 /// The `cluster.*` settings, the two cluster limits and `[[caches]]`: the engine's
@@ -1119,6 +1121,8 @@ fn cluster(
     let quorum_timeout =
         positive(int, name, "replication.quorum_timeout_ms")?.map(Duration::from_millis);
     let replication_window = positive(int, name, "replication.window_bytes")?;
+    let leader_quiet_after =
+        positive(int, name, "replication.leader_quiet_after_ms")?.map(Duration::from_millis);
     let max_forward_channels = count("limits.max_forward_channels")?;
     // 0 is allowed: nothing is queued for a peer whose link is down.
     let max_peer_backlog_bytes = int("limits.max_peer_backlog_bytes")
@@ -1234,6 +1238,9 @@ fn cluster(
     }
     config.metadata_log_compact_bytes = compact_bytes;
     config.max_pending_lease_grants = max_pending_lease_grants;
+    if let Some(t) = leader_quiet_after {
+        config.leader_quiet_after = t;
+    }
     if let Some(t) = quorum_timeout {
         config.quorum_timeout = t;
     }
@@ -1908,6 +1915,10 @@ shards = 4
         assert_eq!(c.forward_timeout, felix_engine::DEFAULT_FORWARD_TIMEOUT);
         assert_eq!(c.quorum_timeout, felix_engine::DEFAULT_QUORUM_TIMEOUT);
         assert_eq!(
+            c.leader_quiet_after,
+            felix_engine::DEFAULT_LEADER_QUIET_AFTER
+        );
+        assert_eq!(
             c.replication_window_bytes,
             felix_engine::DEFAULT_REPLICATION_WINDOW_BYTES
         );
@@ -1946,11 +1957,13 @@ shards = 4
             ("FELIX_METADATA_LOG_COMPACT_BYTES", "1"),
             ("FELIX_MAX_PENDING_LEASE_GRANTS", "1"),
             ("FELIX_QUORUM_TIMEOUT_MS", "1"),
+            ("FELIX_LEADER_QUIET_AFTER_MS", "1"),
             ("FELIX_REPLICATION_WINDOW_BYTES", "1"),
             ("FELIX_DURABLE_STORAGE_DIR", "/var/lib/felix"),
         ]))
         .unwrap();
         assert_eq!(c.quorum_timeout, Duration::from_millis(1));
+        assert_eq!(c.leader_quiet_after, Duration::from_millis(1));
         assert_eq!(c.replication_window_bytes, 1);
         assert_eq!(
             c.client_advertise_addr.as_deref(),

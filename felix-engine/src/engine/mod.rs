@@ -750,6 +750,45 @@ impl Engine {
         self.delete_stream(now, tenant, namespace, stream)
     }
 
+    /// Gives up what a shard's gone leader acknowledged (`felix admin abandon`): asks the
+    /// control plane to hand shard `shard` of the stream (or, `cache`, the cache) to `to` or
+    /// the first live node that can take it. The token must verify for `tenant` and grant
+    /// `node.manage` on `cluster:*`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn abandon_shard_as(
+        &mut self,
+        now: Instant,
+        token: &str,
+        cache: bool,
+        (tenant, namespace, name): (&str, &str, &str),
+        shard: u32,
+        to: Option<&str>,
+    ) -> Result<crate::AbandonPlan, crate::AbandonError> {
+        use crate::AbandonError;
+        let unix_secs = self.core.unix_secs(now);
+        let identity = self
+            .core
+            .verifier
+            .verify(token, tenant, unix_secs)
+            .map_err(|e| AbandonError::Unauthorized(e.to_string()))?;
+        let object = format!("cluster:shards/{tenant}/{namespace}/{name}/{shard}");
+        if !identity.allows_cluster(felix_auth::Action::NodeManage, &object) {
+            return Err(AbandonError::Forbidden);
+        }
+        let kind = if cache {
+            felix_cluster::meta::ObjectKind::Cache
+        } else {
+            felix_cluster::meta::ObjectKind::Stream
+        };
+        let cluster =
+            self.core.cluster.as_mut().ok_or_else(|| {
+                AbandonError::NotFound("this broker is not a cluster node".into())
+            })?;
+        let plan = cluster.abandon(now, kind, (tenant, namespace, name), shard, to)?;
+        self.settle(now);
+        Ok(plan)
+    }
+
     /// Serves `identity` (a rotated certificate and key) to every handshake from now on.
     /// Connections already established keep the session they negotiated. On error the
     /// identity in use stays.
@@ -982,6 +1021,8 @@ impl Engine {
             m.replication_leader_changes = r.leader_changes;
             m.replication_quorum_timeouts = r.quorum_timeouts;
             m.replication_catch_up_bytes = r.catch_up_bytes;
+            m.acknowledged_records_abandoned = r.acknowledged_abandoned;
+            m.leader_shards_quiet = r.leader_shards_quiet;
         }
         m
     }
