@@ -33,7 +33,13 @@ pub enum Shipment {
     Append,
     /// Already held (a resend): only report again.
     Held,
-    /// It does not start at the end: ask to be fed again.
+    /// It starts past the end (one before it was lost or reordered): drop it. The leader
+    /// sends again from its oldest shipment no report covers (`resend_after`), which fills
+    /// the gap; asking to be fed again instead raced the shipments already in flight and
+    /// could leave a returning follower unfed for good (docs/deploy.md, "a returning follower
+    /// not fed").
+    Gap,
+    /// It overlaps the end without starting there: ask to be fed again.
     Refollow,
     /// From an older generation or a node that does not lead this shard: refuse.
     Stale,
@@ -153,6 +159,11 @@ impl ShardFollower {
         if base + count <= end {
             return Shipment::Held;
         }
+        if base > end {
+            return Shipment::Gap;
+        }
+        // Overlapping its end: the shipment was read from an older position of the
+        // leader's; be fed again from where this copy ends.
         self.state = FollowState::Asking;
         Shipment::Refollow
     }
@@ -192,7 +203,13 @@ mod tests {
         assert_eq!(f.shipment(&n("n1"), 4, 10, 2), Shipment::Append);
         f.appended(12);
         assert_eq!(f.shipment(&n("n1"), 4, 10, 2), Shipment::Held);
-        assert_eq!(f.shipment(&n("n1"), 4, 13, 2), Shipment::Refollow);
+        assert_eq!(f.shipment(&n("n1"), 4, 13, 2), Shipment::Gap);
+        assert_eq!(
+            f.state(),
+            FollowState::Fed { end: 12 },
+            "a gap changes nothing"
+        );
+        assert_eq!(f.shipment(&n("n1"), 4, 11, 2), Shipment::Refollow);
         assert_eq!(f.state(), FollowState::Asking);
     }
 

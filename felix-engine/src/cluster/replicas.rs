@@ -1842,7 +1842,7 @@ impl ClusterNode {
                         let msg = refuse(pp::RefusalReason::StaleGeneration, g, "stale");
                         self.net.send(from, &msg);
                     }
-                    Shipment::NotReady => {}
+                    Shipment::NotReady | Shipment::Gap => {}
                 }
             }
             PeerMessage::ReplicationRefused(rr) => {
