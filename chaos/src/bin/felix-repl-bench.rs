@@ -9,7 +9,9 @@
 //!   to the shard's leader directly. Prints each figure and the ratios to the single node.
 //! - `failover`: publishes under load, SIGKILLs the shard's leader, and times the first
 //!   acknowledged publish sent after the kill; then restarts the node and waits until it is
-//!   ready and the leader's lag is zero; `--iterations` times.
+//!   ready and the leader's lag is zero; `--iterations` times. A `leader` stream's shard waits
+//!   for its leader, so with `--stream leader` the node is restarted at once and the figure is
+//!   the shard's unavailability across a crash and restart.
 //! - `catch-up`: stops (SIGSTOP, or SIGKILL with `--fault kill`) one follower, publishes
 //!   `--bytes` to the quorum shard (the leader and the other follower are a majority), resumes
 //!   it, and times until the leader reports its lag zero. `--fault wipe` kills it and empties
@@ -958,6 +960,13 @@ async fn failover_once(args: &Args, c: &mut Cluster, deadline: Instant) -> Resul
     let killed_at = Instant::now();
     *view.kill_at.lock().expect("lock") = Some(killed_at);
     c.kill(victim)?;
+    // A `leader` shard waits for its leader (docs/replication.md, "Who may lead a `leader`
+    // shard"): the node is restarted at once, and the figure is how long the shard is
+    // unavailable across a crash and restart.
+    let restart_at_once = stream == "leader";
+    if restart_at_once {
+        c.start(victim)?;
+    }
 
     // Poll the survivors for a new leader; publish to it directly once named.
     let limit = killed_at + FAILOVER_LIMIT;
@@ -974,13 +983,14 @@ async fn failover_once(args: &Args, c: &mut Cluster, deadline: Instant) -> Resul
         turn += 1;
         let answer = shard_leader(&ctls[k], stream).await;
         if let Ok(Some((node, _, g))) = answer {
-            if node != leader && g > generation {
+            if (node != leader || restart_at_once) && g > generation {
                 named.get_or_insert_with(|| killed_at.elapsed());
                 new_leader = node;
-                let at = survivors
-                    .iter()
-                    .position(|&s| c.nodes[s].id == new_leader)
-                    .ok_or("the new leader is not a survivor")?;
+                // The restarted leader itself: the load's acks through the others tell.
+                let Some(at) = survivors.iter().position(|&s| c.nodes[s].id == new_leader) else {
+                    tokio::time::sleep(POLL).await;
+                    continue;
+                };
                 let sent = Instant::now();
                 match probes[at]
                     .publish(NAMESPACE, stream, batch_of(args, 1), None, Ack::PerBatch)
@@ -1029,7 +1039,9 @@ async fn failover_once(args: &Args, c: &mut Cluster, deadline: Instant) -> Resul
 
     // The node back, ready, and caught up: the new leader's lag for the shard is zero.
     let restarted = Instant::now();
-    c.start(victim)?;
+    if !restart_at_once {
+        c.start(victim)?;
+    }
     c.wait_ready(victim, REJOIN_LIMIT)?;
     let ready = restarted.elapsed();
     let lead = node_index(c, &new_leader)?;
