@@ -400,6 +400,15 @@ impl ShardLeader {
         self.followers.iter().map(|f| &f.replica)
     }
 
+    /// Whether a read for `to` from `from` is the one this leader waits for: a read asked
+    /// for before the follower asked to be fed again is stale, and is not sent (it would
+    /// land past the follower's new end).
+    pub fn expects_read(&self, to: &NodeId, from: u64) -> bool {
+        self.followers
+            .iter()
+            .any(|f| f.replica.node == *to && f.reading == Some(from))
+    }
+
     /// The read asked for by `Ship { to, from, .. }` found entries up to `end` (`bytes` long)
     /// and they were sent at `now`. A stale read (the follower asked again meanwhile) is
     /// ignored.
@@ -840,6 +849,35 @@ mod tests {
         l.report(&n("n3"), 3, "disk-n3", 9, 9);
         l.report(&n("n2"), 3, "disk-n2", 9, 9);
         assert_eq!(drain(&mut l), ["committed 9"]);
+    }
+
+    #[test]
+    fn a_read_asked_for_before_the_follower_asked_again_is_not_sent() {
+        let t0 = Instant::now();
+        let mut l = leader(false, &["n2"]);
+        let empty = EpochLog {
+            epochs: vec![],
+            end: 0,
+        };
+        l.durable(10);
+        l.follow(&n("n2"), "s-n2", &empty, 0).unwrap();
+        assert!(l.expects_read(&n("n2"), 0));
+        l.shipped(t0, &n("n2"), 0, 5, 50);
+        // The next read, from 5, is in flight when the follower asks again from 3.
+        assert!(l.expects_read(&n("n2"), 5));
+        let at3 = EpochLog {
+            epochs: vec![(1, 0)],
+            end: 3,
+        };
+        let from = match l.follow(&n("n2"), "s-n2", &at3, 0).unwrap() {
+            FollowAnswer::TruncateTo(at) => at,
+            FollowAnswer::Rebuild { from } => from,
+        };
+        assert!(from < 5 && l.expects_read(&n("n2"), from));
+        assert!(
+            !l.expects_read(&n("n2"), 5),
+            "the read from 5 would land past its end"
+        );
     }
 
     #[test]

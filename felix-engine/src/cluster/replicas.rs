@@ -1407,6 +1407,9 @@ impl ClusterNode {
                 else {
                     return;
                 };
+                if !l.expects_read(&to, from) {
+                    return;
+                }
                 match result {
                     Ok(_) if compacted_past => {
                         l.ship_failed(&to);
