@@ -339,10 +339,18 @@ impl ClusterShared {
         } else {
             Resend::Never
         };
-        self.routed(&object, key, resend, |node| {
+        let object = &object;
+        self.routed(object, key, resend, |node| {
             Box::pin(async move {
-                node.publish_here(namespace, stream, payloads, key, ack)
-                    .await
+                let (offset, owner) = node
+                    .publish_here(namespace, stream, payloads, key, ack)
+                    .await?;
+                // A forwarded batch's ack names its shard's owner: the next goes there.
+                if let Some(addr) = owner.and_then(|o| o.addr) {
+                    self.core()
+                        .handle_owner_hint(object, key, &addr, Instant::now());
+                }
+                Ok(offset)
             })
         })
         .await

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use felix_proto::binary::AckOwner;
 use felix_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use felix_proto::{Features, Frame, FrameDecoder};
 use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
@@ -406,6 +407,7 @@ impl Client {
             None => self
                 .publish_here(namespace, stream, &payloads, key.as_deref(), ack)
                 .await
+                .map(|(offset, _)| offset)
                 .map_err(|(e, _)| e),
         }
     }
@@ -443,6 +445,7 @@ impl Client {
                     Ack::PerMessage,
                 )
                 .await
+                .map(|(offset, _)| offset)
                 .map_err(|(e, _)| e),
         }
     }
@@ -455,7 +458,7 @@ impl Client {
         payloads: &[Bytes],
         key: Option<&[u8]>,
         ack: Ack,
-    ) -> Result<Option<u64>, (ClientError, bool)> {
+    ) -> Result<(Option<u64>, Option<AckOwner>), (ClientError, bool)> {
         let channel = self
             .publish_stream(namespace, stream)
             .await
@@ -465,7 +468,7 @@ impl Client {
             name: stream,
         };
         let answer = channel
-            .call(
+            .call_hinted(
                 ack != Ack::None,
                 self.inner.config.request_timeout,
                 |core| core.publish(target, payloads, key, ack),
@@ -476,8 +479,10 @@ impl Client {
                 (e, sent)
             })?;
         match answer {
-            None => Ok(None),
-            Some(answer) => published_answer(answer).map_err(|e| (e, true)),
+            None => Ok((None, None)),
+            Some((answer, owner)) => published_answer(answer)
+                .map(|offset| (offset, owner))
+                .map_err(|e| (e, true)),
         }
     }
 
@@ -871,7 +876,9 @@ fn read_error(e: quinn::ReadError) -> ClientError {
     ClientError::Connection(format!("read: {e}"))
 }
 
-type Waiter = oneshot::Sender<Result<Answer, ClientError>>;
+/// An answer, with the owner hint a forwarded publish's ack carried.
+type Answered = (Answer, Option<AckOwner>);
+type Waiter = oneshot::Sender<Result<Answered, ClientError>>;
 
 /// Frames queued for a stream's writer task beyond the one being written. The real bound
 /// on bytes in flight is QUIC flow control (and the publish window); this only keeps a
@@ -960,6 +967,19 @@ impl RequestChannel {
         limit: Duration,
         encode: impl FnOnce(&mut RequestStream) -> Result<Encoded, ClientError>,
     ) -> Result<Option<Answer>, ClientError> {
+        Ok(self
+            .call_hinted(windowed, limit, encode)
+            .await?
+            .map(|(answer, _)| answer))
+    }
+
+    /// [`RequestChannel::call`], with the owner hint of a forwarded publish's ack.
+    async fn call_hinted(
+        &self,
+        windowed: bool,
+        limit: Duration,
+        encode: impl FnOnce(&mut RequestStream) -> Result<Encoded, ClientError>,
+    ) -> Result<Option<Answered>, ClientError> {
         let exchange = async {
             // Two separate waits (window, then queue) would let a later call that gets
             // polled sooner slip past an earlier one between them.
@@ -1056,7 +1076,8 @@ impl RequestChannel {
                             self.window.add_permits(1);
                         }
                         if let Some(tx) = state.waiters.remove(&done.request_id) {
-                            let _ = tx.send(done.result);
+                            let owner = done.owner;
+                            let _ = tx.send(done.result.map(|a| (a, owner)));
                         }
                     }
                     Err(e) => {
