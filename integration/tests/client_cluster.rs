@@ -458,6 +458,31 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
         }
     }
 
+    // Resumed from per-shard positions: each shard starts right after its position, the
+    // shards not listed from the start given.
+    let positions: HashMap<u32, u64> = [(0, seen[0].len() as u64 / 2), (1, 0)].into();
+    let mut resumed = client
+        .subscribe_sharded(NAMESPACE, STREAM, Start::Earliest, &positions)
+        .await
+        .expect("resume every shard");
+    let mut first: HashMap<u32, u64> = HashMap::new();
+    let began = Instant::now();
+    while first.len() < SHARDS as usize {
+        assert!(
+            began.elapsed() < READ_LIMIT,
+            "resumed shards so far: {first:?}"
+        );
+        if let Some(Ok(ev)) = within(rt, Duration::from_secs(1), resumed.next()).await {
+            if let felix_client::SubscriptionItem::Event(e) = ev.item {
+                first.entry(ev.shard).or_insert(e.offset.expect("offsets"));
+            }
+        }
+    }
+    assert_eq!(first[&0], positions[&0] + 1);
+    assert_eq!(first[&1], 1);
+    assert_eq!(first[&2], 0, "a shard not listed starts at the start given");
+    drop(resumed);
+
     let mut acked = 0;
     let mut unknown_plain = 0;
     for o in &outcomes {
