@@ -26,6 +26,7 @@ use felix_client::{Ack, Client, ClientConfig, ClientError, RetryPolicy, Runtime,
 use felix_proto::routing::{shard_for_key, RoutingMapping};
 
 const STREAM: &str = "orders";
+const CACHE: &str = "sessions";
 const SHARDS: u32 = 3;
 /// Acknowledgements per shard before the kill, and after it, before the run stops.
 const ACKS_BEFORE: usize = 30;
@@ -168,6 +169,16 @@ fn lay_out() -> Cluster {
     };
     let mut cluster = Cluster::lay_out_with(&felix_integration::broker_binary(), &layout)
         .expect("lay out the cluster");
+    // A cache, declared on every node (the layout declares streams only).
+    for node in &cluster.nodes {
+        let path = cluster.dir.join(format!("{}.toml", node.id));
+        let mut text = std::fs::read_to_string(&path).expect("a node's config");
+        text.push_str(&format!(
+            "\n[[caches]]\ntenant = \"{TENANT}\"\nnamespace = \"{NAMESPACE}\"\ncache = \"{CACHE}\"\n\
+             shards = 1\nreplication_factor = 3\n"
+        ));
+        std::fs::write(&path, text).expect("write a node's config");
+    }
     for i in 0..3 {
         cluster.start(i).expect("start a node");
     }
@@ -249,6 +260,19 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
     let mut want = all.clone();
     want.sort();
     assert_eq!(known, want, "learned every broker from its one seed");
+    // Cache calls go to the cache's owner, whichever broker that is.
+    client
+        .cache_put(NAMESPACE, CACHE, "k", Bytes::from_static(b"v"), None)
+        .await
+        .expect("cache_put");
+    let got = client
+        .cache_get(NAMESPACE, CACHE, "k")
+        .await
+        .expect("cache_get");
+    assert_eq!(got.as_deref(), Some(&b"v"[..]));
+    assert_eq!(client.counter_add(NAMESPACE, CACHE, "n", 2).await, Ok(2));
+    assert_eq!(client.counter_add(NAMESPACE, CACHE, "n", 3).await, Ok(5));
+    assert_eq!(client.counter_get(NAMESPACE, CACHE, "n").await, Ok(Some(5)));
     // Every shard, from its first record, across the kill.
     let mut sharded = client
         .subscribe_sharded(NAMESPACE, STREAM, Start::Earliest, &HashMap::new())
@@ -457,6 +481,14 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
             }
         }
     }
+
+    // The cache after the kill (replicated on every node): what was written stays readable.
+    let got = client
+        .cache_get(NAMESPACE, CACHE, "k")
+        .await
+        .expect("cache_get after");
+    assert_eq!(got.as_deref(), Some(&b"v"[..]));
+    assert_eq!(client.counter_get(NAMESPACE, CACHE, "n").await, Ok(Some(5)));
 
     // Resumed from per-shard positions: each shard starts right after its position, the
     // shards not listed from the start given.

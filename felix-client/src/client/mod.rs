@@ -549,6 +549,22 @@ impl Client {
             .await
     }
 
+    /// Runs `call` on the connection to the cache's owner in a cluster (routed and retried,
+    /// `read` calls re-sent on an unknown outcome), or on this one.
+    pub(crate) async fn on_cache_owner<'a, T: 'a>(
+        &self,
+        namespace: &str,
+        cache: &str,
+        key: &'a str,
+        read: bool,
+        mut call: impl FnMut(Client) -> cluster::NodeCall<'a, T>,
+    ) -> Result<T, ClientError> {
+        match &self.cluster {
+            Some(cluster) => cluster.cache_call(namespace, cache, key, read, call).await,
+            None => call(self.clone()).await,
+        }
+    }
+
     pub(crate) async fn cache_put_here(
         &self,
         namespace: &str,
