@@ -260,7 +260,16 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
     let mut want = all.clone();
     want.sort();
     assert_eq!(known, want, "learned every broker from its one seed");
-    // Cache calls go to the cache's owner, whichever broker that is.
+    // Cache calls go to the cache's owner, whichever broker that is; so does a watch.
+    let mut watch = client
+        .watch_cache(
+            NAMESPACE,
+            CACHE,
+            felix_client::WatchFilter::Key("k".into()),
+            felix_client::WatchStart::Live,
+        )
+        .await
+        .expect("watch at the cache's owner");
     client
         .cache_put(NAMESPACE, CACHE, "k", Bytes::from_static(b"v"), None)
         .await
@@ -270,6 +279,13 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
         .await
         .expect("cache_get");
     assert_eq!(got.as_deref(), Some(&b"v"[..]));
+    match within(rt, READ_LIMIT, watch.next()).await {
+        Some(Ok(felix_client::CacheWatchItem::Change(c))) => {
+            assert_eq!((c.key.as_str(), c.value.as_deref()), ("k", Some(&b"v"[..])));
+        }
+        other => panic!("the watch: {other:?}"),
+    }
+    drop(watch);
     assert_eq!(client.counter_add(NAMESPACE, CACHE, "n", 2).await, Ok(2));
     assert_eq!(client.counter_add(NAMESPACE, CACHE, "n", 3).await, Ok(5));
     assert_eq!(client.counter_get(NAMESPACE, CACHE, "n").await, Ok(Some(5)));
@@ -482,6 +498,13 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
         }
     }
 
+    // Calls that are not routed go to the current entry: the seed they first went to is dead.
+    assert_eq!(
+        client.stream_shards(NAMESPACE, STREAM).await,
+        Ok(u64::from(SHARDS))
+    );
+    let view = client.topology().await.expect("topology after the kill");
+    assert!(!view.brokers.is_empty());
     // The cache after the kill (replicated on every node): what was written stays readable.
     let got = client
         .cache_get(NAMESPACE, CACHE, "k")

@@ -469,6 +469,18 @@ impl ClusterShared {
         }
     }
 
+    /// The connection calls that are not routed go on: the entry broker's, the current one
+    /// (another after a failover).
+    pub(crate) async fn entry_node(&self) -> Result<Client, ClientError> {
+        self.entry().await
+    }
+
+    /// The connection to the owner of `object`'s shard 0 (a cache's only shard).
+    pub(crate) async fn owner_node(&self, object: &Object) -> Result<Client, ClientError> {
+        let addr = self.resolve(object, None, Some(0)).await?;
+        self.node(addr).await
+    }
+
     /// How many shards `namespace/stream` has: from `shard_owners`, else `stream_shards`.
     pub(crate) async fn shard_count(
         &self,

@@ -709,6 +709,12 @@ impl Client {
     /// Opens a new bidi stream for hand-made frames, authenticated first when asked.
     /// For tests of the broker's edges (unknown requests, oversize frames...).
     pub async fn open_raw_stream(&self, authenticate: bool) -> Result<RawStream, ClientError> {
+        // A cluster client's one-request calls (stream operations) go to its current entry
+        // broker, which forwards.
+        if let Some(cluster) = &self.cluster {
+            let entry = Box::pin(cluster.entry_node()).await?;
+            return Box::pin(entry.open_raw_stream(authenticate)).await;
+        }
         let inner = &self.inner;
         if authenticate {
             let (send, recv, decoder, caps) =
