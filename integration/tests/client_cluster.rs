@@ -26,6 +26,7 @@ use felix_client::{Ack, Client, ClientConfig, ClientError, RetryPolicy, Runtime,
 use felix_proto::routing::{shard_for_key, RoutingMapping};
 
 const STREAM: &str = "orders";
+const CACHE: &str = "sessions";
 const SHARDS: u32 = 3;
 /// Acknowledgements per shard before the kill, and after it, before the run stops.
 const ACKS_BEFORE: usize = 30;
@@ -168,6 +169,16 @@ fn lay_out() -> Cluster {
     };
     let mut cluster = Cluster::lay_out_with(&felix_integration::broker_binary(), &layout)
         .expect("lay out the cluster");
+    // A cache, declared on every node (the layout declares streams only).
+    for node in &cluster.nodes {
+        let path = cluster.dir.join(format!("{}.toml", node.id));
+        let mut text = std::fs::read_to_string(&path).expect("a node's config");
+        text.push_str(&format!(
+            "\n[[caches]]\ntenant = \"{TENANT}\"\nnamespace = \"{NAMESPACE}\"\ncache = \"{CACHE}\"\n\
+             shards = 1\nreplication_factor = 3\n"
+        ));
+        std::fs::write(&path, text).expect("write a node's config");
+    }
     for i in 0..3 {
         cluster.start(i).expect("start a node");
     }
@@ -249,6 +260,35 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
     let mut want = all.clone();
     want.sort();
     assert_eq!(known, want, "learned every broker from its one seed");
+    // Cache calls go to the cache's owner, whichever broker that is; so does a watch.
+    let mut watch = client
+        .watch_cache(
+            NAMESPACE,
+            CACHE,
+            felix_client::WatchFilter::Key("k".into()),
+            felix_client::WatchStart::Live,
+        )
+        .await
+        .expect("watch at the cache's owner");
+    client
+        .cache_put(NAMESPACE, CACHE, "k", Bytes::from_static(b"v"), None)
+        .await
+        .expect("cache_put");
+    let got = client
+        .cache_get(NAMESPACE, CACHE, "k")
+        .await
+        .expect("cache_get");
+    assert_eq!(got.as_deref(), Some(&b"v"[..]));
+    match within(rt, READ_LIMIT, watch.next()).await {
+        Some(Ok(felix_client::CacheWatchItem::Change(c))) => {
+            assert_eq!((c.key.as_str(), c.value.as_deref()), ("k", Some(&b"v"[..])));
+        }
+        other => panic!("the watch: {other:?}"),
+    }
+    drop(watch);
+    assert_eq!(client.counter_add(NAMESPACE, CACHE, "n", 2).await, Ok(2));
+    assert_eq!(client.counter_add(NAMESPACE, CACHE, "n", 3).await, Ok(5));
+    assert_eq!(client.counter_get(NAMESPACE, CACHE, "n").await, Ok(Some(5)));
     // Every shard, from its first record, across the kill.
     let mut sharded = client
         .subscribe_sharded(NAMESPACE, STREAM, Start::Earliest, &HashMap::new())
@@ -457,6 +497,46 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
             }
         }
     }
+
+    // Calls that are not routed go to the current entry: the seed they first went to is dead.
+    assert_eq!(
+        client.stream_shards(NAMESPACE, STREAM).await,
+        Ok(u64::from(SHARDS))
+    );
+    let view = client.topology().await.expect("topology after the kill");
+    assert!(!view.brokers.is_empty());
+    // The cache after the kill (replicated on every node): what was written stays readable.
+    let got = client
+        .cache_get(NAMESPACE, CACHE, "k")
+        .await
+        .expect("cache_get after");
+    assert_eq!(got.as_deref(), Some(&b"v"[..]));
+    assert_eq!(client.counter_get(NAMESPACE, CACHE, "n").await, Ok(Some(5)));
+
+    // Resumed from per-shard positions: each shard starts right after its position, the
+    // shards not listed from the start given.
+    let positions: HashMap<u32, u64> = [(0, seen[0].len() as u64 / 2), (1, 0)].into();
+    let mut resumed = client
+        .subscribe_sharded(NAMESPACE, STREAM, Start::Earliest, &positions)
+        .await
+        .expect("resume every shard");
+    let mut first: HashMap<u32, u64> = HashMap::new();
+    let began = Instant::now();
+    while first.len() < SHARDS as usize {
+        assert!(
+            began.elapsed() < READ_LIMIT,
+            "resumed shards so far: {first:?}"
+        );
+        if let Some(Ok(ev)) = within(rt, Duration::from_secs(1), resumed.next()).await {
+            if let felix_client::SubscriptionItem::Event(e) = ev.item {
+                first.entry(ev.shard).or_insert(e.offset.expect("offsets"));
+            }
+        }
+    }
+    assert_eq!(first[&0], positions[&0] + 1);
+    assert_eq!(first[&1], 1);
+    assert_eq!(first[&2], 0, "a shard not listed starts at the start given");
+    drop(resumed);
 
     let mut acked = 0;
     let mut unknown_plain = 0;

@@ -1,5 +1,7 @@
 //! Counters and conditional cache writes, on the pooled cache streams like `cache_put`.
-//! The requests and their answers are `core::cache_features`.
+//! The requests and their answers are `core::cache_features`. In a cluster each goes to the
+//! cache's owner like `cache_put`: reads are re-sent on an unknown outcome, writes (a
+//! counter add, a conditional write) are not.
 
 use bytes::Bytes;
 
@@ -25,10 +27,15 @@ impl Client {
             namespace,
             name: cache,
         };
-        counter_add_answer(
-            self.cache_call(|core| core.counter_add(target, key, delta))
-                .await?,
-        )
+        self.on_cache_owner(namespace, cache, key, false, move |node| {
+            Box::pin(async move {
+                counter_add_answer(
+                    node.cache_call(|core| core.counter_add(target, key, delta))
+                        .await?,
+                )
+            })
+        })
+        .await
     }
 
     /// A counter's sum; `None` if it was never written (which is not zero).
@@ -42,10 +49,15 @@ impl Client {
             namespace,
             name: cache,
         };
-        counter_get_answer(
-            self.cache_call(|core| core.counter_get(target, key))
-                .await?,
-        )
+        self.on_cache_owner(namespace, cache, key, true, move |node| {
+            Box::pin(async move {
+                counter_get_answer(
+                    node.cache_call(|core| core.counter_get(target, key))
+                        .await?,
+                )
+            })
+        })
+        .await
     }
 
     /// Reads `key` with its version (the offset of the put that wrote it), for a
@@ -60,7 +72,12 @@ impl Client {
             namespace,
             name: cache,
         };
-        versioned_value_answer(self.cache_call(|core| core.cache_get(target, key)).await?)
+        self.on_cache_owner(namespace, cache, key, true, move |node| {
+            Box::pin(async move {
+                versioned_value_answer(node.cache_call(|core| core.cache_get(target, key)).await?)
+            })
+        })
+        .await
     }
 
     /// Stores `value` only if the key's live entry meets `condition`.
@@ -77,10 +94,18 @@ impl Client {
             namespace,
             name: cache,
         };
-        condition_answer(
-            self.cache_call(|core| core.cache_put_if(target, key, value, ttl_ms, condition))
-                .await?,
-        )
+        self.on_cache_owner(namespace, cache, key, false, move |node| {
+            let value = value.clone();
+            Box::pin(async move {
+                condition_answer(
+                    node.cache_call(|core| {
+                        core.cache_put_if(target, key, value, ttl_ms, condition)
+                    })
+                    .await?,
+                )
+            })
+        })
+        .await
     }
 
     /// Removes the key only if its live entry has `version`.
@@ -95,9 +120,14 @@ impl Client {
             namespace,
             name: cache,
         };
-        condition_answer(
-            self.cache_call(|core| core.cache_delete_if(target, key, version))
-                .await?,
-        )
+        self.on_cache_owner(namespace, cache, key, false, move |node| {
+            Box::pin(async move {
+                condition_answer(
+                    node.cache_call(|core| core.cache_delete_if(target, key, version))
+                        .await?,
+                )
+            })
+        })
+        .await
     }
 }

@@ -339,10 +339,18 @@ impl ClusterShared {
         } else {
             Resend::Never
         };
-        self.routed(&object, key, resend, |node| {
+        let object = &object;
+        self.routed(object, key, resend, |node| {
             Box::pin(async move {
-                node.publish_here(namespace, stream, payloads, key, ack)
-                    .await
+                let (offset, owner) = node
+                    .publish_here(namespace, stream, payloads, key, ack)
+                    .await?;
+                // A forwarded batch's ack names its shard's owner: the next goes there.
+                if let Some(addr) = owner.and_then(|o| o.addr) {
+                    self.core()
+                        .handle_owner_hint(object, key, &addr, Instant::now());
+                }
+                Ok(offset)
             })
         })
         .await
@@ -459,6 +467,18 @@ impl ClusterShared {
                 }
             }
         }
+    }
+
+    /// The connection calls that are not routed go on: the entry broker's, the current one
+    /// (another after a failover).
+    pub(crate) async fn entry_node(&self) -> Result<Client, ClientError> {
+        self.entry().await
+    }
+
+    /// The connection to the owner of `object`'s shard 0 (a cache's only shard).
+    pub(crate) async fn owner_node(&self, object: &Object) -> Result<Client, ClientError> {
+        let addr = self.resolve(object, None, Some(0)).await?;
+        self.node(addr).await
     }
 
     /// How many shards `namespace/stream` has: from `shard_owners`, else `stream_shards`.

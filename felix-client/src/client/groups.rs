@@ -49,6 +49,11 @@ impl Client {
         request: GroupRequest,
         wait: Duration,
     ) -> Result<GroupAnswer, ClientError> {
+        // A cluster client asks its current entry broker, which forwards.
+        if let Some(cluster) = &self.cluster {
+            let entry = Box::pin(cluster.entry_node()).await?;
+            return Box::pin(entry.group_call(request, wait)).await;
+        }
         let inner = &self.inner;
         request.call.check(&inner.caps)?;
         let pooled = inner.group_streams.0.lock().expect("pool lock").pop();

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use felix_proto::binary::AckOwner;
 use felix_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use felix_proto::{Features, Frame, FrameDecoder};
 use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
@@ -406,6 +407,7 @@ impl Client {
             None => self
                 .publish_here(namespace, stream, &payloads, key.as_deref(), ack)
                 .await
+                .map(|(offset, _)| offset)
                 .map_err(|(e, _)| e),
         }
     }
@@ -443,6 +445,7 @@ impl Client {
                     Ack::PerMessage,
                 )
                 .await
+                .map(|(offset, _)| offset)
                 .map_err(|(e, _)| e),
         }
     }
@@ -455,7 +458,7 @@ impl Client {
         payloads: &[Bytes],
         key: Option<&[u8]>,
         ack: Ack,
-    ) -> Result<Option<u64>, (ClientError, bool)> {
+    ) -> Result<(Option<u64>, Option<AckOwner>), (ClientError, bool)> {
         let channel = self
             .publish_stream(namespace, stream)
             .await
@@ -465,7 +468,7 @@ impl Client {
             name: stream,
         };
         let answer = channel
-            .call(
+            .call_hinted(
                 ack != Ack::None,
                 self.inner.config.request_timeout,
                 |core| core.publish(target, payloads, key, ack),
@@ -476,8 +479,10 @@ impl Client {
                 (e, sent)
             })?;
         match answer {
-            None => Ok(None),
-            Some(answer) => published_answer(answer).map_err(|e| (e, true)),
+            None => Ok((None, None)),
+            Some((answer, owner)) => published_answer(answer)
+                .map(|offset| (offset, owner))
+                .map_err(|e| (e, true)),
         }
     }
 
@@ -542,6 +547,22 @@ impl Client {
                 Box::pin(async move { node.cache_delete_here(namespace, cache, key).await })
             })
             .await
+    }
+
+    /// Runs `call` on the connection to the cache's owner in a cluster (routed and retried,
+    /// `read` calls re-sent on an unknown outcome), or on this one.
+    pub(crate) async fn on_cache_owner<'a, T: 'a>(
+        &self,
+        namespace: &str,
+        cache: &str,
+        key: &'a str,
+        read: bool,
+        mut call: impl FnMut(Client) -> cluster::NodeCall<'a, T>,
+    ) -> Result<T, ClientError> {
+        match &self.cluster {
+            Some(cluster) => cluster.cache_call(namespace, cache, key, read, call).await,
+            None => call(self.clone()).await,
+        }
     }
 
     pub(crate) async fn cache_put_here(
@@ -688,6 +709,12 @@ impl Client {
     /// Opens a new bidi stream for hand-made frames, authenticated first when asked.
     /// For tests of the broker's edges (unknown requests, oversize frames...).
     pub async fn open_raw_stream(&self, authenticate: bool) -> Result<RawStream, ClientError> {
+        // A cluster client's one-request calls (stream operations) go to its current entry
+        // broker, which forwards.
+        if let Some(cluster) = &self.cluster {
+            let entry = Box::pin(cluster.entry_node()).await?;
+            return Box::pin(entry.open_raw_stream(authenticate)).await;
+        }
         let inner = &self.inner;
         if authenticate {
             let (send, recv, decoder, caps) =
@@ -871,7 +898,9 @@ fn read_error(e: quinn::ReadError) -> ClientError {
     ClientError::Connection(format!("read: {e}"))
 }
 
-type Waiter = oneshot::Sender<Result<Answer, ClientError>>;
+/// An answer, with the owner hint a forwarded publish's ack carried.
+type Answered = (Answer, Option<AckOwner>);
+type Waiter = oneshot::Sender<Result<Answered, ClientError>>;
 
 /// Frames queued for a stream's writer task beyond the one being written. The real bound
 /// on bytes in flight is QUIC flow control (and the publish window); this only keeps a
@@ -960,6 +989,19 @@ impl RequestChannel {
         limit: Duration,
         encode: impl FnOnce(&mut RequestStream) -> Result<Encoded, ClientError>,
     ) -> Result<Option<Answer>, ClientError> {
+        Ok(self
+            .call_hinted(windowed, limit, encode)
+            .await?
+            .map(|(answer, _)| answer))
+    }
+
+    /// [`RequestChannel::call`], with the owner hint of a forwarded publish's ack.
+    async fn call_hinted(
+        &self,
+        windowed: bool,
+        limit: Duration,
+        encode: impl FnOnce(&mut RequestStream) -> Result<Encoded, ClientError>,
+    ) -> Result<Option<Answered>, ClientError> {
         let exchange = async {
             // Two separate waits (window, then queue) would let a later call that gets
             // polled sooner slip past an earlier one between them.
@@ -1056,7 +1098,8 @@ impl RequestChannel {
                             self.window.add_permits(1);
                         }
                         if let Some(tx) = state.waiters.remove(&done.request_id) {
-                            let _ = tx.send(done.result);
+                            let owner = done.owner;
+                            let _ = tx.send(done.result.map(|a| (a, owner)));
                         }
                     }
                     Err(e) => {

@@ -77,6 +77,13 @@ impl Client {
         filter: WatchFilter,
         start: WatchStart,
     ) -> Result<CacheWatch, ClientError> {
+        // A cluster client watches at the cache's owner.
+        if let Some(cluster) = &self.cluster {
+            let owner = cluster
+                .owner_node(&crate::core::cluster::Object::cache(namespace, cache))
+                .await?;
+            return Box::pin(owner.watch_cache(namespace, cache, filter, start)).await;
+        }
         let inner = &self.inner;
         let frame = watch_frame(
             &inner.caps,

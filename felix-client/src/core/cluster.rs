@@ -348,20 +348,28 @@ pub enum Route {
     AskOwners { entry: SocketAddr },
     /// No broker is connected: dial one from [`Cluster::dial_order`] first.
     NoEntry,
-    /// The shard's owner is a broker this client lost, and the cluster has not named
-    /// another yet: nothing is sent; the call fails as not applied and is retried.
-    Unavailable { shard: u32, lost: SocketAddr },
+    /// The shard has no owner that can serve it now (a broker this client lost, or none
+    /// while the cluster elects one): nothing is sent; the call fails as not applied and is
+    /// retried.
+    Unavailable {
+        shard: u32,
+        lost: Option<SocketAddr>,
+    },
 }
 
 impl Route {
     /// The error a call meets on [`Route::Unavailable`] (retried: nothing was sent).
-    pub fn unavailable_error(shard: u32, lost: SocketAddr) -> ClientError {
+    pub fn unavailable_error(shard: u32, lost: Option<SocketAddr>) -> ClientError {
+        let message = match lost {
+            Some(lost) => {
+                format!("shard {shard}'s owner {lost} was lost and the cluster names no other yet")
+            }
+            None => format!("shard {shard} has no owner yet"),
+        };
         ClientError::Server {
             code: Some(ErrorCode::ShardUnavailable),
             retry: Some(RetryClass::Retry),
-            message: format!(
-                "shard {shard}'s owner {lost} was lost and the cluster names no other yet"
-            ),
+            message,
         }
     }
 }
@@ -403,8 +411,9 @@ enum Slot {
     Owner(SocketAddr),
     /// Nobody is known to serve it: calls go through the entry, which forwards.
     Unowned,
-    /// Its owner is a broker whose connection failed.
-    Lost(SocketAddr),
+    /// No owner can serve it now: its owner is a broker whose connection failed (`Some`),
+    /// or the cluster said it has none while it elects one (`None`).
+    Lost(Option<SocketAddr>),
 }
 
 #[derive(Debug, Clone)]
@@ -510,7 +519,7 @@ impl Cluster {
         for table in self.owners.values_mut() {
             for slot in &mut table.shards {
                 if *slot == Slot::Owner(addr) {
-                    *slot = Slot::Lost(addr);
+                    *slot = Slot::Lost(Some(addr));
                 }
             }
         }
@@ -626,16 +635,21 @@ impl Cluster {
                     continue;
                 };
                 *slot = match o.addr.as_deref().and_then(parse_addr) {
+                    // Placed but leaderless (`unavailable` says why): a forward would wait
+                    // in the entry for an owner, so the call waits here instead.
+                    None if o.unavailable.is_some() => Slot::Lost(None),
                     None => Slot::Unowned,
                     // A broker that just failed is not routed to until it answers again.
-                    Some(a) if self.suspects.get(&a).is_some_and(|until| *until > now) => {
-                        Slot::Lost(a)
-                    }
+                    Some(a) if self.is_suspect(a, now) => Slot::Lost(Some(a)),
                     Some(a) => Slot::Owner(a),
                 };
             }
         }
         self.remember(object.clone(), OwnerTable { shards, at: now });
+    }
+
+    fn is_suspect(&self, addr: SocketAddr, now: Instant) -> bool {
+        self.suspects.get(&addr).is_some_and(|until| *until > now)
     }
 
     /// `shard_owners` could not be asked: route through the entry until the next refresh.
@@ -649,11 +663,24 @@ impl Cluster {
         );
     }
 
-    /// A forwarded publish's ack named `addr` (`0x0080`) as the owner of `shard`.
-    pub fn handle_owner_hint(&mut self, object: &Object, shard: u32, addr: &str) {
-        let (Some(table), Some(addr)) = (self.owners.get_mut(object), parse_addr(addr)) else {
+    /// A forwarded publish with routing `key` was acknowledged with `addr` (`0x0080`) as
+    /// the owner of its shard. A suspected broker is not believed (the entry's view may be
+    /// older than this client's loss of it).
+    pub fn handle_owner_hint(
+        &mut self,
+        object: &Object,
+        key: Option<&[u8]>,
+        addr: &str,
+        now: Instant,
+    ) {
+        let Some(addr) = parse_addr(addr).filter(|a| !self.is_suspect(*a, now)) else {
             return;
         };
+        let Some(table) = self.owners.get_mut(object) else {
+            return;
+        };
+        let count = u32::try_from(table.shards.len()).unwrap_or(u32::MAX);
+        let shard = shard_for_key(key, count, RoutingMapping::Modulo);
         if let Some(slot) = table.shards.get_mut(shard as usize) {
             *slot = Slot::Owner(addr);
         }

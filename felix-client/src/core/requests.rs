@@ -5,8 +5,8 @@ use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 use felix_proto::binary::{
-    encode_publish_batch_frame, AckMode as BinaryAckMode, AckResult, AckedPrefix, PublishAck,
-    PublishBatchHeader,
+    encode_publish_batch_frame, AckMode as BinaryAckMode, AckOwner, AckResult, AckedPrefix,
+    PublishAck, PublishBatchHeader,
 };
 use felix_proto::message::{self, Message};
 use felix_proto::negotiate::PublishEncoding;
@@ -93,6 +93,9 @@ pub struct Completion {
     pub kind: RequestKind,
     /// Its outcome.
     pub result: Result<Answer, ClientError>,
+    /// The `0x0080` owner hint of a forwarded publish's ack: the broker that owns the
+    /// batch's shard (the cluster client routes the next one there).
+    pub owner: Option<AckOwner>,
 }
 
 /// Sans-IO state of one request stream.
@@ -267,7 +270,11 @@ impl RequestStream {
     pub fn handle_frame(&mut self, frame: &Frame) -> Result<Completion, ClientError> {
         let answered = request_answer(&self.caps, frame)?;
         match answered {
-            Answered::Publish { request_id, result } => {
+            Answered::Publish {
+                request_id,
+                result,
+                owner,
+            } => {
                 let position = self.publishes.iter().position(|id| *id == request_id);
                 match position {
                     None => Err(ClientError::protocol(format!(
@@ -286,6 +293,7 @@ impl RequestStream {
                             request_id,
                             kind: RequestKind::Publish,
                             result,
+                            owner,
                         })
                     }
                 }
@@ -310,6 +318,7 @@ impl RequestStream {
                     request_id,
                     kind,
                     result,
+                    owner: None,
                 })
             }
             Answered::Refusal {
@@ -322,6 +331,7 @@ impl RequestStream {
                         request_id: id,
                         kind: RequestKind::Publish,
                         result: Err(error),
+                        owner: None,
                     });
                 }
                 match self.others.remove(&id) {
@@ -329,6 +339,7 @@ impl RequestStream {
                         request_id: id,
                         kind,
                         result: Err(error),
+                        owner: None,
                     }),
                     None => Err(ClientError::protocol(format!(
                         "refusal for request {id}, which is not outstanding: {error}"
@@ -352,6 +363,7 @@ impl RequestStream {
                             request_id: p,
                             kind: RequestKind::Publish,
                             result: Err(error),
+                            owner: None,
                         })
                     }
                     (_, Some(o)) => {
@@ -360,6 +372,7 @@ impl RequestStream {
                             request_id: o,
                             kind,
                             result: Err(error),
+                            owner: None,
                         })
                     }
                     (Some(_), None) => unreachable!("covered above"),
@@ -571,6 +584,7 @@ enum Answered {
     Publish {
         request_id: u64,
         result: Result<Answer, ClientError>,
+        owner: Option<AckOwner>,
     },
     /// Any other request's answer.
     Other {
@@ -609,6 +623,7 @@ fn request_answer(caps: &Capabilities, frame: &Frame) -> Result<Answered, Client
         return Ok(Answered::Publish {
             request_id: ack.request_id,
             result,
+            owner: ack.owner,
         });
     }
     let message = decode_json(frame)?;
@@ -616,10 +631,12 @@ fn request_answer(caps: &Capabilities, frame: &Frame) -> Result<Answered, Client
         Message::PublishOk(ok) => Answered::Publish {
             request_id: ok.request_id,
             result: Ok(Answer::Published { offset: ok.offset }),
+            owner: None,
         },
         Message::PublishError(e) => Answered::Publish {
             request_id: e.request_id,
             result: Err(ClientError::server(e.code, e.retry, e.message)),
+            owner: None,
         },
         Message::CacheOk(ok) => Answered::Other {
             request_id: ok.request_id,

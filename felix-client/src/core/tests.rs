@@ -288,6 +288,25 @@ fn binary_acks_complete_publishes() {
 }
 
 #[test]
+fn a_forwarded_publishs_ack_carries_its_owner() {
+    let mut s = RequestStream::new(plain_caps(), "t1");
+    s.publish(ORDERS, &[Bytes::from_static(b"p")], None, Ack::PerMessage)
+        .unwrap();
+    let owner = felix_proto::binary::AckOwner {
+        node_id: "n2".into(),
+        addr: Some("127.0.0.1:7002".into()),
+        generation: 4,
+    };
+    let mut ack = PublishAck::ok(1, Some(5));
+    ack.owner = Some(owner.clone());
+    let frame = ack.to_frame();
+    assert!(frame.flags.contains(Flags::BINARY_PUBLISH_ACK_OWNER));
+    let done = s.handle_frame(&frame).unwrap();
+    assert_eq!(done.result, Ok(Answer::Published { offset: Some(5) }));
+    assert_eq!(done.owner, Some(owner));
+}
+
+#[test]
 fn pipelined_answers_must_keep_request_order() {
     let mut s = RequestStream::new(pipelined_caps(2), "t1");
     assert_eq!(s.publish_limit(), 2);

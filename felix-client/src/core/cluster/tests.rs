@@ -189,7 +189,8 @@ fn keyed_calls_route_to_the_keys_owner_and_unknown_owners_go_through_the_entry()
                 addr: a(5002),
                 shard,
             },
-            _ => Route::Entry { addr: a(5001) },
+            // Placed without a leader: waits here (see the leaderless test).
+            _ => Route::Unavailable { shard, lost: None },
         };
         assert_eq!(c.route(&orders, Some(key), now), want, "key {key:?}");
     }
@@ -257,10 +258,10 @@ fn a_lost_owner_is_asked_about_again_and_not_routed_to_while_suspected() {
         c.route(&s, None, later),
         Route::Unavailable {
             shard: 0,
-            lost: a(5002)
+            lost: Some(a(5002))
         }
     );
-    let err = Route::unavailable_error(0, a(5002));
+    let err = Route::unavailable_error(0, Some(a(5002)));
     assert_eq!(classify(&err, false), Failure::NotApplied);
     assert_eq!(
         c.route(
@@ -270,7 +271,7 @@ fn a_lost_owner_is_asked_about_again_and_not_routed_to_while_suspected() {
         ),
         Route::Unavailable {
             shard: 0,
-            lost: a(5002)
+            lost: Some(a(5002))
         }
     );
     assert_eq!(
@@ -307,15 +308,59 @@ fn a_lost_owner_is_asked_about_again_and_not_routed_to_while_suspected() {
 }
 
 #[test]
+fn a_placed_shard_without_a_leader_waits_here_instead_of_being_forwarded() {
+    let now = Instant::now();
+    let mut c = connected(&[5001], now);
+    let s = Object::stream("ns", "s");
+    // `owners()` gives `unavailable` to a shard with no address.
+    c.handle_shard_owners(&s, &owners(&[None, Some("127.0.0.1:5002")]), now);
+    assert_eq!(
+        c.route_shard(&s, 0, now),
+        Route::Unavailable {
+            shard: 0,
+            lost: None
+        }
+    );
+    assert_eq!(
+        c.route_shard(&s, 0, now + DEFAULT_LOST_OWNER_REASK),
+        Route::AskOwners { entry: a(5001) }
+    );
+    // A shard with neither owner nor reason (an answer outside a cluster) is forwarded.
+    let mut bare = owners(&[None]);
+    bare.owners[0].unavailable = None;
+    c.handle_shard_owners(&s, &bare, now);
+    assert_eq!(c.route_shard(&s, 0, now), Route::Entry { addr: a(5001) });
+    assert!(Route::unavailable_error(0, None)
+        .to_string()
+        .contains("no owner yet"));
+}
+
+#[test]
 fn an_owner_hint_replaces_the_shards_owner() {
     let now = Instant::now();
     let mut c = connected(&[5001], now);
     let s = Object::stream("ns", "s");
     c.handle_shard_owners(&s, &owners(&[None, None]), now);
-    c.handle_owner_hint(&s, 1, "127.0.0.1:5003");
-    c.handle_owner_hint(&s, 7, "127.0.0.1:5004"); // no such shard: ignored
-    c.handle_owner_hint(&s, 0, "garbage"); // unparseable: ignored
+    let key_of = |shard: u32| {
+        (0..100)
+            .map(|i| format!("k{i}"))
+            .find(|k| shard_for_key(Some(k.as_bytes()), 2, RoutingMapping::Modulo) == shard)
+            .unwrap()
+    };
+    c.handle_owner_hint(&s, Some(key_of(1).as_bytes()), "127.0.0.1:5003", now);
+    c.handle_owner_hint(&s, Some(key_of(0).as_bytes()), "garbage", now); // unparseable: ignored
+    c.handle_owner_hint(&Object::stream("ns", "other"), None, "127.0.0.1:5004", now); // unknown object
+                                                                                      // A broker this client lost is not believed from another's hint.
+    c.handle_connection_lost(a(5009), now);
+    c.handle_owner_hint(&s, Some(key_of(0).as_bytes()), "127.0.0.1:5009", now);
     assert_eq!(c.owners(&s), Some(vec![None, Some(a(5003))]));
+    assert_eq!(
+        c.route(&s, Some(key_of(1).as_bytes()), now),
+        Route::Owner {
+            addr: a(5003),
+            shard: 1
+        }
+    );
 }
 
 #[test]
@@ -705,7 +750,13 @@ fn a_shard_routes_to_its_own_owner() {
             shard: 0
         }
     );
-    assert_eq!(c.route_shard(&s, 1, now), Route::Entry { addr: a(5001) });
+    assert_eq!(
+        c.route_shard(&s, 1, now),
+        Route::Unavailable {
+            shard: 1,
+            lost: None
+        }
+    );
     assert_eq!(c.route_shard(&s, 9, now), Route::Entry { addr: a(5001) });
     c.handle_owners_failed(&s, now);
     assert_eq!(
