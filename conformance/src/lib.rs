@@ -16,3 +16,4 @@ pub mod checks;
 pub mod engine_frames;
 pub mod engine_fuzz;
 pub mod vectors;
+pub mod verify;

@@ -1,5 +1,8 @@
 //! `felix-conformance vectors <dir>`: checks every wire vector in `<dir>`, prints one line per
 //! vector, and exits non-zero if any fails.
+//!
+//! `felix-conformance verify RESULTS [--evidence FILE] [--catalogue FILE]`: judges a client's
+//! results document (docs/conformance.md); exit 0 only when CONFORMANT.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,10 +11,73 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
         [cmd, dir] if cmd == "vectors" => run_vectors(PathBuf::from(dir)),
+        [cmd, rest @ ..] if cmd == "verify" => run_verify(rest),
         _ => {
-            eprintln!("usage: felix-conformance vectors <dir>");
+            eprintln!("{USAGE}");
             ExitCode::from(2)
         }
+    }
+}
+
+const USAGE: &str = "usage: felix-conformance vectors <dir>
+       felix-conformance verify RESULTS.json [--evidence FILE] [--catalogue scenarios.toml]";
+
+/// Where the catalogue is read from unless `--catalogue` says otherwise: the reference kit's
+/// checkout beside the repository, as for `vectors`.
+const DEFAULT_CATALOGUE: &str = "../shared/reference/felix/conformance/scenarios.toml";
+
+fn run_verify(args: &[String]) -> ExitCode {
+    let mut results = None;
+    let mut evidence = None;
+    let mut catalogue = PathBuf::from(DEFAULT_CATALOGUE);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match (a.as_str(), it.clone().next()) {
+            ("--evidence", Some(v)) => {
+                evidence = Some(PathBuf::from(v));
+                it.next();
+            }
+            ("--catalogue", Some(v)) => {
+                catalogue = PathBuf::from(v);
+                it.next();
+            }
+            (f, _) if !f.starts_with("--") && results.is_none() => results = Some(PathBuf::from(f)),
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let Some(results) = results else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let read = |p: &PathBuf| {
+        std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+    };
+    use felix_conformance::verify::{verify, Catalogue, Evidence, Results};
+    let parsed = (|| {
+        let c = Catalogue::parse(&read(&catalogue)?)?;
+        let r = Results::parse(&read(&results)?)?;
+        let e = match &evidence {
+            Some(p) => Some(Evidence::parse(&read(p)?)?),
+            None => None,
+        };
+        Ok::<_, String>((c, r, e))
+    })();
+    let (c, r, e) = match parsed {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let verdict = verify(&c, &r, e.as_ref());
+    print!("{}", verdict.render());
+    if verdict.conformant() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

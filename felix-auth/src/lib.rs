@@ -263,6 +263,8 @@ pub fn full_permissions(tenant: &str) -> Vec<String> {
                 }
                 Action::NsManage => format!("namespace:{tenant}/*"),
                 Action::TenantManage => format!("tenant:{tenant}"),
+                // Not a tenant's object: a full (dev) token may run cluster operations.
+                Action::NodeManage => "cluster:*".to_owned(),
             };
             format!("{action}:{object}")
         })
@@ -285,6 +287,16 @@ impl Identity {
     /// over a stream and its groups (`group:T/ns/stream/group`); once a token grants one of
     /// the group actions on any `group:` object, stream grants stop covering groups for that
     /// action (it is scoped to the groups it names).
+    /// Whether the token grants `action` on a cluster-wide object (`cluster:…`), which
+    /// belongs to no tenant: `node.manage:cluster:*` grants every cluster operation.
+    pub fn allows_cluster(&self, action: Action, object: &str) -> bool {
+        object.starts_with("cluster:")
+            && self
+                .perms
+                .iter()
+                .any(|p| p.action == action && glob_match(&p.object, object))
+    }
+
     pub fn allows(&self, action: Action, object: &str) -> bool {
         if object_tenant(object) != Some(self.tenant.as_str()) {
             return false;

@@ -18,10 +18,12 @@ pub enum Action {
     GroupManage,
     NsManage,
     TenantManage,
+    /// Cluster operations on `cluster:*` (giving up a shard's records: `felix admin abandon`).
+    NodeManage,
 }
 
 impl Action {
-    pub const ALL: [Action; 10] = [
+    pub const ALL: [Action; 11] = [
         Action::StreamPublish,
         Action::StreamSubscribe,
         Action::StreamManage,
@@ -32,6 +34,7 @@ impl Action {
         Action::GroupManage,
         Action::NsManage,
         Action::TenantManage,
+        Action::NodeManage,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -46,6 +49,7 @@ impl Action {
             Action::GroupManage => "group.manage",
             Action::NsManage => "ns.manage",
             Action::TenantManage => "tenant.manage",
+            Action::NodeManage => "node.manage",
         }
     }
 
@@ -69,7 +73,7 @@ pub struct Permission {
 
 impl Permission {
     /// Parses `"<action>:<kind>:<rest>"`. Actions this broker does not know (`rbac.view`,
-    /// `node.manage`, ...) and malformed strings give `None`: they grant nothing here.
+    /// ...) and malformed strings give `None`: they grant nothing here.
     pub fn parse(s: &str) -> Option<Permission> {
         let (action, object) = s.split_once(':')?;
         let action = Action::from_name(action)?;

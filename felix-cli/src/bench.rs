@@ -7,6 +7,10 @@
 //!   publish→deliver latency against the same clock.
 //! - `latency`: one message at a time; the next is sent once every subscriber has the last.
 //! - `cache`: `--concurrency` workers doing puts, then gets over the keys written.
+//! - `--cluster` (pubsub): every publish carries a key (from `--keys` distinct ones), so the
+//!   load spreads over the stream's shards and the cluster client sends each batch to its
+//!   shard's owner; subscribers take every shard (`subscribe_sharded`), and the report adds
+//!   what each owning node was sent and how fast it acknowledged.
 //!
 //! Every run is bounded by `--duration` and by `--count` (whichever comes first), and the
 //! wait for deliveries after the last publish by `--drain`.
@@ -22,7 +26,11 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use clap::{Args, ValueEnum};
-use felix_client::{Ack, Client, ClientConfig, Start, Subscription, SubscriptionItem};
+use felix_client::{
+    Ack, Client, ClientConfig, ClientError, ShardedSubscription, Start, Subscription,
+    SubscriptionItem,
+};
+use felix_proto::routing::{shard_for_key, RoutingMapping};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
@@ -75,7 +83,11 @@ pub(crate) struct BenchArgs {
     /// Cache workers (cache scenario).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     concurrency: u32,
-    /// Distinct cache keys (cache scenario).
+    /// Spread keyed publishes over the stream's shards and report figures per owning node
+    /// (pubsub; give the cluster's brokers with --addr, comma-separated).
+    #[arg(long)]
+    cluster: bool,
+    /// Distinct cache keys (cache scenario), or publish keys (--cluster).
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
     keys: u64,
     /// Cache to use (default: a fresh name per run).
@@ -309,12 +321,31 @@ async fn pubsub(args: &BenchArgs, config: ClientConfig) -> Result<Report, Failur
     let mut clients = Vec::new();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut subscribers = JoinSet::new();
+    // In a cluster the stream is placed on first use: one publish before subscribing to
+    // its shards (a warm-up payload, which subscribers skip).
+    let load = if args.cluster {
+        let client = connect(&config).await?;
+        Some(Arc::new(
+            ClusterLoad::start(&client, &namespace, &stream, args.payload, args.keys).await?,
+        ))
+    } else {
+        None
+    };
     for _ in 0..fanout {
         let client = connect(&config).await?;
-        let sub = client
-            .subscribe(&namespace, &stream, Start::Latest)
-            .await
-            .map_err(|e| Failure::client(&format!("subscribe to {stream}"), e))?;
+        let sub = if args.cluster {
+            let none = std::collections::HashMap::new();
+            client
+                .subscribe_sharded(&namespace, &stream, Start::Latest, &none)
+                .await
+                .map(BenchSub::Sharded)
+        } else {
+            client
+                .subscribe(&namespace, &stream, Start::Latest)
+                .await
+                .map(|s| BenchSub::One(Box::new(s)))
+        }
+        .map_err(|e| Failure::client(&format!("subscribe to {stream}"), e))?;
         clients.push(client);
         subscribers.spawn(receive(sub, shared.clone(), stop_rx.clone(), latency_mode));
     }
@@ -353,6 +384,7 @@ async fn pubsub(args: &BenchArgs, config: ClientConfig) -> Result<Report, Failur
                 budget: budget.clone(),
                 shared: shared.clone(),
                 await_delivery: latency_mode.then_some((fanout, args.drain)),
+                load: load.clone(),
             };
             publishing.spawn(task.run());
         }
@@ -391,6 +423,10 @@ async fn pubsub(args: &BenchArgs, config: ClientConfig) -> Result<Report, Failur
         }
     }
     progress.finish();
+    let nodes = match (&load, publisher_clients.first()) {
+        (Some(load), Some(client)) => Some(load.per_node(client, &namespace, &stream).await),
+        _ => None,
+    };
     clients.extend(publisher_clients);
     close_all(clients).await;
 
@@ -414,6 +450,7 @@ async fn pubsub(args: &BenchArgs, config: ClientConfig) -> Result<Report, Failur
         deliver_elapsed,
         latency,
         ack_latency: acked.then_some(ack_latency),
+        nodes,
     };
     Ok(Report {
         json: r.json(),
@@ -473,6 +510,8 @@ struct Publisher {
     shared: Arc<Shared>,
     /// Latency mode: wait for this many deliveries per message, at most this long.
     await_delivery: Option<(u64, Duration)>,
+    /// `--cluster`: the keys, and what each shard was sent.
+    load: Option<Arc<ClusterLoad>>,
 }
 
 impl Publisher {
@@ -489,9 +528,16 @@ impl Publisher {
             let sent = Instant::now();
             let payload = stamped_payload(self.payload, shared.now_stamp());
             let payloads = vec![payload; n as usize];
+            let (key, shard) = match &self.load {
+                Some(load) => {
+                    let (key, shard) = load.next_key();
+                    (Some(key), Some(shard))
+                }
+                None => (None, None),
+            };
             if let Err(e) = self
                 .client
-                .publish(&self.namespace, &self.stream, payloads, None, self.ack)
+                .publish(&self.namespace, &self.stream, payloads, key, self.ack)
                 .await
             {
                 shared.errors.push(format!("publish: {e}"));
@@ -499,6 +545,9 @@ impl Publisher {
                 break;
             }
             ack_latency.saturating_record(sent.elapsed().as_nanos() as u64);
+            if let (Some(load), Some(shard)) = (&self.load, shard) {
+                load.record(shard, n, sent.elapsed());
+            }
             let total = shared.published.fetch_add(n, Ordering::Relaxed) + n;
             if let Some((fanout, wait)) = self.await_delivery {
                 if !wait_for_deliveries(shared, total * fanout, wait).await {
@@ -533,8 +582,123 @@ async fn wait_for_deliveries(shared: &Shared, target: u64, wait: Duration) -> bo
 }
 
 /// Counts events and their latency until told to stop or the subscription ends.
+/// A subscriber's subscription: one shard, or every shard (`--cluster`).
+enum BenchSub {
+    One(Box<Subscription>),
+    Sharded(ShardedSubscription),
+}
+
+impl BenchSub {
+    async fn next(&mut self) -> Result<SubscriptionItem, ClientError> {
+        match self {
+            BenchSub::One(sub) => sub.next().await,
+            BenchSub::Sharded(sub) => sub.next().await.map(|e| e.item),
+        }
+    }
+}
+
+/// `--cluster`: keys round-robin over `keys` distinct ones; per shard, what was sent and how
+/// long its acknowledgements took.
+struct ClusterLoad {
+    keys: u64,
+    next: AtomicU64,
+    shards: u32,
+    per_shard: Vec<Mutex<(u64, Histogram<u64>)>>,
+}
+
+impl ClusterLoad {
+    async fn start(
+        client: &Client,
+        namespace: &str,
+        stream: &str,
+        payload: usize,
+        keys: u64,
+    ) -> Result<ClusterLoad, Failure> {
+        client
+            .publish(
+                namespace,
+                stream,
+                vec![stamped_payload(payload, WARMUP_STAMP)],
+                None,
+                Ack::PerBatch,
+            )
+            .await
+            .map_err(|e| Failure::client(&format!("publish to {stream}"), e))?;
+        let shards = client
+            .shard_owners(namespace, stream)
+            .await
+            .map_err(|e| Failure::client(&format!("the owners of {stream}"), e))?
+            .len()
+            .max(1) as u32;
+        client.clone().close().await;
+        Ok(ClusterLoad {
+            keys,
+            next: AtomicU64::new(0),
+            shards,
+            per_shard: (0..shards).map(|_| Mutex::new((0, histogram()))).collect(),
+        })
+    }
+
+    /// The next key and the shard it routes to.
+    fn next_key(&self) -> (Bytes, u32) {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.keys;
+        let key = Bytes::from(format!("k{i}"));
+        let shard = shard_for_key(Some(&key), self.shards, RoutingMapping::Modulo);
+        (key, shard)
+    }
+
+    fn record(&self, shard: u32, messages: u64, took: Duration) {
+        let mut slot = self.per_shard[shard as usize].lock().expect("per shard");
+        slot.0 += messages;
+        slot.1.saturating_record(took.as_nanos() as u64);
+    }
+
+    /// The figures grouped by each shard's owner at the end of the run.
+    async fn per_node(&self, client: &Client, namespace: &str, stream: &str) -> Vec<NodeFigures> {
+        let owners = client
+            .shard_owners(namespace, stream)
+            .await
+            .unwrap_or_default();
+        let mut nodes: Vec<NodeFigures> = Vec::new();
+        for (shard, slot) in self.per_shard.iter().enumerate() {
+            let owner = owners
+                .get(shard)
+                .copied()
+                .flatten()
+                .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+            let (sent, acks) = &*slot.lock().expect("per shard");
+            let at = match nodes.iter().position(|n| n.owner == owner) {
+                Some(i) => i,
+                None => {
+                    nodes.push(NodeFigures {
+                        owner,
+                        shards: Vec::new(),
+                        published: 0,
+                        ack_latency: histogram(),
+                    });
+                    nodes.len() - 1
+                }
+            };
+            let node = &mut nodes[at];
+            node.shards.push(shard as u32);
+            node.published += sent;
+            node.ack_latency.add(acks).expect("same bounds");
+        }
+        nodes.sort_by(|a, b| a.owner.cmp(&b.owner));
+        nodes
+    }
+}
+
+/// What one node was sent in a `--cluster` run.
+struct NodeFigures {
+    owner: String,
+    shards: Vec<u32>,
+    published: u64,
+    ack_latency: Histogram<u64>,
+}
+
 async fn receive(
-    mut sub: Subscription,
+    mut sub: BenchSub,
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
     notify: bool,
@@ -604,6 +768,8 @@ struct PubsubResult {
     deliver_elapsed: Duration,
     latency: Histogram<u64>,
     ack_latency: Option<Histogram<u64>>,
+    /// `--cluster`: per owning node.
+    nodes: Option<Vec<NodeFigures>>,
 }
 
 fn per_sec(n: u64, d: Duration) -> f64 {
@@ -649,6 +815,13 @@ impl PubsubResult {
             "deliver_mb_per_sec": round(mb(payload) * per_sec(self.delivered, self.deliver_elapsed), 3),
             "latency_us": percentiles_json(&self.latency),
             "ack_latency_us": self.ack_latency.as_ref().map(percentiles_json),
+            "nodes": self.nodes.as_ref().map(|nodes| nodes.iter().map(|n| json!({
+                "owner": n.owner,
+                "shards": n.shards,
+                "published": n.published,
+                "publish_msgs_per_sec": round(per_sec(n.published, self.publish_elapsed), 1),
+                "ack_latency_us": percentiles_json(&n.ack_latency),
+            })).collect::<Vec<_>>()),
         })
     }
 
@@ -687,6 +860,16 @@ impl PubsubResult {
         );
         if let Some(h) = &self.ack_latency {
             s += &format!("  publish->ack latency (us)      {}\n", percentiles_text(h));
+        }
+        for n in self.nodes.iter().flatten() {
+            s += &format!(
+                "  node {} (shards {:?}): {} msgs, {:.0} msg/s, publish->ack (us) {}\n",
+                n.owner,
+                n.shards,
+                n.published,
+                per_sec(n.published, self.publish_elapsed),
+                percentiles_text(&n.ack_latency)
+            );
         }
         s
     }

@@ -30,9 +30,9 @@ impl Failure {
     pub(crate) fn client(what: &str, e: ClientError) -> Failure {
         let message = format!("{what}: {e}");
         match e {
-            ClientError::Server { .. } | ClientError::Unsupported { .. } => {
-                Failure::Refused(message)
-            }
+            ClientError::Server { .. }
+            | ClientError::Unsupported { .. }
+            | ClientError::NotLeader { .. } => Failure::Refused(message),
             // The client would not encode it: an argument the protocol cannot carry.
             ClientError::Usage(_) => Failure::Usage(message),
             ClientError::Connection(_) | ClientError::Protocol(_) | ClientError::Timeout(_) => {

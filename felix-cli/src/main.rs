@@ -5,6 +5,7 @@
 //! Exit codes (see docs/cli.md): 0 done, 1 cache miss, 2 usage, 3 refused by the broker,
 //! 4 connection/timeout/protocol failure, 5 subscription ended by the broker.
 
+mod admin;
 mod bench;
 mod cache;
 mod cluster;
@@ -49,6 +50,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run a local cluster of felix-broker processes (`felix cluster up --nodes 3`).
     Cluster(cluster::ClusterArgs),
+    /// Cluster operations on a node's ops endpoint (`felix admin abandon`).
+    Admin(admin::AdminArgs),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +61,7 @@ fn main() -> ExitCode {
         Command::Token(args) => token::run(args),
         // Processes and files only: no runtime needed.
         Command::Cluster(args) => cluster::run(args),
+        Command::Admin(args) => admin::run(args),
         Command::Pub(args) => block_on(None, pubsub::publish(args)),
         Command::Sub(args) => block_on(None, pubsub::subscribe(args)),
         Command::Cache(args) => block_on(None, cache::run(args)),

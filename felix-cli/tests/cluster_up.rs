@@ -246,6 +246,8 @@ fn cluster_up_starts_three_nodes_and_stops_them_all_on_sigint() {
         assert!(exists(node.pid));
     }
 
+    cli_reaches_the_cluster_through_its_seeds(&dir, &seeds);
+
     // SAFETY: signalling the child we spawned.
     unsafe {
         libc::kill(felix.id() as i32, libc::SIGINT);
@@ -261,6 +263,80 @@ fn cluster_up_starts_three_nodes_and_stops_them_all_on_sigint() {
             node.id,
             node.pid
         );
+    }
+}
+
+/// `felix` with `--addr` given several seeds, comma-separated, the first one dead (nothing
+/// listens there): `pub` gets through, and `bench --cluster` accounts for each keyed message
+/// on the node that owns its shard.
+fn cli_reaches_the_cluster_through_its_seeds(dir: &Path, seeds: &str) {
+    let dead = std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .unwrap();
+    let felix = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_felix"));
+        cmd.args(args)
+            .env("FELIX_CA_FILE", dir.join("ca.pem"))
+            .env("FELIX_TOKEN_FILE", dir.join("token"))
+            .env_remove("FELIX_TOKEN")
+            .env_remove("FELIX_ADDR")
+            .env_remove("FELIX_ADDRS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let out = wait_output(cmd.spawn().expect("start felix"), STOP_LIMIT * 3);
+        assert!(
+            out.status.success(),
+            "felix {args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let with_dead = format!("{dead},{seeds}");
+    felix(&["pub", "--addr", &with_dead, "orders", "one", "two"]);
+    let report = felix(&[
+        "bench",
+        "--cluster",
+        "--addr",
+        seeds,
+        "--count",
+        "3000",
+        "--batch",
+        "10",
+        "--duration",
+        "60s",
+        "--json",
+    ]);
+    let report: serde_json::Value = serde_json::from_str(report.trim()).expect("one JSON object");
+    assert_eq!(report["published"], 3000, "{report}");
+    let nodes = report["nodes"].as_array().expect("per-node figures");
+    let per_node: u64 = nodes.iter().map(|n| n["published"].as_u64().unwrap()).sum();
+    assert_eq!(per_node, 3000, "{report}");
+    // Each figure is a node of the cluster (a stream `cluster up` places has one shard, so
+    // one node owns it all here; the chaos cluster's 3-shard streams spread over three).
+    for n in nodes {
+        let owner = n["owner"].as_str().unwrap();
+        assert!(seeds.split(',').any(|s| s == owner), "{owner} in {seeds}");
+    }
+}
+
+/// Like [`wait_bounded`], with the output read.
+fn wait_output(child: Child, limit: Duration) -> std::process::Output {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output().expect("wait"));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out,
+        Err(_) => {
+            // SAFETY: signalling the child this test spawned.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+            panic!("felix did not exit within {limit:?}");
+        }
     }
 }
 

@@ -27,6 +27,14 @@ pub enum ClientError {
     Usage(String),
     /// No answer arrived within the configured time.
     Timeout(&'static str),
+    /// The broker does not own the shard and named the one that does (`not_leader`, sent to
+    /// a client that offered `FEATURE_REDIRECT`). The client follows it itself; a caller
+    /// sees it only when the redirect could not be followed.
+    NotLeader {
+        node_id: String,
+        addr: Option<String>,
+        generation: u64,
+    },
 }
 
 impl ClientError {
@@ -34,6 +42,7 @@ impl ClientError {
     pub fn code(&self) -> Option<&ErrorCode> {
         match self {
             ClientError::Server { code, .. } => code.as_ref(),
+            ClientError::NotLeader { .. } => Some(&ErrorCode::NotLeader),
             _ => None,
         }
     }
@@ -42,6 +51,7 @@ impl ClientError {
     pub fn retry(&self) -> Option<RetryClass> {
         match self {
             ClientError::Server { retry, .. } => *retry,
+            ClientError::NotLeader { .. } => Some(RetryClass::Redirect),
             _ => None,
         }
     }
@@ -88,6 +98,15 @@ impl fmt::Display for ClientError {
             ClientError::Protocol(m) => write!(f, "protocol violation by the broker: {m}"),
             ClientError::Usage(m) => write!(f, "request not sent: {m}"),
             ClientError::Timeout(what) => write!(f, "timed out waiting for {what}"),
+            ClientError::NotLeader {
+                node_id,
+                addr,
+                generation,
+            } => write!(
+                f,
+                "not the shard's leader: {node_id} at {} leads it (generation {generation})",
+                addr.as_deref().unwrap_or("an unpublished address")
+            ),
         }
     }
 }

@@ -38,13 +38,18 @@ mod runtime;
 mod transport;
 
 #[cfg(feature = "front-end")]
+pub use crate::client::cluster::{ShardedEvent, ShardedSubscription};
+#[cfg(feature = "front-end")]
 pub use crate::client::groups::Group;
 #[cfg(feature = "front-end")]
 pub use crate::client::watch::CacheWatch;
 #[cfg(feature = "front-end")]
-pub use crate::client::{Client, ClientConfig, RawStream, Subscription, SubscriptionItem};
+pub use crate::client::{
+    Client, ClientConfig, RawStream, Subscription, SubscriptionItem, DEFAULT_IDLE_TIMEOUT,
+};
 #[cfg(feature = "front-end")]
 pub use crate::core::cache_features::{Condition, ConditionResult};
+pub use crate::core::cluster::RetryPolicy;
 #[cfg(feature = "front-end")]
 pub use crate::core::groups::{GroupInfo, GroupRecord, PollOptions};
 #[cfg(feature = "front-end")]

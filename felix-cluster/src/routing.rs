@@ -40,6 +40,9 @@ pub enum Owner {
     },
     /// Nobody leads it (no qualifying replica, or not placed yet).
     Unassigned,
+    /// A `leader` shard whose leader is down and may hold acknowledged records no other
+    /// replica has: nobody serves it until that node is back.
+    Awaiting { node: NodeId },
 }
 
 /// `shard_unavailable`'s `detail.reason`.
@@ -47,12 +50,15 @@ pub enum Owner {
 pub enum Unavailable {
     /// No node leads the shard.
     NotAssigned,
+    /// Its leader is down and no other replica is known to hold all it acknowledged.
+    AwaitingLeader,
 }
 
 impl Unavailable {
     pub fn reason(self) -> &'static str {
         match self {
             Unavailable::NotAssigned => "not_assigned",
+            Unavailable::AwaitingLeader => "awaiting_leader",
         }
     }
 }
@@ -82,6 +88,7 @@ pub fn route(class: RequestClass, owner: &Owner, client_redirect: bool) -> Route
     match owner {
         Owner::Local => Route::Serve,
         Owner::Unassigned => Route::Unavailable(Unavailable::NotAssigned),
+        Owner::Awaiting { .. } => Route::Unavailable(Unavailable::AwaitingLeader),
         Owner::Remote {
             node,
             addr,
@@ -136,7 +143,7 @@ pub fn judge_forward(owner: &Owner, current: Option<u64>, routed: u64) -> Forwar
             ForwardVerdict::AwaitMetadata
         }
         (Owner::Remote { .. }, _) => ForwardVerdict::NotLeader,
-        (Owner::Unassigned, _) => ForwardVerdict::AwaitMetadata,
+        (Owner::Unassigned | Owner::Awaiting { .. }, _) => ForwardVerdict::AwaitMetadata,
     }
 }
 
@@ -175,6 +182,7 @@ mod tests {
                             Owner::Local => "local",
                             Owner::Remote { .. } => "remote",
                             Owner::Unassigned => "unassigned",
+                            Owner::Awaiting { .. } => "awaiting",
                         },
                         route(class, &owner, redirect)
                     ));

@@ -126,6 +126,11 @@ pub const DEFAULT_CACHE_WATCH_QUEUE_CAPACITY: usize = 4096;
 pub const DEFAULT_DURABLE_CACHE_MAX_LOGS: usize = 1024;
 /// Counter logs (one per cache that has counters, under `counters/`), bounded as above.
 pub const DEFAULT_COUNTER_MAX_LOGS: usize = 1024;
+/// Idempotent producers one tenant's shards remember together (each holds its last batches'
+/// marks in memory). A new producer past it takes the place of the tenant's least recently
+/// used one, if that one has been idle for the eviction time; else it is refused
+/// `limit_exceeded`. Another tenant's producers are never touched.
+pub const DEFAULT_MAX_PRODUCERS_PER_TENANT: usize = 65_536;
 /// Keys over every durable cache and counter log together (each is an index entry in
 /// memory). A put or add that would create one more is refused `limit_exceeded`.
 pub const DEFAULT_DURABLE_CACHE_MAX_KEYS: usize = 1 << 20;
@@ -371,6 +376,12 @@ pub const DEFAULT_MAX_PENDING_LEASE_GRANTS: usize =
 /// How long a quorum publish waits for a majority of its shard's replicas before it is
 /// answered `quorum_timeout` (`replication.quorum_timeout_ms`).
 pub const DEFAULT_QUORUM_TIMEOUT: Duration = Duration::from_millis(5000);
+/// How long a `leader` shard's leader goes without a new record, every record durable on a
+/// follower, before it has the cluster record that follower as level with it
+/// (`replication.leader_quiet_after_ms`): from then on that follower may take the shard over
+/// if the leader fails, and the first write after the quiet spell waits one metadata round
+/// trip (docs/replication.md, "Who may lead a `leader` shard").
+pub const DEFAULT_LEADER_QUIET_AFTER: Duration = Duration::from_millis(2000);
 /// Bytes a leader ships to one follower ahead of its reports
 /// (`replication.window_bytes`, 8 MiB).
 pub const DEFAULT_REPLICATION_WINDOW_BYTES: u64 = 8 << 20;
@@ -390,6 +401,9 @@ pub enum ReplicationCanary {
     /// The quorum mark counts what followers received, not what they made durable: a
     /// follower's ack comes before its write is durable.
     AckBeforeDurable,
+    /// A `leader` shard whose leader went silent is handed to any live replica holding a
+    /// copy, as before the spec's rule was kept: what only the leader held is lost.
+    AbandonOnSilence,
 }
 
 /// This node's place in a cluster (docs/cluster.md). `None` in [`EngineConfig::cluster`] is a
@@ -432,6 +446,8 @@ pub struct ClusterConfig {
     pub quorum_timeout: Duration,
     /// See [`DEFAULT_REPLICATION_WINDOW_BYTES`]. Above zero.
     pub replication_window_bytes: u64,
+    /// See [`DEFAULT_LEADER_QUIET_AFTER`]. Above zero.
+    pub leader_quiet_after: Duration,
     #[doc(hidden)]
     pub canary: ReplicationCanary,
 }
@@ -456,6 +472,7 @@ impl ClusterConfig {
             max_pending_lease_grants: DEFAULT_MAX_PENDING_LEASE_GRANTS,
             quorum_timeout: DEFAULT_QUORUM_TIMEOUT,
             replication_window_bytes: DEFAULT_REPLICATION_WINDOW_BYTES,
+            leader_quiet_after: DEFAULT_LEADER_QUIET_AFTER,
             canary: ReplicationCanary::None,
         }
     }
@@ -588,6 +605,8 @@ pub struct EngineConfig {
     pub counter_max_logs: usize,
     /// See [`DEFAULT_DURABLE_CACHE_MAX_KEYS`].
     pub durable_cache_max_keys: usize,
+    /// See [`DEFAULT_MAX_PRODUCERS_PER_TENANT`]. Above zero.
+    pub max_producers_per_tenant: usize,
     /// See [`DEFAULT_DURABLE_CACHE_MAX_TOTAL_BYTES`].
     pub durable_cache_max_total_bytes: u64,
 
@@ -651,6 +670,7 @@ impl EngineConfig {
             counter_max_logs: DEFAULT_COUNTER_MAX_LOGS,
             durable_cache_max_keys: DEFAULT_DURABLE_CACHE_MAX_KEYS,
             durable_cache_max_total_bytes: DEFAULT_DURABLE_CACHE_MAX_TOTAL_BYTES,
+            max_producers_per_tenant: DEFAULT_MAX_PRODUCERS_PER_TENANT,
             durable: None,
             cluster: None,
         }

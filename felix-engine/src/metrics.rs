@@ -165,6 +165,12 @@ pub struct Metrics {
     pub replication_quorum_timeouts: u64,
     /// Bytes of replicated entries appended here (following and catching up).
     pub replication_catch_up_bytes: u64,
+    /// Records known acknowledged that no surviving copy held when a new leader opened (a
+    /// leader's lost disk, or an operator's abandon): `acknowledged_records_abandoned`.
+    pub acknowledged_records_abandoned: u64,
+    /// Gauge: `leader` shards led here holding acknowledgements until the cluster records
+    /// that they resumed after a quiet spell.
+    pub leader_shards_quiet: u64,
     /// Requests this node forwarded to their shard's leader.
     pub forwards_sent: u64,
     /// Forwarded requests this node ran as the leader.
@@ -217,6 +223,8 @@ impl Default for Metrics {
             replication_leader_changes: 0,
             replication_quorum_timeouts: 0,
             replication_catch_up_bytes: 0,
+            acknowledged_records_abandoned: 0,
+            leader_shards_quiet: 0,
             cluster_shards_followed: 0,
             cluster_metadata_term: 0,
             cluster_metadata_applied: 0,

@@ -101,3 +101,54 @@ fn a_groups_acknowledged_cursor_survives_the_loss_of_the_shards_leader() {
     // stays acknowledged: the next leader hands out only the rest.
     assert_eq!(poll(&mut c, next, shard, 300), vec![4, 5, 6]);
 }
+
+#[test]
+fn a_poll_waiting_on_a_node_that_stops_leading_the_shard_ends() {
+    // Polls may wait long here, so an end by the deadline cannot pass for the step-down's.
+    let long_waits = |i: usize, cfg: &mut EngineConfig| {
+        durable(i, cfg);
+        cfg.durable.as_mut().unwrap().groups.max_wait = Duration::from_secs(600);
+    };
+    let spec = ClusterSpec::quorum_orders(SHARDS);
+    let mut c = ClusterNet::started(&spec, long_waits);
+    let (_, shard, leader, generation) = c.shard_led_off_control(SHARDS);
+    let p = c.connect(leader);
+    let (sid, _) = c.auth_stream(leader, p);
+    let body = format!(
+        r#"{{"type":"group_poll",{},"max_records":16,"wait_ms":600000,"request_id":7}}"#,
+        group_addr(shard)
+    );
+    let frames = c.exchange(leader, p, sid, &json_frame(&body));
+    assert!(frames.is_empty(), "the poll waits: {frames:?}");
+
+    // The leader is cut off; another node leads the shard; the old leader hears of it.
+    let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    for &o in &others {
+        c.cut_both(leader, o, true);
+    }
+    let moved = |c: &ClusterNet, at: usize| {
+        let (l, g) = c.orders_leader(at, shard);
+        l.is_some_and(|l| l != leader) && g > generation
+    };
+    c.until(Duration::from_secs(60), |c| moved(c, others[0]));
+    for &o in &others {
+        c.cut_both(leader, o, false);
+    }
+    c.until(Duration::from_secs(60), |c| moved(c, leader));
+    let (next, _) = c.orders_leader(leader, shard);
+    // A record at the new generation reaches the old leader's copy as a follower's.
+    assert_eq!(
+        c.publish_acked(next.unwrap(), (SHARDS, shard), 1, b"later"),
+        0
+    );
+    let answer = std::cell::RefCell::new(Vec::new());
+    c.until(Duration::from_secs(10), |c| {
+        let mut got = answer.borrow_mut();
+        got.extend(c.nodes[leader].read_frames(p, sid));
+        !got.is_empty()
+    });
+    let answer: Value = serde_json::from_str(text(&answer.borrow()[0])).expect("JSON");
+    // Ended without records: its claims would be the old leadership's, written nowhere.
+    assert_eq!(answer["type"], "group_records", "{answer}");
+    assert_eq!(answer["records"], serde_json::json!([]), "{answer}");
+}

@@ -267,6 +267,35 @@ fn ack_before_write_is_refused_with_on_commit() {
     }
 }
 
+#[test]
+fn ack_before_write_is_refused_on_a_cluster_node() {
+    // A cluster's `quorum` publish would be answered on arrival, before any follower holds it.
+    let mut config = periodic();
+    config.ack_before_write = true;
+    let identity = tls().identity;
+    let auth = felix_engine::AuthConfig::Dev { seed: [7; 32] };
+    let mut engine_config = felix_engine::EngineConfig::new(identity, auth, [9; 32]);
+    engine_config.durable = Some(config);
+    let peers = ["n1", "n2", "n3"]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| felix_engine::PeerAddr {
+            node_id: (*id).into(),
+            addr: format!("127.0.0.1:{}", 7101 + i).parse().unwrap(),
+        })
+        .collect();
+    engine_config.cluster = Some(felix_engine::ClusterConfig::new("n1", peers));
+    let now = std::time::Instant::now();
+    let Err(err) = felix_engine::Engine::new(engine_config, now, 1_767_225_600_000_000) else {
+        panic!("ack_before_write on a cluster node was accepted");
+    };
+    assert!(
+        err.to_string()
+            .contains("ack_before_write cannot be used on a cluster node"),
+        "{err}"
+    );
+}
+
 /// Everything the log holds after a restart over `disk`, from `earliest`: (offset, payload).
 fn recovered(
     disk: felix_storage::memfs::MemFs,

@@ -188,7 +188,9 @@ impl FrameDecoder {
         };
         let len = header.length as usize;
         if self.buf.len() < len {
-            self.buf.reserve(len - self.buf.len());
+            // No reserve from the header's length: a sender could announce the limit on
+            // every stream and never send the body. The buffer grows only with the bytes that
+            // arrive (`feed`), which the transport's flow control bounds.
             return Ok(None);
         }
         self.pending = None;
@@ -273,6 +275,30 @@ mod tests {
         let mut d = FrameDecoder::new(16);
         d.feed(&frame_bytes(0, &[b'a'; 16]));
         assert_eq!(d.next_frame().unwrap().unwrap().payload.len(), 16);
+    }
+
+    #[test]
+    fn a_header_alone_reserves_nothing_for_its_body() {
+        // A peer can send headers announcing the limit and then stall: memory must follow the
+        // bytes that arrived, not the length a header claims.
+        let claimed = DEFAULT_MAX_FRAME_BYTES;
+        let mut d = FrameDecoder::new(claimed);
+        let header = FrameHeader {
+            flags: Flags::NONE,
+            length: claimed,
+        };
+        d.feed(&header.to_bytes());
+        assert_eq!(d.next_frame(), Ok(None));
+        assert!(d.buf.capacity() < 4096, "reserved {}", d.buf.capacity());
+        d.feed(&[b'a'; 100]);
+        assert_eq!(d.next_frame(), Ok(None));
+        assert!(d.buf.capacity() < 4096, "reserved {}", d.buf.capacity());
+        // The body still decodes once it is all there.
+        d.feed(&vec![b'a'; claimed as usize - 100]);
+        assert_eq!(
+            d.next_frame().unwrap().unwrap().payload.len(),
+            claimed as usize
+        );
     }
 
     #[test]

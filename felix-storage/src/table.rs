@@ -350,8 +350,11 @@ impl<N: From<TableEvent>> LogTable<N> {
         };
         let dir = slot.log.shard().dir().to_owned();
         let bound = slot.log.shard().compaction_bound();
+        let only_shipped = slot.log.shard().only_shipped();
         let mut log = self.new_log(id, dir, kind, now);
         log.driven().shard_mut().bound_compaction(bound);
+        // A follower's copy stays one across the reload.
+        log.driven().shard_mut().take_only_shipped(only_shipped);
         let slot = self.slot_mut(id).expect("checked");
         slot.log = log;
         slot.state = LogState::Opening;

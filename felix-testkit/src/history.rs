@@ -11,8 +11,9 @@
 //!
 //! A publish that failed or whose outcome is unknown may or may not be in the log; either is
 //! fine, and the [`Stats`] count how many were. Shards named in [`Tolerance::loss_allowed`]
-//! (a `leader`-consistency stream whose leadership moved, which may lose what no follower
-//! had) report lost writes as tolerated instead of as violations; every other check holds.
+//! (a `leader`-consistency shard whose leader came back on an empty disk: the one loss the
+//! spec allows) report lost writes as tolerated instead of as violations; every other check
+//! holds.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;

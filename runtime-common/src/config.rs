@@ -329,6 +329,7 @@ pub const SETTINGS: &[Setting] = &[
     limit!("limits.counter_max_logs", &["FELIX_COUNTER_MAX_LOGS"], int counter_max_logs),
     limit!("limits.durable_cache_max_keys", &["FELIX_DURABLE_CACHE_MAX_KEYS"], int durable_cache_max_keys),
     limit!("limits.durable_cache_max_total_bytes", &["FELIX_DURABLE_CACHE_MAX_TOTAL_BYTES"], int durable_cache_max_total_bytes),
+    limit!("limits.max_producers_per_tenant", &["FELIX_MAX_PRODUCERS_PER_TENANT"], int max_producers_per_tenant),
     plain("limits.busy_poll_us", &["FELIX_BUSY_POLL_US"], Kind::Int, Default_::Int(crate::DEFAULT_BUSY_POLL.as_micros() as u64)),
     // Cluster (docs/cluster.md). Every setting from here on needs `cluster.node_id`; the
     // cluster limits stay in `[limits]` (they must follow the other limits for `--print-config`).
@@ -353,6 +354,7 @@ pub const SETTINGS: &[Setting] = &[
     // Replicated shards (docs/replication.md).
     plain("replication.quorum_timeout_ms", &["FELIX_QUORUM_TIMEOUT_MS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_QUORUM_TIMEOUT.as_millis() as u64)),
     plain("replication.window_bytes", &["FELIX_REPLICATION_WINDOW_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_REPLICATION_WINDOW_BYTES)),
+    plain("replication.leader_quiet_after_ms", &["FELIX_LEADER_QUIET_AFTER_MS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_LEADER_QUIET_AFTER.as_millis() as u64)),
 ];
 
 /// Sections of the file; every other table is refused.
@@ -886,6 +888,15 @@ fn build(effective: Effective) -> Result<Config, ConfigError> {
     };
     durable(&name, &text, &int, &flag, &mut options)?;
     let (cluster, internal_bind) = cluster(&effective, &name, &text, &int, &flag, bind)?;
+    // Acking on arrival would answer a `quorum` publish before any follower holds it.
+    if options.durable.ack_before_write && cluster.is_some() {
+        return Err(ConfigError(format!(
+            "{} cannot be used on a cluster node ({} is set): acks must wait for the write \
+             and for replication",
+            name("durable.ack_before_write"),
+            name("cluster.node_id")
+        )));
+    }
 
     // Engine settings: limits, TLS client certificates and ALPN, declared streams.
     let mut limits: Vec<(Setter, u64)> = Vec::new();
@@ -980,6 +991,7 @@ const CLUSTER_ONLY: &[&str] = &[
     "cluster.internal_allow_unauthenticated",
     "replication.quorum_timeout_ms",
     "replication.window_bytes",
+    "replication.leader_quiet_after_ms",
 ];
 
 /// The `cluster.*` settings, the two cluster limits and `[[caches]]`: the engine's
@@ -1109,6 +1121,8 @@ fn cluster(
     let quorum_timeout =
         positive(int, name, "replication.quorum_timeout_ms")?.map(Duration::from_millis);
     let replication_window = positive(int, name, "replication.window_bytes")?;
+    let leader_quiet_after =
+        positive(int, name, "replication.leader_quiet_after_ms")?.map(Duration::from_millis);
     let max_forward_channels = count("limits.max_forward_channels")?;
     // 0 is allowed: nothing is queued for a peer whose link is down.
     let max_peer_backlog_bytes = int("limits.max_peer_backlog_bytes")
@@ -1224,6 +1238,9 @@ fn cluster(
     }
     config.metadata_log_compact_bytes = compact_bytes;
     config.max_pending_lease_grants = max_pending_lease_grants;
+    if let Some(t) = leader_quiet_after {
+        config.leader_quiet_after = t;
+    }
     if let Some(t) = quorum_timeout {
         config.quorum_timeout = t;
     }
@@ -1541,9 +1558,11 @@ mod tests {
                 ("FELIX_COUNTER_MAX_LOGS", "12"),
                 ("FELIX_DURABLE_CACHE_MAX_KEYS", "13"),
                 ("FELIX_DURABLE_CACHE_MAX_TOTAL_BYTES", "14"),
+                ("FELIX_MAX_PRODUCERS_PER_TENANT", "15"),
             ]))
             .unwrap(),
         );
+        assert_eq!(e.max_producers_per_tenant, 15);
         assert_eq!(
             (
                 e.durable_cache_max_logs,
@@ -1896,6 +1915,10 @@ shards = 4
         assert_eq!(c.forward_timeout, felix_engine::DEFAULT_FORWARD_TIMEOUT);
         assert_eq!(c.quorum_timeout, felix_engine::DEFAULT_QUORUM_TIMEOUT);
         assert_eq!(
+            c.leader_quiet_after,
+            felix_engine::DEFAULT_LEADER_QUIET_AFTER
+        );
+        assert_eq!(
             c.replication_window_bytes,
             felix_engine::DEFAULT_REPLICATION_WINDOW_BYTES
         );
@@ -1934,11 +1957,13 @@ shards = 4
             ("FELIX_METADATA_LOG_COMPACT_BYTES", "1"),
             ("FELIX_MAX_PENDING_LEASE_GRANTS", "1"),
             ("FELIX_QUORUM_TIMEOUT_MS", "1"),
+            ("FELIX_LEADER_QUIET_AFTER_MS", "1"),
             ("FELIX_REPLICATION_WINDOW_BYTES", "1"),
             ("FELIX_DURABLE_STORAGE_DIR", "/var/lib/felix"),
         ]))
         .unwrap();
         assert_eq!(c.quorum_timeout, Duration::from_millis(1));
+        assert_eq!(c.leader_quiet_after, Duration::from_millis(1));
         assert_eq!(c.replication_window_bytes, 1);
         assert_eq!(
             c.client_advertise_addr.as_deref(),
@@ -2016,6 +2041,16 @@ shards = 4
                 "{peers}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn ack_before_write_is_refused_on_a_cluster_node() {
+        let e = refused(&node(&[("FELIX_ACK_BEFORE_WRITE", "true")]));
+        assert!(
+            e.contains("FELIX_ACK_BEFORE_WRITE cannot be used on a cluster node")
+                && e.contains("FELIX_NODE_ID is set"),
+            "{e}"
+        );
     }
 
     #[test]

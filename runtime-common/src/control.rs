@@ -23,6 +23,8 @@ pub(crate) enum Control {
     Jwks(Vec<u8>),
     /// An operator's stream deletion (`ops/stream_delete.rs`).
     DeleteStream(stream_delete::DeleteRequest),
+    /// An operator's abandon of a shard's records (`ops/abandon.rs`).
+    Abandon(crate::ops::abandon::AbandonRequest),
 }
 
 /// A broker running in the background on some runtime. Dropping it stops the broker too

@@ -494,6 +494,7 @@ impl<R: Runtime> Driver<R> {
                 Err(e) => warn!(error = %e, "refused the changed JWKS; the old keys stay"),
             },
             Control::DeleteStream(req) => crate::ops::stream_delete::run(&mut self.engine, req),
+            Control::Abandon(req) => crate::ops::abandon::run(&mut self.engine, req),
         }
     }
 

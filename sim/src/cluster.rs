@@ -91,6 +91,13 @@ enum Fault {
         leader: usize,
         tries: u32,
     },
+    /// Canary (`AbandonOnSilence`): the busiest leader's links to every other node are cut
+    /// both ways, so it acknowledges `leader` writes its followers never receive for what
+    /// is left of its lease; half a lease later it crashes (`CrashStranded`).
+    StrandLeaderAlone,
+    /// Canary (`AbandonOnSilence`): the stranded leader's links are healed and it crashes,
+    /// staying down long enough for the control plane to decide who leads its shards.
+    CrashStranded(usize),
     /// Canary (`WipeLeaderDisk`): the busiest forwarded-to leader dies and comes back on an
     /// empty disk.
     WipeLeader,
@@ -227,12 +234,22 @@ impl ClusterWorld {
         // waits for its node. The wiped-disk canary needs lone copies to lose.
         let replicated = match opts.canary {
             Some(Canary::WipeLeaderDisk) => false,
-            Some(Canary::PromoteBehind | Canary::ServePastLease | Canary::AckBeforeDurable) => true,
+            Some(
+                Canary::PromoteBehind
+                | Canary::ServePastLease
+                | Canary::AckBeforeDurable
+                | Canary::AbandonOnSilence,
+            ) => true,
             _ => opts.replicated,
         };
         if replicated {
             declared.replication_factor = 3;
-            declared.consistency = Consistency::Quorum;
+            declared.consistency =
+                if opts.leader_consistency || opts.canary == Some(Canary::AbandonOnSilence) {
+                    Consistency::Leader
+                } else {
+                    Consistency::Quorum
+                };
         }
         let replication = (declared.replication_factor, declared.consistency);
         config.declared_streams = vec![declared];
@@ -335,7 +352,8 @@ impl ClusterWorld {
         let count = plan.range(0..8);
         // The ack-before-durable canary needs its own faults alone: one more (a freeze, a
         // cut) on the follower it aims at keeps that follower from holding what it reported.
-        let count = if self.canary == Some(Canary::AckBeforeDurable) {
+        let alone = [Canary::AckBeforeDurable, Canary::AbandonOnSilence];
+        let count = if self.canary.is_some_and(|c| alone.contains(&c)) {
             0
         } else {
             count
@@ -401,6 +419,7 @@ impl ClusterWorld {
                 self.push_fault(Duration::from_secs(7), Fault::CrashLeader);
             }
             Some(Canary::AckBeforeDurable) => self.push_fault(three, Fault::StrandLeader),
+            Some(Canary::AbandonOnSilence) => self.push_fault(three, Fault::StrandLeaderAlone),
             _ => {}
         }
         self.push_fault(FAULT_PHASE, Fault::EndOfFaults);
@@ -893,6 +912,21 @@ impl ClusterWorld {
                     };
                     self.push_fault(later, f);
                 }
+            }
+            Fault::StrandLeaderAlone => {
+                if let Some(l) = self.busiest_leader() {
+                    for o in (0..self.nodes.len()).filter(|&o| o != l) {
+                        self.net.cut(Node::Server(l), Node::Server(o));
+                        self.net.cut(Node::Server(o), Node::Server(l));
+                    }
+                    let later = self.clock.elapsed() + felix_engine::DEFAULT_LEASE / 2;
+                    self.push_fault(later, Fault::CrashStranded(l));
+                }
+            }
+            Fault::CrashStranded(l) => {
+                self.net.heal_node(Node::Server(l));
+                self.crash(l, CrashKind::Process, false, true);
+                self.nodes[l].down_until = Some(now + Duration::from_secs(8));
             }
             Fault::PowerLossUnsynced {
                 node,
@@ -1438,6 +1472,7 @@ fn replication_canary(canary: Option<Canary>) -> Option<ReplicationCanary> {
         Canary::PromoteBehind => Some(ReplicationCanary::PromoteBehind),
         Canary::ServePastLease => Some(ReplicationCanary::ServePastLease),
         Canary::AckBeforeDurable => Some(ReplicationCanary::AckBeforeDurable),
+        Canary::AbandonOnSilence => Some(ReplicationCanary::AbandonOnSilence),
         _ => None,
     }
 }

@@ -85,6 +85,11 @@ pub enum Canary {
     /// run cuts one follower off, powers the other down and then crashes the leader once it
     /// is back (caught by `no_acked_loss`).
     AckBeforeDurable,
+    /// Cluster, `leader` consistency: a `leader` shard whose leader went silent is handed to
+    /// a follower although none was recorded level with it (the old rule); the run cuts the
+    /// busiest leader off from its followers while it acknowledges alone, then crashes it
+    /// (caught by `no_acked_loss`).
+    AbandonOnSilence,
 }
 
 impl std::str::FromStr for Canary {
@@ -105,8 +110,9 @@ impl std::str::FromStr for Canary {
             "promote-behind" => Ok(Canary::PromoteBehind),
             "serve-past-lease" => Ok(Canary::ServePastLease),
             "ack-before-durable" => Ok(Canary::AckBeforeDurable),
+            "abandon-on-silence" => Ok(Canary::AbandonOnSilence),
             other => Err(format!(
-                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new, drop-watch-change, stale-cache-read, misroute-claim, withhold-answers, metadata-divergence, split-leader, wipe-leader-disk, redirect-loop, promote-behind, serve-past-lease or ack-before-durable"
+                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new, drop-watch-change, stale-cache-read, misroute-claim, withhold-answers, metadata-divergence, split-leader, wipe-leader-disk, redirect-loop, promote-behind, serve-past-lease, ack-before-durable or abandon-on-silence"
             )),
         }
     }
@@ -133,6 +139,10 @@ pub struct RunOptions {
     /// copy not recorded on its node's disk is withheld (the crash still happens). Off by
     /// default, so a seed's schedule stays what earlier sweeps ran.
     pub wipe_disks: bool,
+    /// Cluster runs with `replicated`: three replicas at `leader` consistency instead of
+    /// `quorum`, so `no_acked_loss` holds a crashed leader's own acknowledgements to the
+    /// spec (docs/replication.md, "Who may lead a `leader` shard").
+    pub leader_consistency: bool,
 }
 
 impl RunOptions {
@@ -145,6 +155,7 @@ impl RunOptions {
             majority_crashes: false,
             replicated: false,
             wipe_disks: false,
+            leader_consistency: false,
         }
     }
 }

@@ -18,7 +18,7 @@ use felix_sim::{run, run_cluster, Canary, RunOptions};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: felix-sim (--seeds A..B | --seed S) [--cluster] [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers|metadata-divergence|split-leader|wipe-leader-disk|redirect-loop|promote-behind|serve-past-lease|ack-before-durable] [--quiet | --hashes] [--keep-going] [--majority-crashes] [--replicated] [--wipe-disks]"
+        "usage: felix-sim (--seeds A..B | --seed S) [--cluster] [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers|metadata-divergence|split-leader|wipe-leader-disk|redirect-loop|promote-behind|serve-past-lease|ack-before-durable|abandon-on-silence] [--quiet | --hashes] [--keep-going] [--majority-crashes] [--replicated] [--wipe-disks] [--leader-consistency]"
     );
     ExitCode::from(2)
 }
@@ -50,6 +50,7 @@ fn main() -> ExitCode {
     let mut majority_crashes = false;
     let mut replicated = false;
     let mut wipe_disks = false;
+    let mut leader_consistency = false;
     let mut canary: Option<Canary> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -80,6 +81,7 @@ fn main() -> ExitCode {
             "--majority-crashes" => majority_crashes = true,
             "--replicated" => replicated = true,
             "--wipe-disks" => wipe_disks = true,
+            "--leader-consistency" => leader_consistency = true,
             "--canary" => match args.next().map(|c| c.parse()) {
                 Some(Ok(c)) => canary = Some(c),
                 Some(Err(e)) => {
@@ -110,6 +112,7 @@ fn main() -> ExitCode {
         Some(Canary::PromoteBehind) => " --canary promote-behind",
         Some(Canary::ServePastLease) => " --canary serve-past-lease",
         Some(Canary::AckBeforeDurable) => " --canary ack-before-durable",
+        Some(Canary::AbandonOnSilence) => " --canary abandon-on-silence",
         None => "",
     };
     let mut out = std::io::stdout().lock();
@@ -131,6 +134,7 @@ fn main() -> ExitCode {
             majority_crashes,
             replicated,
             wipe_disks,
+            leader_consistency,
         };
         let outcome = if cluster {
             run_cluster(&options)
@@ -151,7 +155,7 @@ fn main() -> ExitCode {
             say!("VIOLATION at seed {seed}: {}", v.invariant);
             say!("  {}", v.detail);
             say!(
-                "replay: cargo run --release -p felix-sim -- --seed {seed}{}{}{canary_flag} --verbose",
+                "replay: cargo run --release -p felix-sim -- --seed {seed}{}{}{}{canary_flag} --verbose",
                 match (cluster, majority_crashes, replicated) {
                     (false, ..) => "",
                     (true, false, false) => " --cluster",
@@ -159,7 +163,8 @@ fn main() -> ExitCode {
                     (true, false, true) => " --cluster --replicated",
                     (true, true, true) => " --cluster --majority-crashes --replicated",
                 },
-                if wipe_disks { " --wipe-disks" } else { "" }
+                if wipe_disks { " --wipe-disks" } else { "" },
+                if leader_consistency { " --leader-consistency" } else { "" }
             );
             if !keep_going {
                 return ExitCode::from(1);

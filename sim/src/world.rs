@@ -155,7 +155,8 @@ impl World {
                 | Canary::RedirectLoop
                 | Canary::PromoteBehind
                 | Canary::ServePastLease
-                | Canary::AckBeforeDurable,
+                | Canary::AckBeforeDurable
+                | Canary::AbandonOnSilence,
             ) => *plan.pick(&[
                 Mode::Memory,
                 Mode::Memory,

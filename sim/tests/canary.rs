@@ -12,6 +12,7 @@ fn first_caught(canary: Canary, budget: u64) -> Option<(u64, felix_sim::Violatio
             majority_crashes: false,
             replicated: false,
             wipe_disks: false,
+            leader_consistency: false,
         });
         outcome.violation.map(|v| (seed, v))
     })

@@ -169,3 +169,29 @@ fn a_follower_reporting_before_its_write_is_durable_is_caught() {
         "seed {seed}: {v}"
     );
 }
+
+#[test]
+fn a_leader_shard_handed_on_while_its_leader_may_hold_unshipped_acks_is_caught() {
+    // The old rule: a `leader` shard whose leader went silent passed to any live follower.
+    // The run cuts the busiest leader off from its followers while it acknowledges alone,
+    // then crashes it; the follower named in its place lacks what it acknowledged.
+    let (seed, v) = first_caught(Canary::AbandonOnSilence, 8).expect("went unnoticed");
+    assert!(
+        REPLICATION_SAFETY.contains(&v.invariant),
+        "seed {seed}: {v}"
+    );
+}
+
+#[test]
+fn a_small_leader_consistency_sweep_loses_nothing() {
+    // Crashes, freezes and cuts with `leader` shards: a shard passes on only to a follower
+    // recorded level with its leader, or waits for the leader and what it acknowledged.
+    for seed in 0..4 {
+        let outcome = run_cluster(&RunOptions {
+            replicated: true,
+            leader_consistency: true,
+            ..RunOptions::seed(seed)
+        });
+        assert_eq!(outcome.violation, None, "seed {seed}: {}", outcome.summary);
+    }
+}

@@ -13,6 +13,7 @@ fn a_silently_dropped_watch_change_is_caught() {
             majority_crashes: false,
             replicated: false,
             wipe_disks: false,
+            leader_consistency: false,
         })
         .violation
         .map(|v| (seed, v))

@@ -21,10 +21,12 @@ use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
 use crate::runtime::{timeout, Runtime};
 
 pub(crate) mod cache_features;
+pub(crate) mod cluster;
 pub(crate) mod groups;
 pub(crate) mod stream_ops;
 pub(crate) mod watch;
 
+use crate::core::cluster::{ClusterConfig, RetryPolicy};
 use crate::core::requests::{
     cache_delete_answer, cache_get_answer, cache_put_answer, published_answer,
 };
@@ -40,8 +42,26 @@ use crate::transport::{endpoint_config, quic_client_config, GsoBounded, QuicSett
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct ClientConfig {
-    /// The broker's client listener.
+    /// The broker's client listener: the only seed when `seeds` is empty.
     pub addr: SocketAddr,
+    /// Brokers of a cluster to start from, dialled in order until one answers; the others
+    /// are learned from `topology`. Empty: `addr` alone.
+    pub seeds: Vec<SocketAddr>,
+    /// Bounds on retried calls (attempts, full-jitter backoff, optional deadline).
+    pub retry: RetryPolicy,
+    /// The seed of the backoff's jitter (so a test can replay a run's delays).
+    pub jitter_seed: u64,
+    /// `not_leader` redirects one attempt follows (default
+    /// [`crate::core::cluster::DEFAULT_MAX_REDIRECT_HOPS`]).
+    pub max_redirect_hops: usize,
+    /// How often `topology` is asked again while connected.
+    pub topology_interval: Duration,
+    /// How long a `shard_owners` answer routes calls before it is asked again.
+    pub owners_refresh: Duration,
+    /// How long a broker whose connection failed is dialled last.
+    pub suspect_for: Duration,
+    /// How long an answer naming a lost broker as a shard's owner is believed.
+    pub lost_owner_reask: Duration,
     /// TLS server name (SNI and certificate check). Default `"localhost"`, whatever `addr` is.
     pub server_name: String,
     /// PEM of the CA(s) to trust.
@@ -59,9 +79,13 @@ pub struct ClientConfig {
     pub connect_streams: usize,
     /// Bound on the QUIC handshake, and on each auth round trip.
     pub connect_timeout: Duration,
-    /// Bound on waiting for any answer (publish ack, cache answer, `subscribed`, hello).
+    /// Bound on waiting for any answer (publish ack, cache answer, `subscribed`, hello): the
+    /// per-request deadline. A broker that lets it pass is treated as lost: its connection
+    /// is closed and the call's outcome is unknown.
     pub request_timeout: Duration,
-    /// QUIC idle timeout; a keep-alive is sent at a third of it.
+    /// QUIC idle timeout, the bound on noticing a dead or frozen broker; a keep-alive is
+    /// sent at a quarter of it. 6 s for one broker (as the reference client), and
+    /// [`DEFAULT_IDLE_TIMEOUT`] for the cluster client.
     pub idle_timeout: Duration,
     /// QUIC receive window per stream: how far the broker may run ahead of a reader (an
     /// event stream the application does not read stops the broker at this many bytes).
@@ -87,6 +111,7 @@ impl std::fmt::Debug for ClientConfig {
         // The token is a credential: never in logs.
         f.debug_struct("ClientConfig")
             .field("addr", &self.addr)
+            .field("seeds", &self.seeds)
             .field("server_name", &self.server_name)
             .field("tenant", &self.tenant)
             .field("token", &"<redacted>")
@@ -101,8 +126,17 @@ impl std::fmt::Debug for ClientConfig {
 impl ClientConfig {
     /// Defaults for everything but where to go and who we are.
     pub fn new(addr: SocketAddr, ca_pem: impl Into<Vec<u8>>, tenant: &str, token: &str) -> Self {
+        let cluster = ClusterConfig::new(Vec::new());
         ClientConfig {
             addr,
+            seeds: Vec::new(),
+            retry: cluster.retry,
+            jitter_seed: 0,
+            max_redirect_hops: cluster.max_redirect_hops,
+            topology_interval: cluster.topology_interval,
+            owners_refresh: cluster.owners_refresh,
+            suspect_for: cluster.suspect_for,
+            lost_owner_reask: cluster.lost_owner_reask,
             server_name: "localhost".into(),
             ca_pem: ca_pem.into(),
             tenant: tenant.into(),
@@ -121,12 +155,61 @@ impl ClientConfig {
             max_ack_delay: crate::transport::DEFAULT_MAX_ACK_DELAY,
         }
     }
+
+    /// Defaults for the cluster client, reached through `seeds` (at least one): calls are
+    /// routed to owners, retried and resumed, and a broker is presumed dead after
+    /// [`DEFAULT_IDLE_TIMEOUT`] of silence.
+    pub fn with_seeds(
+        seeds: Vec<SocketAddr>,
+        ca_pem: impl Into<Vec<u8>>,
+        tenant: &str,
+        token: &str,
+    ) -> Self {
+        let first = *seeds.first().expect("at least one seed");
+        let mut config = ClientConfig::new(first, ca_pem, tenant, token);
+        config.seeds = seeds;
+        config.idle_timeout = DEFAULT_IDLE_TIMEOUT;
+        config
+    }
+
+    /// The seeds to dial: `seeds`, or `addr` when there are none.
+    pub fn seed_list(&self) -> Vec<SocketAddr> {
+        if self.seeds.is_empty() {
+            vec![self.addr]
+        } else {
+            self.seeds.clone()
+        }
+    }
+
+    fn cluster_config(&self) -> ClusterConfig {
+        let mut c = ClusterConfig::new(self.seed_list());
+        c.seed = self.jitter_seed;
+        c.retry = self.retry;
+        c.max_redirect_hops = self.max_redirect_hops;
+        c.topology_interval = self.topology_interval;
+        c.owners_refresh = self.owners_refresh;
+        c.suspect_for = self.suspect_for;
+        c.lost_owner_reask = self.lost_owner_reask;
+        c
+    }
 }
 
-/// A connection to one broker. Clones share the connection and its streams.
+/// The default QUIC idle timeout: a broker silent this long (its keep-alives unanswered) is
+/// dead to the client, and its calls are failed over. Short enough that a killed leader's
+/// shards are noticed well within a lease; long enough for a loaded machine's pauses.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A client of one broker or of a cluster. Clones share the connections and their streams.
+///
+/// Publishes, cache calls and subscriptions are routed to their shard's owner, follow
+/// redirects and moves, and are retried ([`crate::core::cluster`] decides; `cluster.rs`
+/// carries it). Other calls (groups, watches, stream operations) go to the broker first
+/// connected, which forwards them.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+    /// The cluster this client routes over; `None` for the per-broker clients it holds.
+    cluster: Option<Arc<cluster::ClusterShared>>,
 }
 
 /// A publish stream, opened once on first use.
@@ -156,9 +239,29 @@ impl Drop for Inner {
 }
 
 impl Client {
-    /// Dials the broker on `config.runtime`, authenticates `connect_streams` streams one
-    /// after another, and starts routing event streams. On tokio, call it inside the runtime.
+    /// Dials the seeds in order on `config.runtime` until one completes a handshake and
+    /// authenticates `connect_streams` streams, asks it `topology`, and starts routing event
+    /// streams. Other brokers are connected when a call is routed to them. On tokio, call it
+    /// inside the runtime.
+    ///
+    /// With no `seeds` (a config from [`ClientConfig::new`]) it is the client of the one
+    /// broker at `addr`: every call goes there, nothing is routed, retried or resumed. With
+    /// seeds ([`ClientConfig::with_seeds`], even one) it is the cluster client.
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+        if config.seeds.is_empty() {
+            let addr = config.addr;
+            return Client::connect_node(config, addr).await;
+        }
+        cluster::ClusterShared::connect(config.clone(), config.cluster_config()).await
+    }
+
+    /// One connection to the broker at `addr`, with no routing or retries of its own.
+    pub(crate) async fn connect_node(
+        config: ClientConfig,
+        addr: SocketAddr,
+    ) -> Result<Client, ClientError> {
+        let mut config = config;
+        config.addr = addr;
         let runtime = config.runtime.quinn();
         let quic = quic_client_config(&QuicSettings {
             ca_pem: &config.ca_pem,
@@ -241,6 +344,7 @@ impl Client {
         )));
 
         Ok(Client {
+            cluster: None,
             inner: Arc::new(Inner {
                 runtime,
                 endpoint,
@@ -279,6 +383,12 @@ impl Client {
     /// publish stream. Several publishes may be in flight at once (up to the negotiated
     /// window); each call returns when its own answer arrives. Returns the offset of the
     /// first record when the broker gave one; `Ack::None` returns once the frame is written.
+    ///
+    /// In a cluster the batch goes to its key's shard owner. A refusal that proves nothing
+    /// was written (`not_leader`, `shard_unavailable`, `overloaded`...) and a failure before
+    /// the batch left are retried; a batch whose outcome is unknown (the connection went
+    /// away with it unanswered, `quorum_timeout`, ...) is **never re-sent**: the error says
+    /// so, and [`Client::publish_at_least_once`] is the call that re-sends.
     pub async fn publish(
         &self,
         namespace: &str,
@@ -287,7 +397,69 @@ impl Client {
         key: Option<Bytes>,
         ack: Ack,
     ) -> Result<Option<u64>, ClientError> {
-        let channel = self.publish_stream(namespace, stream).await?;
+        match &self.cluster {
+            Some(cluster) => {
+                cluster
+                    .publish(namespace, stream, &payloads, key.as_deref(), ack, false)
+                    .await
+            }
+            None => self
+                .publish_here(namespace, stream, &payloads, key.as_deref(), ack)
+                .await
+                .map_err(|(e, _)| e),
+        }
+    }
+
+    /// Like [`Client::publish`], but re-sends a batch whose outcome is unknown, until it is
+    /// acknowledged or the retry bounds run out: the batch is written at least once, and
+    /// may be written twice (an idempotent producer, [`Client::publish_idempotent`], is the
+    /// way to have neither loss nor duplicate).
+    pub async fn publish_at_least_once(
+        &self,
+        namespace: &str,
+        stream: &str,
+        payloads: Vec<Bytes>,
+        key: Option<Bytes>,
+    ) -> Result<Option<u64>, ClientError> {
+        match &self.cluster {
+            Some(cluster) => {
+                cluster
+                    .publish(
+                        namespace,
+                        stream,
+                        &payloads,
+                        key.as_deref(),
+                        Ack::PerMessage,
+                        true,
+                    )
+                    .await
+            }
+            None => self
+                .publish_here(
+                    namespace,
+                    stream,
+                    &payloads,
+                    key.as_deref(),
+                    Ack::PerMessage,
+                )
+                .await
+                .map_err(|(e, _)| e),
+        }
+    }
+
+    /// One publish on this connection; the flag says whether the batch was written.
+    pub(crate) async fn publish_here(
+        &self,
+        namespace: &str,
+        stream: &str,
+        payloads: &[Bytes],
+        key: Option<&[u8]>,
+        ack: Ack,
+    ) -> Result<Option<u64>, (ClientError, bool)> {
+        let channel = self
+            .publish_stream(namespace, stream)
+            .await
+            .map_err(|e| (e, false))?;
         let target = Target {
             namespace,
             name: stream,
@@ -296,16 +468,22 @@ impl Client {
             .call(
                 ack != Ack::None,
                 self.inner.config.request_timeout,
-                |core| core.publish(target, &payloads, key.as_deref(), ack),
+                |core| core.publish(target, payloads, key, ack),
             )
-            .await?;
+            .await
+            .map_err(|e| {
+                let sent = !matches!(e, ClientError::Usage(_));
+                (e, sent)
+            })?;
         match answer {
             None => Ok(None),
-            Some(answer) => published_answer(answer),
+            Some(answer) => published_answer(answer).map_err(|e| (e, true)),
         }
     }
 
-    /// Stores `value` under `key`, expiring after `ttl` if given.
+    /// Stores `value` under `key`, expiring after `ttl` if given. In a cluster it goes to the
+    /// cache's owner; a refusal proving nothing was written is retried, an unknown outcome
+    /// is reported (never re-sent).
     pub async fn cache_put(
         &self,
         namespace: &str,
@@ -314,19 +492,78 @@ impl Client {
         value: Bytes,
         ttl: Option<Duration>,
     ) -> Result<(), ClientError> {
+        let Some(cluster) = &self.cluster else {
+            return self
+                .cache_put_here(namespace, cache, key, &value, ttl)
+                .await;
+        };
+        cluster
+            .cache_call(namespace, cache, key, false, |node| {
+                let value = value.clone();
+                Box::pin(async move {
+                    node.cache_put_here(namespace, cache, key, &value, ttl)
+                        .await
+                })
+            })
+            .await
+    }
+
+    /// Reads `key`; `None` when absent or expired. In a cluster it is read from the cache's
+    /// owner, and retried (a read changes nothing) until answered or the bounds run out.
+    pub async fn cache_get(
+        &self,
+        namespace: &str,
+        cache: &str,
+        key: &str,
+    ) -> Result<Option<Bytes>, ClientError> {
+        let Some(cluster) = &self.cluster else {
+            return self.cache_get_here(namespace, cache, key).await;
+        };
+        cluster
+            .cache_call(namespace, cache, key, true, |node| {
+                Box::pin(async move { node.cache_get_here(namespace, cache, key).await })
+            })
+            .await
+    }
+
+    /// Removes `key`, returning the value it held (`None` if there was none). Routed and
+    /// retried as [`Client::cache_put`] is.
+    pub async fn cache_delete(
+        &self,
+        namespace: &str,
+        cache: &str,
+        key: &str,
+    ) -> Result<Option<Bytes>, ClientError> {
+        let Some(cluster) = &self.cluster else {
+            return self.cache_delete_here(namespace, cache, key).await;
+        };
+        cluster
+            .cache_call(namespace, cache, key, false, |node| {
+                Box::pin(async move { node.cache_delete_here(namespace, cache, key).await })
+            })
+            .await
+    }
+
+    pub(crate) async fn cache_put_here(
+        &self,
+        namespace: &str,
+        cache: &str,
+        key: &str,
+        value: &Bytes,
+        ttl: Option<Duration>,
+    ) -> Result<(), ClientError> {
         let target = Target {
             namespace,
             name: cache,
         };
         let ttl_ms = ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
         cache_put_answer(
-            self.cache_call(|core| core.cache_put(target, key, &value, ttl_ms))
+            self.cache_call(|core| core.cache_put(target, key, value, ttl_ms))
                 .await?,
         )
     }
 
-    /// Reads `key`; `None` when absent or expired.
-    pub async fn cache_get(
+    pub(crate) async fn cache_get_here(
         &self,
         namespace: &str,
         cache: &str,
@@ -339,8 +576,7 @@ impl Client {
         cache_get_answer(self.cache_call(|core| core.cache_get(target, key)).await?)
     }
 
-    /// Removes `key`, returning the value it held (`None` if there was none).
-    pub async fn cache_delete(
+    pub(crate) async fn cache_delete_here(
         &self,
         namespace: &str,
         cache: &str,
@@ -357,7 +593,9 @@ impl Client {
     }
 
     /// Subscribes to shard 0 of `namespace/stream` on a new stream, and waits for both the
-    /// `subscribed` answer and the broker's event stream.
+    /// `subscribed` answer and the broker's event stream. In a cluster it subscribes at the
+    /// shard's owner, following `not_leader`; the subscription survives a lost broker and a
+    /// `shard_moved`, resuming after the last delivered offset.
     pub async fn subscribe(
         &self,
         namespace: &str,
@@ -369,6 +607,31 @@ impl Client {
 
     /// Like [`Client::subscribe`], for one shard of a multi-shard stream.
     pub async fn subscribe_shard(
+        &self,
+        namespace: &str,
+        stream: &str,
+        start: Start,
+        shard: Option<u32>,
+    ) -> Result<Subscription, ClientError> {
+        match &self.cluster {
+            Some(cluster) => {
+                cluster
+                    .clone()
+                    .subscribe(
+                        namespace,
+                        stream,
+                        shard,
+                        crate::core::cluster::Cursor::new(start),
+                        None,
+                    )
+                    .await
+            }
+            None => self.subscribe_here(namespace, stream, start, shard).await,
+        }
+    }
+
+    /// One subscription on this connection, with no routing or resumption.
+    pub(crate) async fn subscribe_here(
         &self,
         namespace: &str,
         stream: &str,
@@ -418,6 +681,7 @@ impl Client {
             pending: VecDeque::new(),
             end: None,
             _client: self.inner.clone(),
+            resume: None,
         })
     }
 
@@ -463,6 +727,9 @@ impl Client {
     /// Closes the connection (code 0) for every clone and subscription, and waits briefly
     /// for the close to be sent.
     pub async fn close(self) {
+        if let Some(cluster) = &self.cluster {
+            cluster.close_all();
+        }
         self.inner.conn.close(0u32.into(), b"client closed");
         let inner = &self.inner;
         let _ = timeout(
@@ -889,6 +1156,8 @@ pub struct Subscription {
     pending: VecDeque<Event>,
     end: Option<SubscriptionEnd>,
     _client: Arc<Inner>,
+    /// In a cluster: how to subscribe again after a lost broker or a move.
+    resume: Option<Box<cluster::Resume>>,
 }
 
 impl Subscription {
@@ -905,7 +1174,65 @@ impl Subscription {
     /// The next event, or the end of the subscription. A broker `error` on the event stream
     /// and a lost connection are errors. Cancel-safe: dropping the future (say, in a
     /// `select!` or a timeout) loses nothing; received bytes stay buffered here.
+    ///
+    /// In a cluster a lost broker and a `shard_moved` are not ends: the subscription is made
+    /// again (at the named owner for a move) from after the last delivered offset, so
+    /// delivery carries on with no gap and no repeat. It errs only once that fails within
+    /// the retry bounds.
     pub async fn next(&mut self) -> Result<SubscriptionItem, ClientError> {
+        loop {
+            let item = self.next_here().await;
+            let Some(resume) = self.resume.as_mut() else {
+                return item;
+            };
+            let moved_to = match &item {
+                Ok(SubscriptionItem::Event(e)) => {
+                    if let Some(offset) = e.offset {
+                        resume.cursor.handle_delivered(offset);
+                    }
+                    return item;
+                }
+                Ok(SubscriptionItem::End(SubscriptionEnd::ShardMoved {
+                    resume_from,
+                    addr,
+                    ..
+                })) => {
+                    resume.cursor.handle_moved(*resume_from);
+                    addr.clone()
+                }
+                Ok(SubscriptionItem::End(_)) => return item,
+                // A refusal on the event stream is the broker's word, not a lost broker.
+                Err(ClientError::Server { .. }) | Err(ClientError::Protocol(_)) => return item,
+                Err(_) => {
+                    // Only a closed connection condemns the broker; a stream reset alone
+                    // is resubscribed on the same connection.
+                    if self._client.conn.close_reason().is_some() {
+                        resume.cluster.node_failed(resume.node);
+                    }
+                    None
+                }
+            };
+            // Cloned, not taken: a caller dropping this future mid-way (a timeout) leaves
+            // the subscription able to resume on the next call.
+            let (cluster, namespace, stream, shard, cursor) = (
+                resume.cluster.clone(),
+                resume.namespace.clone(),
+                resume.stream.clone(),
+                resume.shard,
+                resume.cursor,
+            );
+            *self = cluster
+                .subscribe(&namespace, &stream, shard, cursor, moved_to.as_deref())
+                .await?;
+        }
+    }
+
+    /// The last offset delivered, when known (the position to resume a subscription from).
+    pub fn position(&self) -> Option<u64> {
+        self.resume.as_ref().and_then(|r| r.cursor.last())
+    }
+
+    async fn next_here(&mut self) -> Result<SubscriptionItem, ClientError> {
         loop {
             if let Some(event) = self.pending.pop_front() {
                 return Ok(SubscriptionItem::Event(event));

@@ -18,7 +18,7 @@ use crate::error::ClientError;
 
 impl Client {
     /// Sends one request frame on a new stream and returns the answer's frame.
-    async fn one_shot(&self, frame: Bytes) -> Result<Frame, ClientError> {
+    pub(crate) async fn one_shot(&self, frame: Bytes) -> Result<Frame, ClientError> {
         let mut stream: RawStream = self.open_raw_stream(true).await?;
         stream.send(frame).await?;
         let answer = stream

@@ -46,7 +46,13 @@ impl Offer {
                 // `timestamp_micros` on group records decodes (core/groups.rs).
                 | Features::RECORD_TIMESTAMPS
                 // `publish_refused` with `sequence_reused` decodes (core/stream_ops.rs).
-                | Features::SEQUENCE_REUSED,
+                | Features::SEQUENCE_REUSED
+                // The cluster client: brokers to know, owners to route to, redirects to
+                // follow (core/cluster.rs).
+                | Features::TOPOLOGY
+                | Features::REDIRECT
+                | Features::STREAM_SHARDS
+                | Features::SHARD_OWNERS,
         }
     }
 

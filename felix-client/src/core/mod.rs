@@ -24,6 +24,7 @@ mod auth;
 // simulator, an embedder's own loop), so nothing in it is dead when the front end is off. The
 // most used items are re-exported below.
 pub mod cache_features;
+pub mod cluster;
 mod codec;
 pub mod groups;
 pub mod requests;

@@ -223,6 +223,30 @@ pub fn stream_shards_frame(tenant: &str, namespace: &str, stream: &str) -> Bytes
     }))
 }
 
+/// `shard_owners`: which broker owns each shard of a stream or cache.
+pub fn shard_owners_frame(
+    tenant: &str,
+    namespace: &str,
+    name: &str,
+    kind: message::ShardKind,
+) -> Bytes {
+    frame_bytes(&Message::ShardOwners(message::ShardOwners {
+        tenant_id: tenant.to_owned(),
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        kind,
+        request_id: REQUEST_ID,
+    }))
+}
+
+/// The answer to `shard_owners`.
+pub fn read_shard_owners(frame: &Frame) -> Result<message::ShardOwnersView, ClientError> {
+    match decode_json(frame)? {
+        Message::ShardOwnersView(v) => Ok(v),
+        other => Err(refused(other, "shard_owners_view")),
+    }
+}
+
 fn refused(msg: Message, expected: &str) -> ClientError {
     match msg {
         Message::Error(e) => ClientError::server(e.code, e.retry, e.message),

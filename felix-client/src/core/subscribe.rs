@@ -73,9 +73,19 @@ pub fn read_subscribe_reply(frame: &Frame) -> Result<Subscribed, ClientError> {
             live_offset: s.live_offset,
         }),
         Message::Error(e) => Err(refusal(e)),
+        Message::NotLeader(n) => Err(ClientError::NotLeader {
+            node_id: n.node_id,
+            addr: n.addr,
+            generation: n.generation,
+        }),
         Message::SubscribeCursorError(e) => Err(ClientError::server(
             Some(felix_proto::ErrorCode::InvalidRequest),
-            None,
+            // Past retention is final; ahead of the tail is not: a broker promoted a moment
+            // ago may not hold the records a failed-over subscription resumes from yet.
+            Some(match e.reason {
+                message::CursorErrorReason::TooOld => felix_proto::RetryClass::Fatal,
+                message::CursorErrorReason::InFuture => felix_proto::RetryClass::Retry,
+            }),
             format!(
                 "cursor {}: requested {}, available {}",
                 match e.reason {

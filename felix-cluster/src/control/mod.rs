@@ -60,6 +60,8 @@ pub struct ControlConfig {
     /// Renewals waiting for their leadership check; past this the oldest is dropped (its
     /// holder asks again within a quarter lease). At least 1.
     pub max_pending_grants: usize,
+    /// Who may take a lapsed `leader` shard: the spec's rule, or the simulator's canary.
+    pub leader_shards: promotion::LeaderShards,
 }
 
 impl ControlConfig {
@@ -76,6 +78,7 @@ impl ControlConfig {
             down_after: lease / 2,
             lease: LeaseTerms::for_lease(lease.as_millis() as u64),
             max_pending_grants: DEFAULT_MAX_PENDING_GRANTS,
+            leader_shards: promotion::LeaderShards::Proven,
         }
     }
 }
@@ -533,6 +536,15 @@ impl ControlPlane {
         let mut changes = Vec::new();
         for (n, m) in &self.meta.members {
             if *n == self.cfg.node {
+                // A leader judged down by an earlier one (it was frozen, or cut off) is
+                // plainly up: nobody else will say so, and a `leader` shard it leads is
+                // awaited by clients while it reads as down.
+                if !m.up {
+                    changes.push(Command::Liveness {
+                        node: n.clone(),
+                        up: true,
+                    });
+                }
                 continue;
             }
             let heard = self.last_heard.get(n).copied().unwrap_or(now);
@@ -578,7 +590,7 @@ impl ControlPlane {
             renewed: &self.renewed,
             default: since,
         };
-        let due = promotion::promotions(&self.meta, &book);
+        let due = promotion::promotions_by(&self.meta, &book, self.cfg.leader_shards);
         for c in &due {
             self.want(c.clone(), now);
         }
@@ -723,10 +735,12 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
             node,
             client_addr,
             storage_id,
-        } => meta
-            .members
-            .get(node)
-            .is_some_and(|m| m.up && m.client_addr == *client_addr && m.storage_id == *storage_id),
+            durable,
+        } => meta.members.get(node).is_some_and(|m| {
+            m.up && m.client_addr == *client_addr
+                && m.storage_id == *storage_id
+                && m.durable == *durable
+        }),
         Command::Declare { node, .. } => {
             meta.declared_by.get(node) == Some(&true) || meta.refused.contains_key(node)
         }
@@ -740,6 +754,28 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
         Command::Reopen {
             shard, generation, ..
         } => meta.shard(shard).is_none_or(|m| m.generation > *generation),
+        Command::Quiesce {
+            shard,
+            generation,
+            end,
+            ..
+        } => meta.shard(shard).is_none_or(|m| {
+            m.generation != *generation
+                || m.quiet.as_ref().is_some_and(|q| q.end == *end)
+                || m.resumed_at.is_some_and(|r| r >= *end)
+        }),
+        Command::Resume {
+            shard,
+            generation,
+            end,
+        } => meta
+            .shard(shard)
+            .is_none_or(|m| m.generation != *generation || m.resumed_at.is_some_and(|r| r >= *end)),
+        Command::Abandon {
+            shard, generation, ..
+        } => meta
+            .shard(shard)
+            .is_none_or(|m| m.generation != *generation),
         // Done, or no longer possible: another generation, or the node's disk changed again.
         Command::RecordCopy {
             shard,

@@ -172,6 +172,7 @@ impl Cluster {
                     node: name.clone(),
                     client_addr: Some(format!("127.0.0.1:{}", 5000 + name.0.len())),
                     storage_id: format!("disk-{name}"),
+                    durable: true,
                 },
                 now,
             );
@@ -309,6 +310,37 @@ fn the_leader_marks_a_silent_member_down_and_back_up() {
 }
 
 #[test]
+fn a_member_marked_down_that_becomes_the_leader_marks_itself_up() {
+    // Marked down while cut off; then the old leader is cut off and the marked node wins
+    // the next election (the first seed where it does). Nobody else judges the leader, so
+    // it must say it is up itself.
+    for seed in 0..40 {
+        let mut c = Cluster::new(seed);
+        c.run_until(100, |c| c.leaders().len() == 1);
+        c.join_all();
+        c.run_until(100, |c| {
+            c.planes.values().all(|p| p.metadata().members.len() == 3)
+        });
+        let leader = c.leaders()[0].clone();
+        let victim = c.planes.keys().find(|n| **n != leader).unwrap().clone();
+        c.cut.insert(victim.clone());
+        c.run_until(100, |c| !c.planes[&leader].metadata().members[&victim].up);
+        c.cut.clear();
+        // Caught up (its log as long as the third's), so either may win next.
+        let applied = c.planes[&leader].metadata().applied;
+        c.run_until(100, |c| c.planes[&victim].metadata().applied >= applied);
+        c.cut.insert(leader.clone());
+        c.run_until(200, |c| c.leaders().iter().any(|l| *l != leader));
+        if !c.leaders().contains(&victim) {
+            continue;
+        }
+        c.run_until(100, |c| c.planes[&victim].metadata().members[&victim].up);
+        return;
+    }
+    panic!("no seed elected the member marked down");
+}
+
+#[test]
 fn a_restart_rebuilds_the_metadata_from_the_log() {
     let mut c = Cluster::new(5);
     c.run_until(100, |c| c.leaders().len() == 1);
@@ -349,6 +381,7 @@ fn a_blank_voter_does_not_elect_a_leader_that_lacks_committed_entries() {
             node: n("n1"),
             client_addr: None,
             storage_id: "d1".into(),
+            durable: true,
         },
         now,
     );

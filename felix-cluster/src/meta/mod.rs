@@ -120,6 +120,25 @@ pub struct Member {
     pub storage_id: String,
     /// As the control plane's leader last judged it.
     pub up: bool,
+    /// Whether its copies outlive its process. A node without a disk comes back from every
+    /// restart with a new identity and empty copies: nothing of its can be waited for.
+    #[serde(default = "durable_by_default")]
+    pub durable: bool,
+}
+
+fn durable_by_default() -> bool {
+    true
+}
+
+/// A `leader`-consistency shard's leader said, at its generation, that it had acknowledged
+/// nothing past `end` and that each of `level` held every record below `end` durably; it
+/// then holds any later acknowledgement until the cluster has recorded a
+/// [`Command::Resume`]. While this stands, one of `level` may lead in its place without
+/// losing an acknowledged record (docs/replication.md, "Who may lead a `leader` shard").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quiet {
+    pub end: u64,
+    pub level: Vec<NodeId>,
 }
 
 /// One shard's current assignment.
@@ -135,9 +154,25 @@ pub struct ShardMeta {
     /// no fence, no quorum and no promotion until it is rebuilt from a leader.
     #[serde(default)]
     pub replica_storage: Vec<String>,
+    /// The leader's last standing word that followers are level with it, at this generation.
+    #[serde(default)]
+    pub quiet: Option<Quiet>,
+    /// The highest `end` a [`Command::Resume`] named at this generation: a quiescence at or
+    /// below it is stale (sent before the leader acknowledged past it) and is not applied.
+    #[serde(default)]
+    pub resumed_at: Option<u64>,
 }
 
 impl ShardMeta {
+    /// Starts `generation` led by `leader`: what the last leader said of its followers no
+    /// longer stands.
+    fn lead_at(&mut self, generation: u64, leader: Option<NodeId>) {
+        self.generation = generation;
+        self.leader = leader;
+        self.quiet = None;
+        self.resumed_at = None;
+    }
+
     /// The storage identity `node`'s copy lives on, when `node` is a replica.
     pub fn storage_of(&self, node: &NodeId) -> Option<&str> {
         let i = self.replicas.iter().position(|r| r == node)?;
@@ -200,6 +235,9 @@ pub enum Command {
         node: NodeId,
         client_addr: Option<String>,
         storage_id: String,
+        /// False for a node without a disk (see [`Member::durable`]).
+        #[serde(default = "durable_by_default")]
+        durable: bool,
     },
     /// A node's declared streams and caches. The first applied become the cluster's; a later
     /// node that disagrees is refused.
@@ -242,6 +280,33 @@ pub enum Command {
         node: NodeId,
         storage_id: String,
     },
+    /// The leader of a `leader`-consistency shard at `generation` has acknowledged nothing
+    /// past `end`, which each of `level` holds durably, and holds later acknowledgements
+    /// until a [`Command::Resume`] is applied. Applied only at that generation, while that
+    /// node leads, and when `end` is past any `Resume` recorded there.
+    Quiesce {
+        shard: ShardRef,
+        generation: u64,
+        end: u64,
+        level: Vec<NodeId>,
+    },
+    /// The leader at `generation` wants to acknowledge past `end`: a quiescence at or below
+    /// it no longer stands, and one proposed earlier and applied later is ignored.
+    Resume {
+        shard: ShardRef,
+        generation: u64,
+        end: u64,
+    },
+    /// An operator gives up whatever `shard`'s current holders acknowledged that `leader`
+    /// lacks: `leader` leads it at `generation + 1`. `leader` must be a live member; a
+    /// replica that holds its copy, or, for a shard of one replica, any member, whose fresh
+    /// copy becomes the shard's. The only way a durable shard is led by a node that may
+    /// lack acknowledged records.
+    Abandon {
+        shard: ShardRef,
+        generation: u64,
+        leader: NodeId,
+    },
 }
 
 impl Command {
@@ -282,6 +347,16 @@ pub enum Applied {
         shard: ShardRef,
         node: NodeId,
         storage_id: String,
+    },
+    /// A leader's quiescence or resumption was recorded.
+    QuietChanged {
+        shard: ShardRef,
+    },
+    /// An operator gave up what `shard`'s holders had and `leader` lacks.
+    Abandoned {
+        shard: ShardRef,
+        generation: u64,
+        leader: NodeId,
     },
     /// Already true: nothing changed.
     Unchanged,
@@ -353,6 +428,7 @@ impl Metadata {
                 node,
                 client_addr,
                 storage_id,
+                durable,
             } => {
                 if !self.voters.contains(node) {
                     return Applied::Invalid(format!("{node} is not a voter"));
@@ -363,8 +439,23 @@ impl Metadata {
                         client_addr: client_addr.clone(),
                         storage_id: storage_id.clone(),
                         up: true,
+                        durable: *durable,
                     },
                 );
+                if !*durable {
+                    // A node without a disk never has anything to wait for: its copies are
+                    // whatever this process holds, so they live on its new identity.
+                    for shard in self.shards_mut() {
+                        if let Some(i) = shard.replicas.iter().position(|r| r == node) {
+                            if shard.replica_storage.len() < shard.replicas.len() {
+                                shard
+                                    .replica_storage
+                                    .resize(shard.replicas.len(), String::new());
+                            }
+                            shard.replica_storage[i] = storage_id.clone();
+                        }
+                    }
+                }
                 if previous.is_none() {
                     // Copies placed before the node ever joined live on its first disk.
                     for shard in self.shards_mut() {
@@ -381,7 +472,9 @@ impl Metadata {
                         node: node.clone(),
                         previous_storage: p.storage_id,
                     },
-                    Some(p) if p.client_addr == *client_addr && p.up => Applied::Unchanged,
+                    Some(p) if p.client_addr == *client_addr && p.up && p.durable == *durable => {
+                        Applied::Unchanged
+                    }
                     Some(_) => Applied::Joined(node.clone()),
                 }
             }
@@ -456,6 +549,7 @@ impl Metadata {
                 leader,
             } => {
                 let members = self.members.clone();
+                let consistency = self.consistency_of(shard);
                 let Some(meta) = self.shard_mut(shard) else {
                     return Applied::Invalid(format!("{shard} is not placed"));
                 };
@@ -469,8 +563,10 @@ impl Metadata {
                         ));
                     }
                 }
-                meta.generation = *generation;
-                meta.leader = leader.clone();
+                if let Err(why) = may_hand_over(meta, consistency, leader.as_ref(), &members) {
+                    return Applied::Invalid(format!("{shard}: {why}"));
+                }
+                meta.lead_at(*generation, leader.clone());
                 Applied::Promoted {
                     shard: shard.clone(),
                     generation: *generation,
@@ -488,7 +584,7 @@ impl Metadata {
                 if meta.generation != *generation || meta.leader.as_ref() != Some(leader) {
                     return Applied::Unchanged;
                 }
-                meta.generation += 1;
+                meta.lead_at(meta.generation + 1, Some(leader.clone()));
                 Applied::Promoted {
                     shard: shard.clone(),
                     generation: meta.generation,
@@ -526,6 +622,98 @@ impl Metadata {
                     storage_id: storage_id.clone(),
                 }
             }
+            Command::Quiesce {
+                shard,
+                generation,
+                end,
+                level,
+            } => {
+                let members = self.members.clone();
+                let Some(meta) = self.shard_mut(shard) else {
+                    return Applied::Invalid(format!("{shard} is not placed"));
+                };
+                let stale = meta.resumed_at.is_some_and(|r| *end <= r);
+                if meta.generation != *generation || meta.leader.is_none() || stale {
+                    return Applied::Unchanged;
+                }
+                // Only copies the metadata counts (their disk as recorded) can stand in.
+                let level: Vec<NodeId> = level
+                    .iter()
+                    .filter(|n| meta.leader.as_ref() != Some(*n) && meta.holds_copy(n, &members))
+                    .cloned()
+                    .collect();
+                let quiet = Some(Quiet { end: *end, level });
+                if meta.quiet == quiet {
+                    return Applied::Unchanged;
+                }
+                meta.quiet = quiet;
+                Applied::QuietChanged {
+                    shard: shard.clone(),
+                }
+            }
+            Command::Resume {
+                shard,
+                generation,
+                end,
+            } => {
+                let Some(meta) = self.shard_mut(shard) else {
+                    return Applied::Invalid(format!("{shard} is not placed"));
+                };
+                if meta.generation != *generation || meta.resumed_at.is_some_and(|r| r >= *end) {
+                    return Applied::Unchanged;
+                }
+                meta.resumed_at = Some(*end);
+                if meta.quiet.as_ref().is_some_and(|q| q.end <= *end) {
+                    meta.quiet = None;
+                }
+                Applied::QuietChanged {
+                    shard: shard.clone(),
+                }
+            }
+            Command::Abandon {
+                shard,
+                generation,
+                leader,
+            } => {
+                let member = self.members.get(leader).cloned();
+                let members = self.members.clone();
+                let Some(meta) = self.shard_mut(shard) else {
+                    return Applied::Invalid(format!("{shard} is not placed"));
+                };
+                if meta.generation != *generation {
+                    return Applied::Unchanged;
+                }
+                let Some(member) = member.filter(|m| m.up) else {
+                    return Applied::Invalid(format!("{leader} is not a live member"));
+                };
+                if meta.holds_copy(leader, &members) {
+                } else if meta.replicas.len() == 1 {
+                    // The one copy is gone with its node: a fresh one on `leader` replaces it.
+                    meta.replicas = vec![leader.clone()];
+                    meta.replica_storage = vec![member.storage_id.clone()];
+                } else {
+                    return Applied::Invalid(format!(
+                        "{leader} does not hold a copy of {shard}: name a replica that does"
+                    ));
+                }
+                meta.lead_at(generation + 1, Some(leader.clone()));
+                Applied::Abandoned {
+                    shard: shard.clone(),
+                    generation: generation + 1,
+                    leader: leader.clone(),
+                }
+            }
+        }
+    }
+
+    /// What an acknowledgement on `shard` promises: a cache's writes are `leader`'s.
+    pub fn consistency_of(&self, shard: &ShardRef) -> Consistency {
+        match shard.kind {
+            ObjectKind::Stream => self
+                .streams
+                .get(&shard.key)
+                .map_or(Consistency::Leader, |s| s.spec.consistency),
+            ObjectKind::Cache => Consistency::Leader,
         }
     }
 
@@ -614,6 +802,8 @@ impl Metadata {
                     .collect(),
                 replicas: a.replicas,
                 generation: 1,
+                quiet: None,
+                resumed_at: None,
             })
             .collect()
     }
@@ -639,6 +829,42 @@ impl Metadata {
 
     pub fn restore(data: &[u8]) -> Result<Metadata, String> {
         serde_json::from_slice(data).map_err(|e| e.to_string())
+    }
+}
+
+/// Whether `shard` may pass from its leader to `next` without losing an acknowledged record.
+///
+/// A `quorum` shard always may: its acknowledged records are on a majority, and the named
+/// node fences a majority and adopts the most advanced copy before it serves. A `leader`
+/// shard acknowledges on its leader's own disk, so while that leader still holds its copy
+/// (it may only have crashed), only a replica its last standing quiescence named level may
+/// take it; nobody else, and not "nobody" either: the shard waits for its leader. A leader
+/// whose copy is gone (back on an empty disk) lost what only it held, the one loss the spec
+/// allows: any replica holding a copy may then lead.
+pub fn may_hand_over(
+    shard: &ShardMeta,
+    consistency: Consistency,
+    next: Option<&NodeId>,
+    members: &BTreeMap<NodeId, Member>,
+) -> Result<(), String> {
+    let Some(current) = &shard.leader else {
+        return Ok(());
+    };
+    if consistency == Consistency::Quorum
+        || !shard.holds_copy(current, members)
+        || next == Some(current)
+        || shard.replicas.len() == 1 && next.is_none()
+    {
+        return Ok(());
+    }
+    match (&shard.quiet, next) {
+        (Some(q), Some(n)) if q.level.contains(n) => Ok(()),
+        (_, None) => Err(format!(
+            "{current} may hold acknowledged records no other replica has: the shard waits for it"
+        )),
+        (_, Some(n)) => Err(format!(
+            "{n} is not known to hold every record {current} acknowledged"
+        )),
     }
 }
 

@@ -13,6 +13,7 @@ fn join(node: &str, addr: Option<&str>, storage: &str) -> Command {
         node: n(node),
         client_addr: addr.map(String::from),
         storage_id: storage.into(),
+        durable: true,
     }
 }
 

@@ -136,6 +136,8 @@ pub struct ShardLeader {
     /// Quorum publishes owed an answer: the end of each, and when it times out.
     pending: VecDeque<(u64, Instant)>,
     out: VecDeque<LeaderOutput>,
+    /// A `leader` shard's acknowledgements past this offset wait (`super::quiesce`).
+    held_past: Option<u64>,
 }
 
 impl ShardLeader {
@@ -174,6 +176,7 @@ impl ShardLeader {
             mark: QuorumMark::starting_at(committed.min(durable)),
             pending: VecDeque::new(),
             out: VecDeque::new(),
+            held_past: None,
         };
         leader.recompute();
         leader
@@ -188,8 +191,43 @@ impl ShardLeader {
         if self.quorum {
             self.mark.get()
         } else {
-            self.durable
+            self.own_commit()
         }
+    }
+
+    /// A `leader` shard's commit: its own durability, up to a hold.
+    fn own_commit(&self) -> u64 {
+        self.held_past.map_or(self.durable, |h| self.durable.min(h))
+    }
+
+    /// Holds a `leader` shard's acknowledgements past `past` (or releases them, `None`):
+    /// while the cluster records that its followers are level at `past`, nothing past it may
+    /// be acknowledged (`super::quiesce`).
+    pub fn hold(&mut self, past: Option<u64>) {
+        if self.held_past != past {
+            self.held_past = past;
+            self.recompute();
+        }
+    }
+
+    /// The leader's log end and how far its own copy is durable.
+    pub fn end(&self) -> u64 {
+        self.log.end
+    }
+
+    pub fn durable_end(&self) -> u64 {
+        self.durable
+    }
+
+    /// Followers whose copies, on the disk the metadata counts, hold every record below
+    /// `end` durably at this generation.
+    pub fn level_with(&self, end: u64) -> Vec<NodeId> {
+        self.followers
+            .iter()
+            .filter(|f| f.new_disk.is_none())
+            .filter(|f| f.report.as_ref().is_some_and(|r| r.durable_end >= end))
+            .map(|f| f.replica.node.clone())
+            .collect()
     }
 
     /// The leader's epochs, for a follower's request to be fed and for fence answers.
@@ -485,7 +523,7 @@ impl ShardLeader {
 
     fn recompute(&mut self) {
         if !self.quorum {
-            let durable = self.durable;
+            let durable = self.own_commit();
             let followers: &[(&Replica, Option<&Report>)] = &[];
             // With no followers counted the mark is the leader's own durable end.
             if let Some(up_to) = self.mark.update(self.generation, durable, followers) {

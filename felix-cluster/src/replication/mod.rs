@@ -22,6 +22,7 @@ pub mod follower;
 pub mod leader;
 pub mod lease;
 pub mod promotion;
+pub mod quiesce;
 pub mod quorum;
 
 #[cfg(test)]

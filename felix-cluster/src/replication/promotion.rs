@@ -8,7 +8,7 @@
 //! never while the current leader may still hold its lease, which [`super::lease::may_regrant`]
 //! decides from when this node last heard the leader renew.
 
-use crate::meta::{Command, Metadata};
+use crate::meta::{may_hand_over, Command, Metadata};
 use crate::NodeId;
 
 /// What the control plane knows of one node's lease renewals, by its own clock.
@@ -31,31 +31,74 @@ pub trait Renewals {
 /// join. A durable shard with one replica therefore waits for its node, and a node with an
 /// empty disk is never named.
 pub fn promotions(meta: &Metadata, renewals: &impl Renewals) -> Vec<Command> {
+    promotions_by(meta, renewals, LeaderShards::Proven)
+}
+
+/// Which replicas of a `leader`-consistency shard may be named when its leader lapses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LeaderShards {
+    /// Only one its leader's standing quiescence named level ([`crate::meta::may_hand_over`]).
+    #[default]
+    Proven,
+    /// Any live replica holding a copy, as before the spec's rule was kept: acknowledged
+    /// records only the crashed leader held are lost. The simulator's canary.
+    AbandonOnSilence,
+}
+
+/// [`promotions`] under `rule` (the simulator's canary names the old one).
+pub fn promotions_by(
+    meta: &Metadata,
+    renewals: &impl Renewals,
+    rule: LeaderShards,
+) -> Vec<Command> {
     let mut due = Vec::new();
     for (shard, m) in meta.shards() {
+        let consistency = meta.consistency_of(&shard);
         let holds = |n: &NodeId| m.holds_copy(n, &meta.members);
+        let allowed = |next: Option<&NodeId>| {
+            rule == LeaderShards::AbandonOnSilence
+                || may_hand_over(m, consistency, next, &meta.members).is_ok()
+        };
         let candidate = |skip: Option<&NodeId>| {
-            m.replicas
+            let found = m
+                .replicas
                 .iter()
                 .filter(|r| Some(*r) != skip)
-                .find(|r| renewals.is_live(r) && holds(r))
-                .cloned()
+                .find(|r| renewals.is_live(r) && holds(r) && allowed(Some(r)))
+                .cloned();
+            // No one may take it: nobody leads, unless that too would give up records
+            // only the current leader holds (it is then waited for).
+            match found {
+                Some(n) => Some(Some(n)),
+                None if allowed(None) => Some(None),
+                None => None,
+            }
         };
         let next = match &m.leader {
             // Placed before it first joined (its disk not yet recorded): its join records
             // the copy, so it is waited for like a leader that may hold its lease.
             Some(l) if !meta.members.contains_key(l) && renewals.may_hold_lease(l) => None,
-            Some(l) if !holds(l) => Some(candidate(Some(l))),
-            Some(l) if !renewals.may_hold_lease(l) => Some(candidate(Some(l))),
+            Some(l) if !holds(l) => candidate(Some(l)),
+            Some(l) if !renewals.may_hold_lease(l) => candidate(Some(l)),
             Some(_) => None,
-            None => candidate(None).map(Some),
+            None => candidate(None).flatten().map(Some),
         };
-        if let Some(leader) = next {
-            due.push(Command::Promote {
+        let proven = |n: Option<&NodeId>| may_hand_over(m, consistency, n, &meta.members).is_ok();
+        match next {
+            // The canary's move: what the old rule did, which only an operator's abandon
+            // may do now.
+            Some(Some(leader)) if !proven(Some(&leader)) => due.push(Command::Abandon {
+                shard,
+                generation: m.generation,
+                leader,
+            }),
+            Some(None) if !proven(None) => {}
+            Some(leader) => due.push(Command::Promote {
                 shard,
                 generation: m.generation + 1,
                 leader,
-            });
+            }),
+            None => {}
         }
     }
     due
@@ -98,6 +141,7 @@ mod tests {
             node: NodeId::new(n),
             client_addr: None,
             storage_id: format!("disk-{n}"),
+            durable: true,
         }
     }
 
@@ -207,6 +251,7 @@ mod tests {
             node: NodeId::new("n1"),
             client_addr: None,
             storage_id: "disk-n1-new".into(),
+            durable: true,
         };
         m.apply_entry(50, &wiped.encode());
         let all = ["n1", "n2", "n3"];
@@ -263,5 +308,163 @@ mod tests {
         assert!(promotions(&m, &seen(&["n1", "n2"], &["n1", "n2"])).is_empty());
         let due = promotions(&m, &seen(&["n1", "n2", "n3"], &["n1", "n2", "n3"]));
         assert_eq!(show(&due), ["stream t/ns/s#0 -> g3 n3"]);
+    }
+
+    /// Runs `testdata/replication/promotion.txt`: a script over one shard of one stream on
+    /// n1..n3, each `promote` line printing what the control plane's leader would do.
+    #[test]
+    fn golden_promotion() {
+        crate::replication::golden::check("promotion.txt", |b| {
+            let mut m = Metadata::new(vec![
+                NodeId::new("n1"),
+                NodeId::new("n2"),
+                NodeId::new("n3"),
+            ]);
+            let mut index = 0;
+            let mut out = Vec::new();
+            let mut apply = |m: &mut Metadata, c: Command| {
+                index += 1;
+                m.apply_entry(index, &c.encode())
+            };
+            let the_shard = |m: &Metadata| m.shards().next().map(|(s, x)| (s, x.clone()));
+            for line in &b.lines {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let arg = |k: &str| {
+                    words
+                        .iter()
+                        .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                        .unwrap_or_else(|| panic!("{line}: no {k}="))
+                };
+                let nodes = |k: &str| -> Vec<NodeId> {
+                    arg(k)
+                        .split(',')
+                        .filter(|n| !n.is_empty())
+                        .map(NodeId::new)
+                        .collect()
+                };
+                match words[0] {
+                    "stream" => {
+                        for n in ["n1", "n2", "n3"] {
+                            apply(&mut m, join(n));
+                        }
+                        let mut d = Declarations::default();
+                        let consistency = match arg("consistency") {
+                            "leader" => Consistency::Leader,
+                            _ => Consistency::Quorum,
+                        };
+                        d.streams.insert(
+                            ObjectKey::new("t", "ns", "s"),
+                            StreamSpec {
+                                shards: 1,
+                                replication_factor: arg("rf").parse().unwrap(),
+                                consistency,
+                            },
+                        );
+                        apply(
+                            &mut m,
+                            Command::Declare {
+                                node: NodeId::new("n1"),
+                                declarations: d,
+                            },
+                        );
+                        let (_, x) = the_shard(&m).unwrap();
+                        out.push(format!(
+                            "placed on {} led by {}",
+                            x.replicas
+                                .iter()
+                                .map(|r| r.as_str())
+                                .collect::<Vec<_>>()
+                                .join(","),
+                            x.leader.as_ref().unwrap()
+                        ));
+                    }
+                    "quiesce" | "resume" => {
+                        let (shard, x) = the_shard(&m).unwrap();
+                        let end = arg("end").parse().unwrap();
+                        let c = if words[0] == "quiesce" {
+                            Command::Quiesce {
+                                shard,
+                                generation: x.generation,
+                                end,
+                                level: nodes("level"),
+                            }
+                        } else {
+                            Command::Resume {
+                                shard,
+                                generation: x.generation,
+                                end,
+                            }
+                        };
+                        let applied = apply(&mut m, c);
+                        let (_, x) = the_shard(&m).unwrap();
+                        out.push(format!(
+                            "{} quiet={}",
+                            if applied == crate::meta::Applied::Unchanged {
+                                "unchanged"
+                            } else {
+                                "recorded"
+                            },
+                            x.quiet.map_or("none".into(), |q| format!(
+                                "{}:{}",
+                                q.end,
+                                q.level
+                                    .iter()
+                                    .map(|n| n.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(",")
+                            ))
+                        ));
+                    }
+                    "wipe" => {
+                        let n = arg("node");
+                        apply(
+                            &mut m,
+                            Command::Join {
+                                node: NodeId::new(n),
+                                client_addr: None,
+                                storage_id: format!("disk-{n}-new"),
+                                durable: true,
+                            },
+                        );
+                    }
+                    "promote" | "canary" => {
+                        let live: Vec<&'static str> = arg("live")
+                            .split(',')
+                            .filter(|n| !n.is_empty())
+                            .map(|n| -> &'static str { Box::leak(n.to_owned().into_boxed_str()) })
+                            .collect();
+                        let rule = if words[0] == "canary" {
+                            LeaderShards::AbandonOnSilence
+                        } else {
+                            LeaderShards::Proven
+                        };
+                        let due = promotions_by(&m, &seen(&live, &live), rule);
+                        if due.is_empty() {
+                            out.push("wait".into());
+                        }
+                        for c in due {
+                            let what = match &c {
+                                Command::Promote {
+                                    generation, leader, ..
+                                } => format!(
+                                    "promote g{generation} {}",
+                                    leader.as_ref().map_or("nobody", |l| l.as_str())
+                                ),
+                                Command::Abandon { leader, .. } => format!("abandon to {leader}"),
+                                other => format!("{other:?}"),
+                            };
+                            let applied = apply(&mut m, c);
+                            let verdict = match applied {
+                                crate::meta::Applied::Invalid(why) => format!(" (refused: {why})"),
+                                _ => String::new(),
+                            };
+                            out.push(format!("{what}{verdict}"));
+                        }
+                    }
+                    other => panic!("unknown line {other}"),
+                }
+            }
+            out.join("\n")
+        });
     }
 }

@@ -1,5 +1,5 @@
 //! TTL expiry as a change on durable caches: once a second, while some cache holds keys
-//! with a TTL, each cache log writes a delete for (at most [`CACHE_EXPIRY_MAX_PER_PASS`])
+//! with a TTL, each cache log this node writes (not a follower's copy) writes a delete for (at most [`CACHE_EXPIRY_MAX_PER_PASS`])
 //! keys whose expiry has passed. Watchers receive it as a delete, and compaction drops it.
 //! Gets already read an expired key as absent; the delete only makes the expiry visible
 //! in the log. Under a mass expiry the deletes lag the TTLs by as many passes as it takes.
@@ -35,7 +35,14 @@ impl Broker {
         let ids: Vec<LogId> = logs.live_ids().collect();
         let mut armed = false;
         for id in ids {
-            let Some(cache) = logs.slot_mut(id).and_then(|s| s.log.cache_mut()) else {
+            let Some(slot) = logs.slot_mut(id) else {
+                continue;
+            };
+            // A follower's copy: its leader writes the deletes and ships them.
+            if slot.log.shard().only_shipped() {
+                continue;
+            }
+            let Some(cache) = slot.log.cache_mut() else {
                 continue;
             };
             if cache.expiring() == 0 {

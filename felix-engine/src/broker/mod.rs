@@ -97,6 +97,8 @@ pub(crate) struct BrokerConfig {
     pub(crate) counter_max_logs: usize,
     pub(crate) durable_cache_max_keys: u64,
     pub(crate) durable_cache_max_total_bytes: u64,
+    /// Idempotent producers one tenant's shards remember together (`producers.rs`).
+    pub(crate) max_producers_per_tenant: usize,
 }
 
 impl Default for BrokerConfig {
@@ -120,6 +122,7 @@ impl Default for BrokerConfig {
             counter_max_logs: crate::config::DEFAULT_COUNTER_MAX_LOGS,
             durable_cache_max_keys: crate::config::DEFAULT_DURABLE_CACHE_MAX_KEYS as u64,
             durable_cache_max_total_bytes: crate::config::DEFAULT_DURABLE_CACHE_MAX_TOTAL_BYTES,
+            max_producers_per_tenant: crate::config::DEFAULT_MAX_PRODUCERS_PER_TENANT,
         }
     }
 }
@@ -1179,6 +1182,11 @@ pub(crate) fn append_error(e: AppendError) -> BrokerError {
         AppendError::Truncating => {
             BrokerError::new(ErrorCode::Overloaded, "the shard's log is being truncated")
         }
+        // A follower's copy: the shard is led elsewhere (or by nobody yet).
+        AppendError::ShippedOnly => BrokerError::new(
+            ErrorCode::ShardUnavailable,
+            "this node's copy of the shard is a follower's: it takes only what its leader ships",
+        ),
     }
 }
 

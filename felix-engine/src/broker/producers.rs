@@ -179,6 +179,33 @@ impl ProducerTable {
         now.saturating_duration_since(last) >= PRODUCER_IDLE_BEFORE_EVICTION
     }
 
+    /// Whether the table holds `producer`.
+    fn knows(&self, producer: u64) -> bool {
+        self.by_id.contains_key(&producer)
+    }
+
+    /// Producers remembered.
+    fn count(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// The least recently used producer and when it last wrote (recovered ones: from the
+    /// first guarded request, or `now` before any).
+    fn oldest(&self, now: Instant) -> Option<(Instant, u64)> {
+        let (_, &id) = self.by_use.first_key_value()?;
+        let last = self.by_id[&id]
+            .touched
+            .unwrap_or(self.live_since.unwrap_or(now));
+        Some((last, id))
+    }
+
+    /// Forgets `producer` (its tenant needs the place).
+    fn forget(&mut self, producer: u64) {
+        if let Some(p) = self.by_id.remove(&producer) {
+            self.by_use.remove(&p.last_used);
+        }
+    }
+
     /// The producer wrote at `now` (after [`ProducerTable::record`]).
     fn touch(&mut self, producer: u64, now: Instant) {
         self.live_since.get_or_insert(now);
@@ -229,6 +256,47 @@ impl Broker {
     pub(crate) fn new_producer_id(&mut self, unix_micros: u64) -> u64 {
         self.producer_ids += 1;
         mix(unix_micros ^ mix(self.producer_ids))
+    }
+
+    /// Whether `tenant` may remember one more producer: under its cap, or at it once its
+    /// least recently used producer (over all its shards) has been idle for
+    /// [`PRODUCER_IDLE_BEFORE_EVICTION`], which is then forgotten to make the place. Only the
+    /// tenant's own shards are looked at, so no tenant can push out another's producers.
+    /// Runs only for a producer's first batch on a shard, so the walk over the tenant's
+    /// streams is not on the path of each write.
+    fn tenant_admits(&mut self, now: Instant, tenant: &str) -> bool {
+        let mut count = 0;
+        let mut oldest: Option<(Instant, usize, u32, u64)> = None;
+        for (key, &index) in &self.stream_index {
+            if key.tenant != tenant {
+                continue;
+            }
+            for (shard, sh) in self.streams[index].shards.iter().enumerate() {
+                let table = &sh.state.producers;
+                count += table.count();
+                if let Some((last, id)) = table.oldest(now) {
+                    // Oldest first; ties by stream and shard, so the choice is reproducible.
+                    let candidate = (last, index, shard as u32, id);
+                    if oldest.is_none_or(|o| candidate < o) {
+                        oldest = Some(candidate);
+                    }
+                }
+            }
+        }
+        if count < self.cfg.max_producers_per_tenant {
+            return true;
+        }
+        let Some((last, index, shard, id)) = oldest else {
+            return true;
+        };
+        if now.saturating_duration_since(last) < PRODUCER_IDLE_BEFORE_EVICTION {
+            return false;
+        }
+        self.streams[index].shards[shard as usize]
+            .state
+            .producers
+            .forget(id);
+        true
     }
 
     /// The shard a request for `key` goes to: `explicit` wins, else the routing key.
@@ -349,6 +417,22 @@ impl Broker {
             }
             Guard::Sequence { producer, sequence } => {
                 let digest = payload_digest(&payloads);
+                let known = self.streams[stream].shards[shard as usize]
+                    .state
+                    .producers
+                    .knows(producer);
+                if !known && sequence == 0 && !self.tenant_admits(now, &key.tenant) {
+                    return Err(BrokerError::new(
+                        ErrorCode::LimitExceeded,
+                        format!(
+                            "tenant {} has {} producers, none idle for {} s: a new producer is \
+                             refused",
+                            key.tenant,
+                            self.cfg.max_producers_per_tenant,
+                            PRODUCER_IDLE_BEFORE_EVICTION.as_secs()
+                        ),
+                    ));
+                }
                 let table = &mut self.streams[stream].shards[shard as usize].state.producers;
                 let earlier = match table.check(producer, sequence, digest) {
                     Check::Append if !table.admits(producer, now) => {

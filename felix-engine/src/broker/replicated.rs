@@ -111,6 +111,16 @@ impl Broker {
         if self.store_of(log).is_some() {
             let _ = self.with_replica_log(log, |l| l.ship_before_sync(false));
         }
+        // Polls waiting here would otherwise wait out their deadline, and then serve from a
+        // follower's copy; they end empty and the client polls the next leader.
+        if let Some(Owner::Groups { stream, shard }) = self
+            .logs
+            .as_ref()
+            .and_then(|l| l.slot(log))
+            .map(|s| s.owner)
+        {
+            self.end_group_polls((stream, shard));
+        }
         if let Some(g) = self.gates.remove(&log) {
             // What it wrote past its commit mark waits for fan-out no longer: the next
             // leader may cut it, and should a later leadership here commit those offsets,
@@ -146,8 +156,10 @@ impl Broker {
             .as_ref()
             .and_then(|l| l.slot(log))
             .map(|s| s.owner);
-        let Some(Owner::Stream { stream, shard }) = owner else {
-            return;
+        let (stream, shard) = match owner {
+            Some(Owner::Stream { stream, shard }) => (stream, shard),
+            Some(Owner::Cache) => return self.watches_moved(log, to),
+            _ => return,
         };
         self.end_readers(stream, Some(shard), |sub, resume_from| {
             if sub.ends_on_move {
@@ -162,6 +174,13 @@ impl Broker {
                 Bytes::new()
             }
         });
+    }
+
+    /// Makes `log` a follower's copy (`true`: it takes only shipped entries, and every local
+    /// append, a client's or a background pass's, is refused `shard_unavailable`) or the
+    /// leader's (`false`).
+    pub(crate) fn take_only_shipped(&mut self, log: LogId, on: bool) {
+        let _ = self.with_replica_log(log, |l| l.take_only_shipped(on));
     }
 
     pub(crate) fn is_gated(&self, log: LogId) -> bool {

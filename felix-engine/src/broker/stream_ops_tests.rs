@@ -848,3 +848,57 @@ fn a_reopened_log_gated_at_its_commit_serves_readers_only_the_committed_records(
         "the write past the new mark went out"
     );
 }
+
+#[test]
+fn a_tenant_at_its_producer_cap_takes_a_new_one_only_in_place_of_its_own_oldest_idle_one() {
+    let cfg = BrokerConfig {
+        max_producers_per_tenant: 3,
+        ..BrokerConfig::default()
+    };
+    let mut b = Broker::new(cfg);
+    let t0 = Instant::now();
+    let a = StreamKey::new("t1", "default", "a");
+    let other = StreamKey::new("t1", "default", "b");
+    let theirs = StreamKey::new("t2", "default", "a");
+    let write = |b: &mut Broker, at: Duration, key: &StreamKey, producer, sequence| {
+        let guard = Guard::Sequence { producer, sequence };
+        let pay = vec![Bytes::from_static(b"p")];
+        b.publish_guarded(t0 + at, 0, key, (None, None), pay, guard, true)
+    };
+    let s = Duration::from_secs;
+    // Three producers of t1 over two streams, first written at 0 s, 1 s and 2 s.
+    for (at, key, p) in [(0, &a, 1), (1, &a, 2), (2, &other, 3)] {
+        assert!(matches!(
+            write(&mut b, s(at), key, p, 0),
+            Ok(Guarded::Written(_))
+        ));
+    }
+    // Another tenant's producers are its own: they neither count nor push t1's out.
+    assert!(matches!(
+        write(&mut b, s(3), &theirs, 9, 0),
+        Ok(Guarded::Written(_))
+    ));
+    // At the cap, a fourth is refused while none of the tenant's is idle long enough.
+    let idle = super::producers::PRODUCER_IDLE_BEFORE_EVICTION;
+    let e = write(&mut b, idle - Duration::from_nanos(1), &other, 4, 0).unwrap_err();
+    assert_eq!(e.code, ErrorCode::LimitExceeded, "{e:?}");
+    // Once the oldest (producer 1) is idle that long, the newcomer takes its place.
+    assert!(matches!(
+        write(&mut b, idle, &other, 4, 0),
+        Ok(Guarded::Written(_))
+    ));
+    assert_eq!(
+        refused(write(&mut b, idle, &a, 1, 1).unwrap()),
+        PublishRefusalReason::UnknownProducer,
+        "producer 1 was forgotten"
+    );
+    for (key, p) in [(&a, 2), (&other, 3), (&theirs, 9)] {
+        assert!(
+            matches!(write(&mut b, idle, key, p, 1), Ok(Guarded::Written(_))),
+            "{p}"
+        );
+    }
+    // Full again, every producer just wrote: the next newcomer is refused.
+    let e = write(&mut b, idle, &a, 5, 0).unwrap_err();
+    assert_eq!(e.code, ErrorCode::LimitExceeded);
+}

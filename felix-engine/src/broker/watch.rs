@@ -25,7 +25,9 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use bytes::Bytes;
-use felix_proto::message::{CacheEvent as CacheEventMsg, CacheWatchLagged, ErrorMessage, Message};
+use felix_proto::message::{
+    CacheEvent as CacheEventMsg, CacheWatchLagged, ErrorMessage, Message, ShardMoved,
+};
 use felix_proto::ErrorCode;
 
 use super::cache::{DurableKind, DurableWrite};
@@ -107,6 +109,9 @@ struct Watch {
     /// `cache_watch_lagged` (or an error): sent after the queue, then the stream ends.
     final_frame: Option<Bytes>,
     ready: bool,
+    /// The client's subscription id, when it offered `FEATURE_SHARD_MOVED`: a move ends the
+    /// watch with `shard_moved` rather than a coded error.
+    moved_signal: Option<u64>,
 }
 
 /// Every watch, the live lists per cache log, and the reads in flight.
@@ -236,6 +241,7 @@ impl Broker {
                 queued_bytes: 0,
                 final_frame: None,
                 ready: false,
+                moved_signal: None,
             },
         );
         if joins_now {
@@ -249,6 +255,80 @@ impl Broker {
             resnapshot,
             retained_count,
         })
+    }
+
+    /// The watch's client reads `shard_moved` (it offered `FEATURE_SHARD_MOVED`) and knows
+    /// the watch as `subscription_id`.
+    pub(crate) fn watch_ends_on_move(&mut self, id: SubscriberId, subscription_id: u64) {
+        if let Some(w) = self.watches.map.get_mut(&id) {
+            w.moved_signal = Some(subscription_id);
+        }
+    }
+
+    /// The cache's leadership here ended: every watch of `log` gets what it was offered, then
+    /// `shard_moved` naming where the cache went and the first offset it was not offered
+    /// (re-watching there from it is gapless), or a coded `not_leader` error for a client that
+    /// does not read `shard_moved`. Left attached, a watch would see nothing more from this
+    /// node, and no signal.
+    pub(crate) fn watches_moved(&mut self, log: LogId, to: &super::replicated::MovedTo) {
+        let applied = self
+            .logs
+            .as_mut()
+            .and_then(|l| l.slot_mut(log))
+            .and_then(|s| s.log.cache_mut())
+            .map(|c| c.applied_offset());
+        let mut ids: Vec<SubscriberId> = self
+            .watches
+            .map
+            .iter()
+            .filter(|(_, w)| w.log == log && w.final_frame.is_none())
+            .map(|(&id, _)| id)
+            .collect();
+        ids.sort_unstable_by_key(|id| id.0);
+        self.watches.live.remove(&log);
+        for id in ids {
+            let w = self.watches.map.get_mut(&id).expect("listed");
+            let resume_from = match w.catch_up.as_mut() {
+                Some(cu) if !w.live => {
+                    if cu.failed.is_some() {
+                        continue;
+                    }
+                    cu.snapshot.front().copied().unwrap_or(cu.next)
+                }
+                // Live: every change applied here was offered (queued or filtered out).
+                _ => applied.unwrap_or(w.live_from).max(w.live_from),
+            };
+            let frame = match w.moved_signal {
+                Some(subscription_id) => frame_of(&Message::ShardMoved(ShardMoved {
+                    subscription_id,
+                    resume_from: Some(resume_from),
+                    node_id: to.node_id.clone(),
+                    addr: to.addr.clone(),
+                    generation: to.generation,
+                })),
+                None => {
+                    let owner = to.node_id.as_deref().unwrap_or("another node");
+                    frame_of(&Message::Error(ErrorMessage::coded(
+                        ErrorCode::NotLeader,
+                        format!(
+                            "the cache is led by {owner} now; watch again there from offset \
+                             {resume_from}"
+                        ),
+                    )))
+                }
+            };
+            match w.catch_up.as_mut() {
+                Some(cu) if !w.live => cu.failed = Some(frame),
+                _ => {
+                    w.live = false;
+                    w.final_frame = Some(frame);
+                }
+            }
+            if !w.ready {
+                w.ready = true;
+                self.ready.push_back(id);
+            }
+        }
     }
 
     /// Forgets a watch and what it had queued.

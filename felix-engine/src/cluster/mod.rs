@@ -7,6 +7,7 @@
 //! storage the log is memory only: a restarted node comes back blank, and the control
 //! plane's disk guard keeps it from voting until it has caught up (docs/cluster.md).
 
+pub(crate) mod abandon;
 mod lease;
 mod metalog;
 pub(crate) mod observe;
@@ -25,6 +26,7 @@ use felix_cluster::meta::{
     Applied, CacheSpec, Command, Consistency as MetaConsistency, Declarations, Metadata, ObjectKey,
     ShardMeta, ShardRef, StreamSpec,
 };
+use felix_cluster::replication::promotion::LeaderShards;
 use felix_cluster::routing::{judge_forward, ForwardVerdict, Owner};
 use felix_cluster::{NodeId, Voters};
 use felix_peer_proto::PeerMessage;
@@ -237,12 +239,19 @@ impl ClusterNode {
         let blank = Metadata::new(voters.names().to_vec());
         let mut control_cfg = ControlConfig::new(me.clone(), voters, control_seed, cfg.lease);
         control_cfg.max_pending_grants = cfg.max_pending_lease_grants;
+        if cfg.canary == crate::config::ReplicationCanary::AbandonOnSilence {
+            control_cfg.leader_shards = LeaderShards::AbandonOnSilence;
+        }
+        if cfg.leader_quiet_after.is_zero() {
+            return Err("leader_quiet_after must be above zero".into());
+        }
         let storage_hex: String = storage_id.iter().map(|b| format!("{b:02x}")).collect();
         let wishes = vec![
             Command::Join {
                 node: me.clone(),
                 client_addr: cfg.client_advertise_addr.clone(),
                 storage_id: storage_hex,
+                durable: metadata_log_compact_bytes.is_some(),
             },
             Command::Declare {
                 node: me.clone(),
@@ -290,6 +299,7 @@ impl ClusterNode {
                     resend_after: replicas::REPLICATION_RETRY * 5,
                 },
                 metadata_log_compact_bytes.is_some(),
+                cfg.leader_quiet_after,
             ),
             replicas_changed: true,
             canary: cfg.canary,
@@ -916,6 +926,23 @@ impl ClusterNode {
             .and_then(|m| m.client_addr.clone())
     }
 
+    /// Who serves `shard` for a client: as [`owner_of`](Self::owner_of), but a `leader`
+    /// shard whose leader is down is awaited, not sent to (`may_hand_over`: nobody else may
+    /// take it, so clients are told to retry instead of dialing a dead node).
+    fn client_owner_of(&self, shard: &ShardMeta, consistency: MetaConsistency) -> Owner {
+        match &shard.leader {
+            Some(l)
+                if *l != self.me
+                    && consistency == MetaConsistency::Leader
+                    && shard.replicas.len() > 1
+                    && self.meta().members.get(l).is_some_and(|m| !m.up) =>
+            {
+                Owner::Awaiting { node: l.clone() }
+            }
+            _ => self.owner_of(shard),
+        }
+    }
+
     fn owner_of(&self, shard: &ShardMeta) -> Owner {
         match &shard.leader {
             Some(l) if *l == self.me => Owner::Local,
@@ -940,11 +967,15 @@ impl ClusterNode {
         stream: &str,
         shard: u32,
     ) -> Option<Owner> {
-        let shards = self.stream_shards_meta(&ObjectKey::new(tenant, namespace, stream))?;
+        let key = ObjectKey::new(tenant, namespace, stream);
+        let placed = self.meta().streams.get(&key)?;
         Some(
-            shards
+            placed
+                .shards
                 .get(shard as usize)
-                .map_or(Owner::Unassigned, |s| self.owner_of(s)),
+                .map_or(Owner::Unassigned, |s| {
+                    self.client_owner_of(s, placed.spec.consistency)
+                }),
         )
     }
 
@@ -954,11 +985,9 @@ impl ClusterNode {
             .meta()
             .caches
             .get(&ObjectKey::new(tenant, namespace, cache))?;
-        Some(
-            c.shards
-                .first()
-                .map_or(Owner::Unassigned, |s| self.owner_of(s)),
-        )
+        Some(c.shards.first().map_or(Owner::Unassigned, |s| {
+            self.client_owner_of(s, MetaConsistency::Leader)
+        }))
     }
 
     /// A placed stream's width.

@@ -20,6 +20,9 @@ pub struct ShardLeader {
     pub generation: u64,
     /// `None` while the shard has no leader.
     pub leader: Option<String>,
+    /// A `leader` shard's standing quiescence: the followers recorded level with its
+    /// leader, who may take it over (empty when none stands).
+    pub quiet_level: Vec<String>,
 }
 
 impl<'a> ClusterView<'a> {
@@ -71,6 +74,11 @@ impl<'a> ClusterView<'a> {
                     shard: i as u32,
                     generation: s.generation,
                     leader: s.leader.as_ref().map(|l| l.0.clone()),
+                    quiet_level: s
+                        .quiet
+                        .iter()
+                        .flat_map(|q| q.level.iter().map(|n| n.0.clone()))
+                        .collect(),
                 })
             })
             .collect()

@@ -29,6 +29,8 @@ use felix_storage::replica_state::{Epoch as StoredEpoch, ReplicaState};
 use tracing::{info, warn};
 
 use super::ClusterNode;
+
+mod quiet;
 use crate::broker::replicated::MovedTo;
 use crate::broker::LogInfo;
 
@@ -253,6 +255,9 @@ pub(crate) struct Replicas {
     /// in the log's epochs but not here was opened before a restart, and is not opened
     /// again (`Command::Reopen`).
     opened: std::collections::BTreeSet<(ShardRef, u64)>,
+    /// `leader` shards led here: their quiescence (`quiet.rs`).
+    quiet: BTreeMap<ShardRef, quiet::ShardQuiet>,
+    quiet_after: Duration,
 }
 
 /// What `/metrics` reports about replication on this node.
@@ -267,10 +272,15 @@ pub(crate) struct ReplicationStats {
     pub(crate) quorum_timeouts: u64,
     /// Bytes of shipped or adopted entries appended here.
     pub(crate) catch_up_bytes: u64,
+    /// Records known acknowledged that a new leadership here could not recover (a lost
+    /// disk, or an operator's abandon).
+    pub(crate) acknowledged_abandoned: u64,
+    /// `leader` shards led here holding acknowledgements for a resumption.
+    pub(crate) leader_shards_quiet: u64,
 }
 
 impl Replicas {
-    pub(crate) fn new(settings: LeaderSettings, durable: bool) -> Replicas {
+    pub(crate) fn new(settings: LeaderSettings, durable: bool, quiet_after: Duration) -> Replicas {
         Replicas {
             slots: BTreeMap::new(),
             by_log: BTreeMap::new(),
@@ -283,6 +293,8 @@ impl Replicas {
             durable,
             stats: ReplicationStats::default(),
             opened: std::collections::BTreeSet::new(),
+            quiet: BTreeMap::new(),
+            quiet_after,
         }
     }
 }
@@ -612,6 +624,7 @@ impl ClusterNode {
                 Some((label, l.lag_records()))
             })
             .collect();
+        stats.leader_shards_quiet = self.leader_shards_quiet() as u64;
         stats
     }
 
@@ -635,6 +648,7 @@ impl ClusterNode {
             self.replicas.next_check = Some(now + REPLICATION_RETRY);
             self.reconcile(now, logs);
         }
+        self.drive_quiet(now);
         let refs: Vec<CopyRef> = self.replicas.slots.keys().cloned().collect();
         for r in refs {
             if let Some(Role::Leading(l)) = self.replicas.slots.get_mut(&r).map(|s| &mut s.role) {
@@ -987,7 +1001,17 @@ impl ClusterNode {
             return;
         };
         f.opening = true;
-        let commit = f.commit.max(info.state.commit).min(info.end);
+        let known = f.commit.max(info.state.commit);
+        let commit = known.min(info.end);
+        if known > info.end {
+            // Some copy knew records below `known` were acknowledged, and none of the copies
+            // that answered holds them: only a leader whose disk is gone (or an operator's
+            // abandon) gets here. The spec allows it; it is never silent.
+            let lost = known - info.end;
+            warn!(shard = %r, generation, from = info.end, to = known, lost,
+                "acknowledged records abandoned: no surviving copy holds them");
+            self.replicas.stats.acknowledged_abandoned += lost;
+        }
         if epochs.last().is_none_or(|&(g, _)| g != generation) {
             epochs.push((generation, info.end));
         }

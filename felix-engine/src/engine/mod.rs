@@ -368,6 +368,11 @@ impl Engine {
         now: Instant,
         unix_micros: u64,
     ) -> Result<Engine, EngineError> {
+        if config.max_producers_per_tenant == 0 {
+            return Err(EngineError::Config(
+                "max_producers_per_tenant must be at least 1".into(),
+            ));
+        }
         if config.max_gso_segments == 0 {
             return Err(EngineError::Config(
                 "max_gso_segments must be at least 1".into(),
@@ -377,6 +382,15 @@ impl Engine {
             if d.ack_before_write && (d.ack_on_commit || d.fsync == FsyncPolicy::OnCommit) {
                 return Err(EngineError::Config(
                     "ack_before_write cannot be combined with ack_on_commit or the on_commit fsync mode".into(),
+                ));
+            }
+            // On a cluster node a `quorum` publish would be answered on arrival, before any
+            // follower holds it: the replication promise would be void.
+            if d.ack_before_write && config.cluster.is_some() {
+                return Err(EngineError::Config(
+                    "ack_before_write cannot be used on a cluster node (FELIX_ACK_BEFORE_WRITE \
+                     with FELIX_NODE_ID): acks must wait for the write and for replication"
+                        .into(),
                 ));
             }
         }
@@ -459,6 +473,7 @@ impl Engine {
             counter_max_logs: config.counter_max_logs,
             durable_cache_max_keys: config.durable_cache_max_keys as u64,
             durable_cache_max_total_bytes: config.durable_cache_max_total_bytes,
+            max_producers_per_tenant: config.max_producers_per_tenant,
         };
         let (mut broker, capabilities) = match &config.durable {
             None => (
@@ -735,6 +750,45 @@ impl Engine {
         self.delete_stream(now, tenant, namespace, stream)
     }
 
+    /// Gives up what a shard's gone leader acknowledged (`felix admin abandon`): asks the
+    /// control plane to hand shard `shard` of the stream (or, `cache`, the cache) to `to` or
+    /// the first live node that can take it. The token must verify for `tenant` and grant
+    /// `node.manage` on `cluster:*`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn abandon_shard_as(
+        &mut self,
+        now: Instant,
+        token: &str,
+        cache: bool,
+        (tenant, namespace, name): (&str, &str, &str),
+        shard: u32,
+        to: Option<&str>,
+    ) -> Result<crate::AbandonPlan, crate::AbandonError> {
+        use crate::AbandonError;
+        let unix_secs = self.core.unix_secs(now);
+        let identity = self
+            .core
+            .verifier
+            .verify(token, tenant, unix_secs)
+            .map_err(|e| AbandonError::Unauthorized(e.to_string()))?;
+        let object = format!("cluster:shards/{tenant}/{namespace}/{name}/{shard}");
+        if !identity.allows_cluster(felix_auth::Action::NodeManage, &object) {
+            return Err(AbandonError::Forbidden);
+        }
+        let kind = if cache {
+            felix_cluster::meta::ObjectKind::Cache
+        } else {
+            felix_cluster::meta::ObjectKind::Stream
+        };
+        let cluster =
+            self.core.cluster.as_mut().ok_or_else(|| {
+                AbandonError::NotFound("this broker is not a cluster node".into())
+            })?;
+        let plan = cluster.abandon(now, kind, (tenant, namespace, name), shard, to)?;
+        self.settle(now);
+        Ok(plan)
+    }
+
     /// Serves `identity` (a rotated certificate and key) to every handshake from now on.
     /// Connections already established keep the session they negotiated. On error the
     /// identity in use stays.
@@ -967,6 +1021,8 @@ impl Engine {
             m.replication_leader_changes = r.leader_changes;
             m.replication_quorum_timeouts = r.quorum_timeouts;
             m.replication_catch_up_bytes = r.catch_up_bytes;
+            m.acknowledged_records_abandoned = r.acknowledged_abandoned;
+            m.leader_shards_quiet = r.leader_shards_quiet;
         }
         m
     }

@@ -47,6 +47,10 @@ impl Engine {
                             CopyKind::Counters => broker.replica_cache_log(now, &cache, true),
                         };
                         if let Some(log) = log {
+                            // A copy is a follower's until its leadership here gates it.
+                            if !broker.is_gated(log) {
+                                broker.take_only_shipped(log, true);
+                            }
                             cluster.replica_log(&copy, log);
                         }
                     }
@@ -84,12 +88,16 @@ impl Engine {
                         }
                     }
                     ReplicaIo::Gate { log, committed } => {
+                        broker.take_only_shipped(log, false);
                         broker.gate(log, committed);
                         // A projection (groups, a cache's index, its sums) led here from now
                         // on is rebuilt from its log.
                         broker.reload_projection(now, log);
                     }
-                    ReplicaIo::Ungate { log } => broker.ungate(log),
+                    ReplicaIo::Ungate { log } => {
+                        broker.ungate(log);
+                        broker.take_only_shipped(log, true);
+                    }
                     ReplicaIo::BoundCompaction { log, below } => {
                         broker.bound_compaction(log, below)
                     }

@@ -205,6 +205,9 @@ pub enum AppendError {
     },
     /// A `truncate_to` is running; appends wait for [`ReplicaEvent::Truncated`].
     Truncating,
+    /// The log is a follower's copy ([`ShardLog::take_only_shipped`]): only entries shipped
+    /// from its leader are appended, never one written here.
+    ShippedOnly,
 }
 
 /// Why `read` refused.
@@ -416,6 +419,8 @@ pub struct ShardLog {
     /// A leader ships from here before its own sync: framed reads go up to what is written,
     /// and each write is reported (`ReplicaEvent::Written`).
     ship_written: bool,
+    /// A follower's copy: local appends are refused (`AppendError::ShippedOnly`).
+    only_shipped: bool,
     synced_offset: u64,
     reported_durable: u64,
     pending: VecDeque<Pending>,
@@ -481,6 +486,7 @@ impl ShardLog {
             next_offset: 0,
             written_offset: 0,
             ship_written: false,
+            only_shipped: false,
             synced_offset: 0,
             reported_durable: 0,
             pending: VecDeque::new(),

@@ -298,6 +298,19 @@ impl ShardLog {
         self.ship_written = on;
     }
 
+    /// Makes the log a follower's copy (`true`): from now on it takes only what its leader
+    /// ships (`append_framed*`, truncations), and a local `append` is refused
+    /// [`AppendError::ShippedOnly`], whatever asked for it (a client write, a background
+    /// pass). The node that leads the shard clears it.
+    pub fn take_only_shipped(&mut self, on: bool) {
+        self.only_shipped = on;
+    }
+
+    /// Whether the log takes only shipped entries.
+    pub fn only_shipped(&self) -> bool {
+        self.only_shipped
+    }
+
     // ---- framed appends -----------------------------------------------------------------
 
     /// Appends entries shipped from a leader's `read_framed`, byte for byte, at exactly

@@ -796,3 +796,33 @@ fn a_crash_at_every_step_of_a_restart_leaves_a_prefix_or_an_empty_log() {
         }
     }
 }
+
+#[test]
+fn a_log_taking_only_shipped_entries_refuses_local_appends() {
+    let c = cfg(FsyncMode::OnCommit, 400);
+    let mut lead = leader(c.clone(), 6);
+    let mut follow = Rig::new(c);
+    follow.log.take_only_shipped(true);
+    let payload = Bytes::from_static(b"local");
+    let batch = Batch {
+        time_us: 1,
+        publisher: None,
+        payloads: std::slice::from_ref(&payload),
+    };
+    assert_eq!(
+        follow.log.append(follow.t0, batch),
+        Err(AppendError::ShippedOnly)
+    );
+    assert_eq!(
+        follow.log.next_offset(),
+        0,
+        "nothing was assigned an offset"
+    );
+    // What the leader ships still lands.
+    ship(&mut lead, &mut follow, 700);
+    assert_eq!(follow.log.next_offset(), lead.log.next_offset());
+    // Leading again, it writes its own.
+    follow.log.take_only_shipped(false);
+    let at = follow.log.append(follow.t0, batch).expect("append");
+    assert_eq!(at, lead.log.next_offset());
+}

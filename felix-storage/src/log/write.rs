@@ -36,6 +36,9 @@ impl ShardLog {
         ext: &record::EntryExt<'_>,
     ) -> Result<u64, AppendError> {
         self.check_appendable()?;
+        if self.only_shipped {
+            return Err(AppendError::ShippedOnly);
+        }
         if batch.payloads.is_empty() {
             return Err(AppendError::Empty);
         }

@@ -313,6 +313,9 @@ fn serve(mut conn: TcpStream, state: &OpsState, timeout: Duration) -> io::Result
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    if target.starts_with(super::abandon::ROUTE) {
+        return super::abandon::serve(&mut conn, state, method, target, &request);
+    }
     if target.starts_with(stream_delete::ROUTE) {
         let path = target.split('?').next().unwrap_or("");
         return stream_delete::serve(&mut conn, state, method, path, &request);

@@ -216,6 +216,18 @@ impl Collector for Snapshot {
         )?;
         counter(
             e,
+            "acknowledged_records_abandoned",
+            "records known acknowledged that no surviving copy held when a new leader opened (a lost disk, or an operator's abandon)",
+            m.acknowledged_records_abandoned,
+        )?;
+        gauge(
+            e,
+            "leader_shards_quiet",
+            "leader-consistency shards led here holding acknowledgements until their resumption is recorded",
+            m.leader_shards_quiet,
+        )?;
+        counter(
+            e,
             "forwards_sent",
             "requests forwarded to their shard's leader",
             m.forwards_sent,

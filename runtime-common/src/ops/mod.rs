@@ -3,6 +3,7 @@
 //! the operator's stream deletion (`stream_delete`: `DELETE /v1/streams/…` and the drive
 //! loop's side of it). All of it runs on plain threads, the same under every runtime.
 
+pub(crate) mod abandon;
 pub mod http;
 pub mod metrics;
 pub(crate) mod stream_delete;

@@ -127,7 +127,7 @@ pub(crate) fn serve(
 }
 
 /// The token of an `Authorization: Bearer …` header (the scheme is case-insensitive).
-fn bearer_token(request: &[u8]) -> Option<String> {
+pub(super) fn bearer_token(request: &[u8]) -> Option<String> {
     let head = String::from_utf8_lossy(request);
     head.lines().skip(1).find_map(|line| {
         let (name, value) = line.split_once(':')?;

@@ -89,6 +89,7 @@ mod tests {
                 node: NodeId::new(*n),
                 client_addr: None,
                 storage_id: d.into(),
+                durable: true,
             };
             apply(&mut meta, join);
         }
@@ -129,6 +130,7 @@ mod tests {
             node: NodeId::new(a),
             client_addr: None,
             storage_id: "e1".into(),
+            durable: true,
         };
         apply(&mut meta, rejoin);
         assert!(wipe_blocker(&meta, b, &back).is_some());

@@ -52,6 +52,7 @@ mod tests {
             shard: 0,
             generation,
             leader: Some(leader.into()),
+            quiet_level: Vec::new(),
         }
     }
 

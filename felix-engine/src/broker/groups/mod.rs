@@ -355,8 +355,8 @@ impl Broker {
     }
 
     /// Replication is about to rebuild the groups of shard `at` from its log (it leads the
-    /// log from now on, or the log was cut): polls in progress on the shard end empty, their
-    /// claims belonging to the state being replaced.
+    /// log from now on, or the log was cut), or its leadership here ended: polls in progress
+    /// on the shard end empty, their claims belonging to the state being replaced.
     pub(crate) fn end_group_polls(&mut self, at: (usize, u32)) {
         let polls: Vec<u64> = self
             .groups
@@ -531,6 +531,25 @@ impl Broker {
             return;
         }
         let (stream, shard, group) = (p.stream, p.shard, p.group.clone());
+        // A follower's copy of the group log: its claims could be written nowhere (the
+        // leader's log is the group's state), so nothing is handed out here.
+        let log = self.groups.shards.get(&(stream, shard)).map(|sg| sg.log);
+        let follower = log.is_some_and(|log| {
+            self.logs
+                .as_ref()
+                .and_then(|l| l.slot(log))
+                .is_some_and(|s| s.log.shard().only_shipped())
+        });
+        if follower {
+            let why = "this node does not lead the shard's groups; poll again";
+            return self.answer_poll(
+                waiter,
+                Err(BrokerError::new(
+                    felix_proto::ErrorCode::ShardUnavailable,
+                    why,
+                )),
+            );
+        }
         let member = p.member.clone();
         let (max, visibility, conn, reclaim) = (p.max, p.visibility, p.conn, p.reclaim);
         let view = self.group_view(stream, shard);

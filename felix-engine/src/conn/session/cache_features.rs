@@ -83,6 +83,11 @@ impl Session {
                     None => cx.core.next_subscription_id(),
                 };
                 cx.core.stats.subscriptions += 1;
+                if self.negotiated().features.contains(Features::SHARD_MOVED) {
+                    cx.core
+                        .broker
+                        .watch_ends_on_move(started.id, subscription_id);
+                }
                 self.push_message(&Message::CacheWatchStarted(CacheWatchStarted {
                     subscription_id,
                     resume_offset: started.resume_offset,

@@ -10,6 +10,7 @@ use felix_proto::routing::shard_for_key;
 use felix_proto::{ErrorCode, Features};
 
 use bytes::Bytes;
+use felix_auth::{cache_object, name_charset_ok, stream_object, Action, NAME_MAX_BYTES};
 use felix_cluster::routing::Owner;
 use felix_proto::binary::{AckOwner, PublishAck};
 use felix_proto::Flags;
@@ -186,7 +187,152 @@ pub(super) fn target(msg: &Message) -> Option<Target<'_>> {
     }
 }
 
+/// The permission a routed request needs and the object it is checked on; the object is
+/// `None` when the names cannot form one (the request's handler refuses it as malformed).
+/// Each arm is the check its handler makes, so a node checks it before routing: a request
+/// the identity may not make is refused where it arrived, never forwarded or redirected.
+pub(super) fn permission(msg: &Message) -> Option<(Action, Option<String>)> {
+    use Action as A;
+    let stream = |action, t: &str, n: &str, s: &str| Some((action, stream_object(t, n, s)));
+    let cache = |action, t: &str, n: &str, c: &str| Some((action, cache_object(t, n, c)));
+    let group = |action, t: &str, n: &str, s: &str, g: &str| {
+        let ok = (1..=NAME_MAX_BYTES).contains(&g.len()) && name_charset_ok(g);
+        let object = stream_object(t, n, s)
+            .filter(|_| ok)
+            .map(|o| format!("group:{}/{g}", &o["stream:".len()..]));
+        Some((action, object))
+    };
+    match msg {
+        Message::Publish(m) => stream(A::StreamPublish, &m.tenant_id, &m.namespace, &m.stream),
+        Message::PublishBatch(m) => stream(A::StreamPublish, &m.tenant_id, &m.namespace, &m.stream),
+        Message::Commit(m) => stream(A::StreamPublish, &m.tenant_id, &m.namespace, &m.stream),
+        Message::PublishIf(m) => stream(A::StreamPublish, &m.tenant_id, &m.namespace, &m.stream),
+        Message::PublishIdempotent(m) => {
+            stream(A::StreamPublish, &m.tenant_id, &m.namespace, &m.stream)
+        }
+        Message::Subscribe(m) => stream(A::StreamSubscribe, &m.tenant_id, &m.namespace, &m.stream),
+        Message::StateGet(m) => stream(A::StreamSubscribe, &m.tenant_id, &m.namespace, &m.stream),
+        Message::StreamRead(m) => stream(A::StreamSubscribe, &m.tenant_id, &m.namespace, &m.stream),
+        Message::OffsetForTime(m) => {
+            stream(A::StreamSubscribe, &m.tenant_id, &m.namespace, &m.stream)
+        }
+        Message::GroupPoll(m) => group(
+            A::GroupConsume,
+            &m.tenant_id,
+            &m.namespace,
+            &m.stream,
+            &m.group,
+        ),
+        Message::GroupAck(m) => group(
+            A::GroupConsume,
+            &m.tenant_id,
+            &m.namespace,
+            &m.stream,
+            &m.group,
+        ),
+        Message::GroupNack(m) => group(
+            A::GroupConsume,
+            &m.tenant_id,
+            &m.namespace,
+            &m.stream,
+            &m.group,
+        ),
+        Message::GroupExtend(m) => group(
+            A::GroupConsume,
+            &m.tenant_id,
+            &m.namespace,
+            &m.stream,
+            &m.group,
+        ),
+        Message::GroupDeadLetter(m) => group(
+            A::GroupConsume,
+            &m.tenant_id,
+            &m.namespace,
+            &m.stream,
+            &m.group,
+        ),
+        Message::GroupDeadLetters(m) => group(
+            A::GroupConsume,
+            &m.tenant_id,
+            &m.namespace,
+            &m.stream,
+            &m.group,
+        ),
+        Message::GroupDescribe(m) => group(
+            A::GroupConsume,
+            &m.tenant_id,
+            &m.namespace,
+            &m.stream,
+            &m.group,
+        ),
+        Message::GroupDiscard(m) => group(
+            A::GroupManage,
+            &m.tenant_id,
+            &m.namespace,
+            &m.stream,
+            &m.group,
+        ),
+        Message::GroupRedrive(m) => group(
+            A::GroupManage,
+            &m.tenant_id,
+            &m.namespace,
+            &m.stream,
+            &m.group,
+        ),
+        Message::GroupSeek(m) => group(
+            A::GroupManage,
+            &m.tenant_id,
+            &m.namespace,
+            &m.stream,
+            &m.group,
+        ),
+        Message::GroupDelete(m) => group(
+            A::GroupManage,
+            &m.tenant_id,
+            &m.namespace,
+            &m.stream,
+            &m.group,
+        ),
+        Message::CacheWatch(m) => cache(A::CacheRead, &m.tenant_id, &m.namespace, &m.cache),
+        Message::CacheGet(m) => cache(A::CacheRead, &m.tenant_id, &m.namespace, &m.cache),
+        Message::CounterGet(m) => cache(A::CacheRead, &m.tenant_id, &m.namespace, &m.cache),
+        Message::CachePut(m) => cache(A::CacheWrite, &m.tenant_id, &m.namespace, &m.cache),
+        Message::CacheDelete(m) => cache(A::CacheWrite, &m.tenant_id, &m.namespace, &m.cache),
+        Message::CounterAdd(m) => cache(A::CacheWrite, &m.tenant_id, &m.namespace, &m.cache),
+        Message::CachePutIf(m) => cache(A::CacheWrite, &m.tenant_id, &m.namespace, &m.cache),
+        Message::CacheDeleteIf(m) => cache(A::CacheWrite, &m.tenant_id, &m.namespace, &m.cache),
+        _ => None,
+    }
+}
+
+/// Whether a request may go on to routing.
+pub(super) enum MayRoute {
+    /// The identity holds the permission: route it.
+    Yes,
+    /// Malformed names: not routed; its handler refuses it here.
+    Handler,
+    /// Refused `forbidden` here, already answered.
+    Refused,
+}
+
 impl Session {
+    /// Checks the permission `msg` needs before it is routed (see [`permission`]).
+    pub(super) fn may_route(&mut self, msg: &Message, t: &Target<'_>) -> MayRoute {
+        let Some((action, object)) = permission(msg) else {
+            return MayRoute::Yes;
+        };
+        let Some(object) = object else {
+            return MayRoute::Handler;
+        };
+        let identity = &self.auth.as_ref().expect("authenticated").identity;
+        if identity.allows(action, &object) {
+            return MayRoute::Yes;
+        }
+        let message = format!("{action} is not granted on {object}");
+        self.refuse_routed(t, ErrorCode::Forbidden, message);
+        MayRoute::Refused
+    }
+
     /// It forwarded requests to other nodes (it has a forward channel).
     pub(crate) fn has_forwarded(&self) -> bool {
         self.auth.as_ref().is_some_and(|a| a.forwarding.is_some())

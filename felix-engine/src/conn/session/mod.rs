@@ -516,8 +516,20 @@ impl Session {
 
     fn on_message(&mut self, msg: Message, cx: &mut SessionCx<'_>) -> FrameResult {
         if let Some(target) = cluster::target(&msg) {
-            if self.answered_elsewhere(&target, cx) {
-                return FrameResult::Continue;
+            // In a cluster the permission comes first: a forbidden request is refused here,
+            // never forwarded, and no `not_leader` tells its sender where the shard lives.
+            let may = match cx.core.cluster.is_some() {
+                true => self.may_route(&msg, &target),
+                false => cluster::MayRoute::Yes,
+            };
+            match may {
+                cluster::MayRoute::Refused => return FrameResult::Continue,
+                cluster::MayRoute::Handler => {}
+                cluster::MayRoute::Yes => {
+                    if self.answered_elsewhere(&target, cx) {
+                        return FrameResult::Continue;
+                    }
+                }
             }
         }
         match msg {
@@ -660,6 +672,18 @@ impl Session {
             | Message::GroupDescribe(_)
             | Message::GroupDelete(_)) => self.on_group(m, cx),
             Message::ShardOwners(o) => {
+                // Where shards live is for those who may read the object.
+                let allowed = match o.kind {
+                    ShardKind::Stream => self
+                        .stream_scope(&o.tenant_id, &o.namespace, &o.name, Action::StreamSubscribe)
+                        .is_some(),
+                    ShardKind::Cache => self
+                        .cache_scope(&o.tenant_id, &o.namespace, &o.name, Action::CacheRead)
+                        .is_some(),
+                };
+                if !allowed {
+                    return FrameResult::Continue;
+                }
                 if let Some(answer) = self.cluster_owners(
                     cx,
                     o.kind,

@@ -1,0 +1,735 @@
+//! The cluster state under a virtual clock and a seed: discovery, routing, redirects, retry
+//! classes and the backoff's bounds, each answer exact.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use felix_proto::message::{BrokerEndpoint, NotLeader, ShardOwner, ShardOwnersView, TopologyView};
+use felix_proto::{ErrorCode, RetryClass};
+
+use super::*;
+use crate::core::Start;
+
+fn a(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn topo(addrs: &[&str]) -> TopologyView {
+    TopologyView {
+        brokers: addrs
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| BrokerEndpoint {
+                node_id: format!("n{}", i + 1),
+                addr: (*addr).to_owned(),
+            })
+            .collect(),
+    }
+}
+
+fn owners(addrs: &[Option<&str>]) -> ShardOwnersView {
+    ShardOwnersView {
+        request_id: 1,
+        owners: addrs
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| ShardOwner {
+                shard: i as u64,
+                node_id: addr.map(|_| format!("n{i}")),
+                addr: addr.map(str::to_owned),
+                generation: Some(1),
+                unavailable: addr.is_none().then(|| "not_assigned".to_owned()),
+            })
+            .collect(),
+    }
+}
+
+fn server(code: ErrorCode) -> ClientError {
+    ClientError::Server {
+        retry: Some(code.default_retry()),
+        code: Some(code),
+        message: "probe".into(),
+    }
+}
+
+fn connected(seeds: &[u16], now: Instant) -> Cluster {
+    let mut c = Cluster::new(ClusterConfig::new(seeds.iter().map(|p| a(*p)).collect()));
+    c.handle_connected(a(seeds[0]), now);
+    c
+}
+
+#[test]
+fn endpoints_are_the_topology_then_every_seed_not_in_it() {
+    let now = Instant::now();
+    let mut c = connected(&[5003, 5001], now);
+    assert_eq!(c.endpoints(), vec![a(5003), a(5001)], "seeds as given");
+    assert!(c.topology_due(now), "asked at connect");
+    c.handle_topology(
+        Some(&topo(&[
+            "127.0.0.1:5001",
+            "127.0.0.1:5002",
+            "127.0.0.1:5003",
+        ])),
+        now,
+    );
+    assert_eq!(c.endpoints(), vec![a(5001), a(5002), a(5003)]);
+    assert!(!c.topology_due(now));
+    c.begin_topology(now);
+    assert!(
+        !c.topology_due(now),
+        "asked: not due again while it is answered"
+    );
+    assert!(!c.topology_due(now + DEFAULT_TOPOLOGY_INTERVAL - Duration::from_nanos(1)));
+    assert!(c.topology_due(now + DEFAULT_TOPOLOGY_INTERVAL));
+    assert_eq!(c.poll_timeout(), Some(now + DEFAULT_TOPOLOGY_INTERVAL));
+    // A later answer naming only n3 keeps the seeds: n3, then the seeds in their order.
+    c.handle_topology(Some(&topo(&["127.0.0.1:5003"])), now);
+    assert_eq!(c.endpoints(), vec![a(5003), a(5001)]);
+    // An empty answer is valid: the seeds only.
+    c.handle_topology(Some(&topo(&[])), now);
+    assert_eq!(c.endpoints(), vec![a(5003), a(5001)]);
+}
+
+#[test]
+fn a_failed_topology_keeps_what_was_known_and_bad_entries_are_skipped() {
+    let now = Instant::now();
+    let mut c = connected(&[5001], now);
+    c.handle_topology(
+        Some(&topo(&[
+            "127.0.0.1:5002",
+            "not an address",
+            "127.0.0.1:99999",
+            "localhost:5004",
+            "[::1]:5005",
+            "127.0.0.1:5002",
+        ])),
+        now,
+    );
+    let v6: SocketAddr = "[::1]:5005".parse().unwrap();
+    assert_eq!(c.endpoints(), vec![a(5002), a(5004), v6, a(5001)]);
+    c.handle_topology(None, now + Duration::from_secs(1));
+    assert_eq!(c.endpoints(), vec![a(5002), a(5004), v6, a(5001)]);
+    assert_eq!(
+        c.poll_timeout(),
+        Some(now + Duration::from_secs(1) + DEFAULT_TOPOLOGY_INTERVAL),
+        "a failure waits for the next refresh too"
+    );
+}
+
+#[test]
+fn a_topology_answer_is_cut_at_its_limit() {
+    let now = Instant::now();
+    let mut c = connected(&[1], now);
+    let many: Vec<String> = (0..MAX_TOPOLOGY_BROKERS + 10)
+        .map(|i| format!("127.0.0.1:{}", 10_000 + i))
+        .collect();
+    let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+    c.handle_topology(Some(&topo(&refs)), now);
+    // The limit's worth of discovered brokers, then the seed.
+    assert_eq!(c.endpoints().len(), MAX_TOPOLOGY_BROKERS + 1);
+    assert_eq!(c.endpoints()[MAX_TOPOLOGY_BROKERS - 1], a(10_255));
+}
+
+#[test]
+fn a_lost_broker_is_dialled_last_until_its_suspicion_ends() {
+    let now = Instant::now();
+    let mut c = connected(&[5001, 5002, 5003], now);
+    assert_eq!(c.entry(), Some(a(5001)));
+    c.handle_connection_lost(a(5001), now);
+    assert_eq!(c.entry(), None);
+    assert!(!c.topology_due(now), "no entry to ask");
+    assert_eq!(c.poll_timeout(), None);
+    assert_eq!(c.dial_order(now), vec![a(5002), a(5003), a(5001)]);
+    let later = now + Duration::from_secs(1);
+    c.handle_connection_lost(a(5002), later);
+    // Both suspected: the one cleared soonest comes first among the suspects.
+    assert_eq!(c.dial_order(later), vec![a(5003), a(5001), a(5002)]);
+    assert_eq!(
+        c.dial_order(now + DEFAULT_SUSPECT_FOR),
+        vec![a(5001), a(5003), a(5002)]
+    );
+    c.handle_connected(a(5003), later);
+    assert_eq!(c.entry(), Some(a(5003)));
+    assert!(c.topology_due(later), "asked again after every reconnect");
+    // Every seed is still there after losing all of them.
+    c.handle_connection_lost(a(5003), later);
+    assert_eq!(c.endpoints(), vec![a(5001), a(5002), a(5003)]);
+}
+
+#[test]
+fn keyed_calls_route_to_the_keys_owner_and_unknown_owners_go_through_the_entry() {
+    let now = Instant::now();
+    let mut c = connected(&[5001], now);
+    let orders = Object::stream("default", "orders");
+    assert_eq!(
+        c.route(&orders, None, now),
+        Route::AskOwners { entry: a(5001) }
+    );
+    c.handle_shard_owners(
+        &orders,
+        &owners(&[Some("127.0.0.1:5001"), Some("127.0.0.1:5002"), None]),
+        now,
+    );
+    // Unkeyed: shard 0.
+    assert_eq!(
+        c.route(&orders, None, now),
+        Route::Owner {
+            addr: a(5001),
+            shard: 0
+        }
+    );
+    for key in [&b"a"[..], b"b", b"c", b"key-7", b""] {
+        let shard = shard_for_key(Some(key), 3, RoutingMapping::Modulo);
+        let want = match shard {
+            0 => Route::Owner {
+                addr: a(5001),
+                shard,
+            },
+            1 => Route::Owner {
+                addr: a(5002),
+                shard,
+            },
+            _ => Route::Entry { addr: a(5001) },
+        };
+        assert_eq!(c.route(&orders, Some(key), now), want, "key {key:?}");
+    }
+    // A shard nobody owned yet is asked about again soon, the others not.
+    let soon = now + DEFAULT_LOST_OWNER_REASK;
+    let unowned = (0..100)
+        .map(|i| format!("k{i}"))
+        .find(|k| shard_for_key(Some(k.as_bytes()), 3, RoutingMapping::Modulo) == 2)
+        .unwrap();
+    assert_eq!(
+        c.route(&orders, Some(unowned.as_bytes()), soon),
+        Route::AskOwners { entry: a(5001) }
+    );
+    assert_eq!(
+        c.route(&orders, None, soon),
+        Route::Owner {
+            addr: a(5001),
+            shard: 0
+        }
+    );
+    // The answer is used for the refresh interval, then asked again.
+    let stale = now + DEFAULT_OWNERS_REFRESH;
+    assert_eq!(
+        c.route(&orders, None, stale),
+        Route::AskOwners { entry: a(5001) }
+    );
+    // Another object is separate.
+    let sessions = Object::cache("default", "orders");
+    assert_eq!(
+        c.route(&sessions, None, now),
+        Route::AskOwners { entry: a(5001) }
+    );
+    // No entry: dial first.
+    c.handle_connection_lost(a(5001), now);
+    assert_eq!(c.route(&orders, None, now), Route::NoEntry);
+}
+
+#[test]
+fn a_lost_owner_is_asked_about_again_and_not_routed_to_while_suspected() {
+    let now = Instant::now();
+    let mut c = connected(&[5001], now);
+    let s = Object::stream("ns", "s");
+    let view = owners(&[Some("127.0.0.1:5002"), Some("127.0.0.1:5003")]);
+    c.handle_shard_owners(&s, &view, now);
+    let later = now + Duration::from_secs(1);
+    c.handle_connection_lost(a(5002), later);
+    assert_eq!(c.owners(&s), Some(vec![None, Some(a(5003))]));
+    // Not forwarded by the entry into the dead owner: the owners are asked again at once...
+    assert_eq!(
+        c.route(&s, None, later),
+        Route::AskOwners { entry: a(5001) }
+    );
+    assert_eq!(
+        c.route_shard(&s, 1, later),
+        Route::Owner {
+            addr: a(5003),
+            shard: 1
+        },
+        "the other shard is untouched"
+    );
+    // ...and an answer still naming it makes the shard unavailable here for the re-ask
+    // interval, then asked again.
+    c.handle_shard_owners(&s, &view, later);
+    assert_eq!(
+        c.route(&s, None, later),
+        Route::Unavailable {
+            shard: 0,
+            lost: a(5002)
+        }
+    );
+    let err = Route::unavailable_error(0, a(5002));
+    assert_eq!(classify(&err, false), Failure::NotApplied);
+    assert_eq!(
+        c.route(
+            &s,
+            None,
+            later + DEFAULT_LOST_OWNER_REASK - Duration::from_nanos(1)
+        ),
+        Route::Unavailable {
+            shard: 0,
+            lost: a(5002)
+        }
+    );
+    assert_eq!(
+        c.route(&s, None, later + DEFAULT_LOST_OWNER_REASK),
+        Route::AskOwners { entry: a(5001) }
+    );
+    // The cluster names a new owner: routed there.
+    let moved = owners(&[Some("127.0.0.1:5003"), Some("127.0.0.1:5003")]);
+    c.handle_shard_owners(&s, &moved, later);
+    assert_eq!(
+        c.route(&s, None, later),
+        Route::Owner {
+            addr: a(5003),
+            shard: 0
+        }
+    );
+    // Once its suspicion ends, an answer naming the old owner is believed again.
+    let cleared = later + DEFAULT_SUSPECT_FOR;
+    c.handle_shard_owners(&s, &view, cleared);
+    assert_eq!(c.owners(&s), Some(vec![Some(a(5002)), Some(a(5003))]));
+    // A refusal by an owner forgets the object's owners.
+    c.handle_stale_owner(&s);
+    assert_eq!(
+        c.route(&s, None, cleared),
+        Route::AskOwners { entry: a(5001) }
+    );
+    // A failed ask routes through the entry until the refresh.
+    c.handle_owners_failed(&s, cleared);
+    assert_eq!(c.route(&s, None, cleared), Route::Entry { addr: a(5001) });
+    assert_eq!(
+        c.route(&s, None, cleared + DEFAULT_OWNERS_REFRESH),
+        Route::AskOwners { entry: a(5001) }
+    );
+}
+
+#[test]
+fn an_owner_hint_replaces_the_shards_owner() {
+    let now = Instant::now();
+    let mut c = connected(&[5001], now);
+    let s = Object::stream("ns", "s");
+    c.handle_shard_owners(&s, &owners(&[None, None]), now);
+    c.handle_owner_hint(&s, 1, "127.0.0.1:5003");
+    c.handle_owner_hint(&s, 7, "127.0.0.1:5004"); // no such shard: ignored
+    c.handle_owner_hint(&s, 0, "garbage"); // unparseable: ignored
+    assert_eq!(c.owners(&s), Some(vec![None, Some(a(5003))]));
+}
+
+#[test]
+fn an_oversized_owners_answer_routes_through_the_entry() {
+    let now = Instant::now();
+    let mut c = connected(&[5001], now);
+    let s = Object::stream("ns", "s");
+    let many = vec![Some("127.0.0.1:5002"); MAX_OWNED_SHARDS + 1];
+    c.handle_shard_owners(&s, &owners(&many), now);
+    assert_eq!(c.route(&s, Some(b"k"), now), Route::Entry { addr: a(5001) });
+    let most = vec![Some("127.0.0.1:5002"); MAX_OWNED_SHARDS];
+    c.handle_shard_owners(&s, &owners(&most), now);
+    assert!(matches!(c.route(&s, Some(b"k"), now), Route::Owner { addr, .. } if addr == a(5002)));
+}
+
+#[test]
+fn owner_tables_are_bounded_and_the_oldest_goes_first() {
+    let now = Instant::now();
+    let mut c = connected(&[5001], now);
+    for i in 0..MAX_OWNER_TABLES + 1 {
+        let at = now + Duration::from_millis(i as u64);
+        c.handle_owners_failed(&Object::stream("ns", &format!("s{i}")), at);
+    }
+    assert_eq!(c.owners.len(), MAX_OWNER_TABLES);
+    assert!(c.owners(&Object::stream("ns", "s0")).is_none());
+    assert!(c.owners(&Object::stream("ns", "s1")).is_some());
+}
+
+#[test]
+fn redirects_are_followed_up_to_the_bound_and_never_back() {
+    let mut r = Redirects::new(a(1), 3);
+    assert_eq!(r.follow("n2", Some("127.0.0.1:2"), 1), Ok(a(2)));
+    assert_eq!(r.follow("n3", Some("127.0.0.1:3"), 1), Ok(a(3)));
+    assert_eq!(
+        r.follow_message(&NotLeader {
+            node_id: "n4".into(),
+            addr: Some("127.0.0.1:4".into()),
+            generation: 1
+        }),
+        Ok(a(4))
+    );
+    assert_eq!(r.asked(), &[a(1), a(2), a(3), a(4)], "four brokers asked");
+    let past = r.follow("n5", Some("127.0.0.1:5"), 1).unwrap_err();
+    assert!(past.to_string().contains("after 3 hops"), "{past}");
+    assert_eq!(past.code(), Some(&ErrorCode::NotLeader));
+
+    let mut r = Redirects::new(a(1), 3);
+    assert_eq!(r.follow("n2", Some("127.0.0.1:2"), 1), Ok(a(2)));
+    let back = r.follow("n1", Some("127.0.0.1:1"), 1).unwrap_err();
+    assert!(back.to_string().contains("already asked"), "{back}");
+
+    let mut r = Redirects::new(a(1), 3);
+    let nowhere = r.follow("n2", None, 1).unwrap_err();
+    assert!(nowhere.to_string().contains("not published"), "{nowhere}");
+    let bad = r.follow("n2", Some("bad"), 1).unwrap_err();
+    assert!(bad.to_string().contains("does not parse"), "{bad}");
+
+    // Zero hops: the first redirect is already one too many.
+    let mut r = Redirects::new(a(1), 0);
+    assert!(r.follow("n2", Some("127.0.0.1:2"), 1).is_err());
+}
+
+#[test]
+fn the_retry_classes() {
+    use Failure::*;
+    for (code, want) in [
+        (ErrorCode::Unauthenticated, Terminal),
+        (ErrorCode::Forbidden, Terminal),
+        (ErrorCode::InvalidRequest, Terminal),
+        (ErrorCode::LimitExceeded, Terminal),
+        (ErrorCode::Revoked, Terminal),
+        (ErrorCode::NotFound, NotApplied),
+        (ErrorCode::ShardUnavailable, NotApplied),
+        (ErrorCode::NotLeader, NotApplied),
+        (ErrorCode::Overloaded, NotApplied),
+        (ErrorCode::Draining, NotApplied),
+        (ErrorCode::StaleClaim, NotApplied),
+        (ErrorCode::StaleWidth, NotApplied),
+        (ErrorCode::QuorumTimeout, Unknown),
+        (ErrorCode::LeadershipLost, Unknown),
+        (ErrorCode::Unacknowledged, Unknown),
+        (ErrorCode::Internal, Unknown),
+        (ErrorCode::Storage, Unknown),
+    ] {
+        assert_eq!(classify(&server(code.clone()), true), want, "{code}");
+    }
+    // The class the broker sent wins over the code's usual one.
+    let retry_quorum = ClientError::Server {
+        code: Some(ErrorCode::QuorumTimeout),
+        retry: Some(RetryClass::Retry),
+        message: String::new(),
+    };
+    assert_eq!(classify(&retry_quorum, true), NotApplied);
+    // A code alone carries its usual class.
+    let bare = ClientError::Server {
+        code: Some(ErrorCode::Forbidden),
+        retry: None,
+        message: String::new(),
+    };
+    assert_eq!(classify(&bare, true), Terminal);
+    let uncoded = ClientError::Server {
+        code: None,
+        retry: None,
+        message: "no".into(),
+    };
+    assert_eq!(classify(&uncoded, true), Unknown);
+    assert_eq!(classify(&uncoded, false), NotApplied);
+    for e in [
+        ClientError::Connection("lost".into()),
+        ClientError::Timeout("an answer"),
+        ClientError::Protocol("bad".into()),
+    ] {
+        assert_eq!(classify(&e, true), Unknown, "{e}");
+        assert_eq!(classify(&e, false), NotApplied, "{e}");
+    }
+    assert_eq!(classify(&ClientError::Usage("x".into()), false), Terminal);
+    let unsupported = ClientError::Unsupported {
+        request_type: "x".into(),
+    };
+    assert_eq!(classify(&unsupported, true), Terminal);
+    let nl = ClientError::NotLeader {
+        node_id: "n2".into(),
+        addr: None,
+        generation: 1,
+    };
+    assert_eq!(classify(&nl, true), NotApplied);
+}
+
+#[test]
+fn terminal_errors_are_never_retried() {
+    let now = Instant::now();
+    let mut c = connected(&[1], now);
+    let mut at = c.attempts(Resend::Always, now);
+    let e = server(ErrorCode::Forbidden);
+    assert_eq!(
+        c.next_attempt(&mut at, e.clone(), true, now),
+        Next::GiveUp(e)
+    );
+    assert_eq!(at.made(), 1);
+}
+
+#[test]
+fn publish_never_resends_an_unknown_outcome_and_at_least_once_does() {
+    let now = Instant::now();
+    let mut c = connected(&[1], now);
+    let lost = ClientError::Connection("lost".into());
+    // Plain publish: written then lost is final; refused (nothing applied) is retried, and a
+    // request that never left is retried.
+    let mut at = c.attempts(Resend::Never, now);
+    assert_eq!(
+        c.next_attempt(&mut at, lost.clone(), true, now),
+        Next::GiveUp(lost.clone())
+    );
+    let quorum = server(ErrorCode::QuorumTimeout);
+    assert_eq!(
+        c.next_attempt(&mut at, quorum.clone(), true, now),
+        Next::GiveUp(quorum.clone())
+    );
+    assert!(matches!(
+        c.next_attempt(&mut at, lost.clone(), false, now),
+        Next::RetryAfter { attempt: 2, .. }
+    ));
+    assert!(matches!(
+        c.next_attempt(&mut at, server(ErrorCode::ShardUnavailable), true, now),
+        Next::RetryAfter { attempt: 3, .. }
+    ));
+    // At least once: both unknowns retried.
+    let mut at = c.attempts(Resend::Always, now);
+    assert!(matches!(
+        c.next_attempt(&mut at, lost, true, now),
+        Next::RetryAfter { attempt: 2, .. }
+    ));
+    assert!(matches!(
+        c.next_attempt(&mut at, quorum, true, now),
+        Next::RetryAfter { attempt: 3, .. }
+    ));
+}
+
+#[test]
+fn the_backoff_is_full_jitter_under_a_doubling_ceiling() {
+    let policy = RetryPolicy {
+        max_attempts: 8,
+        base: Duration::from_millis(100),
+        cap: Duration::from_millis(700),
+        deadline: None,
+    };
+    assert_eq!(policy.ceiling(2), Duration::from_millis(100));
+    assert_eq!(policy.ceiling(3), Duration::from_millis(200));
+    assert_eq!(policy.ceiling(4), Duration::from_millis(400));
+    assert_eq!(policy.ceiling(5), Duration::from_millis(700), "capped");
+    assert_eq!(
+        policy.ceiling(60),
+        Duration::from_millis(700),
+        "no overflow"
+    );
+    let now = Instant::now();
+    let mut config = ClusterConfig::new(vec![a(1)]);
+    config.retry = policy;
+    config.seed = 42;
+    let run = |config: &ClusterConfig| {
+        let mut c = Cluster::new(config.clone());
+        let mut at = c.attempts(Resend::Always, now);
+        let mut delays = Vec::new();
+        loop {
+            match c.next_attempt(&mut at, server(ErrorCode::ShardUnavailable), true, now) {
+                Next::RetryAfter { delay, attempt } => {
+                    assert!(delay <= policy.ceiling(attempt), "{delay:?} at {attempt}");
+                    delays.push(delay);
+                }
+                Next::GiveUp(e) => {
+                    assert_eq!(e.code(), Some(&ErrorCode::ShardUnavailable));
+                    break;
+                }
+            }
+        }
+        delays
+    };
+    let first = run(&config);
+    assert_eq!(first.len(), 7, "8 attempts: 7 sleeps");
+    assert_eq!(first, run(&config), "a seed replays its delays");
+    config.seed = 43;
+    assert_ne!(first, run(&config), "another seed, other delays");
+    // Jitter spreads over the whole range, not the ceiling: over many draws both halves of
+    // [0, ceiling] are hit, and nothing exceeds it.
+    let mut c = Cluster::new(config.clone());
+    let (mut low, mut high) = (0, 0);
+    for _ in 0..1000 {
+        let d = c.jitter(Duration::from_millis(100));
+        assert!(d <= Duration::from_millis(100));
+        if d < Duration::from_millis(50) {
+            low += 1;
+        } else {
+            high += 1;
+        }
+    }
+    assert!(low > 400 && high > 400, "{low} below half, {high} above");
+    assert_eq!(c.jitter(Duration::ZERO), Duration::ZERO);
+}
+
+#[test]
+fn the_attempt_bound_counts_the_first_attempt() {
+    let now = Instant::now();
+    let mut c = connected(&[1], now);
+    let policy = RetryPolicy {
+        max_attempts: 2,
+        ..RetryPolicy::default()
+    };
+    let mut at = c.attempts_with(policy, Resend::Always, now);
+    let e = server(ErrorCode::Overloaded);
+    assert!(matches!(
+        c.next_attempt(&mut at, e.clone(), true, now),
+        Next::RetryAfter { attempt: 2, .. }
+    ));
+    assert_eq!(
+        c.next_attempt(&mut at, e.clone(), true, now),
+        Next::GiveUp(e)
+    );
+    // One attempt: never retried; zero is taken as one.
+    for max_attempts in [0, 1] {
+        let policy = RetryPolicy {
+            max_attempts,
+            ..RetryPolicy::default()
+        };
+        let mut at = c.attempts_with(policy, Resend::Always, now);
+        let e = server(ErrorCode::Overloaded);
+        assert_eq!(
+            c.next_attempt(&mut at, e.clone(), true, now),
+            Next::GiveUp(e)
+        );
+    }
+}
+
+#[test]
+fn the_deadline_bounds_every_attempt_and_sleep() {
+    let now = Instant::now();
+    let mut c = connected(&[1], now);
+    let policy = RetryPolicy {
+        max_attempts: 100,
+        base: Duration::from_secs(10),
+        cap: Duration::from_secs(10),
+        deadline: Some(Duration::from_millis(300)),
+    };
+    let mut at = c.attempts_with(policy, Resend::Always, now);
+    let e = server(ErrorCode::ShardUnavailable);
+    // A sleep never runs past the deadline...
+    let t = now + Duration::from_millis(250);
+    match c.next_attempt(&mut at, e.clone(), true, t) {
+        Next::RetryAfter { delay, .. } => assert!(delay <= Duration::from_millis(50), "{delay:?}"),
+        other => panic!("{other:?}"),
+    }
+    // ...and at the deadline the call ends.
+    let end = now + Duration::from_millis(300);
+    assert_eq!(
+        c.next_attempt(&mut at, e.clone(), true, end),
+        Next::GiveUp(e)
+    );
+}
+
+#[test]
+fn a_cursor_resumes_after_the_last_delivered_record_or_the_move() {
+    let mut c = Cursor::new(Start::Earliest);
+    assert_eq!(c.resume_start(), Start::Earliest, "nothing delivered yet");
+    c.handle_subscribed(Some(0));
+    assert_eq!(c.resume_start(), Start::Earliest);
+    c.handle_delivered(3);
+    c.handle_delivered(2); // out of order never moves it back
+    assert_eq!(c.last(), Some(3));
+    assert_eq!(c.resume_start(), Start::Offset(4));
+    c.handle_moved(Some(9));
+    assert_eq!(
+        c.resume_start(),
+        Start::Offset(9),
+        "the move's point is later"
+    );
+    c.handle_delivered(11);
+    assert_eq!(c.resume_start(), Start::Offset(12));
+
+    // `Latest` is pinned to the confirmed start, so a failover before the first event does
+    // not skip what was published in between.
+    let mut latest = Cursor::new(Start::Latest);
+    latest.handle_subscribed(Some(17));
+    assert_eq!(latest.resume_start(), Start::Offset(17));
+    let mut moved = Cursor::new(Start::Latest);
+    moved.handle_moved(Some(5));
+    assert_eq!(moved.resume_start(), Start::Offset(5));
+    let mut at = Cursor::new(Start::Offset(4));
+    at.handle_subscribed(Some(4));
+    assert_eq!(at.resume_start(), Start::Offset(4), "the start is carried");
+}
+
+#[test]
+fn a_not_leader_answer_to_subscribe_is_followed_with_the_same_start() {
+    use crate::core::{read_subscribe_reply, subscribe_frame, SubscribeRequest};
+    use felix_proto::FrameDecoder;
+    let frame = felix_proto::message::Message::NotLeader(NotLeader {
+        node_id: "n2".into(),
+        addr: Some("127.0.0.1:7002".into()),
+        generation: 3,
+    })
+    .to_frame();
+    let err = read_subscribe_reply(&frame).unwrap_err();
+    let ClientError::NotLeader {
+        node_id,
+        addr,
+        generation,
+    } = &err
+    else {
+        panic!("{err:?}")
+    };
+    assert_eq!((node_id.as_str(), generation), ("n2", &3));
+    let mut r = Redirects::new(a(7001), DEFAULT_MAX_REDIRECT_HOPS);
+    assert_eq!(r.follow(node_id, addr.as_deref(), *generation), Ok(a(7002)));
+    // The request sent to the owner is the same bytes: start and shard carried through.
+    let req = SubscribeRequest {
+        namespace: "default",
+        stream: "orders",
+        start: Start::Offset(4),
+        shard: Some(2),
+    };
+    let bytes = subscribe_frame("t1", &req).unwrap();
+    let mut d = FrameDecoder::new(1 << 20);
+    d.feed(&bytes);
+    let sent = d.next_frame().unwrap().unwrap();
+    let text = std::str::from_utf8(&sent.payload).unwrap();
+    assert!(text.contains(r#""start":{"offset":4}"#), "{text}");
+    assert!(text.contains(r#""shard":2"#), "{text}");
+    assert_eq!(err.code(), Some(&ErrorCode::NotLeader));
+    assert_eq!(classify(&err, true), Failure::NotApplied);
+}
+
+#[test]
+fn a_shard_routes_to_its_own_owner() {
+    let now = Instant::now();
+    let mut c = connected(&[5001], now);
+    let s = Object::stream("ns", "s");
+    assert_eq!(
+        c.route_shard(&s, 1, now),
+        Route::AskOwners { entry: a(5001) }
+    );
+    assert_eq!(c.shard_count(&s), None);
+    c.handle_shard_owners(&s, &owners(&[Some("127.0.0.1:5002"), None]), now);
+    assert_eq!(c.shard_count(&s), Some(2));
+    assert_eq!(
+        c.route_shard(&s, 0, now),
+        Route::Owner {
+            addr: a(5002),
+            shard: 0
+        }
+    );
+    assert_eq!(c.route_shard(&s, 1, now), Route::Entry { addr: a(5001) });
+    assert_eq!(c.route_shard(&s, 9, now), Route::Entry { addr: a(5001) });
+    c.handle_owners_failed(&s, now);
+    assert_eq!(
+        c.shard_count(&s),
+        None,
+        "an empty answer says nothing of the count"
+    );
+}
+
+#[test]
+fn a_cursor_past_retention_is_final_and_one_ahead_of_the_tail_is_retried() {
+    use crate::core::read_subscribe_reply;
+    use felix_proto::message::{CursorErrorReason, Message, SubscribeCursorError};
+    for (reason, want) in [
+        (CursorErrorReason::TooOld, Failure::Terminal),
+        (CursorErrorReason::InFuture, Failure::NotApplied),
+    ] {
+        let frame = Message::SubscribeCursorError(SubscribeCursorError {
+            requested: 33,
+            available: 0,
+            reason,
+        })
+        .to_frame();
+        let err = read_subscribe_reply(&frame).unwrap_err();
+        assert_eq!(classify(&err, true), want, "{err}");
+    }
+}

@@ -1,0 +1,530 @@
+//! The cluster client against three real `felix-broker` processes (felix-chaos's cluster:
+//! durable storage, fsync on commit, a 1 s lease, one 3-shard quorum stream replicated on
+//! every node), on tokio and on smol.
+//!
+//! The client is seeded with one node only, the leader of shard 0. It must learn the others,
+//! send keyed publishes straight to their owners (no node forwards one), and survive losing
+//! its seed: that node is SIGKILLed under load from `publish_at_least_once` and `publish`
+//! producers on every shard. Afterwards every shard is read back through the same client and
+//! checked against what the producers were told: every acknowledged record is at its
+//! acknowledged offset, no plain `publish` record is there twice, and every
+//! `publish_at_least_once` call ended acknowledged. The time from the kill to the next
+//! acknowledgement on the killed leader's shards is printed (docs/client.md).
+
+use std::collections::HashMap;
+use std::future::{poll_fn, Future};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use felix_chaos::cluster::{http_get, Cluster, Layout, StreamDecl, NAMESPACE, TENANT};
+use felix_client::{Ack, Client, ClientConfig, ClientError, RetryPolicy, Runtime, Start};
+use felix_proto::routing::{shard_for_key, RoutingMapping};
+
+const STREAM: &str = "orders";
+const SHARDS: u32 = 3;
+/// Acknowledgements per shard before the kill, and after it, before the run stops.
+const ACKS_BEFORE: usize = 30;
+const ACKS_AFTER: usize = 30;
+/// Bound on the whole load phase; a run that has not met its counts by then fails.
+const RUN_LIMIT: Duration = Duration::from_secs(90);
+/// Bound on reading one shard back.
+const READ_LIMIT: Duration = Duration::from_secs(30);
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a scenario needs of its runtime: a timer.
+trait Rt: Sync {
+    fn sleep(&self, d: Duration) -> BoxFuture<'static, ()>;
+}
+
+struct TokioRt;
+impl Rt for TokioRt {
+    fn sleep(&self, d: Duration) -> BoxFuture<'static, ()> {
+        Box::pin(tokio::time::sleep(d))
+    }
+}
+
+struct SmolRt;
+impl Rt for SmolRt {
+    fn sleep(&self, d: Duration) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            smol::Timer::after(d).await;
+        })
+    }
+}
+
+/// `fut`, or `None` once `d` has passed.
+async fn within<T>(rt: &dyn Rt, d: Duration, fut: impl Future<Output = T>) -> Option<T> {
+    let mut fut = std::pin::pin!(fut);
+    let mut timer = rt.sleep(d);
+    poll_fn(|cx| {
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        timer.as_mut().poll(cx).map(|()| None)
+    })
+    .await
+}
+
+/// Runs every future to its end, concurrently, on the calling task.
+async fn join_all<T>(mut futs: Vec<BoxFuture<'_, T>>) -> Vec<T> {
+    let mut out: Vec<Option<T>> = futs.iter().map(|_| None).collect();
+    poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in futs.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => out[i] = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().map(|v| v.expect("finished")).collect()
+}
+
+/// Takes what the sharded subscription has within a second into `seen`.
+async fn consume(
+    rt: &dyn Rt,
+    sharded: &mut felix_client::ShardedSubscription,
+    seen: &mut [Vec<(u64, Bytes)>],
+) {
+    match within(rt, Duration::from_secs(1), sharded.next()).await {
+        None => {}
+        Some(Ok(ev)) => match ev.item {
+            felix_client::SubscriptionItem::Event(e) => {
+                seen[ev.shard as usize].push((e.offset.expect("durable offsets"), e.payload))
+            }
+            felix_client::SubscriptionItem::End(end) => {
+                panic!("shard {} ended: {end:?}", ev.shard)
+            }
+        },
+        Some(Err(e)) => panic!("the sharded subscription: {e}"),
+    }
+}
+
+fn metric(ops: SocketAddr, name: &str) -> f64 {
+    let (_, text) = http_get(ops, "/metrics", true).expect("metrics answer");
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A key for each shard.
+fn keys() -> Vec<Bytes> {
+    (0..SHARDS)
+        .map(|shard| {
+            (0..10_000)
+                .map(|i| format!("key-{i}"))
+                .find(|k| {
+                    shard_for_key(Some(k.as_bytes()), SHARDS, RoutingMapping::Modulo) == shard
+                })
+                .map(Bytes::from)
+                .expect("a key for every shard")
+        })
+        .collect()
+}
+
+/// What one call was told.
+#[derive(Debug)]
+struct Outcome {
+    shard: u32,
+    at_least_once: bool,
+    payload: String,
+    result: Result<Option<u64>, ClientError>,
+    /// When the answer came.
+    at: Instant,
+}
+
+/// What the load phase's controller hands back: every outcome, when the seed was killed,
+/// and the forwards counted just before.
+type RunResult = (Vec<Outcome>, Instant, f64);
+
+fn lay_out() -> Cluster {
+    let layout = Layout {
+        cluster: true,
+        streams: vec![StreamDecl {
+            name: STREAM,
+            shards: SHARDS,
+            replication_factor: 3,
+            consistency: "quorum",
+        }],
+        fsync_mode: "on_commit".into(),
+        lease: felix_chaos::cluster::LEASE,
+        relays: false,
+        prefix: "felix-client-cluster",
+    };
+    let mut cluster = Cluster::lay_out_with(&felix_integration::broker_binary(), &layout)
+        .expect("lay out the cluster");
+    for i in 0..3 {
+        cluster.start(i).expect("start a node");
+    }
+    for i in 0..3 {
+        cluster
+            .wait_ready(i, felix_chaos::cluster::READY_LIMIT)
+            .expect("a node ready");
+    }
+    cluster
+}
+
+fn config(cluster: &Cluster, seeds: Vec<SocketAddr>, runtime: Runtime) -> ClientConfig {
+    let mut config = ClientConfig::with_seeds(
+        seeds,
+        cluster.ca_pem.as_bytes().to_vec(),
+        TENANT,
+        &cluster.token,
+    );
+    config.runtime = runtime;
+    config.request_timeout = Duration::from_secs(5);
+    config.jitter_seed = 7;
+    // A failover is ridden through: bounded by a deadline, not a small attempt count.
+    config.retry = RetryPolicy {
+        max_attempts: 1_000,
+        deadline: Some(Duration::from_secs(30)),
+        ..RetryPolicy::default()
+    };
+    config
+}
+
+async fn scenario(rt: &dyn Rt, runtime: Runtime) {
+    let mut cluster = lay_out();
+    let all: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.client).collect();
+
+    // Who leads shard 0. The stream is placed on first use: one acknowledged publish per
+    // shard places it and has every shard led.
+    let keys = keys();
+    let probe = Client::connect(config(&cluster, all.clone(), runtime))
+        .await
+        .expect("connect");
+    for key in &keys {
+        probe
+            .publish_at_least_once(
+                NAMESPACE,
+                STREAM,
+                vec![Bytes::from_static(b"probe")],
+                Some(key.clone()),
+            )
+            .await
+            .expect("the probe publish");
+    }
+    let owners = probe.shard_owners(NAMESPACE, STREAM).await.expect("owners");
+    assert_eq!(owners.len(), SHARDS as usize, "{owners:?}");
+    assert!(
+        owners.iter().all(Option::is_some),
+        "every shard led: {owners:?}"
+    );
+    let victim_addr = owners[0].expect("shard 0 is led");
+    let victim = all
+        .iter()
+        .position(|a| *a == victim_addr)
+        .expect("a node's address");
+    let victim_shards: Vec<u32> = (0..SHARDS)
+        .filter(|s| owners[*s as usize] == Some(victim_addr))
+        .collect();
+    probe.close().await;
+    let forwards_before: f64 = cluster
+        .nodes
+        .iter()
+        .map(|n| metric(n.ops, "felix_broker_forwards_sent_total"))
+        .sum();
+
+    // The client knows only the victim.
+    let client = Client::connect(config(&cluster, vec![victim_addr], runtime))
+        .await
+        .expect("connect through one seed");
+    let mut known = client.endpoints();
+    known.sort();
+    let mut want = all.clone();
+    want.sort();
+    assert_eq!(known, want, "learned every broker from its one seed");
+    // Every shard, from its first record, across the kill.
+    let mut sharded = client
+        .subscribe_sharded(NAMESPACE, STREAM, Start::Earliest, &HashMap::new())
+        .await
+        .expect("subscribe to every shard");
+    assert_eq!(sharded.shards(), SHARDS as usize);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Outcome>();
+    let mut producers: Vec<BoxFuture<'_, ()>> = Vec::new();
+    for shard in 0..SHARDS {
+        for at_least_once in [true, false] {
+            let (client, key, stop, tx) = (
+                client.clone(),
+                keys[shard as usize].clone(),
+                stop.clone(),
+                tx.clone(),
+            );
+            producers.push(Box::pin(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let payload = format!("{}{shard}-{i}", if at_least_once { "L" } else { "P" });
+                    let body = vec![Bytes::from(payload.clone())];
+                    let result = if at_least_once {
+                        client
+                            .publish_at_least_once(NAMESPACE, STREAM, body, Some(key.clone()))
+                            .await
+                    } else {
+                        client
+                            .publish(NAMESPACE, STREAM, body, Some(key.clone()), Ack::PerMessage)
+                            .await
+                    };
+                    let _ = tx.send(Outcome {
+                        shard,
+                        at_least_once,
+                        payload,
+                        result,
+                        at: Instant::now(),
+                    });
+                    i += 1;
+                }
+            }));
+        }
+    }
+    drop(tx);
+
+    // The controller: kill the seed once every shard has its acks, stop once every shard
+    // has as many again.
+    let began = Instant::now();
+    let control = async {
+        let mut outcomes = Vec::new();
+        let mut killed_at: Option<Instant> = None;
+        let mut forwards_at_kill = 0.0;
+        loop {
+            let Some(o) = rx.recv().await else { break };
+            outcomes.push(o);
+            let acks = |after: Option<Instant>| -> Vec<usize> {
+                (0..SHARDS)
+                    .map(|s| {
+                        outcomes
+                            .iter()
+                            .filter(|o| o.shard == s && o.result.is_ok())
+                            .filter(|o| after.is_none_or(|t| o.at > t))
+                            .count()
+                    })
+                    .collect()
+            };
+            match killed_at {
+                None if acks(None).iter().all(|n| *n >= ACKS_BEFORE) => {
+                    forwards_at_kill = cluster
+                        .nodes
+                        .iter()
+                        .map(|n| metric(n.ops, "felix_broker_forwards_sent_total"))
+                        .sum();
+                    cluster.kill(victim).expect("SIGKILL the seed");
+                    killed_at = Some(Instant::now());
+                }
+                Some(t) if acks(Some(t)).iter().all(|n| *n >= ACKS_AFTER) => break,
+                _ => {}
+            }
+            if began.elapsed() > RUN_LIMIT {
+                stop.store(true, Ordering::Relaxed);
+                panic!(
+                    "the run did not meet its counts in {RUN_LIMIT:?} (killed: {killed_at:?}); \
+                     acks {:?}\n{}",
+                    acks(killed_at),
+                    cluster.diagnose()
+                );
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        // The producers' last calls.
+        while let Some(o) = rx.recv().await {
+            outcomes.push(o);
+        }
+        (outcomes, killed_at.expect("killed"), forwards_at_kill)
+    };
+    let mut seen: Vec<Vec<(u64, Bytes)>> = vec![Vec::new(); SHARDS as usize];
+    let consumer = async {
+        while !stop.load(Ordering::Relaxed) {
+            consume(rt, &mut sharded, &mut seen).await;
+        }
+    };
+    let mut all_futs: Vec<BoxFuture<'_, Option<RunResult>>> = vec![
+        Box::pin(async { Some(control.await) }),
+        Box::pin(async {
+            consumer.await;
+            None
+        }),
+    ];
+    for p in producers {
+        all_futs.push(Box::pin(async move {
+            p.await;
+            None
+        }));
+    }
+    let (outcomes, killed_at, forwards_at_kill) = join_all(all_futs)
+        .await
+        .into_iter()
+        .flatten()
+        .next()
+        .expect("the controller's result");
+
+    // Keyed publishes went straight to their owners while the cluster was whole.
+    assert_eq!(
+        forwards_at_kill - forwards_before,
+        0.0,
+        "no publish was forwarded before the kill"
+    );
+
+    // The failover gap on the killed leader's shards: the longest time without an
+    // acknowledgement across the kill.
+    for shard in &victim_shards {
+        let mut acked: Vec<Instant> = outcomes
+            .iter()
+            .filter(|o| o.shard == *shard && o.result.is_ok())
+            .map(|o| o.at)
+            .collect();
+        acked.sort();
+        let from = acked.iter().rposition(|t| *t <= killed_at).unwrap_or(0);
+        let (gap, gap_ends) = acked[from..]
+            .windows(2)
+            .map(|w| (w[1] - w[0], w[1]))
+            .max()
+            .expect("acks after the kill");
+        eprintln!(
+            "{runtime:?}: shard {shard} (led by the killed seed): longest time without an \
+             acknowledgement across the kill {gap:?}, ending {:?} after the kill",
+            gap_ends - killed_at
+        );
+    }
+
+    // The history: read every shard back from its first record, through the same client.
+    let mut logs: Vec<HashMap<u64, Bytes>> = Vec::new();
+    for shard in 0..SHARDS {
+        let last = outcomes
+            .iter()
+            .filter(|o| o.shard == shard)
+            .filter_map(|o| o.result.as_ref().ok().copied().flatten())
+            .max()
+            .expect("acks on every shard");
+        let mut sub = client
+            .subscribe_shard(NAMESPACE, STREAM, Start::Earliest, Some(shard))
+            .await
+            .expect("subscribe for the read-back");
+        let mut log = HashMap::new();
+        let read = within(rt, READ_LIMIT, async {
+            while log.len() as u64 <= last {
+                match sub.next().await.expect("the read-back") {
+                    felix_client::SubscriptionItem::Event(e) => {
+                        log.insert(e.offset.expect("durable offsets"), e.payload);
+                    }
+                    felix_client::SubscriptionItem::End(end) => panic!("ended: {end:?}"),
+                }
+            }
+        })
+        .await;
+        assert!(
+            read.is_some(),
+            "shard {shard}: read {} of {} records",
+            log.len(),
+            last + 1
+        );
+        logs.push(log);
+    }
+
+    // The sharded subscription: every shard contiguous from its first record, no gap and no
+    // repeat across the failover, and the same records the read-back found.
+    let began = Instant::now();
+    for shard in 0..SHARDS as usize {
+        let last = logs[shard].len() as u64 - 1;
+        while seen[shard].last().is_none_or(|(o, _)| *o < last) {
+            assert!(
+                began.elapsed() < READ_LIMIT,
+                "the sharded subscription's shard {shard} stopped at {:?} of {last}",
+                seen[shard].last().map(|(o, _)| o)
+            );
+            consume(rt, &mut sharded, &mut seen).await;
+        }
+    }
+    for (shard, events) in seen.iter().enumerate() {
+        for (i, (offset, payload)) in events.iter().enumerate() {
+            assert_eq!(*offset, i as u64, "shard {shard}: contiguous from 0");
+            if let Some(logged) = logs[shard].get(offset) {
+                assert_eq!(logged, payload, "shard {shard} offset {offset}");
+            }
+        }
+    }
+
+    let mut acked = 0;
+    let mut unknown_plain = 0;
+    for o in &outcomes {
+        match &o.result {
+            Ok(offset) => {
+                acked += 1;
+                let offset = offset.expect("an acknowledged publish carries its offset");
+                assert_eq!(
+                    logs[o.shard as usize].get(&offset).map(|b| &b[..]),
+                    Some(o.payload.as_bytes()),
+                    "{} acknowledged at {offset} of shard {}",
+                    o.payload,
+                    o.shard
+                );
+            }
+            Err(e) => {
+                assert!(
+                    !o.at_least_once,
+                    "publish_at_least_once gave up: {} {e}",
+                    o.payload
+                );
+                unknown_plain += 1;
+            }
+        }
+    }
+    let mut copies: HashMap<&[u8], usize> = HashMap::new();
+    for log in &logs {
+        for payload in log.values() {
+            *copies.entry(&payload[..]).or_default() += 1;
+        }
+    }
+    let plain_twice: Vec<_> = copies
+        .iter()
+        .filter(|(p, n)| p.starts_with(b"P") && **n > 1)
+        .collect();
+    assert!(
+        plain_twice.is_empty(),
+        "plain publishes written twice: {plain_twice:?}"
+    );
+    let duplicated = copies
+        .iter()
+        .filter(|(p, n)| p.starts_with(b"L") && **n > 1)
+        .count();
+    eprintln!(
+        "{runtime:?}: {acked} acknowledged, {unknown_plain} plain publishes reported with an \
+         unknown outcome, {duplicated} at-least-once records written twice"
+    );
+    client.close().await;
+    cluster.stop_all();
+}
+
+/// One cluster at a time: two would share this machine's cores with each other.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn a_one_seed_client_rides_through_its_seed_leaders_sigkill_on_tokio() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(scenario(&TokioRt, Runtime::Tokio));
+}
+
+#[test]
+fn a_one_seed_client_rides_through_its_seed_leaders_sigkill_on_smol() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    smol::block_on(scenario(&SmolRt, Runtime::Smol));
+}
