@@ -11,7 +11,8 @@
 //! judges what the clients were told against what the shards hold; the stream is `quorum`,
 //! so nothing acknowledged may be missing whoever leads. Each fault's write gap (the longest
 //! time any shard went without an acknowledged write, from the fault until the node is back
-//! and caught up) must stay within the failover bound.
+//! and caught up) must stay within the failover bound: 4.5 s, or 6.5 s when the control
+//! plane's leader moved with the fault.
 //!
 //! A node not ready, or followers not caught up, within the limits after a fault is reported
 //! under `liveness` and the run goes on; with `--strict-liveness` that fails it. The gap of
@@ -19,8 +20,8 @@
 //! can lose its quorum to it). docs/deploy.md has the one found so far.
 //!
 //! Exit 0 clean, 1 on a violation, a judged gap over its bound, or (strict) a liveness
-//! report; 2 when the run could not be carried out. Every wait is bounded; the caller (scripts/test-deploy) owns the containers
-//! and removes them.
+//! report; 2 when the run could not be carried out. Every wait is bounded; the caller
+//! (scripts/test-deploy) owns the containers and removes them.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -125,7 +126,7 @@ struct Args {
     rolling: bool,
     /// Followers not caught up after a fault fail the run (otherwise they are reported).
     strict_liveness: bool,
-    /// When `docker compose up` began (Unix ms), to report the cluster's ready time.
+    /// When `docker compose up` began (Unix ms), to report how long until every shard was led.
     since_unix_ms: Option<u64>,
 }
 
@@ -313,7 +314,7 @@ fn run(args: &Args) -> Result<bool, String> {
     let ready_at = unix_ms();
     match args.since_unix_ms {
         Some(since) => println!(
-            "figure cluster_ready_s {:.2} (from `up` to every node ready and every shard led)",
+            "figure cluster_led_s {:.2} (from `up` to every node ready and every shard led)",
             ready_at.saturating_sub(since) as f64 / 1000.0
         ),
         None => println!(
