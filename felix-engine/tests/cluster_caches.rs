@@ -252,6 +252,10 @@ fn a_watch_whose_cache_leader_changes_ends_with_shard_moved() {
         lag.iter()
             .any(|(l, n)| l == "t1/default/sessions#0" && *n == 0)
     });
+    // Only a follower recorded level with the leader may take the cache over.
+    c.until(Duration::from_secs(10), |c| {
+        quiet_level(c, leader).len() == 2
+    });
 
     // The leader is cut off, another node leads the cache, and the old leader hears of it.
     let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();

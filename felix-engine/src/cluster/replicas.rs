@@ -1063,6 +1063,12 @@ impl ClusterNode {
     /// The slot's leadership ends (a new generation, or the copy left this node): what it
     /// owed clients is answered `quorum_timeout` (outcome unknown), and the log is ungated.
     fn step_down(&mut self, r: &CopyRef) {
+        self.step_down_to(r, None);
+    }
+
+    /// [`step_down`](Self::step_down), its readers sent to `to` when known better than the
+    /// metadata here says (a fence from the next leader arrived first).
+    fn step_down_to(&mut self, r: &CopyRef, to: Option<MovedTo>) {
         let Some(slot) = self.replicas.slots.get_mut(r) else {
             return;
         };
@@ -1081,7 +1087,7 @@ impl ClusterNode {
             up_to: u64::MAX,
         });
         self.replicas.io.push_back(ReplicaIo::Ungate { log });
-        let to = self.moved_to(r);
+        let to = to.unwrap_or_else(|| self.moved_to(r));
         self.replicas.io.push_back(ReplicaIo::Moved { log, to });
     }
 
@@ -1593,8 +1599,14 @@ impl ClusterNode {
                     self.net.send(from, &answer);
                 } else if fence < g && !slot.persisting {
                     // Stop acting at the old generation at once, then persist the fence; the
-                    // promoted leader asks again and is answered once it is durable.
-                    self.step_down(&r);
+                    // promoted leader asks again and is answered once it is durable. The
+                    // metadata here may not say yet who leads next: the fence does.
+                    let to = MovedTo {
+                        node_id: Some(from.to_owned()),
+                        addr: self.member_addr(&from_node),
+                        generation: g,
+                    };
+                    self.step_down_to(&r, Some(to));
                     let mut state = info.state.clone();
                     state.fence_generation = g;
                     self.persist(&r, log, state);
