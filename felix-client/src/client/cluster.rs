@@ -481,6 +481,59 @@ impl ClusterShared {
         self.node(addr).await
     }
 
+    /// A cache watch at the cache's owner from `start`, retried as the core decides (a watch
+    /// changes nothing); it resumes itself after a lost broker.
+    pub(crate) async fn watch(
+        self: Arc<Self>,
+        namespace: &str,
+        cache: &str,
+        filter: crate::core::WatchFilter,
+        start: crate::core::WatchStart,
+    ) -> Result<super::watch::CacheWatch, ClientError> {
+        let object = Object::cache(namespace, cache);
+        let mut attempts = self.core().attempts(Resend::Always, Instant::now());
+        loop {
+            let (error, sent) = match self.owner_node(&object).await {
+                Err(e) => (e, false),
+                Ok(node) => {
+                    let addr = node.inner.config.addr;
+                    match node
+                        .watch_cache(namespace, cache, filter.clone(), start)
+                        .await
+                    {
+                        Ok(mut watch) => {
+                            let next = match start {
+                                crate::core::WatchStart::From(from) => {
+                                    from.max(watch.resume_offset())
+                                }
+                                _ => watch.resume_offset(),
+                            };
+                            watch.set_resume(super::watch::WatchResume {
+                                cluster: self.clone(),
+                                namespace: namespace.to_owned(),
+                                cache: cache.to_owned(),
+                                filter,
+                                next,
+                            });
+                            return Ok(watch);
+                        }
+                        Err(e) => {
+                            self.after_failure(addr, &object, &e);
+                            (e, true)
+                        }
+                    }
+                }
+            };
+            let next = self
+                .core()
+                .next_attempt(&mut attempts, error, sent, Instant::now());
+            match next {
+                Next::GiveUp(e) => return Err(e),
+                Next::RetryAfter { delay, .. } => self.sleep(delay).await,
+            }
+        }
+    }
+
     /// How many shards `namespace/stream` has: from `shard_owners`, else `stream_shards`.
     pub(crate) async fn shard_count(
         &self,
@@ -656,6 +709,25 @@ impl Client {
         let entry = cluster.entry().await?;
         let addr = entry.inner.config.addr;
         cluster.refresh_owners(addr, &object).await?;
+        Ok(cluster.core().owners(&object).unwrap_or_default())
+    }
+
+    /// The owner of every shard of the cache `namespace/cache`, as [`Client::shard_owners`].
+    pub async fn cache_owners(
+        &self,
+        namespace: &str,
+        cache: &str,
+    ) -> Result<Vec<Option<SocketAddr>>, ClientError> {
+        let Some(cluster) = &self.cluster else {
+            return Err(ClientError::Usage(
+                "cache_owners needs a client made with seeds".into(),
+            ));
+        };
+        let object = Object::cache(namespace, cache);
+        let entry = cluster.entry().await?;
+        cluster
+            .refresh_owners(entry.inner.config.addr, &object)
+            .await?;
         Ok(cluster.core().owners(&object).unwrap_or_default())
     }
 
