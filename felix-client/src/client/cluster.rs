@@ -285,13 +285,16 @@ impl ClusterShared {
                 Err(e) => (e, false),
                 Ok(addr) => match self.node(addr).await {
                     Err(e) => (e, false),
-                    Ok(node) => match call(node).await {
-                        Ok(v) => return Ok(v),
-                        Err((e, sent)) => {
-                            self.after_failure(addr, object, &e);
-                            (e, sent)
+                    Ok(node) => {
+                        let conn = node.inner.conn.clone();
+                        match call(node).await {
+                            Ok(v) => return Ok(v),
+                            Err((e, sent)) => {
+                                self.after_failure(addr, &conn, object, &e);
+                                (e, sent)
+                            }
                         }
-                    },
+                    }
                 },
             };
             let next = self
@@ -304,13 +307,20 @@ impl ClusterShared {
         }
     }
 
-    /// What a failed call at `addr` says: a broker whose connection failed is forgotten;
-    /// an owner that refuses the shard as not its own is forgotten as owner. A call that
-    /// outlived its deadline says nothing of the connection (a broker may hold a forwarded
-    /// call for its own forward timeout); QUIC's keep-alives judge that.
-    fn after_failure(&self, addr: SocketAddr, object: &Object, e: &ClientError) {
+    /// What a failed call at `addr` says: a broker whose connection closed is forgotten (a
+    /// failed stream alone is replaced on the next call, the connection kept); an owner that
+    /// refuses the shard as not its own is forgotten as owner. A call that outlived its
+    /// deadline says nothing of the connection (a broker may hold a forwarded call for its
+    /// own forward timeout); QUIC's keep-alives judge that.
+    fn after_failure(
+        &self,
+        addr: SocketAddr,
+        conn: &quinn::Connection,
+        object: &Object,
+        e: &ClientError,
+    ) {
         match e {
-            ClientError::Connection(_) => self.node_failed(addr),
+            ClientError::Connection(_) if conn.close_reason().is_some() => self.node_failed(addr),
             ClientError::NotLeader { .. } => self.core().handle_stale_owner(object),
             ClientError::Server {
                 code:
@@ -462,7 +472,7 @@ impl ClusterShared {
                         .map_err(|e| (e, true))?;
                 }
                 Err(e) => {
-                    self.after_failure(at, object, &e);
+                    self.after_failure(at, &node.inner.conn, object, &e);
                     return Err((e, true));
                 }
             }
@@ -497,6 +507,7 @@ impl ClusterShared {
                 Err(e) => (e, false),
                 Ok(node) => {
                     let addr = node.inner.config.addr;
+                    let conn = node.inner.conn.clone();
                     match node
                         .watch_cache(namespace, cache, filter.clone(), start)
                         .await
@@ -518,7 +529,7 @@ impl ClusterShared {
                             return Ok(watch);
                         }
                         Err(e) => {
-                            self.after_failure(addr, &object, &e);
+                            self.after_failure(addr, &conn, &object, &e);
                             (e, true)
                         }
                     }
