@@ -518,29 +518,40 @@ fn client_config(addr: SocketAddr, ca: &str, token: &str) -> ClientConfig {
 }
 
 impl ClientTask {
-    /// Acked keyed publishes of one record each, one at a time, until the deadline. After
-    /// any error the connection is dropped and the next node dialed.
+    /// Acked keyed publishes of one record each, one at a time, until the deadline, through
+    /// the SDK's cluster client: seeded with every node (each task starting from another),
+    /// it routes each record to its shard's owner, retries what was refused as not applied,
+    /// and fails over by itself; a record whose outcome it cannot know is reported so and
+    /// never re-sent, which is what the history check needs.
     async fn run(mut self) -> Vec<Op> {
         let mut ops = Vec::new();
-        let mut client: Option<Client> = None;
-        let mut dial = self.id as usize;
+        let n = self.nodes.len();
+        let seeds: Vec<SocketAddr> = (0..n)
+            .map(|i| self.nodes[(self.id as usize + i) % n])
+            .collect();
+        let mut config =
+            ClientConfig::with_seeds(seeds, self.ca.as_bytes().to_vec(), TENANT, &self.token);
+        config.request_timeout = REQUEST_TIMEOUT;
+        config.connect_timeout = CONNECT_TIMEOUT;
+        config.jitter_seed = self.rng.next();
+        let client = loop {
+            if Instant::now() >= self.deadline {
+                return ops;
+            }
+            match Client::connect(config.clone()).await {
+                Ok(client) => break client,
+                // Every node down at once: try again shortly.
+                Err(_) => tokio::time::sleep(RECONNECT_PAUSE).await,
+            }
+        };
         let mut seq = 0u64;
         while Instant::now() < self.deadline {
-            let Some(conn) = &client else {
-                let addr = self.nodes[dial % self.nodes.len()];
-                dial += 1;
-                match Client::connect(client_config(addr, &self.ca, &self.token)).await {
-                    Ok(conn) => client = Some(conn),
-                    Err(_) => tokio::time::sleep(RECONNECT_PAUSE).await,
-                }
-                continue;
-            };
             seq += 1;
             let stream = STREAMS[self.rng.below(STREAMS.len() as u64) as usize];
             let key = format!("key-{}", self.rng.below(KEYS));
             let payload = Bytes::from(format!("c{}-{seq}", self.id));
             let shard = shard_for_key(Some(key.as_bytes()), SHARDS, RoutingMapping::Modulo);
-            let answer = conn
+            let answer = client
                 .publish(
                     NAMESPACE,
                     stream,
@@ -561,25 +572,17 @@ impl ClientTask {
                     client: client_id,
                     payload,
                 },
-                Err(e) => {
-                    client = None;
-                    if not_applied(&e) {
-                        Op::Failed {
-                            client: client_id,
-                            payload,
-                        }
-                    } else {
-                        Op::Unknown {
-                            client: client_id,
-                            payload,
-                        }
-                    }
-                }
+                Err(e) if not_applied(&e) => Op::Failed {
+                    client: client_id,
+                    payload,
+                },
+                Err(_) => Op::Unknown {
+                    client: client_id,
+                    payload,
+                },
             });
         }
-        if let Some(conn) = client {
-            conn.close().await;
-        }
+        client.close().await;
         ops
     }
 }

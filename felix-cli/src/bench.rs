@@ -147,6 +147,12 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), Failure> {
         )));
     }
     let mut config = args.conn.client_config()?;
+    if args.cluster && config.seeds.is_empty() {
+        // `--cluster` through one address: still the cluster client, which learns the others.
+        config.seeds = vec![config.addr];
+        config.offer = felix_client::Offer::cluster();
+        config.idle_timeout = felix_client::DEFAULT_IDLE_TIMEOUT;
+    }
     if let Some(mtu) = args.mtu_upper_bound {
         config.mtu_upper_bound = mtu;
     }

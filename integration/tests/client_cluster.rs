@@ -1,15 +1,18 @@
 //! The cluster client against three real `felix-broker` processes (felix-chaos's cluster:
-//! durable storage, fsync on commit, a 1 s lease, one 3-shard quorum stream replicated on
-//! every node), on tokio and on smol.
+//! durable, fsync on commit, a 1 s lease, one 3-shard quorum stream and one cache, each
+//! replicated on every node), on tokio and on smol.
 //!
-//! The client is seeded with one node only, the leader of shard 0. It must learn the others,
-//! send keyed publishes straight to their owners (no node forwards one), and survive losing
-//! its seed: that node is SIGKILLed under load from `publish_at_least_once` and `publish`
-//! producers on every shard. Afterwards every shard is read back through the same client and
-//! checked against what the producers were told: every acknowledged record is at its
-//! acknowledged offset, no plain `publish` record is there twice, and every
-//! `publish_at_least_once` call ended acknowledged. The time from the kill to the next
-//! acknowledgement on the killed leader's shards is printed (docs/client.md).
+//! The client is seeded with one node only: one that leads a stream shard, and the cache's
+//! owner when that node leads a shard too. It must learn the others, send keyed publishes
+//! straight to their owners (no node forwards one), and survive losing its seed: that node is
+//! SIGKILLed under load from `publish_at_least_once` and `publish` producers on every shard,
+//! with a `subscribe_sharded` from the first record and a cache watch open. Afterwards every
+//! shard is read back through the same client and checked against what the producers were
+//! told: every acknowledged record is at its acknowledged offset, no plain `publish` record
+//! is there twice, every `publish_at_least_once` call ended acknowledged, and the sharded
+//! subscription saw every shard contiguously. Unrouted calls reach the new entry, the cache
+//! reads back, and the watch sees a write made after the kill. The time from the kill to the
+//! next acknowledgement on the killed leader's shards is printed (docs/client.md).
 
 use std::collections::HashMap;
 use std::future::{poll_fn, Future};
@@ -213,7 +216,7 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
     let mut cluster = lay_out();
     let all: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.client).collect();
 
-    // Who leads shard 0. The stream is placed on first use: one acknowledged publish per
+    // Who leads what. The stream is placed on first use: one acknowledged publish per
     // shard places it and has every shard led.
     let keys = keys();
     let probe = Client::connect(config(&cluster, all.clone(), runtime))
@@ -236,7 +239,21 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
         owners.iter().all(Option::is_some),
         "every shard led: {owners:?}"
     );
-    let victim_addr = owners[0].expect("shard 0 is led");
+    // The victim: the cache's owner when it also leads a stream shard (so the watch must be
+    // made again elsewhere too), else shard 0's leader.
+    let cache_owner = probe
+        .cache_owners(NAMESPACE, CACHE)
+        .await
+        .expect("cache owners")
+        .first()
+        .copied()
+        .flatten()
+        .expect("the cache is placed");
+    let victim_addr = if owners.contains(&Some(cache_owner)) {
+        cache_owner
+    } else {
+        owners[0].expect("shard 0 is led")
+    };
     let victim = all
         .iter()
         .position(|a| *a == victim_addr)
@@ -285,7 +302,6 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
         }
         other => panic!("the watch: {other:?}"),
     }
-    drop(watch);
     assert_eq!(client.counter_add(NAMESPACE, CACHE, "n", 2).await, Ok(2));
     assert_eq!(client.counter_add(NAMESPACE, CACHE, "n", 3).await, Ok(5));
     assert_eq!(client.counter_get(NAMESPACE, CACHE, "n").await, Ok(Some(5)));
@@ -512,6 +528,26 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
         .expect("cache_get after");
     assert_eq!(got.as_deref(), Some(&b"v"[..]));
     assert_eq!(client.counter_get(NAMESPACE, CACHE, "n").await, Ok(Some(5)));
+    eprintln!(
+        "{runtime:?}: the cache's owner before the kill: {cache_owner} (the killed seed: \
+         {victim_addr})"
+    );
+    // The watch made before the kill sees a write made after it (made again at the owner
+    // if it was on the dead node), and nothing in between is repeated.
+    client
+        .cache_put(NAMESPACE, CACHE, "k", Bytes::from_static(b"v2"), None)
+        .await
+        .expect("cache_put after the kill");
+    match within(rt, READ_LIMIT, watch.next()).await {
+        Some(Ok(felix_client::CacheWatchItem::Change(c))) => {
+            assert_eq!(
+                (c.key.as_str(), c.value.as_deref()),
+                ("k", Some(&b"v2"[..]))
+            );
+        }
+        other => panic!("the watch after the kill: {other:?}"),
+    }
+    drop(watch);
 
     // Resumed from per-shard positions: each shard starts right after its position, the
     // shards not listed from the start given.

@@ -39,6 +39,8 @@ struct Args {
     python: String,
     kills: u32,
     window: Duration,
+    /// Our client's `idle_timeout` (its failure detection bound).
+    idle: Option<Duration>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -47,6 +49,7 @@ fn parse_args() -> Result<Args, String> {
         python: "python3".into(),
         kills: 5,
         window: Duration::from_secs(12),
+        idle: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -69,11 +72,20 @@ fn parse_args() -> Result<Args, String> {
                 }
                 args.window = Duration::from_secs(secs);
             }
+            "--idle-ms" => {
+                let v = value()?;
+                let ms: u64 = v.parse().map_err(|e| format!("--idle-ms {v:?}: {e}"))?;
+                if !(100..=60_000).contains(&ms) {
+                    return Err("--idle-ms: 100 to 60000".into());
+                }
+                args.idle = Some(Duration::from_millis(ms));
+            }
             "-h" | "--help" => {
                 return Err("usage: felix-client-failover [--kills N (default 5)] \
                             [--window-secs S (after each kill, default 12)] \
                             [--broker-bin PATH (default target/release/felix-broker)] \
-                            [--python PATH (default python3, with felix-client installed)]"
+                            [--python PATH (default python3, with felix-client installed)] \
+                            [--idle-ms MS (our client's idle timeout; default its own, 2000)]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
@@ -164,6 +176,9 @@ fn run(args: &Args) -> Result<(), String> {
         &cluster.token,
     );
     config.request_timeout = Duration::from_secs(10);
+    if let Some(idle) = args.idle {
+        config.idle_timeout = idle;
+    }
     config.retry = RetryPolicy {
         max_attempts: 10_000,
         deadline: Some(Duration::from_secs(60)),

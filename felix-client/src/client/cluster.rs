@@ -285,13 +285,16 @@ impl ClusterShared {
                 Err(e) => (e, false),
                 Ok(addr) => match self.node(addr).await {
                     Err(e) => (e, false),
-                    Ok(node) => match call(node).await {
-                        Ok(v) => return Ok(v),
-                        Err((e, sent)) => {
-                            self.after_failure(addr, object, &e);
-                            (e, sent)
+                    Ok(node) => {
+                        let conn = node.inner.conn.clone();
+                        match call(node).await {
+                            Ok(v) => return Ok(v),
+                            Err((e, sent)) => {
+                                self.after_failure(addr, &conn, object, &e);
+                                (e, sent)
+                            }
                         }
-                    },
+                    }
                 },
             };
             let next = self
@@ -304,13 +307,20 @@ impl ClusterShared {
         }
     }
 
-    /// What a failed call at `addr` says: a broker whose connection failed is forgotten;
-    /// an owner that refuses the shard as not its own is forgotten as owner. A call that
-    /// outlived its deadline says nothing of the connection (a broker may hold a forwarded
-    /// call for its own forward timeout); QUIC's keep-alives judge that.
-    fn after_failure(&self, addr: SocketAddr, object: &Object, e: &ClientError) {
+    /// What a failed call at `addr` says: a broker whose connection closed is forgotten (a
+    /// failed stream alone is replaced on the next call, the connection kept); an owner that
+    /// refuses the shard as not its own is forgotten as owner. A call that outlived its
+    /// deadline says nothing of the connection (a broker may hold a forwarded call for its
+    /// own forward timeout); QUIC's keep-alives judge that.
+    fn after_failure(
+        &self,
+        addr: SocketAddr,
+        conn: &quinn::Connection,
+        object: &Object,
+        e: &ClientError,
+    ) {
         match e {
-            ClientError::Connection(_) => self.node_failed(addr),
+            ClientError::Connection(_) if conn.close_reason().is_some() => self.node_failed(addr),
             ClientError::NotLeader { .. } => self.core().handle_stale_owner(object),
             ClientError::Server {
                 code:
@@ -462,7 +472,7 @@ impl ClusterShared {
                         .map_err(|e| (e, true))?;
                 }
                 Err(e) => {
-                    self.after_failure(at, object, &e);
+                    self.after_failure(at, &node.inner.conn, object, &e);
                     return Err((e, true));
                 }
             }
@@ -479,6 +489,60 @@ impl ClusterShared {
     pub(crate) async fn owner_node(&self, object: &Object) -> Result<Client, ClientError> {
         let addr = self.resolve(object, None, Some(0)).await?;
         self.node(addr).await
+    }
+
+    /// A cache watch at the cache's owner from `start`, retried as the core decides (a watch
+    /// changes nothing); it resumes itself after a lost broker.
+    pub(crate) async fn watch(
+        self: Arc<Self>,
+        namespace: &str,
+        cache: &str,
+        filter: crate::core::WatchFilter,
+        start: crate::core::WatchStart,
+    ) -> Result<super::watch::CacheWatch, ClientError> {
+        let object = Object::cache(namespace, cache);
+        let mut attempts = self.core().attempts(Resend::Always, Instant::now());
+        loop {
+            let (error, sent) = match self.owner_node(&object).await {
+                Err(e) => (e, false),
+                Ok(node) => {
+                    let addr = node.inner.config.addr;
+                    let conn = node.inner.conn.clone();
+                    match node
+                        .watch_cache(namespace, cache, filter.clone(), start)
+                        .await
+                    {
+                        Ok(mut watch) => {
+                            let next = match start {
+                                crate::core::WatchStart::From(from) => {
+                                    from.max(watch.resume_offset())
+                                }
+                                _ => watch.resume_offset(),
+                            };
+                            watch.set_resume(super::watch::WatchResume {
+                                cluster: self.clone(),
+                                namespace: namespace.to_owned(),
+                                cache: cache.to_owned(),
+                                filter,
+                                next,
+                            });
+                            return Ok(watch);
+                        }
+                        Err(e) => {
+                            self.after_failure(addr, &conn, &object, &e);
+                            (e, true)
+                        }
+                    }
+                }
+            };
+            let next = self
+                .core()
+                .next_attempt(&mut attempts, error, sent, Instant::now());
+            match next {
+                Next::GiveUp(e) => return Err(e),
+                Next::RetryAfter { delay, .. } => self.sleep(delay).await,
+            }
+        }
     }
 
     /// How many shards `namespace/stream` has: from `shard_owners`, else `stream_shards`.
@@ -656,6 +720,25 @@ impl Client {
         let entry = cluster.entry().await?;
         let addr = entry.inner.config.addr;
         cluster.refresh_owners(addr, &object).await?;
+        Ok(cluster.core().owners(&object).unwrap_or_default())
+    }
+
+    /// The owner of every shard of the cache `namespace/cache`, as [`Client::shard_owners`].
+    pub async fn cache_owners(
+        &self,
+        namespace: &str,
+        cache: &str,
+    ) -> Result<Vec<Option<SocketAddr>>, ClientError> {
+        let Some(cluster) = &self.cluster else {
+            return Err(ClientError::Usage(
+                "cache_owners needs a client made with seeds".into(),
+            ));
+        };
+        let object = Object::cache(namespace, cache);
+        let entry = cluster.entry().await?;
+        cluster
+            .refresh_owners(entry.inner.config.addr, &object)
+            .await?;
         Ok(cluster.core().owners(&object).unwrap_or_default())
     }
 

@@ -170,6 +170,7 @@ impl ClientConfig {
         let mut config = ClientConfig::new(first, ca_pem, tenant, token);
         config.seeds = seeds;
         config.idle_timeout = DEFAULT_IDLE_TIMEOUT;
+        config.offer = Offer::cluster();
         config
     }
 

@@ -21,6 +21,18 @@ pub struct CacheWatch {
     decoder: FrameDecoder,
     end: Option<CacheWatchItem>,
     _client: Arc<Inner>,
+    /// In a cluster: how to watch again after a lost broker.
+    resume: Option<Box<WatchResume>>,
+}
+
+/// What a cluster watch needs to be made again where it left off.
+pub(crate) struct WatchResume {
+    pub(crate) cluster: Arc<super::cluster::ClusterShared>,
+    pub(crate) namespace: String,
+    pub(crate) cache: String,
+    pub(crate) filter: WatchFilter,
+    /// The first change offset not delivered yet.
+    pub(crate) next: u64,
 }
 
 impl CacheWatch {
@@ -38,6 +50,10 @@ impl CacheWatch {
         self.resnapshot
     }
 
+    pub(crate) fn set_resume(&mut self, resume: WatchResume) {
+        self.resume = Some(Box::new(resume));
+    }
+
     /// For a retained watch, how many current values come first.
     pub fn retained_count(&self) -> Option<u64> {
         self.retained_count
@@ -45,7 +61,43 @@ impl CacheWatch {
 
     /// The next change, or how the watch ended (repeated on every later call). A broker
     /// `error` on the stream is an error. Cancel-safe.
+    ///
+    /// In a cluster a lost broker is not an end: the watch is made again at the cache's
+    /// owner from the first change not delivered, so no change is missed or repeated.
     pub async fn next(&mut self) -> Result<CacheWatchItem, ClientError> {
+        loop {
+            let item = self.next_here().await;
+            let Some(resume) = self.resume.as_mut() else {
+                return item;
+            };
+            match &item {
+                Ok(CacheWatchItem::Change(c)) => {
+                    resume.next = resume.next.max(c.offset + 1);
+                    return item;
+                }
+                Ok(_) | Err(ClientError::Server { .. }) | Err(ClientError::Protocol(_)) => {
+                    return item
+                }
+                Err(_) => {}
+            }
+            // Cloned, not taken: a dropped call leaves the watch able to resume.
+            let (cluster, namespace, cache, filter, next) = (
+                resume.cluster.clone(),
+                resume.namespace.clone(),
+                resume.cache.clone(),
+                resume.filter.clone(),
+                resume.next,
+            );
+            if self._client.conn.close_reason().is_some() {
+                cluster.node_failed(self._client.config.addr);
+            }
+            *self = cluster
+                .watch(&namespace, &cache, filter, WatchStart::From(next))
+                .await?;
+        }
+    }
+
+    async fn next_here(&mut self) -> Result<CacheWatchItem, ClientError> {
         loop {
             if let Some(end) = &self.end {
                 return Ok(end.clone());
@@ -77,12 +129,9 @@ impl Client {
         filter: WatchFilter,
         start: WatchStart,
     ) -> Result<CacheWatch, ClientError> {
-        // A cluster client watches at the cache's owner.
+        // A cluster client watches at the cache's owner, and resumes there.
         if let Some(cluster) = &self.cluster {
-            let owner = cluster
-                .owner_node(&crate::core::cluster::Object::cache(namespace, cache))
-                .await?;
-            return Box::pin(owner.watch_cache(namespace, cache, filter, start)).await;
+            return Box::pin(cluster.clone().watch(namespace, cache, filter, start)).await;
         }
         let inner = &self.inner;
         let frame = watch_frame(
@@ -125,6 +174,7 @@ impl Client {
             decoder: events.decoder,
             end: None,
             _client: self.inner.clone(),
+            resume: None,
         })
     }
 }

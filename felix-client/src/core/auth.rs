@@ -46,9 +46,18 @@ impl Offer {
                 // `timestamp_micros` on group records decodes (core/groups.rs).
                 | Features::RECORD_TIMESTAMPS
                 // `publish_refused` with `sequence_reused` decodes (core/stream_ops.rs).
-                | Features::SEQUENCE_REUSED
-                // The cluster client: brokers to know, owners to route to, redirects to
-                // follow (core/cluster.rs).
+                | Features::SEQUENCE_REUSED,
+        }
+    }
+
+    /// [`Offer::full`] and what the cluster client reads (core/cluster.rs): `topology` to
+    /// learn the brokers, `stream_shards` and `shard_owners` to route, and `not_leader`
+    /// redirects to follow. The one-broker client does not offer them: it follows nothing.
+    pub fn cluster() -> Offer {
+        let full = Offer::full();
+        Offer {
+            flags: full.flags,
+            features: full.features
                 | Features::TOPOLOGY
                 | Features::REDIRECT
                 | Features::STREAM_SHARDS

@@ -784,3 +784,83 @@ fn a_cursor_past_retention_is_final_and_one_ahead_of_the_tail_is_retried() {
         assert_eq!(classify(&err, true), want, "{err}");
     }
 }
+
+#[test]
+fn the_routing_questions_exact_frames() {
+    use crate::core::stream_ops::{
+        read_shard_owners, read_topology, shard_owners_frame, topology_frame,
+    };
+    use felix_proto::message::{Message, ShardKind};
+    use felix_proto::FrameDecoder;
+    let payload = |bytes: bytes::Bytes| {
+        let mut d = FrameDecoder::new(1 << 20);
+        d.feed(&bytes);
+        let f = d.next_frame().unwrap().unwrap();
+        assert!(f.flags.is_empty(), "a JSON frame");
+        String::from_utf8(f.payload.to_vec()).unwrap()
+    };
+    assert_eq!(payload(topology_frame()), r#"{"type":"topology"}"#);
+    let asked = payload(shard_owners_frame(
+        "t1",
+        "default",
+        "orders",
+        ShardKind::Stream,
+    ));
+    // Decoded back as the broker decodes it: every field as asked.
+    match Message::decode(asked.as_bytes()).unwrap() {
+        Message::ShardOwners(o) => {
+            assert_eq!(
+                (
+                    o.tenant_id.as_str(),
+                    o.namespace.as_str(),
+                    o.name.as_str(),
+                    o.kind
+                ),
+                ("t1", "default", "orders", ShardKind::Stream)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(asked.starts_with(r#"{"type":"shard_owners","#), "{asked}");
+    let cache = payload(shard_owners_frame("t1", "default", "s", ShardKind::Cache));
+    assert!(cache.contains(r#""kind":"cache""#), "{cache}");
+    // The answers, as a cluster broker sends them, decode into what the core takes.
+    let owners = Message::decode(
+        br#"{"type":"shard_owners_view","request_id":1,"owners":[
+            {"shard":0,"node_id":"n2","addr":"127.0.0.1:7002","generation":3},
+            {"shard":1,"unavailable":"not_assigned","generation":3}]}"#,
+    )
+    .unwrap()
+    .to_frame();
+    let view = read_shard_owners(&owners).unwrap();
+    let now = Instant::now();
+    let mut c = connected(&[7001], now);
+    let s = Object::stream("default", "orders");
+    c.handle_shard_owners(&s, &view, now);
+    assert_eq!(c.owners(&s), Some(vec![Some(a(7002)), None]));
+    assert_eq!(
+        c.route_shard(&s, 1, now),
+        Route::Unavailable {
+            shard: 1,
+            lost: None
+        }
+    );
+    let topology = Message::decode(
+        br#"{"type":"topology_view","brokers":[{"node_id":"n1","addr":"127.0.0.1:7001"},
+            {"node_id":"n2","addr":"localhost:7002","region":"x"}]}"#,
+    )
+    .unwrap()
+    .to_frame();
+    c.handle_topology(Some(&read_topology(&topology).unwrap()), now);
+    assert_eq!(c.endpoints(), vec![a(7001), a(7002)]);
+    // One entry without an address: the whole answer fails to decode, and is ignored.
+    let bad = Message::decode(br#"{"type":"topology_view","brokers":[{"node_id":"n3"}]}"#);
+    assert!(bad.is_err());
+    // A refusal instead of an answer is an error, which keeps what was known.
+    let refused = Message::decode(br#"{"type":"error","message":"no"}"#)
+        .unwrap()
+        .to_frame();
+    assert!(read_topology(&refused).is_err());
+    c.handle_topology(None, now);
+    assert_eq!(c.endpoints(), vec![a(7001), a(7002)]);
+}
