@@ -13,8 +13,8 @@
 //! verbs decide, `poll_timeout` says when the state next wants attention, getters take
 //! `&self`.
 
-use std::collections::HashMap;
 use core::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use felix_proto::message::{NotLeader, ShardKind, ShardOwnersView, TopologyView};
