@@ -96,6 +96,8 @@ pub struct Cluster {
     pub ca_pem: String,
     pub token: String,
     broker: PathBuf,
+    /// The run's signing key (its JWKS names it `chaos`): [`Cluster::mint`].
+    key: felix_auth::SigningKey,
 }
 
 fn loopback(port: u16) -> SocketAddr {
@@ -268,7 +270,34 @@ impl Cluster {
             ca_pem: certs.ca_pem,
             token,
             broker: broker.to_path_buf(),
+            key,
         })
+    }
+
+    /// A token of this run for [`TENANT`] granting `perms`, valid for `ttl_secs` from now.
+    pub fn mint(&self, perms: Vec<String>, ttl_secs: u64) -> String {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        felix_auth::mint_token(
+            &self.key,
+            "chaos",
+            &felix_auth::Claims::for_tenant(TENANT, perms, now, ttl_secs),
+        )
+    }
+
+    /// Appends `text` (`[[streams]]`, `[[caches]]` tables of other namespaces) to every
+    /// node's configuration; before the nodes start.
+    pub fn append_config(&self, text: &str) -> Result<(), String> {
+        for node in &self.nodes {
+            let mut file = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&node.config)
+                .map_err(|e| format!("opening {}: {e}", node.config.display()))?;
+            file.write_all(text.as_bytes())
+                .map_err(|e| format!("writing {}: {e}", node.config.display()))?;
+        }
+        Ok(())
     }
 
     /// Starts node `i` from its config and data directory (its log is appended to).

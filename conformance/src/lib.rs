@@ -15,5 +15,6 @@
 pub mod checks;
 pub mod engine_frames;
 pub mod engine_fuzz;
+pub mod fixture;
 pub mod vectors;
 pub mod verify;

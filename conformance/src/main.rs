@@ -12,6 +12,7 @@ fn main() -> ExitCode {
     match args.as_slice() {
         [cmd, dir] if cmd == "vectors" => run_vectors(PathBuf::from(dir)),
         [cmd, rest @ ..] if cmd == "verify" => run_verify(rest),
+        [cmd, rest @ ..] if cmd == "client-fixture" => run_fixture(rest),
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)
@@ -20,7 +21,69 @@ fn main() -> ExitCode {
 }
 
 const USAGE: &str = "usage: felix-conformance vectors <dir>
-       felix-conformance verify RESULTS.json [--evidence FILE] [--catalogue scenarios.toml]";
+       felix-conformance verify RESULTS.json [--evidence FILE] [--catalogue scenarios.toml]
+       felix-conformance client-fixture --out fixture.json --ca-file brokers.pem [--evidence FILE] [--broker PATH]
+         [--canary serve-redirects-locally]";
+
+fn run_fixture(args: &[String]) -> ExitCode {
+    let mut out = None;
+    let mut ca_file = None;
+    let mut evidence = None;
+    let mut canary = felix_conformance::fixture::Canary::None;
+    // The broker built beside this binary (`cargo build --release` puts both in one place).
+    let mut broker = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("felix-broker")))
+        .unwrap_or_else(|| PathBuf::from("felix-broker"));
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let Some(value) = it.next() else {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        };
+        let value = PathBuf::from(value);
+        match flag.as_str() {
+            "--out" => out = Some(value),
+            "--ca-file" => ca_file = Some(value),
+            "--evidence" => evidence = Some(value),
+            "--broker" => broker = value,
+            "--canary" => match value
+                .to_str()
+                .and_then(felix_conformance::fixture::Canary::parse)
+            {
+                Some(c) => canary = c,
+                None => {
+                    eprintln!("--canary: none or serve-redirects-locally");
+                    return ExitCode::from(2);
+                }
+            },
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let (Some(out), Some(ca_file)) = (out, ca_file) else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    // Beside fixture.json unless named.
+    let evidence = evidence.unwrap_or_else(|| out.with_file_name("evidence.json"));
+    let opts = felix_conformance::fixture::Options {
+        out,
+        ca_file,
+        broker,
+        evidence,
+        canary,
+    };
+    match felix_conformance::fixture::run(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("client-fixture: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 /// Where the catalogue is read from unless `--catalogue` says otherwise: the reference kit's
 /// checkout beside the repository, as for `vectors`.

@@ -112,6 +112,19 @@ pub struct ScenarioEvidence {
     pub nodes: BTreeMap<String, NodeFrames>,
     #[serde(default)]
     pub faults: Vec<AppliedFault>,
+    /// Datagrams through `link_addr` while the scenario ran.
+    #[serde(default)]
+    pub link: LinkCounts,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+pub struct LinkCounts {
+    #[serde(default)]
+    pub passed: u64,
+    #[serde(default)]
+    pub dropped: u64,
+    #[serde(default)]
+    pub held: u64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -119,8 +132,8 @@ pub struct NodeFrames {
     /// Requests by type (`subscribe`, `publish`, `binary_publish`, ...).
     #[serde(default)]
     pub received: BTreeMap<String, u64>,
-    /// Answers worth telling apart: error codes (`not_leader`, `quorum_timeout`, ...),
-    /// `redirect` (a `not_leader` message naming the owner) and `lagged`.
+    /// Answers worth telling apart: error codes (`not_leader`, `quorum_timeout`, ...) and
+    /// `redirect` (a `not_leader` message naming the owner).
     #[serde(default)]
     pub answered: BTreeMap<String, u64>,
 }
@@ -140,10 +153,11 @@ impl Evidence {
         serde_json::from_str(text).map_err(|e| format!("the evidence file: {e}"))
     }
 
-    fn merged(&self, id: &str) -> Option<(NodeFrames, Vec<AppliedFault>)> {
+    fn merged(&self, id: &str) -> Option<(NodeFrames, Vec<AppliedFault>, LinkCounts)> {
         let mut found = false;
         let mut all = NodeFrames::default();
         let mut faults = Vec::new();
+        let mut link = LinkCounts::default();
         for s in self.scenarios.iter().filter(|s| s.id == id) {
             found = true;
             for n in s.nodes.values() {
@@ -155,8 +169,11 @@ impl Evidence {
                 }
             }
             faults.extend(s.faults.iter().cloned());
+            link.passed += s.link.passed;
+            link.dropped += s.link.dropped;
+            link.held += s.link.held;
         }
-        found.then_some((all, faults))
+        found.then_some((all, faults, link))
     }
 }
 
@@ -171,6 +188,9 @@ pub struct Need {
     pub fault: Option<&'static str>,
     /// None of these request types reached any node.
     pub absent: &'static [&'static str],
+    /// The link relay dropped (`"dropped"`) or held (`"held"`) some of the scenario's
+    /// datagrams: its fault met the client's traffic.
+    pub link: Option<&'static str>,
 }
 
 const PUBLISH: &[&str] = &[
@@ -194,6 +214,7 @@ pub fn needs(scenario: &Scenario) -> Need {
         answered,
         fault,
         absent: &[],
+        link: None,
     };
     if let Some(step) = &scenario.step {
         let received = if step.during == "subscribe" {
@@ -207,7 +228,11 @@ pub fn needs(scenario: &Scenario) -> Need {
             "stall" => "stall",
             _ => "link",
         };
-        return need(received, &[], Some(fault));
+        let link = if fault == "stall" { "held" } else { "dropped" };
+        return Need {
+            link: Some(link),
+            ..need(received, &[], Some(fault))
+        };
     }
     let id = scenario.id.as_str();
     match id {
@@ -240,7 +265,6 @@ pub fn needs(scenario: &Scenario) -> Need {
         "error.shard_unavailable_is_retryable" => {
             need(&[], &["shard_unavailable", "not_leader"], Some("fence"))
         }
-        "watch.lag_is_reported_rather_than_silent" => need(WATCH, &["lagged"], None),
         "sharded.reports_the_shard_count" => need(&["stream_shards"], &[], None),
         _ => {
             let received = match scenario.group() {
@@ -258,7 +282,12 @@ pub fn needs(scenario: &Scenario) -> Need {
     }
 }
 
-fn unmet(need: &Need, frames: &NodeFrames, faults: &[AppliedFault]) -> Option<String> {
+fn unmet(
+    need: &Need,
+    frames: &NodeFrames,
+    faults: &[AppliedFault],
+    link: LinkCounts,
+) -> Option<String> {
     let count = |map: &BTreeMap<String, u64>, k: &str| map.get(k).copied().unwrap_or(0);
     let total: u64 = frames.received.values().sum();
     if need.received.is_empty() && need.absent.is_empty() && total == 0 {
@@ -287,6 +316,15 @@ fn unmet(need: &Need, frames: &NodeFrames, faults: &[AppliedFault]) -> Option<St
         {
             return Some(format!("no {kind} fault was applied"));
         }
+    }
+    match need.link {
+        Some("held") if link.held == 0 => {
+            return Some("the link held none of the client's datagrams".into())
+        }
+        Some("dropped") if link.dropped == 0 => {
+            return Some("the link dropped none of the client's datagrams".into())
+        }
+        _ => {}
     }
     if let Some(k) = need.absent.iter().find(|k| count(&frames.received, k) > 0) {
         return Some(format!(
@@ -414,9 +452,11 @@ pub fn verify(catalogue: &Catalogue, results: &Results, evidence: Option<&Eviden
                         None => String::new(),
                         Some(e) => match e.merged(&s.id) {
                             None => "passed, but the fixture was never told it ran".into(),
-                            Some((frames, faults)) => unmet(&needs(s), &frames, &faults)
-                                .map(|why| format!("passed, but the evidence shows {why}"))
-                                .unwrap_or_default(),
+                            Some((frames, faults, link)) => {
+                                unmet(&needs(s), &frames, &faults, link)
+                                    .map(|why| format!("passed, but the evidence shows {why}"))
+                                    .unwrap_or_default()
+                            }
                         },
                     };
                     ("pass", problem)
@@ -576,7 +616,8 @@ title = "t"
              "n1": {"received": {"subscribe": 1}, "answered": {"redirect": 1}},
              "n2": {"received": {"subscribe": 1}}}},
           {"id": "fault.publish_through_a_dropped_link", "nodes": {"n3": {"received": {"binary_publish": 10}}},
-           "faults": [{"kind": "link", "fault": "drop", "at_ms": 10}, {"kind": "heal", "at_ms": 9000}]},
+           "faults": [{"kind": "link", "fault": "drop", "at_ms": 10}, {"kind": "heal", "at_ms": 9000}],
+           "link": {"passed": 40, "dropped": 12, "held": 0}},
           {"id": "commit.exactly_one_event", "nodes": {"n1": {"received": {}}}}
         ]}"#
         .to_owned()
@@ -602,6 +643,11 @@ title = "t"
                 r#"{"kind": "link", "fault": "drop", "at_ms": 10}, "#,
                 "",
                 "fault.publish_through_a_dropped_link: passed, but the evidence shows no drop fault was applied",
+            ),
+            (
+                r#""dropped": 12"#,
+                r#""dropped": 0"#,
+                "fault.publish_through_a_dropped_link: passed, but the evidence shows the link dropped none of the client's datagrams",
             ),
             (
                 r#""received": {"subscribe": 1, "binary_publish": 1}"#,

@@ -426,6 +426,10 @@ pub struct ClusterConfig {
     pub declared_caches: Vec<DeclaredCache>,
     /// Replicas of a stream created on first use (`limits.default_replication_factor`).
     pub default_replication_factor: u8,
+    /// Whether a request naming a stream the cluster has not placed places it
+    /// (`cluster.place_streams_on_first_use`, default true). Without it only `[[streams]]`
+    /// exist: such a request is refused `not_found`, and `stream_shards` answers 0.
+    pub place_streams_on_first_use: bool,
     /// See [`DEFAULT_FORWARD_WINDOW`] (`limits.forward_window`). At least 1.
     pub forward_window: usize,
     /// See [`DEFAULT_FORWARD_TIMEOUT`] (`limits.forward_timeout_ms`). Above zero.
@@ -462,6 +466,7 @@ impl ClusterConfig {
             peer_tls: None,
             declared_caches: Vec::new(),
             default_replication_factor: 1,
+            place_streams_on_first_use: true,
             forward_window: DEFAULT_FORWARD_WINDOW,
             forward_timeout: DEFAULT_FORWARD_TIMEOUT,
             max_forward_channels: DEFAULT_MAX_FORWARD_CHANNELS,

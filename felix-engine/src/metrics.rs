@@ -145,6 +145,12 @@ pub struct Metrics {
     pub log_bytes: u64,
     /// `error` answers (and failed acks) sent, by code.
     pub errors: BTreeMap<String, u64>,
+    /// Requests run, by wire `type` (`binary_publish` for a binary publish frame, `unknown`
+    /// for a type this broker does not know); a request held for a log or a placement counts
+    /// each time it runs. What a conformance fixture records of each scenario.
+    pub requests: BTreeMap<&'static str, u64>,
+    /// Requests answered with a `not_leader` message naming the shard's owner (a redirect).
+    pub redirects: u64,
     /// File operations handed to the runtime.
     pub file_ops: u64,
     /// Gauge, in a cluster: stream and cache shards this node leads.
@@ -217,6 +223,8 @@ impl Default for Metrics {
             group_commit_batch: Histogram::new(&GROUP_COMMIT_BUCKETS),
             log_bytes: 0,
             errors: BTreeMap::new(),
+            requests: BTreeMap::new(),
+            redirects: 0,
             file_ops: 0,
             cluster_shards_led: 0,
             replication_lag_records: Vec::new(),
@@ -274,6 +282,17 @@ impl Metrics {
     /// A JSON publish frame arrived (`publish` or `publish_batch`).
     pub(crate) fn json_publish_frame(&mut self, frame: &'static str) {
         *self.json_publishes.entry(frame).or_default() += 1;
+    }
+
+    /// A request of wire type `name` is run (`binary_publish` for a binary publish frame).
+    pub(crate) fn request(&mut self, name: &str) {
+        let name = felix_proto::message::MESSAGE_TYPES
+            .iter()
+            .chain(&["binary_publish"])
+            .find(|t| **t == name)
+            .copied()
+            .unwrap_or("unknown");
+        *self.requests.entry(name).or_default() += 1;
     }
 
     /// A consumer-group request (`poll`, `ack`, ...) reached its handler.

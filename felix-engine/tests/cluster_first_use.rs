@@ -116,3 +116,67 @@ fn a_first_use_the_cluster_cannot_place_is_refused_at_exactly_the_forward_timeou
         other => panic!("expected a coded refusal, got {other:?}"),
     }
 }
+
+/// `cluster.place_streams_on_first_use = false`: only declared streams exist. A publish to any
+/// other is refused `not_found` at once (nothing waits for a placement that will not come),
+/// and `stream_shards` answers 0 for it, the declared width for a declared one.
+#[test]
+fn without_placement_on_first_use_an_undeclared_stream_is_not_found_and_has_no_shards() {
+    let mut c = ClusterNet::started(&spec(), |_, cfg: &mut EngineConfig| {
+        cfg.cluster.as_mut().unwrap().place_streams_on_first_use = false;
+    });
+    let p = c.connect(N2);
+    let (id, _) = c.auth_stream(N2, p);
+    let f = c.exchange(
+        N2,
+        p,
+        id,
+        &binary_publish(Some(1), None, "undeclared", &[b"x"]),
+    );
+    let a = ack(&f[0]);
+    assert!(
+        matches!(
+            &a.result,
+            AckResult::Err {
+                code: Some((ErrorCode::NotFound, _)),
+                ..
+            }
+        ),
+        "{a:?}"
+    );
+    let shards = |c: &mut ClusterNet, stream: &str| {
+        let ask = json_frame(&format!(
+            r#"{{"type":"stream_shards","tenant_id":"t1","namespace":"default","stream":"{stream}","request_id":4}}"#
+        ));
+        text(&c.exchange(N2, p, id, &ask)[0]).to_string()
+    };
+    assert_eq!(
+        shards(&mut c, "undeclared"),
+        r#"{"type":"stream_shards_view","shards":0,"request_id":4}"#
+    );
+    assert_eq!(
+        shards(&mut c, "orders"),
+        r#"{"type":"stream_shards_view","shards":3,"request_id":4}"#
+    );
+    assert_eq!(
+        owners(&mut c, N1, "undeclared"),
+        r#"{"type":"shard_owners_view","request_id":1,"owners":[]}"#,
+        "never placed, no shards"
+    );
+}
+
+/// The default places on first use: `stream_shards` of a stream not seen yet is the width a
+/// first publish would give it.
+#[test]
+fn with_placement_on_first_use_an_unseen_stream_has_the_default_width() {
+    let mut c = ClusterNet::started(&spec(), |_, _| {});
+    let p = c.connect(N2);
+    let (id, _) = c.auth_stream(N2, p);
+    let ask = json_frame(
+        r#"{"type":"stream_shards","tenant_id":"t1","namespace":"default","stream":"unseen","request_id":4}"#,
+    );
+    assert_eq!(
+        text(&c.exchange(N2, p, id, &ask)[0]),
+        r#"{"type":"stream_shards_view","shards":1,"request_id":4}"#
+    );
+}

@@ -162,6 +162,12 @@ fn a_subscribe_to_a_non_owner_is_redirected_or_refused_with_a_code() {
         r#"{"type":"error","message":"shard is led by n2","code":"not_leader","retry":"redirect"}"#
     );
     assert!(c.nodes[entry].peers[p].incoming_uni.is_empty());
+
+    // What a conformance fixture records: three subscribes run here, two answered with a
+    // redirect (the third with the coded error, counted among the errors).
+    let m = c.nodes[entry].engine.metrics();
+    assert_eq!(m.requests.get("subscribe"), Some(&3), "{:?}", m.requests);
+    assert_eq!(m.redirects, 2);
 }
 
 #[test]

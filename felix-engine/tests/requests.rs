@@ -186,6 +186,18 @@ fn unknown_requests_are_unsupported_or_close_the_stream() {
     assert_eq!(v["type"], "error");
     assert_eq!(v["code"], "invalid_request");
     assert!(net.peers[p].finished.contains(&id));
+
+    // Counted by type, the one this broker does not know as `unknown` (a bounded label set).
+    let (id, _) = net.auth_stream(p);
+    net.exchange(p, id, &binary_publish(Some(7), None, "s", &[b"x"]));
+    let requests = net.engine.metrics().requests;
+    let count = |t: &str| requests.get(t).copied().unwrap_or(0);
+    assert_eq!(count("unknown"), 2, "{requests:?}");
+    assert_eq!(count("topology"), 1);
+    assert_eq!(count("counter_get"), 1);
+    assert_eq!(count("publish_width"), 1);
+    assert_eq!(count("binary_publish"), 1);
+    assert_eq!(count("auth"), 0, "authentication is not a request");
 }
 
 #[test]

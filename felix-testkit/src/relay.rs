@@ -45,49 +45,105 @@ pub enum Rule {
     DropAll,
     /// Drop datagrams longer than this many bytes; pass the rest.
     DropAbove(usize),
+    /// Keep every datagram; they go on, in order, once the direction's rule changes (a stall).
+    Hold,
+    /// Drop every datagram until a QUIC Initial packet comes the forward way (a new
+    /// connection); then both directions pass. Connections open before it die for good.
+    UntilNewConnection,
+}
+
+/// What a direction does with one datagram.
+enum Fate {
+    Pass,
+    Drop,
+    Hold,
 }
 
 impl Rule {
-    fn passes(self, len: usize) -> bool {
+    fn fate(self, datagram: &[u8]) -> Fate {
         match self {
-            Rule::Pass => true,
-            Rule::DropAll => false,
-            Rule::DropAbove(n) => len <= n,
+            Rule::Pass => Fate::Pass,
+            Rule::DropAll => Fate::Drop,
+            Rule::DropAbove(n) if datagram.len() <= n => Fate::Pass,
+            Rule::DropAbove(_) => Fate::Drop,
+            Rule::Hold => Fate::Hold,
+            Rule::UntilNewConnection if is_quic_initial(datagram) => Fate::Pass,
+            Rule::UntilNewConnection => Fate::Drop,
         }
     }
 }
 
-/// Datagrams a direction has passed and dropped.
+/// A QUIC version 1 Initial packet: long header (top two bits set), packet type 0 (RFC 9000
+/// 17.2.2), a nonzero version. Only a client opening a connection sends one.
+fn is_quic_initial(datagram: &[u8]) -> bool {
+    datagram.len() > 5 && datagram[0] & 0xF0 == 0xC0 && datagram[1..5] != [0, 0, 0, 0]
+}
+
+/// Datagrams a direction has passed and dropped (held ones count as passed once released).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
     pub passed: u64,
     pub dropped: u64,
+    /// Kept by a [`Rule::Hold`] (each also counts as passed once released).
+    pub held: u64,
+}
+
+/// A direction's rule and the datagrams it holds (with where each was going), under one
+/// lock: a datagram is sent with the lock held, so released ones keep their place.
+struct Gate {
+    rule: Rule,
+    held: Vec<(Vec<u8>, SocketAddr)>,
 }
 
 struct Shared {
-    rules: [Mutex<Rule>; 2],
+    rules: [Mutex<Gate>; 2],
     counts: Mutex<[Counts; 2]>,
     /// Signalled on every count change.
     counted: Condvar,
     stop: AtomicBool,
     /// Where the backward direction delivers: the last source seen on the listen socket.
     client: Mutex<Option<SocketAddr>>,
+    /// Where the forward direction delivers ([`Relay::retarget`] moves it).
+    target: Mutex<SocketAddr>,
 }
 
 impl Shared {
-    /// Counts the datagram and says whether it goes on.
-    fn admit(&self, dir: Direction, len: usize) -> bool {
-        let rule = *self.rules[dir.index()].lock().expect("relay rule lock");
-        let pass = rule.passes(len);
-        let mut counts = self.counts.lock().expect("relay counts lock");
-        let c = &mut counts[dir.index()];
-        if pass {
-            c.passed += 1;
-        } else {
-            c.dropped += 1;
+    /// Counts the datagram and sends it on through `socket` to `to`, holds it, or drops it.
+    fn admit(&self, dir: Direction, datagram: &[u8], socket: &UdpSocket, to: SocketAddr) {
+        let mut gate = self.rules[dir.index()].lock().expect("relay rule lock");
+        let fate = match (gate.rule, dir) {
+            // Only the client opens a connection; one lock order (forward, then backward).
+            (Rule::UntilNewConnection, Direction::Backward) => Fate::Drop,
+            (rule, _) => rule.fate(datagram),
+        };
+        if matches!(gate.rule, Rule::UntilNewConnection) && matches!(fate, Fate::Pass) {
+            // The new connection: both ways pass from here on.
+            gate.rule = Rule::Pass;
+            let other = 1 - dir.index();
+            let mut back = self.rules[other].lock().expect("relay rule lock");
+            if matches!(back.rule, Rule::UntilNewConnection) {
+                back.rule = Rule::Pass;
+            }
         }
-        self.counted.notify_all();
-        pass
+        // Counted before it goes on: whoever receives it sees the count already.
+        {
+            let mut counts = self.counts.lock().expect("relay counts lock");
+            let c = &mut counts[dir.index()];
+            match fate {
+                Fate::Pass => c.passed += 1,
+                Fate::Drop => c.dropped += 1,
+                Fate::Hold => c.held += 1,
+            }
+            self.counted.notify_all();
+        }
+        match fate {
+            Fate::Hold => gate.held.push((datagram.to_vec(), to)),
+            // A target that is down drops it, as the network would.
+            Fate::Pass => {
+                let _ = socket.send_to(datagram, to);
+            }
+            Fate::Drop => {}
+        }
     }
 }
 
@@ -95,7 +151,8 @@ impl Shared {
 pub struct Relay {
     shared: Arc<Shared>,
     listen: SocketAddr,
-    target: SocketAddr,
+    /// What each direction sends through: held datagrams are released by [`Relay::set`].
+    senders: [UdpSocket; 2],
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -108,23 +165,28 @@ impl Relay {
         up.set_read_timeout(Some(STOP_POLL))?;
         let listen = down.local_addr()?;
         let shared = Arc::new(Shared {
-            rules: [Mutex::new(Rule::Pass), Mutex::new(Rule::Pass)],
+            rules: [Rule::Pass, Rule::Pass].map(|rule| {
+                Mutex::new(Gate {
+                    rule,
+                    held: Vec::new(),
+                })
+            }),
             counts: Mutex::new([Counts::default(); 2]),
             counted: Condvar::new(),
             stop: AtomicBool::new(false),
             client: Mutex::new(None),
+            target: Mutex::new(target),
         });
         let (down2, up2) = (down.try_clone()?, up.try_clone()?);
+        let senders = [up.try_clone()?, down.try_clone()?];
         let s = Arc::clone(&shared);
         let forward = std::thread::Builder::new()
             .name(format!("relay-fwd-{}", listen.port()))
             .spawn(move || {
                 pump(&s, &down, |from, datagram| {
                     *s.client.lock().expect("relay client lock") = Some(from);
-                    if s.admit(Direction::Forward, datagram.len()) {
-                        // A target that is down drops it, as the network would.
-                        let _ = up2.send_to(datagram, target);
-                    }
+                    let to = *s.target.lock().expect("relay target lock");
+                    s.admit(Direction::Forward, datagram, &up2, to);
                 })
             })?;
         let s = Arc::clone(&shared);
@@ -132,21 +194,19 @@ impl Relay {
             .name(format!("relay-back-{}", listen.port()))
             .spawn(move || {
                 pump(&s, &up, |from, datagram| {
-                    if from != target {
+                    if from != *s.target.lock().expect("relay target lock") {
                         return;
                     }
                     let client = *s.client.lock().expect("relay client lock");
                     if let Some(client) = client {
-                        if s.admit(Direction::Backward, datagram.len()) {
-                            let _ = down2.send_to(datagram, client);
-                        }
+                        s.admit(Direction::Backward, datagram, &down2, client);
                     }
                 })
             })?;
         Ok(Relay {
             shared,
             listen,
-            target,
+            senders,
             threads: vec![forward, backward],
         })
     }
@@ -157,20 +217,48 @@ impl Relay {
     }
 
     pub fn target(&self) -> SocketAddr {
-        self.target
+        *self.shared.target.lock().expect("relay target lock")
     }
 
-    /// Sets one direction's rule; it holds from the next datagram on.
+    /// Relays to `target` from the next datagram on (what the old one answers is dropped).
+    pub fn retarget(&self, target: SocketAddr) {
+        *self.shared.target.lock().expect("relay target lock") = target;
+    }
+
+    /// Sets one direction's rule; it holds from the next datagram on. Datagrams a
+    /// [`Rule::Hold`] kept go on first, in the order they came.
     pub fn set(&self, dir: Direction, rule: Rule) {
-        *self.shared.rules[dir.index()]
+        let mut gate = self.shared.rules[dir.index()]
             .lock()
-            .expect("relay rule lock") = rule;
+            .expect("relay rule lock");
+        gate.rule = rule;
+        if rule != Rule::Hold && !gate.held.is_empty() {
+            let released = std::mem::take(&mut gate.held);
+            {
+                let mut counts = self.shared.counts.lock().expect("relay counts lock");
+                counts[dir.index()].passed += released.len() as u64;
+                self.shared.counted.notify_all();
+            }
+            for (datagram, to) in &released {
+                let _ = self.senders[dir.index()].send_to(datagram, *to);
+            }
+        }
     }
 
     pub fn rule(&self, dir: Direction) -> Rule {
-        *self.shared.rules[dir.index()]
+        self.shared.rules[dir.index()]
             .lock()
             .expect("relay rule lock")
+            .rule
+    }
+
+    /// Datagrams a direction holds now.
+    pub fn held(&self, dir: Direction) -> usize {
+        self.shared.rules[dir.index()]
+            .lock()
+            .expect("relay rule lock")
+            .held
+            .len()
     }
 
     /// Both directions pass again.
@@ -306,7 +394,8 @@ mod tests {
             relay.counts(Direction::Forward),
             Counts {
                 passed: 2,
-                dropped: 1
+                dropped: 1,
+                held: 0
             }
         );
 
@@ -323,6 +412,78 @@ mod tests {
     }
 
     #[test]
+    fn a_hold_keeps_datagrams_and_releases_them_in_order() {
+        let (relay, client, target) = setup();
+        client.send_to(b"first", relay.listen_addr()).unwrap();
+        let (_, upstream) = recv(&target);
+        relay.set(Direction::Forward, Rule::Hold);
+        relay.set(Direction::Backward, Rule::Hold);
+        for d in [&b"a"[..], b"b", b"c"] {
+            client.send_to(d, relay.listen_addr()).unwrap();
+        }
+        target.send_to(b"back", upstream).unwrap();
+        // Held, not dropped: counted once released.
+        let deadline = Instant::now() + LIMIT;
+        while relay.held(Direction::Forward) < 3 || relay.held(Direction::Backward) < 1 {
+            assert!(Instant::now() < deadline, "the relay never held them");
+            std::thread::yield_now();
+        }
+        assert!(nothing_queued(&target) && nothing_queued(&client));
+        relay.heal();
+        assert_eq!(recv(&target).0, b"a");
+        assert_eq!(recv(&target).0, b"b");
+        assert_eq!(recv(&target).0, b"c");
+        assert_eq!(recv(&client).0, b"back");
+        assert_eq!(relay.counts(Direction::Forward).passed, 4);
+        assert_eq!(relay.counts(Direction::Forward).dropped, 0);
+        assert_eq!(relay.counts(Direction::Forward).held, 3);
+        assert_eq!(relay.held(Direction::Forward), 0);
+    }
+
+    #[test]
+    fn until_a_new_connection_drops_the_old_one_and_passes_an_initial() {
+        let (relay, client, target) = setup();
+        client.send_to(b"hello", relay.listen_addr()).unwrap();
+        let (_, upstream) = recv(&target);
+        relay.set(Direction::Forward, Rule::UntilNewConnection);
+        relay.set(Direction::Backward, Rule::UntilNewConnection);
+        // A short-header packet of the old connection, and an answer to it: both dropped.
+        client
+            .send_to(&[0x41, 1, 2, 3, 4, 5, 6], relay.listen_addr())
+            .unwrap();
+        target.send_to(&[0x41, 9, 9, 9, 9, 9, 9], upstream).unwrap();
+        assert!(relay.wait_counts(Direction::Forward, LIMIT, |c| c.dropped == 1));
+        assert!(relay.wait_counts(Direction::Backward, LIMIT, |c| c.dropped == 1));
+        // A v1 Initial (long header, type 0): it opens the way both ways.
+        let initial = [0xC3, 0, 0, 0, 1, 8, 1, 2, 3, 4, 5, 6, 7, 8];
+        client.send_to(&initial, relay.listen_addr()).unwrap();
+        assert_eq!(recv(&target).0, initial);
+        assert_eq!(relay.rule(Direction::Forward), Rule::Pass);
+        assert_eq!(relay.rule(Direction::Backward), Rule::Pass);
+        target.send_to(b"welcome", upstream).unwrap();
+        assert_eq!(recv(&client).0, b"welcome");
+        // A Handshake packet (type 2) or a version negotiation (version 0) is no Initial.
+        assert!(!is_quic_initial(&[0xE3, 0, 0, 0, 1, 8, 1]));
+        assert!(!is_quic_initial(&[0xC3, 0, 0, 0, 0, 8, 1]));
+    }
+
+    #[test]
+    fn a_retargeted_relay_delivers_to_the_new_target_and_hears_only_it() {
+        let (relay, client, old) = setup();
+        client.send_to(b"one", relay.listen_addr()).unwrap();
+        let (_, upstream) = recv(&old);
+        let new = socket();
+        relay.retarget(new.local_addr().unwrap());
+        assert_eq!(relay.target(), new.local_addr().unwrap());
+        client.send_to(b"two", relay.listen_addr()).unwrap();
+        assert_eq!(recv(&new).0, b"two");
+        old.send_to(b"stale", upstream).unwrap();
+        new.send_to(b"fresh", upstream).unwrap();
+        assert_eq!(recv(&client).0, b"fresh", "the old target is not heard");
+        assert!(nothing_queued(&old) && nothing_queued(&client));
+    }
+
+    #[test]
     fn drop_above_passes_up_to_the_size_and_drops_longer() {
         let (relay, client, target) = setup();
         relay.set(Direction::Forward, Rule::DropAbove(4));
@@ -335,7 +496,8 @@ mod tests {
             relay.counts(Direction::Forward),
             Counts {
                 passed: 1,
-                dropped: 1
+                dropped: 1,
+                held: 0
             }
         );
     }

@@ -347,6 +347,7 @@ pub const SETTINGS: &[Setting] = &[
     plain("cluster.peers", &["FELIX_CLUSTER_PEERS"], Kind::Text, Default_::Unset),
     plain("cluster.client_advertise_addr", &["FELIX_CLIENT_ADVERTISE_ADDR"], Kind::Text, Default_::Unset),
     plain("cluster.lease_ms", &["FELIX_LEASE_MS"], Kind::Int, Default_::Int(felix_engine::DEFAULT_LEASE.as_millis() as u64)),
+    plain("cluster.place_streams_on_first_use", &["FELIX_PLACE_STREAMS_ON_FIRST_USE"], Kind::Bool, Default_::Bool(true)),
     plain("cluster.internal_tls_cert", &["FELIX_INTERNAL_TLS_CERT"], Kind::Text, Default_::Unset),
     plain("cluster.internal_tls_key", &["FELIX_INTERNAL_TLS_KEY"], Kind::Text, Default_::Unset),
     plain("cluster.internal_tls_ca", &["FELIX_INTERNAL_TLS_CA"], Kind::Text, Default_::Unset),
@@ -985,6 +986,7 @@ const CLUSTER_ONLY: &[&str] = &[
     "cluster.peers",
     "cluster.client_advertise_addr",
     "cluster.lease_ms",
+    "cluster.place_streams_on_first_use",
     "cluster.internal_tls_cert",
     "cluster.internal_tls_key",
     "cluster.internal_tls_ca",
@@ -1220,6 +1222,7 @@ fn cluster(
     config.peer_tls = peer_tls;
     config.declared_caches = effective.caches().cloned().collect();
     config.default_replication_factor = default_rf;
+    config.place_streams_on_first_use = flag("cluster.place_streams_on_first_use");
     config.forward_window = forward_window;
     if let Some(t) = forward_timeout {
         config.forward_timeout = t;
@@ -2321,6 +2324,13 @@ replication_factor = 1
             cluster.client_advertise_addr.as_deref(),
             Some("127.0.0.1:7001")
         );
+        assert!(cluster.place_streams_on_first_use, "the default");
+        let off = load(
+            Some(&path),
+            vars(&[("FELIX_PLACE_STREAMS_ON_FIRST_USE", "false")]),
+        )
+        .unwrap();
+        assert!(!engine_of(off).cluster.unwrap().place_streams_on_first_use);
         let s = &e.declared_streams;
         assert_eq!(
             (s[0].shards, s[0].replication_factor, s[0].consistency),

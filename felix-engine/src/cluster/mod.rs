@@ -124,6 +124,8 @@ pub(crate) struct ClusterNode {
     /// Why the cluster refused this node (its declarations disagree): fatal.
     refusal: Option<String>,
     default_replication_factor: u8,
+    /// `cluster.place_streams_on_first_use`.
+    place_streams_on_first_use: bool,
     /// The identity of this node's disk (or of this process, without one), as announced.
     storage_id: [u8; 16],
     /// This node's shard leases (`lease.rs`).
@@ -284,6 +286,7 @@ impl ClusterNode {
             metalog,
             refusal: None,
             default_replication_factor: cfg.default_replication_factor.max(1),
+            place_streams_on_first_use: cfg.place_streams_on_first_use,
             storage_id,
             lease: lease::HolderLease::new(
                 felix_cluster::replication::lease::LeaseTerms::for_lease(
@@ -869,6 +872,11 @@ impl ClusterNode {
     /// How long a forward, or a request waiting for its stream's placement, may take.
     pub(crate) fn forward_timeout(&self) -> std::time::Duration {
         self.forward_timeout
+    }
+
+    /// `cluster.place_streams_on_first_use`.
+    pub(crate) fn places_streams_on_first_use(&self) -> bool {
+        self.place_streams_on_first_use
     }
 
     /// Why this node must stop: the cluster refused it, or its metadata log failed.

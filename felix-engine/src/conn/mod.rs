@@ -418,6 +418,8 @@ impl Conn {
         let reserve = core.limits.value_reserve;
         let before = session.unwritten_bytes(reserve);
         let moved = session.release_held(core);
+        // A held write refused on its release (`quorum_timeout`) is counted as sent.
+        core.metrics.absorb(&mut session.raised);
         self.unwritten_bytes = self.unwritten_bytes + session.unwritten_bytes(reserve) - before;
         if moved {
             self.flush_session(now, ch, id, core);

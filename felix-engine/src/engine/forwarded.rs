@@ -367,6 +367,8 @@ impl Engine {
             return;
         };
         v.session.release_held(&self.core);
+        // A held write refused on its release (`quorum_timeout`) is counted as sent.
+        self.core.metrics.absorb(&mut v.session.raised);
         let mut answers = Vec::new();
         while let Some(frame) = v.session.outbox.pop_front() {
             match v.owed.pop_front() {

@@ -400,6 +400,19 @@ impl Collector for Snapshot {
             "code",
             m.errors.iter().map(|(k, v)| (k.as_str(), *v)),
         )?;
+        counters(
+            e,
+            "requests",
+            "requests run, by type",
+            "type",
+            m.requests.iter().map(|(k, v)| (*k, *v)),
+        )?;
+        counter(
+            e,
+            "redirects",
+            "requests answered with not_leader naming the owner",
+            m.redirects,
+        )?;
         Ok(())
     }
 }
@@ -416,6 +429,22 @@ mod tests {
         line["process_cpu_seconds_total ".len()..]
             .parse()
             .unwrap_or_else(|_| panic!("{line:?} does not parse"))
+    }
+
+    #[test]
+    fn requests_by_type_and_redirects_are_exported_as_the_conformance_fixture_reads_them() {
+        let mut m = Metrics::default();
+        m.requests.insert("subscribe", 3);
+        m.requests.insert("binary_publish", 12);
+        m.redirects = 2;
+        let text = render(m, true).unwrap();
+        for line in [
+            "felix_broker_requests_total{type=\"subscribe\"} 3",
+            "felix_broker_requests_total{type=\"binary_publish\"} 12",
+            "felix_broker_redirects_total 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
     }
 
     #[cfg(target_os = "linux")]

@@ -361,6 +361,17 @@ impl Session {
         };
         let owner = match owner {
             Some(o) => o,
+            None if !t.cache && !cluster.places_streams_on_first_use() => {
+                // Only declared streams exist here: this one never will.
+                self.placement_deadline = None;
+                let message = format!(
+                    "stream {}/{}/{} is not declared in the cluster ([[streams]] in the \
+                     configuration)",
+                    t.tenant, t.namespace, t.name
+                );
+                self.refuse_routed(t, ErrorCode::NotFound, message);
+                return true;
+            }
             None => {
                 // Not placed yet: a stream is placed on first use. The request (and the rest
                 // of its stream, which keeps their order) waits for the placement to apply,
@@ -450,6 +461,7 @@ impl Session {
                 addr,
                 generation,
             } => {
+                cx.core.metrics.redirects += 1;
                 self.push_message(&Message::NotLeader(NotLeader {
                     node_id: node.0,
                     addr,

@@ -297,6 +297,7 @@ impl Session {
                         if committed {
                             ok
                         } else {
+                            self.raised.note(&ErrorCode::QuorumTimeout);
                             let message = "the shard's leader changed before the publish \
                                            reached a majority of its replicas; it may still be \
                                            committed";
@@ -312,6 +313,7 @@ impl Session {
                         frame
                     } else if core.broker.timed_out_mark(log) >= end {
                         self.held.pop_front();
+                        self.raised.note(&ErrorCode::QuorumTimeout);
                         let message = "the publish did not reach a majority of the shard's \
                                        replicas in time; it may still be committed";
                         self.fail_frame(fail, ErrorCode::QuorumTimeout, message)
@@ -428,6 +430,7 @@ impl Session {
             self.forward_frame = Some(frame.to_bytes());
         }
         if frame.flags.contains(Flags::BINARY_PUBLISH_BATCH) {
+            cx.core.metrics.request("binary_publish");
             self.on_binary_publish(frame, cx);
             return FrameResult::Continue;
         }
@@ -515,6 +518,7 @@ impl Session {
     }
 
     fn on_message(&mut self, msg: Message, cx: &mut SessionCx<'_>) -> FrameResult {
+        cx.core.metrics.request(msg.type_name());
         if let Some(target) = cluster::target(&msg) {
             // In a cluster the permission comes first: a forbidden request is refused here,
             // never forwarded, and no `not_leader` tells its sender where the shard lives.
@@ -1145,7 +1149,9 @@ impl Session {
     }
 
     /// A stream's shard count as routing answers give it: streams are created on first use,
-    /// so one not seen yet has the default width a publish would give it.
+    /// so one not seen yet has the default width a publish would give it. In a cluster that
+    /// places no stream on first use, one it has not placed has none: 0, so a client does not
+    /// read shard 0 of a stream that does not exist.
     fn stream_width(
         &mut self,
         cx: &SessionCx<'_>,
@@ -1155,6 +1161,11 @@ impl Session {
         action: Action,
     ) -> Option<u32> {
         let key = self.stream_scope(tenant, namespace, stream, action)?;
+        if let Some(cluster) = cx.core.cluster.as_ref() {
+            if !cluster.places_streams_on_first_use() {
+                return Some(cluster.stream_width(tenant, namespace, stream).unwrap_or(0));
+            }
+        }
         Some(
             cx.core
                 .broker
