@@ -174,8 +174,8 @@ pub struct Metrics {
     /// Records known acknowledged that no surviving copy held when a new leader opened (a
     /// leader's lost disk, or an operator's abandon): `acknowledged_records_abandoned`.
     pub acknowledged_records_abandoned: u64,
-    /// Gauge: `leader` shards led here holding acknowledgements until the cluster records
-    /// that they resumed after a quiet spell.
+    /// Gauge: `leader` shards led here whose quiescence the cluster records (a follower may
+    /// take each over without loss; a write there waits for a resumption first).
     pub leader_shards_quiet: u64,
     /// Requests this node forwarded to their shard's leader.
     pub forwards_sent: u64,

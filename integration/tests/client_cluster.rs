@@ -373,7 +373,16 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
                     .collect()
             };
             match killed_at {
-                None if acks(None).iter().all(|n| *n >= ACKS_BEFORE) => {
+                // A `leader` cache passes on only once its leader had a follower recorded
+                // level with it (docs/replication.md, "Who may lead a `leader` shard"): the
+                // cache is idle after its puts, so that comes within the quiet spell.
+                None if acks(None).iter().all(|n| *n >= ACKS_BEFORE)
+                    && (victim_addr != cache_owner
+                        || metric(
+                            cluster.nodes[victim].ops,
+                            "felix_broker_leader_shards_quiet",
+                        ) >= 1.0) =>
+                {
                     forwards_at_kill = cluster
                         .nodes
                         .iter()

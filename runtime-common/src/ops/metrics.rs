@@ -223,7 +223,7 @@ impl Collector for Snapshot {
         gauge(
             e,
             "leader_shards_quiet",
-            "leader-consistency shards led here holding acknowledgements until their resumption is recorded",
+            "leader-consistency shards led here whose quiescence is recorded (a follower may take each over without loss)",
             m.leader_shards_quiet,
         )?;
         counter(

@@ -142,12 +142,17 @@ impl ClusterNode {
         self.replicas.quiet.retain(|s, _| keep.contains(s));
     }
 
-    /// Shards led here whose acknowledgements wait for a resumption, for `/metrics`.
+    /// `leader` shards led here whose quiescence the metadata records: a follower may take
+    /// each over without loss. For `/metrics`.
     pub(super) fn leader_shards_quiet(&self) -> usize {
+        let meta = self.meta();
         self.replicas
             .quiet
-            .values()
-            .filter(|q| q.machine.held_past().is_some())
+            .iter()
+            .filter(|(s, q)| {
+                let recorded = meta.shard(s).and_then(|m| m.quiet.as_ref()).map(|x| x.end);
+                q.machine.held_past().is_some() && recorded == q.machine.held_past()
+            })
             .count()
     }
 }
