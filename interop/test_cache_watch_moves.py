@@ -46,6 +46,13 @@ def lag_zero(node):
                and float(line.split()[-1]) == 0 for line in node.metrics().splitlines())
 
 
+def quiet_recorded(node):
+    """The leader had the cluster record a follower level with it (docs/replication.md, "Who
+    may lead a `leader` shard"): only then may a follower take the cache over."""
+    return any(line.startswith("felix_broker_leader_shards_quiet ")
+               and float(line.split()[-1]) >= 1 for line in node.metrics().splitlines())
+
+
 def wait_for(what, done, deadline):
     while not done():
         assert time.monotonic() < deadline, f"out of time waiting for {what}"
@@ -75,6 +82,7 @@ def test_a_watch_follows_its_cache_to_the_next_leader(cache_cluster):
     assert first is not None and first.key == "k1", first
     # Both followers hold it: the next leader has every change the watch saw.
     wait_for("followers level", lambda: lag_zero(old), deadline)
+    wait_for("a follower recorded level", lambda: quiet_recorded(old), deadline)
 
     others = [n for n in cluster.nodes if n is not old]
     cluster.pause(old)
