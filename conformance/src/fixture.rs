@@ -77,6 +77,8 @@ const PLACED_LIMIT: Duration = Duration::from_secs(60);
 const PLACED_POLL: Duration = Duration::from_millis(200);
 /// How long every node may take to answer `/readyz` 200 again after `/heal`.
 const HEALED_LIMIT: Duration = Duration::from_secs(30);
+/// How long a freeze waits for the node's `leader` shards to be recorded quiet first.
+const QUIET_LIMIT: Duration = Duration::from_secs(15);
 /// Validity of the tokens the fixture hands out.
 const TOKEN_TTL_SECS: u64 = 24 * 3600;
 
@@ -393,6 +395,44 @@ async fn owners(
     tokio::time::timeout(ASK_TIMEOUT * 2, ask)
         .await
         .map_err(|_| format!("no shard_owners answer from {addr}"))?
+}
+
+/// Waits, at most [`QUIET_LIMIT`], until every replicated `leader` stream shard and cache the
+/// node at `ops` leads is recorded quiet (`felix_broker_leader_shards_quiet` counts them all).
+fn wait_quiet(ops: SocketAddr) {
+    let leader_streams: Vec<&str> = STREAMS
+        .iter()
+        .filter(|s| s.3 == "leader")
+        .map(|s| s.0)
+        .chain(CACHES)
+        .collect();
+    let deadline = Instant::now() + QUIET_LIMIT;
+    while Instant::now() < deadline {
+        let Some((_, text)) = http_get(ops, "/metrics", true) else {
+            return;
+        };
+        let led = text
+            .lines()
+            .filter(|l| l.starts_with("felix_broker_replication_lag_records{"))
+            .filter_map(|l| l.split('"').nth(1))
+            .filter(|shard| !shard.contains("/groups") && !shard.contains("/counters"))
+            .filter(|shard| {
+                let name = shard.split('#').next().unwrap_or("");
+                leader_streams
+                    .iter()
+                    .any(|s| name.ends_with(&format!("/{NAMESPACE}/{s}")))
+            })
+            .count();
+        let quiet = text
+            .lines()
+            .find(|l| l.starts_with("felix_broker_leader_shards_quiet "))
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if quiet >= led as f64 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The `[[streams]]` and `[[caches]]` of the scenarios.
@@ -751,6 +791,11 @@ fn control(
             match (kind, how) {
                 (_, "cut") => st.cut(i),
                 ("fence", "freeze") => {
+                    // A `leader` shard passes on only to a follower its leader had recorded
+                    // level with it (docs/replication.md, "Who may lead a `leader` shard");
+                    // a frozen node's shards must be able to move, so its leader shards are
+                    // let go quiet first (bounded; frozen anyway after that).
+                    wait_quiet(st.cluster.nodes[i].ops);
                     st.cluster.signal(i, libc::SIGSTOP)?;
                     st.frozen[i] = true;
                 }
