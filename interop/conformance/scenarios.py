@@ -172,10 +172,6 @@ def test_counter_absent(fx):
 
 
 # ---------------------------------------------------------------- atomic commits
-# Run before the scenarios that fence nodes: after a failover moved a `ledger` shard's
-# leadership (reconnect.survives_broker_loss freezes n1), a commit there is acknowledged and
-# its state readable, but its event is never handed to a reader (docs/conformance.md, "What
-# the kit found": open). `pytest scenarios.py -k "survives or commit_offset"` shows it.
 
 
 def commit(fx, c, entity, ops):
