@@ -171,6 +171,75 @@ def test_counter_absent(fx):
     assert c.counter_get(fx.tenant, fx.ns, "cache", k) == 0
 
 
+# ---------------------------------------------------------------- atomic commits
+
+
+def commit(fx, c, entity, ops):
+    return c.commit(fx.tenant, fx.ns, entity, ops)
+
+
+@scenario("commit.returns_the_offset")
+def test_commit_offset(fx):
+    c = fx.client()
+    entity = uniq("e").encode()
+    payload = uniq("event").encode()
+    receipt = commit(fx, c, entity, [felix.CommitOp.publish("ledger", payload),
+                                     felix.CommitOp.put("ledger", "k", b"v")])
+    # Read by a consumer group on each shard in turn (the entity's shard holds it): a group
+    # reads through the shard's owner, wherever leadership has moved by now.
+    g = uniq("g")
+    found = {}
+    deadline = time.monotonic() + 60
+    while not found:
+        assert time.monotonic() < deadline, "the committed event was never handed out"
+        for shard in range(2):
+            for r in c.group_poll(fx.tenant, fx.ns, "ledger", shard, g, max_records=64, wait=0.2):
+                c.group_ack(fx.tenant, fx.ns, "ledger", shard, g, r.offset)
+                if r.payload == payload:
+                    found[shard] = r.offset
+    assert list(found.values()) == [receipt.offset], (found, receipt.offset)
+
+
+@scenario("commit.state_get_returns_the_version")
+def test_commit_state(fx):
+    c = fx.client()
+    entity = uniq("e").encode()
+    receipt = commit(fx, c, entity, [felix.CommitOp.publish("ledger", b"ev"),
+                                     felix.CommitOp.put("ledger", "balance", b"10")])
+    v = c.state_get(fx.tenant, fx.ns, "ledger", entity, "balance")
+    assert v.value == b"10" and v.version == receipt.offset and v.as_of >= receipt.offset
+    assert c.state_get(fx.tenant, fx.ns, "ledger", entity, "never").value is None
+
+
+@scenario("commit.another_stream_is_refused")
+def test_commit_two_streams(fx):
+    c = fx.client()
+    with pytest.raises(felix.NotOnOwningShardError) as e:
+        commit(fx, c, b"e", [felix.CommitOp.publish("ledger", b"x"),
+                             felix.CommitOp.put("events", "k", b"v")])
+    assert e.value.index == 1 and e.value.stream == "events"
+
+
+@scenario("commit.exactly_one_event")
+def test_commit_one_event(fx):
+    c = fx.client()
+    with pytest.raises(felix.EventCountError) as none:
+        commit(fx, c, b"e", [felix.CommitOp.put("ledger", "k", b"v")])
+    assert none.value.count == 0
+    with pytest.raises(felix.EventCountError) as two:
+        commit(fx, c, b"e", [felix.CommitOp.publish("ledger", b"1"),
+                             felix.CommitOp.publish("ledger", b"2")])
+    assert two.value.count == 2
+
+
+@scenario("commit.negotiated")
+def test_commit_negotiated(fx):
+    # The broker advertises FEATURE_ATOMIC_COMMIT: the client sends the commit and it lands.
+    c = fx.client()
+    receipt = commit(fx, c, uniq("e").encode(), [felix.CommitOp.publish("ledger", b"n")])
+    assert isinstance(receipt.offset, int)
+
+
 # ---------------------------------------------------------------- reconnection
 
 
@@ -831,62 +900,3 @@ def test_sharded_resume(fx):
 def test_lost_shard(fx):
     pytest.skip("every shard of the fixture's sharded stream has three copies, so fencing one "
                 "node moves its shards rather than losing one")
-
-
-# ---------------------------------------------------------------- atomic commits
-
-
-def commit(fx, c, entity, ops):
-    return c.commit(fx.tenant, fx.ns, entity, ops)
-
-
-@scenario("commit.returns_the_offset")
-def test_commit_offset(fx):
-    c = fx.client()
-    entity = uniq("e").encode()
-    payload = uniq("event").encode()
-    receipt = commit(fx, c, entity, [felix.CommitOp.publish("ledger", payload),
-                                     felix.CommitOp.put("ledger", "k", b"v")])
-    with c.subscribe_sharded(fx.tenant, fx.ns, "ledger", start="earliest") as sub:
-        got = sharded_records(sub, {payload})
-    assert got[payload].event.offset == receipt.offset
-
-
-@scenario("commit.state_get_returns_the_version")
-def test_commit_state(fx):
-    c = fx.client()
-    entity = uniq("e").encode()
-    receipt = commit(fx, c, entity, [felix.CommitOp.publish("ledger", b"ev"),
-                                     felix.CommitOp.put("ledger", "balance", b"10")])
-    v = c.state_get(fx.tenant, fx.ns, "ledger", entity, "balance")
-    assert v.value == b"10" and v.version == receipt.offset and v.as_of >= receipt.offset
-    assert c.state_get(fx.tenant, fx.ns, "ledger", entity, "never").value is None
-
-
-@scenario("commit.another_stream_is_refused")
-def test_commit_two_streams(fx):
-    c = fx.client()
-    with pytest.raises(felix.NotOnOwningShardError) as e:
-        commit(fx, c, b"e", [felix.CommitOp.publish("ledger", b"x"),
-                             felix.CommitOp.put("events", "k", b"v")])
-    assert e.value.index == 1 and e.value.stream == "events"
-
-
-@scenario("commit.exactly_one_event")
-def test_commit_one_event(fx):
-    c = fx.client()
-    with pytest.raises(felix.EventCountError) as none:
-        commit(fx, c, b"e", [felix.CommitOp.put("ledger", "k", b"v")])
-    assert none.value.count == 0
-    with pytest.raises(felix.EventCountError) as two:
-        commit(fx, c, b"e", [felix.CommitOp.publish("ledger", b"1"),
-                             felix.CommitOp.publish("ledger", b"2")])
-    assert two.value.count == 2
-
-
-@scenario("commit.negotiated")
-def test_commit_negotiated(fx):
-    # The broker advertises FEATURE_ATOMIC_COMMIT: the client sends the commit and it lands.
-    c = fx.client()
-    receipt = commit(fx, c, uniq("e").encode(), [felix.CommitOp.publish("ledger", b"n")])
-    assert isinstance(receipt.offset, int)

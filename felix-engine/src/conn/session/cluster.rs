@@ -144,14 +144,28 @@ pub(super) fn target(msg: &Message) -> Option<Target<'_>> {
             })
         }
         Message::Subscribe(s) => stream_target!(C::Subscribe, s, s.shard, None, Answer::Error),
-        Message::Commit(c) => stream_target!(C::LeaderOnly, c, c.shard, None, Answer::Error),
+        // Routed by the entity key, as the broker places the commit: routed as shard 0, a
+        // commit for another shard ran on shard 0's leader, on its follower copy.
+        Message::Commit(c) => stream_target!(
+            C::LeaderOnly,
+            c,
+            c.shard,
+            Some(&c.entity_key[..]),
+            Answer::Error
+        ),
         Message::PublishIf(p) => {
             stream_target!(C::LeaderOnly, p, p.shard, p.key.as_deref(), Answer::Error)
         }
         Message::PublishIdempotent(p) => {
             stream_target!(C::LeaderOnly, p, p.shard, p.key.as_deref(), Answer::Error)
         }
-        Message::StateGet(g) => stream_target!(C::LeaderOnly, g, g.shard, None, Answer::Error),
+        Message::StateGet(g) => stream_target!(
+            C::LeaderOnly,
+            g,
+            g.shard,
+            Some(&g.entity_key[..]),
+            Answer::Error
+        ),
         Message::StreamRead(r) => {
             stream_target!(C::LeaderOnly, r, Some(r.shard), None, Answer::Error)
         }
