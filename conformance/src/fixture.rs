@@ -641,6 +641,12 @@ pub fn run(opts: &Options) -> Result<(), String> {
     st.recorder.end(&ids, &now, link_now);
     st.cluster.stop_all();
     st.recorder.write(true)?;
+    // The nodes' configs, data and logs go with them unless asked to stay.
+    if std::env::var_os("FELIX_CONFORMANCE_KEEP").is_some() {
+        println!("nodes' files kept in {}", st.cluster.dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&st.cluster.dir);
+    }
     match why {
         Stop::Signal(sig) => println!("stopped on signal {sig}; evidence complete"),
         Stop::Control => println!("stopped by POST /stop; evidence complete"),
