@@ -483,7 +483,7 @@ impl<R: Runtime> Driver<R> {
         match control {
             // The scraper may have timed out and gone; nothing to do then.
             Control::Scrape(reply) => {
-                let _ = reply.try_send(self.engine.metrics());
+                let _ = reply.send(self.engine.metrics());
             }
             Control::TlsIdentity(identity) => match self.engine.set_tls_identity(identity) {
                 Ok(()) => info!("serving the rotated certificate to new connections"),

@@ -7,3 +7,4 @@ pub(crate) mod abandon;
 pub mod http;
 pub mod metrics;
 pub(crate) mod stream_delete;
+pub(crate) mod streams;
