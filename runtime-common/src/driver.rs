@@ -495,6 +495,7 @@ impl<R: Runtime> Driver<R> {
             },
             Control::DeleteStream(req) => crate::ops::stream_delete::run(&mut self.engine, req),
             Control::Abandon(req) => crate::ops::abandon::run(&mut self.engine, req),
+            Control::Admin(job) => job(&mut self.engine, std::time::Instant::now()),
         }
     }
 

@@ -73,6 +73,10 @@ const LIMITS: Limits = Limits {
     busy: MAX_BUSY_CONNECTIONS,
 };
 
+/// Work for the drive loop on its engine (at the time given), answering through what it
+/// captured.
+pub(crate) type AdminJob = Box<dyn FnOnce(&mut felix_engine::Engine, std::time::Instant) + Send>;
+
 /// What a handler answers.
 pub(crate) type Answer = Response<Full<Bytes>>;
 
@@ -351,6 +355,17 @@ where
             ))
         }
     }
+}
+
+/// Runs `job` on the drive loop's engine and waits for its result; `Err` is a 503.
+pub(crate) async fn on_engine<T: Send + 'static>(
+    state: &OpsState,
+    job: impl FnOnce(&mut felix_engine::Engine, std::time::Instant) -> T + Send + 'static,
+) -> Result<T, Answer> {
+    ask(state, move |reply| {
+        Control::Admin(Box::new(move |engine, now| reply(job(engine, now))))
+    })
+    .await
 }
 
 async fn route(state: &OpsState, req: Request<Incoming>, timeout: Duration) -> Answer {
