@@ -265,7 +265,13 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
                     )
                     .await;
                 client.close().await;
-                answer.ok().flatten()
+                match answer {
+                    Ok(Some(_)) => Some(()),
+                    other => {
+                        eprintln!("publish {payload} through {}: {other:?}", NODES[at]);
+                        None
+                    }
+                }
             }));
             acked.push(payload);
         }

@@ -39,6 +39,18 @@ impl ClusterNode {
         })
     }
 
+    /// Every placed stream's width, for the broker to open each as wide as it was placed.
+    pub(crate) fn stream_widths(&self) -> Vec<(crate::broker::StreamKey, u32)> {
+        self.meta()
+            .streams
+            .iter()
+            .map(|(k, s)| {
+                let key = crate::broker::StreamKey::new(&k.tenant, &k.namespace, &k.name);
+                (key, s.shards.len() as u32)
+            })
+            .collect()
+    }
+
     /// Every placed stream of `tenant`, in name order.
     pub(crate) fn stream_views(&self, tenant: &str) -> Vec<StreamView> {
         self.meta()

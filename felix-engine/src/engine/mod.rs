@@ -1351,6 +1351,14 @@ impl Engine {
             .cluster
             .as_mut()
             .is_some_and(|c| c.take_metadata_changed());
+        if changed {
+            // Streams placed at runtime are opened as wide as they were placed.
+            if let Some(c) = self.core.cluster.as_ref() {
+                for (key, width) in c.stream_widths() {
+                    self.core.broker.learn_width(&key, width);
+                }
+            }
+        }
         self.resume_forwards_awaiting_metadata(now, changed);
         if self.core.awaiting_placement.is_empty() {
             return;
