@@ -4,7 +4,8 @@
 //! still there with every acknowledged record after the whole cluster restarts. A repeated
 //! create answers "exists"; one with another spec, or a bad one, is refused naming the field.
 //! Its retention is altered through another node (and kept across the restart); a change of
-//! replication factor is refused.
+//! replication factor is refused; tokens without the permission (403) or that do not verify
+//! (401) are refused; without a control-plane majority a create is refused 503.
 //!
 //! The broker and CLI are the workspace's builds: `FELIX_BROKER_BIN` / `FELIX_CLI_BIN`, else
 //! `target/release`, else `target/debug`.
@@ -53,6 +54,11 @@ fn config(c: &Cluster, i: usize) -> ClientConfig {
 
 /// `felix admin streams ARGS…` against node `at`'s ops endpoint.
 fn admin(c: &Cluster, at: usize, args: &[&str]) -> Output {
+    admin_as(c, at, &c.token, args)
+}
+
+/// [`admin`] with another token.
+fn admin_as(c: &Cluster, at: usize, token: &str, args: &[&str]) -> Output {
     let mut cmd = std::process::Command::new(binary("FELIX_CLI_BIN", "felix"));
     cmd.args(["admin", "streams"])
         .args(&args[..1])
@@ -60,7 +66,7 @@ fn admin(c: &Cluster, at: usize, args: &[&str]) -> Output {
         .arg(c.nodes[at].ops.to_string())
         .arg("--ca")
         .arg(c.dir.join("ca.pem"))
-        .args(["--token", &c.token])
+        .args(["--token", token])
         .args(&args[1..]);
     cmd.output().expect("the CLI runs")
 }
@@ -290,6 +296,45 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
         text(&missing)
     );
 
+    // Tokens: one that views but may not manage is refused a create (403) and shown the
+    // stream; one that does not verify is refused (401); both exit 3.
+    let viewer = c.mint(vec![format!("stream.view:stream:{TENANT}/*")], 600);
+    let denied = admin_as(
+        &c,
+        0,
+        &viewer,
+        &[
+            "create",
+            TENANT,
+            NAMESPACE,
+            "by-viewer",
+            "--shards",
+            "1",
+            "--rf",
+            "1",
+        ],
+    );
+    assert_eq!(denied.status.code(), Some(3), "{}", text(&denied));
+    assert!(
+        String::from_utf8_lossy(&denied.stderr).contains("403"),
+        "{}",
+        text(&denied)
+    );
+    let seen = admin_as(
+        &c,
+        1,
+        &viewer,
+        &["get", TENANT, NAMESPACE, STREAM, "--json"],
+    );
+    assert!(seen.status.success(), "{}", text(&seen));
+    let forged = admin_as(&c, 2, "not.a.token", &["list"]);
+    assert_eq!(forged.status.code(), Some(3), "{}", text(&forged));
+    assert!(
+        String::from_utf8_lossy(&forged.stderr).contains("401"),
+        "{}",
+        text(&forged)
+    );
+
     let before = get(&c, 1);
     assert_eq!(before["spec"]["shards"], SHARDS);
     assert_eq!(before["spec"]["replication_factor"], 3);
@@ -304,9 +349,9 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
 
     // Published through every node, keyed so the records spread over the shards.
     let mut acked: Vec<String> = Vec::new();
-    for at in 0..NODES.len() {
+    for (at, node) in NODES.iter().enumerate() {
         for n in 0..PER_NODE {
-            let payload = format!("via-{}-{n}", NODES[at]);
+            let payload = format!("via-{node}-{n}");
             rt.block_on(until("a publish acknowledged", || async {
                 let client = Client::connect(config(&c, at)).await.ok()?;
                 let answer = client
@@ -322,7 +367,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
                 match answer {
                     Ok(Some(_)) => Some(()),
                     other => {
-                        eprintln!("publish {payload} through {}: {other:?}", NODES[at]);
+                        eprintln!("publish {payload} through {node}: {other:?}");
                         None
                     }
                 }
