@@ -376,6 +376,52 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
         }
     }
 
+    // A cache created at runtime (one shard, RF 3), written through every node.
+    let cache = std::process::Command::new(binary("FELIX_CLI_BIN", "felix"))
+        .args(["admin", "caches", "create", "--broker"])
+        .arg(c.nodes[1].ops.to_string())
+        .args([
+            "--token", &c.token, TENANT, NAMESPACE, "sessions", "--rf", "3",
+        ])
+        .output()
+        .unwrap();
+    assert!(cache.status.success(), "{}", text(&cache));
+    assert!(
+        String::from_utf8_lossy(&cache.stdout).starts_with("created"),
+        "{}",
+        text(&cache)
+    );
+    let wide = std::process::Command::new(binary("FELIX_CLI_BIN", "felix"))
+        .args(["admin", "caches", "create", "--broker"])
+        .arg(c.nodes[1].ops.to_string())
+        .args([
+            "--token", &c.token, TENANT, NAMESPACE, "wide", "--shards", "4", "--rf", "3",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(wide.status.code(), Some(3), "{}", text(&wide));
+    assert!(
+        String::from_utf8_lossy(&wide.stderr).contains("400: shards"),
+        "{}",
+        text(&wide)
+    );
+    for (at, node) in NODES.iter().enumerate() {
+        rt.block_on(until("a cache put acknowledged", || async {
+            let client = Client::connect(config(&c, at)).await.ok()?;
+            let answer = client
+                .cache_put(
+                    NAMESPACE,
+                    "sessions",
+                    node,
+                    Bytes::from(format!("value-{node}")),
+                    None,
+                )
+                .await;
+            client.close().await;
+            answer.ok()
+        }));
+    }
+
     // Retention changes through any node; the replication factor cannot change yet.
     let alter = admin(
         &c,
@@ -422,6 +468,19 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
         after["spec"], altered["spec"],
         "the spec survives the restart"
     );
+
+    // The cache and its values are there too, through any node.
+    for (at, node) in NODES.iter().enumerate() {
+        let value = rt.block_on(until("a cache get", || async {
+            let client = Client::connect(config(&c, (at + 1) % NODES.len()))
+                .await
+                .ok()?;
+            let answer = client.cache_get(NAMESPACE, "sessions", node).await;
+            client.close().await;
+            answer.ok()
+        }));
+        assert_eq!(value.as_deref(), Some(format!("value-{node}").as_bytes()));
+    }
 
     // Every acknowledged record is read back, each shard from its leader.
     let mut found: Vec<String> = Vec::new();

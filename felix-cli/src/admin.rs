@@ -25,6 +25,8 @@ enum AdminCommand {
     Abandon(AbandonArgs),
     /// Create, show and list streams through the control plane (`/v1/streams`).
     Streams(crate::admin_streams::StreamsArgs),
+    /// Create, show and list caches through the control plane (`/v1/caches`).
+    Caches(crate::admin_streams::CachesArgs),
 }
 
 #[derive(Args)]
@@ -57,6 +59,7 @@ pub(crate) fn run(args: AdminArgs) -> Result<(), Failure> {
     match args.command {
         AdminCommand::Abandon(a) => abandon(a),
         AdminCommand::Streams(a) => crate::admin_streams::run(a),
+        AdminCommand::Caches(a) => crate::admin_streams::run_caches(a),
     }
 }
 

@@ -42,6 +42,88 @@ struct Common {
     json: bool,
 }
 
+#[derive(Args)]
+pub(crate) struct CachesArgs {
+    #[command(subcommand)]
+    command: CachesCommand,
+}
+
+#[derive(Subcommand)]
+enum CachesCommand {
+    /// Create a cache (one shard for now), answered once its shard has a live leader.
+    Create(CacheCreateArgs),
+    /// Show one cache: its spec, and its shard's leader, replicas and generation.
+    Get(NameArgs),
+    /// List the token's tenant's caches.
+    List(ListArgs),
+}
+
+#[derive(Args)]
+struct CacheCreateArgs {
+    #[command(flatten)]
+    common: Common,
+    tenant: String,
+    namespace: String,
+    cache: String,
+    #[arg(long, default_value_t = 1)]
+    shards: u32,
+    #[arg(long, visible_alias = "rf")]
+    replication_factor: u8,
+}
+
+/// `felix admin caches …`.
+pub(crate) fn run_caches(args: CachesArgs) -> Result<(), Failure> {
+    let (common, method, path, body, verb) = match args.command {
+        CachesCommand::Create(a) => {
+            let body = json!({
+                "tenant": a.tenant,
+                "namespace": a.namespace,
+                "cache": a.cache,
+                "shards": a.shards,
+                "replication_factor": a.replication_factor,
+            });
+            (a.common, "POST", "/v1/caches".to_owned(), Some(body), true)
+        }
+        CachesCommand::Get(a) => {
+            let path = format!("/v1/caches/{}/{}/{}", a.tenant, a.namespace, a.stream);
+            (a.common, "GET", path, None, false)
+        }
+        CachesCommand::List(a) => (a.common, "GET", "/v1/caches".to_owned(), None, false),
+    };
+    let (status, v) = call(&common, method, &path, body.as_ref())?;
+    if common.json {
+        println!("{v}");
+        return Ok(());
+    }
+    let one = |v: &Value| {
+        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
+        let mut out = format!(
+            "cache               {}/{}/{}\nshards              {}\nreplication_factor  {}\n\n",
+            s("tenant"),
+            s("namespace"),
+            s("cache"),
+            opt(v["spec"].get("shards")),
+            opt(v["spec"].get("replication_factor")),
+        );
+        out.push_str(&shard_lines(v));
+        out
+    };
+    match v.get("caches").and_then(Value::as_array) {
+        Some(caches) => {
+            for c in caches {
+                print!("{}", one(c));
+            }
+        }
+        None => {
+            if verb {
+                println!("{}", if status == 201 { "created" } else { "exists" });
+            }
+            print!("{}", one(&v));
+        }
+    }
+    Ok(())
+}
+
 #[derive(Subcommand)]
 enum StreamsCommand {
     /// Create a stream (answered once every shard has a live leader); repeating the same
@@ -119,6 +201,8 @@ struct NameArgs {
     common: Common,
     tenant: String,
     namespace: String,
+    /// The stream's (or cache's) name.
+    #[arg(value_name = "NAME")]
     stream: String,
 }
 
@@ -308,6 +392,13 @@ pub(crate) fn stream_table(v: &Value) -> String {
         opt(spec["retention"].get("max_bytes")),
         opt(spec.get("durable")),
     );
+    out.push_str(&shard_lines(v));
+    out
+}
+
+/// A line per shard: leader, generation, writable, replicas.
+fn shard_lines(v: &Value) -> String {
+    let mut out = String::new();
     out.push_str(&format!(
         "{:<6} {:<12} {:<10} {:<8} {}\n",
         "SHARD", "LEADER", "GENERATION", "WRITABLE", "REPLICAS"

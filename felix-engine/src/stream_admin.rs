@@ -4,8 +4,8 @@
 
 use std::fmt;
 
-use felix_auth::{stream_object, Action, Verifier};
-pub use felix_cluster::meta::{Consistency, Retention, StreamSpec, MAX_STREAM_SHARDS};
+use felix_auth::{cache_object, stream_object, Action, Verifier};
+pub use felix_cluster::meta::{CacheSpec, Consistency, Retention, StreamSpec, MAX_STREAM_SHARDS};
 
 /// Why an admin request was not done. Each maps to one HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +91,45 @@ impl StreamView {
     }
 }
 
+/// A placed cache: its spec and where each shard lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheView {
+    pub tenant: String,
+    pub namespace: String,
+    pub cache: String,
+    pub spec: CacheSpec,
+    pub shards: Vec<ShardView>,
+}
+
+impl CacheView {
+    /// Every shard has a live leader: a create is answered once this holds.
+    pub fn writable(&self) -> bool {
+        self.shards.iter().all(|s| s.writable)
+    }
+}
+
+/// As [`authorize`], for a cache (`cache.manage` also grants `cache.view`).
+pub(crate) fn authorize_cache(
+    verifier: &Verifier,
+    unix_secs: u64,
+    token: &str,
+    action: Action,
+    (tenant, namespace, cache): (&str, &str, &str),
+) -> Result<(), AdminError> {
+    let object = cache_object(tenant, namespace, cache).ok_or_else(bad_name)?;
+    let identity = verifier
+        .verify(token, tenant, unix_secs)
+        .map_err(|e| AdminError::Unauthorized(e.to_string()))?;
+    let allowed = identity.allows(action, &object)
+        || (action == Action::CacheView && identity.allows(Action::CacheManage, &object));
+    if !allowed {
+        return Err(AdminError::Forbidden(format!(
+            "{action} on {object} is required"
+        )));
+    }
+    Ok(())
+}
+
 /// The token must verify for `tenant` and grant `action` on the stream (`stream.manage`
 /// also grants `stream.view`).
 pub(crate) fn authorize(
@@ -115,14 +154,20 @@ pub(crate) fn authorize(
 }
 
 /// A name that breaks the protocol's rule (1..=255 bytes of `[A-Za-z0-9._-]`), naming which.
-pub(crate) fn check_names(
-    (tenant, namespace, stream): (&str, &str, &str),
+pub(crate) fn check_names(names: (&str, &str, &str)) -> Result<(), AdminError> {
+    check_object_names(names, "stream")
+}
+
+/// [`check_names`] for a cache.
+pub(crate) fn check_cache_names(names: (&str, &str, &str)) -> Result<(), AdminError> {
+    check_object_names(names, "cache")
+}
+
+fn check_object_names(
+    (tenant, namespace, name): (&str, &str, &str),
+    kind: &'static str,
 ) -> Result<(), AdminError> {
-    for (field, name) in [
-        ("tenant", tenant),
-        ("namespace", namespace),
-        ("stream", stream),
-    ] {
+    for (field, name) in [("tenant", tenant), ("namespace", namespace), (kind, name)] {
         if !((1..=felix_auth::NAME_MAX_BYTES).contains(&name.len())
             && felix_auth::name_charset_ok(name))
         {

@@ -745,6 +745,7 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
             meta.declared_by.get(node) == Some(&true) || meta.refused.contains_key(node)
         }
         Command::CreateStream { key, .. } => meta.streams.contains_key(key),
+        Command::CreateCache { key, .. } => meta.caches.contains_key(key),
         Command::AlterStream { key, retention } => meta
             .streams
             .get(key)

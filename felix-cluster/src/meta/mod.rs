@@ -319,6 +319,9 @@ pub enum Command {
     /// already placed is left as it is, whatever this spec says (the first applied wins;
     /// the admin API then answers `409` naming the field that differs).
     CreateStream { key: ObjectKey, spec: StreamSpec },
+    /// A cache created by an operator (`POST /v1/caches`): one command, placed whole. A key
+    /// already placed is left as it is (the admin API answers `409` naming what differs).
+    CreateCache { key: ObjectKey, spec: CacheSpec },
     /// An operator changed a stream's retention (`PATCH /v1/streams/…`); the only part of a
     /// stream's spec that changes in place (docs/operations.md says why the rest does not).
     AlterStream {
@@ -613,6 +616,23 @@ impl Metadata {
                     return Applied::Invalid(format!("stream {key}: {e}"));
                 }
                 self.place_stream(key, *spec);
+                Applied::Placed(key.clone())
+            }
+            Command::CreateCache { key, spec } => {
+                if self.caches.contains_key(key) {
+                    return Applied::Unchanged;
+                }
+                if let Err(e) = self.check(spec.shards, spec.replication_factor) {
+                    return Applied::Invalid(format!("cache {key}: {e}"));
+                }
+                let shards = self.place(key, "cache", spec.shards, spec.replication_factor);
+                self.caches.insert(
+                    key.clone(),
+                    PlacedCache {
+                        spec: *spec,
+                        shards,
+                    },
+                );
                 Applied::Placed(key.clone())
             }
             Command::AlterStream { key, retention } => {

@@ -589,3 +589,52 @@ fn an_operator_alter_changes_retention_only() {
     );
     assert_eq!(s.shards, placed);
 }
+
+/// An operator's cache create: placed whole on the joined nodes, once (a second create of the
+/// key, whatever its spec, changes nothing); one that cannot be placed applies as nothing.
+#[test]
+fn an_operator_cache_create_is_placed_once() {
+    let key = ObjectKey::new("t1", "ops", "sessions");
+    let spec = CacheSpec {
+        shards: 1,
+        replication_factor: 3,
+    };
+    let mut m = meta();
+    let got = apply(
+        &mut m,
+        &[
+            join("n1", Some("a:1"), "d1"),
+            join("n2", Some("a:2"), "d2"),
+            join("n3", Some("a:3"), "d3"),
+            Command::CreateCache {
+                key: key.clone(),
+                spec,
+            },
+            Command::CreateCache {
+                key: key.clone(),
+                spec: CacheSpec {
+                    shards: 1,
+                    replication_factor: 1,
+                },
+            },
+            Command::CreateCache {
+                key: ObjectKey::new("t1", "ops", "wide"),
+                spec: CacheSpec {
+                    shards: 1,
+                    replication_factor: 4,
+                },
+            },
+        ],
+    );
+    assert_eq!(got[3], Applied::Placed(key.clone()));
+    assert_eq!(got[4], Applied::Unchanged);
+    assert!(matches!(&got[5], Applied::Invalid(why) if why.contains("replication_factor 4")));
+    let c = &m.caches[&key];
+    assert_eq!(c.spec, spec);
+    assert_eq!(c.shards.len(), 1);
+    let mut replicas = c.shards[0].replicas.clone();
+    replicas.sort();
+    assert_eq!(replicas, vec![n("n1"), n("n2"), n("n3")]);
+    assert_eq!(c.shards[0].replica_storage.len(), 3);
+    assert!(!m.caches.contains_key(&ObjectKey::new("t1", "ops", "wide")));
+}

@@ -5,18 +5,29 @@
 
 use std::time::Instant;
 
-use felix_cluster::meta::{Command, ObjectKey, Retention, StreamSpec};
+use felix_cluster::meta::{CacheSpec, Command, ObjectKey, Retention, ShardMeta, StreamSpec};
 
 use super::ClusterNode;
-use crate::stream_admin::{AdminError, ShardView, StreamView};
+use crate::stream_admin::{AdminError, CacheView, ShardView, StreamView};
 
 impl ClusterNode {
     /// A placed stream as the metadata applied here has it.
     pub(crate) fn stream_view(&self, key: &ObjectKey) -> Option<StreamView> {
         let meta = self.meta();
         let s = meta.streams.get(key)?;
-        let shards = s
-            .shards
+        let shards = self.shard_views(&s.shards);
+        Some(StreamView {
+            tenant: key.tenant.clone(),
+            namespace: key.namespace.clone(),
+            stream: key.name.clone(),
+            spec: s.spec,
+            shards,
+        })
+    }
+
+    fn shard_views(&self, shards: &[ShardMeta]) -> Vec<ShardView> {
+        let meta = self.meta();
+        shards
             .iter()
             .enumerate()
             .map(|(i, m)| ShardView {
@@ -29,14 +40,87 @@ impl ClusterNode {
                 replicas: m.replicas.iter().map(|r| r.0.clone()).collect(),
                 generation: m.generation,
             })
-            .collect();
-        Some(StreamView {
+            .collect()
+    }
+
+    /// A placed cache as the metadata applied here has it.
+    pub(crate) fn cache_view(&self, key: &ObjectKey) -> Option<CacheView> {
+        let c = self.meta().caches.get(key)?;
+        Some(CacheView {
             tenant: key.tenant.clone(),
             namespace: key.namespace.clone(),
-            stream: key.name.clone(),
-            spec: s.spec,
-            shards,
+            cache: key.name.clone(),
+            spec: c.spec,
+            shards: self.shard_views(&c.shards),
         })
+    }
+
+    /// Every placed cache of `tenant`, in name order.
+    pub(crate) fn cache_views(&self, tenant: &str) -> Vec<CacheView> {
+        self.meta()
+            .caches
+            .keys()
+            .filter(|k| k.tenant == tenant)
+            .filter_map(|k| self.cache_view(k))
+            .collect()
+    }
+
+    /// As [`ClusterNode::create_stream`], for a cache. One shard only: a cache's keys are
+    /// all served by its shard 0 until they hash over its shards.
+    pub(crate) fn create_cache(
+        &mut self,
+        now: Instant,
+        key: ObjectKey,
+        spec: CacheSpec,
+    ) -> Result<Option<CacheView>, AdminError> {
+        if let Some(view) = self.cache_view(&key) {
+            let field = if view.spec.shards != spec.shards {
+                Some("shards")
+            } else if view.spec.replication_factor != spec.replication_factor {
+                Some("replication_factor")
+            } else {
+                None
+            };
+            return match field {
+                None => Ok(Some(view)),
+                Some(field) => Err(AdminError::Conflict {
+                    field,
+                    why: format!("{key} exists with another {field}"),
+                }),
+            };
+        }
+        if spec.shards != 1 {
+            return Err(AdminError::BadRequest {
+                field: "shards",
+                why: format!(
+                    "a cache has 1 shard for now (its keys are not yet hashed over shards), not {}",
+                    spec.shards
+                ),
+            });
+        }
+        self.meta()
+            .check_stream_spec(&StreamSpec::new(
+                spec.shards,
+                spec.replication_factor,
+                felix_cluster::meta::Consistency::Leader,
+            ))
+            .map_err(|e| AdminError::BadRequest {
+                field: e.field,
+                why: e.why,
+            })?;
+        let Some(control) = self.control.as_mut() else {
+            return Err(AdminError::Unavailable(
+                "the control plane is not running yet".into(),
+            ));
+        };
+        if control.leader().is_none() {
+            return Err(AdminError::Unavailable(
+                "the control plane has no leader (no majority of its voters)".into(),
+            ));
+        }
+        control.want(Command::CreateCache { key, spec }, now);
+        self.pump(now);
+        Ok(None)
     }
 
     /// Every placed stream's width, for the broker to open each as wide as it was placed.

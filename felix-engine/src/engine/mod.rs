@@ -776,6 +776,84 @@ impl Engine {
         Ok(outcome)
     }
 
+    /// Creates a cache through the control plane (`POST /v1/caches`): the token must grant
+    /// `cache.manage` on it. As [`Engine::create_stream_as`].
+    pub fn create_cache_as(
+        &mut self,
+        now: Instant,
+        token: &str,
+        names: (&str, &str, &str),
+        spec: crate::stream_admin::CacheSpec,
+    ) -> Result<Option<crate::stream_admin::CacheView>, crate::AdminError> {
+        use crate::AdminError;
+        crate::stream_admin::check_cache_names(names)?;
+        let unix_secs = self.core.unix_secs(now);
+        let action = felix_auth::Action::CacheManage;
+        crate::stream_admin::authorize_cache(&self.core.verifier, unix_secs, token, action, names)?;
+        if !self.is_ready() {
+            return Err(AdminError::Unavailable("recovery is not finished".into()));
+        }
+        let cluster = self.core.cluster.as_mut().ok_or_else(not_clustered)?;
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        let outcome = cluster.create_cache(now, key, spec)?;
+        self.settle(now);
+        Ok(outcome)
+    }
+
+    /// A placed cache (`GET /v1/caches/{t}/{ns}/{c}`); with `None` for `token`, trusted.
+    pub fn cache_view(
+        &self,
+        now: Instant,
+        token: Option<&str>,
+        names: (&str, &str, &str),
+    ) -> Result<crate::stream_admin::CacheView, crate::AdminError> {
+        use crate::AdminError;
+        crate::stream_admin::check_cache_names(names)?;
+        if let Some(token) = token {
+            let unix_secs = self.core.unix_secs(now);
+            let action = felix_auth::Action::CacheView;
+            crate::stream_admin::authorize_cache(
+                &self.core.verifier,
+                unix_secs,
+                token,
+                action,
+                names,
+            )?;
+        }
+        let cluster = self.core.cluster.as_ref().ok_or_else(not_clustered)?;
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        cluster
+            .cache_view(&key)
+            .ok_or_else(|| AdminError::NotFound(format!("no cache {key}")))
+    }
+
+    /// Every placed cache of the token's tenant that it may view (`GET /v1/caches`).
+    pub fn cache_views(
+        &self,
+        now: Instant,
+        token: &str,
+    ) -> Result<Vec<crate::stream_admin::CacheView>, crate::AdminError> {
+        use crate::AdminError;
+        let tenant = felix_auth::claimed_tenant(token)
+            .ok_or_else(|| AdminError::Unauthorized("the token does not parse".into()))?;
+        let unix_secs = self.core.unix_secs(now);
+        let identity = self
+            .core
+            .verifier
+            .verify(token, &tenant, unix_secs)
+            .map_err(|e| AdminError::Unauthorized(e.to_string()))?;
+        let cluster = self.core.cluster.as_ref().ok_or_else(not_clustered)?;
+        Ok(cluster
+            .cache_views(&tenant)
+            .into_iter()
+            .filter(|v| {
+                let object = format!("cache:{}/{}/{}", v.tenant, v.namespace, v.cache);
+                identity.allows(felix_auth::Action::CacheView, &object)
+                    || identity.allows(felix_auth::Action::CacheManage, &object)
+            })
+            .collect())
+    }
+
     /// Changes a stream's retention through the control plane (`PATCH /v1/streams/…`): the
     /// token must grant `stream.manage` on it. `Ok(true)` when it already has `retention`,
     /// `Ok(false)` when asked (look again with [`Engine::stream_view`]).

@@ -376,6 +376,9 @@ async fn route(state: &OpsState, req: Request<Incoming>, timeout: Duration) -> A
     if path == "/v1/streams" || path.starts_with("/v1/streams/") {
         return super::streams::serve(state, req, timeout).await;
     }
+    if path == "/v1/caches" || path.starts_with("/v1/caches/") {
+        return super::caches::serve(state, req, timeout).await;
+    }
     let head_only = req.method() == Method::HEAD;
     if req.method() != Method::GET && !head_only {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");

@@ -5,6 +5,7 @@
 //! hyper serves it on a runtime of its own in one thread, the same under every broker runtime.
 
 pub(crate) mod abandon;
+pub(crate) mod caches;
 pub mod http;
 pub mod metrics;
 pub(crate) mod stream_delete;

@@ -435,7 +435,10 @@ fn rename(e: AdminError, field: &'static str) -> AdminError {
 }
 
 /// An optional non-negative integer field (`null` is absent).
-fn uint(map: &Map<String, Value>, field: &'static str) -> Result<Option<u64>, AdminError> {
+pub(super) fn uint(
+    map: &Map<String, Value>,
+    field: &'static str,
+) -> Result<Option<u64>, AdminError> {
     match map.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v.as_u64().map(Some).ok_or(AdminError::BadRequest {
@@ -461,17 +464,21 @@ fn view_json(v: &StreamView) -> Value {
             },
             "durable": v.spec.durable,
         },
-        "shards": v.shards.iter().map(|s| j!({
-            "shard": s.shard,
-            "leader": s.leader,
-            "writable": s.writable,
-            "replicas": s.replicas,
-            "generation": s.generation,
-        })).collect::<Vec<_>>(),
+        "shards": v.shards.iter().map(shard_json).collect::<Vec<_>>(),
     })
 }
 
-fn error(e: &AdminError) -> Answer {
+pub(super) fn shard_json(s: &felix_engine::ShardView) -> Value {
+    j!({
+        "shard": s.shard,
+        "leader": s.leader,
+        "writable": s.writable,
+        "replicas": s.replicas,
+        "generation": s.generation,
+    })
+}
+
+pub(super) fn error(e: &AdminError) -> Answer {
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut body = j!({ "error": e.to_string() });
     if let Some(field) = e.field() {
@@ -487,7 +494,7 @@ fn error(e: &AdminError) -> Answer {
     r
 }
 
-fn no_token() -> Answer {
+pub(super) fn no_token() -> Answer {
     error(&AdminError::Unauthorized(
         "an Authorization: Bearer <token> header is required".into(),
     ))
