@@ -34,7 +34,7 @@ use felix_storage::ops::{FileCompletion, FileOp};
 use tracing::{info, warn};
 
 use crate::config::{ClusterConfig, Consistency, DeclaredStream};
-use crate::engine::{Datagram, Transmit};
+use crate::net::{Datagram, Transmit};
 pub(crate) use metalog::METALOG_LOG;
 use metalog::{Done, MetaLog};
 use peers::{Identity, PeerCrypto, PeerEvent, PeerLimits, PeerNet};
