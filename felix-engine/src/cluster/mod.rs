@@ -34,7 +34,7 @@ use felix_storage::ops::{FileCompletion, FileOp};
 use tracing::{info, warn};
 
 use crate::config::{ClusterConfig, Consistency, DeclaredStream};
-use crate::engine::{Datagram, Transmit};
+use crate::net::{Datagram, Transmit};
 pub(crate) use metalog::METALOG_LOG;
 use metalog::{Done, MetaLog};
 use peers::{Identity, PeerCrypto, PeerEvent, PeerLimits, PeerNet};
@@ -132,7 +132,7 @@ pub(crate) struct ClusterNode {
     /// The identity of this node's disk (or of this process, without one), as announced.
     storage_id: [u8; 16],
     /// This node's shard leases (`lease.rs`).
-    lease: lease::HolderLease,
+    lease: felix_cluster::replication::holder::LeaseHolder,
     /// Its copies of replicated shards (`replicas.rs`).
     replicas: replicas::Replicas,
     /// Metadata or a copy's state changed: the copies are checked on the next drive.
@@ -292,7 +292,7 @@ impl ClusterNode {
             default_replication_factor: cfg.default_replication_factor.max(1),
             place_streams_on_first_use: cfg.place_streams_on_first_use,
             storage_id,
-            lease: lease::HolderLease::new(
+            lease: felix_cluster::replication::holder::LeaseHolder::new(
                 felix_cluster::replication::lease::LeaseTerms::for_lease(
                     cfg.lease.as_millis() as u64
                 ),
