@@ -29,6 +29,7 @@ mod metrics;
 mod net;
 mod node;
 mod seed;
+pub mod stream_admin;
 mod stream_delete;
 mod tls;
 
@@ -46,5 +47,6 @@ pub use net::{Datagram, EcnCodepoint, Transmit};
 pub use node::{Stats, Usage};
 /// The rustls the engine builds its TLS with, for [`EngineConfig::crypto_provider`].
 pub use rustls;
+pub use stream_admin::{AdminError, ShardView, StreamView};
 pub use stream_delete::DeleteStreamError;
 pub use tls::{TlsConfigError, TlsIdentity, ALPN_FELIX_V1};

@@ -10,6 +10,7 @@
 pub(crate) mod abandon;
 mod lease;
 mod metalog;
+pub(crate) mod objects;
 pub(crate) mod observe;
 mod peers;
 mod replicas;
@@ -156,6 +157,8 @@ fn declarations(streams: &[DeclaredStream], cfg: &ClusterConfig) -> Declarations
                     Consistency::Leader => MetaConsistency::Leader,
                     Consistency::Quorum => MetaConsistency::Quorum,
                 },
+                retention: Default::default(),
+                durable: true,
             },
         );
     }
@@ -1034,6 +1037,8 @@ impl ClusterNode {
             shards: shards.max(1),
             replication_factor: self.default_replication_factor,
             consistency: MetaConsistency::Leader,
+            retention: Default::default(),
+            durable: true,
         };
         let key = ObjectKey::new(tenant, namespace, stream);
         match self.control.as_mut() {
