@@ -42,9 +42,8 @@ pub use felix_proto::routing::RoutingMapping;
 pub use felix_storage::ops::{
     DirEntry, FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
 };
-pub use metrics::{Histogram, Metrics, FSYNC_MICROS_BUCKETS, GROUP_COMMIT_BUCKETS};
+pub use metrics::{Histogram, Metrics, Stats, Usage, FSYNC_MICROS_BUCKETS, GROUP_COMMIT_BUCKETS};
 pub use net::{Datagram, EcnCodepoint, Transmit};
-pub use node::{Stats, Usage};
 /// The rustls the engine builds its TLS with, for [`EngineConfig::crypto_provider`].
 pub use rustls;
 pub use stream_admin::{AdminError, ShardView, StreamView};

@@ -25,8 +25,9 @@ use crate::config::{
     AuthConfig, DurableConfig, EngineConfig, FsyncPolicy, MAX_GSO_BATCH_BYTES, MAX_MTU, MIN_MTU,
 };
 use crate::conn::{Conn, CLOSE_CODE_NORMAL};
+use crate::metrics::{Stats, Usage};
 use crate::net::{Datagram, Transmit};
-use crate::node::{Core, Limits, Stats, Usage};
+use crate::node::{Core, Limits};
 use crate::seed;
 use crate::tls::{AlpnSelector, TlsConfigError, TlsIdentity, TlsSettings};
 use felix_auth::Verifier;
