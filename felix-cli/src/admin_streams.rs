@@ -1,4 +1,4 @@
-//! `felix admin streams create|get|list`: streams through the admin API on a node's ops
+//! `felix admin streams create|alter|get|list`: streams through the admin API on a node's ops
 //! endpoint (`/v1/streams`, docs/operations.md). Human tables by default, the API's JSON with
 //! `--json`. Exit codes: 0 done, 2 usage, 3 the broker refused (a 4xx: bad spec, token,
 //! permission, no such stream, a conflicting spec), 4 no answer or a 5xx (retryable: no
@@ -47,6 +47,9 @@ enum StreamsCommand {
     /// Create a stream (answered once every shard has a live leader); repeating the same
     /// create is safe, one with another spec is refused naming the field.
     Create(CreateArgs),
+    /// Change a stream's retention (shards, consistency and durable are fixed for its life;
+    /// the replication factor cannot change yet).
+    Alter(AlterArgs),
     /// Show one stream: its spec, and each shard's leader, replicas and generation.
     Get(NameArgs),
     /// List the token's tenant's streams.
@@ -80,6 +83,34 @@ struct CreateArgs {
     max_bytes: Option<u64>,
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     durable: bool,
+}
+
+#[derive(Args)]
+struct AlterArgs {
+    #[command(flatten)]
+    common: Common,
+    tenant: String,
+    namespace: String,
+    stream: String,
+    /// Keep records this long; `none` for the broker-wide setting.
+    #[arg(long)]
+    max_age_seconds: Option<String>,
+    /// Keep at most this many bytes per shard; `none` for the broker-wide setting.
+    #[arg(long)]
+    max_bytes: Option<String>,
+    /// Asks for another replication factor (refused until replica sets change online).
+    #[arg(long, visible_alias = "rf")]
+    replication_factor: Option<u8>,
+}
+
+/// `N` or `none` (JSON `null`: the broker-wide setting).
+fn limit(flag: &str, v: &str) -> Result<Value, Failure> {
+    if v == "none" {
+        return Ok(Value::Null);
+    }
+    v.parse::<u64>()
+        .map(Value::from)
+        .map_err(|_| Failure::usage(format!("{flag} {v}: a number of bytes or seconds, or none")))
 }
 
 #[derive(Args)]
@@ -119,6 +150,36 @@ pub(crate) fn run(args: StreamsArgs) -> Result<(), Failure> {
             } else {
                 let verb = if status == 201 { "created" } else { "exists" };
                 println!("{verb}: {}", name_of(&v));
+                print!("{}", stream_table(&v));
+            }
+            Ok(())
+        }
+        StreamsCommand::Alter(a) => {
+            let mut retention = serde_json::Map::new();
+            if let Some(v) = &a.max_age_seconds {
+                retention.insert("max_age_seconds".into(), limit("--max-age-seconds", v)?);
+            }
+            if let Some(v) = &a.max_bytes {
+                retention.insert("max_bytes".into(), limit("--max-bytes", v)?);
+            }
+            let mut body = serde_json::Map::new();
+            if !retention.is_empty() {
+                body.insert("retention".into(), Value::Object(retention));
+            }
+            if let Some(rf) = a.replication_factor {
+                body.insert("replication_factor".into(), rf.into());
+            }
+            if body.is_empty() {
+                return Err(Failure::usage(
+                    "nothing to change: --max-age-seconds, --max-bytes or --replication-factor",
+                ));
+            }
+            let path = format!("/v1/streams/{}/{}/{}", a.tenant, a.namespace, a.stream);
+            let (_, v) = call(&a.common, "PATCH", &path, Some(&Value::Object(body)))?;
+            if a.common.json {
+                println!("{v}");
+            } else {
+                println!("altered: {}", name_of(&v));
                 print!("{}", stream_table(&v));
             }
             Ok(())

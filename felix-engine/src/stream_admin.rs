@@ -100,7 +100,7 @@ pub(crate) fn authorize(
     action: Action,
     (tenant, namespace, stream): (&str, &str, &str),
 ) -> Result<(), AdminError> {
-    let object = stream_object(tenant, namespace, stream).ok_or_else(|| bad_name())?;
+    let object = stream_object(tenant, namespace, stream).ok_or_else(bad_name)?;
     let identity = verifier
         .verify(token, tenant, unix_secs)
         .map_err(|e| AdminError::Unauthorized(e.to_string()))?;

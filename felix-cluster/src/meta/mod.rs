@@ -319,6 +319,12 @@ pub enum Command {
     /// already placed is left as it is, whatever this spec says (the first applied wins;
     /// the admin API then answers `409` naming the field that differs).
     CreateStream { key: ObjectKey, spec: StreamSpec },
+    /// An operator changed a stream's retention (`PATCH /v1/streams/…`); the only part of a
+    /// stream's spec that changes in place (docs/operations.md says why the rest does not).
+    AlterStream {
+        key: ObjectKey,
+        retention: Retention,
+    },
     /// The control plane's leader saw a member go quiet, or come back.
     Liveness { node: NodeId, up: bool },
     /// A shard's next generation, led by `leader` (a replica holding its copy), or by nobody
@@ -420,6 +426,8 @@ pub enum Applied {
         node: NodeId,
         storage_id: String,
     },
+    /// An operator's change to a stream's spec was recorded.
+    Altered(ObjectKey),
     /// A leader's quiescence or resumption was recorded.
     QuietChanged {
         shard: ShardRef,
@@ -606,6 +614,19 @@ impl Metadata {
                 }
                 self.place_stream(key, *spec);
                 Applied::Placed(key.clone())
+            }
+            Command::AlterStream { key, retention } => {
+                if let Some(e) = retention_error(retention) {
+                    return Applied::Invalid(format!("stream {key}: {e}"));
+                }
+                let Some(s) = self.streams.get_mut(key) else {
+                    return Applied::Invalid(format!("stream {key} is not placed"));
+                };
+                if s.spec.retention == *retention {
+                    return Applied::Unchanged;
+                }
+                s.spec.retention = *retention;
+                Applied::Altered(key.clone())
             }
             Command::Liveness { node, up } => match self.members.get_mut(node) {
                 Some(m) if m.up != *up => {

@@ -515,3 +515,77 @@ fn an_operator_spec_is_checked_naming_the_bad_field() {
         "replication_factor: replication_factor 4 needs that many nodes; the cluster has 3"
     );
 }
+
+/// An operator's retention change (`PATCH /v1/streams/…`): applied to a placed stream, the
+/// same change again is nothing, a retention of 0 and an unknown stream apply as nothing on
+/// every node; shards, placement and generations are untouched.
+#[test]
+fn an_operator_alter_changes_retention_only() {
+    let key = ObjectKey::new("t1", "ops", "orders");
+    let mut m = meta();
+    apply(
+        &mut m,
+        &[
+            join("n1", Some("a:1"), "d1"),
+            join("n2", Some("a:2"), "d2"),
+            join("n3", Some("a:3"), "d3"),
+            Command::CreateStream {
+                key: key.clone(),
+                spec: operator_spec(),
+            },
+        ],
+    );
+    let placed = m.streams[&key].shards.clone();
+    let week = Retention {
+        max_age_seconds: Some(7 * 86_400),
+        max_bytes: None,
+    };
+    let got = apply(
+        &mut m,
+        &[
+            Command::AlterStream {
+                key: key.clone(),
+                retention: week,
+            },
+            Command::AlterStream {
+                key: key.clone(),
+                retention: week,
+            },
+            Command::AlterStream {
+                key: key.clone(),
+                retention: Retention {
+                    max_age_seconds: Some(0),
+                    max_bytes: None,
+                },
+            },
+            Command::AlterStream {
+                key: ObjectKey::new("t1", "ops", "nope"),
+                retention: week,
+            },
+        ],
+    );
+    assert_eq!(got[0], Applied::Altered(key.clone()));
+    assert_eq!(got[1], Applied::Unchanged);
+    assert_eq!(
+        got[2],
+        Applied::Invalid(
+            "stream t1/ops/orders: retention.max_age_seconds: 0 would keep nothing: leave it \
+             out for the broker-wide setting"
+                .into()
+        )
+    );
+    assert_eq!(
+        got[3],
+        Applied::Invalid("stream t1/ops/nope is not placed".into())
+    );
+    let s = &m.streams[&key];
+    assert_eq!(s.spec.retention, week);
+    assert_eq!(
+        StreamSpec {
+            retention: operator_spec().retention,
+            ..s.spec
+        },
+        operator_spec()
+    );
+    assert_eq!(s.shards, placed);
+}

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use felix_cluster::meta::{Command, ObjectKey, StreamSpec};
+use felix_cluster::meta::{Command, ObjectKey, Retention, StreamSpec};
 
 use super::ClusterNode;
 use crate::stream_admin::{AdminError, ShardView, StreamView};
@@ -98,5 +98,42 @@ impl ClusterNode {
         control.want(Command::CreateStream { key, spec }, now);
         self.pump(now);
         Ok(None)
+    }
+
+    /// Asks the control plane to change a stream's retention: `Ok(true)` when it already has
+    /// `retention`, `Ok(false)` when asked (the caller waits to see it applied).
+    pub(crate) fn alter_stream(
+        &mut self,
+        now: Instant,
+        key: ObjectKey,
+        retention: Retention,
+    ) -> Result<bool, AdminError> {
+        let Some(view) = self.stream_view(&key) else {
+            return Err(AdminError::NotFound(format!("no stream {key}")));
+        };
+        if view.spec.retention == retention {
+            return Ok(true);
+        }
+        let mut spec = view.spec;
+        spec.retention = retention;
+        self.meta()
+            .check_stream_spec(&spec)
+            .map_err(|e| AdminError::BadRequest {
+                field: e.field,
+                why: e.why,
+            })?;
+        let Some(control) = self.control.as_mut() else {
+            return Err(AdminError::Unavailable(
+                "the control plane is not running yet".into(),
+            ));
+        };
+        if control.leader().is_none() {
+            return Err(AdminError::Unavailable(
+                "the control plane has no leader (no majority of its voters)".into(),
+            ));
+        }
+        control.want(Command::AlterStream { key, retention }, now);
+        self.pump(now);
+        Ok(false)
     }
 }

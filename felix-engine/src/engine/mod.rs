@@ -729,6 +729,31 @@ impl Engine {
         Ok(outcome)
     }
 
+    /// Changes a stream's retention through the control plane (`PATCH /v1/streams/…`): the
+    /// token must grant `stream.manage` on it. `Ok(true)` when it already has `retention`,
+    /// `Ok(false)` when asked (look again with [`Engine::stream_view`]).
+    pub fn alter_stream_as(
+        &mut self,
+        now: Instant,
+        token: &str,
+        names: (&str, &str, &str),
+        retention: crate::stream_admin::Retention,
+    ) -> Result<bool, crate::AdminError> {
+        use crate::AdminError;
+        crate::stream_admin::check_names(names)?;
+        let unix_secs = self.core.unix_secs(now);
+        let action = felix_auth::Action::StreamManage;
+        crate::stream_admin::authorize(&self.core.verifier, unix_secs, token, action, names)?;
+        if !self.is_ready() {
+            return Err(AdminError::Unavailable("recovery is not finished".into()));
+        }
+        let cluster = self.core.cluster.as_mut().ok_or_else(not_clustered)?;
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        let outcome = cluster.alter_stream(now, key, retention)?;
+        self.settle(now);
+        Ok(outcome)
+    }
+
     /// A placed stream as this node's metadata has it (`GET /v1/streams/{t}/{ns}/{s}`), for
     /// the holder of `token` (with `None`, trusted: the endpoint already checked it).
     pub fn stream_view(

@@ -4,6 +4,8 @@
 //!   has a live leader: `201` created, `200` it already exists with this very spec;
 //! - `GET /v1/streams` lists the token's tenant's streams, `GET /v1/streams/{t}/{ns}/{s}`
 //!   shows one (spec, and per shard its leader, replicas and generation);
+//! - `PATCH /v1/streams/{t}/{ns}/{s}` changes its retention (the rest of a spec is fixed, or
+//!   not changeable yet: refused naming the field), answered once applied here;
 //! - `DELETE /v1/streams/{t}/{ns}/{s}` deletes one (`stream_delete.rs`).
 //!
 //! Every answer but a `204` is JSON; an error is `{"error": …}`, with `"field"` on a `400` or
@@ -93,9 +95,30 @@ pub(crate) async fn serve(state: &OpsState, req: Request<Incoming>, timeout: Dur
                 Ok(Ok(view)) => json(StatusCode::OK, &view_json(&view)),
             }
         }
+        (Method::PATCH, &[t, n, s]) => {
+            let token = bearer_token(&req);
+            let bytes = match body(req, timeout).await {
+                Ok(b) => b,
+                Err(answer) => return answer,
+            };
+            let patch = match parse_patch(&bytes) {
+                Ok(p) => p,
+                Err(e) => return error(&e),
+            };
+            let Some(token) = token else {
+                return no_token();
+            };
+            alter(
+                state,
+                token,
+                (t.to_owned(), n.to_owned(), s.to_owned()),
+                patch,
+            )
+            .await
+        }
         (_, [] | [_, _, _]) => json(
             StatusCode::METHOD_NOT_ALLOWED,
-            &j!({ "error": "GET or POST on /v1/streams; GET or DELETE on /v1/streams/{tenant}/{namespace}/{stream}" }),
+            &j!({ "error": "GET or POST on /v1/streams; GET, PATCH or DELETE on /v1/streams/{tenant}/{namespace}/{stream}" }),
         ),
         _ => json(
             StatusCode::NOT_FOUND,
@@ -105,6 +128,174 @@ pub(crate) async fn serve(state: &OpsState, req: Request<Incoming>, timeout: Dur
 }
 
 type Names = (String, String, String);
+
+/// A `PATCH` body: what it asks to change.
+#[derive(Debug, Default, PartialEq)]
+struct Patch {
+    /// Each retention field present: `Some(None)` back to the broker-wide setting.
+    max_age_seconds: Option<Option<u64>>,
+    max_bytes: Option<Option<u64>>,
+    /// Fields fixed for a stream's life, or not changeable yet: refused unless equal to the
+    /// stream's own.
+    shards: Option<u64>,
+    replication_factor: Option<u64>,
+    consistency: Option<String>,
+    durable: Option<bool>,
+}
+
+fn parse_patch(bytes: &[u8]) -> Result<Patch, AdminError> {
+    let bad = |field: &'static str, why: String| AdminError::BadRequest { field, why };
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| bad("body", format!("not JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(bad("body", "not a JSON object".into()));
+    };
+    const FIELDS: [&str; 5] = [
+        "retention",
+        "shards",
+        "replication_factor",
+        "consistency",
+        "durable",
+    ];
+    if let Some(unknown) = map.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(bad("body", format!("unknown field {unknown:?}")));
+    }
+    let mut p = Patch {
+        shards: uint(&map, "shards")?,
+        replication_factor: uint(&map, "replication_factor")?,
+        ..Patch::default()
+    };
+    match map.get("consistency") {
+        None => {}
+        Some(Value::String(c)) => p.consistency = Some(c.clone()),
+        Some(_) => return Err(bad("consistency", "must be a string".into())),
+    }
+    match map.get("durable") {
+        None => {}
+        Some(Value::Bool(d)) => p.durable = Some(*d),
+        Some(_) => return Err(bad("durable", "must be true or false".into())),
+    }
+    match map.get("retention") {
+        None => {}
+        Some(Value::Object(r)) => {
+            if let Some(unknown) = r
+                .keys()
+                .find(|k| *k != "max_age_seconds" && *k != "max_bytes")
+            {
+                return Err(bad("retention", format!("unknown field {unknown:?}")));
+            }
+            if r.contains_key("max_age_seconds") {
+                p.max_age_seconds = Some(
+                    uint(r, "max_age_seconds")
+                        .map_err(|e| rename(e, "retention.max_age_seconds"))?,
+                );
+            }
+            if r.contains_key("max_bytes") {
+                p.max_bytes =
+                    Some(uint(r, "max_bytes").map_err(|e| rename(e, "retention.max_bytes"))?);
+            }
+        }
+        Some(_) => return Err(bad("retention", "must be an object".into())),
+    }
+    Ok(p)
+}
+
+/// What a patch makes of `spec`'s retention, or why it cannot be done.
+fn patched(spec: &StreamSpec, p: &Patch) -> Result<Retention, AdminError> {
+    let fixed = |field: &'static str, why: &str| AdminError::BadRequest {
+        field,
+        why: why.to_owned(),
+    };
+    if p.shards.is_some_and(|s| s != u64::from(spec.shards)) {
+        return Err(fixed(
+            "shards",
+            "fixed for a stream's life: a key's shard is a hash over the shard count, so a \
+             new count would move keys between shards and break their order",
+        ));
+    }
+    if p.consistency
+        .as_ref()
+        .is_some_and(|c| *c != spec.consistency.to_string())
+    {
+        return Err(fixed(
+            "consistency",
+            "fixed for a stream's life: records acknowledged under one promise cannot be \
+             made to keep another",
+        ));
+    }
+    if p.replication_factor
+        .is_some_and(|r| r != u64::from(spec.replication_factor))
+    {
+        return Err(fixed(
+            "replication_factor",
+            "changes only with online replica-set changes, which come with shard moves; \
+             not possible yet",
+        ));
+    }
+    if p.durable.is_some_and(|d| d != spec.durable) {
+        return Err(fixed("durable", "fixed for a stream's life"));
+    }
+    let mut r = spec.retention;
+    if let Some(a) = p.max_age_seconds {
+        r.max_age_seconds = a;
+    }
+    if let Some(b) = p.max_bytes {
+        r.max_bytes = b;
+    }
+    Ok(r)
+}
+
+/// Reads the stream, asks for its new retention, then waits to see it applied here.
+async fn alter(state: &OpsState, token: String, names: Names, patch: Patch) -> Answer {
+    let deadline = Instant::now() + CREATE_TIMEOUT;
+    let (asked, t) = (names.clone(), token.clone());
+    let current = on_engine(state, move |e, now| {
+        e.stream_view(now, Some(&t), (&asked.0, &asked.1, &asked.2))
+    })
+    .await;
+    let current = match current {
+        Err(answer) => return answer,
+        Ok(Err(e)) => return error(&e),
+        Ok(Ok(v)) => v,
+    };
+    let retention = match patched(&current.spec, &patch) {
+        Ok(r) => r,
+        Err(e) => return error(&e),
+    };
+    let asked = names.clone();
+    let outcome = on_engine(state, move |e, now| {
+        e.alter_stream_as(now, &token, (&asked.0, &asked.1, &asked.2), retention)
+    })
+    .await;
+    match outcome {
+        Err(answer) => return answer,
+        Ok(Err(e)) => return error(&e),
+        Ok(Ok(_)) => {}
+    }
+    loop {
+        let changed = state.next_metadata_change();
+        let asked = names.clone();
+        let look = on_engine(state, move |e, now| {
+            e.stream_view(now, None, (&asked.0, &asked.1, &asked.2))
+        })
+        .await;
+        match look {
+            Err(answer) => return answer,
+            Ok(Ok(view)) if view.spec.retention == retention => {
+                return json(StatusCode::OK, &view_json(&view))
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return error(&e),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || tokio::time::timeout(left, changed).await.is_err() {
+            return error(&AdminError::Unavailable(format!(
+                "the change was not applied within {CREATE_TIMEOUT:?}: the control plane may \
+                 have no majority; retry (the same change is safe to repeat)"
+            )));
+        }
+    }
+}
 
 /// Asks for the stream, then waits for every shard to have a live leader.
 async fn create(state: &OpsState, token: String, names: Names, spec: StreamSpec) -> Answer {
@@ -305,6 +496,47 @@ fn no_token() -> Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_patch_changes_retention_and_refuses_the_fixed_fields_by_name() {
+        let spec = StreamSpec {
+            retention: Retention {
+                max_age_seconds: Some(60),
+                max_bytes: Some(1000),
+            },
+            ..StreamSpec::new(6, 3, Consistency::Quorum)
+        };
+        let patch = |body: &str| patched(&spec, &parse_patch(body.as_bytes()).unwrap());
+        assert_eq!(
+            patch(r#"{"retention":{"max_age_seconds":120}}"#).unwrap(),
+            Retention {
+                max_age_seconds: Some(120),
+                max_bytes: Some(1000)
+            }
+        );
+        assert_eq!(
+            patch(r#"{"retention":{"max_bytes":null}}"#).unwrap(),
+            Retention {
+                max_age_seconds: Some(60),
+                max_bytes: None
+            }
+        );
+        // The fixed fields may be restated as they are.
+        assert!(patch(r#"{"shards":6,"consistency":"quorum","replication_factor":3}"#).is_ok());
+        let field = |body: &str| patch(body).unwrap_err().field();
+        assert_eq!(field(r#"{"shards":8}"#), Some("shards"));
+        assert_eq!(field(r#"{"consistency":"leader"}"#), Some("consistency"));
+        let rf = patch(r#"{"replication_factor":5}"#).unwrap_err();
+        assert_eq!(rf.field(), Some("replication_factor"));
+        assert!(rf.to_string().contains("shard moves"), "{rf}");
+        assert_eq!(field(r#"{"durable":false}"#), Some("durable"));
+        let parse = |body: &str| parse_patch(body.as_bytes()).unwrap_err().field();
+        assert_eq!(parse(r#"{"name":"x"}"#), Some("body"));
+        assert_eq!(
+            parse(r#"{"retention":{"max_bytes":-1}}"#),
+            Some("retention.max_bytes")
+        );
+    }
 
     fn field_of(body: &str) -> Option<&'static str> {
         parse_create(body.as_bytes()).err().and_then(|e| e.field())
