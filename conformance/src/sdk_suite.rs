@@ -1261,7 +1261,11 @@ async fn error_bad_offset(_fx: &Fx) -> R {
 
 async fn error_shard_unavailable(fx: &Fx) -> R {
     let (_, leader) = fx.leader("fenced").await?;
-    let c = fx.client_at(vec![leader]).await?;
+    // Two attempts a call: the fenced leader holds each refused publish for the fixture's
+    // forward timeout (3 s), and the error's type, not the client's patience, is the point.
+    let mut config = fx.config(vec![leader], &fx.token);
+    config.retry.max_attempts = 2;
+    let c = fx.connect(config).await?;
     publish(&c, fx, "fenced", "before").await?;
     fx.control("/fence", json!({"stream": "fenced"})).await?;
     // Taken until the leader's lease runs out (seconds), then refused; each publish is a

@@ -491,7 +491,7 @@ impl ClusterShared {
     /// the owner instead of forwarding, to a client that offered `FEATURE_REDIRECT`), at the
     /// named owner, within the hop bound. A `not_leader` applied nothing, so the same
     /// request goes on unchanged. For the calls that are not routed by key: commits, state
-    /// reads, group calls.
+    /// reads, idempotent and conditional publishes, stream reads, group calls.
     pub(crate) async fn redirected<'a, T>(
         &self,
         mut call: impl FnMut(Client) -> NodeCall<'a, T>,

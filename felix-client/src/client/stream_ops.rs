@@ -29,8 +29,9 @@ impl Client {
         Ok(answer)
     }
 
-    /// [`Client::one_shot`] for a request about one entity's shard: in a cluster, a
-    /// `not_leader` answer is followed to the named owner with the same request.
+    /// [`Client::one_shot`] for a request about one shard (a commit, a state read, an
+    /// idempotent or conditional publish, a stream read): in a cluster, a `not_leader`
+    /// answer is followed to the named owner with the same request.
     async fn redirected_one_shot(&self, frame: Bytes) -> Result<Frame, ClientError> {
         match &self.cluster {
             Some(cluster) => cluster.one_shot_redirected(frame).await,
@@ -51,7 +52,7 @@ impl Client {
         encoding: IdempotentEncoding,
     ) -> Result<Guarded, ClientError> {
         let frame = idempotent_frame(self.tenant(), batch, encoding, REQUEST_ID);
-        read_guarded(&self.one_shot(frame).await?)
+        read_guarded(&self.redirected_one_shot(frame).await?)
     }
 
     /// Appends `payloads` only if they would start at exactly `expected_offset` on the shard
@@ -72,7 +73,7 @@ impl Client {
             expected_offset,
             payloads,
         );
-        read_guarded(&self.one_shot(frame).await?)
+        read_guarded(&self.redirected_one_shot(frame).await?)
     }
 
     /// Appends `event` and applies `changes` to the state of the shard `entity_key` routes
@@ -135,7 +136,7 @@ impl Client {
             end,
             max_records,
         );
-        read_stream_records(&self.one_shot(frame).await?)
+        read_stream_records(&self.redirected_one_shot(frame).await?)
     }
 
     /// The first offset on a durable shard appended at or after `at_micros` (Unix µs);
@@ -148,7 +149,7 @@ impl Client {
         at_micros: u64,
     ) -> Result<Option<u64>, ClientError> {
         let frame = offset_for_time_frame(self.tenant(), namespace, stream, shard, at_micros);
-        read_offset_value(&self.one_shot(frame).await?)
+        read_offset_value(&self.redirected_one_shot(frame).await?)
     }
 
     /// The brokers this one says a client may connect to (`topology`).
