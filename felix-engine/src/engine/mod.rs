@@ -5,13 +5,12 @@ mod drain;
 mod forwarded;
 mod replication;
 
-use core::net::{IpAddr, SocketAddr};
+use core::net::IpAddr;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bytes::BytesMut;
 use felix_proto::negotiate::BrokerCapabilities;
 use felix_proto::{Features, Flags};
 use quinn_proto::{
@@ -26,14 +25,14 @@ use crate::config::{
     AuthConfig, DurableConfig, EngineConfig, FsyncPolicy, MAX_GSO_BATCH_BYTES, MAX_MTU, MIN_MTU,
 };
 use crate::conn::{Conn, CLOSE_CODE_NORMAL};
-use crate::node::{Core, Limits, Stats, Usage};
+use crate::metrics::{Stats, Usage};
+use crate::net::{Datagram, Transmit};
+use crate::node::{Core, Limits};
 use crate::seed;
 use crate::tls::{AlpnSelector, TlsConfigError, TlsIdentity, TlsSettings};
 use felix_auth::Verifier;
 use felix_storage::log::{FsyncMode, LogConfig};
 use felix_storage::ops::{FileCompletion, FileOp, LogId};
-
-pub use quinn_proto::EcnCodepoint;
 
 /// Rounds of storage work (log events, released answers, deliveries) within one turn.
 const MAX_SETTLE_ROUNDS: usize = 8;
@@ -88,52 +87,6 @@ pub const DURABLE_FEATURES: Features = Features(
 /// are log offsets and a fold over a log (docs/cache-features.md).
 const DURABLE_CACHE_FEATURES: Features =
     Features(Features::CACHE_WATCH.0 | Features::CACHE_WATCH_RETAINED.0 | Features::COUNTERS.0);
-
-/// A UDP datagram (or a GRO batch of same-source datagrams) received by the runtime.
-#[derive(Debug)]
-pub struct Datagram {
-    /// Who sent it.
-    pub remote: SocketAddr,
-    /// The local address it arrived on, when the socket reports it.
-    pub local_ip: Option<IpAddr>,
-    /// ECN bits it carried.
-    pub ecn: Option<EcnCodepoint>,
-    /// The bytes: one datagram, or several of `segment_size` bytes each (the last may be
-    /// shorter) when the socket coalesced them.
-    pub data: BytesMut,
-    /// Size of each coalesced datagram; `None` for a single one.
-    pub segment_size: Option<usize>,
-}
-
-/// Datagrams to send: `size` bytes at the start of the buffer given to
-/// [`Engine::poll_output`]. With `segment_size`, the buffer holds several datagrams of that
-/// size (the last may be shorter) for one destination, to be sent with GSO or one by one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transmit {
-    /// Where to send.
-    pub destination: SocketAddr,
-    /// ECN bits to set.
-    pub ecn: Option<EcnCodepoint>,
-    /// Bytes written to the buffer.
-    pub size: usize,
-    /// The datagram size when the buffer holds more than one.
-    pub segment_size: Option<usize>,
-    /// The local address to send from, when it matters.
-    pub src_ip: Option<IpAddr>,
-}
-
-impl Transmit {
-    /// quinn-proto's transmit, as the runtime is handed it.
-    pub(crate) fn of(t: &quinn_proto::Transmit) -> Transmit {
-        Transmit {
-            destination: t.destination,
-            ecn: t.ecn,
-            size: t.size,
-            segment_size: t.segment_size,
-            src_ip: t.src_ip,
-        }
-    }
-}
 
 /// What the engine asks its runtime to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
