@@ -2,11 +2,14 @@
 //! `cargo metadata`, so each rule can be shown catching a planted violation.
 //!
 //! - No `path` attribute on a module anywhere: a file's place in the tree is its place in the crate.
-//! - The Sans-IO core (felix-proto, felix-peer-proto, felix-storage, felix-auth, felix-engine,
+//! - The Sans-IO core (felix-proto, felix-peer-proto, felix-storage, felix-auth, felix-cluster, felix-engine,
 //!   the client's `core/`) reads no clock, draws no OS randomness and touches no file, socket, thread or
 //!   lock outside test code.
 //! - No module-wide `allow(dead_code)`: dead code is deleted, test-only code is `cfg(test)`.
 //! - Dependency arrows run one way (see [`ARROW_RULES`]).
+//! - Inside felix-engine, module arrows run one way too (see [`ENGINE_MODULE_RULES`]).
+//! - No iteration over a `HashMap`/`HashSet` in the core, whose order could reach an output
+//!   (see [`hash_iterations`]), but where [`HASH_ITERATION_ALLOWED`] shows it cannot.
 
 use std::collections::BTreeSet;
 
@@ -434,6 +437,435 @@ pub fn arrow_violations(metadata: &serde_json::Value, rules: &[ArrowRule]) -> Ve
     found.into_iter().collect()
 }
 
+/// One module arrow rule inside felix-engine: product code under the top-level module `from`
+/// (`broker` is `broker/…`, `node` is `node.rs`) never names the top-level modules `to`.
+pub struct ModuleRule {
+    pub from: &'static str,
+    pub to: &'static [&'static str],
+    pub why: &'static str,
+}
+
+pub const ENGINE_MODULE_RULES: &[ModuleRule] = &[
+    ModuleRule {
+        from: "broker",
+        to: &["conn", "cluster", "engine", "router"],
+        why: "the broker is the data plane as plain state: sessions and the cluster call it, never the reverse",
+    },
+    ModuleRule {
+        from: "cluster",
+        to: &["engine", "conn"],
+        why: "the cluster wiring is driven by the engine and answers sessions through values, never by reaching up",
+    },
+    ModuleRule {
+        from: "conn",
+        to: &["cluster"],
+        why: "sessions ask the router about a shard, never the cluster driver",
+    },
+    ModuleRule {
+        from: "node",
+        to: &["cluster"],
+        why: "the shared context holds a router, not the cluster driver",
+    },
+];
+
+/// Arrows that break [`ENGINE_MODULE_RULES`] today: `(file under felix-engine/src, module)`.
+/// To be removed by issue 34's router; the list can only shrink (an entry that no longer
+/// matches anything fails the tidy test).
+pub const ENGINE_MODULE_ALLOWED: &[(&str, &str)] = &[
+    // `ForwardOutcome`: a forward's answer, named where a session resumes it.
+    ("conn/mod.rs", "cluster"),
+    // `ForwardOutcome` and the forwarding calls through `core.cluster`.
+    ("conn/session/cluster.rs", "cluster"),
+    // `Core` holds the cluster driver.
+    ("node.rs", "cluster"),
+];
+
+/// The module path of a file under a crate's `src/`: `broker/groups/mod.rs` is
+/// `[broker, groups]`, `broker/durable.rs` is `[broker, durable]`, `lib.rs` is `[]`.
+fn module_path(file: &str) -> Vec<&str> {
+    let mut parts: Vec<&str> = file.split('/').collect();
+    let last = parts.pop().unwrap_or_default();
+    let stem = last.strip_suffix(".rs").unwrap_or(last);
+    if !matches!(stem, "mod" | "lib" | "main") {
+        parts.push(stem);
+    }
+    parts
+}
+
+fn ident_at(b: &[u8], at: usize) -> &str {
+    let end = (at..b.len())
+        .find(|&k| !(b[k].is_ascii_alphanumeric() || b[k] == b'_'))
+        .unwrap_or(b.len());
+    std::str::from_utf8(&b[at..end]).unwrap_or_default()
+}
+
+/// The top-level modules of its own crate that one file's code names, by line: through
+/// `crate::NAME`, `crate::{NAME, …}` and `super::` chains that climb to the crate root.
+/// `code` is from [`code_only`] (and [`strip_test_items`] for product code only).
+pub fn crate_modules_named(file: &str, code: &str) -> Vec<(usize, String)> {
+    let b = code.as_bytes();
+    let path = module_path(file);
+    let line_of = |at: usize| code[..at].matches('\n').count() + 1;
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let starts_word = !ident_before(b, i) && (i == 0 || b[i - 1] != b'$');
+        if starts_word && b[i..].starts_with(b"crate::") {
+            let at = i + "crate::".len();
+            if b.get(at) == Some(&b'{') {
+                // A group: the first name of each comma-separated part at depth one.
+                let end = matching(b, at, b'{', b'}').unwrap_or(b.len() - 1);
+                let mut depth = 0;
+                let mut k = at;
+                let mut expect = true;
+                while k < end {
+                    match b[k] {
+                        b'{' => {
+                            depth += 1;
+                            if depth == 1 {
+                                expect = true;
+                            }
+                        }
+                        b'}' => depth -= 1,
+                        b',' if depth == 1 => expect = true,
+                        c if expect && depth == 1 && (c.is_ascii_alphabetic() || c == b'_') => {
+                            found.push((line_of(k), ident_at(b, k).to_owned()));
+                            expect = false;
+                        }
+                        _ => {}
+                    }
+                    k += 1;
+                }
+                i = end + 1;
+                continue;
+            }
+            let name = ident_at(b, at);
+            if !name.is_empty() {
+                found.push((line_of(i), name.to_owned()));
+            }
+            i = at;
+            continue;
+        }
+        if starts_word && b[i..].starts_with(b"super::") && (i < 2 || &b[i - 2..i] != b"::") {
+            let mut ups = 0;
+            let mut k = i;
+            while b[k..].starts_with(b"super::") {
+                ups += 1;
+                k += "super::".len();
+            }
+            // Climbing to the root reaches the module named next; short of it, the file's own.
+            if ups >= path.len() {
+                let name = ident_at(b, k);
+                if !name.is_empty() {
+                    found.push((line_of(i), name.to_owned()));
+                }
+            }
+            i = k;
+            continue;
+        }
+        i += 1;
+    }
+    found
+}
+
+/// Where one felix-engine file (its path under `src/`) names a module a rule forbids it, less
+/// the arrows `allowed` lists.
+pub fn module_violations(
+    file: &str,
+    stripped: &str,
+    rules: &[ModuleRule],
+    allowed: &[(&str, &str)],
+) -> Vec<Violation> {
+    let Some(&top) = module_path(file).first() else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for (line, to) in crate_modules_named(file, stripped) {
+        for rule in rules.iter().filter(|r| r.from == top) {
+            if rule.to.contains(&to.as_str()) && !allowed.contains(&(file, to.as_str())) {
+                found.push(Violation {
+                    place: format!("felix-engine/src/{file}:{line}"),
+                    what: format!("`{top}` reaches `{to}`: {}", rule.why),
+                });
+            }
+        }
+    }
+    found
+}
+
+/// Iterations over a hash container (whose order may differ from run to run: std's hasher is
+/// seeded per process) allowed because none lets that order reach an output:
+/// `(file, name, how many, why)`. A count too high for the tree fails the tidy test, so the
+/// list only shrinks.
+pub const HASH_ITERATION_ALLOWED: &[(&str, &str, usize, &str)] = &[
+    (
+        "felix-auth/src/lib.rs",
+        "keys",
+        2,
+        "Debug sorts the key ids; `jwks.keys` is the JWKS document's Vec",
+    ),
+    (
+        "felix-storage/src/cache_log/mod.rs",
+        "index",
+        5,
+        "live_offsets, expiry and compaction collect then sort; sweep_expired and a trim only \
+         forget keys, which commutes (its only product caller sweeps them all, from compact)",
+    ),
+    (
+        "felix-storage/src/counter_log/mod.rs",
+        "sums",
+        1,
+        "compaction's keep list is sorted",
+    ),
+    (
+        "felix-storage/src/group_log.rs",
+        "live",
+        2,
+        "a sum, and compaction's keep list, which is sorted",
+    ),
+    (
+        "felix-storage/src/group_log.rs",
+        "dead",
+        1,
+        "into compaction's sorted keep list",
+    ),
+    (
+        "felix-storage/src/group_log.rs",
+        "redriven",
+        1,
+        "into compaction's sorted keep list",
+    ),
+    (
+        "felix-storage/src/table.rs",
+        "by_dir",
+        1,
+        "logs_under sorts the ids",
+    ),
+    ("felix-engine/src/broker/mod.rs", "by_owner", 1, "a maximum"),
+    (
+        "felix-engine/src/broker/mod.rs",
+        "subscribers",
+        3,
+        "a maximum; the ids whose final frames go out are sorted; a shard's `subscribers` is a \
+         Vec in subscription order",
+    ),
+    (
+        "felix-engine/src/broker/groups/mod.rs",
+        "polls",
+        2,
+        "the polls answered when their shard or stream ends are sorted by id",
+    ),
+    (
+        "felix-engine/src/broker/producers.rs",
+        "by_id",
+        1,
+        "each producer's own window is cut, independently of the others",
+    ),
+    (
+        "felix-engine/src/broker/producers.rs",
+        "stream_index",
+        1,
+        "a count, and the oldest producer with ties broken by stream and shard",
+    ),
+    (
+        "felix-engine/src/broker/reads.rs",
+        "pending",
+        1,
+        "failed page reads go in ticket order",
+    ),
+    (
+        "felix-engine/src/broker/watch.rs",
+        "map",
+        4,
+        "two `any` tests; the watches ended or advanced are sorted by id",
+    ),
+    (
+        "felix-engine/src/broker/watch.rs",
+        "blocked",
+        1,
+        "a local Vec taken out of the map of that name, in its own order",
+    ),
+    (
+        "felix-engine/src/engine/mod.rs",
+        "value_waiters",
+        1,
+        "the released cache reads are sorted by ticket",
+    ),
+    (
+        "felix-engine/src/fuzzing.rs",
+        "value_waiters",
+        1,
+        "the released cache reads are sorted by ticket (as in engine/mod.rs)",
+    ),
+];
+
+/// Names one file declares as a `HashMap` or `HashSet`: `(fields, locals)`. A declaration
+/// `NAME: [&[mut]] HashMap<…` may be a field or a parameter, so it is both; `let NAME = HashMap::…`
+/// or `let NAME: HashSet<…` is a local.
+pub fn hash_names(stripped: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut fields = BTreeSet::new();
+    let mut locals = BTreeSet::new();
+    for line in stripped.lines() {
+        let Some(at) = ["HashMap", "HashSet"]
+            .iter()
+            .filter_map(|w| {
+                line.match_indices(w)
+                    .find(|(k, _)| !ident_before(line.as_bytes(), *k))
+                    .map(|(k, _)| k)
+            })
+            .min()
+        else {
+            continue;
+        };
+        let trimmed = line.trim_start();
+        if let Some(rest) = trimmed.strip_prefix("let ") {
+            let rest = rest.trim_start();
+            let rest = rest.strip_prefix("mut ").unwrap_or(rest).trim_start();
+            let name = ident_at(rest.as_bytes(), 0);
+            if !name.is_empty() {
+                locals.insert(name.to_owned());
+            }
+            continue;
+        }
+        let before = line[..at].trim_end();
+        let before = before.strip_suffix("std::collections::").unwrap_or(before);
+        let before = before.strip_suffix("collections::").unwrap_or(before);
+        // `NAME: [&['a]] [mut] HashMap`: drop the reference and `mut`, then the colon.
+        let mut t = before.trim_end();
+        loop {
+            let next = t
+                .strip_suffix("mut")
+                .filter(|r| r.ends_with(|c: char| c.is_whitespace() || c == '&'))
+                .or_else(|| t.strip_suffix('&'))
+                .map(str::trim_end)
+                .or_else(|| {
+                    // A lifetime: `&'a`.
+                    let k = t.rfind('\'')?;
+                    let is_life = t[k + 1..].chars().all(|c| c.is_alphanumeric() || c == '_')
+                        && t[..k].ends_with('&');
+                    is_life.then(|| t[..k].trim_end())
+                });
+            match next {
+                Some(n) if n.len() < t.len() => t = n,
+                _ => break,
+            }
+        }
+        if let Some(t) = t.strip_suffix(':') {
+            let t = t.trim_end();
+            let start = t
+                .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .map_or(0, |k| k + 1);
+            let name = &t[start..];
+            if !name.is_empty() && !name.starts_with(|c: char| c.is_ascii_digit()) {
+                fields.insert(name.to_owned());
+                locals.insert(name.to_owned());
+            }
+        }
+    }
+    (fields, locals)
+}
+
+const ITERATING: &[&str] = &[
+    ".iter()",
+    ".iter_mut()",
+    ".keys()",
+    ".values()",
+    ".values_mut()",
+    ".drain()",
+    ".into_iter()",
+    ".into_keys()",
+    ".into_values()",
+];
+
+/// Where one file iterates a hash container, as `(line, name)`: `x.NAME.iter()` (and the
+/// other iterating methods, across line breaks) or `for … in [&[mut ]]x.NAME {` for a field
+/// `NAME` of `fields` (declared a hash container somewhere in the crate); `NAME.keys()` or
+/// `for … in &NAME {` for a bare `NAME` of `locals` (declared so in this file).
+pub fn hash_iterations(
+    stripped: &str,
+    fields: &BTreeSet<String>,
+    locals: &BTreeSet<String>,
+) -> Vec<(usize, String)> {
+    let b = stripped.as_bytes();
+    let line_of = |at: usize| stripped[..at].matches('\n').count() + 1;
+    let mut found = BTreeSet::new();
+    for (names, field) in [(fields, true), (locals, false)] {
+        for name in names {
+            for (k, _) in stripped.match_indices(name.as_str()) {
+                let end = k + name.len();
+                let longer = b
+                    .get(end)
+                    .is_some_and(|&c| c.is_ascii_alphanumeric() || c == b'_');
+                if ident_before(b, k) || longer {
+                    continue;
+                }
+                // A field is reached through a dot (`self.x`, `l.x`); a local is not.
+                let dotted = k > 0 && b[k - 1] == b'.';
+                if dotted != field {
+                    continue;
+                }
+                let after = stripped[end..].trim_start();
+                let by_method = ITERATING.iter().any(|m| after.starts_with(m));
+                let mut head = stripped[..k].trim_end();
+                if field {
+                    // `for … in &self.x {`, `for … in &s.inner.x {`: drop the path to the field.
+                    head = head
+                        .trim_end_matches(|c: char| c.is_alphanumeric() || c == '_' || c == '.');
+                }
+                head = head.strip_suffix("mut").unwrap_or(head).trim_end();
+                head = head.strip_suffix('&').unwrap_or(head).trim_end();
+                let by_for = head.ends_with(" in") && after.starts_with('{');
+                if by_method || by_for {
+                    found.insert((line_of(k), name.clone()));
+                }
+            }
+        }
+    }
+    found.into_iter().collect()
+}
+
+/// The hash iterations `found` (`(file, line, name)`) that [`HASH_ITERATION_ALLOWED`]-style
+/// `allowed` entries (`(file, name, count, why)`) do not cover: a file iterating a name more
+/// often than allowed breaks the rule at each place; fewer than allowed is a stale entry, whose
+/// count must come down (the list only shrinks).
+pub fn hash_violations(
+    found: &[(String, usize, String)],
+    allowed: &[(&str, &str, usize, &str)],
+) -> Vec<Violation> {
+    let mut groups: std::collections::BTreeMap<(&str, &str), Vec<usize>> = Default::default();
+    for (file, line, name) in found {
+        groups.entry((file, name)).or_default().push(*line);
+    }
+    let mut v = Vec::new();
+    for ((file, name), lines) in &groups {
+        let may = allowed
+            .iter()
+            .find(|(f, n, _, _)| f == file && n == name)
+            .map_or(0, |a| a.2);
+        if lines.len() > may {
+            v.extend(lines.iter().map(|line| Violation {
+                place: format!("{file}:{line}"),
+                what: format!(
+                    "iterates `{name}`, a HashMap/HashSet ({} such here, {may} allowed): its order \
+                     can differ between runs; use a BTreeMap/BTreeSet or sort, or allow-list it \
+                     showing the order cannot reach an output",
+                    lines.len()
+                ),
+            }));
+        }
+    }
+    for (file, name, count, _) in allowed {
+        let n = groups.get(&(*file, *name)).map_or(0, Vec::len);
+        if n < *count {
+            v.push(Violation {
+                place: (*file).to_owned(),
+                what: format!("allowed {count} iterations of `{name}` but {n} remain: lower it"),
+            });
+        }
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -523,5 +955,145 @@ fn also_bad() { std::thread::spawn(|| {}); }
                 "felix-peer-proto -> raft-proto (normal)",
             ]
         );
+    }
+
+    fn modules_named(file: &str, src: &str) -> Vec<Violation> {
+        let (stripped, _) = strip_test_items(&code_only(src));
+        module_violations(
+            file,
+            &stripped,
+            ENGINE_MODULE_RULES,
+            &[("node.rs", "cluster")],
+        )
+    }
+
+    #[test]
+    fn a_planted_module_arrow_is_caught_however_it_is_spelled() {
+        let src = r#"use crate::conn::Conn;
+use crate::{config::X, cluster::{ClusterNode, peers}};
+use super::super::engine::Datagram;
+use super::shard::ShardState;
+// use crate::router::Router;
+fn f() -> crate::engine::Output { let s = "crate::router"; todo!() }
+#[cfg(test)]
+mod tests { use crate::conn::session; }
+"#;
+        let v = modules_named("broker/durable.rs", src);
+        let places: Vec<String> = v.iter().map(|v| v.to_string()).collect();
+        assert_eq!(
+            places
+                .iter()
+                .map(|p| p.split(": ").next().unwrap())
+                .collect::<Vec<_>>(),
+            [
+                "felix-engine/src/broker/durable.rs:1",
+                "felix-engine/src/broker/durable.rs:2",
+                "felix-engine/src/broker/durable.rs:3",
+                "felix-engine/src/broker/durable.rs:6",
+            ],
+            "{places:#?}"
+        );
+        assert!(
+            places[1].contains("`broker` reaches `cluster`"),
+            "{places:?}"
+        );
+        // The same arrows are fine from a module no rule binds.
+        assert!(modules_named("engine/mod.rs", src).is_empty());
+        // One `super` from broker/mod.rs already climbs to the root.
+        assert_eq!(
+            modules_named("broker/mod.rs", "use super::conn::Conn;\n").len(),
+            1
+        );
+        assert!(modules_named("broker/durable.rs", "use super::conn::Conn;\n").is_empty());
+    }
+
+    #[test]
+    fn each_engine_module_rule_catches_its_planted_arrow_and_the_allow_list_excuses_one() {
+        for (file, src) in [
+            (
+                "cluster/peers.rs",
+                "use crate::engine::{Datagram, Transmit};\n",
+            ),
+            ("cluster/replicas.rs", "fn f(c: &crate::conn::Conn) {}\n"),
+            (
+                "conn/session/cluster.rs",
+                "use crate::cluster::ForwardOutcome;\n",
+            ),
+            ("node.rs", "use crate::cluster::ClusterNode;\n"),
+        ] {
+            let v = module_violations(file, &code_only(src), ENGINE_MODULE_RULES, &[]);
+            assert_eq!(v.len(), 1, "{file}: {v:?}");
+        }
+        assert!(modules_named("node.rs", "use crate::cluster::ClusterNode;\n").is_empty());
+        assert!(modules_named("cluster/mod.rs", "use crate::net::Datagram;\n").is_empty());
+    }
+
+    fn hash_found(file: &str, src: &str) -> Vec<(String, usize, String)> {
+        let (stripped, _) = strip_test_items(&code_only(src));
+        let (fields, locals) = hash_names(&stripped);
+        hash_iterations(&stripped, &fields, &locals)
+            .into_iter()
+            .map(|(line, name)| (file.to_owned(), line, name))
+            .collect()
+    }
+
+    #[test]
+    fn a_planted_hash_iteration_is_caught_in_each_spelling() {
+        let src = r#"struct S<'a> {
+    waiters: HashMap<u64, Conn>,
+    seen: &'a mut std::collections::HashSet<u64>,
+    ordered: BTreeMap<u64, Conn>,
+}
+fn f(s: &mut S) {
+    for (id, c) in &s.waiters {}
+    let n = s.waiters.values().count();
+    let ids: Vec<_> = s
+        .seen
+        .iter()
+        .collect();
+    for (id, c) in &s.ordered {}
+    let local = HashSet::new();
+    for x in &local {}
+    let waiters = vec![1]; // a Vec named like the field
+    for w in waiters.iter() {}
+    s.waiters.get(&1);
+}
+#[cfg(test)]
+mod tests { fn t(s: &S) { for x in s.waiters.keys() {} } }
+"#;
+        let found = hash_found("x.rs", src);
+        let lines: Vec<(usize, &str)> = found.iter().map(|(_, l, n)| (*l, n.as_str())).collect();
+        // Line 17's Vec shares the field's name as a bare local: caught too (a false alarm
+        // the allow-list answers, rather than a hash container missed).
+        assert_eq!(
+            lines,
+            [
+                (7, "waiters"),
+                (8, "waiters"),
+                (10, "seen"),
+                (15, "local"),
+                (17, "waiters")
+            ],
+            "{found:?}"
+        );
+        let v = hash_violations(&found, &[]);
+        assert_eq!(v.len(), 5);
+    }
+
+    #[test]
+    fn the_hash_allow_list_counts_and_only_shrinks() {
+        let src = "struct S { m: HashMap<u8, u8> }\nfn f(s: &S) { s.m.keys().max(); }\nfn g(s: &S) { for x in s.m.iter() {} }\n";
+        let found = hash_found("a.rs", src);
+        assert_eq!(found.len(), 2);
+        assert!(hash_violations(&found, &[("a.rs", "m", 2, "a max; sorted")]).is_empty());
+        // One more than allowed: each place is named.
+        let over = hash_violations(&found, &[("a.rs", "m", 1, "a max")]);
+        assert_eq!(over.len(), 2, "{over:?}");
+        // Fewer than allowed: the entry is stale and must come down.
+        let stale = hash_violations(&found, &[("a.rs", "m", 3, "")]);
+        assert_eq!(stale.len(), 1);
+        assert!(stale[0].what.contains("lower it"), "{stale:?}");
+        // An entry for a name that is gone altogether is stale too.
+        assert_eq!(hash_violations(&[], &[("a.rs", "m", 1, "")]).len(), 1);
     }
 }

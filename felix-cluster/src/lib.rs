@@ -4,6 +4,7 @@
 //! agrees on it:
 //! - [`placement`]: where each shard's replicas and leader go;
 //! - [`routing`]: what a node does with a request for a shard it does not lead;
+//! - [`forward`]: the forwards a node sends to leaders: windows, channels, deadlines, reopening;
 //! - [`meta`]: the cluster metadata as a deterministic state machine over ordered maps;
 //! - [`replication`]: quorum marks, leases, promotion fences and divergence of a shard's log;
 //! - [`control`]: raft-rs's `RawNode` driven Sans-IO: ticks from the caller's time, messages
@@ -17,6 +18,7 @@
 #![allow(clippy::field_reassign_with_default)]
 
 pub mod control;
+pub mod forward;
 pub mod ids;
 pub mod meta;
 pub mod placement;

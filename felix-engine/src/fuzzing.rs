@@ -27,7 +27,8 @@ use quinn_proto::{ConnectionHandle, Dir, Side, StreamId};
 use crate::broker::{Delivery, Notice, StreamKey, SubscriberId};
 use crate::conn::session::{FrameResult, Session, SessionCx};
 use crate::conn::ConnShared;
-use crate::node::{Core, Stats, Usage};
+use crate::metrics::{Stats, Usage};
+use crate::node::Core;
 use crate::{DeleteStreamError, Engine, EngineConfig, EngineError, FileCompletion, FileOp};
 
 /// Rounds of storage work and resumed reads within one call (the engine's turn has the same

@@ -8,6 +8,7 @@
 //!
 //! Modules, outside in:
 //! - `engine`: [`Engine`], the endpoint, connection table, timers and transmit queue;
+//! - `net`: [`Datagram`] in and [`Transmit`] out, shared by the client and peer endpoints;
 //! - `conn`: one QUIC connection, its session streams and subscription event streams;
 //! - `session`: one client stream: `auth`, negotiated capabilities, requests and answers;
 //! - `broker`: streams, shards, subscriber queues, event batches and the cache;
@@ -25,8 +26,10 @@ mod engine;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod metrics;
+mod net;
 mod node;
 mod seed;
+pub mod stream_admin;
 mod stream_delete;
 mod tls;
 
@@ -34,16 +37,15 @@ pub use broker::groups::GroupConfig;
 pub use cluster::abandon::{AbandonError, AbandonPlan};
 pub use cluster::observe::{ClusterView, ReplicaView, ShardLeader, WritesServed};
 pub use config::*;
-pub use engine::{
-    Datagram, EcnCodepoint, Engine, EngineError, Output, Transmit, SERVED_FEATURES, SERVED_FLAGS,
-};
+pub use engine::{Engine, EngineError, Output, SERVED_FEATURES, SERVED_FLAGS};
 pub use felix_proto::routing::RoutingMapping;
 pub use felix_storage::ops::{
     DirEntry, FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
 };
-pub use metrics::{Histogram, Metrics, FSYNC_MICROS_BUCKETS, GROUP_COMMIT_BUCKETS};
-pub use node::{Stats, Usage};
+pub use metrics::{Histogram, Metrics, Stats, Usage, FSYNC_MICROS_BUCKETS, GROUP_COMMIT_BUCKETS};
+pub use net::{Datagram, EcnCodepoint, Transmit};
 /// The rustls the engine builds its TLS with, for [`EngineConfig::crypto_provider`].
 pub use rustls;
+pub use stream_admin::{AdminError, ShardView, StreamView};
 pub use stream_delete::DeleteStreamError;
 pub use tls::{TlsConfigError, TlsIdentity, ALPN_FELIX_V1};

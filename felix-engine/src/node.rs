@@ -15,89 +15,7 @@ use quinn_proto::{ConnectionHandle, StreamId};
 
 use crate::broker::{Broker, SubscriberId};
 use crate::clock::UnixAnchor;
-
-/// Plain counters, for logs and tests.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Connections open now (including closing ones not yet drained).
-    pub connections: u64,
-    /// Requests this node forwarded to their shard's leader (in a cluster).
-    pub forwards: u64,
-    /// Forwarded requests this node ran as their shard's leader.
-    pub forwards_served: u64,
-    /// Virtual sessions open now for other nodes' client sessions (forward channels).
-    pub forwarded_sessions: u64,
-    /// Forwards waiting on this node for a place in their peer's forward window.
-    pub forwards_waiting: u64,
-    /// Peer links up now (each pair of nodes has two: one dialed by each side).
-    pub peer_links: u64,
-    /// Peer messages dropped because their peer's backlog was full.
-    pub peer_messages_dropped: u64,
-    /// Connections accepted since start.
-    pub connections_accepted: u64,
-    /// Connection attempts refused (limit reached or shutting down).
-    pub connections_refused: u64,
-    /// Client bidirectional streams accepted.
-    pub streams_accepted: u64,
-    /// Felix frames read from clients.
-    pub frames_received: u64,
-    /// Felix frames handed to QUIC (answers and deliveries).
-    pub frames_sent: u64,
-    /// Streams that authenticated.
-    pub auths_accepted: u64,
-    /// `auth` requests refused.
-    pub auths_refused: u64,
-    /// Publish requests (binary or JSON batches) accepted.
-    pub publishes: u64,
-    /// Publish requests refused.
-    pub publishes_refused: u64,
-    /// Records published.
-    pub published_records: u64,
-    /// Subscriptions granted.
-    pub subscriptions: u64,
-    /// Event batches a full subscriber queue dropped.
-    pub dropped_batches: u64,
-    /// Cache requests answered.
-    pub cache_requests: u64,
-    /// Requests answered `unsupported` or by closing the stream.
-    pub unsupported_requests: u64,
-    /// File operations handed to the runtime.
-    pub file_ops: u64,
-    /// Answers held until the log made their records durable, then sent.
-    pub answers_after_write: u64,
-    /// Records consumer groups skipped because retention removed them first.
-    pub group_skipped_records: u64,
-}
-
-/// What the engine holds right now: the quantities its limits bound. Walked on demand by
-/// [`Engine::usage`], for tests, fuzzing and diagnostics; not for a hot path.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// Connections open or draining.
-    pub connections: usize,
-    /// Session (client bidirectional) streams over every connection.
-    pub sessions: usize,
-    /// The most session streams one connection has open and not authenticated.
-    pub max_unauthenticated_per_connection: usize,
-    /// The most answers one session holds unwritten (queued or waiting for durability).
-    pub max_session_backlog: usize,
-    /// Bytes of partly received frames over every connection.
-    pub buffered_bytes: usize,
-    /// The most such bytes on one connection.
-    pub max_connection_buffered_bytes: usize,
-    /// The most bytes of answers one connection holds unwritten (queued or held).
-    pub max_connection_unwritten_bytes: usize,
-    /// Subscriptions over every connection.
-    pub subscriptions: usize,
-    /// The most subscriptions on one connection.
-    pub max_connection_subscriptions: usize,
-    /// The most frames one subscriber has queued.
-    pub max_subscriber_queue: usize,
-    /// The most event bytes queued for one connection's subscribers.
-    pub max_connection_event_bytes: usize,
-    /// Streams the broker holds.
-    pub streams: usize,
-}
+use crate::metrics::{Metrics, Stats};
 
 /// Limits the connection and session code reads on every turn.
 #[derive(Debug, Clone, Copy)]
@@ -150,7 +68,7 @@ pub(crate) struct Core {
     pub(crate) group_waiters: HashMap<u64, (ConnectionHandle, StreamId)>,
     pub(crate) next_subscription_id: u64,
     pub(crate) stats: Stats,
-    pub(crate) metrics: crate::metrics::Metrics,
+    pub(crate) metrics: Metrics,
     /// Bytes of partly received frames over every connection (see `Conn::sync_buffered`).
     pub(crate) buffered_bytes: usize,
     /// Connections holding streams back for a buffer budget.

@@ -4,8 +4,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use felix_tidy::{
-    arrow_violations, code_only, core_violations, declared_mods, module_dead_code, path_attributes,
-    strip_test_items, Violation, ARROW_RULES,
+    arrow_violations, code_only, core_violations, crate_modules_named, declared_mods,
+    hash_iterations, hash_names, hash_violations, module_dead_code, module_violations,
+    path_attributes, strip_test_items, Violation, ARROW_RULES, ENGINE_MODULE_ALLOWED,
+    ENGINE_MODULE_RULES, HASH_ITERATION_ALLOWED,
 };
 
 /// The Sans-IO core: each root module file, walked through its `mod` declarations.
@@ -86,10 +88,19 @@ fn no_module_wide_dead_code_allowances() {
 
 /// The module tree under `file`: its non-test code checked, then each declared child.
 fn walk_core(file: &Path, v: &mut Vec<Violation>, seen: &mut usize) {
+    let mut files = Vec::new();
+    product_files(file, &mut files);
+    *seen += files.len();
+    for (f, stripped) in files {
+        v.extend(core_violations(&rel(&f), &stripped));
+    }
+}
+
+/// Every file of the module tree under `file`, with its non-test code.
+fn product_files(file: &Path, out: &mut Vec<(PathBuf, String)>) {
     let src = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-    *seen += 1;
     let (stripped, _test_mods) = strip_test_items(&code_only(&src));
-    v.extend(core_violations(&rel(file), &stripped));
+    out.push((file.to_path_buf(), stripped.clone()));
     let name = file
         .file_stem()
         .and_then(|n| n.to_str())
@@ -105,7 +116,7 @@ fn walk_core(file: &Path, v: &mut Vec<Violation>, seen: &mut usize) {
         let flat = base.join(format!("{m}.rs"));
         let nested = base.join(&m).join("mod.rs");
         let child = if flat.exists() { flat } else { nested };
-        walk_core(&child, v, seen);
+        product_files(&child, out);
     }
 }
 
@@ -142,4 +153,72 @@ fn dependency_arrows_run_one_way() {
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(meta["packages"].as_array().is_some_and(|p| p.len() > 10));
     report("dependency arrows", arrow_violations(&meta, ARROW_RULES));
+}
+
+#[test]
+fn felix_engine_modules_reach_only_down() {
+    let src = root().join("felix-engine/src");
+    let mut files = Vec::new();
+    product_files(&src.join("lib.rs"), &mut files);
+    assert!(
+        files.len() > 40,
+        "the walk reached the engine's modules ({})",
+        files.len()
+    );
+    let mut v = Vec::new();
+    let mut used = Vec::new();
+    for (f, stripped) in &files {
+        let file = f.strip_prefix(&src).unwrap().display().to_string();
+        v.extend(module_violations(
+            &file,
+            stripped,
+            ENGINE_MODULE_RULES,
+            ENGINE_MODULE_ALLOWED,
+        ));
+        for (_, to) in crate_modules_named(&file, stripped) {
+            used.push((file.clone(), to));
+        }
+    }
+    report("felix-engine module arrows", v);
+    let stale: Vec<_> = ENGINE_MODULE_ALLOWED
+        .iter()
+        .filter(|(f, to)| !used.iter().any(|(uf, ut)| uf == f && ut == to))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "ENGINE_MODULE_ALLOWED lists arrows that are gone: remove them: {stale:?}"
+    );
+}
+
+/// The crates whose order of work must not depend on a hasher's seed.
+const HASH_ORDER_ROOTS: &[&str] = &[
+    "felix-proto/src/lib.rs",
+    "felix-peer-proto/src/lib.rs",
+    "felix-storage/src/lib.rs",
+    "felix-auth/src/lib.rs",
+    "felix-cluster/src/lib.rs",
+    "felix-engine/src/lib.rs",
+];
+
+#[test]
+fn the_core_iterates_no_hash_container() {
+    let mut found = Vec::new();
+    for r in HASH_ORDER_ROOTS {
+        let mut files = Vec::new();
+        product_files(&root().join(r), &mut files);
+        // A field is often declared in one file and iterated in a sibling.
+        let fields: std::collections::BTreeSet<String> =
+            files.iter().flat_map(|(_, s)| hash_names(s).0).collect();
+        for (f, stripped) in &files {
+            let (_, locals) = hash_names(stripped);
+            for (line, name) in hash_iterations(stripped, &fields, &locals) {
+                found.push((rel(f), line, name));
+            }
+        }
+    }
+    assert!(found.len() > 10, "the scan finds the allowed iterations");
+    report(
+        "iteration over a HashMap/HashSet in the core",
+        hash_violations(&found, HASH_ITERATION_ALLOWED),
+    );
 }

@@ -6,6 +6,8 @@
 //!   releases `quorum` acknowledgements and bounds what subscribers see;
 //! - [`lease`]: whether a leader may still write, when the control plane may grant the next
 //!   generation, and whether a set of lease margins is safe under a clock drift bound;
+//! - [`holder`]: the node's lease as its holder keeps it — when to renew, when a grant
+//!   counts, until when writes may be served;
 //! - [`fence`]: when a promoted leader may open, and whose log it must adopt first;
 //! - [`divergence`]: where two copies of a log stop agreeing, so a rejoining replica truncates
 //!   only above what was committed.
@@ -19,6 +21,7 @@
 pub mod divergence;
 pub mod fence;
 pub mod follower;
+pub mod holder;
 pub mod leader;
 pub mod lease;
 pub mod promotion;

@@ -10,6 +10,7 @@
 pub(crate) mod abandon;
 mod lease;
 mod metalog;
+pub(crate) mod objects;
 pub(crate) mod observe;
 mod peers;
 mod replicas;
@@ -22,6 +23,7 @@ use std::time::Instant;
 use felix_cluster::control::store::MetaStore;
 use felix_cluster::control::wire::{from_peer, to_peer};
 use felix_cluster::control::{ControlConfig, ControlOutput, ControlPlane};
+use felix_cluster::forward::{ForwardEnd, ForwardOutput, Forwards};
 use felix_cluster::meta::{
     Applied, CacheSpec, Command, Consistency as MetaConsistency, Declarations, Metadata, ObjectKey,
     ShardMeta, ShardRef, StreamSpec,
@@ -34,7 +36,7 @@ use felix_storage::ops::{FileCompletion, FileOp};
 use tracing::{info, warn};
 
 use crate::config::{ClusterConfig, Consistency, DeclaredStream};
-use crate::engine::{Datagram, Transmit};
+use crate::net::{Datagram, Transmit};
 pub(crate) use metalog::METALOG_LOG;
 use metalog::{Done, MetaLog};
 use peers::{Identity, PeerCrypto, PeerEvent, PeerLimits, PeerNet};
@@ -56,33 +58,8 @@ pub(crate) enum ForwardOutcome {
     Refused(felix_proto::ErrorCode, String),
 }
 
-/// A forward sent, waiting for its answer: where the client's session is.
-struct Sent {
-    ch: quinn_proto::ConnectionHandle,
-    stream: quinn_proto::StreamId,
-    deadline: Instant,
-    to: NodeId,
-    /// Kept to send again once if the leader no longer knows its channel.
-    forward: felix_peer_proto::Forward,
-    retried: bool,
-    /// Sent again by a reopen before its first attempt's refusal came back: that refusal is
-    /// expected and means nothing.
-    stale_refusal: bool,
-}
-
-/// A forward not sent yet: its peer's window is full, or others wait before it.
-struct Waiting {
-    forward: felix_peer_proto::Forward,
-    answer_to: Option<(quinn_proto::ConnectionHandle, quinn_proto::StreamId)>,
-    deadline: Instant,
-}
-
-/// One client session's forward channel: what opens it on a node, and where it is open.
-struct Channel {
-    owner: (quinn_proto::ConnectionHandle, quinn_proto::StreamId),
-    open: felix_peer_proto::Forward,
-    on: Vec<NodeId>,
-}
+/// Where a forward's answer goes: the client's session.
+type SessionAt = (quinn_proto::ConnectionHandle, quinn_proto::StreamId);
 
 /// A forward another node sent here.
 pub(crate) struct Inbound {
@@ -92,8 +69,8 @@ pub(crate) struct Inbound {
 
 pub(crate) struct ClusterNode {
     me: NodeId,
-    /// Forwards sent and not answered, by id.
-    sent: BTreeMap<u64, Sent>,
+    /// Forwards this node sends to shard leaders (felix-cluster's `forward`).
+    forwards: Forwards<SessionAt>,
     done: std::collections::VecDeque<(
         quinn_proto::ConnectionHandle,
         quinn_proto::StreamId,
@@ -101,17 +78,9 @@ pub(crate) struct ClusterNode {
         ForwardOutcome,
     )>,
     inbound: std::collections::VecDeque<Inbound>,
-    /// Per peer: answered forwards in flight, and the forwards waiting for a place.
-    in_flight: BTreeMap<NodeId, usize>,
-    waiting: BTreeMap<NodeId, std::collections::VecDeque<Waiting>>,
-    /// Open channels by number.
-    channels: BTreeMap<u32, Channel>,
-    forward_window: usize,
-    forward_timeout: std::time::Duration,
     /// Set when metadata is applied; taken by the engine to resume requests waiting for it.
     metadata_changed: bool,
     pub(crate) max_forward_channels: usize,
-    next_channel: u32,
     cluster_id: String,
     net: PeerNet,
     /// `None` while the metadata log is replayed; then `starting` holds what it needs.
@@ -123,13 +92,16 @@ pub(crate) struct ClusterNode {
     metalog: Option<MetaLog>,
     /// Why the cluster refused this node (its declarations disagree): fatal.
     refusal: Option<String>,
+    /// Every copy placed here caught up with its leader once since this process started
+    /// (`copies_caught_up`): readiness waits for it, and does not flap with later failovers.
+    caught_up: bool,
     default_replication_factor: u8,
     /// `cluster.place_streams_on_first_use`.
     place_streams_on_first_use: bool,
     /// The identity of this node's disk (or of this process, without one), as announced.
     storage_id: [u8; 16],
     /// This node's shard leases (`lease.rs`).
-    lease: lease::HolderLease,
+    lease: felix_cluster::replication::holder::LeaseHolder,
     /// Its copies of replicated shards (`replicas.rs`).
     replicas: replicas::Replicas,
     /// Metadata or a copy's state changed: the copies are checked on the next drive.
@@ -153,6 +125,8 @@ fn declarations(streams: &[DeclaredStream], cfg: &ClusterConfig) -> Declarations
                     Consistency::Leader => MetaConsistency::Leader,
                     Consistency::Quorum => MetaConsistency::Quorum,
                 },
+                retention: Default::default(),
+                durable: true,
             },
         );
     }
@@ -263,20 +237,14 @@ impl ClusterNode {
         let metalog =
             metadata_log_compact_bytes.map(|b| MetaLog::open(raft_ids.clone(), b, storage_id));
         let mut node = ClusterNode {
-            sent: BTreeMap::new(),
-            done: Default::default(),
-            inbound: Default::default(),
-            in_flight: BTreeMap::new(),
-            waiting: BTreeMap::new(),
-            channels: BTreeMap::new(),
-            forward_window: cfg.forward_window,
-            forward_timeout: cfg.forward_timeout,
-            metadata_changed: false,
-            max_forward_channels: cfg.max_forward_channels,
             // Channel numbers name forwards on the leaders (the high half of forward ids):
             // a restarted node starts where its last process is unlikely to have been, so an
             // answer a leader still owes that process never matches one of this one's.
-            next_channel: (incarnation as u32).max(1),
+            forwards: Forwards::new(cfg.forward_window, cfg.forward_timeout, incarnation as u32),
+            done: Default::default(),
+            inbound: Default::default(),
+            metadata_changed: false,
+            max_forward_channels: cfg.max_forward_channels,
             cluster_id: cid,
             me,
             net,
@@ -285,10 +253,11 @@ impl ClusterNode {
             blank,
             metalog,
             refusal: None,
+            caught_up: false,
             default_replication_factor: cfg.default_replication_factor.max(1),
             place_streams_on_first_use: cfg.place_streams_on_first_use,
             storage_id,
-            lease: lease::HolderLease::new(
+            lease: felix_cluster::replication::holder::LeaseHolder::new(
                 felix_cluster::replication::lease::LeaseTerms::for_lease(
                     cfg.lease.as_millis() as u64
                 ),
@@ -418,34 +387,8 @@ impl ClusterNode {
     }
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
-        // Waiting ones never left this node: their outcome is known (not applied).
-        for (to, queue) in self.waiting.iter_mut() {
-            let timeout = self.forward_timeout;
-            queue.retain(|w| match w.answer_to {
-                Some(owner) if w.deadline <= now => {
-                    self.done.push_back(not_taken(to, timeout, w, owner));
-                    false
-                }
-                _ => true,
-            });
-        }
-        self.waiting.retain(|_, q| !q.is_empty());
-        let expired: Vec<u64> = self
-            .sent
-            .iter()
-            .filter(|(_, s)| s.deadline <= now)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in expired {
-            let s = self.sent.remove(&id).expect("listed");
-            let why = format!(
-                "no answer from {} within {:?}; the request may or may not have been applied",
-                s.to, self.forward_timeout
-            );
-            let outcome = ForwardOutcome::Refused(felix_proto::ErrorCode::Unacknowledged, why);
-            self.done.push_back((s.ch, s.stream, id, outcome));
-            self.answered(now, &s.to);
-        }
+        self.forwards.handle_timeout(now);
+        self.drain_forwards();
         self.net.handle_timeout(now);
         if let Some(c) = self.control.as_mut() {
             if c.poll_timeout() <= now {
@@ -457,23 +400,13 @@ impl ClusterNode {
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        let forwards = self.sent.values().map(|s| s.deadline).min();
-        let waiting = self
-            .waiting
-            .values()
-            .flat_map(|q| {
-                q.iter()
-                    .filter(|w| w.answer_to.is_some())
-                    .map(|w| w.deadline)
-            })
-            .min();
+        let forwards = self.forwards.poll_timeout();
         let control = self.control.as_ref().map(|c| c.poll_timeout());
         let lease = self.control.is_some().then(|| self.lease.poll_timeout());
         let replication = self.replication_timeout();
         [
             self.net.poll_timeout(),
             forwards,
-            waiting,
             control,
             lease,
             replication,
@@ -485,9 +418,7 @@ impl ClusterNode {
 
     /// A channel number for one client session's forwards (the high half of their ids).
     pub(crate) fn new_channel(&mut self) -> u32 {
-        let c = self.next_channel;
-        self.next_channel = self.next_channel.wrapping_add(1).max(1);
-        c
+        self.forwards.new_channel()
     }
 
     /// The scope a forward names: the shard, at the generation this node routed by.
@@ -525,65 +456,49 @@ impl ClusterNode {
         forward: felix_peer_proto::Forward,
         answer_to: Option<(quinn_proto::ConnectionHandle, quinn_proto::StreamId)>,
     ) {
-        let deadline = now + self.forward_timeout;
-        let queue = self.waiting.entry(to.clone()).or_default();
-        queue.push_back(Waiting {
-            forward,
-            answer_to,
-            deadline,
-        });
-        self.send_waiting(now, to);
+        self.forwards.forward(now, to, forward, answer_to);
+        self.drain_forwards();
         self.pump(now);
     }
 
-    /// Sends what waits for `to`, in order, while its window has room. One whose deadline has
-    /// passed is answered as not applied instead of sent: its session may have served later
-    /// requests for the same shard elsewhere since (a node frozen past the deadline handles
-    /// what reached it before its timers), and sent now it would land after them.
-    fn send_waiting(&mut self, now: Instant, to: &NodeId) {
-        let Some(queue) = self.waiting.get_mut(to) else {
-            return;
-        };
-        let in_flight = self.in_flight.entry(to.clone()).or_default();
-        while let Some(front) = queue.front() {
-            if let Some(owner) = front.answer_to.filter(|_| front.deadline <= now) {
-                let w = queue.pop_front().expect("front");
-                self.done
-                    .push_back(not_taken(to, self.forward_timeout, &w, owner));
-                continue;
+    /// Carries out what the forwards decided: messages to peers, ended forwards to the
+    /// sessions that wait for them.
+    fn drain_forwards(&mut self) {
+        while let Some(out) = self.forwards.poll_output() {
+            match out {
+                ForwardOutput::Send { to, forward } => {
+                    self.net.send(to.as_str(), &PeerMessage::Forward(forward));
+                }
+                ForwardOutput::Ended {
+                    owner: (ch, stream),
+                    forward_id,
+                    end,
+                } => {
+                    let outcome = match end {
+                        ForwardEnd::Answered(frame) => ForwardOutcome::Answered(frame),
+                        ForwardEnd::Refused { by, refusal } => ForwardOutcome::Refused(
+                            refusal.code,
+                            format!("{by} refused the forwarded request"),
+                        ),
+                        ForwardEnd::Unanswered { to, after } => ForwardOutcome::Refused(
+                            felix_proto::ErrorCode::Unacknowledged,
+                            format!(
+                                "no answer from {to} within {after:?}; the request may or may \
+                                 not have been applied"
+                            ),
+                        ),
+                        ForwardEnd::NotTaken { to, after } => ForwardOutcome::Refused(
+                            felix_proto::ErrorCode::ShardUnavailable,
+                            format!(
+                                "{to} did not take the forwarded request within {after:?} (its \
+                                 forward window stayed full); it was not applied"
+                            ),
+                        ),
+                    };
+                    self.done.push_back((ch, stream, forward_id, outcome));
+                }
             }
-            if front.answer_to.is_some() && *in_flight >= self.forward_window {
-                break;
-            }
-            let w = queue.pop_front().expect("front");
-            if let Some((ch, stream)) = w.answer_to {
-                *in_flight += 1;
-                self.sent.insert(
-                    w.forward.forward_id,
-                    Sent {
-                        ch,
-                        stream,
-                        deadline: w.deadline,
-                        to: to.clone(),
-                        forward: w.forward.clone(),
-                        retried: false,
-                        stale_refusal: false,
-                    },
-                );
-            }
-            self.net.send(to.as_str(), &PeerMessage::Forward(w.forward));
         }
-        if queue.is_empty() {
-            self.waiting.remove(to);
-        }
-    }
-
-    /// A forward to `to` owed an answer has ended: its place goes to the next waiting one.
-    fn answered(&mut self, now: Instant, to: &NodeId) {
-        if let Some(n) = self.in_flight.get_mut(to) {
-            *n = n.saturating_sub(1);
-        }
-        self.send_waiting(now, to);
     }
 
     /// Peer links up now, and messages dropped for a full peer backlog.
@@ -593,7 +508,7 @@ impl ClusterNode {
 
     /// Forwards waiting for a place in a peer's window (all peers).
     pub(crate) fn waiting_forwards(&self) -> usize {
-        self.waiting.values().map(|q| q.len()).sum()
+        self.forwards.waiting_forwards()
     }
 
     /// Registers that a session's channel is being opened on `to` with `open` (its
@@ -605,14 +520,7 @@ impl ClusterNode {
         to: &NodeId,
         open: &felix_peer_proto::Forward,
     ) {
-        let c = self.channels.entry(channel).or_insert_with(|| Channel {
-            owner,
-            open: open.clone(),
-            on: Vec::new(),
-        });
-        if !c.on.contains(to) {
-            c.on.push(to.clone());
-        }
+        self.forwards.channel_opened(channel, owner, to, open);
     }
 
     /// A client session ended: close its channel on every node it was opened on (an
@@ -622,57 +530,9 @@ impl ClusterNode {
         now: Instant,
         owner: (quinn_proto::ConnectionHandle, Option<quinn_proto::StreamId>),
     ) {
-        let ended: Vec<u32> = self
-            .channels
-            .iter()
-            .filter(|(_, c)| c.owner.0 == owner.0 && owner.1.is_none_or(|s| s == c.owner.1))
-            .map(|(n, _)| *n)
-            .collect();
-        for n in ended {
-            let c = self.channels.remove(&n).expect("listed");
-            for to in c.on {
-                let close = felix_peer_proto::Forward {
-                    frame: bytes::Bytes::new(),
-                    ..c.open.clone()
-                };
-                self.forward(now, &to, close, None);
-            }
-        }
-    }
-
-    /// The leader no longer knows the channel of a forward (it restarted, or closed the
-    /// channel as idle past its cap): open it again and send, in their order, every forward of
-    /// that channel still unanswered there — the ones sent after this one were refused too, or
-    /// will be, and re-sending only this one would land it after them and reorder the
-    /// client's stream. Each is sent again at most once. False if this one was already, or the
-    /// channel is gone here too.
-    fn reopen(&mut self, forward_id: u64) -> bool {
-        let channel = (forward_id >> 32) as u32;
-        let Some(c) = self.channels.get(&channel) else {
-            return false;
-        };
-        let Some(first) = self.sent.get(&forward_id) else {
-            return false;
-        };
-        if first.retried {
-            return false;
-        }
-        let to = first.to.clone();
-        self.net
-            .send(to.as_str(), &PeerMessage::Forward(c.open.clone()));
-        let lo = u64::from(channel) << 32;
-        let hi = lo | 0xffff_ffff;
-        for (&id, s) in self.sent.range_mut(forward_id..=hi) {
-            if s.to != to || s.retried || id < lo {
-                continue;
-            }
-            s.retried = true;
-            // The first attempts of the later ones are still to be refused.
-            s.stale_refusal = id != forward_id;
-            self.net
-                .send(to.as_str(), &PeerMessage::Forward(s.forward.clone()));
-        }
-        true
+        self.forwards
+            .sessions_ended(now, |o| o.0 == owner.0 && owner.1.is_none_or(|s| s == o.1));
+        self.drain_forwards();
     }
 
     /// Answers a forward `from` sent.
@@ -760,29 +620,13 @@ impl ClusterNode {
                         self.inbound.push_back(Inbound { from, forward });
                     }
                     PeerMessage::ForwardAnswer(a) => {
-                        if let Some(s) = self.sent.remove(&a.forward_id) {
-                            let outcome = ForwardOutcome::Answered(a.frame);
-                            self.done.push_back((s.ch, s.stream, a.forward_id, outcome));
-                            self.answered(now, &s.to);
-                        }
+                        self.forwards.answer(now, a);
+                        self.drain_forwards();
                     }
                     PeerMessage::ForwardRefused(r) => {
-                        if r.code == felix_proto::ErrorCode::Unauthenticated {
-                            if let Some(s) = self.sent.get_mut(&r.forward_id) {
-                                if std::mem::take(&mut s.stale_refusal) {
-                                    continue;
-                                }
-                            }
-                            if self.reopen(r.forward_id) {
-                                continue;
-                            }
-                        }
-                        if let Some(s) = self.sent.remove(&r.forward_id) {
-                            let why = format!("{} refused the forwarded request", s.to);
-                            let outcome = ForwardOutcome::Refused(r.code, why);
-                            self.done.push_back((s.ch, s.stream, r.forward_id, outcome));
-                            self.answered(now, &s.to);
-                        }
+                        let channel_unknown = r.code == felix_proto::ErrorCode::Unauthenticated;
+                        self.forwards.refused(now, r, channel_unknown);
+                        self.drain_forwards();
                     }
                     PeerMessage::LeaseRenew(r) => self.on_lease_renew(now, &from, r),
                     m @ (PeerMessage::Follow(_)
@@ -861,7 +705,7 @@ impl ClusterNode {
 
     /// `limits.forward_window`.
     pub(crate) fn forward_window(&self) -> usize {
-        self.forward_window
+        self.forwards.window()
     }
 
     /// The other nodes of the cluster.
@@ -871,7 +715,7 @@ impl ClusterNode {
 
     /// How long a forward, or a request waiting for its stream's placement, may take.
     pub(crate) fn forward_timeout(&self) -> std::time::Duration {
-        self.forward_timeout
+        self.forwards.timeout()
     }
 
     /// `cluster.place_streams_on_first_use`.
@@ -884,13 +728,26 @@ impl ClusterNode {
         self.refusal.as_deref().or_else(|| self.storage_error())
     }
 
-    /// Joined, its declarations accepted: it can serve.
+    /// Joined, its declarations accepted, and (once, after its start) every copy placed here
+    /// caught up with its leader: it can serve, and `/readyz` says so.
     pub(crate) fn is_serving(&self) -> bool {
+        self.is_joined() && self.caught_up
+    }
+
+    fn is_joined(&self) -> bool {
         let meta = self.meta();
         self.refusal().is_none()
             && meta.members.get(&self.me).is_some_and(|m| m.up)
             && meta.declared_by.get(&self.me) == Some(&true)
             && self.lease.writable_until().is_some()
+    }
+
+    /// Latches [`ClusterNode::caught_up`] the first time the joined node's copies are level.
+    pub(super) fn note_caught_up(&mut self) {
+        if !self.caught_up && self.is_joined() && self.copies_caught_up() {
+            self.caught_up = true;
+            tracing::info!("every copy placed here has caught up with its leader: ready");
+        }
     }
 
     /// How many stream and cache shards this node leads, and holds without leading.
@@ -1017,6 +874,8 @@ impl ClusterNode {
             shards: shards.max(1),
             replication_factor: self.default_replication_factor,
             consistency: MetaConsistency::Leader,
+            retention: Default::default(),
+            durable: true,
         };
         let key = ObjectKey::new(tenant, namespace, stream);
         match self.control.as_mut() {
@@ -1060,25 +919,6 @@ impl ClusterNode {
 
 /// The answer to a forward that waited for `to`'s window past its deadline: it never left
 /// this node, so it was not applied.
-fn not_taken(
-    to: &NodeId,
-    timeout: std::time::Duration,
-    w: &Waiting,
-    (ch, stream): (quinn_proto::ConnectionHandle, quinn_proto::StreamId),
-) -> (
-    quinn_proto::ConnectionHandle,
-    quinn_proto::StreamId,
-    u64,
-    ForwardOutcome,
-) {
-    let why = format!(
-        "{to} did not take the forwarded request within {timeout:?} (its forward window \
-         stayed full); it was not applied"
-    );
-    let outcome = ForwardOutcome::Refused(felix_proto::ErrorCode::ShardUnavailable, why);
-    (ch, stream, w.forward.forward_id, outcome)
-}
-
 #[cfg(test)]
 mod channel_tests {
     use super::*;

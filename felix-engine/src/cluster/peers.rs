@@ -26,7 +26,7 @@ use quinn_proto::{
 use rustls_pki_types::{CertificateDer, ServerName};
 use tracing::{debug, warn};
 
-use crate::engine::{Datagram, Transmit};
+use crate::net::{Datagram, Transmit};
 use crate::tls::TlsIdentity;
 
 /// A lost link is dialed again after this, doubling up to [`MAX_REDIAL`].

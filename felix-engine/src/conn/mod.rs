@@ -801,7 +801,7 @@ impl Conn {
     }
 
     /// Adds what this connection holds to `usage`.
-    pub(crate) fn add_usage(&self, usage: &mut crate::node::Usage, value_reserve: usize) {
+    pub(crate) fn add_usage(&self, usage: &mut crate::metrics::Usage, value_reserve: usize) {
         let _ = value_reserve; // only the debug recount reads it
         usage.connections += 1;
         usage.sessions += self.sessions.len();

@@ -358,14 +358,16 @@ impl Broker {
     /// log from now on, or the log was cut), or its leadership here ended: polls in progress
     /// on the shard end empty, their claims belonging to the state being replaced.
     pub(crate) fn end_group_polls(&mut self, at: (usize, u32)) {
-        let polls: Vec<u64> = self
+        let mut ended: Vec<u64> = self
             .groups
             .polls
             .iter()
             .filter(|(_, p)| (p.stream, p.shard) == at)
             .map(|(w, _)| *w)
             .collect();
-        for w in polls {
+        // In id order, not the hash map's: the answers are queued (and sent) in it.
+        ended.sort_unstable();
+        for w in ended {
             self.answer_poll(w, Ok(Vec::new()));
         }
     }
