@@ -20,11 +20,11 @@ use tokio::sync::OnceCell;
 
 use super::{Client, ClientConfig, Subscription};
 use crate::core::cluster::{
-    Cluster, ClusterConfig, Cursor, Next, Object, Redirects, Resend, Route,
+    Cluster, ClusterConfig, Cursor, Next, Object, OneShot, OneShotStep, Redirects, Resend, Route,
 };
 use crate::core::stream_ops::{
-    read_not_leader, read_shard_owners, read_stream_shards, read_topology, shard_owners_frame,
-    stream_shards_frame, topology_frame,
+    read_shard_owners, read_stream_shards, read_topology, shard_owners_frame, stream_shards_frame,
+    topology_frame,
 };
 use crate::core::{Ack, Start};
 use crate::error::ClientError;
@@ -514,23 +514,19 @@ impl ClusterShared {
         }
     }
 
-    /// [`ClusterShared::redirected`] for one request frame and its one answer.
+    /// One request frame and its one answer, at the entry broker and then wherever the
+    /// core's [`OneShot`] follows a `not_leader` to.
     pub(crate) async fn one_shot_redirected(&self, frame: Bytes) -> Result<Frame, ClientError> {
-        self.redirected(|node| {
-            let frame = frame.clone();
-            Box::pin(async move {
-                let answer = node.one_shot(frame).await?;
-                match read_not_leader(&answer) {
-                    None => Ok(answer),
-                    Some(n) => Err(ClientError::NotLeader {
-                        node_id: n.node_id,
-                        addr: n.addr,
-                        generation: n.generation,
-                    }),
-                }
-            })
-        })
-        .await
+        let mut node = self.entry().await?;
+        let hops = self.core().config().max_redirect_hops;
+        let mut call = OneShot::new(frame, node.inner.config.addr, hops);
+        loop {
+            let answer = node.one_shot(call.request().clone()).await?;
+            match call.handle_answer(answer)? {
+                OneShotStep::Answered(answer) => return Ok(answer),
+                OneShotStep::SendTo(to) => node = self.node(to).await?,
+            }
+        }
     }
 
     /// The connection calls that are not routed go on: the entry broker's, the current one
@@ -615,7 +611,7 @@ impl ClusterShared {
             return Ok(1);
         }
         let frame = stream_shards_frame(&self.config.tenant, namespace, stream);
-        let n = read_stream_shards(&entry.one_shot(frame).await?)?;
+        let n = read_stream_shards(&self.one_shot_redirected(frame).await?)?;
         u32::try_from(n).map_err(|_| ClientError::protocol(format!("{n} shards")))
     }
 }
