@@ -20,11 +20,11 @@ use tokio::sync::OnceCell;
 
 use super::{Client, ClientConfig, Subscription};
 use crate::core::cluster::{
-    Cluster, ClusterConfig, Cursor, Next, Object, Redirects, Resend, Route,
+    Cluster, ClusterConfig, Cursor, Next, Object, OneShot, OneShotStep, Redirects, Resend, Route,
 };
 use crate::core::stream_ops::{
-    read_not_leader, read_shard_owners, read_stream_shards, read_topology, shard_owners_frame,
-    stream_shards_frame, topology_frame,
+    read_shard_owners, read_stream_shards, read_topology, shard_owners_frame, stream_shards_frame,
+    topology_frame,
 };
 use crate::core::{Ack, Start};
 use crate::error::ClientError;
@@ -514,23 +514,19 @@ impl ClusterShared {
         }
     }
 
-    /// [`ClusterShared::redirected`] for one request frame and its one answer.
+    /// One request frame and its one answer, at the entry broker and then wherever the
+    /// core's [`OneShot`] follows a `not_leader` to.
     pub(crate) async fn one_shot_redirected(&self, frame: Bytes) -> Result<Frame, ClientError> {
-        self.redirected(|node| {
-            let frame = frame.clone();
-            Box::pin(async move {
-                let answer = node.one_shot(frame).await?;
-                match read_not_leader(&answer) {
-                    None => Ok(answer),
-                    Some(n) => Err(ClientError::NotLeader {
-                        node_id: n.node_id,
-                        addr: n.addr,
-                        generation: n.generation,
-                    }),
-                }
-            })
-        })
-        .await
+        let mut node = self.entry().await?;
+        let hops = self.core().config().max_redirect_hops;
+        let mut call = OneShot::new(frame, node.inner.config.addr, hops);
+        loop {
+            let answer = node.one_shot(call.request().clone()).await?;
+            match call.handle_answer(answer)? {
+                OneShotStep::Answered(answer) => return Ok(answer),
+                OneShotStep::SendTo(to) => node = self.node(to).await?,
+            }
+        }
     }
 
     /// The connection calls that are not routed go on: the entry broker's, the current one
@@ -539,55 +535,52 @@ impl ClusterShared {
         self.entry().await
     }
 
-    /// The connection to the owner of `object`'s shard 0 (a cache's only shard).
-    pub(crate) async fn owner_node(&self, object: &Object) -> Result<Client, ClientError> {
-        let addr = self.resolve(object, None, Some(0)).await?;
-        self.node(addr).await
-    }
-
     /// A cache watch at the cache's owner from `start`, retried as the core decides (a watch
-    /// changes nothing); it resumes itself after a lost broker.
+    /// changes nothing); it resumes itself after a lost broker or a move. `moved_to`: the
+    /// watch moved, to this owner when it named one (tried first; the owners are asked
+    /// again either way). A `not_leader` answer is followed within the hop bound.
     pub(crate) async fn watch(
         self: Arc<Self>,
         namespace: &str,
         cache: &str,
         filter: crate::core::WatchFilter,
         start: crate::core::WatchStart,
+        moved_to: Option<Option<SocketAddr>>,
     ) -> Result<super::watch::CacheWatch, ClientError> {
         let object = Object::cache(namespace, cache);
+        let mut named = None;
+        if let Some(to) = moved_to {
+            self.core().handle_stale_owner(&object);
+            named = to;
+        }
         let mut attempts = self.core().attempts(Resend::Always, Instant::now());
         loop {
-            let (error, sent) = match self.owner_node(&object).await {
+            let addr = match named.take() {
+                Some(addr) => Ok(addr),
+                None => self.resolve(&object, None, Some(0)).await,
+            };
+            let (error, sent) = match addr {
                 Err(e) => (e, false),
-                Ok(node) => {
-                    let addr = node.inner.config.addr;
-                    let conn = node.inner.conn.clone();
-                    match node
-                        .watch_cache(namespace, cache, filter.clone(), start)
-                        .await
-                    {
-                        Ok(mut watch) => {
-                            let next = match start {
-                                crate::core::WatchStart::From(from) => {
-                                    from.max(watch.resume_offset())
-                                }
-                                _ => watch.resume_offset(),
-                            };
-                            watch.set_resume(super::watch::WatchResume {
-                                cluster: self.clone(),
-                                namespace: namespace.to_owned(),
-                                cache: cache.to_owned(),
-                                filter,
-                                next,
-                            });
-                            return Ok(watch);
-                        }
-                        Err(e) => {
-                            self.after_failure(addr, &conn, &object, &e);
-                            (e, true)
-                        }
+                Ok(addr) => match self
+                    .watch_at(addr, &object, namespace, cache, &filter, start)
+                    .await
+                {
+                    Ok(mut watch) => {
+                        let next = match start {
+                            crate::core::WatchStart::From(from) => from.max(watch.resume_offset()),
+                            _ => watch.resume_offset(),
+                        };
+                        watch.set_resume(super::watch::WatchResume {
+                            cluster: self.clone(),
+                            namespace: namespace.to_owned(),
+                            cache: cache.to_owned(),
+                            filter,
+                            next,
+                        });
+                        return Ok(watch);
                     }
-                }
+                    Err(failed) => failed,
+                },
             };
             let next = self
                 .core()
@@ -595,6 +588,45 @@ impl ClusterShared {
             match next {
                 Next::GiveUp(e) => return Err(e),
                 Next::RetryAfter { delay, .. } => self.sleep(delay).await,
+            }
+        }
+    }
+
+    /// One watch attempt from `addr`, following `not_leader` within the hop bound with the
+    /// same start.
+    async fn watch_at(
+        &self,
+        addr: SocketAddr,
+        object: &Object,
+        namespace: &str,
+        cache: &str,
+        filter: &crate::core::WatchFilter,
+        start: crate::core::WatchStart,
+    ) -> Result<super::watch::CacheWatch, (ClientError, bool)> {
+        let hops = self.core().config().max_redirect_hops;
+        let mut redirects = Redirects::new(addr, hops);
+        let mut at = addr;
+        loop {
+            let node = self.node(at).await.map_err(|e| (e, false))?;
+            match node
+                .watch_cache(namespace, cache, filter.clone(), start)
+                .await
+            {
+                Ok(watch) => return Ok(watch),
+                Err(ClientError::NotLeader {
+                    node_id,
+                    addr,
+                    generation,
+                }) => {
+                    self.core().handle_stale_owner(object);
+                    at = redirects
+                        .follow(&node_id, addr.as_deref(), generation)
+                        .map_err(|e| (e, true))?;
+                }
+                Err(e) => {
+                    self.after_failure(at, &node.inner.conn, object, &e);
+                    return Err((e, true));
+                }
             }
         }
     }
@@ -615,7 +647,7 @@ impl ClusterShared {
             return Ok(1);
         }
         let frame = stream_shards_frame(&self.config.tenant, namespace, stream);
-        let n = read_stream_shards(&entry.one_shot(frame).await?)?;
+        let n = read_stream_shards(&self.one_shot_redirected(frame).await?)?;
         u32::try_from(n).map_err(|_| ClientError::protocol(format!("{n} shards")))
     }
 }

@@ -29,9 +29,10 @@ impl Client {
         Ok(answer)
     }
 
-    /// [`Client::one_shot`] for a request about one shard (a commit, a state read, an
-    /// idempotent or conditional publish, a stream read): in a cluster, a `not_leader`
-    /// answer is followed to the named owner with the same request.
+    /// [`Client::one_shot`] for a request a cluster broker may answer `not_leader` (a commit,
+    /// a state read, an idempotent or conditional publish, a stream read, `producer_init`,
+    /// `topology`, `stream_shards`): in a cluster, followed to the named owner with the same
+    /// request.
     async fn redirected_one_shot(&self, frame: Bytes) -> Result<Frame, ClientError> {
         match &self.cluster {
             Some(cluster) => cluster.one_shot_redirected(frame).await,
@@ -41,7 +42,7 @@ impl Client {
 
     /// A new idempotent producer id from the broker (`producer_init`).
     pub async fn producer_init(&self) -> Result<u64, ClientError> {
-        read_producer_init(&self.one_shot(producer_init_frame()).await?)
+        read_producer_init(&self.redirected_one_shot(producer_init_frame()).await?)
     }
 
     /// Publishes a batch once however many times it is sent: re-send a batch whose answer
@@ -154,14 +155,14 @@ impl Client {
 
     /// The brokers this one says a client may connect to (`topology`).
     pub async fn topology(&self) -> Result<message::TopologyView, ClientError> {
-        read_topology(&self.one_shot(topology_frame()).await?)
+        read_topology(&self.redirected_one_shot(topology_frame()).await?)
     }
 
     /// How many shards the broker says a stream has (`stream_shards`).
     pub async fn stream_shards(&self, namespace: &str, stream: &str) -> Result<u64, ClientError> {
         read_stream_shards(
             &self
-                .one_shot(stream_shards_frame(self.tenant(), namespace, stream))
+                .redirected_one_shot(stream_shards_frame(self.tenant(), namespace, stream))
                 .await?,
         )
     }

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use felix_proto::FrameDecoder;
 
 use super::{open_authenticated, read_error, read_frame, write_error, Client, Inner};
+use crate::core::cluster::parse_addr;
 use crate::core::watch::{
-    read_watch_event, read_watch_reply, watch_frame, CacheWatchItem, WatchFilter, WatchStart,
+    read_watch_frame, read_watch_reply, resume_after_move, watch_frame, CacheWatchItem,
+    WatchFilter, WatchFrame, WatchStart,
 };
 use crate::error::ClientError;
 
@@ -62,23 +64,40 @@ impl CacheWatch {
     /// The next change, or how the watch ended (repeated on every later call). A broker
     /// `error` on the stream is an error. Cancel-safe.
     ///
-    /// In a cluster a lost broker is not an end: the watch is made again at the cache's
-    /// owner from the first change not delivered, so no change is missed or repeated.
+    /// In a cluster neither a lost broker nor a move (`shard_moved`) is an end: the watch is
+    /// made again, at the owner the move names (else the cache's owner), from the first
+    /// change not delivered or the move's resume point, so no change is missed or repeated.
     pub async fn next(&mut self) -> Result<CacheWatchItem, ClientError> {
         loop {
-            let item = self.next_here().await;
+            let frame = self.next_here().await;
             let Some(resume) = self.resume.as_mut() else {
-                return item;
+                return match frame? {
+                    WatchFrame::Item(item) => Ok(item),
+                    WatchFrame::Moved { .. } => {
+                        Err(ClientError::protocol("shard_moved on a cache watch"))
+                    }
+                };
             };
-            match &item {
-                Ok(CacheWatchItem::Change(c)) => {
+            let mut at = None;
+            match frame {
+                Ok(WatchFrame::Item(CacheWatchItem::Change(c))) => {
                     resume.next = resume.next.max(c.offset + 1);
-                    return item;
+                    return Ok(CacheWatchItem::Change(c));
                 }
-                Ok(_) | Err(ClientError::Server { .. }) | Err(ClientError::Protocol(_)) => {
-                    return item
+                Ok(WatchFrame::Item(item)) => return Ok(item),
+                Ok(WatchFrame::Moved {
+                    resume_from, addr, ..
+                }) => {
+                    resume.next = resume_after_move(resume.next, resume_from);
+                    // No address (or one that does not parse): the owners are asked again.
+                    at = Some(addr.as_deref().and_then(parse_addr));
                 }
-                Err(_) => {}
+                Err(e @ (ClientError::Server { .. } | ClientError::Protocol(_))) => return Err(e),
+                Err(_) => {
+                    if self._client.conn.close_reason().is_some() {
+                        resume.cluster.node_failed(self._client.config.addr);
+                    }
+                }
             }
             // Cloned, not taken: a dropped call leaves the watch able to resume.
             let (cluster, namespace, cache, filter, next) = (
@@ -88,24 +107,25 @@ impl CacheWatch {
                 resume.filter.clone(),
                 resume.next,
             );
-            if self._client.conn.close_reason().is_some() {
-                cluster.node_failed(self._client.config.addr);
-            }
             *self = cluster
-                .watch(&namespace, &cache, filter, WatchStart::From(next))
+                .watch(&namespace, &cache, filter, WatchStart::From(next), at)
                 .await?;
         }
     }
 
-    async fn next_here(&mut self) -> Result<CacheWatchItem, ClientError> {
+    async fn next_here(&mut self) -> Result<WatchFrame, ClientError> {
         loop {
             if let Some(end) = &self.end {
-                return Ok(end.clone());
+                return Ok(WatchFrame::Item(end.clone()));
             }
             if let Some(frame) = self.decoder.next_frame()? {
-                match read_watch_event(&frame)? {
-                    CacheWatchItem::Change(c) => return Ok(CacheWatchItem::Change(c)),
-                    end => self.end = Some(end),
+                match read_watch_frame(&frame)? {
+                    WatchFrame::Item(CacheWatchItem::Change(c)) => {
+                        return Ok(WatchFrame::Item(CacheWatchItem::Change(c)))
+                    }
+                    WatchFrame::Item(end) => self.end = Some(end),
+                    // The move ends this stream; the caller watches again elsewhere.
+                    moved @ WatchFrame::Moved { .. } => return Ok(moved),
                 }
                 continue;
             }
@@ -131,7 +151,7 @@ impl Client {
     ) -> Result<CacheWatch, ClientError> {
         // A cluster client watches at the cache's owner, and resumes there.
         if let Some(cluster) = &self.cluster {
-            return Box::pin(cluster.clone().watch(namespace, cache, filter, start)).await;
+            return Box::pin(cluster.clone().watch(namespace, cache, filter, start, None)).await;
         }
         let inner = &self.inner;
         let frame = watch_frame(

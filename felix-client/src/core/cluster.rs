@@ -17,9 +17,10 @@ use core::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use felix_proto::message::{NotLeader, ShardKind, ShardOwnersView, TopologyView};
 use felix_proto::routing::{shard_for_key, RoutingMapping};
-use felix_proto::{ErrorCode, RetryClass};
+use felix_proto::{ErrorCode, Frame, RetryClass};
 
 use crate::error::ClientError;
 
@@ -332,6 +333,59 @@ impl Redirects {
     /// [`Redirects::follow`] for a decoded `not_leader`.
     pub fn follow_message(&mut self, m: &NotLeader) -> Result<SocketAddr, ClientError> {
         self.follow(&m.node_id, m.addr.as_deref(), m.generation)
+    }
+}
+
+/// One request with one answer on a cluster (a commit, a state or stream read,
+/// `producer_init`, `topology`, `stream_shards`): sent to the entry and, while answered
+/// `not_leader`, sent again unchanged to the broker it names, within the hop bound. A
+/// `not_leader` applied nothing, so the same bytes are safe to send on for every kind.
+#[derive(Debug, Clone)]
+pub struct OneShot {
+    request: Bytes,
+    redirects: Redirects,
+}
+
+/// What to do with a [`OneShot`]'s answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OneShotStep {
+    /// The answer (an acceptance or a refusal): read it with the request's reader.
+    Answered(Frame),
+    /// Send [`OneShot::request`] to this broker.
+    SendTo(SocketAddr),
+}
+
+impl OneShot {
+    /// `request` about to be sent to `entry`.
+    pub fn new(request: Bytes, entry: SocketAddr, max_hops: usize) -> OneShot {
+        OneShot {
+            request,
+            redirects: Redirects::new(entry, max_hops),
+        }
+    }
+
+    /// The bytes to send, the same on every hop.
+    pub fn request(&self) -> &Bytes {
+        &self.request
+    }
+
+    /// The broker the request goes to now.
+    pub fn target(&self) -> SocketAddr {
+        *self
+            .redirects
+            .asked
+            .last()
+            .expect("a redirect starts somewhere")
+    }
+
+    /// An answer from [`OneShot::target`]: a `not_leader` message is followed (or, past the
+    /// bound, in a loop or without an address, ends the call as not applied); anything else
+    /// is the answer.
+    pub fn handle_answer(&mut self, answer: Frame) -> Result<OneShotStep, ClientError> {
+        match crate::core::stream_ops::read_not_leader(&answer) {
+            Some(n) => self.redirects.follow_message(&n).map(OneShotStep::SendTo),
+            None => Ok(OneShotStep::Answered(answer)),
+        }
     }
 }
 

@@ -721,3 +721,77 @@ fn event_stream_refuses_unnegotiated_flags_and_reports_errors() {
     assert_eq!(r.handle_finish().unwrap(), SubscriptionEnd::Closed);
     assert!(EventStreamReader::new(&caps).handle_finish().is_err());
 }
+
+#[test]
+fn a_watch_follows_a_move_and_a_not_leader_to_the_new_owner_from_the_given_offset() {
+    use crate::core::cluster::{parse_addr, Redirects, DEFAULT_MAX_REDIRECT_HOPS};
+    use crate::core::watch::{
+        read_watch_event, read_watch_frame, read_watch_reply, resume_after_move, watch_frame,
+        WatchFilter, WatchFrame, WatchStart,
+    };
+    let json = |s: &str| Message::decode(s.as_bytes()).unwrap().to_frame();
+    // The old owner ends the watch's event stream with the move.
+    let moved = json(
+        r#"{"type":"shard_moved","subscription_id":5,"resume_from":42,"node_id":"n2","addr":"127.0.0.1:7002","generation":3}"#,
+    );
+    let WatchFrame::Moved {
+        resume_from,
+        node_id,
+        addr,
+    } = read_watch_frame(&moved).unwrap()
+    else {
+        panic!("a move")
+    };
+    assert_eq!((resume_from, node_id.as_deref()), (Some(42), Some("n2")));
+    let to = addr.as_deref().and_then(parse_addr).unwrap();
+    assert_eq!(to, "127.0.0.1:7002".parse().unwrap());
+    // The one-broker reader, which cannot follow it, says so.
+    assert!(matches!(
+        read_watch_event(&moved),
+        Err(ClientError::Protocol(_))
+    ));
+    // Resumed from the move's point when it is later than the first undelivered change,
+    // else from that change: nothing repeated, nothing skipped.
+    assert_eq!(resume_after_move(40, resume_from), 42);
+    assert_eq!(resume_after_move(45, resume_from), 45);
+    assert_eq!(resume_after_move(40, None), 40);
+    // The watch made at the new owner asks for exactly that offset.
+    let caps = caps_with(0x1FFF, Features::ERROR_CODES | Features::CACHE_WATCH, None);
+    let again = watch_frame(
+        &caps,
+        "t1",
+        "default",
+        "prefs",
+        WatchFilter::Key("k".into()),
+        WatchStart::From(resume_after_move(40, resume_from)),
+    )
+    .unwrap();
+    let mut d = FrameDecoder::new(1 << 20);
+    d.feed(&again);
+    let sent = d.next_frame().unwrap().unwrap();
+    assert_eq!(
+        std::str::from_utf8(&sent.payload).unwrap(),
+        r#"{"type":"cache_watch","tenant_id":"t1","namespace":"default","cache":"prefs","key":"k","from_offset":42}"#
+    );
+    // A broker that does not own the cache answers the watch `not_leader`: followed to the
+    // named owner with the same request (its `from_offset` carried), within the hop bound.
+    let nl = json(r#"{"type":"not_leader","node_id":"n3","addr":"127.0.0.1:7003","generation":4}"#);
+    let err = read_watch_reply(&nl).unwrap_err();
+    let ClientError::NotLeader {
+        node_id,
+        addr,
+        generation,
+    } = &err
+    else {
+        panic!("{err:?}")
+    };
+    let mut r = Redirects::new(to, DEFAULT_MAX_REDIRECT_HOPS);
+    assert_eq!(
+        r.follow(node_id, addr.as_deref(), *generation),
+        Ok("127.0.0.1:7003".parse().unwrap())
+    );
+    assert_eq!(
+        crate::core::cluster::classify(&err, true),
+        crate::core::cluster::Failure::NotApplied
+    );
+}

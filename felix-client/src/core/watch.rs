@@ -137,6 +137,12 @@ pub fn read_watch_answer(frame: &Frame) -> Result<WatchReply, ClientError> {
         Message::Unsupported(u) => Ok(WatchReply::Refused(ClientError::Unsupported {
             request_type: u.request_type,
         })),
+        // Routing, not a refusal: a cluster front end follows it with the same request.
+        Message::NotLeader(n) => Ok(WatchReply::Refused(ClientError::NotLeader {
+            node_id: n.node_id,
+            addr: n.addr,
+            generation: n.generation,
+        })),
         other => Err(ClientError::protocol(format!(
             "{} answered cache_watch",
             other.type_name()
@@ -161,26 +167,60 @@ pub fn read_watch_reply(frame: &Frame) -> Result<WatchStarted, ClientError> {
     }
 }
 
-/// Reads one frame of a watch's event stream after its hello: a change, or the lag that
-/// ends the watch. A broker `error` is `Err(ClientError::Server)`.
-pub fn read_watch_event(frame: &Frame) -> Result<CacheWatchItem, ClientError> {
+/// A watch's event-stream frame as a cluster front end reads it: an item, or the move that
+/// ended the watch (the cache's shard went to another owner; watch again there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchFrame {
+    Item(CacheWatchItem),
+    /// `shard_moved`: the old owner offered every change before `resume_from`.
+    Moved {
+        resume_from: Option<u64>,
+        node_id: Option<String>,
+        addr: Option<String>,
+    },
+}
+
+/// Where a moved watch is made again: the first change not delivered, or the move's resume
+/// point when that is later (the old owner offered everything before it). Never earlier, so
+/// nothing is repeated; never past an undelivered change the old owner held back.
+pub fn resume_after_move(next: u64, resume_from: Option<u64>) -> u64 {
+    resume_from.map_or(next, |m| next.max(m))
+}
+
+/// Reads one frame of a watch's event stream after its hello, a move included.
+pub fn read_watch_frame(frame: &Frame) -> Result<WatchFrame, ClientError> {
     if !frame.flags.is_empty() {
         return Err(ClientError::protocol("a binary frame on a cache watch"));
     }
     match Message::decode(&frame.payload)? {
-        Message::CacheEvent(e) => Ok(CacheWatchItem::Change(CacheChange {
+        Message::CacheEvent(e) => Ok(WatchFrame::Item(CacheWatchItem::Change(CacheChange {
             key: e.key,
             value: e.value,
             offset: e.offset,
             expires_at_millis: e.expires_at_millis.filter(|&ms| ms != 0),
-        })),
-        Message::CacheWatchLagged(l) => Ok(CacheWatchItem::Lagged {
+        }))),
+        Message::CacheWatchLagged(l) => Ok(WatchFrame::Item(CacheWatchItem::Lagged {
             resume_from: l.resume_from,
+        })),
+        Message::ShardMoved(m) => Ok(WatchFrame::Moved {
+            resume_from: m.resume_from,
+            node_id: m.node_id,
+            addr: m.addr,
         }),
         Message::Error(e) => Err(refusal(e)),
         other => Err(ClientError::protocol(format!(
             "{} on a cache watch",
             other.type_name()
         ))),
+    }
+}
+
+/// Reads one frame of a watch's event stream after its hello: a change, or the lag that
+/// ends the watch. A broker `error` is `Err(ClientError::Server)`; a move, which only a
+/// cluster front end follows ([`read_watch_frame`]), is a protocol error here.
+pub fn read_watch_event(frame: &Frame) -> Result<CacheWatchItem, ClientError> {
+    match read_watch_frame(frame)? {
+        WatchFrame::Item(item) => Ok(item),
+        WatchFrame::Moved { .. } => Err(ClientError::protocol("shard_moved on a cache watch")),
     }
 }

@@ -864,3 +864,141 @@ fn the_routing_questions_exact_frames() {
     c.handle_topology(None, now);
     assert_eq!(c.endpoints(), vec![a(7001), a(7002)]);
 }
+
+/// The payload of the one frame in `bytes`.
+fn one_payload(bytes: &bytes::Bytes) -> String {
+    let mut d = felix_proto::FrameDecoder::new(1 << 20);
+    d.feed(bytes);
+    let f = d.next_frame().unwrap().unwrap();
+    assert!(d.next_frame().unwrap().is_none(), "one frame");
+    String::from_utf8(f.payload.to_vec()).unwrap()
+}
+
+fn answer(json: &str) -> felix_proto::Frame {
+    felix_proto::message::Message::decode(json.as_bytes())
+        .unwrap()
+        .to_frame()
+}
+
+/// Drives `request` from the entry 7001 through a `not_leader` naming 7002 and then a
+/// second naming 7003, and returns what 7003 answered: the same bytes went to each.
+fn followed_twice(request: bytes::Bytes, owner_answer: &str) -> felix_proto::Frame {
+    let mut call = OneShot::new(request.clone(), a(7001), DEFAULT_MAX_REDIRECT_HOPS);
+    assert_eq!(call.target(), a(7001));
+    let hop = |to: u16| {
+        answer(&format!(
+            r#"{{"type":"not_leader","node_id":"n{}","addr":"127.0.0.1:{to}","generation":4}}"#,
+            to - 7000
+        ))
+    };
+    assert_eq!(
+        call.handle_answer(hop(7002)),
+        Ok(OneShotStep::SendTo(a(7002)))
+    );
+    assert_eq!(call.target(), a(7002));
+    assert_eq!(call.request(), &request, "the same request goes on");
+    assert_eq!(
+        call.handle_answer(hop(7003)),
+        Ok(OneShotStep::SendTo(a(7003)))
+    );
+    assert_eq!(call.request(), &request, "and on again");
+    match call.handle_answer(answer(owner_answer)) {
+        Ok(OneShotStep::Answered(frame)) => frame,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn producer_init_follows_not_leader_to_the_owner() {
+    use crate::core::stream_ops::{producer_init_frame, read_producer_init};
+    let request = producer_init_frame();
+    assert_eq!(
+        one_payload(&request),
+        r#"{"type":"producer_init","request_id":1}"#
+    );
+    let frame = followed_twice(
+        request,
+        r#"{"type":"producer_init_ok","request_id":1,"producer_id":77}"#,
+    );
+    assert_eq!(read_producer_init(&frame), Ok(77));
+}
+
+#[test]
+fn topology_follows_not_leader_to_the_named_broker() {
+    use crate::core::stream_ops::{read_topology, topology_frame};
+    let request = topology_frame();
+    assert_eq!(one_payload(&request), r#"{"type":"topology"}"#);
+    let frame = followed_twice(
+        request,
+        r#"{"type":"topology_view","brokers":[{"node_id":"n3","addr":"127.0.0.1:7003"}]}"#,
+    );
+    let view = read_topology(&frame).unwrap();
+    let got: Vec<_> = view
+        .brokers
+        .iter()
+        .map(|b| (b.node_id.as_str(), b.addr.as_str()))
+        .collect();
+    assert_eq!(got, [("n3", "127.0.0.1:7003")], "the named broker's answer");
+}
+
+#[test]
+fn stream_shards_follows_not_leader_to_the_owner() {
+    use crate::core::stream_ops::{read_stream_shards, stream_shards_frame};
+    let request = stream_shards_frame("t1", "default", "orders");
+    assert_eq!(
+        one_payload(&request),
+        r#"{"type":"stream_shards","tenant_id":"t1","namespace":"default","stream":"orders","request_id":1}"#
+    );
+    let frame = followed_twice(
+        request,
+        r#"{"type":"stream_shards_view","shards":6,"request_id":1}"#,
+    );
+    assert_eq!(read_stream_shards(&frame), Ok(6));
+}
+
+#[test]
+fn a_one_shot_redirect_stops_at_a_loop_the_bound_or_no_address() {
+    use crate::core::stream_ops::{producer_init_frame, read_producer_init};
+    let nl = |addr: Option<u16>| {
+        answer(&match addr {
+            Some(p) => format!(
+                r#"{{"type":"not_leader","node_id":"n","addr":"127.0.0.1:{p}","generation":1}}"#
+            ),
+            None => r#"{"type":"not_leader","node_id":"n","generation":1}"#.to_owned(),
+        })
+    };
+    let not_applied = |r: Result<OneShotStep, ClientError>| {
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), Some(&ErrorCode::NotLeader), "{e}");
+        assert_eq!(classify(&e, true), Failure::NotApplied, "retried whole");
+    };
+    // Back to the entry: a loop.
+    let mut call = OneShot::new(producer_init_frame(), a(7001), 3);
+    assert_eq!(
+        call.handle_answer(nl(Some(7002))),
+        Ok(OneShotStep::SendTo(a(7002)))
+    );
+    not_applied(call.handle_answer(nl(Some(7001))));
+    // Nowhere to follow to.
+    let mut call = OneShot::new(producer_init_frame(), a(7001), 3);
+    not_applied(call.handle_answer(nl(None)));
+    // The bound: 3 hops followed, so 4 brokers asked; the 4th hop is refused.
+    let mut call = OneShot::new(producer_init_frame(), a(7001), 3);
+    for p in 7002..=7004 {
+        assert_eq!(
+            call.handle_answer(nl(Some(p))),
+            Ok(OneShotStep::SendTo(a(p)))
+        );
+    }
+    not_applied(call.handle_answer(nl(Some(7005))));
+    // A coded `not_leader` error is a refusal, not a redirect: answered, and read as one.
+    let mut call = OneShot::new(producer_init_frame(), a(7001), 3);
+    let coded = answer(r#"{"type":"error","code":"not_leader","message":"no"}"#);
+    let Ok(OneShotStep::Answered(frame)) = call.handle_answer(coded) else {
+        panic!("a coded error is not followed")
+    };
+    assert_eq!(
+        read_producer_init(&frame).unwrap_err().code(),
+        Some(&ErrorCode::NotLeader)
+    );
+}
