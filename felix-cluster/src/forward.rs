@@ -433,8 +433,9 @@ mod tests {
         format!("{}.{}", id >> 32, id & 0xffff_ffff)
     }
 
-    /// Every output, one line each: `send n2 1.1` (`1.0 open` or `1.0 close` for a channel's
-    /// opening forward, by its frame), `end s7 1.1 answered|refused by n2|unanswered n2|not-taken n2`.
+    /// Every output, one line each: `send n2 1.1` (its frame; `1.0 close` for a channel's
+    /// closing forward, whose frame is empty), or `end s7 1.1 answered …|refused by n2 …|
+    /// unanswered n2 …|not-taken n2 …`.
     fn drain(f: &mut Forwards<Session>) -> Vec<String> {
         std::iter::from_fn(|| f.poll_output())
             .map(|o| match o {
