@@ -16,5 +16,6 @@ pub mod checks;
 pub mod engine_frames;
 pub mod engine_fuzz;
 pub mod fixture;
+pub mod sdk_suite;
 pub mod vectors;
 pub mod verify;

@@ -13,6 +13,7 @@ fn main() -> ExitCode {
         [cmd, dir] if cmd == "vectors" => run_vectors(PathBuf::from(dir)),
         [cmd, rest @ ..] if cmd == "verify" => run_verify(rest),
         [cmd, rest @ ..] if cmd == "client-fixture" => run_fixture(rest),
+        [cmd, rest @ ..] if cmd == "sdk-suite" => run_sdk_suite(rest),
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)
@@ -23,7 +24,53 @@ fn main() -> ExitCode {
 const USAGE: &str = "usage: felix-conformance vectors <dir>
        felix-conformance verify RESULTS.json [--evidence FILE] [--catalogue scenarios.toml]
        felix-conformance client-fixture --out fixture.json --ca-file brokers.pem [--evidence FILE] [--broker PATH]
+         [--canary serve-redirects-locally]
+       felix-conformance sdk-suite --out DIR [--fixture fixture.json] [--only ID-PART]...
          [--canary serve-redirects-locally]";
+
+/// `sdk-suite`: felix-client held to the catalogue (docs/conformance.md, "The Rust SDK").
+/// Exit 0 when no scenario failed (the verdict is `verify`'s), 1 when one did, 2 on bad use.
+fn run_sdk_suite(args: &[String]) -> ExitCode {
+    let mut out = None;
+    let mut fixture = None;
+    let mut only = Vec::new();
+    let mut canary = None;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let Some(value) = it.next() else {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        };
+        match flag.as_str() {
+            "--out" => out = Some(PathBuf::from(value)),
+            "--fixture" => fixture = Some(PathBuf::from(value)),
+            "--only" => only.push(value.clone()),
+            "--canary" => canary = Some(value.clone()),
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let Some(out) = out else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let opts = felix_conformance::sdk_suite::Options {
+        out,
+        fixture,
+        only,
+        canary,
+    };
+    match felix_conformance::sdk_suite::run(&opts) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("sdk-suite: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 fn run_fixture(args: &[String]) -> ExitCode {
     let mut out = None;

@@ -11,9 +11,13 @@ pub enum Action {
     StreamPublish,
     StreamSubscribe,
     StreamManage,
+    /// Reading a stream's spec and placement (`GET /v1/streams…` on the ops endpoint).
+    StreamView,
     CacheRead,
     CacheWrite,
     CacheManage,
+    /// Reading a cache's spec and placement (`GET /v1/caches…`).
+    CacheView,
     GroupConsume,
     GroupManage,
     NsManage,
@@ -23,13 +27,15 @@ pub enum Action {
 }
 
 impl Action {
-    pub const ALL: [Action; 11] = [
+    pub const ALL: [Action; 13] = [
         Action::StreamPublish,
         Action::StreamSubscribe,
         Action::StreamManage,
+        Action::StreamView,
         Action::CacheRead,
         Action::CacheWrite,
         Action::CacheManage,
+        Action::CacheView,
         Action::GroupConsume,
         Action::GroupManage,
         Action::NsManage,
@@ -42,9 +48,11 @@ impl Action {
             Action::StreamPublish => "stream.publish",
             Action::StreamSubscribe => "stream.subscribe",
             Action::StreamManage => "stream.manage",
+            Action::StreamView => "stream.view",
             Action::CacheRead => "cache.read",
             Action::CacheWrite => "cache.write",
             Action::CacheManage => "cache.manage",
+            Action::CacheView => "cache.view",
             Action::GroupConsume => "group.consume",
             Action::GroupManage => "group.manage",
             Action::NsManage => "ns.manage",

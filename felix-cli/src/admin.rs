@@ -23,6 +23,8 @@ pub(crate) struct AdminArgs {
 enum AdminCommand {
     /// Hand a shard whose leader is gone to a live node, giving up what only the leader held.
     Abandon(AbandonArgs),
+    /// Create, show and list streams through the control plane (`/v1/streams`).
+    Streams(crate::admin_streams::StreamsArgs),
 }
 
 #[derive(Args)]
@@ -54,6 +56,7 @@ struct AbandonArgs {
 pub(crate) fn run(args: AdminArgs) -> Result<(), Failure> {
     match args.command {
         AdminCommand::Abandon(a) => abandon(a),
+        AdminCommand::Streams(a) => crate::admin_streams::run(a),
     }
 }
 

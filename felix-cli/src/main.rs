@@ -6,6 +6,7 @@
 //! 4 connection/timeout/protocol failure, 5 subscription ended by the broker.
 
 mod admin;
+mod admin_streams;
 mod bench;
 mod cache;
 mod cluster;

@@ -29,6 +29,10 @@ pub(crate) struct PubArgs {
     /// writer gets one publish per line).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     batch: u32,
+    /// After the acknowledgement, read the message back from its shard at its offset and
+    /// fail unless it is there (one message, a durable stream; a deployment's smoke test).
+    #[arg(long)]
+    read_back: bool,
     #[command(flatten)]
     conn: ConnectArgs,
 }
@@ -55,6 +59,9 @@ impl From<AckArg> for Ack {
 }
 
 pub(crate) async fn publish(args: PubArgs) -> Result<(), Failure> {
+    if args.read_back {
+        return publish_and_read_back(&args).await;
+    }
     let client = args.conn.connect().await?;
     let result = publish_all(&client, &args).await;
     if result.is_ok() && args.ack == AckArg::None {
@@ -137,6 +144,76 @@ async fn publish_batch(
         }
     }
     Ok(())
+}
+
+/// `felix pub --read-back`: one message, acknowledged with an offset, then read back from
+/// the shard its key routes to (the cluster client learns the stream's width from
+/// `shard_owners`, also through one address) and compared. Prints the offset.
+async fn publish_and_read_back(args: &PubArgs) -> Result<(), Failure> {
+    let [message] = &args.messages[..] else {
+        return Err(Failure::usage("--read-back publishes exactly one MESSAGE"));
+    };
+    if args.ack == AckArg::None {
+        return Err(Failure::usage(
+            "--read-back needs an acknowledgement (not --ack none)",
+        ));
+    }
+    let mut config = args.conn.client_config()?;
+    if config.seeds.is_empty() {
+        config.seeds = vec![config.addr];
+        config.offer = felix_client::Offer::cluster();
+    }
+    let client = Client::connect(config)
+        .await
+        .map_err(|e| Failure::client("cannot connect", e))?;
+    let result = read_back(&client, args, message).await;
+    client.close().await;
+    result
+}
+
+async fn read_back(client: &Client, args: &PubArgs, message: &str) -> Result<(), Failure> {
+    let (namespace, stream) = (&args.conn.namespace, &args.stream);
+    let payload = Bytes::from(message.to_owned());
+    let key = args.key.as_ref().map(|k| Bytes::from(k.clone()));
+    let offset = client
+        .publish(namespace, stream, vec![payload.clone()], key.clone(), args.ack.into())
+        .await
+        .map_err(|e| Failure::client(&format!("publish to {stream}"), e))?
+        .ok_or_else(|| {
+            Failure::Refused(format!(
+                "{stream} acknowledged without an offset (an in-memory stream): nothing to read back"
+            ))
+        })?;
+    let width = client
+        .shard_owners(namespace, stream)
+        .await
+        .map_err(|e| Failure::client(&format!("shard owners of {stream}"), e))?
+        .len() as u32;
+    let shard = felix_proto::routing::shard_for_key(
+        key.as_deref(),
+        width,
+        felix_proto::routing::RoutingMapping::Modulo,
+    );
+    let mut sub = client
+        .subscribe_shard(namespace, stream, Start::Offset(offset), Some(shard))
+        .await
+        .map_err(|e| Failure::client(&format!("subscribe to {stream} shard {shard}"), e))?;
+    let item = sub
+        .next()
+        .await
+        .map_err(|e| Failure::client("reading back", e))?;
+    match item {
+        SubscriptionItem::Event(e) if e.offset == Some(offset) && e.payload == payload => {
+            println!("{offset}");
+            Ok(())
+        }
+        SubscriptionItem::Event(e) => Err(Failure::Refused(format!(
+            "read back {:?} at offset {:?} of shard {shard}, not the message published at {offset}",
+            String::from_utf8_lossy(&e.payload),
+            e.offset
+        ))),
+        SubscriptionItem::End(end) => Err(Failure::Ended(describe_end(&end))),
+    }
 }
 
 /// Fire-and-forget publishes are only queued on the QUIC stream when `publish` returns, and

@@ -378,6 +378,28 @@ fn connection_flags_are_checked_before_dialling() {
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
 }
 
+#[test]
+fn read_back_wants_one_acknowledged_message_with_an_offset() {
+    let broker = Broker::start(None);
+    let out = run(broker
+        .felix()
+        .args(["pub", "orders", "a", "b", "--read-back"]));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("exactly one"),
+        "{}",
+        text(&out.stderr)
+    );
+    // This broker keeps streams in memory: acknowledged, but no offset to read back at.
+    let out = run(broker.felix().args(["pub", "orders", "a", "--read-back"]));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("without an offset"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 fn mint(key: &Path, kid: &str, perms: &[&str]) -> String {
     let mut cmd = felix_alone();
     cmd.arg("token")

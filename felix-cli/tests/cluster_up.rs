@@ -296,6 +296,22 @@ fn cli_reaches_the_cluster_through_its_seeds(dir: &Path, seeds: &str) {
     let with_dead = format!("{dead},{seeds}");
     felix(&["pub", "--addr", &with_dead, "orders", "one", "two"]);
     let first = seeds.split(',').next().unwrap();
+    // The deployment smoke test's step (the Helm chart's test pod): through one address,
+    // acknowledged, then read back from its shard at the offset printed.
+    let offset = felix(&[
+        "pub",
+        "--addr",
+        first,
+        "--key",
+        "smoke",
+        "--read-back",
+        "orders",
+        "read me back",
+    ]);
+    assert!(
+        offset.trim().parse::<u64>().is_ok(),
+        "an offset: {offset:?}"
+    );
     let report = felix(&[
         "bench",
         "--cluster",

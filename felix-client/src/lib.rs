@@ -54,7 +54,8 @@ pub use crate::core::cluster::RetryPolicy;
 pub use crate::core::groups::{GroupInfo, GroupRecord, PollOptions};
 #[cfg(feature = "front-end")]
 pub use crate::core::stream_ops::{
-    Guarded, IdempotentBatch, IdempotentEncoding, StateValue, StreamPage,
+    CommitOp, CommitPlan, CommitRefused, Guarded, IdempotentBatch, IdempotentEncoding, StateValue,
+    StreamPage,
 };
 #[cfg(feature = "front-end")]
 pub use crate::core::watch::{CacheChange, CacheWatchItem, WatchFilter, WatchStart};

@@ -29,6 +29,7 @@ mod metrics;
 mod net;
 mod node;
 mod seed;
+pub mod stream_admin;
 mod stream_delete;
 mod tls;
 
@@ -45,5 +46,6 @@ pub use metrics::{Histogram, Metrics, Stats, Usage, FSYNC_MICROS_BUCKETS, GROUP_
 pub use net::{Datagram, EcnCodepoint, Transmit};
 /// The rustls the engine builds its TLS with, for [`EngineConfig::crypto_provider`].
 pub use rustls;
+pub use stream_admin::{AdminError, ShardView, StreamView};
 pub use stream_delete::DeleteStreamError;
 pub use tls::{TlsConfigError, TlsIdentity, ALPN_FELIX_V1};

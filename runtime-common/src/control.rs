@@ -25,6 +25,8 @@ pub(crate) enum Control {
     DeleteStream(stream_delete::DeleteRequest),
     /// An operator's abandon of a shard's records (`ops/abandon.rs`).
     Abandon(crate::ops::abandon::AbandonRequest),
+    /// An admin API request (`ops/streams.rs`): run on the engine, the closure answers.
+    Admin(crate::ops::http::AdminJob),
 }
 
 /// A broker running in the background on some runtime. Dropping it stops the broker too

@@ -483,7 +483,7 @@ impl<R: Runtime> Driver<R> {
         match control {
             // The scraper may have timed out and gone; nothing to do then.
             Control::Scrape(reply) => {
-                let _ = reply.try_send(self.engine.metrics());
+                let _ = reply.send(self.engine.metrics());
             }
             Control::TlsIdentity(identity) => match self.engine.set_tls_identity(identity) {
                 Ok(()) => info!("serving the rotated certificate to new connections"),
@@ -495,6 +495,7 @@ impl<R: Runtime> Driver<R> {
             },
             Control::DeleteStream(req) => crate::ops::stream_delete::run(&mut self.engine, req),
             Control::Abandon(req) => crate::ops::abandon::run(&mut self.engine, req),
+            Control::Admin(job) => job(&mut self.engine, std::time::Instant::now()),
         }
     }
 

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_proto::Features;
+use felix_proto::{Features, Frame};
 use tokio::sync::OnceCell;
 
 use super::{Client, ClientConfig, Subscription};
@@ -23,8 +23,8 @@ use crate::core::cluster::{
     Cluster, ClusterConfig, Cursor, Next, Object, Redirects, Resend, Route,
 };
 use crate::core::stream_ops::{
-    read_shard_owners, read_stream_shards, read_topology, shard_owners_frame, stream_shards_frame,
-    topology_frame,
+    read_not_leader, read_shard_owners, read_stream_shards, read_topology, shard_owners_frame,
+    stream_shards_frame, topology_frame,
 };
 use crate::core::{Ack, Start};
 use crate::error::ClientError;
@@ -192,7 +192,9 @@ impl ClusterShared {
     }
 
     async fn refresh_topology(&self, node: &Client) {
-        let view = if node.capabilities().broker_has(Features::TOPOLOGY) {
+        // Negotiated, not merely advertised: a client configured without `FEATURE_TOPOLOGY`
+        // in its offer keeps to its seeds (say, seeds that are proxies).
+        let view = if node.capabilities().features().contains(Features::TOPOLOGY) {
             match node.one_shot(topology_frame()).await {
                 Ok(frame) => read_topology(&frame).ok(),
                 Err(_) => None,
@@ -206,7 +208,13 @@ impl ClusterShared {
     /// Asks the entry `shard_owners` for `object` (or records that it cannot be asked).
     async fn refresh_owners(&self, entry: SocketAddr, object: &Object) -> Result<(), ClientError> {
         let node = self.node(entry).await?;
-        let view = if node.capabilities().broker_has(Features::SHARD_OWNERS) {
+        // Negotiated: without `FEATURE_SHARD_OWNERS` in its offer the client sends every call
+        // to its entry broker, which forwards it or redirects a subscription.
+        let view = if node
+            .capabilities()
+            .features()
+            .contains(Features::SHARD_OWNERS)
+        {
             let frame = shard_owners_frame(
                 &self.config.tenant,
                 &object.namespace,
@@ -477,6 +485,52 @@ impl ClusterShared {
                 }
             }
         }
+    }
+
+    /// Runs `call` at the entry broker and, while it fails `not_leader` (the broker named
+    /// the owner instead of forwarding, to a client that offered `FEATURE_REDIRECT`), at the
+    /// named owner, within the hop bound. A `not_leader` applied nothing, so the same
+    /// request goes on unchanged. For the calls that are not routed by key: commits, state
+    /// reads, idempotent and conditional publishes, stream reads, group calls.
+    pub(crate) async fn redirected<'a, T>(
+        &self,
+        mut call: impl FnMut(Client) -> NodeCall<'a, T>,
+    ) -> Result<T, ClientError> {
+        let mut node = self.entry().await?;
+        let hops = self.core().config().max_redirect_hops;
+        let mut redirects = Redirects::new(node.inner.config.addr, hops);
+        loop {
+            match call(node).await {
+                Err(ClientError::NotLeader {
+                    node_id,
+                    addr,
+                    generation,
+                }) => {
+                    let to = redirects.follow(&node_id, addr.as_deref(), generation)?;
+                    node = self.node(to).await?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// [`ClusterShared::redirected`] for one request frame and its one answer.
+    pub(crate) async fn one_shot_redirected(&self, frame: Bytes) -> Result<Frame, ClientError> {
+        self.redirected(|node| {
+            let frame = frame.clone();
+            Box::pin(async move {
+                let answer = node.one_shot(frame).await?;
+                match read_not_leader(&answer) {
+                    None => Ok(answer),
+                    Some(n) => Err(ClientError::NotLeader {
+                        node_id: n.node_id,
+                        addr: n.addr,
+                        generation: n.generation,
+                    }),
+                }
+            })
+        })
+        .await
     }
 
     /// The connection calls that are not routed go on: the entry broker's, the current one

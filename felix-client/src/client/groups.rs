@@ -49,11 +49,24 @@ impl Client {
         request: GroupRequest,
         wait: Duration,
     ) -> Result<GroupAnswer, ClientError> {
-        // A cluster client asks its current entry broker, which forwards.
+        // A cluster client asks its current entry broker, which forwards or names the
+        // group's owner (followed).
         if let Some(cluster) = &self.cluster {
-            let entry = Box::pin(cluster.entry_node()).await?;
-            return Box::pin(entry.group_call(request, wait)).await;
+            return Box::pin(cluster.redirected(|node| {
+                let request = request.clone();
+                Box::pin(async move { node.group_call_here(request, wait).await })
+            }))
+            .await;
         }
+        self.group_call_here(request, wait).await
+    }
+
+    /// One group request on this broker's connection.
+    async fn group_call_here(
+        &self,
+        request: GroupRequest,
+        wait: Duration,
+    ) -> Result<GroupAnswer, ClientError> {
         let inner = &self.inner;
         request.call.check(&inner.caps)?;
         let pooled = inner.group_streams.0.lock().expect("pool lock").pop();

@@ -10,9 +10,9 @@ use super::{Client, RawStream};
 use crate::core::stream_ops::{
     commit_frame, idempotent_frame, offset_for_time_frame, producer_init_frame, publish_if_frame,
     read_guarded, read_offset_value, read_producer_init, read_state_value, read_stream_records,
-    read_stream_shards, read_topology, state_get_frame, stream_read_frame, stream_shards_frame,
-    topology_frame, Guarded, IdempotentBatch, IdempotentEncoding, StateValue, StreamPage,
-    REQUEST_ID,
+    read_stream_shards, read_topology, require_atomic_commit, state_get_frame, stream_read_frame,
+    stream_shards_frame, topology_frame, Guarded, IdempotentBatch, IdempotentEncoding, StateValue,
+    StreamPage, REQUEST_ID,
 };
 use crate::error::ClientError;
 
@@ -29,6 +29,16 @@ impl Client {
         Ok(answer)
     }
 
+    /// [`Client::one_shot`] for a request about one shard (a commit, a state read, an
+    /// idempotent or conditional publish, a stream read): in a cluster, a `not_leader`
+    /// answer is followed to the named owner with the same request.
+    async fn redirected_one_shot(&self, frame: Bytes) -> Result<Frame, ClientError> {
+        match &self.cluster {
+            Some(cluster) => cluster.one_shot_redirected(frame).await,
+            None => self.one_shot(frame).await,
+        }
+    }
+
     /// A new idempotent producer id from the broker (`producer_init`).
     pub async fn producer_init(&self) -> Result<u64, ClientError> {
         read_producer_init(&self.one_shot(producer_init_frame()).await?)
@@ -42,7 +52,7 @@ impl Client {
         encoding: IdempotentEncoding,
     ) -> Result<Guarded, ClientError> {
         let frame = idempotent_frame(self.tenant(), batch, encoding, REQUEST_ID);
-        read_guarded(&self.one_shot(frame).await?)
+        read_guarded(&self.redirected_one_shot(frame).await?)
     }
 
     /// Appends `payloads` only if they would start at exactly `expected_offset` on the shard
@@ -63,11 +73,14 @@ impl Client {
             expected_offset,
             payloads,
         );
-        read_guarded(&self.one_shot(frame).await?)
+        read_guarded(&self.redirected_one_shot(frame).await?)
     }
 
     /// Appends `event` and applies `changes` to the state of the shard `entity_key` routes
     /// to, as one record; with `expected_offset`, only if the shard's tail is there.
+    /// A commit given as a list of operations is checked into these arguments, or refused
+    /// unsent, by [`crate::CommitPlan::from_ops`]. Refused unsent too when the broker did not
+    /// advertise `FEATURE_ATOMIC_COMMIT`.
     pub async fn commit(
         &self,
         namespace: &str,
@@ -77,6 +90,7 @@ impl Client {
         changes: Vec<StateChange>,
         expected_offset: Option<u64>,
     ) -> Result<Guarded, ClientError> {
+        require_atomic_commit(self.capabilities())?;
         let frame = commit_frame(
             self.tenant(),
             namespace,
@@ -86,7 +100,7 @@ impl Client {
             changes,
             expected_offset,
         );
-        read_guarded(&self.one_shot(frame).await?)
+        read_guarded(&self.redirected_one_shot(frame).await?)
     }
 
     /// `key` in the state of the shard `entity_key` routes to.
@@ -97,8 +111,9 @@ impl Client {
         entity_key: Bytes,
         key: &str,
     ) -> Result<StateValue, ClientError> {
+        require_atomic_commit(self.capabilities())?;
         let frame = state_get_frame(self.tenant(), namespace, stream, entity_key, key);
-        read_state_value(&self.one_shot(frame).await?)
+        read_state_value(&self.redirected_one_shot(frame).await?)
     }
 
     /// One page of a durable shard's records from `from`, stopping before `end`; read on
@@ -121,7 +136,7 @@ impl Client {
             end,
             max_records,
         );
-        read_stream_records(&self.one_shot(frame).await?)
+        read_stream_records(&self.redirected_one_shot(frame).await?)
     }
 
     /// The first offset on a durable shard appended at or after `at_micros` (Unix µs);
@@ -134,7 +149,7 @@ impl Client {
         at_micros: u64,
     ) -> Result<Option<u64>, ClientError> {
         let frame = offset_for_time_frame(self.tenant(), namespace, stream, shard, at_micros);
-        read_offset_value(&self.one_shot(frame).await?)
+        read_offset_value(&self.redirected_one_shot(frame).await?)
     }
 
     /// The brokers this one says a client may connect to (`topology`).

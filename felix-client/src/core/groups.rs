@@ -305,6 +305,15 @@ impl GroupReply {
     pub fn answer(self, call: GroupCall) -> Result<(u64, GroupAnswer), ClientError> {
         Ok(match (call, self.0) {
             (_, Message::Error(e)) => return Err(refusal(e)),
+            // Routing: the group's shard is led elsewhere (to a client that offered
+            // `FEATURE_REDIRECT`); nothing was done, and the front end follows it.
+            (_, Message::NotLeader(n)) => {
+                return Err(ClientError::NotLeader {
+                    node_id: n.node_id,
+                    addr: n.addr,
+                    generation: n.generation,
+                })
+            }
             (GroupCall::Poll, Message::GroupRecords(r)) => (
                 r.request_id,
                 GroupAnswer::Records(
@@ -373,4 +382,31 @@ pub fn read_group_answer(
     frame: &Frame,
 ) -> Result<(u64, GroupAnswer), ClientError> {
     GroupReply::decode(frame)?.answer(call)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_not_leader_answer_to_any_group_call_is_a_redirect() {
+        let bytes = frame_bytes(&Message::NotLeader(message::NotLeader {
+            node_id: "n3".into(),
+            addr: Some("127.0.0.1:7003".into()),
+            generation: 2,
+        }));
+        let mut d = felix_proto::FrameDecoder::new(1 << 20);
+        d.feed(&bytes);
+        let frame = d.next_frame().expect("valid").expect("whole");
+        for call in [GroupCall::Poll, GroupCall::Ack, GroupCall::DeadLetters] {
+            assert_eq!(
+                read_group_answer(call, &frame).map(|(_, a)| a),
+                Err(ClientError::NotLeader {
+                    node_id: "n3".into(),
+                    addr: Some("127.0.0.1:7003".into()),
+                    generation: 2
+                })
+            );
+        }
+    }
 }

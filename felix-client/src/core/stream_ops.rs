@@ -13,7 +13,20 @@ use felix_proto::message::{self, Message, PublishRefusalReason, StateChange};
 use felix_proto::Frame;
 
 use super::codec::{decode_json, frame_bytes};
+use super::Capabilities;
 use crate::error::ClientError;
+
+/// Commits and state reads go only to a broker that advertised `FEATURE_ATOMIC_COMMIT`; to
+/// any other the call is refused here, unsent.
+pub fn require_atomic_commit(caps: &Capabilities) -> Result<(), ClientError> {
+    if caps.broker_has(felix_proto::Features::ATOMIC_COMMIT) {
+        Ok(())
+    } else {
+        Err(ClientError::Usage(
+            "the broker did not advertise atomic commits (FEATURE_ATOMIC_COMMIT)".into(),
+        ))
+    }
+}
 
 /// How a guarded publish (`publish_idempotent`, `publish_if`) or a conditional commit ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -251,6 +264,12 @@ fn refused(msg: Message, expected: &str) -> ClientError {
     match msg {
         Message::Error(e) => ClientError::server(e.code, e.retry, e.message),
         Message::PublishError(e) => ClientError::server(e.code, e.retry, e.message),
+        // Routing, not a refusal: the front end follows it (`redirected_one_shot`).
+        Message::NotLeader(n) => ClientError::NotLeader {
+            node_id: n.node_id,
+            addr: n.addr,
+            generation: n.generation,
+        },
         Message::Unsupported(u) => ClientError::Unsupported {
             request_type: u.request_type,
         },
@@ -316,6 +335,16 @@ pub fn read_guarded(frame: &Frame) -> Result<Guarded, ClientError> {
     read_guarded_reply(frame)?.result
 }
 
+/// The `not_leader` a request for one entity's shard (a commit, a state read) was answered
+/// with, if it was: the broker named the owner instead of forwarding, to a client that
+/// offered `FEATURE_REDIRECT`. Nothing was applied, so the request may go to the owner.
+pub fn read_not_leader(frame: &Frame) -> Option<message::NotLeader> {
+    match decode_json(frame) {
+        Ok(Message::NotLeader(n)) => Some(n),
+        _ => None,
+    }
+}
+
 /// The answer to `state_get`.
 pub fn read_state_value(frame: &Frame) -> Result<StateValue, ClientError> {
     match decode_json(frame)? {
@@ -353,5 +382,236 @@ pub fn read_stream_shards(frame: &Frame) -> Result<u64, ClientError> {
     match decode_json(frame)? {
         Message::StreamShardsView(v) => Ok(v.shards),
         other => Err(refused(other, "stream_shards_view")),
+    }
+}
+
+/// One operation of a commit given as a list, as the reference clients take one: a publish
+/// (the commit's event) or a state change, each naming its stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitOp {
+    Publish {
+        stream: String,
+        payload: Bytes,
+    },
+    Put {
+        stream: String,
+        key: String,
+        value: Bytes,
+    },
+    Delete {
+        stream: String,
+        key: String,
+    },
+}
+
+/// Why a list of operations is not one commit. Refused here, before anything is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitRefused {
+    /// Operation `index` names `stream`, not the first operation's: a commit is one record
+    /// on one shard of one stream, so it cannot span two logs.
+    NotOnOwningShard { index: usize, stream: String },
+    /// A commit carries exactly one event (one record, one offset); these had `count`.
+    EventCount { count: usize },
+}
+
+impl std::fmt::Display for CommitRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CommitRefused::NotOnOwningShard { index, stream } => write!(
+                f,
+                "commit operation {index} is on stream {stream:?}, not the commit's own"
+            ),
+            CommitRefused::EventCount { count } => {
+                write!(f, "a commit carries exactly one event, not {count}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CommitRefused {}
+
+/// A list of operations checked to be one commit: the arguments of `Client::commit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitPlan {
+    pub stream: String,
+    pub event: Bytes,
+    pub changes: Vec<StateChange>,
+}
+
+impl CommitPlan {
+    /// Checks `ops` are one commit: every operation on the first one's stream (else the
+    /// first that is not, by index), and exactly one publish among them.
+    pub fn from_ops(ops: Vec<CommitOp>) -> Result<CommitPlan, CommitRefused> {
+        let stream_of = |op: &CommitOp| match op {
+            CommitOp::Publish { stream, .. }
+            | CommitOp::Put { stream, .. }
+            | CommitOp::Delete { stream, .. } => stream.clone(),
+        };
+        let Some(stream) = ops.first().map(stream_of) else {
+            return Err(CommitRefused::EventCount { count: 0 });
+        };
+        if let Some((index, other)) = ops
+            .iter()
+            .map(stream_of)
+            .enumerate()
+            .find(|(_, s)| *s != stream)
+        {
+            return Err(CommitRefused::NotOnOwningShard {
+                index,
+                stream: other,
+            });
+        }
+        let mut events = Vec::new();
+        let mut changes = Vec::new();
+        for op in ops {
+            match op {
+                CommitOp::Publish { payload, .. } => events.push(payload),
+                CommitOp::Put { key, value, .. } => changes.push(StateChange::Put { key, value }),
+                CommitOp::Delete { key, .. } => changes.push(StateChange::Delete { key }),
+            }
+        }
+        if events.len() != 1 {
+            return Err(CommitRefused::EventCount {
+                count: events.len(),
+            });
+        }
+        Ok(CommitPlan {
+            stream,
+            event: events.pop().expect("one"),
+            changes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod commit_plan_tests {
+    use super::*;
+    use crate::core::{capabilities, Offer};
+    use felix_proto::negotiate::BrokerAdvertisement;
+    use felix_proto::Features;
+
+    #[test]
+    fn a_not_leader_answer_to_a_commit_is_a_redirect() {
+        let not_leader = message::NotLeader {
+            node_id: "n2".into(),
+            addr: Some("127.0.0.1:7001".into()),
+            generation: 4,
+        };
+        let bytes = frame_bytes(&Message::NotLeader(not_leader.clone()));
+        let mut d = felix_proto::FrameDecoder::new(1 << 20);
+        d.feed(&bytes);
+        let frame = d.next_frame().expect("valid").expect("whole");
+        assert_eq!(read_not_leader(&frame), Some(not_leader));
+        assert_eq!(
+            read_guarded(&frame),
+            Err(ClientError::NotLeader {
+                node_id: "n2".into(),
+                addr: Some("127.0.0.1:7001".into()),
+                generation: 4
+            })
+        );
+        assert!(matches!(
+            read_state_value(&frame),
+            Err(ClientError::NotLeader { .. })
+        ));
+        let ok = frame_bytes(&Message::CommitOk(message::CommitOk {
+            offset: 9,
+            request_id: REQUEST_ID,
+        }));
+        d.feed(&ok);
+        let frame = d.next_frame().expect("valid").expect("whole");
+        assert_eq!(read_not_leader(&frame), None);
+        assert_eq!(read_guarded(&frame), Ok(Guarded::Written(Some(9))));
+    }
+
+    #[test]
+    fn a_commit_needs_the_broker_to_have_advertised_it() {
+        let ad = |features: u64| BrokerAdvertisement {
+            server_flags: 0x1FFF,
+            server_features: Some(features),
+            server_features_hi: None,
+            publish_window: None,
+        };
+        let with = capabilities(&Offer::cluster(), Some(&ad(Features::ATOMIC_COMMIT.0)));
+        assert_eq!(require_atomic_commit(&with), Ok(()));
+        let without = capabilities(&Offer::cluster(), Some(&ad(Features::ERROR_CODES.0)));
+        assert!(matches!(
+            require_atomic_commit(&without),
+            Err(ClientError::Usage(_))
+        ));
+        // Plain `ok`: nothing advertised.
+        let legacy = capabilities(&Offer::cluster(), None);
+        assert!(require_atomic_commit(&legacy).is_err());
+    }
+
+    fn publish(stream: &str, payload: &'static [u8]) -> CommitOp {
+        CommitOp::Publish {
+            stream: stream.into(),
+            payload: Bytes::from_static(payload),
+        }
+    }
+
+    fn put(stream: &str, key: &str) -> CommitOp {
+        CommitOp::Put {
+            stream: stream.into(),
+            key: key.into(),
+            value: Bytes::from_static(b"v"),
+        }
+    }
+
+    #[test]
+    fn one_event_and_its_changes_on_one_stream_is_a_commit() {
+        let plan = CommitPlan::from_ops(vec![
+            put("ledger", "a"),
+            publish("ledger", b"ev"),
+            CommitOp::Delete {
+                stream: "ledger".into(),
+                key: "b".into(),
+            },
+        ])
+        .expect("one commit");
+        assert_eq!(plan.stream, "ledger");
+        assert_eq!(&plan.event[..], b"ev");
+        assert_eq!(
+            plan.changes,
+            vec![
+                StateChange::Put {
+                    key: "a".into(),
+                    value: Bytes::from_static(b"v")
+                },
+                StateChange::Delete { key: "b".into() }
+            ]
+        );
+    }
+
+    #[test]
+    fn an_operation_on_another_stream_is_refused_by_its_index() {
+        assert_eq!(
+            CommitPlan::from_ops(vec![
+                publish("ledger", b"x"),
+                put("ledger", "k"),
+                put("events", "k")
+            ]),
+            Err(CommitRefused::NotOnOwningShard {
+                index: 2,
+                stream: "events".into()
+            })
+        );
+    }
+
+    #[test]
+    fn no_event_or_two_is_refused_with_the_count() {
+        assert_eq!(
+            CommitPlan::from_ops(vec![put("ledger", "k")]),
+            Err(CommitRefused::EventCount { count: 0 })
+        );
+        assert_eq!(
+            CommitPlan::from_ops(Vec::new()),
+            Err(CommitRefused::EventCount { count: 0 })
+        );
+        assert_eq!(
+            CommitPlan::from_ops(vec![publish("ledger", b"1"), publish("ledger", b"2")]),
+            Err(CommitRefused::EventCount { count: 2 })
+        );
     }
 }

@@ -745,6 +745,10 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
             meta.declared_by.get(node) == Some(&true) || meta.refused.contains_key(node)
         }
         Command::CreateStream { key, .. } => meta.streams.contains_key(key),
+        Command::AlterStream { key, retention } => meta
+            .streams
+            .get(key)
+            .is_none_or(|s| s.spec.retention == *retention),
         Command::Liveness { node, up } => meta.members.get(node).is_some_and(|m| m.up == *up),
         Command::Promote {
             shard, generation, ..

@@ -188,6 +188,8 @@ fn declarations() -> Declarations {
             shards: 6,
             replication_factor: 3,
             consistency: Consistency::Quorum,
+            retention: Default::default(),
+            durable: true,
         },
     );
     d

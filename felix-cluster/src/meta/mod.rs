@@ -54,12 +54,81 @@ impl fmt::Display for Consistency {
     }
 }
 
-/// A stream as declared (or as created on first use).
+/// How long a stream keeps its records; `None` leaves it to the broker-wide setting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retention {
+    #[serde(default)]
+    pub max_age_seconds: Option<u64>,
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+}
+
+/// A stream as declared, created through the admin API, or created on first use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamSpec {
     pub shards: u32,
     pub replication_factor: u8,
     pub consistency: Consistency,
+    /// Recorded with the stream (entries from before it existed read as the default).
+    #[serde(default)]
+    pub retention: Retention,
+    /// Whether the stream is asked to outlive its nodes' processes: recorded; what a copy
+    /// does is still each node's own storage setting (docs/operations.md).
+    #[serde(default = "durable_by_default")]
+    pub durable: bool,
+}
+
+impl StreamSpec {
+    /// A spec with the broker-wide retention and `durable`: what first use and
+    /// configuration declarations create.
+    pub fn new(shards: u32, replication_factor: u8, consistency: Consistency) -> StreamSpec {
+        StreamSpec {
+            shards,
+            replication_factor,
+            consistency,
+            retention: Retention::default(),
+            durable: true,
+        }
+    }
+
+    /// The first field in which `other` differs from this spec, named as the admin API
+    /// names it (`409` on a create that differs from the stream's record).
+    pub fn first_difference(&self, other: &StreamSpec) -> Option<&'static str> {
+        if self.shards != other.shards {
+            Some("shards")
+        } else if self.replication_factor != other.replication_factor {
+            Some("replication_factor")
+        } else if self.consistency != other.consistency {
+            Some("consistency")
+        } else if self.retention.max_age_seconds != other.retention.max_age_seconds {
+            Some("retention.max_age_seconds")
+        } else if self.retention.max_bytes != other.retention.max_bytes {
+            Some("retention.max_bytes")
+        } else if self.durable != other.durable {
+            Some("durable")
+        } else {
+            None
+        }
+    }
+}
+
+/// The most shards a stream created through the admin API may have. Every shard is a log
+/// on each of its replicas and a line in every node's metadata, so the bound keeps one
+/// request from placing an unbounded number of them.
+pub const MAX_STREAM_SHARDS: u32 = 1024;
+
+/// Why a stream spec cannot be created: the field it names, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecError {
+    pub field: &'static str,
+    pub why: String,
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.why)
+    }
 }
 
 /// A cache as declared.
@@ -245,8 +314,17 @@ pub enum Command {
         node: NodeId,
         declarations: Declarations,
     },
-    /// A stream created by its first publish or subscribe, not declared.
+    /// A stream created by its first publish or subscribe, or by an operator
+    /// (`POST /v1/streams`): one command, so a stream is placed whole or not at all. A key
+    /// already placed is left as it is, whatever this spec says (the first applied wins;
+    /// the admin API then answers `409` naming the field that differs).
     CreateStream { key: ObjectKey, spec: StreamSpec },
+    /// An operator changed a stream's retention (`PATCH /v1/streams/…`); the only part of a
+    /// stream's spec that changes in place (docs/operations.md says why the rest does not).
+    AlterStream {
+        key: ObjectKey,
+        retention: Retention,
+    },
     /// The control plane's leader saw a member go quiet, or come back.
     Liveness { node: NodeId, up: bool },
     /// A shard's next generation, led by `leader` (a replica holding its copy), or by nobody
@@ -348,6 +426,8 @@ pub enum Applied {
         node: NodeId,
         storage_id: String,
     },
+    /// An operator's change to a stream's spec was recorded.
+    Altered(ObjectKey),
     /// A leader's quiescence or resumption was recorded.
     QuietChanged {
         shard: ShardRef,
@@ -529,8 +609,24 @@ impl Metadata {
                 if let Err(e) = self.check(spec.shards, spec.replication_factor) {
                     return Applied::Invalid(format!("stream {key}: {e}"));
                 }
+                if let Some(e) = retention_error(&spec.retention) {
+                    return Applied::Invalid(format!("stream {key}: {e}"));
+                }
                 self.place_stream(key, *spec);
                 Applied::Placed(key.clone())
+            }
+            Command::AlterStream { key, retention } => {
+                if let Some(e) = retention_error(retention) {
+                    return Applied::Invalid(format!("stream {key}: {e}"));
+                }
+                let Some(s) = self.streams.get_mut(key) else {
+                    return Applied::Invalid(format!("stream {key} is not placed"));
+                };
+                if s.spec.retention == *retention {
+                    return Applied::Unchanged;
+                }
+                s.spec.retention = *retention;
+                Applied::Altered(key.clone())
             }
             Command::Liveness { node, up } => match self.members.get_mut(node) {
                 Some(m) if m.up != *up => {
@@ -774,6 +870,28 @@ impl Metadata {
         }
     }
 
+    /// Whether an operator's `spec` can be created here, naming the field that cannot: what
+    /// the admin API answers `400` for, before anything is proposed. Names are the caller's
+    /// to check (the protocol's rule lives with the broker).
+    pub fn check_stream_spec(&self, spec: &StreamSpec) -> Result<(), SpecError> {
+        if spec.shards == 0 || spec.shards > MAX_STREAM_SHARDS {
+            return Err(SpecError {
+                field: "shards",
+                why: format!("must be 1..={MAX_STREAM_SHARDS}, not {}", spec.shards),
+            });
+        }
+        if let Err(e) = self.check(spec.shards, spec.replication_factor) {
+            return Err(SpecError {
+                field: "replication_factor",
+                why: e.to_string(),
+            });
+        }
+        if let Some(e) = retention_error(&spec.retention) {
+            return Err(e);
+        }
+        Ok(())
+    }
+
     fn check(&self, shards: u32, rf: u8) -> Result<(), placement::PlacementError> {
         // A dry run on a scratch load: the same checks `place` makes.
         placement::place(&self.voters, &mut Load::default(), "", shards.min(1), rf).map(|_| ())?;
@@ -829,6 +947,19 @@ impl Metadata {
 
     pub fn restore(data: &[u8]) -> Result<Metadata, String> {
         serde_json::from_slice(data).map_err(|e| e.to_string())
+    }
+}
+
+/// A retention of zero would keep nothing: refused, naming the field.
+fn retention_error(r: &Retention) -> Option<SpecError> {
+    let zero = |field: &'static str| SpecError {
+        field,
+        why: "0 would keep nothing: leave it out for the broker-wide setting".into(),
+    };
+    match (r.max_age_seconds, r.max_bytes) {
+        (Some(0), _) => Some(zero("retention.max_age_seconds")),
+        (_, Some(0)) => Some(zero("retention.max_bytes")),
+        _ => None,
     }
 }
 

@@ -25,6 +25,8 @@ fn decls(shards: u32, rf: u8) -> Declarations {
             shards,
             replication_factor: rf,
             consistency: Consistency::Quorum,
+            retention: Default::default(),
+            durable: true,
         },
     );
     d.caches.insert(
@@ -108,8 +110,11 @@ fn the_first_declaration_is_the_clusters_and_a_disagreeing_node_is_refused_by_na
         Applied::Refused {
             node: n("n3"),
             reason: "stream t1/default/orders is declared here as StreamSpec { shards: 4, \
-                     replication_factor: 3, consistency: Quorum } but the cluster has \
-                     StreamSpec { shards: 6, replication_factor: 3, consistency: Quorum }"
+                     replication_factor: 3, consistency: Quorum, retention: Retention { \
+                     max_age_seconds: None, max_bytes: None }, durable: true } but the \
+                     cluster has StreamSpec { shards: 6, replication_factor: 3, consistency: \
+                     Quorum, retention: Retention { max_age_seconds: None, max_bytes: None }, \
+                     durable: true }"
                 .into()
         }
     );
@@ -161,6 +166,8 @@ fn missing_objects_are_named_from_either_side() {
             shards: 1,
             replication_factor: 1,
             consistency: Consistency::Leader,
+            retention: Default::default(),
+            durable: true,
         },
     );
     assert_eq!(
@@ -182,6 +189,8 @@ fn created_streams_are_placed_once_and_liveness_changes_topology() {
         shards: 1,
         replication_factor: 1,
         consistency: Consistency::Leader,
+        retention: Default::default(),
+        durable: true,
     };
     let got = apply(
         &mut m,
@@ -255,6 +264,8 @@ fn same_commands_same_bytes_and_a_snapshot_restores_exactly() {
                 shards: 2,
                 replication_factor: 2,
                 consistency: Consistency::Leader,
+                retention: Default::default(),
+                durable: true,
             },
         },
     ];
@@ -370,4 +381,211 @@ fn a_reopen_moves_only_its_leaders_own_generation_on_by_one() {
         (g + 1, Some(&leader))
     );
     assert_eq!(now.replicas, placed.replicas);
+}
+
+fn operator_spec() -> StreamSpec {
+    StreamSpec {
+        shards: 6,
+        replication_factor: 3,
+        consistency: Consistency::Quorum,
+        retention: Retention {
+            max_age_seconds: Some(86_400),
+            max_bytes: Some(1 << 30),
+        },
+        durable: true,
+    }
+}
+
+/// An operator's create (`POST /v1/streams`) as one command on three joined nodes: the
+/// whole stream placed at once with its retention recorded; the same command again, and one
+/// with another spec, change nothing (the first applied wins: the API answers 409 from
+/// `first_difference`); one with a retention of 0 applies as nothing on every node. The
+/// state after each entry is pinned in `testdata/meta/create_stream.txt` (`FELIX_BLESS=1`
+/// rewrites it; review the diff like code: every node must reach exactly this).
+#[test]
+fn an_operator_create_applied_to_states_golden() {
+    let key = ObjectKey::new("t1", "ops", "orders");
+    let mut other = operator_spec();
+    other.shards = 4;
+    let mut zero = operator_spec();
+    zero.retention.max_bytes = Some(0);
+    let cmds = [
+        join("n1", Some("a:1"), "d1"),
+        join("n2", Some("a:2"), "d2"),
+        join("n3", Some("a:3"), "d3"),
+        Command::CreateStream {
+            key: key.clone(),
+            spec: operator_spec(),
+        },
+        Command::CreateStream {
+            key: key.clone(),
+            spec: operator_spec(),
+        },
+        Command::CreateStream {
+            key: key.clone(),
+            spec: other,
+        },
+        Command::CreateStream {
+            key: ObjectKey::new("t1", "ops", "empty"),
+            spec: zero,
+        },
+    ];
+    let mut m = meta();
+    let mut out = String::new();
+    for c in &cmds {
+        let next = m.applied + 1;
+        let got = m.apply_entry(next, &c.encode());
+        out.push_str(&format!(
+            "{}\n  -> {got:?}\n",
+            String::from_utf8(c.encode()).unwrap()
+        ));
+    }
+    out.push_str("\nstreams:\n");
+    for (k, s) in &m.streams {
+        out.push_str(&format!("{k} {:?}\n", s.spec));
+        for (i, sh) in s.shards.iter().enumerate() {
+            let replicas: Vec<&str> = sh.replicas.iter().map(|r| r.0.as_str()).collect();
+            out.push_str(&format!(
+                "  #{i} leader {} generation {} replicas {} storage {}\n",
+                sh.leader.as_ref().map_or("-", |l| l.0.as_str()),
+                sh.generation,
+                replicas.join(","),
+                sh.replica_storage.join(",")
+            ));
+        }
+    }
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/meta/create_stream.txt");
+    if std::env::var_os("FELIX_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &out).unwrap();
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with FELIX_BLESS=1)", path.display()));
+    assert_eq!(out, want);
+    assert_eq!(
+        m.streams[&key].spec.first_difference(&other),
+        Some("shards")
+    );
+    assert_eq!(
+        m.streams[&key].spec.first_difference(&operator_spec()),
+        None
+    );
+}
+
+/// What the admin API refuses `400` before proposing anything, each naming its field.
+#[test]
+fn an_operator_spec_is_checked_naming_the_bad_field() {
+    let m = meta();
+    let field = |f: &dyn Fn(&mut StreamSpec)| {
+        let mut s = operator_spec();
+        f(&mut s);
+        m.check_stream_spec(&s).err().map(|e| e.field)
+    };
+    assert_eq!(field(&|_| {}), None);
+    assert_eq!(field(&|s| s.shards = 0), Some("shards"));
+    assert_eq!(field(&|s| s.shards = MAX_STREAM_SHARDS), None);
+    assert_eq!(field(&|s| s.shards = MAX_STREAM_SHARDS + 1), Some("shards"));
+    // Three voters: RF 3 fits, 4 does not.
+    assert_eq!(
+        field(&|s| s.replication_factor = 4),
+        Some("replication_factor")
+    );
+    assert_eq!(
+        field(&|s| s.replication_factor = 0),
+        Some("replication_factor")
+    );
+    assert_eq!(
+        field(&|s| s.retention.max_age_seconds = Some(0)),
+        Some("retention.max_age_seconds")
+    );
+    assert_eq!(
+        field(&|s| s.retention.max_bytes = Some(0)),
+        Some("retention.max_bytes")
+    );
+    assert_eq!(field(&|s| s.retention = Retention::default()), None);
+    let e = m
+        .check_stream_spec(&StreamSpec {
+            replication_factor: 4,
+            ..operator_spec()
+        })
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "replication_factor: replication_factor 4 needs that many nodes; the cluster has 3"
+    );
+}
+
+/// An operator's retention change (`PATCH /v1/streams/…`): applied to a placed stream, the
+/// same change again is nothing, a retention of 0 and an unknown stream apply as nothing on
+/// every node; shards, placement and generations are untouched.
+#[test]
+fn an_operator_alter_changes_retention_only() {
+    let key = ObjectKey::new("t1", "ops", "orders");
+    let mut m = meta();
+    apply(
+        &mut m,
+        &[
+            join("n1", Some("a:1"), "d1"),
+            join("n2", Some("a:2"), "d2"),
+            join("n3", Some("a:3"), "d3"),
+            Command::CreateStream {
+                key: key.clone(),
+                spec: operator_spec(),
+            },
+        ],
+    );
+    let placed = m.streams[&key].shards.clone();
+    let week = Retention {
+        max_age_seconds: Some(7 * 86_400),
+        max_bytes: None,
+    };
+    let got = apply(
+        &mut m,
+        &[
+            Command::AlterStream {
+                key: key.clone(),
+                retention: week,
+            },
+            Command::AlterStream {
+                key: key.clone(),
+                retention: week,
+            },
+            Command::AlterStream {
+                key: key.clone(),
+                retention: Retention {
+                    max_age_seconds: Some(0),
+                    max_bytes: None,
+                },
+            },
+            Command::AlterStream {
+                key: ObjectKey::new("t1", "ops", "nope"),
+                retention: week,
+            },
+        ],
+    );
+    assert_eq!(got[0], Applied::Altered(key.clone()));
+    assert_eq!(got[1], Applied::Unchanged);
+    assert_eq!(
+        got[2],
+        Applied::Invalid(
+            "stream t1/ops/orders: retention.max_age_seconds: 0 would keep nothing: leave it \
+             out for the broker-wide setting"
+                .into()
+        )
+    );
+    assert_eq!(
+        got[3],
+        Applied::Invalid("stream t1/ops/nope is not placed".into())
+    );
+    let s = &m.streams[&key];
+    assert_eq!(s.spec.retention, week);
+    assert_eq!(
+        StreamSpec {
+            retention: operator_spec().retention,
+            ..s.spec
+        },
+        operator_spec()
+    );
+    assert_eq!(s.shards, placed);
 }

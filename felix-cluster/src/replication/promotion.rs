@@ -160,6 +160,8 @@ mod tests {
                 shards: 2,
                 replication_factor: rf,
                 consistency: Consistency::Quorum,
+                retention: Default::default(),
+                durable: true,
             },
         );
         let declare = Command::Declare {
@@ -358,6 +360,8 @@ mod tests {
                                 shards: 1,
                                 replication_factor: arg("rf").parse().unwrap(),
                                 consistency,
+                                retention: Default::default(),
+                                durable: true,
                             },
                         );
                         apply(

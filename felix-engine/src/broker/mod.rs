@@ -538,6 +538,16 @@ impl Broker {
         b
     }
 
+    /// A cluster placed `key` with `shards` shards (created through the admin API, or by a
+    /// first use elsewhere): a stream not opened here yet is opened that wide, as a declared
+    /// one is. One already open keeps its width (the metadata's is the same: both come
+    /// from the one placement).
+    pub(crate) fn learn_width(&mut self, key: &StreamKey, shards: u32) {
+        if !self.stream_index.contains_key(key) {
+            self.declared.insert(key.clone(), shards.max(1));
+        }
+    }
+
     /// Shards of a stream that exists (was used or declared); `None` for an unknown one.
     pub(crate) fn shard_count(&self, key: &StreamKey) -> Option<u32> {
         match self.stream_index.get(key) {

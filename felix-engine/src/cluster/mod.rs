@@ -10,6 +10,7 @@
 pub(crate) mod abandon;
 mod lease;
 mod metalog;
+pub(crate) mod objects;
 pub(crate) mod observe;
 mod peers;
 mod replicas;
@@ -91,6 +92,9 @@ pub(crate) struct ClusterNode {
     metalog: Option<MetaLog>,
     /// Why the cluster refused this node (its declarations disagree): fatal.
     refusal: Option<String>,
+    /// Every copy placed here caught up with its leader once since this process started
+    /// (`copies_caught_up`): readiness waits for it, and does not flap with later failovers.
+    caught_up: bool,
     default_replication_factor: u8,
     /// `cluster.place_streams_on_first_use`.
     place_streams_on_first_use: bool,
@@ -121,6 +125,8 @@ fn declarations(streams: &[DeclaredStream], cfg: &ClusterConfig) -> Declarations
                     Consistency::Leader => MetaConsistency::Leader,
                     Consistency::Quorum => MetaConsistency::Quorum,
                 },
+                retention: Default::default(),
+                durable: true,
             },
         );
     }
@@ -247,6 +253,7 @@ impl ClusterNode {
             blank,
             metalog,
             refusal: None,
+            caught_up: false,
             default_replication_factor: cfg.default_replication_factor.max(1),
             place_streams_on_first_use: cfg.place_streams_on_first_use,
             storage_id,
@@ -724,13 +731,26 @@ impl ClusterNode {
         self.refusal.as_deref().or_else(|| self.storage_error())
     }
 
-    /// Joined, its declarations accepted: it can serve.
+    /// Joined, its declarations accepted, and (once, after its start) every copy placed here
+    /// caught up with its leader: it can serve, and `/readyz` says so.
     pub(crate) fn is_serving(&self) -> bool {
+        self.is_joined() && self.caught_up
+    }
+
+    fn is_joined(&self) -> bool {
         let meta = self.meta();
         self.refusal().is_none()
             && meta.members.get(&self.me).is_some_and(|m| m.up)
             && meta.declared_by.get(&self.me) == Some(&true)
             && self.lease.writable_until().is_some()
+    }
+
+    /// Latches [`ClusterNode::caught_up`] the first time the joined node's copies are level.
+    pub(super) fn note_caught_up(&mut self) {
+        if !self.caught_up && self.is_joined() && self.copies_caught_up() {
+            self.caught_up = true;
+            tracing::info!("every copy placed here has caught up with its leader: ready");
+        }
     }
 
     /// How many stream and cache shards this node leads, and holds without leading.
@@ -857,6 +877,8 @@ impl ClusterNode {
             shards: shards.max(1),
             replication_factor: self.default_replication_factor,
             consistency: MetaConsistency::Leader,
+            retention: Default::default(),
+            durable: true,
         };
         let key = ObjectKey::new(tenant, namespace, stream);
         match self.control.as_mut() {

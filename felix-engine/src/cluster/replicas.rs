@@ -234,6 +234,9 @@ struct Slot {
     epochs_after_cut: Option<Vec<(u64, u64)>>,
     /// The compaction bound last handed to a led group log.
     compaction_bound: Option<u64>,
+    /// A follower's target for readiness: where its leader's log ended when it answered this
+    /// copy's request to be fed at this generation.
+    catch_up_to: Option<u64>,
 }
 
 /// This node's part in every replicated shard it holds.
@@ -516,6 +519,42 @@ impl ClusterNode {
         }
     }
 
+    /// Whether every copy placed here has caught up with its leader: a follower holds what
+    /// its leader's log held when it answered this copy's request to be fed, a leader here has
+    /// opened its generation. Readiness waits for it once after a start (docs/deploy.md). A
+    /// copy without a leader, following a node marked down, or halted does not hold readiness
+    /// back: waiting would not change it.
+    pub(super) fn copies_caught_up(&self) -> bool {
+        let meta = self.meta();
+        let leader_down = |m: &ShardMeta| {
+            m.leader
+                .as_ref()
+                .is_none_or(|l| *l != self.me && !meta.members.get(l).is_some_and(|mm| mm.up))
+        };
+        self.replicated_here().iter().all(|(r, m, _)| {
+            let Some(slot) = self.replicas.slots.get(r) else {
+                return false;
+            };
+            if slot.generation != m.generation {
+                return false;
+            }
+            match &slot.role {
+                Role::Idle => true,
+                Role::Leading(_) => slot.gated,
+                Role::Preparing | Role::Fencing(_) => leader_down(m),
+                Role::Following(f) => match f.state() {
+                    FollowState::Halted { .. } => true,
+                    FollowState::Fed { end } => {
+                        slot.catch_up_to.is_some_and(|to| end >= to) || leader_down(m)
+                    }
+                    FollowState::Asking
+                    | FollowState::Truncating { .. }
+                    | FollowState::Rebuilding { .. } => leader_down(m),
+                },
+            }
+        })
+    }
+
     /// What [`super::observe::ClusterView::replicas`] shows.
     pub(super) fn replica_views(&self) -> Vec<super::observe::ReplicaView> {
         self.replicas
@@ -656,6 +695,7 @@ impl ClusterNode {
             }
             self.drain_leader(&r);
         }
+        self.note_caught_up();
     }
 
     /// Brings every slot in line with the metadata, and re-sends what is unanswered.
@@ -684,6 +724,7 @@ impl ClusterNode {
                 gated: false,
                 epochs_after_cut: None,
                 compaction_bound: None,
+                catch_up_to: None,
             });
             if slot.generation != m.generation {
                 slot.generation = m.generation;
@@ -691,6 +732,7 @@ impl ClusterNode {
                 let slot = self.replicas.slots.get_mut(&r).expect("present");
                 slot.role = Role::Preparing;
                 slot.last_sent = None;
+                slot.catch_up_to = None;
             }
             let slot = self.replicas.slots.get_mut(&r).expect("present");
             let Some(log) = slot.log else {
@@ -1749,6 +1791,7 @@ impl ClusterNode {
                 if ff.scope.generation != f.generation() || *f.leader() != from_node {
                     return;
                 }
+                slot.catch_up_to = Some(ff.leader_end);
                 let cut = if ff.rebuild {
                     f.rebuild_from(ff.truncate_to, info.start, info.end, info.state.commit)
                 } else {

@@ -703,6 +703,106 @@ impl Engine {
         self.delete_stream(now, tenant, namespace, stream)
     }
 
+    /// Creates a stream through the control plane (`POST /v1/streams`): the token must
+    /// verify for `tenant` and grant `stream.manage` on the stream. `Ok(Some)` when it exists
+    /// with this very spec (look again with [`Engine::stream_view`] until
+    /// [`crate::StreamView::writable`]); `Ok(None)` when asked for and not placed yet.
+    pub fn create_stream_as(
+        &mut self,
+        now: Instant,
+        token: &str,
+        names: (&str, &str, &str),
+        spec: crate::stream_admin::StreamSpec,
+    ) -> Result<Option<crate::StreamView>, crate::AdminError> {
+        use crate::AdminError;
+        crate::stream_admin::check_names(names)?;
+        let unix_secs = self.core.unix_secs(now);
+        let action = felix_auth::Action::StreamManage;
+        crate::stream_admin::authorize(&self.core.verifier, unix_secs, token, action, names)?;
+        if !self.is_ready() {
+            return Err(AdminError::Unavailable("recovery is not finished".into()));
+        }
+        let cluster = self.core.cluster.as_mut().ok_or_else(not_clustered)?;
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        let outcome = cluster.create_stream(now, key, spec)?;
+        self.settle(now);
+        Ok(outcome)
+    }
+
+    /// Changes a stream's retention through the control plane (`PATCH /v1/streams/…`): the
+    /// token must grant `stream.manage` on it. `Ok(true)` when it already has `retention`,
+    /// `Ok(false)` when asked (look again with [`Engine::stream_view`]).
+    pub fn alter_stream_as(
+        &mut self,
+        now: Instant,
+        token: &str,
+        names: (&str, &str, &str),
+        retention: crate::stream_admin::Retention,
+    ) -> Result<bool, crate::AdminError> {
+        use crate::AdminError;
+        crate::stream_admin::check_names(names)?;
+        let unix_secs = self.core.unix_secs(now);
+        let action = felix_auth::Action::StreamManage;
+        crate::stream_admin::authorize(&self.core.verifier, unix_secs, token, action, names)?;
+        if !self.is_ready() {
+            return Err(AdminError::Unavailable("recovery is not finished".into()));
+        }
+        let cluster = self.core.cluster.as_mut().ok_or_else(not_clustered)?;
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        let outcome = cluster.alter_stream(now, key, retention)?;
+        self.settle(now);
+        Ok(outcome)
+    }
+
+    /// A placed stream as this node's metadata has it (`GET /v1/streams/{t}/{ns}/{s}`), for
+    /// the holder of `token` (with `None`, trusted: the endpoint already checked it).
+    pub fn stream_view(
+        &self,
+        now: Instant,
+        token: Option<&str>,
+        names: (&str, &str, &str),
+    ) -> Result<crate::StreamView, crate::AdminError> {
+        use crate::AdminError;
+        crate::stream_admin::check_names(names)?;
+        if let Some(token) = token {
+            let unix_secs = self.core.unix_secs(now);
+            let action = felix_auth::Action::StreamView;
+            crate::stream_admin::authorize(&self.core.verifier, unix_secs, token, action, names)?;
+        }
+        let cluster = self.core.cluster.as_ref().ok_or_else(not_clustered)?;
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        cluster
+            .stream_view(&key)
+            .ok_or_else(|| AdminError::NotFound(format!("no stream {key}")))
+    }
+
+    /// Every placed stream of the token's tenant that it may view (`GET /v1/streams`).
+    pub fn stream_views(
+        &self,
+        now: Instant,
+        token: &str,
+    ) -> Result<Vec<crate::StreamView>, crate::AdminError> {
+        use crate::AdminError;
+        let tenant = felix_auth::claimed_tenant(token)
+            .ok_or_else(|| AdminError::Unauthorized("the token does not parse".into()))?;
+        let unix_secs = self.core.unix_secs(now);
+        let identity = self
+            .core
+            .verifier
+            .verify(token, &tenant, unix_secs)
+            .map_err(|e| AdminError::Unauthorized(e.to_string()))?;
+        let cluster = self.core.cluster.as_ref().ok_or_else(not_clustered)?;
+        let views = cluster.stream_views(&tenant);
+        Ok(views
+            .into_iter()
+            .filter(|v| {
+                let object = format!("stream:{}/{}/{}", v.tenant, v.namespace, v.stream);
+                identity.allows(felix_auth::Action::StreamView, &object)
+                    || identity.allows(felix_auth::Action::StreamManage, &object)
+            })
+            .collect())
+    }
+
     /// Gives up what a shard's gone leader acknowledged (`felix admin abandon`): asks the
     /// control plane to hand shard `shard` of the stream (or, `cache`, the cache) to `to` or
     /// the first live node that can take it. The token must verify for `tenant` and grant
@@ -1229,6 +1329,14 @@ impl Engine {
             .cluster
             .as_mut()
             .is_some_and(|c| c.take_metadata_changed());
+        if changed {
+            // Streams placed at runtime are opened as wide as they were placed.
+            if let Some(c) = self.core.cluster.as_ref() {
+                for (key, width) in c.stream_widths() {
+                    self.core.broker.learn_width(&key, width);
+                }
+            }
+        }
         self.resume_forwards_awaiting_metadata(now, changed);
         if self.core.awaiting_placement.is_empty() {
             return;
@@ -1352,4 +1460,11 @@ impl Engine {
             conn.deadline = next;
         }
     }
+}
+
+/// The admin API's streams live in the cluster's metadata; a single node has none to show.
+fn not_clustered() -> crate::AdminError {
+    crate::AdminError::NotFound(
+        "this broker is not a cluster node: a single node creates streams on first use".into(),
+    )
 }

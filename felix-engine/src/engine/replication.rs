@@ -37,6 +37,10 @@ impl Engine {
                     ReplicaIo::Open { copy } => {
                         let k = &copy.shard.key;
                         let key = StreamKey::new(&k.tenant, &k.namespace, &k.name);
+                        // A stream placed at runtime is opened as wide as it was placed.
+                        if let Some(w) = cluster.stream_width(&k.tenant, &k.namespace, &k.name) {
+                            broker.learn_width(&key, w);
+                        }
                         let cache = CacheKey::new(&k.tenant, &k.namespace, &k.name);
                         let log = match copy.kind {
                             CopyKind::Records => broker

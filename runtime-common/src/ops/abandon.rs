@@ -7,19 +7,18 @@
 //! 403, 404 no such shard or not a cluster node, 409 the leader is live or no node can take
 //! it, 503 the broker did not answer.
 
-use std::io::{self, Write};
-use std::net::TcpStream;
-use std::sync::mpsc as std_mpsc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use felix_engine::{AbandonError, AbandonPlan, Engine};
 use tracing::{info, warn};
 
-use super::http::OpsState;
+use hyper::body::Incoming;
+use hyper::{Method, Request, StatusCode};
+
+use super::http::{ask, bearer_token, no_token, text, Answer, OpsState};
 use crate::control::Control;
 
 pub(crate) const ROUTE: &str = "/v1/shards/";
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(crate) struct AbandonRequest {
     token: String,
@@ -65,58 +64,43 @@ fn parse(path: &str) -> Option<(bool, (String, String, String), u32)> {
     Some((cache, names, shard.parse().ok()?))
 }
 
-pub(crate) fn serve(
-    conn: &mut TcpStream,
-    state: &OpsState,
-    method: &str,
-    target: &str,
-    request: &[u8],
-) -> io::Result<()> {
-    if method != "POST" {
-        return respond(conn, 405, "POST only\n");
+pub(crate) async fn serve(state: &OpsState, req: Request<Incoming>) -> Answer {
+    if req.method() != Method::POST {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n");
     }
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let Some((cache, names, shard)) = parse(path) else {
-        return respond(
-            conn,
-            400,
+    let Some((cache, names, shard)) = parse(req.uri().path()) else {
+        return text(
+            StatusCode::BAD_REQUEST,
             "expected /v1/shards/{stream|cache}/{tenant}/{namespace}/{name}/{shard}/abandon\n",
         );
     };
-    let to = query
+    let to = req
+        .uri()
+        .query()
+        .unwrap_or("")
         .split('&')
         .find_map(|kv| kv.strip_prefix("to="))
         .filter(|t| !t.is_empty())
         .map(str::to_owned);
-    let Some(token) = super::stream_delete::bearer_token(request) else {
-        return respond(
-            conn,
-            401,
-            "an Authorization: Bearer <token> header is required\n",
-        );
+    let Some(token) = bearer_token(&req) else {
+        return no_token();
     };
-    let (tx, rx) = std_mpsc::sync_channel(1);
-    let req = AbandonRequest {
-        token,
-        cache,
-        names,
-        shard,
-        to,
-        reply: Box::new(move |outcome| {
-            let _ = tx.try_send(outcome);
-        }),
-    };
-    if state.control.unbounded_send(Control::Abandon(req)).is_err() {
-        return respond(conn, 503, "the broker is not running\n");
-    }
-    let Ok(outcome) = rx.recv_timeout(ANSWER_TIMEOUT) else {
-        return respond(conn, 503, "the broker did not answer\n");
-    };
+    let outcome = ask(state, |reply| {
+        Control::Abandon(AbandonRequest {
+            token,
+            cache,
+            names,
+            shard,
+            to,
+            reply,
+        })
+    })
+    .await;
     match outcome {
-        Ok(p) => respond(
-            conn,
-            202,
-            &format!(
+        Err(answer) => answer,
+        Ok(Ok(p)) => text(
+            StatusCode::ACCEPTED,
+            format!(
                 "{}: {} leads it at generation {} (was {}); given up: {}\n",
                 p.shard,
                 p.to,
@@ -125,35 +109,16 @@ pub(crate) fn serve(
                 p.given_up
             ),
         ),
-        Err(e) => {
+        Ok(Err(e)) => {
             let status = match e {
-                AbandonError::Unauthorized(_) => 401,
-                AbandonError::Forbidden => 403,
-                AbandonError::NotFound(_) => 404,
-                AbandonError::Refused(_) => 409,
+                AbandonError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+                AbandonError::Forbidden => StatusCode::FORBIDDEN,
+                AbandonError::NotFound(_) => StatusCode::NOT_FOUND,
+                AbandonError::Refused(_) => StatusCode::CONFLICT,
             };
-            respond(conn, status, &format!("{e}\n"))
+            text(status, format!("{e}\n"))
         }
     }
-}
-
-fn respond(conn: &mut TcpStream, status: u16, body: &str) -> io::Result<()> {
-    let reason = match status {
-        202 => "Accepted",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        409 => "Conflict",
-        _ => "Service Unavailable",
-    };
-    let out = format!(
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    conn.write_all(out.as_bytes())?;
-    conn.flush()
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! What the operator reaches over HTTP, beside the QUIC listener: the endpoint itself
 //! ([`http`]: `/livez`, `/readyz`, the routing), the `/metrics` exposition ([`metrics`]) and
 //! the operator's stream deletion (`stream_delete`: `DELETE /v1/streams/…` and the drive
-//! loop's side of it). All of it runs on plain threads, the same under every runtime.
+//! loop's side of it), the admin API's streams (`streams`: `/v1/streams`) and `abandon`.
+//! hyper serves it on a runtime of its own in one thread, the same under every broker runtime.
 
 pub(crate) mod abandon;
 pub mod http;
 pub mod metrics;
 pub(crate) mod stream_delete;
+pub(crate) mod streams;

@@ -98,6 +98,8 @@ mod tests {
             shards: 1,
             replication_factor: 3,
             consistency: Consistency::Quorum,
+            retention: Default::default(),
+            durable: true,
         };
         apply(
             &mut meta,

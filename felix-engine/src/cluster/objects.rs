@@ -1,0 +1,139 @@
+//! Streams created and read by an operator through the admin API (`POST`/`GET /v1/streams`,
+//! docs/operations.md): a create is one `CreateStream` command wanted from the control plane
+//! (proposed here, forwarded by raft to its leader), so a stream is placed whole or not at
+//! all; what it looks like is read from the metadata as applied here.
+
+use std::time::Instant;
+
+use felix_cluster::meta::{Command, ObjectKey, Retention, StreamSpec};
+
+use super::ClusterNode;
+use crate::stream_admin::{AdminError, ShardView, StreamView};
+
+impl ClusterNode {
+    /// A placed stream as the metadata applied here has it.
+    pub(crate) fn stream_view(&self, key: &ObjectKey) -> Option<StreamView> {
+        let meta = self.meta();
+        let s = meta.streams.get(key)?;
+        let shards = s
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ShardView {
+                shard: i as u32,
+                leader: m.leader.as_ref().map(|l| l.0.clone()),
+                writable: m
+                    .leader
+                    .as_ref()
+                    .is_some_and(|l| meta.members.get(l).is_some_and(|x| x.up)),
+                replicas: m.replicas.iter().map(|r| r.0.clone()).collect(),
+                generation: m.generation,
+            })
+            .collect();
+        Some(StreamView {
+            tenant: key.tenant.clone(),
+            namespace: key.namespace.clone(),
+            stream: key.name.clone(),
+            spec: s.spec,
+            shards,
+        })
+    }
+
+    /// Every placed stream's width, for the broker to open each as wide as it was placed.
+    pub(crate) fn stream_widths(&self) -> Vec<(crate::broker::StreamKey, u32)> {
+        self.meta()
+            .streams
+            .iter()
+            .map(|(k, s)| {
+                let key = crate::broker::StreamKey::new(&k.tenant, &k.namespace, &k.name);
+                (key, s.shards.len() as u32)
+            })
+            .collect()
+    }
+
+    /// Every placed stream of `tenant`, in name order.
+    pub(crate) fn stream_views(&self, tenant: &str) -> Vec<StreamView> {
+        self.meta()
+            .streams
+            .keys()
+            .filter(|k| k.tenant == tenant)
+            .filter_map(|k| self.stream_view(k))
+            .collect()
+    }
+
+    /// Checks `spec` and asks the control plane for the stream: `Ok(Some)` when it exists
+    /// with this very spec, `Ok(None)` when asked (the caller waits for it to be placed).
+    pub(crate) fn create_stream(
+        &mut self,
+        now: Instant,
+        key: ObjectKey,
+        spec: StreamSpec,
+    ) -> Result<Option<StreamView>, AdminError> {
+        if let Some(view) = self.stream_view(&key) {
+            return match view.spec.first_difference(&spec) {
+                None => Ok(Some(view)),
+                Some(field) => Err(AdminError::Conflict {
+                    field,
+                    why: format!("{key} exists with another {field}"),
+                }),
+            };
+        }
+        self.meta()
+            .check_stream_spec(&spec)
+            .map_err(|e| AdminError::BadRequest {
+                field: e.field,
+                why: e.why,
+            })?;
+        let Some(control) = self.control.as_mut() else {
+            return Err(AdminError::Unavailable(
+                "the control plane is not running yet".into(),
+            ));
+        };
+        if control.leader().is_none() {
+            // Nothing is proposed: a retry later creates it whole.
+            return Err(AdminError::Unavailable(
+                "the control plane has no leader (no majority of its voters)".into(),
+            ));
+        }
+        control.want(Command::CreateStream { key, spec }, now);
+        self.pump(now);
+        Ok(None)
+    }
+
+    /// Asks the control plane to change a stream's retention: `Ok(true)` when it already has
+    /// `retention`, `Ok(false)` when asked (the caller waits to see it applied).
+    pub(crate) fn alter_stream(
+        &mut self,
+        now: Instant,
+        key: ObjectKey,
+        retention: Retention,
+    ) -> Result<bool, AdminError> {
+        let Some(view) = self.stream_view(&key) else {
+            return Err(AdminError::NotFound(format!("no stream {key}")));
+        };
+        if view.spec.retention == retention {
+            return Ok(true);
+        }
+        let mut spec = view.spec;
+        spec.retention = retention;
+        self.meta()
+            .check_stream_spec(&spec)
+            .map_err(|e| AdminError::BadRequest {
+                field: e.field,
+                why: e.why,
+            })?;
+        let Some(control) = self.control.as_mut() else {
+            return Err(AdminError::Unavailable(
+                "the control plane is not running yet".into(),
+            ));
+        };
+        if control.leader().is_none() {
+            return Err(AdminError::Unavailable(
+                "the control plane has no leader (no majority of its voters)".into(),
+            ));
+        }
+        control.want(Command::AlterStream { key, retention }, now);
+        self.pump(now);
+        Ok(false)
+    }
+}
