@@ -334,16 +334,18 @@ impl<S: Copy + Eq> Forwards<S> {
         }
     }
 
-    /// Sessions ended (`ended` says which owners): close their channels on every node they
-    /// were opened on (an opening forward with an empty frame), so no virtual session is left
-    /// there.
-    pub fn sessions_ended(&mut self, now: Instant, ended: impl Fn(&S) -> bool) {
+    /// Sessions ended (`ended` says which owners): their channels are forgotten, and closed on
+    /// every node they were opened on by the forwards returned (an opening forward with an
+    /// empty frame, owed no answer), for the caller to send through [`Forwards::forward`] so
+    /// no virtual session is left there.
+    pub fn sessions_ended(&mut self, ended: impl Fn(&S) -> bool) -> Vec<(NodeId, Forward)> {
         let gone: Vec<u32> = self
             .channels
             .iter()
             .filter(|(_, c)| ended(&c.owner))
             .map(|(n, _)| *n)
             .collect();
+        let mut closes = Vec::new();
         for n in gone {
             let c = self.channels.remove(&n).expect("listed");
             for to in c.on {
@@ -351,9 +353,10 @@ impl<S: Copy + Eq> Forwards<S> {
                     frame: Bytes::new(),
                     ..c.open.clone()
                 };
-                self.forward(now, &to, close, None);
+                closes.push((to, close));
             }
         }
+        closes
     }
 
     /// Open channels.
@@ -430,8 +433,9 @@ mod tests {
         format!("{}.{}", id >> 32, id & 0xffff_ffff)
     }
 
-    /// Every output, one line each: `send n2 1.1` (`1.0 open` or `1.0 close` for a channel's
-    /// opening forward, by its frame), `end s7 1.1 answered|refused by n2|unanswered n2|not-taken n2`.
+    /// Every output, one line each: `send n2 1.1` (its frame; `1.0 close` for a channel's
+    /// closing forward, whose frame is empty), or `end s7 1.1 answered …|refused by n2 …|
+    /// unanswered n2 …|not-taken n2 …`.
     fn drain(f: &mut Forwards<Session>) -> Vec<String> {
         std::iter::from_fn(|| f.poll_output())
             .map(|o| match o {
@@ -598,11 +602,12 @@ mod tests {
         f.channel_opened(1, 7, &n("n2"), &fwd(1, 0));
         f.channel_opened(2, 8, &n("n2"), &fwd(2, 0));
         assert_eq!(f.channels(), 2);
-        f.sessions_ended(t0, |s| *s == 7);
+        for (to, close) in f.sessions_ended(|s| *s == 7) {
+            f.forward(t0, &to, close, None);
+        }
         assert_eq!(drain(&mut f), ["send n2 1.0 close", "send n3 1.0 close"]);
         assert_eq!(f.channels(), 1);
-        f.sessions_ended(t0, |s| *s == 7);
-        assert!(drain(&mut f).is_empty());
+        assert!(f.sessions_ended(|s| *s == 7).is_empty());
     }
 
     #[test]

@@ -29,6 +29,7 @@ mod metrics;
 mod net;
 mod node;
 mod seed;
+mod settings;
 pub mod stream_admin;
 mod stream_delete;
 mod tls;
@@ -37,7 +38,7 @@ pub use broker::groups::GroupConfig;
 pub use cluster::abandon::{AbandonError, AbandonPlan};
 pub use cluster::observe::{ClusterView, ReplicaView, ShardLeader, WritesServed};
 pub use config::*;
-pub use engine::{Engine, EngineError, Output, SERVED_FEATURES, SERVED_FLAGS};
+pub use engine::{Engine, EngineError, Output};
 pub use felix_proto::routing::RoutingMapping;
 pub use felix_storage::ops::{
     DirEntry, FileCompletion, FileError, FileErrorKind, FileOp, FileOpKind, FileOutput, LogId, OpId,
@@ -46,6 +47,7 @@ pub use metrics::{Histogram, Metrics, Stats, Usage, FSYNC_MICROS_BUCKETS, GROUP_
 pub use net::{Datagram, EcnCodepoint, Transmit};
 /// The rustls the engine builds its TLS with, for [`EngineConfig::crypto_provider`].
 pub use rustls;
+pub use settings::{SERVED_FEATURES, SERVED_FLAGS};
 pub use stream_admin::{AdminError, ShardView, StreamView};
 pub use stream_delete::DeleteStreamError;
 pub use tls::{TlsConfigError, TlsIdentity, ALPN_FELIX_V1};

@@ -530,9 +530,12 @@ impl ClusterNode {
         now: Instant,
         owner: (quinn_proto::ConnectionHandle, Option<quinn_proto::StreamId>),
     ) {
-        self.forwards
-            .sessions_ended(now, |o| o.0 == owner.0 && owner.1.is_none_or(|s| s == o.1));
-        self.drain_forwards();
+        let closes = self
+            .forwards
+            .sessions_ended(|o| o.0 == owner.0 && owner.1.is_none_or(|s| s == o.1));
+        for (to, close) in closes {
+            self.forward(now, &to, close, None);
+        }
     }
 
     /// Answers a forward `from` sent.

@@ -365,9 +365,8 @@ fn splice(own: &[(u64, u64)], theirs: &[(u64, u64)], cut: u64) -> Vec<(u64, u64)
 
 impl ClusterNode {
     /// Replicated logs this node holds a copy of, as the metadata says now: each stream
-    /// shard's records and group log, at the stream's consistency, and each cache's values
-    /// and counters, at `leader`.
-    fn replicated_here(&self) -> Vec<(CopyRef, ShardMeta, Consistency)> {
+    /// shard's records and group log, and each cache's values and counters.
+    fn replicated_here(&self) -> Vec<(CopyRef, ShardMeta)> {
         if !self.replicas.durable {
             return Vec::new();
         }
@@ -391,10 +390,7 @@ impl ClusterNode {
                             shard: shard.clone(),
                             kind: CopyKind::Groups,
                         };
-                        [
-                            (CopyRef::records(shard), m.clone(), s.spec.consistency),
-                            (groups, m.clone(), s.spec.consistency),
-                        ]
+                        [(CopyRef::records(shard), m.clone()), (groups, m.clone())]
                     })
             });
         // A cache is served from its first shard (`cache_owner`): that one is replicated.
@@ -414,7 +410,7 @@ impl ClusterNode {
                         shard: shard.clone(),
                         kind,
                     };
-                    (copy, m.clone(), Consistency::Leader)
+                    (copy, m.clone())
                 })
             });
         streams.chain(caches).collect()
@@ -531,7 +527,7 @@ impl ClusterNode {
                 .as_ref()
                 .is_none_or(|l| *l != self.me && !meta.members.get(l).is_some_and(|mm| mm.up))
         };
-        self.replicated_here().iter().all(|(r, m, _)| {
+        self.replicated_here().iter().all(|(r, m)| {
             let Some(slot) = self.replicas.slots.get(r) else {
                 return false;
             };
@@ -679,7 +675,7 @@ impl ClusterNode {
     pub(crate) fn drive_replication(&mut self, now: Instant, logs: &dyn LogView) {
         self.replicas.now = Some(now);
         while let Some((from, message)) = self.replicas.inbox.pop_front() {
-            self.on_replication(now, &from, message, logs);
+            self.on_replication(&from, message, logs);
         }
         let due = self.replicas.next_check.is_none_or(|t| t <= now);
         if due || self.replicas_changed {
@@ -702,7 +698,7 @@ impl ClusterNode {
     fn reconcile(&mut self, now: Instant, logs: &dyn LogView) {
         let wanted = self.replicated_here();
         // Copies no longer held here.
-        let keep: Vec<&CopyRef> = wanted.iter().map(|(r, _, _)| r).collect();
+        let keep: Vec<&CopyRef> = wanted.iter().map(|(r, _)| r).collect();
         let gone: Vec<CopyRef> = self
             .replicas
             .slots
@@ -714,7 +710,7 @@ impl ClusterNode {
             self.step_down(&r);
             self.replicas.slots.remove(&r);
         }
-        for (r, m, consistency) in wanted {
+        for (r, m) in wanted {
             let slot = self.replicas.slots.entry(r.clone()).or_insert(Slot {
                 log: None,
                 generation: 0,
@@ -743,20 +739,12 @@ impl ClusterNode {
                 self.replicas.io.push_back(ReplicaIo::Open { copy: r });
                 continue;
             };
-            self.advance(now, &r, &m, consistency, log, &info);
+            self.advance(now, &r, &m, log, &info);
         }
     }
 
     /// What the slot does next, from where it is.
-    fn advance(
-        &mut self,
-        now: Instant,
-        r: &CopyRef,
-        m: &ShardMeta,
-        consistency: Consistency,
-        log: LogId,
-        info: &LogInfo,
-    ) {
+    fn advance(&mut self, now: Instant, r: &CopyRef, m: &ShardMeta, log: LogId, info: &LogInfo) {
         let generation = m.generation;
         let resend = {
             let slot = &self.replicas.slots[r];
@@ -779,7 +767,7 @@ impl ClusterNode {
                 self.persist(r, log, state);
             }
             (Some(leader), std::cmp::Ordering::Equal) if *leader == self.me => {
-                self.lead(now, r, m, consistency, log, info, resend);
+                self.lead(now, r, m, log, info, resend);
             }
             (Some(leader), std::cmp::Ordering::Equal) => {
                 let leader = leader.clone();
@@ -802,7 +790,6 @@ impl ClusterNode {
         now: Instant,
         r: &CopyRef,
         m: &ShardMeta,
-        consistency: Consistency,
         log: LogId,
         info: &LogInfo,
         resend: bool,
@@ -981,7 +968,6 @@ impl ClusterNode {
                 self.open(r, log, generation, epochs, info);
             }
         }
-        let _ = consistency;
     }
 
     /// Asks the control plane to record the new disk of every copy this leadership fed
@@ -1239,12 +1225,7 @@ impl ClusterNode {
     }
 
     /// The engine appended shipped or fetched entries (or could not).
-    pub(crate) fn replica_appended(
-        &mut self,
-        now: Instant,
-        log: LogId,
-        result: Result<u64, String>,
-    ) {
+    pub(crate) fn replica_appended(&mut self, log: LogId, result: Result<u64, String>) {
         let Some(r) = self.replicas.by_log.get(&log).cloned() else {
             return;
         };
@@ -1274,7 +1255,6 @@ impl ClusterNode {
             }
             _ => {}
         }
-        let _ = now;
     }
 
     /// The log refused a cut for now (busy with a write, a sync or a read): the slot asks
@@ -1350,7 +1330,7 @@ impl ClusterNode {
                 if let Some(slot) = self.replicas.slots.get_mut(&r) {
                     slot.persisting = false;
                 }
-                self.state_durable(now, &r, log, state, logs);
+                self.state_durable(&r, log, state, logs);
                 self.replicas_changed = true;
             }
         }
@@ -1358,14 +1338,7 @@ impl ClusterNode {
 
     /// A replica state write is durable: fence answers owed go, and a leader that was
     /// opening opens.
-    fn state_durable(
-        &mut self,
-        now: Instant,
-        r: &CopyRef,
-        log: LogId,
-        state: ReplicaState,
-        logs: &dyn LogView,
-    ) {
+    fn state_durable(&mut self, r: &CopyRef, log: LogId, state: ReplicaState, logs: &dyn LogView) {
         let Some(m) = self.meta().shard(&r.shard).cloned() else {
             return;
         };
@@ -1424,7 +1397,6 @@ impl ClusterNode {
             // Requests parked for this shard may go now.
             self.metadata_changed = true;
         }
-        let _ = now;
     }
 
     fn framed(
@@ -1561,13 +1533,7 @@ impl ClusterNode {
     }
 
     /// One replication message from a peer.
-    fn on_replication(
-        &mut self,
-        now: Instant,
-        from: &str,
-        message: PeerMessage,
-        logs: &dyn LogView,
-    ) {
+    fn on_replication(&mut self, from: &str, message: PeerMessage, logs: &dyn LogView) {
         let Some(scope) = message.scope().cloned() else {
             return;
         };
@@ -1910,11 +1876,9 @@ impl ClusterNode {
                         f.ask_again();
                     }
                 }
-                let _ = rr;
             }
             _ => {}
         }
-        let _ = now;
     }
 }
 

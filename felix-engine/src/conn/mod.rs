@@ -801,8 +801,7 @@ impl Conn {
     }
 
     /// Adds what this connection holds to `usage`.
-    pub(crate) fn add_usage(&self, usage: &mut crate::metrics::Usage, value_reserve: usize) {
-        let _ = value_reserve; // only the debug recount reads it
+    pub(crate) fn add_usage(&self, usage: &mut crate::metrics::Usage) {
         usage.connections += 1;
         usage.sessions += self.sessions.len();
         let unauthenticated = self
@@ -822,23 +821,24 @@ impl Conn {
         usage.max_connection_unwritten_bytes = usage
             .max_connection_unwritten_bytes
             .max(self.unwritten_bytes);
-        #[cfg(debug_assertions)]
-        {
-            // The running total must match a recount.
-            let recount: usize = self
-                .sessions
-                .values()
-                .map(|s| s.unwritten_bytes(value_reserve))
-                .sum();
-            debug_assert_eq!(
-                recount, self.unwritten_bytes,
-                "unwritten answer bytes drifted"
-            );
-        }
         usage.subscriptions += self.shared.subscriptions;
         usage.max_connection_subscriptions = usage
             .max_connection_subscriptions
             .max(self.shared.subscriptions);
+    }
+
+    /// Debug builds: the running total of unwritten answer bytes must match a recount.
+    #[cfg(debug_assertions)]
+    pub(crate) fn check_unwritten(&self, value_reserve: usize) {
+        let recount: usize = self
+            .sessions
+            .values()
+            .map(|s| s.unwritten_bytes(value_reserve))
+            .sum();
+        assert_eq!(
+            recount, self.unwritten_bytes,
+            "unwritten answer bytes drifted"
+        );
     }
 
     /// Routes a broker readiness notice to the event stream.

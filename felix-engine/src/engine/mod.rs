@@ -11,82 +11,25 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use felix_proto::negotiate::BrokerCapabilities;
-use felix_proto::{Features, Flags};
 use quinn_proto::{
-    AckFrequencyConfig, ConnectionHandle, DatagramEvent, Endpoint, EndpointConfig, IdleTimeout,
-    MtuDiscoveryConfig, ServerConfig, StreamId, TimeSource, TransportConfig, VarInt,
+    ConnectionHandle, DatagramEvent, Endpoint, EndpointConfig, ServerConfig, StreamId, TimeSource,
 };
 use tracing::{debug, warn};
 
-use crate::broker::{Broker, BrokerConfig, DurableSettings, Notice, StreamKey};
+use crate::broker::{Broker, Notice, StreamKey};
 use crate::clock::UnixAnchor;
-use crate::config::{
-    AuthConfig, DurableConfig, EngineConfig, FsyncPolicy, MAX_GSO_BATCH_BYTES, MAX_MTU, MIN_MTU,
-};
+use crate::config::{AuthConfig, EngineConfig, MAX_GSO_BATCH_BYTES};
 use crate::conn::{Conn, CLOSE_CODE_NORMAL};
 use crate::metrics::{Stats, Usage};
 use crate::net::{Datagram, Transmit};
-use crate::node::{Core, Limits};
-use crate::seed;
+use crate::node::Core;
 use crate::tls::{AlpnSelector, TlsConfigError, TlsIdentity, TlsSettings};
+use crate::{seed, settings};
 use felix_auth::Verifier;
-use felix_storage::log::{FsyncMode, LogConfig};
 use felix_storage::ops::{FileCompletion, FileOp, LogId};
 
 /// Rounds of storage work (log events, released answers, deliveries) within one turn.
 const MAX_SETTLE_ROUNDS: usize = 8;
-
-/// Frame flags this broker decodes and produces in every mode. A durable broker adds 0x4000
-/// (record timestamps on event batches). Not 0x0080 (the forwarded-ack owner hint: a single
-/// broker never forwards) nor 0x2000 (the publisher on event batches): not served.
-pub const SERVED_FLAGS: Flags = Flags(
-    0x0001
-        | 0x0002
-        | 0x0004
-        | 0x0008
-        | 0x0010
-        | 0x0020
-        | 0x0040
-        | 0x0100
-        | 0x0200
-        | 0x0400
-        | 0x0800
-        | 0x1000,
-);
-
-/// Features this broker answers in every mode. Nothing is advertised that is not served: no
-/// REDIRECT (a single broker never redirects). Groups, watches, counters and the log reads
-/// need durable storage: [`DURABLE_FEATURES`], `DURABLE_CACHE_FEATURES`, `GROUP_FEATURES`.
-pub const SERVED_FEATURES: Features = Features(
-    Features::ERROR_CODES.0
-        | Features::UNSUPPORTED.0
-        | Features::PUBLISH_PIPELINE.0
-        | Features::STREAM_PUBLISH_WINDOW.0
-        | Features::CACHE_DELETE.0
-        | Features::STREAM_SHARDS.0
-        | Features::CACHE_SHARDS.0
-        | Features::SHARD_OWNERS.0
-        | Features::SUBSCRIBE_QUEUE.0
-        | Features::TOPOLOGY.0
-        | Features::IDEMPOTENT_PRODUCER.0
-        | Features::SEQUENCE_REUSED.0
-        | Features::CACHE_CONDITIONAL.0
-        | Features::STREAM_DELETED.0,
-);
-
-/// Features served only with durable storage: they read or check a shard's log.
-pub const DURABLE_FEATURES: Features = Features(
-    Features::PUBLISH_CONDITIONAL.0
-        | Features::ATOMIC_COMMIT.0
-        | Features::STREAM_READ.0
-        | Features::RECORD_TIMESTAMPS.0,
-);
-
-/// Cache features served only over a durable cache: a watch's offsets and a counter's sum
-/// are log offsets and a fold over a log (docs/cache-features.md).
-const DURABLE_CACHE_FEATURES: Features =
-    Features(Features::CACHE_WATCH.0 | Features::CACHE_WATCH_RETAINED.0 | Features::COUNTERS.0);
 
 /// What the engine asks its runtime to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,30 +72,6 @@ impl std::error::Error for EngineError {}
 impl From<TlsConfigError> for EngineError {
     fn from(e: TlsConfigError) -> Self {
         EngineError::Tls(e)
-    }
-}
-
-/// The storage settings a durable configuration gives the broker.
-fn durable_settings(d: &DurableConfig) -> DurableSettings {
-    let fsync = match d.fsync {
-        FsyncPolicy::None => FsyncMode::None,
-        FsyncPolicy::Periodic(iv) => FsyncMode::Periodic(iv),
-        FsyncPolicy::OnCommit => FsyncMode::OnCommit,
-    };
-    DurableSettings {
-        log: LogConfig {
-            fsync,
-            segment_max_bytes: d.segment_max_bytes,
-            retention_bytes: d.retention_bytes,
-            retention_age: d.retention_age,
-            retention_check_interval: d.retention_check_interval,
-            tail_cache_bytes: d.tail_cache_bytes,
-            ..LogConfig::default()
-        },
-        // After the write unless the operator took the risk (`ack_before_write`, refused
-        // with `on_commit` in `Engine::new`).
-        ack_after_write: !d.ack_before_write,
-        groups: d.groups.clone(),
     }
 }
 
@@ -275,44 +194,6 @@ impl fmt::Debug for Engine {
     }
 }
 
-/// The datagram-size and acknowledgement settings of `config` on `transport`, checked.
-fn datagram_sizes(
-    config: &EngineConfig,
-    transport: &mut TransportConfig,
-) -> Result<(), EngineError> {
-    let range = MIN_MTU..=MAX_MTU;
-    for (name, v) in [
-        ("mtu_upper_bound", config.mtu_upper_bound),
-        ("initial_mtu", config.initial_mtu),
-        ("max_udp_payload_size", config.max_udp_payload_size),
-    ] {
-        if !range.contains(&v) {
-            return Err(EngineError::Config(format!(
-                "{name} must be {MIN_MTU} to {MAX_MTU}, not {v}"
-            )));
-        }
-    }
-    if config.initial_mtu > config.mtu_upper_bound {
-        return Err(EngineError::Config(format!(
-            "initial_mtu ({}) is above mtu_upper_bound ({})",
-            config.initial_mtu, config.mtu_upper_bound
-        )));
-    }
-    let mut mtu = MtuDiscoveryConfig::default();
-    mtu.upper_bound(config.mtu_upper_bound);
-    transport
-        .initial_mtu(config.initial_mtu)
-        .mtu_discovery_config(Some(mtu));
-    // 1 is what a peer does unasked; only another threshold is worth a frame.
-    if config.ack_eliciting_threshold != 1 {
-        let mut ack = AckFrequencyConfig::default();
-        ack.ack_eliciting_threshold(VarInt::from_u32(config.ack_eliciting_threshold))
-            .max_ack_delay(Some(config.max_ack_delay));
-        transport.ack_frequency_config(Some(ack));
-    }
-    Ok(())
-}
-
 impl Engine {
     /// Builds an engine. `now` and `unix_micros` name the same moment: the engine derives
     /// Unix time from them for every later `now`.
@@ -321,34 +202,8 @@ impl Engine {
         now: Instant,
         unix_micros: u64,
     ) -> Result<Engine, EngineError> {
-        if config.max_producers_per_tenant == 0 {
-            return Err(EngineError::Config(
-                "max_producers_per_tenant must be at least 1".into(),
-            ));
-        }
-        if config.max_gso_segments == 0 {
-            return Err(EngineError::Config(
-                "max_gso_segments must be at least 1".into(),
-            ));
-        }
-        if let Some(d) = &config.durable {
-            if d.ack_before_write && (d.ack_on_commit || d.fsync == FsyncPolicy::OnCommit) {
-                return Err(EngineError::Config(
-                    "ack_before_write cannot be combined with ack_on_commit or the on_commit fsync mode".into(),
-                ));
-            }
-            // On a cluster node a `quorum` publish would be answered on arrival, before any
-            // follower holds it: the replication promise would be void.
-            if d.ack_before_write && config.cluster.is_some() {
-                return Err(EngineError::Config(
-                    "ack_before_write cannot be used on a cluster node (FELIX_ACK_BEFORE_WRITE \
-                     with FELIX_NODE_ID): acks must wait for the write and for replication"
-                        .into(),
-                ));
-            }
-        }
-        let mut transport = TransportConfig::default();
-        datagram_sizes(&config, &mut transport)?;
+        settings::check(&config).map_err(EngineError::Config)?;
+        let transport = settings::transport(&config).map_err(EngineError::Config)?;
         let unix_secs = unix_micros / 1_000_000;
         let (verifier, dev_token) = match &config.auth {
             AuthConfig::Jwks(doc) => {
@@ -369,19 +224,6 @@ impl Engine {
             provider: config.crypto_provider.clone(),
         };
         let selector = Arc::new(AlpnSelector::new(&tls)?);
-        transport
-            .max_concurrent_bidi_streams(VarInt::from_u32(config.max_concurrent_bidi_streams))
-            // The client opens no uni streams; events flow on ones we open.
-            .max_concurrent_uni_streams(VarInt::from_u32(0))
-            .stream_receive_window(VarInt::from_u32(config.stream_receive_window))
-            .receive_window(VarInt::from_u32(config.connection_receive_window))
-            .send_window(config.send_window)
-            .max_idle_timeout(Some(
-                IdleTimeout::try_from(config.quic_idle_timeout)
-                    .map_err(|_| EngineError::Config("quic_idle_timeout is too large".into()))?,
-            ))
-            .keep_alive_interval(None)
-            .datagram_receive_buffer_size(None);
         let mut server = ServerConfig::new(selector, seed::token_key(&seed));
         server.transport_config(Arc::new(transport));
         // No NEW_TOKEN tokens: they would be the engine's only use of wall-clock time.
@@ -403,58 +245,13 @@ impl Engine {
             None,
         );
 
-        let broker_config = BrokerConfig {
-            default_shards: config.default_shards,
-            declared_streams: config
-                .declared_streams
-                .iter()
-                .map(|d| (StreamKey::new(&d.tenant, &d.namespace, &d.stream), d.shards))
-                .collect(),
-            routing_mapping: config.routing_mapping,
-            max_streams: config.max_streams,
-            subscriber_queue_capacity: config.subscriber_queue_capacity,
-            subscriber_queue_capacity_max: config.subscriber_queue_capacity_max,
-            event_batch_max_records: config.event_batch_max_records,
-            event_batch_max_bytes: config.event_batch_max_bytes,
-            cache_max_key_bytes: config.cache_max_key_bytes,
-            cache_max_value_bytes: config.cache_max_value_bytes,
-            cache_max_total_bytes: config.cache_max_total_bytes,
-            max_owner_event_bytes: config.max_connection_event_bytes,
-            state_max_bytes_per_shard: config.state_max_bytes_per_shard,
-            cache_watch_queue_capacity: config.cache_watch_queue_capacity,
-            durable_cache_max_logs: config.durable_cache_max_logs,
-            counter_max_logs: config.counter_max_logs,
-            durable_cache_max_keys: config.durable_cache_max_keys as u64,
-            durable_cache_max_total_bytes: config.durable_cache_max_total_bytes,
-            max_producers_per_tenant: config.max_producers_per_tenant,
-        };
-        let (mut broker, capabilities) = match &config.durable {
-            None => (
-                Broker::new(broker_config),
-                BrokerCapabilities {
-                    flags: SERVED_FLAGS,
-                    features: SERVED_FEATURES,
-                    publish_window: config.publish_window,
-                },
-            ),
-            // Durable shards have offsets and stored times: acks can wait for the write,
-            // subscriptions end with `subscription_lagged`, events carry their times.
-            Some(d) => (
-                Broker::with_storage(
-                    broker_config,
-                    durable_settings(d),
-                    UnixAnchor::new(now, unix_micros),
-                ),
-                BrokerCapabilities {
-                    flags: SERVED_FLAGS.union(Flags::EVENT_BATCH_TIMESTAMPS),
-                    features: SERVED_FEATURES
-                        .union(DURABLE_FEATURES)
-                        .union(Features::ACK_ON_COMMIT)
-                        .union(Features::SUBSCRIPTION_LAGGED)
-                        .union(DURABLE_CACHE_FEATURES)
-                        .union(crate::broker::groups::GROUP_FEATURES),
-                    publish_window: config.publish_window,
-                },
+        let broker_config = settings::broker_config(&config);
+        let mut broker = match &config.durable {
+            None => Broker::new(broker_config),
+            Some(d) => Broker::with_storage(
+                broker_config,
+                settings::durable_settings(d),
+                UnixAnchor::new(now, unix_micros),
             ),
         };
 
@@ -484,34 +281,11 @@ impl Engine {
                 Some(node)
             }
         };
-        let mut capabilities = capabilities;
-        if cluster.is_some() {
-            // A cluster member redirects readers and names the owner on forwarded acks.
-            // It ends a reader whose shard's leadership moved with `shard_moved`.
-            capabilities.features = capabilities
-                .features
-                .union(Features::REDIRECT)
-                .union(Features::SHARD_MOVED);
-            capabilities.flags = capabilities.flags.union(Flags::BINARY_PUBLISH_ACK_OWNER);
-        }
         let core = Core {
-            limits: Limits {
-                auth_timeout: config.auth_timeout,
-                idle_connection_reap: config.idle_connection_reap,
-                preauth_max_frame_bytes: config.preauth_max_frame_bytes,
-                max_frame_bytes: config.max_frame_bytes,
-                stream_answer_backlog: config.publish_window.max(1) as usize,
-                read_chunk_bytes: config.read_chunk_bytes.max(1),
-                max_subscriptions_per_connection: config.max_subscriptions_per_connection,
-                preauth_max_streams_per_connection: config.preauth_max_streams_per_connection,
-                max_connection_buffered_bytes: config.max_connection_buffered_bytes,
-                max_buffered_bytes: config.max_buffered_bytes,
-                max_connection_unwritten_bytes: config.max_connection_unwritten_bytes,
-                value_reserve: config.cache_max_value_bytes / 3 * 4 + 4 + 256,
-            },
+            limits: settings::limits(&config),
+            capabilities: settings::capabilities(&config),
             broker,
             verifier,
-            capabilities,
             routing_mapping: config.routing_mapping,
             default_shards: config.default_shards.max(1),
             anchor: UnixAnchor::new(now, unix_micros),
@@ -552,10 +326,7 @@ impl Engine {
             shutting_down: false,
             file_ops_in_flight: 0,
             forwarded: Default::default(),
-            max_inflight_file_ops: config
-                .durable
-                .as_ref()
-                .map_or(1, |d| d.max_inflight_file_ops.max(1)),
+            max_inflight_file_ops: settings::max_inflight_file_ops(&config),
         })
     }
 
@@ -1103,7 +874,9 @@ impl Engine {
     pub fn usage(&self) -> Usage {
         let mut usage = Usage::default();
         for conn in self.conns.values() {
-            conn.add_usage(&mut usage, self.core.limits.value_reserve);
+            conn.add_usage(&mut usage);
+            #[cfg(debug_assertions)]
+            conn.check_unwritten(self.core.limits.value_reserve);
         }
         (usage.max_subscriber_queue, usage.streams) = self.core.broker.queue_usage();
         usage.max_connection_event_bytes = self.core.broker.max_owner_event_bytes();

@@ -77,7 +77,7 @@ impl Engine {
                     },
                     ReplicaIo::Append { log, base, entries } => {
                         let result = broker.append_framed(now, log, base, entries);
-                        cluster.replica_appended(now, log, result);
+                        cluster.replica_appended(log, result);
                     }
                     ReplicaIo::Truncate { log, to } => {
                         if let Err(e) = broker.truncate_log(log, to) {
