@@ -190,7 +190,7 @@ fn started() -> Cluster {
 /// A measurement, not a check (docs/operations.md, "How long a create takes"): run by hand
 /// with `cargo test -p felix-chaos --test admin_streams -- --ignored --nocapture`.
 #[test]
-#[ignore]
+#[ignore = "a measurement, not a check: run by hand (docs/operations.md, \"How long a create takes\")"]
 fn create_latency() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut c = started();
