@@ -26,7 +26,7 @@ const USAGE: &str = "usage: felix-conformance vectors <dir>
        felix-conformance client-fixture --out fixture.json --ca-file brokers.pem [--evidence FILE] [--broker PATH]
          [--canary serve-redirects-locally]
        felix-conformance sdk-suite --out DIR [--fixture fixture.json] [--only ID-PART]...
-         [--canary serve-redirects-locally]";
+         [--canary serve-redirects-locally] [--broken-client redirect-as-failure]";
 
 /// `sdk-suite`: felix-client held to the catalogue (docs/conformance.md, "The Rust SDK").
 /// Exit 0 when no scenario failed (the verdict is `verify`'s), 1 when one did, 2 on bad use.
@@ -35,6 +35,7 @@ fn run_sdk_suite(args: &[String]) -> ExitCode {
     let mut fixture = None;
     let mut only = Vec::new();
     let mut canary = None;
+    let mut broken_client = None;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let Some(value) = it.next() else {
@@ -46,6 +47,13 @@ fn run_sdk_suite(args: &[String]) -> ExitCode {
             "--fixture" => fixture = Some(PathBuf::from(value)),
             "--only" => only.push(value.clone()),
             "--canary" => canary = Some(value.clone()),
+            "--broken-client" => match felix_conformance::sdk_suite::BrokenClient::parse(value) {
+                Some(b) => broken_client = Some(b),
+                None => {
+                    eprintln!("sdk-suite: unknown broken client {value:?}\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            },
             _ => {
                 eprintln!("{USAGE}");
                 return ExitCode::from(2);
@@ -61,6 +69,7 @@ fn run_sdk_suite(args: &[String]) -> ExitCode {
         fixture,
         only,
         canary,
+        broken_client,
     };
     match felix_conformance::sdk_suite::run(&opts) {
         Ok(true) => ExitCode::SUCCESS,

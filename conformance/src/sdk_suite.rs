@@ -59,6 +59,33 @@ pub struct Options {
     pub only: Vec<String>,
     /// A canary for the started fixture (`--canary` of `client-fixture`).
     pub canary: Option<String>,
+    /// Run a deliberately broken client instead of the real one (the kit's self-check).
+    pub broken_client: Option<BrokenClient>,
+}
+
+/// A deliberately broken client the kit ships, so that anyone can see the verdict reject it
+/// (`sdk-suite --broken-client NAME`; docs/conformance.md, "The kit's self-check").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokenClient {
+    /// Reports a `not_leader` redirect as the call's failure instead of following it (the
+    /// real client, allowed no redirect hop).
+    RedirectAsFailure,
+}
+
+impl BrokenClient {
+    /// The broken client `--broken-client` names.
+    pub fn parse(name: &str) -> Option<BrokenClient> {
+        match name {
+            "redirect-as-failure" => Some(BrokenClient::RedirectAsFailure),
+            _ => None,
+        }
+    }
+
+    fn breaks(self, config: &mut ClientConfig) {
+        match self {
+            BrokenClient::RedirectAsFailure => config.max_redirect_hops = 0,
+        }
+    }
 }
 
 /// Runs the suite and writes `results.json`; `Ok(true)` when nothing failed.
@@ -75,7 +102,8 @@ pub fn run(opts: &Options) -> Result<bool, String> {
         }
     };
     let outcome = (|| {
-        let fx = Fx::load(&fixture_path)?;
+        let mut fx = Fx::load(&fixture_path)?;
+        fx.broken = opts.broken_client;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -283,6 +311,8 @@ struct Fx {
     control: SocketAddr,
     link_addr: SocketAddr,
     link_stream: String,
+    /// Every client this run makes is broken so (`--broken-client`).
+    broken: Option<BrokenClient>,
 }
 
 impl Fx {
@@ -332,6 +362,7 @@ impl Fx {
             control: addr(&json!(control.trim_start_matches("http://")))?,
             link_addr: addr(&d["link_addr"])?,
             link_stream: s("link_stream")?,
+            broken: None,
         })
     }
 
@@ -341,7 +372,10 @@ impl Fx {
         c
     }
 
-    async fn connect(&self, config: ClientConfig) -> Result<Client, String> {
+    async fn connect(&self, mut config: ClientConfig) -> Result<Client, String> {
+        if let Some(b) = self.broken {
+            b.breaks(&mut config);
+        }
         let seeds = config.seed_list();
         Client::connect(config)
             .await
