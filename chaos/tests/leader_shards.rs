@@ -221,12 +221,15 @@ fn a_crashed_leader_keeps_its_leader_shard_and_every_record_it_acknowledged_alon
     }));
     // The control plane's leader decides, after the lease lapsed, that nobody may take the
     // shard: the moment the old rule handed it on. Wait for that decision, then check it held.
-    rt.block_on(until("the control plane keeps ls for its leader", || async {
-        (0..NODES.len())
-            .filter(|&i| i != leader)
-            .any(|i| awaiting_leader(&c, i) >= 1)
-            .then_some(())
-    }));
+    rt.block_on(until(
+        "the control plane keeps ls for its leader",
+        || async {
+            (0..NODES.len())
+                .filter(|&i| i != leader)
+                .any(|i| awaiting_leader(&c, i) >= 1)
+                .then_some(())
+        },
+    ));
     let (l, g) = rt.block_on(owner(&c, follower, "ls")).unwrap();
     assert_eq!(
         (l.as_deref(), g),

@@ -57,11 +57,7 @@ pub enum LeaderShards {
 }
 
 /// [`promotions`] under `rule` (the simulator's canary names the old one).
-pub fn promotions_by(
-    meta: &Metadata,
-    renewals: &impl Renewals,
-    rule: LeaderShards,
-) -> Promotions {
+pub fn promotions_by(meta: &Metadata, renewals: &impl Renewals, rule: LeaderShards) -> Promotions {
     let mut due = Vec::new();
     let mut awaiting_leader = Vec::new();
     for (shard, m) in meta.shards() {
@@ -87,9 +83,8 @@ pub fn promotions_by(
             }
         };
         // A leader that may no longer write here: quiet past its lease, or its copy gone.
-        let lapsed = |l: &NodeId| {
-            meta.members.contains_key(l) && (!holds(l) || !renewals.may_hold_lease(l))
-        };
+        let lapsed =
+            |l: &NodeId| meta.members.contains_key(l) && (!holds(l) || !renewals.may_hold_lease(l));
         let next = match &m.leader {
             // Placed before it first joined (its disk not yet recorded): its join records
             // the copy, so it is waited for like a leader that may hold its lease.
