@@ -627,6 +627,9 @@ impl ControlPlane {
             if let Some(snap) = &snapshot {
                 self.node.mut_store().apply_snapshot(snap);
                 if let Ok(m) = Metadata::restore(&snap.data) {
+                    let gone = self.meta.streams_gone_in(&m);
+                    self.out
+                        .extend(gone.into_iter().map(ControlOutput::Applied));
                     self.meta = m;
                 }
             }
@@ -746,6 +749,10 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
         }
         Command::CreateStream { key, .. } => meta.streams.contains_key(key),
         Command::CreateCache { key, .. } => meta.caches.contains_key(key),
+        Command::DeleteStream { key, incarnation } => meta
+            .streams
+            .get(key)
+            .is_none_or(|s| s.incarnation != *incarnation),
         Command::AlterStream { key, retention } => meta
             .streams
             .get(key)

@@ -287,6 +287,22 @@ impl fmt::Display for ShardRef {
 pub struct PlacedStream {
     pub spec: StreamSpec,
     pub shards: Vec<ShardMeta>,
+    /// Which life of this name it is: 0 for the first, one more after each
+    /// [`Command::DeleteStream`]. A node whose copies are of another incarnation (it was down
+    /// during the delete) removes them before it holds the new one.
+    #[serde(default)]
+    pub incarnation: u64,
+}
+
+/// What a deleted stream leaves in the metadata: the incarnation deleted and the highest
+/// generation any of its shards reached. Re-created, the name gets the next incarnation and
+/// its shards start above that generation, so no message or copy of the old life is taken
+/// for the new one. Removed when the name is re-created (one small entry per name deleted and
+/// not re-created).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedStream {
+    pub incarnation: u64,
+    pub generation: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -388,6 +404,10 @@ pub enum Command {
         generation: u64,
         leader: NodeId,
     },
+    /// An operator deletes a stream (`DELETE /v1/streams/…`): one command, so every node
+    /// removes its copies as it applies it (or as it catches up, when it was down). Applied
+    /// only to that `incarnation`: a re-proposal never deletes the stream re-created since.
+    DeleteStream { key: ObjectKey, incarnation: u64 },
 }
 
 impl Command {
@@ -441,6 +461,12 @@ pub enum Applied {
         generation: u64,
         leader: NodeId,
     },
+    /// A stream's incarnation is gone: every copy of it here must go, its subscriptions end
+    /// with `stream_deleted`. Also reported for a snapshot that no longer has it.
+    StreamDeleted {
+        key: ObjectKey,
+        incarnation: u64,
+    },
     /// Already true: nothing changed.
     Unchanged,
     /// The entry did not decode or named something impossible; applied as nothing, on every
@@ -462,6 +488,9 @@ pub struct Metadata {
     pub streams: BTreeMap<ObjectKey, PlacedStream>,
     #[serde(with = "pairs")]
     pub caches: BTreeMap<ObjectKey, PlacedCache>,
+    /// Streams deleted and not re-created since ([`DeletedStream`]).
+    #[serde(default, with = "pairs")]
+    pub deleted_streams: BTreeMap<ObjectKey, DeletedStream>,
     /// The last raft index applied.
     pub applied: u64,
 }
@@ -478,6 +507,7 @@ impl Metadata {
             refused: BTreeMap::new(),
             streams: BTreeMap::new(),
             caches: BTreeMap::new(),
+            deleted_streams: BTreeMap::new(),
             applied: 0,
         }
     }
@@ -819,7 +849,42 @@ impl Metadata {
                     leader: leader.clone(),
                 }
             }
+            Command::DeleteStream { key, incarnation } => {
+                match self.streams.get(key) {
+                    Some(s) if s.incarnation == *incarnation => {}
+                    _ => return Applied::Unchanged,
+                }
+                let s = self.streams.remove(key).expect("present");
+                let generation = s.shards.iter().map(|m| m.generation).max().unwrap_or(0);
+                let tomb = DeletedStream {
+                    incarnation: *incarnation,
+                    generation,
+                };
+                self.deleted_streams.insert(key.clone(), tomb);
+                Applied::StreamDeleted {
+                    key: key.clone(),
+                    incarnation: *incarnation,
+                }
+            }
         }
+    }
+
+    /// The stream incarnations this state has and `next` has not (deleted, or deleted and
+    /// re-created): what a node installing `next` as a snapshot must remove, as if it had
+    /// applied each [`Command::DeleteStream`].
+    pub fn streams_gone_in(&self, next: &Metadata) -> Vec<Applied> {
+        self.streams
+            .iter()
+            .filter(|(k, s)| {
+                next.streams
+                    .get(*k)
+                    .is_none_or(|n| n.incarnation != s.incarnation)
+            })
+            .map(|(k, s)| Applied::StreamDeleted {
+                key: k.clone(),
+                incarnation: s.incarnation,
+            })
+            .collect()
     }
 
     /// What an acknowledgement on `shard` promises: a cache's writes are `leader`'s.
@@ -947,9 +1012,19 @@ impl Metadata {
     }
 
     fn place_stream(&mut self, key: &ObjectKey, spec: StreamSpec) {
-        let shards = self.place(key, "stream", spec.shards, spec.replication_factor);
-        self.streams
-            .insert(key.clone(), PlacedStream { spec, shards });
+        let mut shards = self.place(key, "stream", spec.shards, spec.replication_factor);
+        // A name deleted before starts its next life above everything of the last.
+        let tomb = self.deleted_streams.remove(key);
+        let incarnation = tomb.map_or(0, |t| t.incarnation + 1);
+        for m in &mut shards {
+            m.generation += tomb.map_or(0, |t| t.generation);
+        }
+        let placed = PlacedStream {
+            spec,
+            shards,
+            incarnation,
+        };
+        self.streams.insert(key.clone(), placed);
     }
 
     /// Members that can serve and have a client address, in name order: `topology`'s answer.
