@@ -205,6 +205,14 @@ impl ControlPlane {
                 applied.push(meta.apply_entry(e.index, &e.data));
             }
         }
+        // A delete replayed for a name that lives again was carried out before the restart:
+        // the new life's copies were opened only once the old ones were gone, so the node
+        // must not remove them now. A name still deleted is removed again (idempotent), in
+        // case the restart cut its removal short.
+        applied.retain(|a| match a {
+            Applied::StreamDeleted { key, .. } => !meta.streams.contains_key(key),
+            _ => true,
+        });
         let guard = if store.is_blank() {
             DiskGuard::Blank {
                 blank_peers: BTreeSet::new(),

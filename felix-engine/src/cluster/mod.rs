@@ -106,6 +106,10 @@ pub(crate) struct ClusterNode {
     replicas: replicas::Replicas,
     /// Metadata or a copy's state changed: the copies are checked on the next drive.
     replicas_changed: bool,
+    /// Streams the metadata deleted whose copies here the broker has yet to remove
+    /// ([`ClusterNode::take_deleted_stream`]); while one is listed, no copy of that name is
+    /// opened or served here, so a re-created stream never meets the old files.
+    deleted_here: std::collections::BTreeSet<ObjectKey>,
     /// A bug put back for the simulator's canaries.
     canary: crate::config::ReplicationCanary,
     /// Publishes served here as the leader, per stream shard: (generation, count). Read by
@@ -274,6 +278,7 @@ impl ClusterNode {
                 cfg.leader_quiet_after,
             ),
             replicas_changed: true,
+            deleted_here: Default::default(),
             canary: cfg.canary,
             writes_served: BTreeMap::new(),
         };
@@ -697,8 +702,32 @@ impl ClusterNode {
                 let leader = leader.as_ref().map_or("nobody", |l| l.as_str());
                 info!(%shard, generation, leader, "shard handed to the next generation");
             }
+            Applied::StreamDeleted { key, incarnation } => {
+                info!(stream = %key, incarnation, "stream deleted by the cluster: removing its copies here");
+                self.forget_stream_copies(&key);
+                self.deleted_here.insert(key);
+            }
             _ => {}
         }
+    }
+
+    /// A stream whose copies here must go (the cluster deleted it): the engine deletes it
+    /// from the broker, then calls [`ClusterNode::stream_removed_here`].
+    pub(crate) fn deleted_streams(&self) -> Vec<ObjectKey> {
+        self.deleted_here.iter().cloned().collect()
+    }
+
+    /// The broker removed (or never had) `key`'s copies: it may be opened again.
+    pub(crate) fn stream_removed_here(&mut self, key: &ObjectKey) {
+        if self.deleted_here.remove(key) {
+            self.replicas_changed = true;
+            self.metadata_changed = true;
+        }
+    }
+
+    /// Whether `key`'s copies from a deleted life are still being removed here.
+    pub(crate) fn removing_stream(&self, key: &ObjectKey) -> bool {
+        self.deleted_here.contains(key)
     }
 
     /// Metadata was applied since the last call: requests waiting for a placement may go on.

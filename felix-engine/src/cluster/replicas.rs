@@ -374,6 +374,7 @@ impl ClusterNode {
         let streams = meta
             .streams
             .iter()
+            .filter(|(k, _)| !self.removing_stream(k))
             .filter(|(_, s)| s.shards.first().is_some_and(|m| m.replicas.len() > 1))
             .flat_map(|(key, s)| {
                 s.shards
@@ -486,6 +487,9 @@ impl ClusterNode {
             key: ObjectKey::new(names.0, names.1, names.2),
             shard,
         };
+        if kind == ObjectKind::Stream && self.removing_stream(&r.key) {
+            return Err("the stream's deleted copies are still being removed here");
+        }
         copies
             .iter()
             .try_for_each(|&copy| self.copy_ready(r.clone(), copy))
@@ -1086,6 +1090,23 @@ impl ClusterNode {
         });
         tracing::debug!(shard = %r, generation, %leader, end = info.end, "asking to be fed");
         self.net.send(leader.as_str(), &ask);
+    }
+
+    /// The stream was deleted: its slots go without a word to readers (the broker ends them
+    /// with `stream_deleted`, and fails what waited on its logs).
+    pub(super) fn forget_stream_copies(&mut self, key: &ObjectKey) {
+        let gone: Vec<CopyRef> = self
+            .replicas
+            .slots
+            .keys()
+            .filter(|r| r.shard.kind == ObjectKind::Stream && r.shard.key == *key)
+            .cloned()
+            .collect();
+        for r in gone {
+            if let Some(log) = self.replicas.slots.remove(&r).and_then(|s| s.log) {
+                self.replicas.by_log.remove(&log);
+            }
+        }
     }
 
     /// The slot's leadership ends (a new generation, or the copy left this node): what it

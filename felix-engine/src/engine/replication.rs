@@ -24,9 +24,24 @@ impl Engine {
     /// Runs replication until it asks for nothing more (bounded).
     pub(super) fn drive_replication(&mut self, now: Instant) {
         let core = &mut self.core;
+        let unix_micros = core.unix_micros(now);
         let Some(cluster) = core.cluster.as_mut() else {
             return;
         };
+        // Streams the cluster deleted go from the broker first: subscriptions end with
+        // `stream_deleted`, files are retired, and only then may the name be opened again.
+        for key in cluster.deleted_streams() {
+            let stream = StreamKey::new(&key.tenant, &key.namespace, &key.name);
+            match core.broker.delete_stream(unix_micros, &stream) {
+                Ok(()) | Err(crate::broker::DeleteRefusal::NotFound) => {
+                    cluster.stream_removed_here(&key)
+                }
+                // A log still opening: tried again on the next turn.
+                Err(crate::broker::DeleteRefusal::Unavailable(why)) => {
+                    tracing::debug!(stream = %key, %why, "deleted stream not removed yet")
+                }
+            }
+        }
         for _ in 0..MAX_REPLICATION_ROUNDS {
             cluster.drive_replication(now, &core.broker);
             let mut any = false;
