@@ -110,6 +110,8 @@ pub(crate) struct ClusterNode {
     /// ([`ClusterNode::take_deleted_stream`]); while one is listed, no copy of that name is
     /// opened or served here, so a re-created stream never meets the old files.
     deleted_here: std::collections::BTreeSet<ObjectKey>,
+    /// How many such removals finished since start: what the admin API's delete waits on.
+    removals_done: u64,
     /// A bug put back for the simulator's canaries.
     canary: crate::config::ReplicationCanary,
     /// Publishes served here as the leader, per stream shard: (generation, count). Read by
@@ -279,6 +281,7 @@ impl ClusterNode {
             ),
             replicas_changed: true,
             deleted_here: Default::default(),
+            removals_done: 0,
             canary: cfg.canary,
             writes_served: BTreeMap::new(),
         };
@@ -722,7 +725,55 @@ impl ClusterNode {
         if self.deleted_here.remove(key) {
             self.replicas_changed = true;
             self.metadata_changed = true;
+            self.removals_done += 1;
         }
+    }
+
+    /// A number that moves whenever metadata is applied here or a deleted stream's copies
+    /// are removed: what waiters on either are woken by.
+    pub(crate) fn changes(&self) -> u64 {
+        self.metadata_progress().1 + self.removals_done
+    }
+
+    /// Asks the control plane to delete a stream (`DELETE /v1/streams/…` in a cluster): one
+    /// `DeleteStream` command for the incarnation placed now. `Ok(incarnation)` when asked;
+    /// the caller waits until this node's metadata no longer has it and its copies here are
+    /// gone ([`ClusterNode::stream_deleted_here`]).
+    pub(crate) fn delete_stream(
+        &mut self,
+        now: Instant,
+        key: ObjectKey,
+    ) -> Result<u64, crate::DeleteStreamError> {
+        use crate::DeleteStreamError;
+        let Some(incarnation) = self.meta().streams.get(&key).map(|s| s.incarnation) else {
+            return Err(DeleteStreamError::NotFound);
+        };
+        let Some(control) = self.control.as_mut() else {
+            return Err(DeleteStreamError::Unavailable(
+                "the control plane is not running yet".into(),
+            ));
+        };
+        if control.leader().is_none() {
+            // Nothing is proposed: a retry later deletes it whole.
+            return Err(DeleteStreamError::Unavailable(
+                "the control plane has no leader (no majority of its voters)".into(),
+            ));
+        }
+        control.want(Command::DeleteStream { key, incarnation }, now);
+        self.pump(now);
+        Ok(incarnation)
+    }
+
+    /// The incarnation of a placed stream.
+    pub(crate) fn incarnation_of(&self, key: &ObjectKey) -> Option<u64> {
+        self.meta().streams.get(key).map(|s| s.incarnation)
+    }
+
+    /// Whether `incarnation` of `key` is deleted as far as this node knows, its copies here
+    /// removed.
+    pub(crate) fn stream_deleted_here(&self, key: &ObjectKey, incarnation: u64) -> bool {
+        let placed = self.meta().streams.get(key).map(|s| s.incarnation);
+        placed != Some(incarnation) && !self.removing_stream(key)
     }
 
     /// Whether `key`'s copies from a deleted life are still being removed here.

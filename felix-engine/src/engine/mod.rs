@@ -451,6 +451,14 @@ impl Engine {
         namespace: &str,
         stream: &str,
     ) -> Result<(), crate::DeleteStreamError> {
+        if let Some(cluster) = self.core.cluster.as_mut() {
+            // In a cluster a delete is the control plane's: asked here, carried out by every
+            // node as it applies it (docs/operations.md, "Deleting a stream in a cluster").
+            let key = felix_cluster::meta::ObjectKey::new(tenant, namespace, stream);
+            let asked = cluster.delete_stream(now, key);
+            self.settle(now);
+            return asked.map(|_| ());
+        }
         let unix_micros = self.core.unix_micros(now);
         let key = StreamKey::new(tenant, namespace, stream);
         let result = self.core.broker.delete_stream(unix_micros, &key);
@@ -837,6 +845,30 @@ impl Engine {
 
     /// In a cluster, the last metadata index this node applied (0 before any, and outside a
     /// cluster). It moves whenever membership, liveness or placement changes.
+    /// In a cluster, the incarnation of a placed stream (`None`: not placed, or no cluster).
+    /// A delete through [`Engine::delete_stream_as`] is done here once
+    /// [`Engine::stream_deleted_here`] says so for the incarnation read before it.
+    pub fn stream_incarnation(&self, names: (&str, &str, &str)) -> Option<u64> {
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        self.core.cluster.as_ref()?.incarnation_of(&key)
+    }
+
+    /// Whether `incarnation` of a stream is deleted in this node's metadata and its copies
+    /// here are gone (true without a cluster).
+    pub fn stream_deleted_here(&self, names: (&str, &str, &str), incarnation: u64) -> bool {
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        self.core
+            .cluster
+            .as_ref()
+            .is_none_or(|c| c.stream_deleted_here(&key, incarnation))
+    }
+
+    /// A number that moves whenever cluster metadata is applied here, or the copies of a
+    /// stream the cluster deleted are removed here: what the ops endpoint wakes waiters by.
+    pub fn cluster_changes(&self) -> u64 {
+        self.core.cluster.as_ref().map_or(0, |c| c.changes())
+    }
+
     pub fn cluster_metadata_applied(&self) -> u64 {
         self.core
             .cluster

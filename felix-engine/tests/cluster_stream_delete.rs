@@ -1,0 +1,260 @@
+//! Deleting a stream in a cluster (issue 33 item 5): one `DeleteStream` command through the
+//! control plane, asked of any node; every node ends its subscriptions with
+//! `stream_deleted` and removes its copies; the name then answers not-found until it is
+//! created again, empty, at generations above the old ones; a node that was stopped through
+//! the delete and the re-creation removes its old copy when it comes back and holds only the
+//! new life's records. Three durable nodes on felix-testkit's `ClusterNet` and its virtual
+//! clock; `t1/default/orders` of three shards, three copies each, quorum.
+
+use std::time::Duration;
+
+use felix_engine::stream_admin::{Consistency, StreamSpec};
+use felix_engine::{AdminError, DeleteStreamError, DurableConfig, EngineConfig};
+use felix_proto::frame::Frame;
+use felix_testkit::*;
+use quinn_proto::StreamId;
+
+const SHARDS: u32 = 3;
+const NAMES: (&str, &str, &str) = ("t1", "default", "orders");
+
+fn durable(_: usize, cfg: &mut EngineConfig) {
+    cfg.durable = Some(DurableConfig::default());
+}
+
+/// Subscribes to `shard` on node `at` (its leader) with the real client's offer; returns the
+/// subscription id and its event stream.
+fn subscribe(c: &mut ClusterNet, at: usize, shard: u32) -> (usize, u64, StreamId) {
+    let p = c.connect(at);
+    let (id, _) = c.auth_stream(at, p);
+    let ask = json_frame(&format!(
+        r#"{{"type":"subscribe","tenant_id":"t1","namespace":"default","stream":"orders","shard":{shard}}}"#
+    ));
+    c.nodes[at].send(p, id, &ask);
+    c.nodes[at].finish(p, id);
+    c.run();
+    let frames = c.nodes[at].read_frames(p, id);
+    let answer: serde_json::Value = serde_json::from_str(text(&frames[0])).unwrap();
+    assert_eq!(answer["type"], "subscribed", "{answer}");
+    c.nodes[at].stop(p, id);
+    c.run();
+    let uni = c.nodes[at].take_uni(p);
+    let hello = c.nodes[at].read_frames(p, uni);
+    assert!(text(&hello[0]).contains("event_stream_hello"));
+    (p, answer["subscription_id"].as_u64().unwrap(), uni)
+}
+
+fn leader_of(c: &ClusterNet, shard: u32) -> usize {
+    c.orders_leader(0, shard).0.expect("led")
+}
+
+fn deleted_everywhere(c: &ClusterNet, incarnation: u64) -> bool {
+    c.nodes
+        .iter()
+        .all(|n| n.engine.stream_deleted_here(NAMES, incarnation))
+}
+
+fn last_text(frames: &[Frame]) -> String {
+    frames
+        .last()
+        .map(|f| text(f).to_owned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_delete_asked_of_one_node_ends_every_subscription_and_removes_every_copy() {
+    let spec = ClusterSpec::quorum_orders(SHARDS);
+    let mut c = ClusterNet::started(&spec, durable);
+    for shard in 0..SHARDS {
+        let leader = leader_of(&c, shard);
+        c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
+    }
+    // Publish through every node, one record per shard each (forwarded when not led there).
+    for at in 0..3 {
+        for shard in 0..SHARDS {
+            let id = (at as u64) * 10 + u64::from(shard) + 1;
+            c.publish_acked(at, (SHARDS, shard), id, b"old");
+        }
+    }
+    // A subscription on every shard's leader: one on each node.
+    let subs: Vec<(usize, usize, u64, StreamId)> = (0..SHARDS)
+        .map(|shard| {
+            let at = leader_of(&c, shard);
+            let (p, sub, uni) = subscribe(&mut c, at, shard);
+            (at, p, sub, uni)
+        })
+        .collect();
+    let mut ats: Vec<usize> = subs.iter().map(|s| s.0).collect();
+    ats.sort();
+    ats.dedup();
+    assert_eq!(
+        ats.len(),
+        3,
+        "leaders are balanced: a subscription on each node"
+    );
+    let generations: Vec<u64> = (0..SHARDS).map(|s| c.orders_leader(0, s).1).collect();
+    let incarnation = c.nodes[0].engine.stream_incarnation(NAMES).expect("placed");
+
+    // Asked of a node that is not the control plane's leader: raft forwards the proposal.
+    let control = c.control_leader();
+    let via = (0..3).find(|&i| i != control).unwrap();
+    let now = c.now;
+    let token = c.nodes[via].token();
+    c.nodes[via]
+        .engine
+        .delete_stream_as(now, &token, NAMES.0, NAMES.1, NAMES.2)
+        .expect("asked");
+    c.until(Duration::from_secs(5), |c| {
+        deleted_everywhere(c, incarnation)
+    });
+
+    for (at, p, sub, uni) in &subs {
+        let frames = c.nodes[*at].read_frames(*p, *uni);
+        assert_eq!(
+            last_text(&frames),
+            format!(r#"{{"type":"stream_deleted","subscription_id":{sub}}}"#),
+            "node {at}"
+        );
+        assert!(c.nodes[*at].peers[*p].finished.contains(uni), "node {at}");
+    }
+    c.advance(Duration::from_secs(1));
+    for (i, n) in c.nodes.iter().enumerate() {
+        for shard in 0..SHARDS {
+            assert!(
+                shard_log_on(&n.disk, "orders", shard).is_empty(),
+                "node {i} shard {shard}: the copy's files are gone"
+            );
+        }
+        assert!(
+            n.disk.dirs().iter().all(|d| !d.contains(".deleted.")),
+            "node {i}: the tombstones are removed too"
+        );
+        assert!(
+            matches!(
+                n.engine.stream_view(c.now, None, NAMES),
+                Err(AdminError::NotFound(_))
+            ),
+            "node {i}"
+        );
+        // A second delete, on any node, finds nothing.
+        assert_eq!(
+            c.nodes[i]
+                .engine
+                .stream_view(c.now, None, NAMES)
+                .map(|_| ())
+                .map_err(|e| e.status()),
+            Err(404)
+        );
+    }
+    let now = c.now;
+    assert_eq!(
+        c.nodes[0]
+            .engine
+            .delete_stream(now, NAMES.0, NAMES.1, NAMES.2),
+        Err(DeleteStreamError::NotFound)
+    );
+
+    // Created again: a new incarnation, generations above the old ones, no old record.
+    let token = c.nodes[0].token();
+    let asked = c.nodes[0].engine.create_stream_as(
+        now,
+        &token,
+        NAMES,
+        StreamSpec::new(SHARDS, 3, Consistency::Quorum),
+    );
+    assert!(matches!(asked, Ok(None)), "{asked:?}");
+    c.until(Duration::from_secs(10), |c| {
+        c.nodes.iter().all(|n| {
+            n.engine
+                .stream_view(c.now, None, NAMES)
+                .is_ok_and(|v| v.writable())
+        })
+    });
+    assert_eq!(
+        c.nodes[0].engine.stream_incarnation(NAMES),
+        Some(incarnation + 1)
+    );
+    for shard in 0..SHARDS {
+        assert!(c.orders_leader(0, shard).1 > generations[shard as usize]);
+        let leader = leader_of(&c, shard);
+        c.until(Duration::from_secs(10), |c| c.writable(leader, shard));
+        let offset = c.publish_acked(
+            shard as usize,
+            (SHARDS, shard),
+            100 + u64::from(shard),
+            b"new",
+        );
+        assert_eq!(offset, 0, "shard {shard} starts empty");
+    }
+}
+
+#[test]
+fn a_node_stopped_through_the_delete_and_the_recreation_drops_its_old_copy_when_back() {
+    let spec = ClusterSpec::quorum_orders(SHARDS);
+    let mut c = ClusterNet::started(&spec, durable);
+    let (control, shard, away, _) = c.shard_led_off_control(SHARDS);
+    for s in 0..SHARDS {
+        let leader = leader_of(&c, s);
+        c.until(Duration::from_secs(10), |c| c.writable(leader, s));
+        for i in 0..3 {
+            c.publish_acked(control, (SHARDS, s), u64::from(s) * 10 + i, b"old");
+        }
+    }
+    c.until(Duration::from_secs(5), |c| {
+        shard_log_on(&c.nodes[away].disk, "orders", shard).len() == 3
+    });
+    let (p, sub, uni) = subscribe(&mut c, away, shard);
+
+    // `away` stops; the others delete the stream and create it again, and write to it.
+    c.freeze(away);
+    let now = c.now;
+    c.nodes[control]
+        .engine
+        .delete_stream(now, NAMES.0, NAMES.1, NAMES.2)
+        .expect("asked");
+    c.until(Duration::from_secs(5), |c| {
+        c.nodes[control].engine.stream_deleted_here(NAMES, 0)
+    });
+    let token = c.nodes[control].token();
+    let now = c.now;
+    let spec3 = StreamSpec::new(SHARDS, 3, Consistency::Quorum);
+    c.nodes[control]
+        .engine
+        .create_stream_as(now, &token, NAMES, spec3)
+        .expect("asked");
+    c.until(Duration::from_secs(5), |c| {
+        c.nodes[control].engine.stream_incarnation(NAMES) == Some(1)
+    });
+    let live = (0..SHARDS)
+        .find(|&s| c.orders_leader(control, s).0.is_some_and(|l| l != away))
+        .expect("a shard led by a live node");
+    let leader = c.orders_leader(control, live).0.unwrap();
+    c.until(Duration::from_secs(10), |c| c.writable(leader, live));
+    c.publish_acked(control, (SHARDS, live), 500, b"new");
+
+    // Back: it learns of the delete, ends its subscription, drops its old copies, and is
+    // fed the new life's records only.
+    c.thaw(away);
+    c.until(Duration::from_secs(20), |c| {
+        c.nodes[away].engine.stream_deleted_here(NAMES, 0)
+            && c.nodes[away].engine.stream_incarnation(NAMES) == Some(1)
+    });
+    let frames = c.nodes[away].read_frames(p, uni);
+    assert_eq!(
+        last_text(&frames),
+        format!(r#"{{"type":"stream_deleted","subscription_id":{sub}}}"#)
+    );
+    c.until(Duration::from_secs(20), |c| {
+        shard_log_on(&c.nodes[away].disk, "orders", live).len() == 1
+    });
+    let entries = shard_log_on(&c.nodes[away].disk, "orders", live);
+    assert_eq!(entries[0].0, 0, "the new life from offset 0");
+    for s in 0..SHARDS {
+        let entries = shard_log_on(&c.nodes[away].disk, "orders", s);
+        assert!(
+            entries
+                .iter()
+                .all(|(_, bytes)| !bytes.windows(3).any(|w| w == b"old")),
+            "shard {s}: no record of the old life is left on the node that was away"
+        );
+    }
+}
