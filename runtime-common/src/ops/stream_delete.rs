@@ -15,7 +15,7 @@ use tracing::info;
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
 
-use super::http::{ask, bearer_token, no_token, on_engine, text, Answer, OpsState};
+use super::http::{ask, bearer_token, json, no_token, on_engine, text, Answer, OpsState};
 use crate::control::Control;
 
 /// Where the drive loop sends a deletion's outcome.
@@ -141,5 +141,12 @@ fn refused(e: DeleteStreamError) -> Answer {
         DeleteStreamError::NotFound => StatusCode::NOT_FOUND,
         DeleteStreamError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
     };
-    text(status, format!("{e}\n"))
+    let mut answer = json(status, &serde_json::json!({ "error": e.to_string() }));
+    if status == StatusCode::UNAUTHORIZED {
+        answer.headers_mut().insert(
+            "www-authenticate",
+            hyper::header::HeaderValue::from_static("Bearer"),
+        );
+    }
+    answer
 }
