@@ -258,3 +258,111 @@ fn a_node_stopped_through_the_delete_and_the_recreation_drops_its_old_copy_when_
         );
     }
 }
+
+/// Every node compacts its metadata log at once, so a node that comes back behind is sent a
+/// snapshot rather than the entries it missed.
+fn durable_compacting(_: usize, cfg: &mut EngineConfig) {
+    cfg.durable = Some(DurableConfig::default());
+    if let Some(cluster) = cfg.cluster.as_mut() {
+        cluster.metadata_log_compact_bytes = 1;
+    }
+}
+
+/// As above, with the node's process replaced while it was cut off: it restarts from its own
+/// metadata log (which still has the old life placed) and its old files, then learns of the
+/// delete from a snapshot. A stream of one replica led there shows it: no leader would feed
+/// or cut that copy, so only the removal keeps its old records from being served.
+#[test]
+fn a_node_restarted_while_cut_off_learns_of_the_delete_by_snapshot_and_drops_its_old_copy() {
+    let spec = ClusterSpec::default();
+    let mut c = ClusterNet::started(&spec, durable_compacting);
+    let token = c.nodes[0].token();
+    // Single-replica streams until one is placed off the control plane's node.
+    let control = c.control_leader();
+    let one = StreamSpec::new(1, 1, Consistency::Leader);
+    let (name, away) = (0..12)
+        .find_map(|i| {
+            let name = format!("solo-{i}");
+            let now = c.now;
+            let names = ("t1", "default", name.as_str());
+            c.nodes[control]
+                .engine
+                .create_stream_as(now, &token, names, one)
+                .expect("asked");
+            c.until(Duration::from_secs(5), |c| {
+                c.nodes[control].engine.stream_incarnation(names).is_some()
+            });
+            let view = c.nodes[control]
+                .engine
+                .stream_view(c.now, None, names)
+                .unwrap();
+            let leader = c.index(view.shards[0].leader.as_deref().unwrap());
+            (leader != control).then_some((name, leader))
+        })
+        .expect("placement spreads streams over the nodes");
+    let names = ("t1", "default", name.as_str());
+    let frame = binary_publish(Some(1), None, &name, &[b"old"]);
+    let answer = c.request(away, &frame);
+    assert!(
+        matches!(
+            felix_proto::binary::PublishAck::decode(answer.flags, &answer.payload)
+                .unwrap()
+                .result,
+            felix_proto::binary::AckResult::Ok { .. }
+        ),
+        "the old record is acknowledged"
+    );
+    c.until(Duration::from_secs(5), |c| {
+        shard_log_on(&c.nodes[away].disk, &name, 0).len() == 1
+    });
+
+    for other in (0..3).filter(|&i| i != away) {
+        c.cut_both(away, other, true);
+    }
+    let now = c.now;
+    c.nodes[control]
+        .engine
+        .delete_stream(now, names.0, names.1, names.2)
+        .expect("asked");
+    c.until(Duration::from_secs(5), |c| {
+        c.nodes[control].engine.stream_deleted_here(names, 0)
+    });
+    let now = c.now;
+    c.nodes[control]
+        .engine
+        .create_stream_as(now, &token, names, one)
+        .expect("asked");
+    c.until(Duration::from_secs(5), |c| {
+        c.nodes[control].engine.stream_incarnation(names) == Some(1)
+    });
+    c.restart(away, &spec, durable_compacting);
+    assert_eq!(
+        c.nodes[away].engine.stream_incarnation(names),
+        Some(0),
+        "its own log still has the old life"
+    );
+    assert_eq!(shard_log_on(&c.nodes[away].disk, &name, 0).len(), 1);
+    c.advance(Duration::from_secs(1));
+    for other in (0..3).filter(|&i| i != away) {
+        c.cut_both(away, other, false);
+    }
+    c.until(Duration::from_secs(20), |c| {
+        c.nodes[away].engine.stream_incarnation(names) == Some(1)
+            && c.nodes[away].engine.stream_deleted_here(names, 0)
+    });
+    c.advance(Duration::from_secs(2));
+    assert!(
+        shard_log_on(&c.nodes[away].disk, &name, 0).is_empty(),
+        "the old copy's files are gone"
+    );
+    // Served again from the node that was away, the new life starts empty.
+    let frame = binary_publish(Some(2), None, &name, &[b"new"]);
+    let answer = c.request(away, &frame);
+    match felix_proto::binary::PublishAck::decode(answer.flags, &answer.payload)
+        .unwrap()
+        .result
+    {
+        felix_proto::binary::AckResult::Ok { offset } => assert_eq!(offset, Some(0)),
+        other => panic!("refused: {other:?}"),
+    }
+}

@@ -444,6 +444,13 @@ impl Engine {
     /// FEATURE_STREAM_DELETED — and the next publish or subscribe creates it afresh. On a
     /// durable broker its files are retired through file ops that keep running after this
     /// returns; keep polling outputs.
+    ///
+    /// On a cluster node this only asks the control plane (one `DeleteStream` command for
+    /// the incarnation placed now): `Ok` once asked, `NotFound` when the stream is not
+    /// placed, `Unavailable` without a control-plane leader. Every node, this one included,
+    /// removes its copies as it applies the command; wait with
+    /// [`Engine::stream_deleted_here`] for the incarnation [`Engine::stream_incarnation`]
+    /// gave before asking.
     pub fn delete_stream(
         &mut self,
         now: Instant,
