@@ -366,3 +366,77 @@ fn a_node_restarted_while_cut_off_learns_of_the_delete_by_snapshot_and_drops_its
         other => panic!("refused: {other:?}"),
     }
 }
+
+fn on_commit(_: usize, cfg: &mut EngineConfig) {
+    let mut d = DurableConfig::default();
+    d.fsync = felix_engine::FsyncPolicy::OnCommit;
+    cfg.durable = Some(d);
+}
+
+/// Syncs of stream segment files wait on every node: a quorum publish is then held, written
+/// but not durable anywhere.
+fn hold_stream_syncs(k: &felix_storage::ops::FileOpKind) -> bool {
+    matches!(k, felix_storage::ops::FileOpKind::Sync { path } if path.starts_with("streams/"))
+}
+
+/// A publish racing the delete: written on the leader and shipped, but not yet durable on a
+/// majority when the delete is applied. It is refused `not_found`, never acknowledged, and
+/// no copy of it outlives the delete on any node.
+#[test]
+fn a_publish_waiting_for_its_quorum_when_the_delete_applies_is_refused() {
+    use felix_proto::binary::{AckResult, PublishAck};
+    let spec = ClusterSpec::quorum_orders(SHARDS);
+    let mut c = ClusterNet::started(&spec, on_commit);
+    let (control, shard, leader, _) = c.shard_led_off_control(SHARDS);
+    c.publish_acked(leader, (SHARDS, shard), 1, b"before");
+
+    for n in &mut c.nodes {
+        n.hold = hold_stream_syncs;
+    }
+    let p = c.connect(leader);
+    let (id, _) = c.auth_stream(leader, p);
+    let key = key_for_shard(SHARDS, shard);
+    let racing = binary_publish(Some(2), Some(&key), "orders", &[b"racing"]);
+    c.nodes[leader].send(p, id, &racing);
+    c.advance(Duration::from_millis(200));
+    assert!(
+        c.nodes[leader].read_frames(p, id).is_empty(),
+        "not durable anywhere: not acknowledged yet"
+    );
+
+    let now = c.now;
+    c.nodes[control]
+        .engine
+        .delete_stream(now, NAMES.0, NAMES.1, NAMES.2)
+        .expect("asked");
+    let mut answer = Vec::new();
+    let start = c.now;
+    while answer.is_empty() {
+        assert!(
+            c.now - start < Duration::from_secs(5),
+            "the publish was never answered"
+        );
+        c.advance(Duration::from_millis(1));
+        answer = c.nodes[leader].read_frames(p, id);
+    }
+    let ack = PublishAck::decode(answer[0].flags, &answer[0].payload).expect("a binary ack");
+    match ack.result {
+        AckResult::Err { code, .. } => {
+            assert_eq!(code.map(|c| c.0), Some(felix_proto::ErrorCode::NotFound))
+        }
+        other => panic!("a publish racing the delete was answered {other:?}"),
+    }
+    c.until(Duration::from_secs(5), |c| deleted_everywhere(c, 0));
+    for n in &mut c.nodes {
+        n.release_held_ops();
+    }
+    c.advance(Duration::from_secs(1));
+    for (i, n) in c.nodes.iter().enumerate() {
+        for s in 0..SHARDS {
+            assert!(
+                shard_log_on(&n.disk, "orders", s).is_empty(),
+                "node {i} shard {s}: nothing of the deleted stream is left"
+            );
+        }
+    }
+}
