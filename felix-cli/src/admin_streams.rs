@@ -56,6 +56,8 @@ enum CachesCommand {
     Get(NameArgs),
     /// List the token's tenant's caches.
     List(ListArgs),
+    /// Delete a cache on every node (its values, counters and watches).
+    Delete(NameArgs),
 }
 
 #[derive(Args)]
@@ -89,6 +91,18 @@ pub(crate) fn run_caches(args: CachesArgs) -> Result<(), Failure> {
             (a.common, "GET", path, None, false)
         }
         CachesCommand::List(a) => (a.common, "GET", "/v1/caches".to_owned(), None, false),
+        CachesCommand::Delete(a) => {
+            let path = format!("/v1/caches/{}/{}/{}", a.tenant, a.namespace, a.stream);
+            call(&a.common, "DELETE", &path, None)?;
+            if a.common.json {
+                let v = json!({"tenant": a.tenant, "namespace": a.namespace,
+                    "cache": a.stream, "deleted": true});
+                println!("{v}");
+            } else {
+                println!("deleted: {}/{}/{}", a.tenant, a.namespace, a.stream);
+            }
+            return Ok(());
+        }
     };
     let (status, v) = call(&common, method, &path, body.as_ref())?;
     if common.json {

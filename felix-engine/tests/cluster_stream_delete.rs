@@ -442,3 +442,107 @@ fn a_publish_waiting_for_its_quorum_when_the_delete_applies_is_refused() {
         }
     }
 }
+
+/// One cache request (`body` without its scope) to node `at`, answered.
+fn cache_ask(c: &mut ClusterNet, at: usize, body: &str) -> serde_json::Value {
+    let json = format!(r#"{{"tenant_id":"t1","namespace":"default","cache":"sessions",{body}}}"#);
+    let answer = c.request(at, &json_frame(&json));
+    serde_json::from_str(text(&answer)).expect("a JSON answer")
+}
+
+/// A cache's delete is the same: one `DeleteCache` command asked of any node, and every node
+/// drops its values, counters and files; created again the name is empty, at generations above
+/// the old life's.
+#[test]
+fn a_cache_delete_asked_of_one_node_removes_every_copy() {
+    use felix_engine::stream_admin::CacheSpec;
+    let names = ("t1", "default", "sessions");
+    let mut spec = ClusterSpec::default();
+    spec.caches.push(felix_engine::DeclaredCache::new(
+        "t1", "default", "sessions", 3,
+    ));
+    let mut c = ClusterNet::started(&spec, on_commit);
+    let put = r#""type":"cache_put","key":"k","value":"dg==","request_id":1,"ttl_ms":null"#;
+    let add = r#""type":"counter_add","key":"n","delta":5,"request_id":3"#;
+    for at in 0..3 {
+        let answer = cache_ask(&mut c, at, put);
+        assert_eq!(answer["type"], "cache_ok", "{answer}");
+    }
+    assert_eq!(cache_ask(&mut c, 0, add)["value"], 5);
+    let held = |c: &ClusterNet, i: usize| -> Vec<String> {
+        c.nodes[i]
+            .disk
+            .files()
+            .into_keys()
+            .filter(|f| f.contains("/sessions/") || f.contains(".deleted."))
+            .collect()
+    };
+    c.until(Duration::from_secs(5), |c| {
+        (0..3).all(|i| !held(c, i).is_empty())
+    });
+    let old_generation = c.nodes[0]
+        .engine
+        .cache_view(c.now, None, names)
+        .unwrap()
+        .shards[0]
+        .generation;
+
+    let control = c.control_leader();
+    let via = (0..3).find(|&i| i != control).unwrap();
+    let token = c.nodes[via].token();
+    let now = c.now;
+    assert_eq!(
+        c.nodes[via].engine.delete_cache_as(now, &token, names),
+        Ok(0)
+    );
+    c.until(Duration::from_secs(5), |c| {
+        c.nodes
+            .iter()
+            .all(|n| n.engine.cache_deleted_here(names, 0))
+    });
+    c.advance(Duration::from_secs(1));
+    for i in 0..3 {
+        assert_eq!(held(&c, i), Vec::<String>::new(), "node {i}: files left");
+        assert_eq!(
+            c.nodes[i]
+                .engine
+                .cache_view(c.now, None, names)
+                .map_err(|e| e.status()),
+            Err(404)
+        );
+    }
+    let now = c.now;
+    assert_eq!(
+        c.nodes[0]
+            .engine
+            .delete_cache_as(now, &token, names)
+            .map_err(|e| e.status()),
+        Err(404)
+    );
+
+    let one = CacheSpec {
+        shards: 1,
+        replication_factor: 3,
+    };
+    let now = c.now;
+    assert!(c.nodes[0]
+        .engine
+        .create_cache_as(now, &token, names, one)
+        .is_ok());
+    c.until(Duration::from_secs(10), |c| {
+        c.nodes.iter().all(|n| {
+            n.engine
+                .cache_view(c.now, None, names)
+                .is_ok_and(|v| v.writable())
+        })
+    });
+    let view = c.nodes[0].engine.cache_view(c.now, None, names).unwrap();
+    assert!(view.shards[0].generation > old_generation);
+    let got = cache_ask(&mut c, 1, r#""type":"cache_get","key":"k","request_id":2"#);
+    assert!(got["value"].is_null(), "the old value is gone: {got}");
+    assert_eq!(
+        cache_ask(&mut c, 2, add)["value"],
+        5,
+        "the counter starts again"
+    );
+}

@@ -211,6 +211,7 @@ impl ControlPlane {
         // case the restart cut its removal short.
         applied.retain(|a| match a {
             Applied::StreamDeleted { key, .. } => !meta.streams.contains_key(key),
+            Applied::CacheDeleted { key, .. } => !meta.caches.contains_key(key),
             _ => true,
         });
         let guard = if store.is_blank() {
@@ -761,6 +762,10 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
             .streams
             .get(key)
             .is_none_or(|s| s.incarnation != *incarnation),
+        Command::DeleteCache { key, incarnation } => meta
+            .caches
+            .get(key)
+            .is_none_or(|c| c.incarnation != *incarnation),
         Command::AlterStream { key, retention } => meta
             .streams
             .get(key)

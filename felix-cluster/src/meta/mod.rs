@@ -294,8 +294,8 @@ pub struct PlacedStream {
     pub incarnation: u64,
 }
 
-/// What a deleted stream leaves in the metadata: the incarnation deleted and the highest
-/// generation any of its shards reached. Re-created, the name gets the next incarnation and
+/// What a deleted stream (or cache) leaves in the metadata: the incarnation deleted and the
+/// highest generation any of its shards reached. Re-created, the name gets the next incarnation and
 /// its shards start above that generation, so no message or copy of the old life is taken
 /// for the new one. Removed when the name is re-created (one small entry per name deleted and
 /// not re-created).
@@ -309,6 +309,9 @@ pub struct DeletedStream {
 pub struct PlacedCache {
     pub spec: CacheSpec,
     pub shards: Vec<ShardMeta>,
+    /// As [`PlacedStream::incarnation`].
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 /// A change to the metadata: the data of one raft entry.
@@ -408,6 +411,8 @@ pub enum Command {
     /// removes its copies as it applies it (or as it catches up, when it was down). Applied
     /// only to that `incarnation`: a re-proposal never deletes the stream re-created since.
     DeleteStream { key: ObjectKey, incarnation: u64 },
+    /// As [`Command::DeleteStream`], for a cache (`DELETE /v1/caches/…`).
+    DeleteCache { key: ObjectKey, incarnation: u64 },
 }
 
 impl Command {
@@ -467,6 +472,11 @@ pub enum Applied {
         key: ObjectKey,
         incarnation: u64,
     },
+    /// As [`Applied::StreamDeleted`], for a cache.
+    CacheDeleted {
+        key: ObjectKey,
+        incarnation: u64,
+    },
     /// Already true: nothing changed.
     Unchanged,
     /// The entry did not decode or named something impossible; applied as nothing, on every
@@ -491,6 +501,9 @@ pub struct Metadata {
     /// Streams deleted and not re-created since ([`DeletedStream`]).
     #[serde(default, with = "pairs")]
     pub deleted_streams: BTreeMap<ObjectKey, DeletedStream>,
+    /// Caches deleted and not re-created since.
+    #[serde(default, with = "pairs")]
+    pub deleted_caches: BTreeMap<ObjectKey, DeletedStream>,
     /// The last raft index applied.
     pub applied: u64,
 }
@@ -508,6 +521,7 @@ impl Metadata {
             streams: BTreeMap::new(),
             caches: BTreeMap::new(),
             deleted_streams: BTreeMap::new(),
+            deleted_caches: BTreeMap::new(),
             applied: 0,
         }
     }
@@ -615,9 +629,7 @@ impl Metadata {
                             placed.push(k.clone());
                         }
                         for (k, c) in &declarations.caches {
-                            let shards = self.place(k, "cache", c.shards, c.replication_factor);
-                            self.caches
-                                .insert(k.clone(), PlacedCache { spec: *c, shards });
+                            self.place_cache(k, *c);
                         }
                         self.declarations = Some(declarations.clone());
                         self.declared_by.insert(node.clone(), true);
@@ -655,14 +667,7 @@ impl Metadata {
                 if let Err(e) = self.check(spec.shards, spec.replication_factor) {
                     return Applied::Invalid(format!("cache {key}: {e}"));
                 }
-                let shards = self.place(key, "cache", spec.shards, spec.replication_factor);
-                self.caches.insert(
-                    key.clone(),
-                    PlacedCache {
-                        spec: *spec,
-                        shards,
-                    },
-                );
+                self.place_cache(key, *spec);
                 Applied::Placed(key.clone())
             }
             Command::AlterStream { key, retention } => {
@@ -866,6 +871,23 @@ impl Metadata {
                     incarnation: *incarnation,
                 }
             }
+            Command::DeleteCache { key, incarnation } => {
+                match self.caches.get(key) {
+                    Some(c) if c.incarnation == *incarnation => {}
+                    _ => return Applied::Unchanged,
+                }
+                let c = self.caches.remove(key).expect("present");
+                let generation = c.shards.iter().map(|m| m.generation).max().unwrap_or(0);
+                let tomb = DeletedStream {
+                    incarnation: *incarnation,
+                    generation,
+                };
+                self.deleted_caches.insert(key.clone(), tomb);
+                Applied::CacheDeleted {
+                    key: key.clone(),
+                    incarnation: *incarnation,
+                }
+            }
         }
     }
 
@@ -884,6 +906,19 @@ impl Metadata {
                 key: k.clone(),
                 incarnation: s.incarnation,
             })
+            .chain(
+                self.caches
+                    .iter()
+                    .filter(|(k, c)| {
+                        next.caches
+                            .get(*k)
+                            .is_none_or(|n| n.incarnation != c.incarnation)
+                    })
+                    .map(|(k, c)| Applied::CacheDeleted {
+                        key: k.clone(),
+                        incarnation: c.incarnation,
+                    }),
+            )
             .collect()
     }
 
@@ -1025,6 +1060,21 @@ impl Metadata {
             incarnation,
         };
         self.streams.insert(key.clone(), placed);
+    }
+
+    fn place_cache(&mut self, key: &ObjectKey, spec: CacheSpec) {
+        let mut shards = self.place(key, "cache", spec.shards, spec.replication_factor);
+        let tomb = self.deleted_caches.remove(key);
+        for m in &mut shards {
+            m.generation += tomb.map_or(0, |t| t.generation);
+        }
+        let incarnation = tomb.map_or(0, |t| t.incarnation + 1);
+        let placed = PlacedCache {
+            spec,
+            shards,
+            incarnation,
+        };
+        self.caches.insert(key.clone(), placed);
     }
 
     /// Members that can serve and have a client address, in name order: `topology`'s answer.

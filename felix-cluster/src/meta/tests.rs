@@ -658,6 +658,11 @@ fn an_operator_delete_applied_to_states_golden() {
         key: key.clone(),
         incarnation,
     };
+    let cache = ObjectKey::new("t1", "ops", "sessions");
+    let cache_spec = CacheSpec {
+        shards: 1,
+        replication_factor: 3,
+    };
     let cmds = [
         join("n1", Some("a:1"), "d1"),
         join("n2", Some("a:2"), "d2"),
@@ -708,6 +713,31 @@ fn an_operator_delete_applied_to_states_golden() {
             key: ObjectKey::new("t1", "ops", "other"),
             incarnation: 0,
         },
+        // A cache's delete is the same, by its own incarnation.
+        Command::CreateCache {
+            key: cache.clone(),
+            spec: cache_spec,
+        },
+        Command::DeleteCache {
+            key: cache.clone(),
+            incarnation: 1,
+        },
+        Command::DeleteCache {
+            key: cache.clone(),
+            incarnation: 0,
+        },
+        Command::CreateCache {
+            key: cache.clone(),
+            spec: cache_spec,
+        },
+        Command::CreateCache {
+            key: ObjectKey::new("t1", "ops", "gone"),
+            spec: cache_spec,
+        },
+        Command::DeleteCache {
+            key: ObjectKey::new("t1", "ops", "gone"),
+            incarnation: 0,
+        },
     ];
     let mut m = meta();
     let mut out = String::new();
@@ -734,6 +764,18 @@ fn an_operator_delete_applied_to_states_golden() {
     }
     out.push_str("deleted:\n");
     for (k, d) in &m.deleted_streams {
+        out.push_str(&format!("{k} {d:?}\n"));
+    }
+    out.push_str("caches:\n");
+    for (k, c) in &m.caches {
+        let g: Vec<u64> = c.shards.iter().map(|s| s.generation).collect();
+        out.push_str(&format!(
+            "{k} incarnation {} generations {g:?}\n",
+            c.incarnation
+        ));
+    }
+    out.push_str("deleted caches:\n");
+    for (k, d) in &m.deleted_caches {
         out.push_str(&format!("{k} {d:?}\n"));
     }
     let path =

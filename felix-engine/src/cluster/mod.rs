@@ -26,7 +26,7 @@ use felix_cluster::control::{ControlConfig, ControlOutput, ControlPlane};
 use felix_cluster::forward::{ForwardEnd, ForwardOutput, Forwards};
 use felix_cluster::meta::{
     Applied, CacheSpec, Command, Consistency as MetaConsistency, Declarations, Metadata, ObjectKey,
-    ShardMeta, ShardRef, StreamSpec,
+    ObjectKind, ShardMeta, ShardRef, StreamSpec,
 };
 use felix_cluster::replication::promotion::LeaderShards;
 use felix_cluster::routing::{judge_forward, ForwardVerdict, Owner};
@@ -109,7 +109,7 @@ pub(crate) struct ClusterNode {
     /// Streams the metadata deleted whose copies here the broker has yet to remove
     /// ([`ClusterNode::take_deleted_stream`]); while one is listed, no copy of that name is
     /// opened or served here, so a re-created stream never meets the old files.
-    deleted_here: std::collections::BTreeSet<ObjectKey>,
+    deleted_here: std::collections::BTreeSet<(ObjectKind, ObjectKey)>,
     /// How many such removals finished since start: what the admin API's delete waits on.
     removals_done: u64,
     /// A bug put back for the simulator's canaries.
@@ -707,22 +707,27 @@ impl ClusterNode {
             }
             Applied::StreamDeleted { key, incarnation } => {
                 info!(stream = %key, incarnation, "stream deleted by the cluster: removing its copies here");
-                self.forget_stream_copies(&key);
-                self.deleted_here.insert(key);
+                self.forget_copies(ObjectKind::Stream, &key);
+                self.deleted_here.insert((ObjectKind::Stream, key));
+            }
+            Applied::CacheDeleted { key, incarnation } => {
+                info!(cache = %key, incarnation, "cache deleted by the cluster: removing its copies here");
+                self.forget_copies(ObjectKind::Cache, &key);
+                self.deleted_here.insert((ObjectKind::Cache, key));
             }
             _ => {}
         }
     }
 
-    /// A stream whose copies here must go (the cluster deleted it): the engine deletes it
-    /// from the broker, then calls [`ClusterNode::stream_removed_here`].
-    pub(crate) fn deleted_streams(&self) -> Vec<ObjectKey> {
+    /// Streams and caches whose copies here must go (the cluster deleted them): the engine
+    /// deletes each from the broker, then calls [`ClusterNode::removed_here`].
+    pub(crate) fn deleted_objects(&self) -> Vec<(ObjectKind, ObjectKey)> {
         self.deleted_here.iter().cloned().collect()
     }
 
-    /// The broker removed (or never had) `key`'s copies: it may be opened again.
-    pub(crate) fn stream_removed_here(&mut self, key: &ObjectKey) {
-        if self.deleted_here.remove(key) {
+    /// The broker removed (or never had) the object's copies: it may be opened again.
+    pub(crate) fn removed_here(&mut self, kind: ObjectKind, key: &ObjectKey) {
+        if self.deleted_here.remove(&(kind, key.clone())) {
             self.replicas_changed = true;
             self.metadata_changed = true;
             self.removals_done += 1;
@@ -773,12 +778,44 @@ impl ClusterNode {
     /// removed.
     pub(crate) fn stream_deleted_here(&self, key: &ObjectKey, incarnation: u64) -> bool {
         let placed = self.meta().streams.get(key).map(|s| s.incarnation);
-        placed != Some(incarnation) && !self.removing_stream(key)
+        placed != Some(incarnation) && !self.removing(ObjectKind::Stream, key)
     }
 
-    /// Whether `key`'s copies from a deleted life are still being removed here.
-    pub(crate) fn removing_stream(&self, key: &ObjectKey) -> bool {
-        self.deleted_here.contains(key)
+    /// As [`ClusterNode::delete_stream`], for a cache (`DELETE /v1/caches/…`).
+    pub(crate) fn delete_cache(
+        &mut self,
+        now: Instant,
+        key: ObjectKey,
+    ) -> Result<u64, crate::AdminError> {
+        use crate::AdminError;
+        let Some(incarnation) = self.meta().caches.get(&key).map(|c| c.incarnation) else {
+            return Err(AdminError::NotFound(format!("no cache {key}")));
+        };
+        let Some(control) = self.control.as_mut() else {
+            return Err(AdminError::Unavailable(
+                "the control plane is not running yet".into(),
+            ));
+        };
+        if control.leader().is_none() {
+            return Err(AdminError::Unavailable(
+                "the control plane has no leader (no majority of its voters)".into(),
+            ));
+        }
+        control.want(Command::DeleteCache { key, incarnation }, now);
+        self.pump(now);
+        Ok(incarnation)
+    }
+
+    /// Whether `incarnation` of cache `key` is deleted as far as this node knows, its copies
+    /// here removed.
+    pub(crate) fn cache_deleted_here(&self, key: &ObjectKey, incarnation: u64) -> bool {
+        let placed = self.meta().caches.get(key).map(|c| c.incarnation);
+        placed != Some(incarnation) && !self.removing(ObjectKind::Cache, key)
+    }
+
+    /// Whether the object's copies from a deleted life are still being removed here.
+    pub(crate) fn removing(&self, kind: ObjectKind, key: &ObjectKey) -> bool {
+        self.deleted_here.contains(&(kind, key.clone()))
     }
 
     /// Metadata was applied since the last call: requests waiting for a placement may go on.

@@ -374,7 +374,7 @@ impl ClusterNode {
         let streams = meta
             .streams
             .iter()
-            .filter(|(k, _)| !self.removing_stream(k))
+            .filter(|(k, _)| !self.removing(ObjectKind::Stream, k))
             .filter(|(_, s)| s.shards.first().is_some_and(|m| m.replicas.len() > 1))
             .flat_map(|(key, s)| {
                 s.shards
@@ -398,6 +398,7 @@ impl ClusterNode {
         let caches = meta
             .caches
             .iter()
+            .filter(|(key, _)| !self.removing(ObjectKind::Cache, key))
             .filter_map(|(key, c)| Some((key, c.shards.first()?)))
             .filter(|(_, m)| m.replicas.len() > 1 && m.replicas.contains(&self.me))
             .flat_map(|(key, m)| {
@@ -487,8 +488,8 @@ impl ClusterNode {
             key: ObjectKey::new(names.0, names.1, names.2),
             shard,
         };
-        if kind == ObjectKind::Stream && self.removing_stream(&r.key) {
-            return Err("the stream's deleted copies are still being removed here");
+        if self.removing(kind, &r.key) {
+            return Err("the object's deleted copies are still being removed here");
         }
         copies
             .iter()
@@ -1092,14 +1093,14 @@ impl ClusterNode {
         self.net.send(leader.as_str(), &ask);
     }
 
-    /// The stream was deleted: its slots go without a word to readers (the broker ends them
-    /// with `stream_deleted`, and fails what waited on its logs).
-    pub(super) fn forget_stream_copies(&mut self, key: &ObjectKey) {
+    /// The stream (or cache) was deleted: its slots go without a word to readers (the broker
+    /// ends them, and fails what waited on its logs).
+    pub(super) fn forget_copies(&mut self, kind: ObjectKind, key: &ObjectKey) {
         let gone: Vec<CopyRef> = self
             .replicas
             .slots
             .keys()
-            .filter(|r| r.shard.kind == ObjectKind::Stream && r.shard.key == *key)
+            .filter(|r| r.shard.kind == kind && r.shard.key == *key)
             .cloned()
             .collect();
         for r in gone {

@@ -539,6 +539,41 @@ impl Engine {
         Ok(outcome)
     }
 
+    /// Deletes a cache through the control plane (`DELETE /v1/caches/…`): the token must
+    /// grant `cache.manage` on it. One `DeleteCache` command for the incarnation placed now;
+    /// `Ok(incarnation)` once asked: every node, this one included, removes its copies as it
+    /// applies it (wait with [`Engine::cache_deleted_here`]).
+    pub fn delete_cache_as(
+        &mut self,
+        now: Instant,
+        token: &str,
+        names: (&str, &str, &str),
+    ) -> Result<u64, crate::AdminError> {
+        use crate::AdminError;
+        crate::stream_admin::check_cache_names(names)?;
+        let unix_secs = self.core.unix_secs(now);
+        let action = felix_auth::Action::CacheManage;
+        crate::stream_admin::authorize_cache(&self.core.verifier, unix_secs, token, action, names)?;
+        if !self.is_ready() {
+            return Err(AdminError::Unavailable("recovery is not finished".into()));
+        }
+        let cluster = self.core.cluster.as_mut().ok_or_else(not_clustered)?;
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        let outcome = cluster.delete_cache(now, key);
+        self.settle(now);
+        outcome
+    }
+
+    /// Whether `incarnation` of a cache is deleted in this node's metadata and its copies
+    /// here are gone (true without a cluster).
+    pub fn cache_deleted_here(&self, names: (&str, &str, &str), incarnation: u64) -> bool {
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        self.core
+            .cluster
+            .as_ref()
+            .is_none_or(|c| c.cache_deleted_here(&key, incarnation))
+    }
+
     /// A placed cache (`GET /v1/caches/{t}/{ns}/{c}`); with `None` for `token`, trusted.
     pub fn cache_view(
         &self,

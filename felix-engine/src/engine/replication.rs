@@ -30,11 +30,20 @@ impl Engine {
         };
         // Streams the cluster deleted go from the broker first: subscriptions end with
         // `stream_deleted`, files are retired, and only then may the name be opened again.
-        for key in cluster.deleted_streams() {
-            let stream = StreamKey::new(&key.tenant, &key.namespace, &key.name);
-            match core.broker.delete_stream(unix_micros, &stream) {
+        for (kind, key) in cluster.deleted_objects() {
+            let outcome = match kind {
+                felix_cluster::meta::ObjectKind::Stream => {
+                    let stream = StreamKey::new(&key.tenant, &key.namespace, &key.name);
+                    core.broker.delete_stream(unix_micros, &stream)
+                }
+                felix_cluster::meta::ObjectKind::Cache => {
+                    let cache = CacheKey::new(&key.tenant, &key.namespace, &key.name);
+                    core.broker.delete_cache(unix_micros, &cache)
+                }
+            };
+            match outcome {
                 Ok(()) | Err(crate::broker::DeleteRefusal::NotFound) => {
-                    cluster.stream_removed_here(&key)
+                    cluster.removed_here(kind, &key)
                 }
                 // A log still opening: tried again on the next turn.
                 Err(crate::broker::DeleteRefusal::Unavailable(why)) => {
