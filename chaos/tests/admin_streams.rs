@@ -569,7 +569,8 @@ async fn led(c: &Cluster, at: usize, stream: &str) -> Option<Vec<usize>> {
 /// acts on it. Created through the CLI, published to through every node, subscribed on two
 /// nodes (the leaders of two shards); `felix admin streams delete` through a third ends both
 /// subscriptions with `stream_deleted`, every node then answers 404 for it, a second delete is
-/// 404 too; created again it is empty. A token without `stream.manage` is refused 403, and
+/// 404 too; created again it is empty. A token without `stream.manage` is refused 403; a
+/// cache is deleted the same way (`felix admin caches delete`, then 404 on every node); and
 /// without a control-plane majority a delete is refused 503 (exit 4).
 #[test]
 fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
@@ -722,6 +723,45 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
         ["new"],
         "the re-created stream holds only what was written since"
     );
+
+    // A cache the same way: created, written, deleted through another node, gone everywhere.
+    let caches = |at: usize, args: &[&str]| {
+        std::process::Command::new(binary("FELIX_CLI_BIN", "felix"))
+            .args(["admin", "caches"])
+            .args(&args[..1])
+            .arg("--broker")
+            .arg(c.nodes[at].ops.to_string())
+            .args(["--token", &c.token])
+            .args(&args[1..])
+            .output()
+            .unwrap()
+    };
+    let made = caches(0, &["create", TENANT, NAMESPACE, "gone-cache", "--rf", "3"]);
+    assert!(made.status.success(), "{}", text(&made));
+    rt.block_on(until("a cache put acknowledged", || async {
+        let client = Client::connect(config(&c, 1)).await.ok()?;
+        let answer = client
+            .cache_put(NAMESPACE, "gone-cache", "k", Bytes::from("v"), None)
+            .await;
+        client.close().await;
+        answer.ok()
+    }));
+    let gone = caches(2, &["delete", TENANT, NAMESPACE, "gone-cache"]);
+    assert!(gone.status.success(), "{}", text(&gone));
+    assert!(
+        String::from_utf8_lossy(&gone.stdout).starts_with("deleted: "),
+        "{}",
+        text(&gone)
+    );
+    for at in 0..NODES.len() {
+        let get = caches(at, &["get", TENANT, NAMESPACE, "gone-cache"]);
+        assert_eq!(get.status.code(), Some(3), "{}", text(&get));
+        assert!(
+            String::from_utf8_lossy(&get.stderr).contains("404"),
+            "{}",
+            text(&get)
+        );
+    }
 
     // No control-plane majority: refused 503, retryable (exit 4).
     c.kill(1).unwrap();
