@@ -487,6 +487,24 @@ fn a_cache_delete_asked_of_one_node_removes_every_copy() {
         .shards[0]
         .generation;
 
+    // A watch on the cache's leader (a watch is served there).
+    let view = c.nodes[0].engine.cache_view(c.now, None, names).unwrap();
+    let leader = c.index(view.shards[0].leader.as_deref().unwrap());
+    let p = c.connect(leader);
+    let (id, _) = c.auth_stream(leader, p);
+    let ask = json_frame(
+        r#"{"type":"cache_watch","tenant_id":"t1","namespace":"default","cache":"sessions","key":"k"}"#,
+    );
+    let frames = c.exchange(leader, p, id, &ask);
+    assert!(
+        text(&frames[0]).contains("cache_watch_started"),
+        "{}",
+        text(&frames[0])
+    );
+    let watch = c.nodes[leader].take_uni(p);
+    c.run();
+    let _hello = c.nodes[leader].read_frames(p, watch);
+
     let control = c.control_leader();
     let via = (0..3).find(|&i| i != control).unwrap();
     let token = c.nodes[via].token();
@@ -500,6 +518,12 @@ fn a_cache_delete_asked_of_one_node_removes_every_copy() {
             .iter()
             .all(|n| n.engine.cache_deleted_here(names, 0))
     });
+    let end = c.nodes[leader].read_frames(p, watch);
+    assert!(
+        last_text(&end).contains("the cache was deleted"),
+        "the watch ends saying why: {end:?}"
+    );
+    assert!(c.nodes[leader].peers[p].finished.contains(&watch));
     c.advance(Duration::from_secs(1));
     for i in 0..3 {
         assert_eq!(held(&c, i), Vec::<String>::new(), "node {i}: files left");
@@ -544,5 +568,41 @@ fn a_cache_delete_asked_of_one_node_removes_every_copy() {
         cache_ask(&mut c, 2, add)["value"],
         5,
         "the counter starts again"
+    );
+}
+
+/// After a delete the name is unknown until it is created again; with first-use placement
+/// (the default) a publish is that creation: a new incarnation, empty, at the first-use
+/// defaults.
+#[test]
+fn a_publish_after_the_delete_creates_the_stream_afresh_on_first_use() {
+    let spec = ClusterSpec::quorum_orders(SHARDS);
+    let mut c = ClusterNet::started(&spec, durable);
+    let (control, shard, leader, _) = c.shard_led_off_control(SHARDS);
+    c.publish_acked(leader, (SHARDS, shard), 1, b"old");
+    let now = c.now;
+    c.nodes[control]
+        .engine
+        .delete_stream(now, NAMES.0, NAMES.1, NAMES.2)
+        .expect("asked");
+    c.until(Duration::from_secs(5), |c| deleted_everywhere(c, 0));
+    let frame = binary_publish(Some(2), None, "orders", &[b"new"]);
+    let answer = c.request(control, &frame);
+    match felix_proto::binary::PublishAck::decode(answer.flags, &answer.payload)
+        .unwrap()
+        .result
+    {
+        felix_proto::binary::AckResult::Ok { offset } => assert_eq!(offset, Some(0)),
+        other => panic!("refused: {other:?}"),
+    }
+    assert_eq!(c.nodes[control].engine.stream_incarnation(NAMES), Some(1));
+    let view = c.nodes[control]
+        .engine
+        .stream_view(c.now, None, NAMES)
+        .unwrap();
+    assert_eq!(
+        view.spec.consistency,
+        Consistency::Leader,
+        "first-use defaults"
     );
 }
