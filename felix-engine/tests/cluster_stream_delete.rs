@@ -519,10 +519,10 @@ fn a_cache_delete_asked_of_one_node_removes_every_copy() {
             .all(|n| n.engine.cache_deleted_here(names, 0))
     });
     let end = c.nodes[leader].read_frames(p, watch);
-    assert!(
-        last_text(&end).contains("the cache was deleted"),
-        "the watch ends saying why: {end:?}"
-    );
+    let last: serde_json::Value = serde_json::from_str(&last_text(&end)).expect("JSON");
+    assert_eq!(last["type"], "error", "{last}");
+    assert_eq!(last["code"], "not_found", "{last}");
+    assert_eq!(last["message"], "the cache was deleted", "{last}");
     assert!(c.nodes[leader].peers[p].finished.contains(&watch));
     c.advance(Duration::from_secs(1));
     for i in 0..3 {

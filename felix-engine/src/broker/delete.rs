@@ -100,7 +100,7 @@ impl Broker {
     }
 
     /// Deletes a cache (the cluster deleted it): its values and counters are gone, its
-    /// watches end after what they hold with an `error` ("the cache was deleted"), answers
+    /// watches end after what they hold with an `error` (`not_found`), answers
     /// waiting on its logs fail, and its logs' files are retired as a stream's are; a new log
     /// under its name waits until the old directories are renamed away.
     pub(crate) fn delete_cache(
@@ -133,7 +133,7 @@ impl Broker {
             return Err(DeleteRefusal::NotFound);
         }
         for &id in &on_disk {
-            self.on_watch_log_failed(id, "the cache was deleted");
+            self.on_watch_cache_deleted(id);
             self.durable_usage.forget(id);
         }
         if let Some(logs) = self.logs.as_mut() {
