@@ -606,3 +606,47 @@ fn a_publish_after_the_delete_creates_the_stream_afresh_on_first_use() {
         "first-use defaults"
     );
 }
+
+/// Renames of stream directories wait: a delete's tombstone is not made.
+fn hold_stream_renames(k: &felix_storage::ops::FileOpKind) -> bool {
+    matches!(k, felix_storage::ops::FileOpKind::Rename { from, .. } if from.starts_with("streams/"))
+}
+
+/// A node that crashes after applying a delete but before its old files were renamed away
+/// replays the delete from its own metadata log at restart (the name is still deleted) and
+/// removes the old files once its storage has found them; nothing of the old life is served.
+#[test]
+fn a_node_that_crashed_mid_removal_removes_the_old_files_after_its_restart() {
+    let spec = ClusterSpec::quorum_orders(SHARDS);
+    let mut c = ClusterNet::started(&spec, durable);
+    let (control, shard, leader, _) = c.shard_led_off_control(SHARDS);
+    c.publish_acked(leader, (SHARDS, shard), 1, b"old");
+    let crashing = (0..3).find(|&i| i != control).unwrap();
+    c.until(Duration::from_secs(5), |c| {
+        shard_log_on(&c.nodes[crashing].disk, "orders", shard).len() == 1
+    });
+    c.nodes[crashing].hold = hold_stream_renames;
+    let now = c.now;
+    c.nodes[control]
+        .engine
+        .delete_stream(now, NAMES.0, NAMES.1, NAMES.2)
+        .expect("asked");
+    c.until(Duration::from_secs(5), |c| deleted_everywhere(c, 0));
+    c.advance(Duration::from_millis(500));
+    assert_eq!(
+        shard_log_on(&c.nodes[crashing].disk, "orders", shard).len(),
+        1,
+        "the rename is held: the old files are still there"
+    );
+    // The crash: what was held is lost with the process.
+    c.restart(crashing, &spec, durable);
+    c.until(Duration::from_secs(10), |c| {
+        (0..SHARDS).all(|s| shard_log_on(&c.nodes[crashing].disk, "orders", s).is_empty())
+            && c.nodes[crashing]
+                .disk
+                .dirs()
+                .iter()
+                .all(|d| !d.contains(".deleted."))
+    });
+    assert_eq!(c.nodes[crashing].engine.stream_incarnation(NAMES), None);
+}

@@ -30,7 +30,10 @@ impl Engine {
         };
         // Streams the cluster deleted go from the broker first: subscriptions end with
         // `stream_deleted`, files are retired, and only then may the name be opened again.
-        for (kind, key) in cluster.deleted_objects() {
+        // Not before the broker's recovery has found every log on disk: a delete replayed at
+        // startup must see the old files it is to remove.
+        let recovered = core.broker.is_ready();
+        for (kind, key) in cluster.deleted_objects().into_iter().filter(|_| recovered) {
             let outcome = match kind {
                 felix_cluster::meta::ObjectKind::Stream => {
                     let stream = StreamKey::new(&key.tenant, &key.namespace, &key.name);
