@@ -166,6 +166,8 @@ pub struct ControlPlane {
     last_heard: BTreeMap<NodeId, Instant>,
     guard: DiskGuard,
     was_leader: bool,
+    /// The last promotion pass's count of shards waiting for their lapsed leader.
+    awaiting_leader: usize,
     /// As leader: when each node's last lease renewal arrived, by this node's clock.
     renewed: BTreeMap<NodeId, Instant>,
     /// As leader: when this term began here, and its first entry (everything before it must be
@@ -261,6 +263,7 @@ impl ControlPlane {
             last_heard: BTreeMap::new(),
             guard,
             was_leader: false,
+            awaiting_leader: 0,
             renewed: BTreeMap::new(),
             took_over: None,
             pending_grants: BTreeMap::new(),
@@ -327,6 +330,16 @@ impl ControlPlane {
                 self.out
                     .push_back(ControlOutput::LeaseGranted { node, seq, grant });
             }
+        }
+    }
+
+    /// Shards the last promotion pass left waiting for their lapsed leader (0 unless this
+    /// node leads the control plane).
+    pub fn shards_awaiting_leader(&self) -> usize {
+        if self.is_leader() {
+            self.awaiting_leader
+        } else {
+            0
         }
     }
 
@@ -599,7 +612,9 @@ impl ControlPlane {
             renewed: &self.renewed,
             default: since,
         };
-        let due = promotion::promotions_by(&self.meta, &book, self.cfg.leader_shards);
+        let plan = promotion::promotions_by(&self.meta, &book, self.cfg.leader_shards);
+        self.awaiting_leader = plan.awaiting_leader.len();
+        let due = plan.due;
         for c in &due {
             self.want(c.clone(), now);
         }

@@ -889,6 +889,13 @@ impl ClusterNode {
         (led, followed)
     }
 
+    /// Shards the control plane (if led here) keeps waiting for their lapsed leader.
+    pub(crate) fn shards_awaiting_leader(&self) -> u64 {
+        self.control
+            .as_ref()
+            .map_or(0, |c| c.shards_awaiting_leader() as u64)
+    }
+
     /// The metadata log's term and last applied index here (0, 0 before raft runs).
     pub(crate) fn metadata_progress(&self) -> (u64, u64) {
         self.control

@@ -1001,6 +1001,7 @@ impl Engine {
             m.replication_catch_up_bytes = r.catch_up_bytes;
             m.acknowledged_records_abandoned = r.acknowledged_abandoned;
             m.leader_shards_quiet = r.leader_shards_quiet;
+            m.cluster_shards_awaiting_leader = c.shards_awaiting_leader();
         }
         m
     }
