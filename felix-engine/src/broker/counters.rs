@@ -29,7 +29,7 @@ impl Broker {
                 "counters need durable storage: a sum every restart resets is not served",
             ));
         };
-        let dir = layout::counter_shard_dir(&key.tenant, &key.namespace, &key.cache, 0);
+        let dir = layout::counter_shard_dir(&key.tenant, &key.namespace, &key.cache, key.shard);
         let log = match (logs.find(&dir), create) {
             (Some(log), _) => log,
             (None, true) => logs.claim(dir, Owner::Counter, now),

@@ -730,7 +730,7 @@ impl Broker {
         create: bool,
     ) -> Result<Option<LogId>, BrokerError> {
         let logs = self.logs.as_mut().expect("durable");
-        let dir = layout::cache_shard_dir(&key.tenant, &key.namespace, &key.cache, 0);
+        let dir = layout::cache_shard_dir(&key.tenant, &key.namespace, &key.cache, key.shard);
         let log = match (logs.find(&dir), create) {
             (Some(log), _) => log,
             (None, true) => logs.claim(dir, Owner::Cache, now),
