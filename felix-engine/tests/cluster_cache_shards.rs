@@ -206,3 +206,45 @@ fn keys_land_on_their_own_shards_served_by_each_shards_leader() {
         );
     }
 }
+
+/// `POST /v1/caches` (`Engine::create_cache_as`) takes as many shards as a stream may have:
+/// 0 and one past `MAX_STREAM_SHARDS` are refused naming `shards`, nothing proposed; 4 is
+/// placed, every shard led, as any node shows it.
+#[test]
+fn an_admin_create_takes_shards_up_to_the_stream_limit_naming_the_field_past_it() {
+    use felix_engine::stream_admin::{CacheSpec, MAX_STREAM_SHARDS};
+    let mut c = ClusterNet::started(&ClusterSpec::default(), |_, _| {});
+    let token = c.nodes[0].engine.dev_token().expect("dev mode").to_owned();
+    let names = ("t1", "default", "wide");
+    for shards in [0, MAX_STREAM_SHARDS + 1] {
+        let spec = CacheSpec {
+            shards,
+            replication_factor: 3,
+        };
+        let now = c.now;
+        let err = c.nodes[0]
+            .engine
+            .create_cache_as(now, &token, names, spec)
+            .unwrap_err();
+        assert_eq!(err.field(), Some("shards"), "{shards}: {err}");
+        assert_eq!(err.status(), 400);
+    }
+    let spec = CacheSpec {
+        shards: SHARDS,
+        replication_factor: 3,
+    };
+    let now = c.now;
+    let first = c.nodes[0].engine.create_cache_as(now, &token, names, spec);
+    assert!(matches!(first, Ok(None)), "proposed: {first:?}");
+    c.until(Duration::from_secs(10), |c| {
+        (0..3).all(|i| {
+            c.nodes[i]
+                .engine
+                .cache_view(c.now, None, names)
+                .is_ok_and(|v| v.shards.len() == SHARDS as usize && v.writable())
+        })
+    });
+    let view = c.nodes[2].engine.cache_view(c.now, None, names).unwrap();
+    assert_eq!(view.spec, spec);
+    assert!(view.shards.iter().all(|s| s.replicas.len() == 3));
+}
