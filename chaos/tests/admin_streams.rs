@@ -395,7 +395,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
         .args(["admin", "caches", "create", "--broker"])
         .arg(c.nodes[1].ops.to_string())
         .args([
-            "--token", &c.token, TENANT, NAMESPACE, "wide", "--shards", "4", "--rf", "3",
+            "--token", &c.token, TENANT, NAMESPACE, "wide", "--shards", "1025", "--rf", "3",
         ])
         .output()
         .unwrap();

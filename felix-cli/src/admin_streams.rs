@@ -50,9 +50,10 @@ pub(crate) struct CachesArgs {
 
 #[derive(Subcommand)]
 enum CachesCommand {
-    /// Create a cache (one shard for now), answered once its shard has a live leader.
+    /// Create a cache (`--shards`, default 1: its keys hash over them), answered once every
+    /// shard has a live leader.
     Create(CacheCreateArgs),
-    /// Show one cache: its spec, and its shard's leader, replicas and generation.
+    /// Show one cache: its spec, and each shard's leader, replicas and generation.
     Get(NameArgs),
     /// List the token's tenant's caches.
     List(ListArgs),

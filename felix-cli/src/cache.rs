@@ -6,6 +6,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use clap::{Args, Subcommand};
 
+use felix_proto::message::{self, Message};
+
 use crate::conn::ConnectArgs;
 use crate::failure::Failure;
 
@@ -40,6 +42,14 @@ enum CacheOp {
         /// Expire the entry after this long (e.g. 1.5s, 10m).
         #[arg(long, value_parser = crate::duration::parse)]
         ttl: Option<Duration>,
+        #[command(flatten)]
+        conn: ConnectArgs,
+    },
+    /// Ask the broker `cache_shards` and `shard_owners` for a cache: the count, then one line
+    /// per shard (`shard S NODE ADDR generation G`, `-` where none), as a client routes by.
+    Shards {
+        /// Cache name.
+        cache: String,
         #[command(flatten)]
         conn: ConnectArgs,
     },
@@ -93,6 +103,23 @@ pub(crate) async fn run(args: CacheArgs) -> Result<(), Failure> {
             client.close().await;
             stored.map_err(|e| Failure::client(&format!("put {cache}/{key}"), e))
         }
+        CacheOp::Shards { conn, cache } => {
+            let client = conn.connect().await?;
+            let answers = shards(&client, &conn, &cache).await;
+            client.close().await;
+            let (count, owners) = answers?;
+            println!("cache_shards {count}");
+            for o in owners {
+                println!(
+                    "shard {} {} {} generation {}",
+                    o.shard,
+                    o.node_id.as_deref().unwrap_or("-"),
+                    o.addr.as_deref().unwrap_or("-"),
+                    o.generation.unwrap_or(0)
+                );
+            }
+            Ok(())
+        }
         CacheOp::Del { conn, cache, key } => {
             let client = conn.connect().await?;
             let removed = client.cache_delete(&conn.namespace, &cache, &key).await;
@@ -114,4 +141,67 @@ fn print_value(value: &[u8], hex: bool) -> std::io::Result<()> {
         out.write_all(value)?;
         writeln!(out)
     }
+}
+
+/// `cache_shards` and `shard_owners` for `cache`, each on a stream of its own to the broker
+/// the client entered by.
+async fn shards(
+    client: &felix_client::Client,
+    conn: &ConnectArgs,
+    cache: &str,
+) -> Result<(u64, Vec<message::ShardOwner>), Failure> {
+    let count = ask(
+        client,
+        conn.timeout,
+        Message::CacheShards(message::CacheShards {
+            tenant_id: conn.tenant.clone(),
+            namespace: conn.namespace.clone(),
+            cache: cache.to_owned(),
+            request_id: 1,
+        }),
+    )
+    .await?;
+    let Message::CacheShardsView(count) = count else {
+        return Err(Failure::Refused(format!("cache_shards answered {count:?}")));
+    };
+    let owners = ask(
+        client,
+        conn.timeout,
+        Message::ShardOwners(message::ShardOwners {
+            tenant_id: conn.tenant.clone(),
+            namespace: conn.namespace.clone(),
+            name: cache.to_owned(),
+            kind: message::ShardKind::Cache,
+            request_id: 2,
+        }),
+    )
+    .await?;
+    let Message::ShardOwnersView(owners) = owners else {
+        return Err(Failure::Refused(format!(
+            "shard_owners answered {owners:?}"
+        )));
+    };
+    Ok((count.shards, owners.owners))
+}
+
+/// One request on a new authenticated stream, and its answer within `timeout`.
+async fn ask(
+    client: &felix_client::Client,
+    timeout: Duration,
+    request: Message,
+) -> Result<Message, Failure> {
+    let mut raw = client
+        .open_raw_stream(true)
+        .await
+        .map_err(|e| Failure::client("opening a stream", e))?;
+    raw.send(request.to_frame().to_bytes())
+        .await
+        .map_err(|e| Failure::client("sending", e))?;
+    let frame = tokio::time::timeout(timeout, raw.recv_frame())
+        .await
+        .map_err(|_| Failure::Connection(format!("no answer within {timeout:?}")))?
+        .map_err(|e| Failure::client("reading the answer", e))?
+        .ok_or_else(|| Failure::Connection("the stream ended unanswered".into()))?;
+    Message::decode(&frame.payload)
+        .map_err(|e| Failure::Connection(format!("an answer that does not decode: {e}")))
 }

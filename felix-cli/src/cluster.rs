@@ -67,7 +67,8 @@ struct UpArgs {
     /// `leader` (default) or `quorum` (repeatable). Undeclared streams are placed on first use.
     #[arg(long = "stream", value_name = "SPEC", value_parser = parse_stream)]
     streams: Vec<Declared>,
-    /// Declare a cache on every node: `TENANT/NAMESPACE/CACHE[:REPLICATION_FACTOR]` (repeatable).
+    /// Declare a cache on every node: `TENANT/NAMESPACE/CACHE[:REPLICATION_FACTOR[:SHARDS]]`
+    /// (repeatable; its keys hash over SHARDS, default 1).
     #[arg(long = "cache", value_name = "SPEC", value_parser = parse_cache)]
     caches: Vec<Declared>,
     /// How long the nodes together may take to answer their health endpoints.
@@ -105,6 +106,12 @@ fn parse_declared(text: &str, with_shards: bool) -> Result<Declared, String> {
         1
     };
     let rf = number(parts.next(), "replication factor")?.unwrap_or(1);
+    // A cache's shard count follows its replication factor (default 1).
+    let shards = if with_shards {
+        shards
+    } else {
+        number(parts.next(), "shards")?.unwrap_or(1)
+    };
     let consistency = if with_shards {
         match parts.next() {
             None | Some("leader") => Some("leader"),
@@ -416,6 +423,9 @@ fn declarations(streams: &[Declared], caches: &[Declared]) -> String {
             toml_string(c),
             d.replication_factor
         ));
+        if d.shards != 1 {
+            out.push_str(&format!("shards = {}\n", d.shards));
+        }
     }
     out
 }
@@ -667,10 +677,17 @@ mod tests {
         assert!(parse_stream("t1/default/x:3:quorum")
             .unwrap_err()
             .contains("replication factor \"quorum\""));
-        // A cache has no consistency, so a third field is one too many.
+        // A cache has no consistency: its third field is its shard count, a fourth too many.
         assert!(parse_cache("t1/default/c:3:quorum")
+            .unwrap_err()
+            .contains("shards \"quorum\""));
+        assert!(parse_cache("t1/default/c:3:4:2")
             .unwrap_err()
             .contains("too many"));
         assert_eq!(parse_cache("t1/default/c:3").unwrap().consistency, None);
+        let wide = parse_cache("t1/default/c:3:4").unwrap();
+        assert_eq!((wide.replication_factor, wide.shards), (3, 4));
+        assert!(declarations(&[], &[wide]).ends_with("replication_factor = 3\nshards = 4\n"));
+        assert_eq!(parse_cache("t1/default/c:3").unwrap().shards, 1);
     }
 }

@@ -147,9 +147,53 @@ pub fn judge_forward(owner: &Owner, current: Option<u64>, routed: u64) -> Forwar
     }
 }
 
+/// The shard of a cache of `shards` shards that item `key` lives on: the protocol's key → shard
+/// function (FNV-1a and the splitmix64 finalizer, modulo the count; routing.md), the very one
+/// the real client applies to a cache key before it sends a `cache_get` or `cache_put` to the
+/// owner `shard_owners` named. A cache has no per-cache mapping on the wire (`cache_shards`
+/// carries none), so it is always the default, modulo, whatever a broker's streams use.
+pub fn cache_shard(key: &[u8], shards: u32) -> u32 {
+    felix_proto::routing::shard_for_key(
+        Some(key),
+        shards,
+        felix_proto::routing::RoutingMapping::Modulo,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// routing.md's vector table, modulo column (key; its shard over 2, 3, 4, 8, 16), and
+    /// one and zero shards: every key on shard 0.
+    #[test]
+    fn cache_keys_hash_as_the_protocol_vectors_say() {
+        let vectors: [(&[u8], [u32; 5]); 5] = [
+            (b"", [1, 0, 3, 3, 11]),
+            (b"a", [0, 1, 0, 0, 8]),
+            (b"user-42", [1, 1, 3, 3, 3]),
+            (b"k1", [0, 1, 2, 6, 6]),
+            (b"orders/123", [1, 0, 1, 5, 13]),
+        ];
+        let mut got = Vec::new();
+        for (key, _) in &vectors {
+            let row: Vec<u32> = [2, 3, 4, 8, 16]
+                .iter()
+                .map(|&n| cache_shard(key, n))
+                .collect();
+            got.push(row);
+        }
+        let want: Vec<Vec<u32>> = vectors.iter().map(|(_, w)| w.to_vec()).collect();
+        assert_eq!(got, want);
+        for (key, _) in &vectors {
+            assert_eq!((cache_shard(key, 1), cache_shard(key, 0)), (0, 0));
+        }
+        // The keys the interop and chaos tests write, over 4 shards: all four shards used.
+        let four: Vec<u32> = (0..8)
+            .map(|i| cache_shard(format!("key-{i}").as_bytes(), 4))
+            .collect();
+        assert_eq!(four, [3, 2, 2, 2, 0, 1, 2, 0]);
+    }
 
     const CLASSES: [RequestClass; 6] = [
         RequestClass::Publish,

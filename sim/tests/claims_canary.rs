@@ -14,6 +14,7 @@ fn first_caught(canary: Canary, budget: u64) -> Option<(u64, felix_sim::Violatio
             replicated: false,
             wipe_disks: false,
             leader_consistency: false,
+            admin_ops: false,
         });
         outcome.violation.map(|v| (seed, v))
     })

@@ -14,6 +14,7 @@ fn a_silently_dropped_watch_change_is_caught() {
             replicated: false,
             wipe_disks: false,
             leader_consistency: false,
+            admin_ops: false,
         })
         .violation
         .map(|v| (seed, v))

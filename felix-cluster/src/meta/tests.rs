@@ -839,3 +839,114 @@ fn a_snapshot_reports_the_stream_incarnations_it_no_longer_has() {
     assert_eq!(after.streams[&b].incarnation, 1);
     assert!(after.streams_gone_in(&after).is_empty());
 }
+
+/// A cache of four shards with three copies, created beside a stream already placed: every
+/// shard placed whole (three replicas, a leader, generation 1), leaders balanced with the
+/// stream's over the three nodes; each shard then fails over on its own (a `Promote` names
+/// its shard and moves no other), and the keys a client sends hash onto the shards as the
+/// protocol's function says. Exact output.
+#[test]
+fn a_multi_shard_cache_is_placed_and_fails_over_shard_by_shard() {
+    let key = ObjectKey::new("t1", "ops", "sessions");
+    let spec = CacheSpec {
+        shards: 4,
+        replication_factor: 3,
+    };
+    let mut m = meta();
+    let got = apply(
+        &mut m,
+        &[
+            join("n1", Some("a:1"), "d1"),
+            join("n2", Some("a:2"), "d2"),
+            join("n3", Some("a:3"), "d3"),
+            Command::CreateStream {
+                key: ObjectKey::new("t1", "ops", "orders"),
+                spec: StreamSpec::new(2, 3, Consistency::Quorum),
+            },
+            Command::CreateCache {
+                key: key.clone(),
+                spec,
+            },
+        ],
+    );
+    assert_eq!(got[4], Applied::Placed(key.clone()));
+    let show = |m: &Metadata| {
+        m.shards()
+            .map(|(r, s)| {
+                let replicas: Vec<&str> = s.replicas.iter().map(|n| n.0.as_str()).collect();
+                format!(
+                    "{r} leader {} generation {} replicas {} storage {}\n",
+                    s.leader.as_ref().map_or("-", |l| l.0.as_str()),
+                    s.generation,
+                    replicas.join(","),
+                    s.replica_storage.join(",")
+                )
+            })
+            .collect::<String>()
+    };
+    assert_eq!(
+        show(&m),
+        "stream t1/ops/orders#0 leader n1 generation 1 replicas n1,n2,n3 storage d1,d2,d3\n\
+         stream t1/ops/orders#1 leader n2 generation 1 replicas n2,n3,n1 storage d2,d3,d1\n\
+         cache t1/ops/sessions#0 leader n3 generation 1 replicas n3,n1,n2 storage d3,d1,d2\n\
+         cache t1/ops/sessions#1 leader n2 generation 1 replicas n2,n3,n1 storage d2,d3,d1\n\
+         cache t1/ops/sessions#2 leader n3 generation 1 replicas n3,n1,n2 storage d3,d1,d2\n\
+         cache t1/ops/sessions#3 leader n1 generation 1 replicas n1,n2,n3 storage d1,d2,d3\n"
+    );
+    // Shard 2's leader, having recorded its followers level (a cache's writes are `leader`
+    // consistency), stops: shard 2 fails over to n1; the other shards keep their leaders,
+    // shard 0 too, though n3 led it as well (each shard is promoted on its own).
+    let shard2 = ShardRef {
+        kind: ObjectKind::Cache,
+        key: key.clone(),
+        shard: 2,
+    };
+    let got = apply(
+        &mut m,
+        &[
+            Command::Quiesce {
+                shard: shard2.clone(),
+                generation: 1,
+                end: 0,
+                level: vec![n("n1"), n("n2")],
+            },
+            Command::Liveness {
+                node: n("n3"),
+                up: false,
+            },
+            Command::Promote {
+                shard: shard2.clone(),
+                generation: 2,
+                leader: Some(n("n1")),
+            },
+        ],
+    );
+    assert_eq!(
+        got[2],
+        Applied::Promoted {
+            shard: shard2,
+            generation: 2,
+            leader: Some(n("n1")),
+        }
+    );
+    let leaders: Vec<(Option<&str>, u64)> = m.caches[&key]
+        .shards
+        .iter()
+        .map(|s| (s.leader.as_ref().map(|l| l.0.as_str()), s.generation))
+        .collect();
+    assert_eq!(
+        leaders,
+        [
+            (Some("n3"), 1),
+            (Some("n2"), 1),
+            (Some("n1"), 2),
+            (Some("n1"), 1)
+        ]
+    );
+    // The keys a client sends, over the cache's four shards (routing.md's function).
+    let shards: Vec<u32> = ["user-42", "k1", "orders/123", "a", ""]
+        .iter()
+        .map(|k| crate::routing::cache_shard(k.as_bytes(), spec.shards))
+        .collect();
+    assert_eq!(shards, [3, 2, 1, 0, 3]);
+}

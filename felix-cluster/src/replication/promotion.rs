@@ -109,7 +109,7 @@ pub fn promotions_by(meta: &Metadata, renewals: &impl Renewals, rule: LeaderShar
                 generation: m.generation + 1,
                 leader,
             }),
-            None if m.leader.as_ref().is_some_and(|l| lapsed(l)) => awaiting_leader.push(shard),
+            None if m.leader.as_ref().is_some_and(lapsed) => awaiting_leader.push(shard),
             None => {}
         }
     }

@@ -437,10 +437,10 @@ impl Broker {
         counters: bool,
     ) -> Option<LogId> {
         let (dir, owner, kind) = if counters {
-            let dir = layout::counter_shard_dir(&key.tenant, &key.namespace, &key.cache, 0);
+            let dir = layout::counter_shard_dir(&key.tenant, &key.namespace, &key.cache, key.shard);
             (dir, Owner::Counter, DurableKind::Counter)
         } else {
-            let dir = layout::cache_shard_dir(&key.tenant, &key.namespace, &key.cache, 0);
+            let dir = layout::cache_shard_dir(&key.tenant, &key.namespace, &key.cache, key.shard);
             (dir, Owner::Cache, DurableKind::Cache)
         };
         let logs = self.logs.as_mut()?;
@@ -473,10 +473,10 @@ impl Broker {
     ) -> Result<LogId, BrokerError> {
         let dir = match kind {
             DurableKind::Cache => {
-                layout::cache_shard_dir(&key.tenant, &key.namespace, &key.cache, 0)
+                layout::cache_shard_dir(&key.tenant, &key.namespace, &key.cache, key.shard)
             }
             DurableKind::Counter => {
-                layout::counter_shard_dir(&key.tenant, &key.namespace, &key.cache, 0)
+                layout::counter_shard_dir(&key.tenant, &key.namespace, &key.cache, key.shard)
             }
         };
         let existing = self.logs.as_ref().and_then(|l| l.find(&dir));

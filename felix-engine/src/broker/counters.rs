@@ -29,7 +29,7 @@ impl Broker {
                 "counters need durable storage: a sum every restart resets is not served",
             ));
         };
-        let dir = layout::counter_shard_dir(&key.tenant, &key.namespace, &key.cache, 0);
+        let dir = layout::counter_shard_dir(&key.tenant, &key.namespace, &key.cache, key.shard);
         if let (None, Some(retiring)) = (
             logs.find(&dir),
             logs.retiring_blocks(&super::delete::parent_dir(&dir)),

@@ -730,7 +730,7 @@ impl Broker {
         create: bool,
     ) -> Result<Option<LogId>, BrokerError> {
         let logs = self.logs.as_mut().expect("durable");
-        let dir = layout::cache_shard_dir(&key.tenant, &key.namespace, &key.cache, 0);
+        let dir = layout::cache_shard_dir(&key.tenant, &key.namespace, &key.cache, key.shard);
         if let (None, Some(retiring)) = (
             logs.find(&dir),
             logs.retiring_blocks(&super::delete::parent_dir(&dir)),

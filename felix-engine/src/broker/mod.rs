@@ -145,20 +145,29 @@ impl StreamKey {
     }
 }
 
-/// A cache's identity.
+/// One shard of a cache: its keys are hashed over the cache's shards with the protocol's
+/// routing function (`felix_cluster::routing::cache_shard`), each shard its own log and its
+/// own map; a broker outside a cluster has one shard per cache.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct CacheKey {
     pub(crate) tenant: String,
     pub(crate) namespace: String,
     pub(crate) cache: String,
+    pub(crate) shard: u32,
 }
 
 impl CacheKey {
+    /// Shard 0 of the cache.
     pub(crate) fn new(tenant: &str, namespace: &str, cache: &str) -> CacheKey {
+        CacheKey::on_shard(tenant, namespace, cache, 0)
+    }
+
+    pub(crate) fn on_shard(tenant: &str, namespace: &str, cache: &str, shard: u32) -> CacheKey {
         CacheKey {
             tenant: tenant.into(),
             namespace: namespace.into(),
             cache: cache.into(),
+            shard,
         }
     }
 }

@@ -587,7 +587,7 @@ impl ClusterNode {
         let key = ObjectKey::new(&s.tenant, &s.namespace, &s.name);
         match s.kind {
             felix_peer_proto::ShardKind::Cache | felix_peer_proto::ShardKind::CacheCounters => {
-                self.meta().caches.get(&key)?.shards.first()
+                self.meta().caches.get(&key)?.shards.get(s.shard as usize)
             }
             felix_peer_proto::ShardKind::Stream | felix_peer_proto::ShardKind::StreamGroups => {
                 self.stream_shards_meta(&key)?.get(s.shard as usize)
@@ -971,15 +971,25 @@ impl ClusterNode {
         )
     }
 
-    /// Who serves a cache (its one shard).
-    pub(crate) fn cache_owner(&self, tenant: &str, namespace: &str, cache: &str) -> Option<Owner> {
+    /// Who serves one shard of a cache; `None` for a cache not placed.
+    pub(crate) fn cache_owner(
+        &self,
+        (tenant, namespace, cache): (&str, &str, &str),
+        shard: u32,
+    ) -> Option<Owner> {
         let c = self
             .meta()
             .caches
             .get(&ObjectKey::new(tenant, namespace, cache))?;
-        Some(c.shards.first().map_or(Owner::Unassigned, |s| {
+        Some(c.shards.get(shard as usize).map_or(Owner::Unassigned, |s| {
             self.client_owner_of(s, MetaConsistency::Leader)
         }))
+    }
+
+    /// A placed cache's width: its keys hash over this many shards.
+    pub(crate) fn cache_width(&self, tenant: &str, namespace: &str, cache: &str) -> Option<u32> {
+        let key = ObjectKey::new(tenant, namespace, cache);
+        self.meta().caches.get(&key).map(|c| c.shards.len() as u32)
     }
 
     /// A placed stream's width.

@@ -65,8 +65,8 @@ impl ClusterNode {
             .collect()
     }
 
-    /// As [`ClusterNode::create_stream`], for a cache. One shard only: a cache's keys are
-    /// all served by its shard 0 until they hash over its shards.
+    /// As [`ClusterNode::create_stream`], for a cache: its keys hash over its shards
+    /// (`felix_cluster::routing::cache_shard`), each shard placed and led as a stream's.
     pub(crate) fn create_cache(
         &mut self,
         now: Instant,
@@ -89,15 +89,7 @@ impl ClusterNode {
                 }),
             };
         }
-        if spec.shards != 1 {
-            return Err(AdminError::BadRequest {
-                field: "shards",
-                why: format!(
-                    "a cache has 1 shard for now (its keys are not yet hashed over shards), not {}",
-                    spec.shards
-                ),
-            });
-        }
+        // The same bounds as a stream's: shards 1..=MAX_STREAM_SHARDS, a placeable factor.
         self.meta()
             .check_stream_spec(&StreamSpec::new(
                 spec.shards,

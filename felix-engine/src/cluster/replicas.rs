@@ -394,18 +394,18 @@ impl ClusterNode {
                         [(CopyRef::records(shard), m.clone()), (groups, m.clone())]
                     })
             });
-        // A cache is served from its first shard (`cache_owner`): that one is replicated.
+        // Every shard of a cache, each its values and its counters, as a stream shard's.
         let caches = meta
             .caches
             .iter()
             .filter(|(key, _)| !self.removing(ObjectKind::Cache, key))
-            .filter_map(|(key, c)| Some((key, c.shards.first()?)))
-            .filter(|(_, m)| m.replicas.len() > 1 && m.replicas.contains(&self.me))
-            .flat_map(|(key, m)| {
+            .flat_map(|(key, c)| c.shards.iter().enumerate().map(move |(i, m)| (key, i, m)))
+            .filter(|(_, _, m)| m.replicas.len() > 1 && m.replicas.contains(&self.me))
+            .flat_map(|(key, i, m)| {
                 let shard = ShardRef {
                     kind: ObjectKind::Cache,
                     key: key.clone(),
-                    shard: 0,
+                    shard: i as u32,
                 };
                 [CopyKind::Values, CopyKind::Counters].map(|kind| {
                     let copy = CopyRef {
@@ -462,15 +462,16 @@ impl ClusterNode {
         self.ready(now, (ObjectKind::Stream, names, shard), &copies)
     }
 
-    /// Whether a cache request led here may be served now: the lease holds, and a
-    /// replicated cache's values and counters are open at the metadata's generation.
+    /// Whether a request on this cache shard led here may be served now: the lease holds,
+    /// and a replicated shard's values and counters are open at the metadata's generation.
     pub(crate) fn local_ready_cache(
         &self,
         now: Instant,
         names: (&str, &str, &str),
+        shard: u32,
     ) -> Result<(), &'static str> {
         let copies = [CopyKind::Values, CopyKind::Counters];
-        self.ready(now, (ObjectKind::Cache, names, 0), &copies)
+        self.ready(now, (ObjectKind::Cache, names, shard), &copies)
     }
 
     /// The lease holds, and each of `copies` of the shard is ready (`copy_ready`).
@@ -1149,7 +1150,9 @@ impl ClusterNode {
             ObjectKind::Stream => {
                 self.stream_owner(&k.tenant, &k.namespace, &k.name, r.shard.shard)
             }
-            ObjectKind::Cache => self.cache_owner(&k.tenant, &k.namespace, &k.name),
+            ObjectKind::Cache => {
+                self.cache_owner((&k.tenant, &k.namespace, &k.name), r.shard.shard)
+            }
         };
         match owner {
             Some(Owner::Remote {

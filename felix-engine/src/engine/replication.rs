@@ -68,7 +68,8 @@ impl Engine {
                         if let Some(w) = cluster.stream_width(&k.tenant, &k.namespace, &k.name) {
                             broker.learn_width(&key, w);
                         }
-                        let cache = CacheKey::new(&k.tenant, &k.namespace, &k.name);
+                        let shard = copy.shard.shard;
+                        let cache = CacheKey::on_shard(&k.tenant, &k.namespace, &k.name, shard);
                         let log = match copy.kind {
                             CopyKind::Records => broker
                                 .shard_log(now, &key, copy.shard.shard)

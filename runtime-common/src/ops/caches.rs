@@ -1,14 +1,16 @@
 //! `/v1/caches` on the ops endpoint: caches through the control plane (docs/operations.md).
 //!
 //! - `POST /v1/caches` {tenant, namespace, cache, shards, replication_factor, durable}
-//!   creates one (one `CreateCache` command), answered once its shard has a live leader:
+//!   creates one (one `CreateCache` command), answered once every shard has a live leader:
 //!   `201` created, `200` it exists with this very spec;
 //! - `GET /v1/caches` lists the token's tenant's caches, `GET /v1/caches/{t}/{ns}/{c}` shows one;
 //! - `DELETE /v1/caches/{t}/{ns}/{c}` deletes one on every node (one `DeleteCache` command),
 //!   answered `204` once this node applied it and removed its copies.
 //!
-//! A cache has one shard for now (its keys are not yet hashed over shards): `shards` other than
-//! 1 is refused `400`. Answers and errors are JSON, as for `/v1/streams`.
+//! `shards` (default 1) is bounded as a stream's (1 to `MAX_STREAM_SHARDS`, 1024; `400` naming
+//! `shards` outside it): the cache's keys hash over them with the protocol's routing function,
+//! each shard placed, led and replicated as a stream shard; `GET` shows each shard's leader,
+//! replicas and generation. Answers and errors are JSON, as for `/v1/streams`.
 
 use std::time::{Duration, Instant};
 

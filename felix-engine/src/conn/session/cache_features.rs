@@ -21,24 +21,45 @@ impl Session {
             return self.on_unsupported(&Message::CacheWatch(w), cx);
         }
         cx.core.stats.cache_requests += 1;
-        let Some(key) = self.cache_scope(&w.tenant_id, &w.namespace, &w.cache, Action::CacheRead)
+        let Some(mut key) =
+            self.cache_scope(&w.tenant_id, &w.namespace, &w.cache, Action::CacheRead)
         else {
             return FrameResult::Continue;
         };
+        // A watch reads one shard: a key's own (hashed as a `cache_get` is), or for a prefix
+        // the `shard` named, required on a cache of several (shard 0 alone would look like
+        // the whole prefix while covering only the keys that hash to it).
+        let width = super::cache_width(cx, &w.tenant_id, &w.namespace, &w.cache);
         let filter = match (w.key, w.prefix) {
-            (Some(k), None) => WatchFilter::Key(k),
-            // One shard per cache here: a prefix watch of shard 0 is the whole cache.
-            (None, Some(_)) if w.shard.is_some_and(|s| s != 0) => {
+            (Some(k), None) => {
+                key.shard = felix_cluster::routing::cache_shard(k.as_bytes(), width);
+                WatchFilter::Key(k)
+            }
+            (None, Some(_)) if w.shard.is_none() && width > 1 => {
                 self.push_error(
                     ErrorCode::InvalidRequest,
                     format!(
-                        "shard {} is out of range: the cache has 1 shard",
-                        w.shard.unwrap_or(0)
+                        "a prefix watch names its shard: the cache has {width} shards \
+                         (one watch per shard covers the prefix; cache_shards says how many)"
                     ),
                 );
                 return FrameResult::Continue;
             }
-            (None, Some(p)) => WatchFilter::Prefix(p),
+            (None, Some(_)) if w.shard.is_some_and(|s| s >= u64::from(width)) => {
+                self.push_error(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "shard {} is out of range: the cache has {width} shard{}",
+                        w.shard.unwrap_or(0),
+                        if width == 1 { "" } else { "s" }
+                    ),
+                );
+                return FrameResult::Continue;
+            }
+            (None, Some(p)) => {
+                key.shard = w.shard.unwrap_or(0) as u32;
+                WatchFilter::Prefix(p)
+            }
             _ => {
                 self.push_error(
                     ErrorCode::InvalidRequest,
@@ -118,8 +139,8 @@ impl Session {
             return self.on_unsupported(&Message::CounterAdd(a), cx);
         }
         cx.core.stats.cache_requests += 1;
-        let Some(key) = self.cache_scope(&a.tenant_id, &a.namespace, &a.cache, Action::CacheWrite)
-        else {
+        let names = (&a.tenant_id[..], &a.namespace[..], &a.cache[..]);
+        let Some(key) = self.cache_key_scope(cx, names, &a.key, Action::CacheWrite) else {
             return FrameResult::Continue;
         };
         let unix = cx.core.unix_micros(cx.now);
@@ -151,8 +172,8 @@ impl Session {
             return self.on_unsupported(&Message::CounterGet(g), cx);
         }
         cx.core.stats.cache_requests += 1;
-        let Some(key) = self.cache_scope(&g.tenant_id, &g.namespace, &g.cache, Action::CacheRead)
-        else {
+        let names = (&g.tenant_id[..], &g.namespace[..], &g.cache[..]);
+        let Some(key) = self.cache_key_scope(cx, names, &g.key, Action::CacheRead) else {
             return FrameResult::Continue;
         };
         match cx.core.broker.counter_get(cx.now, &key, &g.key) {
@@ -196,8 +217,8 @@ impl Session {
             return self.on_unsupported(&Message::CachePutIf(p), cx);
         }
         cx.core.stats.cache_requests += 1;
-        let Some(key) = self.cache_scope(&p.tenant_id, &p.namespace, &p.cache, Action::CacheWrite)
-        else {
+        let names = (&p.tenant_id[..], &p.namespace[..], &p.cache[..]);
+        let Some(key) = self.cache_key_scope(cx, names, &p.key, Action::CacheWrite) else {
             return FrameResult::Continue;
         };
         let condition = match p.condition {
@@ -223,8 +244,8 @@ impl Session {
             return self.on_unsupported(&Message::CacheDeleteIf(d), cx);
         }
         cx.core.stats.cache_requests += 1;
-        let Some(key) = self.cache_scope(&d.tenant_id, &d.namespace, &d.cache, Action::CacheWrite)
-        else {
+        let names = (&d.tenant_id[..], &d.namespace[..], &d.cache[..]);
+        let Some(key) = self.cache_key_scope(cx, names, &d.key, Action::CacheWrite) else {
             return FrameResult::Continue;
         };
         let unix = cx.core.unix_micros(cx.now);

@@ -77,16 +77,17 @@ macro_rules! stream_target {
     };
 }
 
+/// A cache request routes by its item key's shard (a prefix watch by the shard it names).
 macro_rules! cache_target {
-    ($class:expr, $m:expr) => {
+    ($class:expr, $m:expr, $shard:expr, $key:expr) => {
         Some(Target {
             class: $class,
             cache: true,
             tenant: &$m.tenant_id,
             namespace: &$m.namespace,
             name: &$m.cache,
-            shard: None,
-            key: None,
+            shard: $shard,
+            key: $key,
             answer: Answer::Error,
             expects_answer: true,
         })
@@ -189,14 +190,19 @@ pub(super) fn target(msg: &Message) -> Option<Target<'_>> {
             stream_target!(C::Group, g, Some(g.shard), None, Answer::Error)
         }
         Message::GroupDelete(g) => stream_target!(C::Group, g, Some(g.shard), None, Answer::Error),
-        Message::CacheWatch(w) => cache_target!(C::CacheWatch, w),
-        Message::CachePut(p) => cache_target!(C::CacheOp, p),
-        Message::CacheGet(g) => cache_target!(C::CacheOp, g),
-        Message::CacheDelete(d) => cache_target!(C::CacheOp, d),
-        Message::CounterAdd(a) => cache_target!(C::CacheOp, a),
-        Message::CounterGet(g) => cache_target!(C::CacheOp, g),
-        Message::CachePutIf(p) => cache_target!(C::CacheOp, p),
-        Message::CacheDeleteIf(d) => cache_target!(C::CacheOp, d),
+        Message::CacheWatch(w) => match &w.key {
+            Some(k) => cache_target!(C::CacheWatch, w, None, Some(k.as_bytes())),
+            None => cache_target!(C::CacheWatch, w, w.shard, None),
+        },
+        Message::CachePut(p) => cache_target!(C::CacheOp, p, None, Some(p.key.as_bytes())),
+        Message::CacheGet(g) => cache_target!(C::CacheOp, g, None, Some(g.key.as_bytes())),
+        Message::CacheDelete(d) => cache_target!(C::CacheOp, d, None, Some(d.key.as_bytes())),
+        Message::CounterAdd(a) => cache_target!(C::CacheOp, a, None, Some(a.key.as_bytes())),
+        Message::CounterGet(g) => cache_target!(C::CacheOp, g, None, Some(g.key.as_bytes())),
+        Message::CachePutIf(p) => cache_target!(C::CacheOp, p, None, Some(p.key.as_bytes())),
+        Message::CacheDeleteIf(d) => {
+            cache_target!(C::CacheOp, d, None, Some(d.key.as_bytes()))
+        }
         _ => None,
     }
 }
@@ -360,7 +366,23 @@ impl Session {
         };
         let mut shard = 0;
         let owner = if t.cache {
-            cluster.cache_owner(t.tenant, t.namespace, t.name)
+            let names = (t.tenant, t.namespace, t.name);
+            match cluster.cache_width(t.tenant, t.namespace, t.name) {
+                Some(width) => {
+                    shard = match (t.shard, t.key) {
+                        (_, Some(k)) => felix_cluster::routing::cache_shard(k, width),
+                        (Some(s), None) => u32::try_from(s).unwrap_or(u32::MAX),
+                        (None, None) => 0,
+                    };
+                    // A prefix watch naming no shard of a wide cache, or one past its width:
+                    // the handler here refuses it (`invalid_request`), wherever shards live.
+                    if t.key.is_none() && (shard >= width || t.shard.is_none() && width > 1) {
+                        return false;
+                    }
+                    cluster.cache_owner(names, shard)
+                }
+                None => None,
+            }
         } else {
             match cluster.stream_width(t.tenant, t.namespace, t.name) {
                 Some(width) => {
@@ -426,7 +448,7 @@ impl Session {
             // needs this node's lease, and a replicated shard's fence done at the generation.
             let names = (t.tenant, t.namespace, t.name);
             let ready = if t.cache {
-                cluster.local_ready_cache(cx.now, names)
+                cluster.local_ready_cache(cx.now, names, shard)
             } else if matches!(t.class, RequestClass::Group) {
                 // Group state lives in the shard's group log, which has its own fence.
                 cluster.groups_ready(cx.now, names, shard)

@@ -585,9 +585,8 @@ impl Session {
             Message::CacheDeleteIf(d) => return self.on_cache_delete_if(d, cx),
             Message::CachePut(p) => {
                 cx.core.stats.cache_requests += 1;
-                let Some(key) =
-                    self.cache_scope(&p.tenant_id, &p.namespace, &p.cache, Action::CacheWrite)
-                else {
+                let names = (&p.tenant_id[..], &p.namespace[..], &p.cache[..]);
+                let Some(key) = self.cache_key_scope(cx, names, &p.key, Action::CacheWrite) else {
                     return FrameResult::Continue;
                 };
                 let unix = cx.core.unix_micros(cx.now);
@@ -658,9 +657,11 @@ impl Session {
                 {
                     return FrameResult::Continue;
                 }
-                // The cache is one in-memory map per name: one shard.
+                // As many as the cluster placed (the count `shard_owners` lists), and one
+                // outside a cluster or for a cache the cluster has not placed.
+                let shards = cache_width(cx, &c.tenant_id, &c.namespace, &c.cache);
                 self.push_message(&Message::CacheShardsView(CacheShardsView {
-                    shards: 1,
+                    shards: shards.into(),
                     request_id: c.request_id,
                 }));
             }
@@ -1148,6 +1149,20 @@ impl Session {
         Some(CacheKey::new(tenant, namespace, cache))
     }
 
+    /// As [`cache_scope`](Self::cache_scope), on the shard the item `k` hashes to.
+    fn cache_key_scope(
+        &mut self,
+        cx: &SessionCx<'_>,
+        (tenant, namespace, cache): (&str, &str, &str),
+        k: &str,
+        action: Action,
+    ) -> Option<CacheKey> {
+        let mut key = self.cache_scope(tenant, namespace, cache, action)?;
+        let width = cache_width(cx, tenant, namespace, cache);
+        key.shard = felix_cluster::routing::cache_shard(k.as_bytes(), width);
+        Some(key)
+    }
+
     /// A stream's shard count as routing answers give it: streams are created on first use,
     /// so one not seen yet has the default width a publish would give it. In a cluster that
     /// places no stream on first use, one it has not placed has none: 0, so a client does not
@@ -1278,9 +1293,12 @@ impl Session {
             CacheRead::Get => Action::CacheRead,
             CacheRead::Delete => Action::CacheWrite,
         };
-        let Some(key) =
-            self.cache_scope(&answer.tenant_id, &answer.namespace, &answer.cache, action)
-        else {
+        let names = (
+            &answer.tenant_id[..],
+            &answer.namespace[..],
+            &answer.cache[..],
+        );
+        let Some(key) = self.cache_key_scope(cx, names, &answer.key, action) else {
             return;
         };
         let unix = cx.core.unix_micros(cx.now);
@@ -1504,4 +1522,14 @@ fn ack_frame(ack: &PublishAck) -> Bytes {
     encode_frame_header(ack.flags(), len, &mut out);
     ack.encode_into(&mut out);
     out.freeze()
+}
+
+/// How many shards `cache` has: as the cluster placed it, and one outside a cluster or for a
+/// cache not placed (as `cache_shards` answers).
+pub(super) fn cache_width(cx: &SessionCx<'_>, tenant: &str, namespace: &str, cache: &str) -> u32 {
+    cx.core
+        .cluster
+        .as_ref()
+        .and_then(|c| c.cache_width(tenant, namespace, cache))
+        .unwrap_or(1)
 }

@@ -1,0 +1,345 @@
+//! Real `felix-broker` processes (docs/operations.md, "Caches through the admin API"): a cache
+//! of 4 shards with replication factor 3 is created on a running durable cluster through
+//! `felix admin caches create`, its shards led over all three nodes; `cache_shards` and
+//! `shard_owners` agree with `felix admin caches get` through every node; values written
+//! through every node land on every shard; then the node leading the most shards is
+//! SIGKILLed and every value is read back through the other nodes, from the shards' new
+//! leaders. A cache above the shard limit is refused naming `shards`.
+//!
+//! The broker and CLI are the workspace's builds: `FELIX_BROKER_BIN` / `FELIX_CLI_BIN`, else
+//! `target/release`, else `target/debug`.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use felix_chaos::cluster::{http_get, Cluster, Layout, NAMESPACE, NODES, READY_LIMIT, TENANT};
+use felix_client::{Client, ClientConfig, Offer};
+use felix_proto::routing::{shard_for_key, RoutingMapping};
+
+/// Bound on every wait for an event below.
+const LIMIT: Duration = Duration::from_secs(60);
+const CACHE: &str = "sessions";
+const SHARDS: u32 = 4;
+/// Values written through each node.
+const PER_NODE: usize = 8;
+
+fn binary(env: &str, name: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(env) {
+        return PathBuf::from(p);
+    }
+    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target");
+    for profile in ["release", "debug"] {
+        let p = target.join(profile).join(name);
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("no {name} build: run `cargo build --release --bin {name}` or set {env}")
+}
+
+fn config(c: &Cluster, i: usize) -> ClientConfig {
+    let mut config = ClientConfig::new(
+        c.nodes[i].client,
+        c.ca_pem.as_bytes().to_vec(),
+        TENANT,
+        &c.token,
+    );
+    config.request_timeout = Duration::from_secs(5);
+    config.offer = Offer::reference_client();
+    config
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\n{}{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `felix admin caches ARGS…` against node `at`'s ops endpoint.
+fn admin(c: &Cluster, at: usize, args: &[&str]) -> Output {
+    std::process::Command::new(binary("FELIX_CLI_BIN", "felix"))
+        .args(["admin", "caches"])
+        .args(&args[..1])
+        .arg("--broker")
+        .arg(c.nodes[at].ops.to_string())
+        .arg("--ca")
+        .arg(c.dir.join("ca.pem"))
+        .args(["--token", &c.token])
+        .args(&args[1..])
+        .output()
+        .expect("the CLI runs")
+}
+
+/// `felix cache shards` through node `at`'s client port: `cache_shards`, then each shard's
+/// owner as `shard_owners` names it.
+fn client_shards(c: &Cluster, at: usize) -> Option<(u64, Vec<Option<String>>)> {
+    let out = std::process::Command::new(binary("FELIX_CLI_BIN", "felix"))
+        .args(["cache", "shards", CACHE, "--addr"])
+        .arg(c.nodes[at].client.to_string())
+        .arg("--ca")
+        .arg(c.dir.join("ca.pem"))
+        .args([
+            "--token",
+            &c.token,
+            "--namespace",
+            NAMESPACE,
+            "--tenant",
+            TENANT,
+        ])
+        .output()
+        .expect("the CLI runs");
+    if !out.status.success() {
+        eprintln!("cache shards through {at}: {}", text(&out));
+        return None;
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = stdout.lines();
+    let count = lines.next()?.strip_prefix("cache_shards ")?.parse().ok()?;
+    let owners = lines
+        .map(|l| {
+            let node = l.split_whitespace().nth(2).unwrap_or("-");
+            (node != "-").then(|| node.to_owned())
+        })
+        .collect();
+    Some((count, owners))
+}
+
+/// The cache as `get --json` through node `at` shows it: each shard's leader.
+fn leaders(c: &Cluster, at: usize) -> Option<Vec<Option<String>>> {
+    let out = admin(c, at, &["get", TENANT, NAMESPACE, CACHE, "--json"]);
+    if !out.status.success() {
+        eprintln!("get through {at}: {}", text(&out));
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["spec"]["shards"], SHARDS, "{v}");
+    assert_eq!(v["spec"]["replication_factor"], 3, "{v}");
+    let shards = v["shards"].as_array().expect("shards");
+    assert_eq!(shards.len(), SHARDS as usize, "{v}");
+    Some(
+        shards
+            .iter()
+            .map(|s| {
+                assert_eq!(s["replicas"].as_array().map(Vec::len), Some(3), "{s}");
+                (s["writable"] == true)
+                    .then(|| s["leader"].as_str().map(str::to_owned))
+                    .flatten()
+            })
+            .collect(),
+    )
+}
+
+/// Retries `f` until it gives `Some`, at most [`LIMIT`]; a retry is a new attempt at an
+/// outcome, not a wait standing in for one.
+fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {LIMIT:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn index(id: &str) -> usize {
+    NODES.iter().position(|n| *n == id).expect("a node id")
+}
+
+/// The node's `felix_broker_leader_shards_quiet`: `leader` shards led there whose followers
+/// the cluster recorded level with it (only then may a follower take one over).
+fn quiet_shards(c: &Cluster, at: usize) -> Option<u64> {
+    let (_, body) = http_get(c.nodes[at].ops, "/metrics", true)?;
+    body.lines()
+        .find_map(|l| l.strip_prefix("felix_broker_leader_shards_quiet "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+#[test]
+fn a_four_shard_cache_spreads_over_the_nodes_and_survives_its_leaders_loss() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let layout = Layout {
+        cluster: true,
+        streams: Vec::new(),
+        fsync_mode: "on_commit".into(),
+        lease: Duration::from_millis(1000),
+        relays: false,
+        prefix: "felix-admin-caches",
+    };
+    let mut c = Cluster::lay_out_with(&binary("FELIX_BROKER_BIN", "felix-broker"), &layout)
+        .expect("the cluster is laid out");
+    for i in 0..NODES.len() {
+        c.start(i).expect("a node starts");
+    }
+    for i in 0..NODES.len() {
+        c.wait_ready(i, READY_LIMIT).expect("a node is ready");
+    }
+
+    // Above the limit streams have too: refused, naming the field.
+    let wide = admin(
+        &c,
+        0,
+        &[
+            "create", TENANT, NAMESPACE, "wide", "--shards", "1025", "--rf", "3",
+        ],
+    );
+    assert_eq!(wide.status.code(), Some(3), "{}", text(&wide));
+    assert!(
+        String::from_utf8_lossy(&wide.stderr).contains("400: shards"),
+        "{}",
+        text(&wide)
+    );
+
+    let out = admin(
+        &c,
+        1,
+        &[
+            "create", TENANT, NAMESPACE, CACHE, "--shards", "4", "--rf", "3",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("created"),
+        "{}",
+        text(&out)
+    );
+    let again = admin(
+        &c,
+        2,
+        &[
+            "create", TENANT, NAMESPACE, CACHE, "--shards", "2", "--rf", "3",
+        ],
+    );
+    assert_eq!(again.status.code(), Some(3), "{}", text(&again));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("409: shards"),
+        "{}",
+        text(&again)
+    );
+
+    // Led over all three nodes, and every node says so alike, through the admin API and
+    // through the client protocol (`cache_shards`, `shard_owners`).
+    let placed = until("every shard led", || {
+        leaders(&c, 0).filter(|l| l.iter().all(Option::is_some))
+    });
+    let distinct: BTreeSet<&Option<String>> = placed.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        NODES.len(),
+        "spread over the nodes: {placed:?}"
+    );
+    for at in 0..NODES.len() {
+        assert_eq!(
+            leaders(&c, at).as_ref(),
+            Some(&placed),
+            "get through node {at}"
+        );
+        let (count, owners) = until("cache_shards and shard_owners", || client_shards(&c, at));
+        assert_eq!(count, u64::from(SHARDS), "cache_shards through node {at}");
+        assert_eq!(owners, placed, "shard_owners through node {at}");
+    }
+
+    // Values written through every node, keyed over every shard.
+    let mut written: Vec<(String, String)> = Vec::new();
+    for (at, node) in NODES.iter().enumerate() {
+        for n in 0..PER_NODE {
+            let key = format!("key-{at}-{n}");
+            let value = format!("value-{node}-{n}");
+            rt.block_on(async {
+                let deadline = Instant::now() + LIMIT;
+                loop {
+                    let client = Client::connect(config(&c, at)).await;
+                    let answer = match client {
+                        Ok(client) => {
+                            let a = client
+                                .cache_put(NAMESPACE, CACHE, &key, Bytes::from(value.clone()), None)
+                                .await;
+                            client.close().await;
+                            a.map_err(|e| e.to_string())
+                        }
+                        Err(e) => Err(e.to_string()),
+                    };
+                    match answer {
+                        Ok(()) => break,
+                        Err(e) => eprintln!("put {key} through {node}: {e}"),
+                    }
+                    assert!(Instant::now() < deadline, "put {key}: not within {LIMIT:?}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            });
+            written.push((key, value));
+        }
+    }
+    let used: BTreeSet<u32> = written
+        .iter()
+        .map(|(k, _)| shard_for_key(Some(k.as_bytes()), SHARDS, RoutingMapping::Modulo))
+        .collect();
+    assert_eq!(used.len(), SHARDS as usize, "the keys cover every shard");
+
+    // The node leading the most shards is lost once each of its shards had its followers
+    // recorded level with it (a cache's writes are `leader` consistency).
+    let victim_id = NODES
+        .iter()
+        .max_by_key(|n| placed.iter().filter(|l| l.as_deref() == Some(**n)).count())
+        .expect("a node");
+    let victim = index(victim_id);
+    let led = placed
+        .iter()
+        .filter(|l| l.as_deref() == Some(*victim_id))
+        .count() as u64;
+    until("the victim's shards recorded quiet", || {
+        (quiet_shards(&c, victim)? >= led).then_some(())
+    });
+    c.kill(victim).expect("SIGKILL");
+    let others: Vec<usize> = (0..NODES.len()).filter(|&i| i != victim).collect();
+
+    // Every shard led by a live node again, as both survivors see it.
+    let after = until("every shard led by a survivor", || {
+        let l = leaders(&c, others[0])?;
+        l.iter()
+            .all(|x| x.as_deref().is_some_and(|x| x != *victim_id))
+            .then_some(l)
+    });
+    for (s, (before, now)) in placed.iter().zip(&after).enumerate() {
+        if before.as_deref() != Some(*victim_id) {
+            assert_eq!(
+                before, now,
+                "shard {s} was not the victim's: it kept its leader"
+            );
+        }
+    }
+
+    // Every value is read back through each survivor.
+    for &at in &others {
+        for (key, value) in &written {
+            let got = rt.block_on(async {
+                let deadline = Instant::now() + LIMIT;
+                loop {
+                    if let Ok(client) = Client::connect(config(&c, at)).await {
+                        let got = client.cache_get(NAMESPACE, CACHE, key).await;
+                        client.close().await;
+                        match got {
+                            Ok(v) => break v,
+                            Err(e) => eprintln!("get {key} through {at}: {e}"),
+                        }
+                    }
+                    assert!(Instant::now() < deadline, "get {key}: not within {LIMIT:?}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            });
+            assert_eq!(
+                got.as_deref(),
+                Some(value.as_bytes()),
+                "{key} through node {at} after {victim_id}'s loss"
+            );
+        }
+    }
+    c.stop_all();
+}
