@@ -723,6 +723,10 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
         ["new"],
         "the re-created stream holds only what was written since"
     );
+    let v: serde_json::Value =
+        serde_json::from_slice(&admin(&c, 2, &["get", TENANT, NAMESPACE, GONE, "--json"]).stdout)
+            .expect("JSON");
+    assert_eq!(v["incarnation"], 1, "its second life: {v}");
 
     // A cache the same way: created, written, deleted through another node, gone everywhere.
     let caches = |at: usize, args: &[&str]| {
