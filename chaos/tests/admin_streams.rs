@@ -651,7 +651,13 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
         text(&denied)
     );
 
+    let asked = Instant::now();
     let out = admin(&c, via, &["delete", TENANT, NAMESPACE, GONE, "--json"]);
+    // Printed, not checked: the figure in docs/operations.md comes from here.
+    eprintln!(
+        "felix admin streams delete answered in {:?}",
+        asked.elapsed()
+    );
     assert!(out.status.success(), "{}", text(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["deleted"], true, "{v}");
@@ -723,6 +729,10 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
         ["new"],
         "the re-created stream holds only what was written since"
     );
+    let v: serde_json::Value =
+        serde_json::from_slice(&admin(&c, 2, &["get", TENANT, NAMESPACE, GONE, "--json"]).stdout)
+            .expect("JSON");
+    assert_eq!(v["incarnation"], 1, "its second life: {v}");
 
     // A cache the same way: created, written, deleted through another node, gone everywhere.
     let caches = |at: usize, args: &[&str]| {

@@ -82,6 +82,8 @@ pub struct StreamView {
     pub stream: String,
     pub spec: StreamSpec,
     pub shards: Vec<ShardView>,
+    /// Which life of the name this is: 0, then one more after each delete.
+    pub incarnation: u64,
 }
 
 impl StreamView {
@@ -99,6 +101,8 @@ pub struct CacheView {
     pub cache: String,
     pub spec: CacheSpec,
     pub shards: Vec<ShardView>,
+    /// As [`StreamView::incarnation`].
+    pub incarnation: u64,
 }
 
 impl CacheView {

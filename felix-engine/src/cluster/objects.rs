@@ -22,6 +22,7 @@ impl ClusterNode {
             stream: key.name.clone(),
             spec: s.spec,
             shards,
+            incarnation: s.incarnation,
         })
     }
 
@@ -52,6 +53,7 @@ impl ClusterNode {
             cache: key.name.clone(),
             spec: c.spec,
             shards: self.shard_views(&c.shards),
+            incarnation: c.incarnation,
         })
     }
 

@@ -255,6 +255,7 @@ fn view_json(v: &CacheView) -> Value {
             "replication_factor": v.spec.replication_factor,
         },
         "shards": v.shards.iter().map(shard_json).collect::<Vec<_>>(),
+        "incarnation": v.incarnation,
     })
 }
 

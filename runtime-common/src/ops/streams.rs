@@ -465,6 +465,7 @@ fn view_json(v: &StreamView) -> Value {
             "durable": v.spec.durable,
         },
         "shards": v.shards.iter().map(shard_json).collect::<Vec<_>>(),
+        "incarnation": v.incarnation,
     })
 }
 
