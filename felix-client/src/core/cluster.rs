@@ -34,6 +34,9 @@ pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(50);
 pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(2);
 /// How often the known brokers are asked `topology` again while connected.
 pub const DEFAULT_TOPOLOGY_INTERVAL: Duration = Duration::from_secs(30);
+/// The shortest interval between `topology` refreshes, whatever `topology_interval` says
+/// (zero would ask without pause).
+pub const MIN_TOPOLOGY_INTERVAL: Duration = Duration::from_millis(100);
 /// How long a `shard_owners` answer is used before it is asked again (the reference: ~5 s).
 pub const DEFAULT_OWNERS_REFRESH: Duration = Duration::from_secs(5);
 /// How long a broker whose connection failed is tried last when choosing where to dial, and
@@ -63,7 +66,7 @@ pub struct ClusterConfig {
     pub retry: RetryPolicy,
     /// See [`DEFAULT_MAX_REDIRECT_HOPS`].
     pub max_redirect_hops: usize,
-    /// See [`DEFAULT_TOPOLOGY_INTERVAL`].
+    /// See [`DEFAULT_TOPOLOGY_INTERVAL`] (at least [`MIN_TOPOLOGY_INTERVAL`]).
     pub topology_interval: Duration,
     /// See [`DEFAULT_OWNERS_REFRESH`].
     pub owners_refresh: Duration,
@@ -181,6 +184,22 @@ pub enum Resend {
     Never,
     /// `publish_at_least_once`, reads, cache writes the caller made idempotent: re-sent.
     Always,
+}
+
+/// Whether a consumer-group call is re-sent once its outcome is unknown (every group call
+/// is retried when its refusal proves nothing was applied). Re-sent: the reads
+/// (`group_describe`, `group_dead_letters`), `group_poll` (a lost answer's records stay
+/// leased to nobody until the lease ends, then are delivered again: later, never lost),
+/// `group_seek` and `group_extend` (the same request twice sets the same cursor, extends
+/// the same lease). Not re-sent: the calls a second copy could turn into a misleading
+/// refusal or a second effect (`group_ack`, `group_nack`, `group_dead_letter`,
+/// `group_discard`, `group_redrive`, `group_delete`).
+pub fn group_resend(call: crate::core::groups::GroupCall) -> Resend {
+    use crate::core::groups::GroupCall as G;
+    match call {
+        G::Describe | G::DeadLetters | G::Poll | G::Seek | G::Extend => Resend::Always,
+        G::Ack | G::Nack | G::DeadLetter | G::Discard | G::Redrive | G::Delete => Resend::Never,
+    }
 }
 
 /// What to do after a failed attempt.
@@ -364,6 +383,13 @@ impl OneShot {
         }
     }
 
+    /// A new attempt of the same call (after a failure [`Cluster::next_attempt`] said to
+    /// retry, and its backoff), entering at `entry` (the entry may have changed after a lost
+    /// connection) with a fresh hop bound. The bytes are unchanged.
+    pub fn retry_at(&mut self, entry: SocketAddr) {
+        self.redirects = Redirects::new(entry, self.redirects.max_hops);
+    }
+
     /// The bytes to send, the same on every hop.
     pub fn request(&self) -> &Bytes {
         &self.request
@@ -496,6 +522,11 @@ pub struct Cluster {
     entry: Option<SocketAddr>,
     owners: HashMap<Object, OwnerTable>,
     next_topology: Option<Instant>,
+    /// The broker the last `topology` ask went to (the rotation continues after it), and
+    /// whether the next ask is the first since an entry was reached (it goes to the entry).
+    /// See [`Cluster::topology_target`].
+    topology_last: Option<SocketAddr>,
+    topology_first: bool,
     rng: SplitMix64,
 }
 
@@ -510,6 +541,8 @@ impl Cluster {
             entry: None,
             owners: HashMap::new(),
             next_topology: None,
+            topology_last: None,
+            topology_first: true,
             rng,
         }
     }
@@ -559,6 +592,7 @@ impl Cluster {
         if self.entry.is_none() {
             self.entry = Some(addr);
             self.next_topology = Some(now);
+            self.topology_first = true;
         }
     }
 
@@ -588,8 +622,39 @@ impl Cluster {
     /// callers do not all ask (the answer, or its failure, restarts the interval).
     pub fn begin_topology(&mut self, now: Instant) {
         if self.entry.is_some() {
-            self.next_topology = Some(now + self.config.topology_interval);
+            self.next_topology = Some(now + self.topology_interval());
         }
+    }
+
+    /// `topology_interval`, at least [`MIN_TOPOLOGY_INTERVAL`].
+    pub fn topology_interval(&self) -> Duration {
+        self.config.topology_interval.max(MIN_TOPOLOGY_INTERVAL)
+    }
+
+    /// The broker a due `topology` ask goes to, noted as asked. The first ask after an
+    /// entry is reached goes to the entry (the broker just reached). Every later one goes to
+    /// the next live broker in [`Cluster::endpoints`] order after the one asked before, so one
+    /// broker's stale or partitioned view is not the only one ever heard, and a broker the
+    /// entry has stopped listing is still asked while it is known (a seed always is). A
+    /// suspected broker (its connection failed within `suspect_for`) is skipped; with none
+    /// live but the entry, the entry is asked. `None` without an entry (dial first).
+    pub fn topology_target(&mut self, now: Instant) -> Option<SocketAddr> {
+        let entry = self.entry?;
+        if std::mem::take(&mut self.topology_first) {
+            self.topology_last = Some(entry);
+            return Some(entry);
+        }
+        let all = self.endpoints();
+        let after = self
+            .topology_last
+            .and_then(|last| all.iter().position(|a| *a == last))
+            .map_or(0, |i| i + 1);
+        let next = (0..all.len())
+            .map(|k| all[(after + k) % all.len()])
+            .find(|a| *a == entry || !self.is_suspect(*a, now))
+            .unwrap_or(entry);
+        self.topology_last = Some(next);
+        Some(next)
     }
 
     /// The answer to `topology` (or `None` when it failed or was refused, which keeps what
@@ -597,7 +662,7 @@ impl Cluster {
     /// already failed to decode; here an address that does not parse skips that entry, and
     /// an empty answer is valid (the seeds remain).
     pub fn handle_topology(&mut self, view: Option<&TopologyView>, now: Instant) {
-        self.next_topology = Some(now + self.config.topology_interval);
+        self.next_topology = Some(now + self.topology_interval());
         let Some(view) = view else { return };
         let mut discovered = Vec::new();
         for b in view.brokers.iter().take(MAX_TOPOLOGY_BROKERS) {
