@@ -151,7 +151,7 @@ impl ClusterShared {
     }
 
     /// The entry broker's connection, dialling in the core's order when there is none. A
-    /// broker just dialled is asked `topology` at once (the first ask after reaching an
+    /// new entry is asked `topology` at once (the first ask after reaching an
     /// entry, which the core sends to it); the periodic refresh is the background loop's
     /// ([`refresh_topology_loop`]), so no call waits for it.
     async fn entry(&self) -> Result<Client, ClientError> {
@@ -162,12 +162,12 @@ impl ClusterShared {
         };
         let node = match node {
             Some(node) => node,
-            None => {
-                let (_, node) = self.dial().await?;
-                self.refresh_topology(&node).await;
-                node
-            }
+            None => self.dial().await?.1,
         };
+        // A new entry (dialled here, or reached by another call's connection) is asked now.
+        if self.core().topology_due_after_connect(Instant::now()) {
+            self.refresh_topology(&node).await;
+        }
         Ok(node)
     }
 

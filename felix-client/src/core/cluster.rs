@@ -618,6 +618,12 @@ impl Cluster {
         self.entry.is_some() && self.next_topology.is_some_and(|t| t <= now)
     }
 
+    /// Whether the `topology` due now is the first since an entry was reached (the broker
+    /// just reached is asked at once; later refreshes can wait for a background turn).
+    pub fn topology_due_after_connect(&self, now: Instant) -> bool {
+        self.topology_first && self.topology_due(now)
+    }
+
     /// `topology` is being asked now: it is not due again for an interval, so concurrent
     /// callers do not all ask (the answer, or its failure, restarts the interval).
     pub fn begin_topology(&mut self, now: Instant) {

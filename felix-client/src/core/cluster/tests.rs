@@ -1012,8 +1012,9 @@ fn the_topology_refresh_asks_each_live_known_broker_in_turn_and_keeps_the_seeds(
     let t0 = Instant::now();
     let mut c = connected(&[7001], t0);
     // At connect: due at once, and asked of the entry.
-    assert!(c.topology_due(t0));
+    assert!(c.topology_due_after_connect(t0));
     c.begin_topology(t0);
+    assert!(!c.topology_due(t0));
     assert_eq!(c.topology_target(t0), Some(a(7001)));
     c.handle_topology(
         Some(&view(
@@ -1028,6 +1029,10 @@ fn the_topology_refresh_asks_each_live_known_broker_in_turn_and_keeps_the_seeds(
     assert!(!c.topology_due(t1 - Duration::from_nanos(1)));
     assert_eq!(c.poll_timeout(), Some(t1));
     assert!(c.topology_due(t1));
+    assert!(
+        !c.topology_due_after_connect(t1),
+        "a periodic refresh: the background's turn"
+    );
     c.begin_topology(t1);
     assert!(!c.topology_due(t1), "not asked twice at once");
     assert_eq!(c.topology_target(t1), Some(a(7002)), "not the entry again");
@@ -1075,6 +1080,10 @@ fn the_topology_refresh_asks_each_live_known_broker_in_turn_and_keeps_the_seeds(
     assert!(!c.topology_due(t5));
     c.handle_connected(a(7003), t5);
     assert!(c.topology_due(t5), "asked at once after a reconnect");
+    assert!(
+        c.topology_due_after_connect(t5),
+        "by the call that reached it"
+    );
     c.begin_topology(t5);
     assert_eq!(c.topology_target(t5), Some(a(7003)));
 }
