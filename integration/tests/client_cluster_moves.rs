@@ -3,6 +3,8 @@
 //! durable, fsync on commit, a 1 s lease, a 1-shard quorum stream and a cache replicated on
 //! every node), on tokio and on smol:
 //!
+//! - the background `topology` refresh asks every known broker in turn, not only the entry
+//!   (a client seeded with one node, making no call, comes to hold a connection to each);
 //! - a subscription sent to a broker that does not lead its shard (the client offers
 //!   `FEATURE_REDIRECT` but not `FEATURE_SHARD_OWNERS`, so it cannot route by itself) is
 //!   answered `not_leader`, follows it to the leader, and starts at the offset it asked for;
@@ -191,6 +193,23 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
     let owner =
         probe.cache_owners(NAMESPACE, CACHE).await.expect("owners")[0].expect("the cache is led");
     probe.close().await;
+
+    // 0. The background `topology` refresh asks each known broker in turn, not only the
+    // entry: a client seeded with one node and making no call comes to hold a connection to
+    // every node (each opened to ask it), and still knows every node.
+    let mut quick = config(&cluster, vec![all[0]], runtime);
+    quick.topology_interval = Duration::from_millis(100);
+    let client = Client::connect(quick).await.expect("connect");
+    let mut want = all.clone();
+    want.sort();
+    until(rt, "every node asked topology", || async {
+        (client.connected_brokers() == want).then_some(())
+    })
+    .await;
+    let mut known = client.endpoints();
+    known.sort();
+    assert_eq!(known, want);
+    client.close().await;
 
     // 1. A subscription redirected with its start offset. The client knows one broker that
     // does not lead the shard and cannot ask `shard_owners`, so its subscribe goes there, is
