@@ -10,7 +10,10 @@
 //!   answered `not_leader`, follows it to the leader, and starts at the offset it asked for;
 //! - a cache watch on the cache's owner, whose leadership moves when that node is cut off
 //!   from its peers, follows the move (`shard_moved`) to the new owner and delivers every
-//!   change written there meanwhile, in order, with none missing.
+//!   change written there meanwhile, in order, with none missing;
+//! - a `stream_read` entering through the stream's leader just after that leader is
+//!   SIGKILLed is retried (a lost connection, then refusals and redirects to the dead node
+//!   until another is elected) and answers with every record.
 
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
@@ -309,6 +312,31 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
         "the watch moved to the new owner"
     );
     drop(watch);
+    client.close().await;
+
+    // 3. A one-request call rides through its broker's death: a client entering through the
+    // stream's leader reads the shard just after that leader is SIGKILLed. The first attempt
+    // meets the dead connection (noticed by the keep-alives), the next enter elsewhere and
+    // are refused or redirected to the dead leader until a new one is elected; each is
+    // retried with backoff, and the read answers with every record.
+    let mut seeds = vec![leader];
+    seeds.extend(all.iter().filter(|a| **a != leader));
+    let client = Client::connect(config(&cluster, seeds, runtime))
+        .await
+        .expect("connect through the leader");
+    let mut cluster = cluster;
+    cluster.kill(index(leader)).expect("SIGKILL the leader");
+    let page = client
+        .stream_read(NAMESPACE, STREAM, 0, 0, Some(10), Some(100))
+        .await
+        .expect("stream_read across the leader's death");
+    let got: Vec<(u64, Bytes)> = page
+        .records
+        .into_iter()
+        .map(|r| (r.offset, r.payload))
+        .collect();
+    let want: Vec<(u64, Bytes)> = (0..10).map(|i| (i, Bytes::from(format!("r{i}")))).collect();
+    assert_eq!(got, want, "every record, read from the new leader");
     client.close().await;
     drop(cluster);
 }
