@@ -41,6 +41,9 @@ pub(crate) struct ClusterShared {
     runtime: Arc<dyn quinn::Runtime>,
     core: Mutex<Cluster>,
     nodes: Mutex<HashMap<SocketAddr, Arc<OnceCell<Client>>>>,
+    /// Set by [`ClusterShared::close_all`]: the background refresh stops (it would dial
+    /// again what the application closed).
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for ClusterShared {
@@ -75,6 +78,7 @@ impl ClusterShared {
             config,
             core: Mutex::new(Cluster::new(cluster)),
             nodes: Mutex::new(HashMap::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
         });
         let entry = shared.entry().await?;
         let runtime = shared.runtime.clone();
@@ -90,6 +94,8 @@ impl ClusterShared {
 
     /// Closes every broker's connection.
     pub(crate) fn close_all(&self) {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         for cell in self.nodes.lock().expect("nodes").values() {
             if let Some(node) = cell.get() {
                 node.inner.conn.close(0u32.into(), b"client closed");
@@ -788,7 +794,7 @@ async fn ask_topology(node: &Client) -> Option<felix_proto::message::TopologyVie
 /// The periodic `topology` refresh, in the background so no call pays for it: sleeps until
 /// the core's next deadline (or an interval when there is no entry: calls dial one), then
 /// asks as [`ClusterShared::refresh_topology`] does. It holds the client weakly and ends once
-/// every handle to it is dropped.
+/// every handle to it is dropped or it is closed.
 async fn refresh_topology_loop(me: Weak<ClusterShared>, runtime: Arc<dyn quinn::Runtime>) {
     loop {
         let wake = {
@@ -802,6 +808,9 @@ async fn refresh_topology_loop(me: Weak<ClusterShared>, runtime: Arc<dyn quinn::
         let mut timer = runtime.new_timer(wake);
         poll_fn(|cx| timer.as_mut().poll(cx)).await;
         let Some(shared) = me.upgrade() else { return };
+        if shared.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         let entry = shared.core().entry();
         if let Some(addr) = entry {
             if let Ok(node) = shared.node(addr).await {
