@@ -188,17 +188,18 @@ pub enum Resend {
 
 /// Whether a consumer-group call is re-sent once its outcome is unknown (every group call
 /// is retried when its refusal proves nothing was applied). Re-sent: the reads
-/// (`group_describe`, `group_dead_letters`), `group_poll` (a lost answer's records stay
-/// leased to nobody until the lease ends, then are delivered again: later, never lost),
-/// `group_seek` and `group_extend` (the same request twice sets the same cursor, extends
-/// the same lease). Not re-sent: the calls a second copy could turn into a misleading
-/// refusal or a second effect (`group_ack`, `group_nack`, `group_dead_letter`,
-/// `group_discard`, `group_redrive`, `group_delete`).
+/// (`group_describe`, `group_dead_letters`); `group_poll` (a lost answer's records stay
+/// claimed until the claim lapses, then are owed to the group again: later, never lost);
+/// `group_ack` (acknowledging a finished record again is a harmless duplicate,
+/// docs/groups.md); `group_seek` and `group_extend` (a second copy sets the same cursor,
+/// keeps the same claim standing). Not re-sent: the calls whose second copy could act on a
+/// record someone else holds by then or list it twice (`group_nack`, `group_dead_letter`,
+/// `group_discard`, `group_redrive`) or refuse what the first did (`group_delete`).
 pub fn group_resend(call: crate::core::groups::GroupCall) -> Resend {
     use crate::core::groups::GroupCall as G;
     match call {
-        G::Describe | G::DeadLetters | G::Poll | G::Seek | G::Extend => Resend::Always,
-        G::Ack | G::Nack | G::DeadLetter | G::Discard | G::Redrive | G::Delete => Resend::Never,
+        G::Describe | G::DeadLetters | G::Poll | G::Ack | G::Seek | G::Extend => Resend::Always,
+        G::Nack | G::DeadLetter | G::Discard | G::Redrive | G::Delete => Resend::Never,
     }
 }
 

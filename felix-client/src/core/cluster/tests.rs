@@ -1305,17 +1305,17 @@ fn a_one_request_calls_lost_connection_and_redirect_bound_are_retried_by_class()
 #[test]
 fn group_calls_resend_by_what_a_second_copy_would_do() {
     use crate::core::groups::GroupCall as G;
-    for call in [G::Describe, G::DeadLetters, G::Poll, G::Seek, G::Extend] {
+    for call in [
+        G::Describe,
+        G::DeadLetters,
+        G::Poll,
+        G::Ack,
+        G::Seek,
+        G::Extend,
+    ] {
         assert_eq!(group_resend(call), Resend::Always, "{}", call.name());
     }
-    for call in [
-        G::Ack,
-        G::Nack,
-        G::DeadLetter,
-        G::Discard,
-        G::Redrive,
-        G::Delete,
-    ] {
+    for call in [G::Nack, G::DeadLetter, G::Discard, G::Redrive, G::Delete] {
         assert_eq!(group_resend(call), Resend::Never, "{}", call.name());
     }
 }
