@@ -326,6 +326,7 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
         .expect("connect through the leader");
     let mut cluster = cluster;
     cluster.kill(index(leader)).expect("SIGKILL the leader");
+    let killed = Instant::now();
     let page = client
         .stream_read(NAMESPACE, STREAM, 0, 0, Some(10), Some(100))
         .await
@@ -337,6 +338,10 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
         .collect();
     let want: Vec<(u64, Bytes)> = (0..10).map(|i| (i, Bytes::from(format!("r{i}")))).collect();
     assert_eq!(got, want, "every record, read from the new leader");
+    eprintln!(
+        "{runtime:?}: stream_read answered {:?} after its entry broker, the leader, was killed",
+        killed.elapsed()
+    );
     client.close().await;
     drop(cluster);
 }

@@ -513,6 +513,7 @@ impl ClusterShared {
                     self.core().handle_stale_owner(object);
                     at = redirects
                         .follow(&node_id, addr.as_deref(), generation)
+                        .and_then(|to| self.core().check_redirect(to, Instant::now()))
                         .map_err(|e| (e, true))?;
                 }
                 Err(e) => {
@@ -568,6 +569,7 @@ impl ClusterShared {
                 }) => {
                     let to = redirects
                         .follow(&node_id, addr.as_deref(), generation)
+                        .and_then(|to| self.core().check_redirect(to, Instant::now()))
                         .map_err(|e| (e, true))?;
                     node = self.node(to).await.map_err(|e| (e, false))?;
                 }
@@ -648,7 +650,13 @@ impl ClusterShared {
             };
             match call.handle_answer(answer).map_err(|e| (e, true))? {
                 OneShotStep::Answered(answer) => return Ok(answer),
-                OneShotStep::SendTo(to) => node = self.node(to).await.map_err(|e| (e, false))?,
+                OneShotStep::SendTo(to) => {
+                    let to = self
+                        .core()
+                        .check_redirect(to, Instant::now())
+                        .map_err(|e| (e, true))?;
+                    node = self.node(to).await.map_err(|e| (e, false))?
+                }
             }
         }
     }
@@ -745,6 +753,7 @@ impl ClusterShared {
                     self.core().handle_stale_owner(object);
                     at = redirects
                         .follow(&node_id, addr.as_deref(), generation)
+                        .and_then(|to| self.core().check_redirect(to, Instant::now()))
                         .map_err(|e| (e, true))?;
                 }
                 Err(e) => {

@@ -774,6 +774,25 @@ impl Cluster {
         self.remember(object.clone(), OwnerTable { shards, at: now });
     }
 
+    /// A redirect (a `not_leader` followed by [`Redirects`]) leads to `to`: whether to go.
+    /// A broker whose connection this client lost within `suspect_for` is not dialled on a
+    /// redirect, which comes from a broker whose view is older than this client's loss (the
+    /// dial would cost a handshake timeout to learn the same): the attempt ends not applied
+    /// (`shard_unavailable`, retried with backoff), by which time the cluster may name
+    /// another owner.
+    pub fn check_redirect(&self, to: SocketAddr, now: Instant) -> Result<SocketAddr, ClientError> {
+        if self.is_suspect(to, now) {
+            return Err(ClientError::Server {
+                code: Some(ErrorCode::ShardUnavailable),
+                retry: Some(RetryClass::Retry),
+                message: format!(
+                    "redirected to {to}, whose connection this client lost moments ago"
+                ),
+            });
+        }
+        Ok(to)
+    }
+
     fn is_suspect(&self, addr: SocketAddr, now: Instant) -> bool {
         self.suspects.get(&addr).is_some_and(|until| *until > now)
     }

@@ -1319,3 +1319,38 @@ fn group_calls_resend_by_what_a_second_copy_would_do() {
         assert_eq!(group_resend(call), Resend::Never, "{}", call.name());
     }
 }
+
+#[test]
+fn a_redirect_to_a_broker_lost_moments_ago_is_not_dialled() {
+    let t0 = Instant::now();
+    let mut c = connected(&[7001, 7002, 7003], t0);
+    let nl =
+        answer(r#"{"type":"not_leader","node_id":"n2","addr":"127.0.0.1:7002","generation":4}"#);
+    // Not lost: followed.
+    let mut call = OneShot::new(
+        crate::core::stream_ops::producer_init_frame(),
+        a(7001),
+        DEFAULT_MAX_REDIRECT_HOPS,
+    );
+    assert_eq!(
+        call.handle_answer(nl.clone()),
+        Ok(OneShotStep::SendTo(a(7002)))
+    );
+    assert_eq!(c.check_redirect(a(7002), t0), Ok(a(7002)));
+    // Lost: the attempt ends not applied, retried with backoff.
+    c.handle_connection_lost(a(7002), t0);
+    let e = c.check_redirect(a(7002), t0).unwrap_err();
+    assert_eq!(e.code(), Some(&ErrorCode::ShardUnavailable), "{e}");
+    assert_eq!(classify(&e, true), Failure::NotApplied);
+    let mut at = c.attempts(Resend::Never, t0);
+    assert!(matches!(
+        c.next_attempt(&mut at, e, true, t0),
+        Next::RetryAfter { attempt: 2, .. }
+    ));
+    // Until its suspicion ends.
+    let later = t0 + DEFAULT_SUSPECT_FOR;
+    assert!(c
+        .check_redirect(a(7002), later - Duration::from_nanos(1))
+        .is_err());
+    assert_eq!(c.check_redirect(a(7002), later), Ok(a(7002)));
+}
