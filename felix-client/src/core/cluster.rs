@@ -295,6 +295,26 @@ impl Cursor {
 pub struct Redirects {
     asked: Vec<SocketAddr>,
     max_hops: usize,
+    /// The newest generation a followed redirect named in this attempt.
+    newest: Option<u64>,
+}
+
+/// Why a `not_leader` was not followed ([`Redirects::follow_checked`]). Typed, so that a
+/// driver that judges brokers (the simulator's `redirects_end`) can tell a broker's loop
+/// from a stale view without reading prose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedirectRefused {
+    /// The named owner's client address is not published.
+    NoAddress,
+    /// The address does not parse (a host name other than `localhost`, say).
+    Unparseable,
+    /// It names a generation older than one this attempt already followed: the answering
+    /// broker's view is behind, not a loop.
+    Stale { newest: u64 },
+    /// Back to a broker this attempt already asked.
+    Loop(SocketAddr),
+    /// Past `max_hops`.
+    Bound,
 }
 
 impl Redirects {
@@ -303,6 +323,7 @@ impl Redirects {
         Redirects {
             asked: vec![first],
             max_hops,
+            newest: None,
         }
     }
 
@@ -311,43 +332,65 @@ impl Redirects {
         &self.asked
     }
 
-    /// The broker to ask next after a `not_leader`, or why there is none: no address to
-    /// follow, a broker already asked in this attempt (a loop), or the hop bound.
+    /// The broker to ask next after a `not_leader`, or why there is none, typed. Checked
+    /// in this order: no address, an address that does not parse, a generation older than
+    /// one already followed (stale), a broker already asked (a loop), the hop bound.
+    pub fn follow_checked(
+        &mut self,
+        addr: Option<&str>,
+        generation: u64,
+    ) -> Result<SocketAddr, RedirectRefused> {
+        let addr = addr.ok_or(RedirectRefused::NoAddress)?;
+        let to = parse_addr(addr).ok_or(RedirectRefused::Unparseable)?;
+        if let Some(newest) = self.newest.filter(|n| generation < *n) {
+            return Err(RedirectRefused::Stale { newest });
+        }
+        if self.asked.contains(&to) {
+            return Err(RedirectRefused::Loop(to));
+        }
+        if self.asked.len() > self.max_hops {
+            return Err(RedirectRefused::Bound);
+        }
+        self.asked.push(to);
+        self.newest = Some(self.newest.map_or(generation, |n| n.max(generation)));
+        Ok(to)
+    }
+
+    /// [`Redirects::follow_checked`], a refusal as the error the attempt ends with: a
+    /// `not_leader` of retry class `redirect` (nothing was applied; retried whole).
     pub fn follow(
         &mut self,
         node_id: &str,
         addr: Option<&str>,
         generation: u64,
     ) -> Result<SocketAddr, ClientError> {
-        let not_leader = |why: String| ClientError::Server {
+        let why = match self.follow_checked(addr, generation) {
+            Ok(to) => return Ok(to),
+            Err(RedirectRefused::NoAddress) => format!(
+                "{node_id} leads the shard (generation {generation}) but its client address \
+                 is not published"
+            ),
+            Err(RedirectRefused::Unparseable) => format!(
+                "{node_id}'s address {:?} does not parse",
+                addr.unwrap_or_default()
+            ),
+            Err(RedirectRefused::Stale { newest }) => format!(
+                "{node_id} named as owner at generation {generation}, older than generation \
+                 {newest} this attempt already followed: a stale view"
+            ),
+            Err(RedirectRefused::Loop(to)) => {
+                format!("redirected back to {node_id} at {to}, which this attempt already asked")
+            }
+            Err(RedirectRefused::Bound) => format!(
+                "still redirected after {} hops; the cluster has not settled on an owner",
+                self.max_hops
+            ),
+        };
+        Err(ClientError::Server {
             code: Some(ErrorCode::NotLeader),
             retry: Some(RetryClass::Redirect),
             message: why,
-        };
-        let Some(addr) = addr else {
-            return Err(not_leader(format!(
-                "{node_id} leads the shard (generation {generation}) but its client address \
-                 is not published"
-            )));
-        };
-        let Some(to) = parse_addr(addr) else {
-            return Err(not_leader(format!(
-                "{node_id}'s address {addr:?} does not parse"
-            )));
-        };
-        if self.asked.contains(&to) {
-            return Err(not_leader(format!(
-                "redirected back to {node_id} at {to}, which this attempt already asked"
-            )));
-        }
-        if self.asked.len() > self.max_hops {
-            return Err(not_leader(format!(
-                "still redirected after {} hops; the cluster has not settled on an owner",
-                self.max_hops
-            )));
-        }
-        self.asked.push(to);
-        Ok(to)
+        })
     }
 
     /// [`Redirects::follow`] for a decoded `not_leader`.

@@ -1354,3 +1354,45 @@ fn a_redirect_to_a_broker_lost_moments_ago_is_not_dialled() {
         .is_err());
     assert_eq!(c.check_redirect(a(7002), later), Ok(a(7002)));
 }
+
+#[test]
+fn a_redirects_refusal_is_typed_and_a_stale_generation_is_not_a_loop() {
+    use RedirectRefused::*;
+    let mut r = Redirects::new(a(7001), 3);
+    assert_eq!(r.follow_checked(None, 5), Err(NoAddress));
+    assert_eq!(r.follow_checked(Some("nowhere:1"), 5), Err(Unparseable));
+    assert_eq!(r.follow_checked(Some("127.0.0.1:7002"), 5), Ok(a(7002)));
+    // 7002's view is behind: it names generation 4 after 5 was followed. Stale, whether it
+    // names a broker already asked or a new one; nothing is recorded.
+    assert_eq!(
+        r.follow_checked(Some("127.0.0.1:7001"), 4),
+        Err(Stale { newest: 5 })
+    );
+    assert_eq!(
+        r.follow_checked(Some("127.0.0.1:7003"), 4),
+        Err(Stale { newest: 5 })
+    );
+    assert_eq!(r.asked(), &[a(7001), a(7002)]);
+    // The same generation or a newer one is followed; back to an asked broker is a loop.
+    assert_eq!(
+        r.follow_checked(Some("127.0.0.1:7001"), 5),
+        Err(Loop(a(7001)))
+    );
+    assert_eq!(r.follow_checked(Some("127.0.0.1:7003"), 6), Ok(a(7003)));
+    assert_eq!(r.follow_checked(Some("127.0.0.1:7004"), 6), Ok(a(7004)));
+    assert_eq!(r.follow_checked(Some("127.0.0.1:7005"), 7), Err(Bound));
+    // As the error an attempt ends with: not applied, retried whole.
+    let mut r = Redirects::new(a(7001), 3);
+    r.follow("n2", Some("127.0.0.1:7002"), 5).unwrap();
+    let e = r.follow("n3", Some("127.0.0.1:7003"), 4).unwrap_err();
+    assert_eq!(e.code(), Some(&ErrorCode::NotLeader));
+    assert!(e.to_string().contains("stale view"), "{e}");
+    assert_eq!(classify(&e, true), Failure::NotApplied);
+    // The conformance kit's broken client (no hop allowed) still reads as it did.
+    let mut r = Redirects::new(a(7001), 0);
+    let e = r.follow("n2", Some("127.0.0.1:7002"), 1).unwrap_err();
+    assert!(
+        e.to_string().contains("still redirected after 0 hops"),
+        "{e}"
+    );
+}
