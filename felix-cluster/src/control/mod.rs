@@ -207,6 +207,15 @@ impl ControlPlane {
                 applied.push(meta.apply_entry(e.index, &e.data));
             }
         }
+        // A delete replayed for a name that lives again was carried out before the restart:
+        // the new life's copies were opened only once the old ones were gone, so the node
+        // must not remove them now. A name still deleted is removed again (idempotent), in
+        // case the restart cut its removal short.
+        applied.retain(|a| match a {
+            Applied::StreamDeleted { key, .. } => !meta.streams.contains_key(key),
+            Applied::CacheDeleted { key, .. } => !meta.caches.contains_key(key),
+            _ => true,
+        });
         let guard = if store.is_blank() {
             DiskGuard::Blank {
                 blank_peers: BTreeSet::new(),
@@ -642,6 +651,9 @@ impl ControlPlane {
             if let Some(snap) = &snapshot {
                 self.node.mut_store().apply_snapshot(snap);
                 if let Ok(m) = Metadata::restore(&snap.data) {
+                    let gone = self.meta.streams_gone_in(&m);
+                    self.out
+                        .extend(gone.into_iter().map(ControlOutput::Applied));
                     self.meta = m;
                 }
             }
@@ -761,6 +773,14 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
         }
         Command::CreateStream { key, .. } => meta.streams.contains_key(key),
         Command::CreateCache { key, .. } => meta.caches.contains_key(key),
+        Command::DeleteStream { key, incarnation } => meta
+            .streams
+            .get(key)
+            .is_none_or(|s| s.incarnation != *incarnation),
+        Command::DeleteCache { key, incarnation } => meta
+            .caches
+            .get(key)
+            .is_none_or(|c| c.incarnation != *incarnation),
         Command::AlterStream { key, retention } => meta
             .streams
             .get(key)

@@ -293,6 +293,18 @@ impl CacheStore {
         id
     }
 
+    /// Removes every entry of a cache (it was deleted); false when it held none.
+    pub(crate) fn remove_scope(&mut self, scope: &CacheKey) -> bool {
+        let Some(&id) = self.scope_ids.get(scope) else {
+            return false;
+        };
+        let keys: Vec<String> = self.scopes[&id].entries.keys().cloned().collect();
+        for k in keys {
+            self.remove(id, &k);
+        }
+        true
+    }
+
     /// Removes an entry with its index row and byte count; drops the scope when it empties.
     fn remove(&mut self, id: ScopeId, key: &str) -> Option<Entry> {
         let scope = self.scopes.get_mut(&id)?;
@@ -365,6 +377,18 @@ impl DurableUsage {
         self.bytes += now.bytes;
     }
 
+    /// A deleted cache's log is counted no more.
+    pub(super) fn forget(&mut self, log: LogId) {
+        if let Some((kind, old)) = self.logs.remove(&log) {
+            self.keys -= old.keys;
+            self.bytes -= old.bytes;
+            match kind {
+                DurableKind::Cache => self.caches -= 1,
+                DurableKind::Counter => self.counters -= 1,
+            }
+        }
+    }
+
     fn count(&self, kind: DurableKind) -> usize {
         match kind {
             DurableKind::Cache => self.caches,
@@ -422,6 +446,13 @@ impl Broker {
         let logs = self.logs.as_mut()?;
         if let Some(id) = logs.find(&dir) {
             return Some(id);
+        }
+        if logs
+            .retiring_blocks(&super::delete::parent_dir(&dir))
+            .is_some()
+        {
+            // Deleted a moment ago: asked again once the old files are out of the way.
+            return None;
         }
         let id = logs.claim(dir, owner, now);
         self.durable_usage
