@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -41,6 +41,9 @@ pub(crate) struct ClusterShared {
     runtime: Arc<dyn quinn::Runtime>,
     core: Mutex<Cluster>,
     nodes: Mutex<HashMap<SocketAddr, Arc<OnceCell<Client>>>>,
+    /// Set by [`ClusterShared::close_all`]: the background refresh stops (it would dial
+    /// again what the application closed).
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for ClusterShared {
@@ -75,8 +78,14 @@ impl ClusterShared {
             config,
             core: Mutex::new(Cluster::new(cluster)),
             nodes: Mutex::new(HashMap::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
         });
         let entry = shared.entry().await?;
+        let runtime = shared.runtime.clone();
+        runtime.spawn(Box::pin(refresh_topology_loop(
+            Arc::downgrade(&shared),
+            shared.runtime.clone(),
+        )));
         Ok(Client {
             inner: entry.inner.clone(),
             cluster: Some(shared),
@@ -85,6 +94,8 @@ impl ClusterShared {
 
     /// Closes every broker's connection.
     pub(crate) fn close_all(&self) {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         for cell in self.nodes.lock().expect("nodes").values() {
             if let Some(node) = cell.get() {
                 node.inner.conn.close(0u32.into(), b"client closed");
@@ -145,34 +156,24 @@ impl ClusterShared {
         self.core().handle_connection_lost(addr, Instant::now());
     }
 
-    /// The entry broker's connection, dialling in the core's order when there is none, and
-    /// asking `topology` when the core says it is due.
+    /// The entry broker's connection, dialling in the core's order when there is none. A
+    /// new entry is asked `topology` at once (the first ask after reaching an
+    /// entry, which the core sends to it); the periodic refresh is the background loop's
+    /// ([`refresh_topology_loop`]), so no call waits for it.
     async fn entry(&self) -> Result<Client, ClientError> {
         let current = self.core().entry();
         let node = match current {
-            Some(addr) => match self.node(addr).await {
-                Ok(node) => Some((addr, node)),
-                Err(_) => None,
-            },
+            Some(addr) => self.node(addr).await.ok(),
             None => None,
         };
-        let (addr, node) = match node {
-            Some(found) => found,
-            None => self.dial().await?,
+        let node = match node {
+            Some(node) => node,
+            None => self.dial().await?.1,
         };
-        let due = {
-            let mut core = self.core();
-            let now = Instant::now();
-            let due = core.topology_due(now);
-            if due {
-                core.begin_topology(now);
-            }
-            due
-        };
-        if due {
+        // A new entry (dialled here, or reached by another call's connection) is asked now.
+        if self.core().topology_due_after_connect(Instant::now()) {
             self.refresh_topology(&node).await;
         }
-        let _ = addr;
         Ok(node)
     }
 
@@ -191,17 +192,29 @@ impl ClusterShared {
         )))
     }
 
-    async fn refresh_topology(&self, node: &Client) {
-        // Negotiated, not merely advertised: a client configured without `FEATURE_TOPOLOGY`
-        // in its offer keeps to its seeds (say, seeds that are proxies).
-        let view = if node.capabilities().features().contains(Features::TOPOLOGY) {
-            match node.one_shot(topology_frame()).await {
-                Ok(frame) => read_topology(&frame).ok(),
-                Err(_) => None,
+    /// Asks `topology` if the core says it is due, of the broker the core picks (the entry
+    /// first, then each live known broker in turn); when that broker cannot be reached or
+    /// does not answer, of `entry` instead. Either way the core hears the outcome.
+    async fn refresh_topology(&self, entry: &Client) {
+        let target = {
+            let mut core = self.core();
+            let now = Instant::now();
+            if !core.topology_due(now) {
+                return;
             }
-        } else {
-            None
+            core.begin_topology(now);
+            core.topology_target(now)
         };
+        let Some(target) = target else { return };
+        let mut view = None;
+        if target != entry.inner.config.addr {
+            if let Ok(node) = self.node(target).await {
+                view = ask_topology(&node).await;
+            }
+        }
+        if view.is_none() {
+            view = ask_topology(entry).await;
+        }
         self.core().handle_topology(view.as_ref(), Instant::now());
     }
 
@@ -236,6 +249,33 @@ impl ClusterShared {
         Ok(())
     }
 
+    /// `shard_owners` for `object` asked now (retried as a read: the core's classes), the
+    /// answer kept for routing. Without `FEATURE_SHARD_OWNERS` negotiated with the entry,
+    /// what is known (nothing: calls go through the entry).
+    async fn owners_now(&self, object: &Object) -> Result<Vec<Option<SocketAddr>>, ClientError> {
+        let entry = self.entry().await?;
+        if !entry
+            .capabilities()
+            .features()
+            .contains(Features::SHARD_OWNERS)
+        {
+            self.core().handle_owners_failed(object, Instant::now());
+            return Ok(Vec::new());
+        }
+        let frame = shard_owners_frame(
+            &self.config.tenant,
+            &object.namespace,
+            &object.name,
+            object.kind,
+        );
+        let view = self
+            .one_shot_retried(frame, Resend::Always, read_shard_owners)
+            .await?;
+        let mut core = self.core();
+        core.handle_shard_owners(object, &view, Instant::now());
+        Ok(core.owners(object).unwrap_or_default())
+    }
+
     /// Where a call goes: the core's route, after dialling or asking owners as it says.
     async fn resolve(
         &self,
@@ -243,10 +283,6 @@ impl ClusterShared {
         key: Option<&[u8]>,
         shard: Option<u32>,
     ) -> Result<SocketAddr, ClientError> {
-        // `topology` on its interval, through the entry, paid by the call that finds it due.
-        if self.core().topology_due(Instant::now()) {
-            self.entry().await?;
-        }
         // Three rounds at most: dial, ask owners, route.
         for _ in 0..3 {
             let now = Instant::now();
@@ -477,6 +513,7 @@ impl ClusterShared {
                     self.core().handle_stale_owner(object);
                     at = redirects
                         .follow(&node_id, addr.as_deref(), generation)
+                        .and_then(|to| self.core().check_redirect(to, Instant::now()))
                         .map_err(|e| (e, true))?;
                 }
                 Err(e) => {
@@ -489,42 +526,137 @@ impl ClusterShared {
 
     /// Runs `call` at the entry broker and, while it fails `not_leader` (the broker named
     /// the owner instead of forwarding, to a client that offered `FEATURE_REDIRECT`), at the
-    /// named owner, within the hop bound. A `not_leader` applied nothing, so the same
-    /// request goes on unchanged. For the calls that are not routed by key: commits, state
-    /// reads, idempotent and conditional publishes, stream reads, group calls.
+    /// named owner, within the hop bound; a failed attempt is retried as the core decides
+    /// (`resend`: whether an unknown outcome is sent again), each attempt entering at the
+    /// entry broker of the moment. For the group calls.
     pub(crate) async fn redirected<'a, T>(
         &self,
+        resend: Resend,
         mut call: impl FnMut(Client) -> NodeCall<'a, T>,
     ) -> Result<T, ClientError> {
-        let mut node = self.entry().await?;
+        let mut attempts = self.core().attempts(resend, Instant::now());
+        loop {
+            let (error, sent) = match self.redirected_attempt(&mut call).await {
+                Ok(v) => return Ok(v),
+                Err(failed) => failed,
+            };
+            let next = self
+                .core()
+                .next_attempt(&mut attempts, error, sent, Instant::now());
+            match next {
+                Next::GiveUp(e) => return Err(e),
+                Next::RetryAfter { delay, .. } => self.sleep(delay).await,
+            }
+        }
+    }
+
+    async fn redirected_attempt<'a, T>(
+        &self,
+        call: &mut impl FnMut(Client) -> NodeCall<'a, T>,
+    ) -> Result<T, (ClientError, bool)> {
+        let mut node = self.entry().await.map_err(|e| (e, false))?;
         let hops = self.core().config().max_redirect_hops;
         let mut redirects = Redirects::new(node.inner.config.addr, hops);
         loop {
+            let addr = node.inner.config.addr;
+            let conn = node.inner.conn.clone();
             match call(node).await {
+                Ok(v) => return Ok(v),
                 Err(ClientError::NotLeader {
                     node_id,
                     addr,
                     generation,
                 }) => {
-                    let to = redirects.follow(&node_id, addr.as_deref(), generation)?;
-                    node = self.node(to).await?;
+                    let to = redirects
+                        .follow(&node_id, addr.as_deref(), generation)
+                        .and_then(|to| self.core().check_redirect(to, Instant::now()))
+                        .map_err(|e| (e, true))?;
+                    node = self.node(to).await.map_err(|e| (e, false))?;
                 }
-                other => return other,
+                Err(e) => {
+                    self.connection_failed(addr, &conn, &e);
+                    let sent =
+                        !matches!(e, ClientError::Usage(_) | ClientError::Unsupported { .. });
+                    return Err((e, sent));
+                }
             }
         }
     }
 
-    /// One request frame and its one answer, at the entry broker and then wherever the
-    /// core's [`OneShot`] follows a `not_leader` to.
-    pub(crate) async fn one_shot_redirected(&self, frame: Bytes) -> Result<Frame, ClientError> {
-        let mut node = self.entry().await?;
+    /// A broker whose connection closed under a call is forgotten and reported lost, so the
+    /// next attempt enters elsewhere.
+    fn connection_failed(&self, addr: SocketAddr, conn: &quinn::Connection, e: &ClientError) {
+        if matches!(e, ClientError::Connection(_)) && conn.close_reason().is_some() {
+            self.node_failed(addr);
+        }
+    }
+
+    /// One request frame and its one answer, read by `read`: at the entry broker and then
+    /// wherever the core's [`OneShot`] follows a `not_leader` to; a failed attempt (an
+    /// answer `read` refuses, a lost connection, a redirect past the bound) retried as the
+    /// core decides, `resend` saying whether an unknown outcome is sent again. Each attempt
+    /// enters at the entry broker of the moment with the same bytes.
+    pub(crate) async fn one_shot_retried<T>(
+        &self,
+        frame: Bytes,
+        resend: Resend,
+        read: impl Fn(&Frame) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
         let hops = self.core().config().max_redirect_hops;
-        let mut call = OneShot::new(frame, node.inner.config.addr, hops);
+        let mut attempts = self.core().attempts(resend, Instant::now());
+        let mut call: Option<OneShot> = None;
         loop {
-            let answer = node.one_shot(call.request().clone()).await?;
-            match call.handle_answer(answer)? {
+            let (error, sent) = match self.one_shot_attempt(&frame, hops, &mut call).await {
+                Ok(answer) => match read(&answer) {
+                    Ok(v) => return Ok(v),
+                    Err(e) => (e, true),
+                },
+                Err(failed) => failed,
+            };
+            let next = self
+                .core()
+                .next_attempt(&mut attempts, error, sent, Instant::now());
+            match next {
+                Next::GiveUp(e) => return Err(e),
+                Next::RetryAfter { delay, .. } => self.sleep(delay).await,
+            }
+        }
+    }
+
+    async fn one_shot_attempt(
+        &self,
+        frame: &Bytes,
+        hops: usize,
+        call: &mut Option<OneShot>,
+    ) -> Result<Frame, (ClientError, bool)> {
+        let mut node = self.entry().await.map_err(|e| (e, false))?;
+        let entry = node.inner.config.addr;
+        let call = match call {
+            Some(call) => {
+                call.retry_at(entry);
+                call
+            }
+            None => call.insert(OneShot::new(frame.clone(), entry, hops)),
+        };
+        loop {
+            let addr = node.inner.config.addr;
+            let conn = node.inner.conn.clone();
+            let answer = match node.one_shot_sent(call.request().clone()).await {
+                Ok(answer) => answer,
+                Err((e, sent)) => {
+                    self.connection_failed(addr, &conn, &e);
+                    return Err((e, sent));
+                }
+            };
+            match call.handle_answer(answer).map_err(|e| (e, true))? {
                 OneShotStep::Answered(answer) => return Ok(answer),
-                OneShotStep::SendTo(to) => node = self.node(to).await?,
+                OneShotStep::SendTo(to) => {
+                    let to = self
+                        .core()
+                        .check_redirect(to, Instant::now())
+                        .map_err(|e| (e, true))?;
+                    node = self.node(to).await.map_err(|e| (e, false))?
+                }
             }
         }
     }
@@ -621,6 +753,7 @@ impl ClusterShared {
                     self.core().handle_stale_owner(object);
                     at = redirects
                         .follow(&node_id, addr.as_deref(), generation)
+                        .and_then(|to| self.core().check_redirect(to, Instant::now()))
                         .map_err(|e| (e, true))?;
                 }
                 Err(e) => {
@@ -647,8 +780,52 @@ impl ClusterShared {
             return Ok(1);
         }
         let frame = stream_shards_frame(&self.config.tenant, namespace, stream);
-        let n = read_stream_shards(&self.one_shot_redirected(frame).await?)?;
+        let n = self
+            .one_shot_retried(frame, Resend::Always, read_stream_shards)
+            .await?;
         u32::try_from(n).map_err(|_| ClientError::protocol(format!("{n} shards")))
+    }
+}
+
+/// `topology` from `node`, when negotiated (not merely advertised: a client configured
+/// without `FEATURE_TOPOLOGY` in its offer keeps to its seeds, say seeds that are proxies);
+/// `None` when not negotiated, refused or failed.
+async fn ask_topology(node: &Client) -> Option<felix_proto::message::TopologyView> {
+    if !node.capabilities().features().contains(Features::TOPOLOGY) {
+        return None;
+    }
+    match node.one_shot(topology_frame()).await {
+        Ok(frame) => read_topology(&frame).ok(),
+        Err(_) => None,
+    }
+}
+
+/// The periodic `topology` refresh, in the background so no call pays for it: sleeps until
+/// the core's next deadline (or an interval when there is no entry: calls dial one), then
+/// asks as [`ClusterShared::refresh_topology`] does. It holds the client weakly and ends once
+/// every handle to it is dropped or it is closed.
+async fn refresh_topology_loop(me: Weak<ClusterShared>, runtime: Arc<dyn quinn::Runtime>) {
+    loop {
+        let wake = {
+            let Some(shared) = me.upgrade() else { return };
+            let core = shared.core();
+            let now = Instant::now();
+            core.poll_timeout()
+                .unwrap_or(now + core.topology_interval())
+                .max(now + crate::core::cluster::MIN_TOPOLOGY_INTERVAL)
+        };
+        let mut timer = runtime.new_timer(wake);
+        poll_fn(|cx| timer.as_mut().poll(cx)).await;
+        let Some(shared) = me.upgrade() else { return };
+        if shared.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let entry = shared.core().entry();
+        if let Some(addr) = entry {
+            if let Ok(node) = shared.node(addr).await {
+                shared.refresh_topology(&node).await;
+            }
+        }
     }
 }
 
@@ -802,11 +979,7 @@ impl Client {
                 "shard_owners needs a client made with seeds".into(),
             ));
         };
-        let object = Object::stream(namespace, stream);
-        let entry = cluster.entry().await?;
-        let addr = entry.inner.config.addr;
-        cluster.refresh_owners(addr, &object).await?;
-        Ok(cluster.core().owners(&object).unwrap_or_default())
+        cluster.owners_now(&Object::stream(namespace, stream)).await
     }
 
     /// The owner of every shard of the cache `namespace/cache`, as [`Client::shard_owners`].
@@ -820,12 +993,7 @@ impl Client {
                 "cache_owners needs a client made with seeds".into(),
             ));
         };
-        let object = Object::cache(namespace, cache);
-        let entry = cluster.entry().await?;
-        cluster
-            .refresh_owners(entry.inner.config.addr, &object)
-            .await?;
-        Ok(cluster.core().owners(&object).unwrap_or_default())
+        cluster.owners_now(&Object::cache(namespace, cache)).await
     }
 
     /// The brokers this client holds a connection to.

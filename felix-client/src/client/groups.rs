@@ -50,9 +50,10 @@ impl Client {
         wait: Duration,
     ) -> Result<GroupAnswer, ClientError> {
         // A cluster client asks its current entry broker, which forwards or names the
-        // group's owner (followed).
+        // group's owner (followed); a failed attempt is retried by the core's classes.
         if let Some(cluster) = &self.cluster {
-            return Box::pin(cluster.redirected(|node| {
+            let resend = crate::core::cluster::group_resend(request.call);
+            return Box::pin(cluster.redirected(resend, |node| {
                 let request = request.clone();
                 Box::pin(async move { node.group_call_here(request, wait).await })
             }))

@@ -1215,6 +1215,12 @@ impl Subscription {
         self.start_offset
     }
 
+    /// The broker this subscription is on now (in a cluster, another after a redirect, a
+    /// move or a lost broker).
+    pub fn broker(&self) -> SocketAddr {
+        self._client.config.addr
+    }
+
     /// The next event, or the end of the subscription. A broker `error` on the event stream
     /// and a lost connection are errors. Cancel-safe: dropping the future (say, in a
     /// `select!` or a timeout) loses nothing; received bytes stay buffered here.

@@ -7,6 +7,7 @@ use felix_proto::message::{self, StateChange};
 use felix_proto::Frame;
 
 use super::{Client, RawStream};
+use crate::core::cluster::Resend;
 use crate::core::stream_ops::{
     commit_frame, idempotent_frame, offset_for_time_frame, producer_init_frame, publish_if_frame,
     read_guarded, read_offset_value, read_producer_init, read_state_value, read_stream_records,
@@ -19,30 +20,48 @@ use crate::error::ClientError;
 impl Client {
     /// Sends one request frame on a new stream and returns the answer's frame.
     pub(crate) async fn one_shot(&self, frame: Bytes) -> Result<Frame, ClientError> {
-        let mut stream: RawStream = self.open_raw_stream(true).await?;
-        stream.send(frame).await?;
+        self.one_shot_sent(frame).await.map_err(|(e, _)| e)
+    }
+
+    /// [`Client::one_shot`], its error saying whether the request was written (a stream
+    /// that could not be opened and authenticated sent nothing).
+    pub(crate) async fn one_shot_sent(&self, frame: Bytes) -> Result<Frame, (ClientError, bool)> {
+        let mut stream: RawStream = self.open_raw_stream(true).await.map_err(|e| (e, false))?;
+        stream.send(frame).await.map_err(|e| (e, true))?;
         let answer = stream
             .recv_frame()
-            .await?
-            .ok_or_else(|| ClientError::Connection("the broker ended the stream".into()))?;
+            .await
+            .map_err(|e| (e, true))?
+            .ok_or_else(|| {
+                (
+                    ClientError::Connection("the broker ended the stream".into()),
+                    true,
+                )
+            })?;
         stream.finish();
         Ok(answer)
     }
 
-    /// [`Client::one_shot`] for a request a cluster broker may answer `not_leader` (a commit,
-    /// a state read, an idempotent or conditional publish, a stream read, `producer_init`,
-    /// `topology`, `stream_shards`): in a cluster, followed to the named owner with the same
-    /// request.
-    async fn redirected_one_shot(&self, frame: Bytes) -> Result<Frame, ClientError> {
+    /// One request the broker answers once, read by `read`. In a cluster: at the entry
+    /// broker, a `not_leader` followed to the named owner with the same request, and a
+    /// failed attempt retried (backoff, attempts, deadline) unless terminal; `resend` says
+    /// whether it is sent again once its outcome is unknown. On one broker: sent once.
+    async fn one_request<T>(
+        &self,
+        frame: Bytes,
+        resend: Resend,
+        read: impl Fn(&Frame) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
         match &self.cluster {
-            Some(cluster) => cluster.one_shot_redirected(frame).await,
-            None => self.one_shot(frame).await,
+            Some(cluster) => cluster.one_shot_retried(frame, resend, read).await,
+            None => read(&self.one_shot(frame).await?),
         }
     }
 
     /// A new idempotent producer id from the broker (`producer_init`).
     pub async fn producer_init(&self) -> Result<u64, ClientError> {
-        read_producer_init(&self.redirected_one_shot(producer_init_frame()).await?)
+        self.one_request(producer_init_frame(), Resend::Always, read_producer_init)
+            .await
     }
 
     /// Publishes a batch once however many times it is sent: re-send a batch whose answer
@@ -53,7 +72,8 @@ impl Client {
         encoding: IdempotentEncoding,
     ) -> Result<Guarded, ClientError> {
         let frame = idempotent_frame(self.tenant(), batch, encoding, REQUEST_ID);
-        read_guarded(&self.redirected_one_shot(frame).await?)
+        // Re-sent under the same sequence, it is answered with the first copy's offset.
+        self.one_request(frame, Resend::Always, read_guarded).await
     }
 
     /// Appends `payloads` only if they would start at exactly `expected_offset` on the shard
@@ -74,7 +94,8 @@ impl Client {
             expected_offset,
             payloads,
         );
-        read_guarded(&self.redirected_one_shot(frame).await?)
+        // Not re-sent once unknown: a copy of an applied one is refused offset_mismatch.
+        self.one_request(frame, Resend::Never, read_guarded).await
     }
 
     /// Appends `event` and applies `changes` to the state of the shard `entity_key` routes
@@ -101,7 +122,7 @@ impl Client {
             changes,
             expected_offset,
         );
-        read_guarded(&self.redirected_one_shot(frame).await?)
+        self.one_request(frame, Resend::Never, read_guarded).await
     }
 
     /// `key` in the state of the shard `entity_key` routes to.
@@ -114,7 +135,8 @@ impl Client {
     ) -> Result<StateValue, ClientError> {
         require_atomic_commit(self.capabilities())?;
         let frame = state_get_frame(self.tenant(), namespace, stream, entity_key, key);
-        read_state_value(&self.redirected_one_shot(frame).await?)
+        self.one_request(frame, Resend::Always, read_state_value)
+            .await
     }
 
     /// One page of a durable shard's records from `from`, stopping before `end`; read on
@@ -137,7 +159,8 @@ impl Client {
             end,
             max_records,
         );
-        read_stream_records(&self.redirected_one_shot(frame).await?)
+        self.one_request(frame, Resend::Always, read_stream_records)
+            .await
     }
 
     /// The first offset on a durable shard appended at or after `at_micros` (Unix µs);
@@ -150,20 +173,20 @@ impl Client {
         at_micros: u64,
     ) -> Result<Option<u64>, ClientError> {
         let frame = offset_for_time_frame(self.tenant(), namespace, stream, shard, at_micros);
-        read_offset_value(&self.redirected_one_shot(frame).await?)
+        self.one_request(frame, Resend::Always, read_offset_value)
+            .await
     }
 
     /// The brokers this one says a client may connect to (`topology`).
     pub async fn topology(&self) -> Result<message::TopologyView, ClientError> {
-        read_topology(&self.redirected_one_shot(topology_frame()).await?)
+        self.one_request(topology_frame(), Resend::Always, read_topology)
+            .await
     }
 
     /// How many shards the broker says a stream has (`stream_shards`).
     pub async fn stream_shards(&self, namespace: &str, stream: &str) -> Result<u64, ClientError> {
-        read_stream_shards(
-            &self
-                .redirected_one_shot(stream_shards_frame(self.tenant(), namespace, stream))
-                .await?,
-        )
+        let frame = stream_shards_frame(self.tenant(), namespace, stream);
+        self.one_request(frame, Resend::Always, read_stream_shards)
+            .await
     }
 }

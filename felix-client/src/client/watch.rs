@@ -42,6 +42,12 @@ impl CacheWatch {
         self.subscription_id
     }
 
+    /// The broker this watch is on now (in a cluster, another after a redirect, a move or
+    /// a lost broker).
+    pub fn broker(&self) -> std::net::SocketAddr {
+        self._client.config.addr
+    }
+
     /// Where live delivery began: every change at or past it is delivered.
     pub fn resume_offset(&self) -> u64 {
         self.resume_offset

@@ -264,7 +264,7 @@ fn refused(msg: Message, expected: &str) -> ClientError {
     match msg {
         Message::Error(e) => ClientError::server(e.code, e.retry, e.message),
         Message::PublishError(e) => ClientError::server(e.code, e.retry, e.message),
-        // Routing, not a refusal: the front end follows it (`redirected_one_shot`).
+        // Routing, not a refusal: the front end follows it (`one_shot_retried`).
         Message::NotLeader(n) => ClientError::NotLeader {
             node_id: n.node_id,
             addr: n.addr,
@@ -273,9 +273,14 @@ fn refused(msg: Message, expected: &str) -> ClientError {
         Message::Unsupported(u) => ClientError::Unsupported {
             request_type: u.request_type,
         },
+        // As on a subscription: past retention is final, ahead of the tail is not (a broker
+        // promoted a moment ago may not hold the records yet).
         Message::SubscribeCursorError(c) => ClientError::Server {
-            code: None,
-            retry: None,
+            code: Some(felix_proto::ErrorCode::InvalidRequest),
+            retry: Some(match c.reason {
+                message::CursorErrorReason::TooOld => felix_proto::RetryClass::Fatal,
+                message::CursorErrorReason::InFuture => felix_proto::RetryClass::Retry,
+            }),
             message: format!(
                 "offset {} is {:?}: {} is available",
                 c.requested, c.reason, c.available

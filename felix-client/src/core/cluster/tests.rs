@@ -1002,3 +1002,397 @@ fn a_one_shot_redirect_stops_at_a_loop_the_bound_or_no_address() {
         Some(&ErrorCode::NotLeader)
     );
 }
+
+#[test]
+fn the_topology_refresh_asks_each_live_known_broker_in_turn_and_keeps_the_seeds() {
+    use crate::core::stream_ops::{read_topology, topology_frame};
+    // The request is the same bytes whoever is asked.
+    assert_eq!(one_payload(&topology_frame()), r#"{"type":"topology"}"#);
+    let view = |json: &str| read_topology(&answer(json)).unwrap();
+    let t0 = Instant::now();
+    let mut c = connected(&[7001], t0);
+    // At connect: due at once, and asked of the entry.
+    assert!(c.topology_due_after_connect(t0));
+    c.begin_topology(t0);
+    assert!(!c.topology_due(t0));
+    assert_eq!(c.topology_target(t0), Some(a(7001)));
+    c.handle_topology(
+        Some(&view(
+            r#"{"type":"topology_view","brokers":[{"node_id":"n1","addr":"127.0.0.1:7001"},
+            {"node_id":"n2","addr":"127.0.0.1:7002"},{"node_id":"n3","addr":"127.0.0.1:7003"}]}"#,
+        )),
+        t0,
+    );
+    assert_eq!(c.endpoints(), vec![a(7001), a(7002), a(7003)]);
+    // Not due before the interval; then each refresh asks the next known broker.
+    let t1 = t0 + DEFAULT_TOPOLOGY_INTERVAL;
+    assert!(!c.topology_due(t1 - Duration::from_nanos(1)));
+    assert_eq!(c.poll_timeout(), Some(t1));
+    assert!(c.topology_due(t1));
+    assert!(
+        !c.topology_due_after_connect(t1),
+        "a periodic refresh: the background's turn"
+    );
+    c.begin_topology(t1);
+    assert!(!c.topology_due(t1), "not asked twice at once");
+    assert_eq!(c.topology_target(t1), Some(a(7002)), "not the entry again");
+    // n2's view is stale and names only itself: the known set shrinks to it and the seed,
+    // never below the seed.
+    c.handle_topology(
+        Some(&view(
+            r#"{"type":"topology_view","brokers":[{"node_id":"n2","addr":"127.0.0.1:7002"}]}"#,
+        )),
+        t1,
+    );
+    assert_eq!(c.endpoints(), vec![a(7002), a(7001)]);
+    // Next in turn after n2 is the seed, which restores n3.
+    let t2 = t1 + DEFAULT_TOPOLOGY_INTERVAL;
+    assert!(c.topology_due(t2));
+    c.begin_topology(t2);
+    assert_eq!(c.topology_target(t2), Some(a(7001)));
+    c.handle_topology(
+        Some(&view(
+            r#"{"type":"topology_view","brokers":[{"node_id":"n1","addr":"127.0.0.1:7001"},
+            {"node_id":"n2","addr":"127.0.0.1:7002"},{"node_id":"n3","addr":"127.0.0.1:7003"}]}"#,
+        )),
+        t2,
+    );
+    // n2 fails: the turn after n1 skips it while it is suspected, and goes to n3.
+    let t3 = t2 + DEFAULT_TOPOLOGY_INTERVAL;
+    c.handle_connection_lost(a(7002), t3);
+    c.begin_topology(t3);
+    assert_eq!(c.topology_target(t3), Some(a(7003)));
+    // A failed ask (n3 unreachable, then the entry refused) keeps everything known.
+    c.handle_connection_lost(a(7003), t3);
+    c.handle_topology(None, t3);
+    assert_eq!(c.endpoints(), vec![a(7001), a(7002), a(7003)]);
+    // Every broker but the entry suspected: the entry is asked.
+    let t4 = t3 + DEFAULT_TOPOLOGY_INTERVAL;
+    c.handle_connection_lost(a(7002), t4);
+    c.handle_connection_lost(a(7003), t4);
+    assert!(c.topology_due(t4));
+    c.begin_topology(t4);
+    assert_eq!(c.topology_target(t4), Some(a(7001)));
+    // The entry lost and another reached: the first ask after that goes to the new entry.
+    let t5 = t4 + Duration::from_secs(1);
+    c.handle_connection_lost(a(7001), t5);
+    assert_eq!(c.topology_target(t5), None, "no entry: dial first");
+    assert!(!c.topology_due(t5));
+    c.handle_connected(a(7003), t5);
+    assert!(c.topology_due(t5), "asked at once after a reconnect");
+    assert!(
+        c.topology_due_after_connect(t5),
+        "by the call that reached it"
+    );
+    c.begin_topology(t5);
+    assert_eq!(c.topology_target(t5), Some(a(7003)));
+}
+
+#[test]
+fn the_topology_interval_has_a_floor() {
+    let t0 = Instant::now();
+    let mut config = ClusterConfig::new(vec![a(7001)]);
+    config.topology_interval = Duration::ZERO;
+    let mut c = Cluster::new(config);
+    c.handle_connected(a(7001), t0);
+    c.begin_topology(t0);
+    assert_eq!(c.topology_interval(), MIN_TOPOLOGY_INTERVAL);
+    assert_eq!(c.poll_timeout(), Some(t0 + MIN_TOPOLOGY_INTERVAL));
+    assert!(!c.topology_due(t0));
+    c.handle_topology(None, t0);
+    assert!(c.topology_due(t0 + MIN_TOPOLOGY_INTERVAL));
+}
+
+/// What the core decided after one failed attempt of a one-request call.
+#[derive(Debug, PartialEq, Eq)]
+enum Decided {
+    Retried,
+    GaveUp,
+}
+
+/// One attempt of `request` entering at 7001, answered `refusal`, read by `read`; when the
+/// core says to retry, the next attempt enters at 7002 (the entry after a failover) with the
+/// same bytes and is answered `ok`, which `read` accepts.
+fn one_request_retry<T: std::fmt::Debug>(
+    request: bytes::Bytes,
+    resend: Resend,
+    refusal: &str,
+    ok: &str,
+    read: impl Fn(&felix_proto::Frame) -> Result<T, ClientError>,
+) -> Decided {
+    let t0 = Instant::now();
+    let mut c = connected(&[7001, 7002], t0);
+    let mut at = c.attempts(resend, t0);
+    let mut call = OneShot::new(request.clone(), a(7001), DEFAULT_MAX_REDIRECT_HOPS);
+    let Ok(OneShotStep::Answered(frame)) = call.handle_answer(answer(refusal)) else {
+        panic!("{refusal}: a refusal is an answer")
+    };
+    let err = read(&frame).expect_err(refusal);
+    match c.next_attempt(&mut at, err, true, t0) {
+        Next::GiveUp(_) => Decided::GaveUp,
+        Next::RetryAfter { delay, attempt } => {
+            assert_eq!(attempt, 2, "{refusal}");
+            assert!(delay <= DEFAULT_BACKOFF_BASE, "{refusal}: {delay:?}");
+            call.retry_at(a(7002));
+            assert_eq!(
+                call.target(),
+                a(7002),
+                "the attempt enters at the new entry"
+            );
+            assert_eq!(call.request(), &request, "{refusal}: the same bytes again");
+            let Ok(OneShotStep::Answered(frame)) = call.handle_answer(answer(ok)) else {
+                panic!("{ok}")
+            };
+            read(&frame).expect(ok);
+            Decided::Retried
+        }
+    }
+}
+
+#[test]
+fn a_one_request_call_is_retried_by_its_class() {
+    use crate::core::stream_ops::{
+        publish_if_frame, read_guarded, read_stream_records, stream_read_frame,
+    };
+    use Decided::*;
+    let read_req = stream_read_frame("t1", "default", "orders", 0, 5, None, Some(10));
+    assert_eq!(
+        one_payload(&read_req),
+        r#"{"type":"stream_read","tenant_id":"t1","namespace":"default","stream":"orders","shard":0,"from":5,"max_records":10,"request_id":1}"#
+    );
+    let read_ok = r#"{"type":"stream_records","records":[],"next_offset":5,"request_id":1}"#;
+    let cond_req = publish_if_frame(
+        "t1",
+        "default",
+        "orders",
+        None,
+        5,
+        vec![bytes::Bytes::from_static(b"x")],
+    );
+    let cond_ok = r#"{"type":"publish_ok","request_id":1,"offset":5}"#;
+    let err = |code: &str, retry: &str| {
+        format!(r#"{{"type":"error","message":"probe","code":"{code}","retry":"{retry}"}}"#)
+    };
+    // (refusal, a read (re-sent when unknown), a conditional publish (never re-sent))
+    let cases: Vec<(String, Decided, Decided)> = vec![
+        // retry: nothing applied, both retried
+        (err("shard_unavailable", "retry"), Retried, Retried),
+        (err("not_found", "retry"), Retried, Retried),
+        // retry_after
+        (err("overloaded", "retry_after"), Retried, Retried),
+        // redirect, as a coded error (not followed: refused, then retried whole)
+        (err("not_leader", "redirect"), Retried, Retried),
+        // outcome_unknown: only the read is sent again
+        (err("quorum_timeout", "outcome_unknown"), Retried, GaveUp),
+        (err("leadership_lost", "outcome_unknown"), Retried, GaveUp),
+        // an uncoded refusal to a sent request cannot be told from a failed write
+        (
+            r#"{"type":"error","message":"boom"}"#.to_owned(),
+            Retried,
+            GaveUp,
+        ),
+        // fatal: never
+        (err("forbidden", "fatal"), GaveUp, GaveUp),
+        (err("unauthenticated", "fatal"), GaveUp, GaveUp),
+        (err("invalid_request", "fatal"), GaveUp, GaveUp),
+    ];
+    for (refusal, read_decided, cond_decided) in cases {
+        assert_eq!(
+            one_request_retry(
+                read_req.clone(),
+                Resend::Always,
+                &refusal,
+                read_ok,
+                read_stream_records
+            ),
+            read_decided,
+            "stream_read answered {refusal}"
+        );
+        assert_eq!(
+            one_request_retry(
+                cond_req.clone(),
+                Resend::Never,
+                &refusal,
+                cond_ok,
+                read_guarded
+            ),
+            cond_decided,
+            "publish_if answered {refusal}"
+        );
+    }
+    // A read from an offset retention has passed is final; one past the tail is retried (a
+    // broker promoted a moment ago may not hold it yet).
+    let cursor = |reason: &str| {
+        format!(
+            r#"{{"type":"subscribe_cursor_error","requested":5,"available":9,"reason":"{reason}"}}"#
+        )
+    };
+    assert_eq!(
+        one_request_retry(
+            read_req.clone(),
+            Resend::Always,
+            &cursor("too_old"),
+            read_ok,
+            read_stream_records
+        ),
+        GaveUp
+    );
+    assert_eq!(
+        one_request_retry(
+            read_req.clone(),
+            Resend::Always,
+            &cursor("in_future"),
+            read_ok,
+            read_stream_records
+        ),
+        Retried
+    );
+}
+
+#[test]
+fn a_one_request_calls_lost_connection_and_redirect_bound_are_retried_by_class() {
+    let t0 = Instant::now();
+    let mut c = connected(&[7001, 7002], t0);
+    let lost = ClientError::Connection("the broker ended the stream".into());
+    // Lost before the request left (the stream could not be opened): retried for every kind.
+    for resend in [Resend::Always, Resend::Never] {
+        let mut at = c.attempts(resend, t0);
+        assert!(matches!(
+            c.next_attempt(&mut at, lost.clone(), false, t0),
+            Next::RetryAfter { attempt: 2, .. }
+        ));
+    }
+    // Lost after it left: a read is sent again, a conditional publish or commit is not.
+    let mut at = c.attempts(Resend::Always, t0);
+    assert!(matches!(
+        c.next_attempt(&mut at, lost.clone(), true, t0),
+        Next::RetryAfter { attempt: 2, .. }
+    ));
+    let mut at = c.attempts(Resend::Never, t0);
+    assert_eq!(
+        c.next_attempt(&mut at, lost.clone(), true, t0),
+        Next::GiveUp(lost)
+    );
+    // Redirected past the hop bound: the attempt ends not applied, and the next attempt gets
+    // a fresh bound from the entry.
+    let nl = |p: u16| {
+        answer(&format!(
+            r#"{{"type":"not_leader","node_id":"n","addr":"127.0.0.1:{p}","generation":1}}"#
+        ))
+    };
+    let request = crate::core::stream_ops::producer_init_frame();
+    let mut call = OneShot::new(request.clone(), a(7001), 1);
+    assert_eq!(
+        call.handle_answer(nl(7002)),
+        Ok(OneShotStep::SendTo(a(7002)))
+    );
+    let e = call.handle_answer(nl(7003)).unwrap_err();
+    let mut at = c.attempts(Resend::Never, t0);
+    assert!(matches!(
+        c.next_attempt(&mut at, e, true, t0),
+        Next::RetryAfter { attempt: 2, .. }
+    ));
+    call.retry_at(a(7001));
+    assert_eq!(call.target(), a(7001));
+    assert_eq!(
+        call.handle_answer(nl(7002)),
+        Ok(OneShotStep::SendTo(a(7002))),
+        "the bound starts again"
+    );
+    assert_eq!(call.request(), &request);
+}
+
+#[test]
+fn group_calls_resend_by_what_a_second_copy_would_do() {
+    use crate::core::groups::GroupCall as G;
+    for call in [
+        G::Describe,
+        G::DeadLetters,
+        G::Poll,
+        G::Ack,
+        G::Seek,
+        G::Extend,
+    ] {
+        assert_eq!(group_resend(call), Resend::Always, "{}", call.name());
+    }
+    for call in [G::Nack, G::DeadLetter, G::Discard, G::Redrive, G::Delete] {
+        assert_eq!(group_resend(call), Resend::Never, "{}", call.name());
+    }
+}
+
+#[test]
+fn a_redirect_to_a_broker_lost_moments_ago_is_not_dialled() {
+    let t0 = Instant::now();
+    let mut c = connected(&[7001, 7002, 7003], t0);
+    let nl =
+        answer(r#"{"type":"not_leader","node_id":"n2","addr":"127.0.0.1:7002","generation":4}"#);
+    // Not lost: followed.
+    let mut call = OneShot::new(
+        crate::core::stream_ops::producer_init_frame(),
+        a(7001),
+        DEFAULT_MAX_REDIRECT_HOPS,
+    );
+    assert_eq!(
+        call.handle_answer(nl.clone()),
+        Ok(OneShotStep::SendTo(a(7002)))
+    );
+    assert_eq!(c.check_redirect(a(7002), t0), Ok(a(7002)));
+    // Lost: the attempt ends not applied, retried with backoff.
+    c.handle_connection_lost(a(7002), t0);
+    let e = c.check_redirect(a(7002), t0).unwrap_err();
+    assert_eq!(e.code(), Some(&ErrorCode::ShardUnavailable), "{e}");
+    assert_eq!(classify(&e, true), Failure::NotApplied);
+    let mut at = c.attempts(Resend::Never, t0);
+    assert!(matches!(
+        c.next_attempt(&mut at, e, true, t0),
+        Next::RetryAfter { attempt: 2, .. }
+    ));
+    // Until its suspicion ends.
+    let later = t0 + DEFAULT_SUSPECT_FOR;
+    assert!(c
+        .check_redirect(a(7002), later - Duration::from_nanos(1))
+        .is_err());
+    assert_eq!(c.check_redirect(a(7002), later), Ok(a(7002)));
+}
+
+#[test]
+fn a_redirects_refusal_is_typed_and_a_stale_generation_is_not_a_loop() {
+    use RedirectRefused::*;
+    let mut r = Redirects::new(a(7001), 3);
+    assert_eq!(r.follow_checked(None, 5), Err(NoAddress));
+    assert_eq!(r.follow_checked(Some("nowhere:1"), 5), Err(Unparseable));
+    assert_eq!(r.follow_checked(Some("127.0.0.1:7002"), 5), Ok(a(7002)));
+    // 7002's view is behind: it names generation 4 after 5 was followed. Stale, whether it
+    // names a broker already asked or a new one; nothing is recorded.
+    assert_eq!(
+        r.follow_checked(Some("127.0.0.1:7001"), 4),
+        Err(Stale { newest: 5 })
+    );
+    assert_eq!(
+        r.follow_checked(Some("127.0.0.1:7003"), 4),
+        Err(Stale { newest: 5 })
+    );
+    assert_eq!(r.asked(), &[a(7001), a(7002)]);
+    // The same generation or a newer one is followed; back to an asked broker is a loop.
+    assert_eq!(
+        r.follow_checked(Some("127.0.0.1:7001"), 5),
+        Err(Loop(a(7001)))
+    );
+    assert_eq!(r.follow_checked(Some("127.0.0.1:7003"), 6), Ok(a(7003)));
+    assert_eq!(r.follow_checked(Some("127.0.0.1:7004"), 6), Ok(a(7004)));
+    assert_eq!(r.follow_checked(Some("127.0.0.1:7005"), 7), Err(Bound));
+    // As the error an attempt ends with: not applied, retried whole.
+    let mut r = Redirects::new(a(7001), 3);
+    r.follow("n2", Some("127.0.0.1:7002"), 5).unwrap();
+    let e = r.follow("n3", Some("127.0.0.1:7003"), 4).unwrap_err();
+    assert_eq!(e.code(), Some(&ErrorCode::NotLeader));
+    assert!(e.to_string().contains("stale view"), "{e}");
+    assert_eq!(classify(&e, true), Failure::NotApplied);
+    // The conformance kit's broken client (no hop allowed) still reads as it did.
+    let mut r = Redirects::new(a(7001), 0);
+    let e = r.follow("n2", Some("127.0.0.1:7002"), 1).unwrap_err();
+    assert!(
+        e.to_string().contains("still redirected after 0 hops"),
+        "{e}"
+    );
+}
