@@ -568,6 +568,7 @@ impl ShardLog {
             self.tasks.push_back(Task::SyncDir);
         }
         self.segments.push(Segment::new_unborn(&self.dir, start));
+        self.trimmed_below = 0;
         self.tail.clear();
         self.tail_bytes = 0;
         self.next_offset = start;
