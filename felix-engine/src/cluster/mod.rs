@@ -125,7 +125,10 @@ fn declarations(streams: &[DeclaredStream], cfg: &ClusterConfig) -> Declarations
                     Consistency::Leader => MetaConsistency::Leader,
                     Consistency::Quorum => MetaConsistency::Quorum,
                 },
-                retention: Default::default(),
+                retention: felix_cluster::meta::Retention {
+                    max_age_seconds: s.retention_max_age_seconds,
+                    max_bytes: s.retention_max_bytes,
+                },
                 durable: true,
             },
         );
@@ -640,7 +643,8 @@ impl ClusterNode {
                     | PeerMessage::FenceAnswer(_)
                     | PeerMessage::TailFetch(_)
                     | PeerMessage::TailChunk(_)
-                    | PeerMessage::ReplicationRefused(_)) => self.replication_message(from, m),
+                    | PeerMessage::ReplicationRefused(_)
+                    | PeerMessage::LogStart(_)) => self.replication_message(from, m),
                     PeerMessage::LeaseGrant(g) => self.on_lease_grant(g),
                     other => warn!(%from, kind = ?other.kind(), "unexpected peer message"),
                 }
