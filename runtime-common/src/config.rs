@@ -391,6 +391,8 @@ const STREAM_KEYS: &[&str] = &[
     "shards",
     "replication_factor",
     "consistency",
+    "retention_max_bytes",
+    "retention_max_age_seconds",
 ];
 
 /// Every setting's value (or `None`: unset) and its source, and the declared streams.
@@ -467,6 +469,12 @@ impl Effective {
                 d.replication_factor,
                 Value::from(consistency_name(d.consistency)),
             );
+            if let Some(b) = d.retention_max_bytes {
+                let _ = writeln!(out, "retention_max_bytes = {b}");
+            }
+            if let Some(s) = d.retention_max_age_seconds {
+                let _ = writeln!(out, "retention_max_age_seconds = {s}");
+            }
         }
         for (d, source) in &self.caches {
             let _ = write!(
@@ -705,6 +713,18 @@ fn declared_streams(
             DeclaredStream::new(text("tenant")?, text("namespace")?, text("stream")?, shards);
         d.replication_factor =
             replication_factor(t.get("replication_factor"), &key, at)?.unwrap_or(1);
+        // A stream's own retention: above zero (0 would keep nothing); unset keeps the
+        // broker-wide `durable.retention_*`.
+        let bound = |k: &str| match t.get(k) {
+            None => Ok(None),
+            Some(Value::Integer(n)) if *n >= 1 => Ok(Some(*n as u64)),
+            Some(v) => Err(ConfigError(format!(
+                "{}: expected a positive integer, found {v}",
+                at(&key(k))
+            ))),
+        };
+        d.retention_max_bytes = bound("retention_max_bytes")?;
+        d.retention_max_age_seconds = bound("retention_max_age_seconds")?;
         d.consistency = match t.get("consistency") {
             None => Consistency::Leader,
             Some(Value::String(s)) if s == "leader" => Consistency::Leader,
@@ -1759,6 +1779,7 @@ tenant = "t1"
 namespace = "orders"
 stream = "created"
 shards = 4
+retention_max_age_seconds = 86400
 "#;
 
     #[test]
@@ -1818,6 +1839,8 @@ shards = 4
         assert_eq!(e.auth_timeout, Duration::from_secs(2));
         assert_eq!(e.declared_streams[0].shards, 4);
         assert_eq!(e.declared_streams[0].stream, "created");
+        assert_eq!(e.declared_streams[0].retention_max_age_seconds, Some(86400));
+        assert_eq!(e.declared_streams[0].retention_max_bytes, None);
     }
 
     #[test]
@@ -1834,6 +1857,8 @@ shards = 4
             ("[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 2\ndurable = true", "durability is broker-wide"),
             ("[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"", "`streams[0].shards`"),
             ("[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 0", "`streams[0].shards`"),
+            ("[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 1\nretention_max_bytes = 0", "`streams[0].retention_max_bytes`"),
+            ("[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 1\nretention_max_age_seconds = \"1d\"", "`streams[0].retention_max_age_seconds`"),
             ("quic_bind = ", "TOML"),
         ] {
             let path = file("bad", text);
