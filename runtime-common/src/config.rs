@@ -282,6 +282,7 @@ pub const SETTINGS: &[Setting] = &[
     plain("durable.ack_before_write", &["FELIX_ACK_BEFORE_WRITE"], Kind::Bool, Default_::Bool(false)),
     plain("durable.retention_bytes", &["FELIX_DURABLE_RETENTION_BYTES"], Kind::Int, Default_::Unset),
     plain("durable.retention_seconds", &["FELIX_DURABLE_RETENTION_SECONDS"], Kind::Int, Default_::Unset),
+    plain("durable.retention_check_interval_ms", &["FELIX_DURABLE_RETENTION_CHECK_INTERVAL_MS"], Kind::Int, Default_::Int(DEFAULT_RETENTION_CHECK_INTERVAL_MS)),
     plain("durable.segment_max_bytes", &["FELIX_DURABLE_SEGMENT_MAX_BYTES", "FELIX_DURABLE_SEGMENT_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_SEGMENT_MAX_BYTES)),
     plain("durable.cache_behind_bytes", &[CACHE_BEHIND_VAR], Kind::IntOrOff, Default_::Int(DEFAULT_CACHE_BEHIND_BYTES)),
     plain("durable.direct_io", &[DIRECT_IO_VAR], Kind::Bool, Default_::Bool(true)),
@@ -383,6 +384,9 @@ pub const MAX_REPLICATION_FACTOR: u8 = 5;
 /// The longest node id (felix-cluster's `MAX_NODE_ID_LEN`: it fits every length-prefixed
 /// field that carries one).
 pub const MAX_NODE_ID_LEN: usize = 64;
+/// How often retention bounds are checked (`durable.retention_check_interval_ms`): felix-storage's
+/// `DEFAULT_RETENTION_CHECK_INTERVAL`.
+const DEFAULT_RETENTION_CHECK_INTERVAL_MS: u64 = 60_000;
 /// Keys of a `[[streams]]` entry.
 const STREAM_KEYS: &[&str] = &[
     "tenant",
@@ -1442,6 +1446,9 @@ fn durable(
     }
     options.durable.retention_bytes = int("durable.retention_bytes");
     options.durable.retention_age = int("durable.retention_seconds").map(Duration::from_secs);
+    if let Some(ms) = positive(int, name, "durable.retention_check_interval_ms")? {
+        options.durable.retention_check_interval = Duration::from_millis(ms);
+    }
     if let Some(bytes) = positive(int, name, "durable.segment_max_bytes")? {
         options.durable.segment_max_bytes = bytes;
     }
@@ -1854,6 +1861,7 @@ retention_max_age_seconds = 86400
             ("[limits]\nmax_frame_bytes = 99999999999", "`limits.max_frame_bytes`"),
             ("[tls]\nrequire_alpn = \"yes\"", "`tls.require_alpn`"),
             ("[durable]\nfsync_mode = \"sometimes\"", "`durable.fsync_mode`"),
+            ("[durable]\nretention_check_interval_ms = 0", "`durable.retention_check_interval_ms`"),
             ("[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 2\ndurable = true", "durability is broker-wide"),
             ("[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"", "`streams[0].shards`"),
             ("[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 0", "`streams[0].shards`"),
