@@ -869,7 +869,8 @@ impl Engine {
     }
 
     /// Why this node must stop: the cluster refused its declarations (the message names the
-    /// stream or cache that disagrees).
+    /// stream or cache that can never be placed). One that differs from the cluster's record
+    /// is not refused: the record is kept and the node warns.
     pub fn cluster_error(&self) -> Option<&str> {
         self.core.cluster.as_ref().and_then(|c| c.refusal())
     }
