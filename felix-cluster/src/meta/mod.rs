@@ -102,15 +102,27 @@ impl StreamSpec {
             }
         };
         let opt = |v: Option<u64>| v.map_or("unset".to_owned(), |v| v.to_string());
-        field("shards", self.shards.to_string(), declared.shards.to_string());
+        field(
+            "shards",
+            self.shards.to_string(),
+            declared.shards.to_string(),
+        );
         let rf = (self.replication_factor, declared.replication_factor);
         field("replication_factor", rf.0.to_string(), rf.1.to_string());
         let c = (self.consistency, declared.consistency);
         field("consistency", c.0.to_string(), c.1.to_string());
         let (a, b) = (self.retention, declared.retention);
-        field("retention.max_age_seconds", opt(a.max_age_seconds), opt(b.max_age_seconds));
+        field(
+            "retention.max_age_seconds",
+            opt(a.max_age_seconds),
+            opt(b.max_age_seconds),
+        );
         field("retention.max_bytes", opt(a.max_bytes), opt(b.max_bytes));
-        field("durable", self.durable.to_string(), declared.durable.to_string());
+        field(
+            "durable",
+            self.durable.to_string(),
+            declared.durable.to_string(),
+        );
         out.join("; ")
     }
 
@@ -170,7 +182,9 @@ impl CacheSpec {
         }
         if self.replication_factor != declared.replication_factor {
             let (a, b) = (self.replication_factor, declared.replication_factor);
-            out.push(format!("replication_factor: declared {b}, the cluster has {a}"));
+            out.push(format!(
+                "replication_factor: declared {b}, the cluster has {a}"
+            ));
         }
         out.join("; ")
     }
@@ -868,13 +882,21 @@ impl Metadata {
             .iter()
             .filter(|(k, _)| !self.streams.contains_key(*k));
         for (k, s) in new_streams {
-            let bad = self.check(s.shards, s.replication_factor).map_err(|e| e.to_string());
-            let bad = bad.err().or_else(|| retention_error(&s.retention).map(|e| e.to_string()));
+            let bad = self
+                .check(s.shards, s.replication_factor)
+                .map_err(|e| e.to_string());
+            let bad = bad
+                .err()
+                .or_else(|| retention_error(&s.retention).map(|e| e.to_string()));
             if let Some(e) = bad {
                 return self.refuse(node, format!("stream {k}: {e}"));
             }
         }
-        for (k, c) in declarations.caches.iter().filter(|(k, _)| !self.caches.contains_key(*k)) {
+        for (k, c) in declarations
+            .caches
+            .iter()
+            .filter(|(k, _)| !self.caches.contains_key(*k))
+        {
             if let Err(e) = self.check(c.shards, c.replication_factor) {
                 return self.refuse(node, format!("cache {k}: {e}"));
             }
@@ -896,7 +918,8 @@ impl Metadata {
             match self.caches.get(k) {
                 None => {
                     let shards = self.place(k, "cache", c.shards, c.replication_factor);
-                    self.caches.insert(k.clone(), PlacedCache { spec: *c, shards });
+                    self.caches
+                        .insert(k.clone(), PlacedCache { spec: *c, shards });
                     created = true;
                 }
                 Some(p) if p.spec != *c => {

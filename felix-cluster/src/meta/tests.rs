@@ -91,7 +91,10 @@ fn declarations_are_ensured_golden() {
         s.consistency = Consistency::Leader;
         s.retention.max_bytes = Some(4096);
     });
-    otherwise.caches.values_mut().for_each(|c| c.replication_factor = 3);
+    otherwise
+        .caches
+        .values_mut()
+        .for_each(|c| c.replication_factor = 3);
     otherwise.streams.insert(
         ObjectKey::new("t1", "default", "extra"),
         StreamSpec::new(2, 1, Consistency::Leader),
