@@ -327,7 +327,7 @@ fn error_of(v: &Value) -> String {
 }
 
 /// One HTTP/1.1 request; the status and the body of the answer.
-fn request(
+pub(crate) fn request(
     addr: &str,
     method: &str,
     path: &str,
