@@ -917,14 +917,16 @@ fn a_streams_own_retention_replaces_the_broker_wide_bound_under_a_virtual_clock(
     // `audit` sets nothing of its own and keeps the broker-wide bound.
     let orders = key();
     let audit = StreamKey::new("t1", "default", "audit");
-    let mut cfg = BrokerConfig::default();
-    cfg.declared_retention = vec![(
-        orders.clone(),
-        retention::StreamRetention {
-            max_bytes: Some(u64::MAX),
-            max_age: Some(Duration::from_secs(30)),
-        },
-    )];
+    let cfg = BrokerConfig {
+        declared_retention: vec![(
+            orders.clone(),
+            retention::StreamRetention {
+                max_bytes: Some(u64::MAX),
+                max_age: Some(Duration::from_secs(30)),
+            },
+        )],
+        ..BrokerConfig::default()
+    };
     let log = LogConfig {
         retention_check_interval: Duration::from_secs(1),
         ..Rig::small_trimmed_log()
