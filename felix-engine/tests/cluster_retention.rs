@@ -1,6 +1,7 @@
 //! A stream's own retention on every copy: after an `alter` sets it, the leader decides
 //! the cut and its followers start their copies at exactly the leader's log start, though
-//! each node rolls its segments at other offsets (each has another segment size). Three
+//! each node rolls its segments at other offsets (each has another segment size); after the
+//! leader stops, the copy promoted serves from the same start and its cuts are followed. Three
 //! durable nodes on felix-testkit's `ClusterNet` and its virtual clock; one stream of
 //! three shards with three copies at quorum consistency; no broker-wide retention.
 
@@ -98,4 +99,22 @@ fn after_an_alter_every_copy_starts_where_its_leader_cut() {
     c.advance(Duration::from_secs(2));
     let s = starts(&c, shard);
     assert!(s.iter().all(|x| *x == s[leader]), "{s:?}");
+
+    // The leader stops: the copy promoted serves from the same start (it never serves what
+    // the old leader dropped), and cuts for the one left from there.
+    let old_start = s[leader].unwrap();
+    c.freeze(leader);
+    let other = (0..3).find(|&i| i != leader).unwrap();
+    c.until(Duration::from_secs(30), |c| {
+        let (l, _) = c.orders_leader(other, shard);
+        l.is_some_and(|l| l != leader && c.writable(l, shard))
+    });
+    let next = c.orders_leader(other, shard).0.unwrap();
+    assert_eq!(starts(&c, shard)[next], Some(old_start));
+    publish_many(&mut c, next, shard, 60..90);
+    let live: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    c.until(Duration::from_secs(10), |c| {
+        let s = starts(c, shard);
+        s[next].is_some_and(|l| l > old_start) && live.iter().all(|&i| s[i] == s[next])
+    });
 }
