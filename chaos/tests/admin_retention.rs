@@ -203,6 +203,7 @@ fn altering_retention_cuts_every_copy_at_its_leaders_offset() {
     }
 
     // The alter, through node 2.
+    let altered_at = Instant::now();
     let max = MAX_BYTES.to_string();
     let alter = admin(
         &c,
@@ -223,7 +224,10 @@ fn altering_retention_cuts_every_copy_at_its_leaders_offset() {
         assert!(Instant::now() < deadline, "copies not cut alike: {now:?}");
         std::thread::sleep(Duration::from_millis(100));
     };
-    eprintln!("every copy starts at {cut:?}");
+    eprintln!(
+        "every copy starts at {cut:?}, {:?} after the alter was asked",
+        altered_at.elapsed()
+    );
     // The old segments are gone from every disk: what is left starts at most one segment
     // below the cut, and no file holds only records below it.
     for id in NODES {
