@@ -35,6 +35,16 @@ fn starts(c: &ClusterNet, shard: u32) -> Vec<Option<u64>> {
         .collect()
 }
 
+/// The log start in `shard`'s replica state file on `disk`.
+fn replica_log_start(disk: &felix_storage::memfs::MemFs, shard: u32) -> Option<u64> {
+    let dir = felix_storage::layout::stream_shard_dir("t1", "default", "orders", shard);
+    let path = felix_storage::layout::join(&dir, felix_storage::replica_state::REPLICA_STATE_FILE);
+    let bytes = disk.file(&path)?;
+    felix_storage::replica_state::ReplicaState::decode(&bytes)
+        .ok()
+        .map(|s| s.log_start)
+}
+
 fn publish_many(c: &mut ClusterNet, leader: usize, shard: u32, ids: std::ops::Range<u64>) {
     for i in ids {
         let payload = vec![b'a' + (i % 26) as u8; 500];
@@ -87,6 +97,25 @@ fn after_an_alter_every_copy_starts_where_its_leader_cut() {
     assert_eq!(on_disk(&c, leader), Some(first));
     for i in (0..3).filter(|&i| i != leader) {
         assert!(on_disk(&c, i).is_some_and(|o| o <= first), "node {i}");
+    }
+
+    // A follower restarted alone (its links cut, so its leader cannot tell it again) still
+    // starts where its leader cut: the start it was told is in its replica state file.
+    let follower = (0..3).find(|&i| i != leader && i != at).unwrap();
+    c.until(Duration::from_secs(5), |c| {
+        let disk = &c.nodes[follower].disk;
+        replica_log_start(disk, shard) == Some(first)
+    });
+    for i in (0..3).filter(|&i| i != follower) {
+        c.cut_both(i, follower, true);
+    }
+    c.restart(follower, &spec, durable);
+    c.until(Duration::from_secs(10), |c| {
+        bounds(c, follower, shard).is_some()
+    });
+    assert_eq!(starts(&c, shard)[follower], Some(first));
+    for i in (0..3).filter(|&i| i != follower) {
+        c.cut_both(i, follower, false);
     }
 
     // Later cuts are followed too.

@@ -1089,6 +1089,7 @@ impl ClusterNode {
             fence_generation: generation,
             commit,
             epochs: stored(&epochs),
+            log_start: info.state.log_start,
         };
         self.persist(r, log, state);
     }
@@ -1935,6 +1936,12 @@ impl ClusterNode {
                         log,
                         start: ls.start,
                     });
+                }
+                // Kept across a restart (a busy state write is followed by the next word).
+                if ls.start > info.state.log_start && ls.start <= info.end && !slot.persisting {
+                    let mut state = info.state.clone();
+                    state.log_start = ls.start;
+                    self.persist(&r, log, state);
                 }
             }
             PeerMessage::ReplicationRefused(rr) => {

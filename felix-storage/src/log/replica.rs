@@ -799,6 +799,8 @@ impl ShardLog {
             pos: 0,
             what: e.to_string(),
         })?;
+        // Where its leader last cut: served from there again (`retention.rs`).
+        self.trimmed_below = state.log_start;
         self.replica = StateFile::loaded(state);
         Ok(())
     }

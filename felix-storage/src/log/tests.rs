@@ -1800,3 +1800,33 @@ fn the_leader_cuts_where_it_decided_and_a_follower_only_where_it_is_told() {
     assert_eq!(follower.log.start_offset(), 20);
     assert_eq!(follower.files()[0], layout::segment_name(20));
 }
+
+#[test]
+fn the_start_a_follower_was_told_is_kept_across_a_restart() {
+    let mut follower = even_log(LogConfig {
+        retention_age: Some(Duration::from_micros(100)),
+        ..cfg(FsyncMode::OnCommit, 500)
+    });
+    assert_eq!(bases(&follower), vec![0, 5, 10, 15, 20, 25]);
+    follower.log.take_only_shipped(true);
+    follower.log.trim_to(9);
+    let state = crate::replica_state::ReplicaState {
+        log_start: 9,
+        ..Default::default()
+    };
+    follower.log.persist_replica_state(state).unwrap();
+    follower.pump();
+    assert_eq!(follower.states.last().map(|s| s.log_start), Some(9));
+    // A crash: the straddling segment [5, 10) is still on disk, yet the copy starts at 9.
+    let mut follower = follower.reopen(Crash::Power);
+    assert_eq!(follower.opened, Some((9, 30, 0)));
+    assert_eq!(follower.files()[0], layout::segment_name(5));
+    assert_eq!(
+        follower.log.read(8, 1, 1 << 20),
+        Err(ReadError::Trimmed {
+            requested: 8,
+            oldest: 9
+        })
+    );
+    assert_eq!(follower.read_all().first().map(|r| r.0), Some(9));
+}
