@@ -40,7 +40,7 @@ fn replica_log_start(disk: &felix_storage::memfs::MemFs, shard: u32) -> Option<u
     let dir = felix_storage::layout::stream_shard_dir("t1", "default", "orders", shard);
     let path = felix_storage::layout::join(&dir, felix_storage::replica_state::REPLICA_STATE_FILE);
     let bytes = disk.file(&path)?;
-    felix_storage::replica_state::ReplicaState::decode(&bytes)
+    felix_storage::replica_state::ReplicaState::decode(bytes)
         .ok()
         .map(|s| s.log_start)
 }
