@@ -300,6 +300,11 @@ impl Cluster {
         Ok(())
     }
 
+    /// Node `i`'s configuration file: a test may change one node's before it starts.
+    pub fn config_of(&self, i: usize) -> &Path {
+        &self.nodes[i].config
+    }
+
     /// Starts node `i` from its config and data directory (its log is appended to).
     pub fn start(&mut self, i: usize) -> Result<u32, String> {
         use std::os::unix::process::CommandExt;

@@ -359,7 +359,7 @@ fn error_of(v: &Value) -> String {
 }
 
 /// One HTTP/1.1 request; the status and the body of the answer.
-fn request(
+pub(crate) fn request(
     addr: &str,
     method: &str,
     path: &str,
@@ -428,12 +428,32 @@ pub(crate) fn stream_table(v: &Value) -> String {
     out
 }
 
-/// A line per shard: leader, generation, writable, replicas.
+/// A line per shard: leader, generation, writable, replicas, and (a stream's) where the
+/// answering node's own copy starts and ends.
 fn shard_lines(v: &Value) -> String {
     let mut out = String::new();
+    let here = |s: &Value| match (
+        s["here"]["log_start"].as_u64(),
+        s["here"]["log_end"].as_u64(),
+    ) {
+        (Some(a), Some(b)) => format!("  {a}..{b}"),
+        _ => String::new(),
+    };
+    let any_here = v["shards"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|s| !here(s).is_empty()));
     out.push_str(&format!(
-        "{:<6} {:<12} {:<10} {:<8} {}\n",
-        "SHARD", "LEADER", "GENERATION", "WRITABLE", "REPLICAS"
+        "{:<6} {:<12} {:<10} {:<8} {}{}\n",
+        "SHARD",
+        "LEADER",
+        "GENERATION",
+        "WRITABLE",
+        "REPLICAS",
+        if any_here {
+            "  COPY HERE (START..END)"
+        } else {
+            ""
+        }
     ));
     for s in v["shards"].as_array().into_iter().flatten() {
         let replicas: Vec<&str> = s["replicas"]
@@ -443,7 +463,7 @@ fn shard_lines(v: &Value) -> String {
             .filter_map(Value::as_str)
             .collect();
         out.push_str(&format!(
-            "{:<6} {:<12} {:<10} {:<8} {}\n",
+            "{:<6} {:<12} {:<10} {:<8} {}{}\n",
             opt(s.get("shard")),
             s["leader"].as_str().unwrap_or("-"),
             opt(s.get("generation")),
@@ -452,7 +472,8 @@ fn shard_lines(v: &Value) -> String {
             } else {
                 "no"
             },
-            replicas.join(",")
+            replicas.join(","),
+            here(s)
         ));
     }
     out
@@ -502,6 +523,19 @@ mod tests {
         );
         assert!(
             t.contains("\n0      n1           1          yes      n1,n2,n3\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("\n1      -            4          no       n2,n3,n1\n"),
+            "{t}"
+        );
+        // With the answering node's copies, a column says where each starts and ends.
+        let mut w = v.clone();
+        w["shards"][0]["here"] = json!({"log_start": 4096, "log_end": 10240});
+        let t = stream_table(&w);
+        assert!(t.contains("REPLICAS  COPY HERE (START..END)\n"), "{t}");
+        assert!(
+            t.contains("\n0      n1           1          yes      n1,n2,n3  4096..10240\n"),
             "{t}"
         );
         assert!(

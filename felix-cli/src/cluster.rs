@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Subcommand};
 use ed25519_dalek::SigningKey;
-use felix_cli::layout::{toml_string, Certificates, NodeConfig};
+use felix_cli::layout::{Certificates, NodeConfig};
 
 use crate::failure::Failure;
 use crate::token;
@@ -62,13 +62,14 @@ struct UpArgs {
     /// The runtime every node runs on.
     #[arg(long, value_parser = ["tokio", "smol"])]
     runtime: Option<String>,
-    /// Declare a stream on every node:
-    /// `TENANT/NAMESPACE/STREAM:SHARDS[:REPLICATION_FACTOR[:CONSISTENCY]]`, CONSISTENCY
-    /// `leader` (default) or `quorum` (repeatable). Undeclared streams are placed on first use.
+    /// Create a stream once the cluster is up, through the admin API (repeatable):
+    /// `TENANT/NAMESPACE/STREAM:SHARDS[:REPLICATION_FACTOR[:CONSISTENCY]][:max_age=DURATION]
+    /// [:max_bytes=N]`, CONSISTENCY `leader` (default) or `quorum`, DURATION like `86400`,
+    /// `7d` or `12h` (whole seconds). Other streams are placed on first use.
     #[arg(long = "stream", value_name = "SPEC", value_parser = parse_stream)]
     streams: Vec<Declared>,
-    /// Declare a cache on every node: `TENANT/NAMESPACE/CACHE[:REPLICATION_FACTOR[:SHARDS]]`
-    /// (repeatable; its keys hash over SHARDS, default 1).
+    /// Create a cache once the cluster is up, through the admin API (repeatable):
+    /// `TENANT/NAMESPACE/CACHE[:REPLICATION_FACTOR][:shards=N]`.
     #[arg(long = "cache", value_name = "SPEC", value_parser = parse_cache)]
     caches: Vec<Declared>,
     /// How long the nodes together may take to answer their health endpoints.
@@ -76,7 +77,7 @@ struct UpArgs {
     start_timeout: Duration,
 }
 
-/// A `--stream` or `--cache` declaration.
+/// A `--stream` or `--cache` spec: created through the admin API once the cluster is up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Declared {
     names: [String; 3],
@@ -84,10 +85,53 @@ struct Declared {
     replication_factor: u8,
     /// A stream's `consistency` as the broker spells it; `None` for a cache, which has none.
     consistency: Option<&'static str>,
+    /// A stream's own retention (`max_age=`, `max_bytes=`); unset: the broker-wide bound.
+    max_age_seconds: Option<u64>,
+    max_bytes: Option<u64>,
+}
+
+/// The spec's `key=value` fields (after the positional ones): `max_age` and `max_bytes` for a
+/// stream, `shards` for a cache. Each above zero, at most once.
+fn keyed(text: &str, parts: &mut Vec<&str>, stream: bool) -> Result<Vec<(String, u64)>, String> {
+    let mut out: Vec<(String, u64)> = Vec::new();
+    let allowed: &[&str] = if stream {
+        &["max_age", "max_bytes"]
+    } else {
+        &["shards"]
+    };
+    while let Some(pos) = parts.iter().position(|p| p.contains('=')) {
+        let (k, v) = parts.remove(pos).split_once('=').expect("contains '='");
+        if !allowed.contains(&k) {
+            return Err(format!(
+                "{text:?}: unknown field {k:?} (expected {})",
+                allowed.join(" or ")
+            ));
+        }
+        let n = if k == "max_age" {
+            let d = crate::duration::parse(v).map_err(|e| format!("{text:?}: max_age: {e}"))?;
+            (d.subsec_nanos() == 0)
+                .then_some(d.as_secs())
+                .ok_or_else(|| format!("{text:?}: max_age {v:?}: whole seconds"))?
+        } else {
+            v.parse::<u64>()
+                .map_err(|e| format!("{text:?}: {k} {v:?}: {e}"))?
+        };
+        if n == 0 {
+            return Err(format!("{text:?}: {k} 0 would keep nothing"));
+        }
+        if out.iter().any(|(seen, _)| seen == k) {
+            return Err(format!("{text:?}: {k} given twice"));
+        }
+        out.push((k.to_owned(), n));
+    }
+    Ok(out)
 }
 
 fn parse_declared(text: &str, with_shards: bool) -> Result<Declared, String> {
-    let mut parts = text.split(':');
+    let mut all: Vec<&str> = text.split(':').collect();
+    let keyed = keyed(text, &mut all, with_shards)?;
+    let field = |k: &str| keyed.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+    let mut parts = all.into_iter();
     let path = parts.next().unwrap_or_default();
     let names: Vec<&str> = path.split('/').collect();
     let [t, n, s] = names[..] else {
@@ -103,14 +147,17 @@ fn parse_declared(text: &str, with_shards: bool) -> Result<Declared, String> {
     let shards = if with_shards {
         number(parts.next(), "shards")?.ok_or_else(|| format!("{text:?}: expected :SHARDS"))?
     } else {
-        1
+        0
     };
     let rf = number(parts.next(), "replication factor")?.unwrap_or(1);
-    // A cache's shard count follows its replication factor (default 1).
+    // A cache's shard count: `shards=N`, or a field after its replication factor (default 1).
     let shards = if with_shards {
         shards
     } else {
-        number(parts.next(), "shards")?.unwrap_or(1)
+        match (field("shards"), number(parts.next(), "shards")?) {
+            (Some(_), Some(_)) => return Err(format!("{text:?}: shards given twice")),
+            (keyed, positional) => keyed.or(positional).unwrap_or(1),
+        }
     };
     let consistency = if with_shards {
         match parts.next() {
@@ -134,7 +181,76 @@ fn parse_declared(text: &str, with_shards: bool) -> Result<Declared, String> {
         replication_factor: u8::try_from(rf)
             .map_err(|_| format!("{text:?}: replication factor"))?,
         consistency,
+        max_age_seconds: field("max_age"),
+        max_bytes: field("max_bytes"),
     })
+}
+
+impl Declared {
+    /// The admin API's path and body that create it.
+    fn request(&self) -> (&'static str, serde_json::Value) {
+        let [t, n, s] = &self.names;
+        match self.consistency {
+            Some(consistency) => (
+                "/v1/streams",
+                serde_json::json!({
+                    "tenant": t, "namespace": n, "stream": s,
+                    "shards": self.shards,
+                    "replication_factor": self.replication_factor,
+                    "consistency": consistency,
+                    "retention": {
+                        "max_age_seconds": self.max_age_seconds,
+                        "max_bytes": self.max_bytes,
+                    },
+                }),
+            ),
+            None => (
+                "/v1/caches",
+                serde_json::json!({
+                    "tenant": t, "namespace": n, "cache": s,
+                    "shards": self.shards,
+                    "replication_factor": self.replication_factor,
+                }),
+            ),
+        }
+    }
+}
+
+/// Creates every `--stream` and `--cache` through the admin API, asking the nodes in turn:
+/// a `503` or no answer (the control plane still electing) is asked again until `deadline`;
+/// a `4xx` is the operator's to fix (exit 3).
+fn create_all(
+    nodes: &[Node],
+    token: &str,
+    objects: &[Declared],
+    deadline: Instant,
+) -> Result<(), Failure> {
+    for d in objects {
+        let (path, body) = d.request();
+        let name = d.names.join("/");
+        let mut last = String::new();
+        'asking: loop {
+            for node in nodes {
+                let addr = node.ops.to_string();
+                match crate::admin_streams::request(&addr, "POST", path, token, Some(&body)) {
+                    Ok((200 | 201, _)) => break 'asking,
+                    Ok((status @ 400..=499, text)) => {
+                        return Err(Failure::Refused(format!(
+                            "creating {name}: {status}: {text}"
+                        )))
+                    }
+                    Ok((status, text)) => last = format!("{status}: {text}"),
+                    Err(e) => last = format!("{e:?}"),
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Failure::Connection(format!("creating {name}: {last}")));
+            }
+            std::thread::sleep(POLL);
+        }
+        println!("created: {name}");
+    }
+    Ok(())
 }
 
 fn parse_stream(text: &str) -> Result<Declared, String> {
@@ -180,12 +296,20 @@ fn cluster_up(args: UpArgs) -> Result<(), Failure> {
     }
     let dir = prepare_dir(args.dir.as_deref())?;
     let broker = broker_binary(args.broker.as_deref())?;
-    let declared = declarations(&args.streams, &args.caches);
-    let nodes = lay_out(&dir, args.nodes, args.runtime.as_deref(), &declared)?;
+    let nodes = lay_out(&dir, args.nodes, args.runtime.as_deref())?;
     println!("felix cluster: {} nodes in {}", nodes.len(), dir.display());
 
     let mut running: Vec<(String, Child)> = Vec::new();
+    let deadline = Instant::now() + args.start_timeout;
     let started = start_all(&broker, &nodes, &mut running, &stop, args.start_timeout);
+    // The objects asked for are the cluster's own records (alter or delete them like any
+    // other), not configuration every node would ensure again at each start.
+    let started = started.and_then(|()| {
+        let token = std::fs::read_to_string(dir.join("token"))
+            .map_err(|e| Failure::io("reading the token", e))?;
+        let objects: Vec<Declared> = args.streams.iter().chain(&args.caches).cloned().collect();
+        create_all(&nodes, token.trim(), &objects, deadline)
+    });
     if let Err(failure) = started {
         stop_all(&mut running);
         return Err(failure);
@@ -311,12 +435,7 @@ fn free_ports(udp: usize, tcp: usize) -> Result<(Vec<SocketAddr>, Vec<SocketAddr
 
 /// Writes the CA, each node's certificate, key, data directory and config, the JWKS and the
 /// token.
-fn lay_out(
-    dir: &Path,
-    count: usize,
-    runtime: Option<&str>,
-    declared: &str,
-) -> Result<Vec<Node>, Failure> {
+fn lay_out(dir: &Path, count: usize, runtime: Option<&str>) -> Result<Vec<Node>, Failure> {
     let (udp, tcp) = free_ports(2 * count, count)?;
     let nodes: Vec<Node> = (0..count)
         .map(|i| {
@@ -377,7 +496,7 @@ fn lay_out(
         write(&cert, cert_pem.as_bytes())?;
         write(&key, key_pem.as_bytes())?;
         restrict(&key)?;
-        let mut text = NodeConfig {
+        let text = NodeConfig {
             id: &node.id,
             client: node.client,
             internal: node.internal,
@@ -393,41 +512,9 @@ fn lay_out(
             lease_ms: None,
         }
         .render();
-        text.push_str(declared);
         write(&node.config, text.as_bytes())?;
     }
     Ok(nodes)
-}
-
-/// The `[[streams]]` and `[[caches]]` every node is given alike.
-fn declarations(streams: &[Declared], caches: &[Declared]) -> String {
-    let mut out = String::new();
-    for d in streams {
-        let [t, n, s] = &d.names;
-        out.push_str(&format!(
-            "\n[[streams]]\ntenant = {}\nnamespace = {}\nstream = {}\nshards = {}\nreplication_factor = {}\nconsistency = {}\n",
-            toml_string(t),
-            toml_string(n),
-            toml_string(s),
-            d.shards,
-            d.replication_factor,
-            toml_string(d.consistency.unwrap_or("leader"))
-        ));
-    }
-    for d in caches {
-        let [t, n, c] = &d.names;
-        out.push_str(&format!(
-            "\n[[caches]]\ntenant = {}\nnamespace = {}\ncache = {}\nreplication_factor = {}\n",
-            toml_string(t),
-            toml_string(n),
-            toml_string(c),
-            d.replication_factor
-        ));
-        if d.shards != 1 {
-            out.push_str(&format!("shards = {}\n", d.shards));
-        }
-    }
-    out
 }
 
 /// A private key file readable by its owner only.
@@ -622,7 +709,7 @@ mod tests {
     }
 
     #[test]
-    fn declarations_parse_and_render_as_toml() {
+    fn specs_parse_into_admin_api_requests() {
         let s = parse_stream("t1/default/orders:6:3").unwrap();
         assert_eq!(s.shards, 6);
         assert_eq!(s.replication_factor, 3);
@@ -638,9 +725,71 @@ mod tests {
             .unwrap_err()
             .contains("too many"));
         let c = parse_cache("t1/default/sessions").unwrap();
-        let toml = declarations(&[s], &[c]);
-        assert!(toml.contains("[[streams]]\ntenant = \"t1\"\nnamespace = \"default\"\nstream = \"orders\"\nshards = 6\nreplication_factor = 3\nconsistency = \"leader\"\n"), "{toml}");
-        assert!(toml.contains("[[caches]]\ntenant = \"t1\"\nnamespace = \"default\"\ncache = \"sessions\"\nreplication_factor = 1\n"), "{toml}");
+        assert_eq!(
+            s.request(),
+            (
+                "/v1/streams",
+                serde_json::json!({"tenant": "t1", "namespace": "default", "stream": "orders",
+                    "shards": 6, "replication_factor": 3, "consistency": "leader",
+                    "retention": {"max_age_seconds": null, "max_bytes": null}})
+            )
+        );
+        assert_eq!(
+            c.request(),
+            (
+                "/v1/caches",
+                serde_json::json!({"tenant": "t1", "namespace": "default", "cache": "sessions",
+                    "shards": 1, "replication_factor": 1})
+            )
+        );
+    }
+
+    #[test]
+    fn retention_and_cache_shards_are_keyed_fields() {
+        let s = parse_stream("t1/ops/orders:6:3:quorum:max_age=7d:max_bytes=1073741824").unwrap();
+        assert_eq!(
+            (s.max_age_seconds, s.max_bytes),
+            (Some(604_800), Some(1 << 30))
+        );
+        assert_eq!(s.consistency, Some("quorum"));
+        let (_, body) = s.request();
+        assert_eq!(
+            body["retention"],
+            serde_json::json!({"max_age_seconds": 604800, "max_bytes": 1073741824u64})
+        );
+        // Keyed fields go anywhere after the names; positional ones keep their order.
+        let s = parse_stream("t1/ops/orders:max_bytes=10:6").unwrap();
+        assert_eq!(
+            (s.shards, s.max_bytes, s.max_age_seconds),
+            (6, Some(10), None)
+        );
+        assert_eq!(
+            parse_stream("t1/a/b:1:max_age=86400")
+                .unwrap()
+                .max_age_seconds,
+            Some(86_400)
+        );
+        assert_eq!(parse_cache("t1/a/c:3:shards=4").unwrap().shards, 4);
+        for (bad, needle) in [
+            ("t1/a/b:1:max_age=0", "0 would keep nothing"),
+            ("t1/a/b:1:max_bytes=0", "0 would keep nothing"),
+            ("t1/a/b:1:max_age=1.5s", "whole seconds"),
+            ("t1/a/b:1:max_age=soon", "max_age"),
+            ("t1/a/b:1:max_bytes=-1", "max_bytes"),
+            ("t1/a/b:1:max_bytes=1:max_bytes=2", "given twice"),
+            (
+                "t1/a/b:1:ttl=3",
+                "unknown field \"ttl\" (expected max_age or max_bytes)",
+            ),
+        ] {
+            let err = parse_stream(bad).unwrap_err();
+            assert!(err.contains(needle), "{bad}: {err}");
+        }
+        let err = parse_cache("t1/a/c:max_bytes=3").unwrap_err();
+        assert!(err.contains("(expected shards)"), "{err}");
+        assert!(parse_cache("t1/a/c:shards=0")
+            .unwrap_err()
+            .contains("0 would keep nothing"));
     }
 
     #[test]
@@ -656,13 +805,7 @@ mod tests {
             let d = parse_stream(spec).unwrap();
             assert_eq!((d.shards, d.replication_factor), (3, 3), "{spec}");
             assert_eq!(d.consistency, Some(want), "{spec}");
-            let toml = declarations(&[d], &[]);
-            assert!(
-                toml.ends_with(&format!(
-                    "replication_factor = 3\nconsistency = \"{want}\"\n"
-                )),
-                "{toml}"
-            );
+            assert_eq!(d.request().1["consistency"], want, "{spec}");
         }
         // Spelled as the broker's config spells it: anything else is named, with the choices.
         for bad in ["all", "Quorum", "", "1"] {
@@ -687,7 +830,10 @@ mod tests {
         assert_eq!(parse_cache("t1/default/c:3").unwrap().consistency, None);
         let wide = parse_cache("t1/default/c:3:4").unwrap();
         assert_eq!((wide.replication_factor, wide.shards), (3, 4));
-        assert!(declarations(&[], &[wide]).ends_with("replication_factor = 3\nshards = 4\n"));
+        assert_eq!(parse_cache("t1/default/c:3:shards=4").unwrap().shards, 4);
+        assert!(parse_cache("t1/default/c:3:4:shards=4")
+            .unwrap_err()
+            .contains("twice"));
         assert_eq!(parse_cache("t1/default/c:3").unwrap().shards, 1);
     }
 }

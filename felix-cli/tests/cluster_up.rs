@@ -160,6 +160,9 @@ fn cluster_up_starts_three_nodes_and_stops_them_all_on_sigint() {
         .arg(&dir)
         .arg("--broker")
         .arg(broker_binary())
+        // Created through the admin API once the cluster is up, not declared in the configs.
+        .args(["--stream", "t1/default/created:2:3:quorum:max_age=7d"])
+        .args(["--cache", "t1/default/sessions:3"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -178,9 +181,11 @@ fn cluster_up_starts_three_nodes_and_stops_them_all_on_sigint() {
         text
     });
 
-    // Everything up to the seed line, which comes once every node answers.
+    // Everything up to the seed line, which comes once every node answers and every object
+    // asked for is created.
     let deadline = Instant::now() + START_LIMIT;
     let mut nodes = Vec::new();
+    let mut created = Vec::new();
     let seeds = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let line = match lines.recv_timeout(left) {
@@ -197,7 +202,11 @@ fn cluster_up_starts_three_nodes_and_stops_them_all_on_sigint() {
         if let Some(node) = parse_node_line(&line) {
             nodes.push(node);
         }
+        if let Some(name) = line.strip_prefix("created: ") {
+            created.push(name.to_owned());
+        }
     };
+    assert_eq!(created, ["t1/default/created", "t1/default/sessions"]);
     assert_eq!(
         nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(),
         ["n1", "n2", "n3"]
@@ -232,6 +241,10 @@ fn cluster_up_starts_three_nodes_and_stops_them_all_on_sigint() {
             config.contains(&format!("quic_bind = \"{}\"", node.client)),
             "{config}"
         );
+        assert!(
+            !config.contains("[[streams]]") && !config.contains("[[caches]]"),
+            "{config}"
+        );
         for pem in ["cert.pem", "key.pem"] {
             let text = std::fs::read_to_string(dir.join(&node.id).join(pem)).unwrap();
             assert!(text.contains("-----BEGIN"), "{pem}");
@@ -247,6 +260,26 @@ fn cluster_up_starts_three_nodes_and_stops_them_all_on_sigint() {
     }
 
     cli_reaches_the_cluster_through_its_seeds(&dir, &seeds);
+    // The cluster's records, as any node shows them.
+    let token = std::fs::read_to_string(dir.join("token")).unwrap();
+    let get = Command::new(env!("CARGO_BIN_EXE_felix"))
+        .args([
+            "admin", "streams", "get", "t1", "default", "created", "--json", "--broker",
+        ])
+        .arg(nodes[2].ops.to_string())
+        .args(["--token", token.trim()])
+        .output()
+        .unwrap();
+    assert!(
+        get.status.success(),
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&get.stdout).unwrap();
+    assert_eq!(v["spec"]["shards"], 2, "{v}");
+    assert_eq!(v["spec"]["replication_factor"], 3, "{v}");
+    assert_eq!(v["spec"]["consistency"], "quorum", "{v}");
+    assert_eq!(v["spec"]["retention"]["max_age_seconds"], 604_800, "{v}");
 
     // SAFETY: signalling the child we spawned.
     unsafe {

@@ -285,6 +285,12 @@ pub struct DeclaredStream {
     pub replication_factor: u8,
     /// In a cluster: what an acknowledgement waits for.
     pub consistency: Consistency,
+    /// The stream's own retention by size (`retention_max_bytes`); `None` keeps the
+    /// broker-wide `durable.retention_bytes`.
+    pub retention_max_bytes: Option<u64>,
+    /// The stream's own retention by age (`retention_max_age_seconds`); `None` keeps the
+    /// broker-wide `durable.retention_seconds`.
+    pub retention_max_age_seconds: Option<u64>,
 }
 
 /// What a cluster stream's acknowledgement promises (docs/replication.md).
@@ -498,6 +504,8 @@ impl DeclaredStream {
             shards,
             replication_factor: 1,
             consistency: Consistency::Leader,
+            retention_max_bytes: None,
+            retention_max_age_seconds: None,
         }
     }
 }

@@ -48,6 +48,6 @@ pub use net::{Datagram, EcnCodepoint, Transmit};
 /// The rustls the engine builds its TLS with, for [`EngineConfig::crypto_provider`].
 pub use rustls;
 pub use settings::{SERVED_FEATURES, SERVED_FLAGS};
-pub use stream_admin::{AdminError, ShardView, StreamView};
+pub use stream_admin::{AdminError, CopyBounds, ShardView, StreamView};
 pub use stream_delete::DeleteStreamError;
 pub use tls::{TlsConfigError, TlsIdentity, ALPN_FELIX_V1};

@@ -154,6 +154,24 @@ pub(crate) fn broker_config(config: &EngineConfig) -> BrokerConfig {
             .iter()
             .map(|d| (StreamKey::new(&d.tenant, &d.namespace, &d.stream), d.shards))
             .collect(),
+        // Outside a cluster a declaration's retention is the stream's; in one, the
+        // metadata's record is (a declaration only proposes it).
+        declared_retention: config
+            .declared_streams
+            .iter()
+            .filter(|_| config.cluster.is_none())
+            .filter(|d| d.retention_max_bytes.is_some() || d.retention_max_age_seconds.is_some())
+            .map(|d| {
+                let key = StreamKey::new(&d.tenant, &d.namespace, &d.stream);
+                let r = crate::broker::retention::StreamRetention {
+                    max_bytes: d.retention_max_bytes,
+                    max_age: d
+                        .retention_max_age_seconds
+                        .map(std::time::Duration::from_secs),
+                };
+                (key, r)
+            })
+            .collect(),
         routing_mapping: config.routing_mapping,
         max_streams: config.max_streams,
         subscriber_queue_capacity: config.subscriber_queue_capacity,

@@ -72,6 +72,17 @@ pub struct ShardView {
     pub replicas: Vec<String>,
     /// Its current leadership generation.
     pub generation: u64,
+    /// The answering node's copy of the shard's records, when it holds one: where its log
+    /// starts (retention moves it) and ends. Every copy of a shard starts where its leader's
+    /// log does once the leader's word has reached it.
+    pub here: Option<CopyBounds>,
+}
+
+/// Where one node's copy of a shard starts and ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyBounds {
+    pub log_start: u64,
+    pub log_end: u64,
 }
 
 /// A placed stream: its spec and where each shard lives.

@@ -78,7 +78,7 @@ fn recorded_anew(c: &ClusterNet, at: usize, node: usize, shard: u32, old: &str) 
 }
 
 /// Whether `follower` holds, entry for entry, the leader's log from the leader's start
-/// (each node's retention trims its own copy's head on its own schedule).
+/// (its start follows the leader's once told, and may lag it until then).
 fn level(c: &ClusterNet, leader: usize, follower: usize, shard: u32) -> bool {
     let theirs = log_on(&c.nodes[leader].disk, shard);
     let Some(start) = theirs.first().map(|e| e.0) else {

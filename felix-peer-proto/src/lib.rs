@@ -60,7 +60,7 @@ pub use raft::{
     RaftSnapshotMetadata,
 };
 pub use replication::{
-    Epoch, Fence, FenceAnswer, Follow, FollowFrom, LeaseGrant, LeaseRenew, RefusalReason,
+    Epoch, Fence, FenceAnswer, Follow, FollowFrom, LeaseGrant, LeaseRenew, LogStart, RefusalReason,
     ReplicaReport, Replicate, ReplicationRefused, TailChunk, TailFetch,
 };
 pub use scope::{GenerationView, NoShards, ShardId, ShardKind, ShardScope};
@@ -241,6 +241,8 @@ peer_kinds! {
     TailChunk = 0x0408, "tail_chunk", Replication, TailChunk, scoped;
     /// A replication message was refused.
     ReplicationRefused = 0x0409, "replication_refused", Replication, ReplicationRefused, scoped;
+    /// Where the leader's log starts now: followers cut their copies there.
+    LogStart = 0x040a, "log_start", Replication, LogStart, scoped;
     /// A node asks to renew its shard leases.
     LeaseRenew = 0x0481, "lease_renew", Replication, LeaseRenew, unscoped;
     /// The control plane's leader renewed them.

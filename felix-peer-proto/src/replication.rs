@@ -227,6 +227,36 @@ impl Body for ReplicaReport {
     }
 }
 
+/// The leader's log starts at `start` now (its retention cut there): a follower starts its
+/// copy at the same offset, so no copy holds what its leader dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+pub struct LogStart {
+    pub scope: ShardScope,
+    pub start: u64,
+}
+
+impl Scoped for LogStart {
+    fn scope(&self) -> &ShardScope {
+        &self.scope
+    }
+}
+
+impl Body for LogStart {
+    fn encode(&self, out: &mut Vec<u8>) -> Result<(), PeerEncodeError> {
+        self.scope.encode(out)?;
+        put_u64s(out, &[self.start]);
+        Ok(())
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<LogStart, PeerDecodeError> {
+        Ok(LogStart {
+            scope: ShardScope::decode(r)?,
+            start: r.u64("log_start.start")?,
+        })
+    }
+}
+
 /// A promoted leader asks a replica to persist the new generation (the scope's) and to refuse
 /// every leader below it from then on.
 #[derive(Debug, Clone, PartialEq, Eq)]

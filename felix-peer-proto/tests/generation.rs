@@ -141,6 +141,7 @@ fn kinds_that_are_not_shard_scoped_ignore_the_view() {
             "tail_fetch",
             "tail_chunk",
             "replication_refused",
+            "log_start",
         ]
     );
 }
@@ -208,11 +209,12 @@ fn replication(scope: ShardScope) -> Vec<PeerMessage> {
             last: true,
         }),
         PeerMessage::ReplicationRefused(ReplicationRefused {
-            scope,
+            scope: scope.clone(),
             reason: RefusalReason::StaleGeneration,
             current_generation: 9,
             detail: String::new(),
         }),
+        PeerMessage::LogStart(felix_peer_proto::LogStart { scope, start: 4 }),
     ]
 }
 

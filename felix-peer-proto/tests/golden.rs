@@ -331,6 +331,18 @@ fn samples() -> Vec<(PeerMessage, &'static str)> {
             ",
         ),
         (
+            PeerMessage::LogStart(felix_peer_proto::LogStart {
+                scope: scope(),
+                start: 96,
+            }),
+            "
+                46585001 040a 00000028
+                0002 6331 01 0001 74 0002 6e73 0006 6f7264657273
+                00000003 0000000000000009
+                0000000000000060
+            ",
+        ),
+        (
             PeerMessage::LeaseRenew(LeaseRenew {
                 node: "n1".into(),
                 seq: 7,

@@ -19,12 +19,14 @@ pub const REPLICA_STATE_FILE: &str = "replica.state";
 /// Where a new state is written before it is renamed in; a leftover is removed at open.
 pub const REPLICA_STATE_TMP: &str = "replica.state.tmp";
 pub const REPLICA_STATE_MAGIC: [u8; 4] = *b"FXRS";
-pub const REPLICA_STATE_VERSION: u16 = 1;
+pub const REPLICA_STATE_VERSION: u16 = 2;
 /// Epochs a state holds at most. A format bound rather than a setting: a reader must take
 /// whatever a writer with another setting wrote, so both sides share this constant.
 pub const MAX_REPLICA_EPOCHS: usize = 4096;
-/// Fixed part: magic, version, reserved, fence, commit, epoch count; then the CRC.
-const FIXED_LEN: usize = 28;
+/// Fixed part: magic, version, reserved, fence, commit, log start, epoch count; then the CRC.
+const FIXED_LEN: usize = 36;
+/// Version 1's fixed part, read still: no log start (it reads as 0).
+const FIXED_LEN_V1: usize = 28;
 const EPOCH_LEN: usize = 16;
 const CRC_LEN: usize = 4;
 /// The largest file a valid state can be.
@@ -45,6 +47,10 @@ pub struct ReplicaState {
     pub commit: u64,
     /// Ascending: generations strictly, start offsets never going back.
     pub epochs: Vec<Epoch>,
+    /// Where the copy's leader last said its log starts (its retention cut there): the copy
+    /// serves nothing below it, across restarts too, though a segment that straddles it may
+    /// still hold older records (`ShardLog::trim_to`). 0: never told.
+    pub log_start: u64,
 }
 
 /// Why a state was refused: by `persist_replica_state` (nothing is written) or at open (the
@@ -109,6 +115,7 @@ impl ReplicaState {
         b.put_u16_le(0);
         b.put_u64_le(self.fence_generation);
         b.put_u64_le(self.commit);
+        b.put_u64_le(self.log_start);
         b.put_u32_le(self.epochs.len() as u32);
         for e in &self.epochs {
             b.put_u64_le(e.generation);
@@ -122,7 +129,7 @@ impl ReplicaState {
     /// Decodes a whole file. Anything but a valid state of a known version is refused.
     pub fn decode(b: &[u8]) -> Result<ReplicaState, ReplicaStateError> {
         use ReplicaStateError::Damaged;
-        if b.len() < FIXED_LEN + CRC_LEN {
+        if b.len() < FIXED_LEN_V1 + CRC_LEN {
             return Err(Damaged("cut short"));
         }
         if b[0..4] != REPLICA_STATE_MAGIC {
@@ -132,22 +139,25 @@ impl ReplicaState {
         if crc32c::crc32c(body) != u32_at(b, b.len() - CRC_LEN) {
             return Err(Damaged("checksum mismatch"));
         }
-        if u16::from_le_bytes([b[4], b[5]]) != REPLICA_STATE_VERSION {
-            return Err(Damaged("unknown version"));
-        }
+        let (fixed, log_start) = match u16::from_le_bytes([b[4], b[5]]) {
+            1 => (FIXED_LEN_V1, 0),
+            REPLICA_STATE_VERSION if b.len() >= FIXED_LEN + CRC_LEN => (FIXED_LEN, u64_at(b, 24)),
+            REPLICA_STATE_VERSION => return Err(Damaged("cut short")),
+            _ => return Err(Damaged("unknown version")),
+        };
         if b[6..8] != [0, 0] {
             return Err(Damaged("reserved bytes are not zero"));
         }
-        let count = u32_at(b, 24) as usize;
+        let count = u32_at(b, fixed - 4) as usize;
         if count > MAX_REPLICA_EPOCHS {
             return Err(Damaged("too many epochs"));
         }
-        if body.len() != FIXED_LEN + count * EPOCH_LEN {
+        if body.len() != fixed + count * EPOCH_LEN {
             return Err(Damaged("length does not match the epoch count"));
         }
         let epochs = (0..count)
             .map(|i| {
-                let at = FIXED_LEN + i * EPOCH_LEN;
+                let at = fixed + i * EPOCH_LEN;
                 Epoch {
                     generation: u64_at(b, at),
                     start_offset: u64_at(b, at + 8),
@@ -158,6 +168,7 @@ impl ReplicaState {
             fence_generation: u64_at(b, 8),
             commit: u64_at(b, 16),
             epochs,
+            log_start,
         };
         state
             .check_epochs()
@@ -307,6 +318,7 @@ mod tests {
         ReplicaState {
             fence_generation: 9,
             commit: 1234,
+            log_start: 640,
             epochs: vec![
                 Epoch {
                     generation: 1,
@@ -337,6 +349,35 @@ mod tests {
             ReplicaState::decode(&[0u8; 40]).is_err(),
             "zeros are not a state"
         );
+    }
+
+    #[test]
+    fn a_version_1_file_reads_with_no_log_start() {
+        // Version 1, exactly as it was written: no log start field.
+        let mut b = BytesMut::new();
+        b.put_slice(&REPLICA_STATE_MAGIC);
+        b.put_u16_le(1);
+        b.put_u16_le(0);
+        b.put_u64_le(9);
+        b.put_u64_le(1234);
+        b.put_u32_le(1);
+        b.put_u64_le(4);
+        b.put_u64_le(1000);
+        let crc = crc32c::crc32c(&b);
+        b.put_u32_le(crc);
+        let want = ReplicaState {
+            fence_generation: 9,
+            commit: 1234,
+            epochs: vec![Epoch {
+                generation: 4,
+                start_offset: 1000,
+            }],
+            log_start: 0,
+        };
+        assert_eq!(ReplicaState::decode(&b), Ok(want));
+        // What is written now is version 2, with the log start.
+        assert_eq!(&sample().encode()[4..6], &[2, 0]);
+        assert_eq!(u64_at(&sample().encode(), 24), 640);
     }
 
     #[test]

@@ -282,6 +282,7 @@ pub const SETTINGS: &[Setting] = &[
     plain("durable.ack_before_write", &["FELIX_ACK_BEFORE_WRITE"], Kind::Bool, Default_::Bool(false)),
     plain("durable.retention_bytes", &["FELIX_DURABLE_RETENTION_BYTES"], Kind::Int, Default_::Unset),
     plain("durable.retention_seconds", &["FELIX_DURABLE_RETENTION_SECONDS"], Kind::Int, Default_::Unset),
+    plain("durable.retention_check_interval_ms", &["FELIX_DURABLE_RETENTION_CHECK_INTERVAL_MS"], Kind::Int, Default_::Int(DEFAULT_RETENTION_CHECK_INTERVAL_MS)),
     plain("durable.segment_max_bytes", &["FELIX_DURABLE_SEGMENT_MAX_BYTES", "FELIX_DURABLE_SEGMENT_BYTES"], Kind::Int, Default_::Int(felix_engine::DEFAULT_SEGMENT_MAX_BYTES)),
     plain("durable.cache_behind_bytes", &[CACHE_BEHIND_VAR], Kind::IntOrOff, Default_::Int(DEFAULT_CACHE_BEHIND_BYTES)),
     plain("durable.direct_io", &[DIRECT_IO_VAR], Kind::Bool, Default_::Bool(true)),
@@ -383,6 +384,9 @@ pub const MAX_REPLICATION_FACTOR: u8 = 5;
 /// The longest node id (felix-cluster's `MAX_NODE_ID_LEN`: it fits every length-prefixed
 /// field that carries one).
 pub const MAX_NODE_ID_LEN: usize = 64;
+/// How often retention bounds are checked (`durable.retention_check_interval_ms`): felix-storage's
+/// `DEFAULT_RETENTION_CHECK_INTERVAL`.
+const DEFAULT_RETENTION_CHECK_INTERVAL_MS: u64 = 60_000;
 /// Keys of a `[[streams]]` entry.
 const STREAM_KEYS: &[&str] = &[
     "tenant",
@@ -391,6 +395,8 @@ const STREAM_KEYS: &[&str] = &[
     "shards",
     "replication_factor",
     "consistency",
+    "retention_max_bytes",
+    "retention_max_age_seconds",
 ];
 
 /// Every setting's value (or `None`: unset) and its source, and the declared streams.
@@ -467,6 +473,12 @@ impl Effective {
                 d.replication_factor,
                 Value::from(consistency_name(d.consistency)),
             );
+            if let Some(b) = d.retention_max_bytes {
+                let _ = writeln!(out, "retention_max_bytes = {b}");
+            }
+            if let Some(s) = d.retention_max_age_seconds {
+                let _ = writeln!(out, "retention_max_age_seconds = {s}");
+            }
         }
         for (d, source) in &self.caches {
             let _ = write!(
@@ -705,6 +717,18 @@ fn declared_streams(
             DeclaredStream::new(text("tenant")?, text("namespace")?, text("stream")?, shards);
         d.replication_factor =
             replication_factor(t.get("replication_factor"), &key, at)?.unwrap_or(1);
+        // A stream's own retention: above zero (0 would keep nothing); unset keeps the
+        // broker-wide `durable.retention_*`.
+        let bound = |k: &str| match t.get(k) {
+            None => Ok(None),
+            Some(Value::Integer(n)) if *n >= 1 => Ok(Some(*n as u64)),
+            Some(v) => Err(ConfigError(format!(
+                "{}: expected a positive integer, found {v}",
+                at(&key(k))
+            ))),
+        };
+        d.retention_max_bytes = bound("retention_max_bytes")?;
+        d.retention_max_age_seconds = bound("retention_max_age_seconds")?;
         d.consistency = match t.get("consistency") {
             None => Consistency::Leader,
             Some(Value::String(s)) if s == "leader" => Consistency::Leader,
@@ -1422,6 +1446,9 @@ fn durable(
     }
     options.durable.retention_bytes = int("durable.retention_bytes");
     options.durable.retention_age = int("durable.retention_seconds").map(Duration::from_secs);
+    if let Some(ms) = positive(int, name, "durable.retention_check_interval_ms")? {
+        options.durable.retention_check_interval = Duration::from_millis(ms);
+    }
     if let Some(bytes) = positive(int, name, "durable.segment_max_bytes")? {
         options.durable.segment_max_bytes = bytes;
     }
@@ -1759,6 +1786,7 @@ tenant = "t1"
 namespace = "orders"
 stream = "created"
 shards = 4
+retention_max_age_seconds = 86400
 "#;
 
     #[test]
@@ -1818,6 +1846,8 @@ shards = 4
         assert_eq!(e.auth_timeout, Duration::from_secs(2));
         assert_eq!(e.declared_streams[0].shards, 4);
         assert_eq!(e.declared_streams[0].stream, "created");
+        assert_eq!(e.declared_streams[0].retention_max_age_seconds, Some(86400));
+        assert_eq!(e.declared_streams[0].retention_max_bytes, None);
     }
 
     #[test]
@@ -1831,9 +1861,12 @@ shards = 4
             ("[limits]\nmax_frame_bytes = 99999999999", "`limits.max_frame_bytes`"),
             ("[tls]\nrequire_alpn = \"yes\"", "`tls.require_alpn`"),
             ("[durable]\nfsync_mode = \"sometimes\"", "`durable.fsync_mode`"),
+            ("[durable]\nretention_check_interval_ms = 0", "`durable.retention_check_interval_ms`"),
             ("[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 2\ndurable = true", "durability is broker-wide"),
             ("[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"", "`streams[0].shards`"),
             ("[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 0", "`streams[0].shards`"),
+            ("[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 1\nretention_max_bytes = 0", "`streams[0].retention_max_bytes`"),
+            ("[[streams]]\ntenant = \"t1\"\nnamespace = \"n\"\nstream = \"s\"\nshards = 1\nretention_max_age_seconds = \"1d\"", "`streams[0].retention_max_age_seconds`"),
             ("quic_bind = ", "TOML"),
         ] {
             let path = file("bad", text);

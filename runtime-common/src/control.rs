@@ -49,7 +49,7 @@ pub struct RunningBroker {
 
 impl RunningBroker {
     /// Resolves with the reason if the broker stops by itself: a cluster refused this node
-    /// (its declarations disagree, naming the stream). Never resolves otherwise.
+    /// (a declaration it could never place, naming the stream). Never resolves otherwise.
     pub fn take_failure(&mut self) -> Option<oneshot::Receiver<String>> {
         self.failed.take()
     }

@@ -92,6 +92,40 @@ impl StreamSpec {
         }
     }
 
+    /// Every field in which `declared` differs from this record, as "field: declared X, the
+    /// cluster has Y", joined by "; ".
+    pub fn differences(&self, declared: &StreamSpec) -> String {
+        let mut out = Vec::new();
+        let mut field = |name: &str, mine: String, theirs: String| {
+            if mine != theirs {
+                out.push(format!("{name}: declared {theirs}, the cluster has {mine}"));
+            }
+        };
+        let opt = |v: Option<u64>| v.map_or("unset".to_owned(), |v| v.to_string());
+        field(
+            "shards",
+            self.shards.to_string(),
+            declared.shards.to_string(),
+        );
+        let rf = (self.replication_factor, declared.replication_factor);
+        field("replication_factor", rf.0.to_string(), rf.1.to_string());
+        let c = (self.consistency, declared.consistency);
+        field("consistency", c.0.to_string(), c.1.to_string());
+        let (a, b) = (self.retention, declared.retention);
+        field(
+            "retention.max_age_seconds",
+            opt(a.max_age_seconds),
+            opt(b.max_age_seconds),
+        );
+        field("retention.max_bytes", opt(a.max_bytes), opt(b.max_bytes));
+        field(
+            "durable",
+            self.durable.to_string(),
+            declared.durable.to_string(),
+        );
+        out.join("; ")
+    }
+
     /// The first field in which `other` differs from this spec, named as the admin API
     /// names it (`409` on a create that differs from the stream's record).
     pub fn first_difference(&self, other: &StreamSpec) -> Option<&'static str> {
@@ -138,6 +172,24 @@ pub struct CacheSpec {
     pub replication_factor: u8,
 }
 
+impl CacheSpec {
+    /// As [`StreamSpec::differences`].
+    pub fn differences(&self, declared: &CacheSpec) -> String {
+        let mut out = Vec::new();
+        if self.shards != declared.shards {
+            let (a, b) = (self.shards, declared.shards);
+            out.push(format!("shards: declared {b}, the cluster has {a}"));
+        }
+        if self.replication_factor != declared.replication_factor {
+            let (a, b) = (self.replication_factor, declared.replication_factor);
+            out.push(format!(
+                "replication_factor: declared {b}, the cluster has {a}"
+            ));
+        }
+        out.join("; ")
+    }
+}
+
 /// Everything one node's configuration declares. Every node of a cluster is given the same.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Declarations {
@@ -145,39 +197,6 @@ pub struct Declarations {
     pub streams: BTreeMap<ObjectKey, StreamSpec>,
     #[serde(with = "pairs")]
     pub caches: BTreeMap<ObjectKey, CacheSpec>,
-}
-
-impl Declarations {
-    /// The first difference from `cluster`'s declarations, in words that name the object.
-    pub fn disagreement(&self, cluster: &Declarations) -> Option<String> {
-        fn first<V: PartialEq + fmt::Debug>(
-            kind: &str,
-            mine: &BTreeMap<ObjectKey, V>,
-            theirs: &BTreeMap<ObjectKey, V>,
-        ) -> Option<String> {
-            for (k, v) in mine {
-                match theirs.get(k) {
-                    None => {
-                        return Some(format!(
-                            "{kind} {k} is declared here but not by the cluster"
-                        ))
-                    }
-                    Some(c) if c != v => {
-                        return Some(format!(
-                            "{kind} {k} is declared here as {v:?} but the cluster has {c:?}"
-                        ))
-                    }
-                    Some(_) => {}
-                }
-            }
-            theirs
-                .keys()
-                .find(|k| !mine.contains_key(k))
-                .map(|k| format!("{kind} {k} is declared by the cluster but not here"))
-        }
-        first("stream", &self.streams, &cluster.streams)
-            .or_else(|| first("cache", &self.caches, &cluster.caches))
-    }
 }
 
 /// A cluster member as it announced itself.
@@ -327,8 +346,9 @@ pub enum Command {
         #[serde(default = "durable_by_default")]
         durable: bool,
     },
-    /// A node's declared streams and caches. The first applied become the cluster's; a later
-    /// node that disagrees is refused.
+    /// A node's declared streams and caches, "ensured": each the cluster does not hold is
+    /// created; one it holds keeps the cluster's record (`Applied::DeclaredOtherwise` names
+    /// what differs). Refused only when one to create cannot be placed.
     Declare {
         node: NodeId,
         declarations: Declarations,
@@ -435,6 +455,14 @@ pub enum Applied {
         previous_storage: String,
     },
     Declared(NodeId),
+    /// A node's declarations were applied, but these objects it declares differ from the
+    /// cluster's record, which is kept: each names the object and its differing fields.
+    DeclaredOtherwise {
+        node: NodeId,
+        differences: Vec<String>,
+    },
+    /// A node's declaration names an object that cannot be created (it could never be
+    /// placed): nothing of it was created.
     Refused {
         node: NodeId,
         reason: String,
@@ -609,43 +637,7 @@ impl Metadata {
                 if !self.voters.contains(node) {
                     return Applied::Invalid(format!("{node} is not a voter"));
                 }
-                match &self.declarations {
-                    None => {
-                        let mut placed = Vec::new();
-                        // Validate everything before placing anything: a refused declaration
-                        // leaves no half-placed cluster.
-                        for (k, s) in &declarations.streams {
-                            if let Err(e) = self.check(s.shards, s.replication_factor) {
-                                return self.refuse(node, format!("stream {k}: {e}"));
-                            }
-                        }
-                        for (k, c) in &declarations.caches {
-                            if let Err(e) = self.check(c.shards, c.replication_factor) {
-                                return self.refuse(node, format!("cache {k}: {e}"));
-                            }
-                        }
-                        for (k, s) in &declarations.streams {
-                            self.place_stream(k, *s);
-                            placed.push(k.clone());
-                        }
-                        for (k, c) in &declarations.caches {
-                            self.place_cache(k, *c);
-                        }
-                        self.declarations = Some(declarations.clone());
-                        self.declared_by.insert(node.clone(), true);
-                        self.refused.remove(node);
-                        Applied::Declared(node.clone())
-                    }
-                    Some(cluster) => match declarations.disagreement(cluster) {
-                        Some(reason) => self.refuse(node, reason),
-                        None if self.declared_by.get(node) == Some(&true) => Applied::Unchanged,
-                        None => {
-                            self.declared_by.insert(node.clone(), true);
-                            self.refused.remove(node);
-                            Applied::Declared(node.clone())
-                        }
-                    },
-                }
+                self.ensure(node, declarations)
             }
             Command::CreateStream { key, spec } => {
                 if self.streams.contains_key(key) {
@@ -980,6 +972,86 @@ impl Metadata {
             .values_mut()
             .flat_map(|s| s.shards.iter_mut())
             .chain(self.caches.values_mut().flat_map(|c| c.shards.iter_mut()))
+    }
+
+    /// A node's declarations are "ensure": every object it declares that the cluster does
+    /// not hold is created (all of them checked first, so a declaration that cannot be placed
+    /// creates nothing and is refused); one the cluster holds keeps the cluster's record, and
+    /// each that differs is named with its differing fields, for the node to warn about.
+    fn ensure(&mut self, node: &NodeId, declarations: &Declarations) -> Applied {
+        let new_streams = declarations
+            .streams
+            .iter()
+            .filter(|(k, _)| !self.streams.contains_key(*k) && !self.deleted_streams.contains_key(*k));
+        for (k, s) in new_streams {
+            let bad = self
+                .check(s.shards, s.replication_factor)
+                .map_err(|e| e.to_string());
+            let bad = bad
+                .err()
+                .or_else(|| retention_error(&s.retention).map(|e| e.to_string()));
+            if let Some(e) = bad {
+                return self.refuse(node, format!("stream {k}: {e}"));
+            }
+        }
+        for (k, c) in declarations
+            .caches
+            .iter()
+            .filter(|(k, _)| !self.caches.contains_key(*k) && !self.deleted_caches.contains_key(*k))
+        {
+            if let Err(e) = self.check(c.shards, c.replication_factor) {
+                return self.refuse(node, format!("cache {k}: {e}"));
+            }
+        }
+        let (mut created, mut differences) = (false, Vec::new());
+        // An operator's delete wins over a configuration: a deleted name is not brought back by
+        // a node's declarations (only by a create, or by first use).
+        let gone = "deleted by an operator; not created again from a configuration (create it with the admin API)";
+        for (k, s) in &declarations.streams {
+            match self.streams.get(k) {
+                None if self.deleted_streams.contains_key(k) => {
+                    differences.push(format!("stream {k}: {gone}"));
+                }
+                None => {
+                    self.place_stream(k, *s);
+                    created = true;
+                }
+                Some(p) if p.spec != *s => {
+                    differences.push(format!("stream {k}: {}", p.spec.differences(s)));
+                }
+                Some(_) => {}
+            }
+        }
+        for (k, c) in &declarations.caches {
+            match self.caches.get(k) {
+                None if self.deleted_caches.contains_key(k) => {
+                    differences.push(format!("cache {k}: {gone}"));
+                }
+                None => {
+                    self.place_cache(k, *c);
+                    created = true;
+                }
+                Some(p) if p.spec != *c => {
+                    differences.push(format!("cache {k}: {}", p.spec.differences(c)));
+                }
+                Some(_) => {}
+            }
+        }
+        if self.declarations.is_none() {
+            self.declarations = Some(declarations.clone());
+        }
+        self.refused.remove(node);
+        let first = self.declared_by.insert(node.clone(), true).is_none();
+        if !differences.is_empty() {
+            Applied::DeclaredOtherwise {
+                node: node.clone(),
+                differences,
+            }
+        } else if created || first {
+            Applied::Declared(node.clone())
+        } else {
+            Applied::Unchanged
+        }
     }
 
     fn refuse(&mut self, node: &NodeId, reason: String) -> Applied {

@@ -119,6 +119,9 @@ pub(crate) struct Logs {
     /// Catch-up readers refused `Busy` by a log, retried when one of its reads lands.
     pub(crate) blocked_readers: BTreeMap<LogId, Vec<SubscriberId>>,
     anchor: UnixAnchor,
+    /// The broker-wide retention bounds (bytes, age): a stream that sets neither of its own
+    /// keeps these (`retention.rs`).
+    pub(crate) default_retention: (Option<u64>, Option<std::time::Duration>),
 }
 
 impl Deref for Logs {
@@ -140,6 +143,7 @@ impl Logs {
     /// times.
     pub(crate) fn new(settings: DurableSettings, anchor: UnixAnchor) -> Logs {
         Logs {
+            default_retention: (settings.log.retention_bytes, settings.log.retention_age),
             table: LogTable::new(settings.log),
             anchor,
             ack_after_write: settings.ack_after_write,

@@ -29,6 +29,7 @@ pub(crate) mod groups;
 mod producers;
 mod reads;
 pub(crate) mod replicated;
+pub(crate) mod retention;
 #[cfg(test)]
 mod stream_ops_tests;
 #[cfg(test)]
@@ -69,6 +70,9 @@ pub(crate) struct BrokerConfig {
     pub(crate) default_shards: u32,
     /// Streams with a declared shard count (0 is read as 1).
     pub(crate) declared_streams: Vec<(StreamKey, u32)>,
+    /// Streams with their own retention (a single node's `[[streams]]`; a cluster's come
+    /// from its metadata).
+    pub(crate) declared_retention: Vec<(StreamKey, retention::StreamRetention)>,
     /// How a routing key picks a shard.
     pub(crate) routing_mapping: RoutingMapping,
     /// Streams this broker will hold; creating one more is refused `overloaded`.
@@ -106,6 +110,7 @@ impl Default for BrokerConfig {
         BrokerConfig {
             default_shards: 1,
             declared_streams: Vec::new(),
+            declared_retention: Vec::new(),
             routing_mapping: RoutingMapping::Modulo,
             max_streams: 100_000,
             subscriber_queue_capacity: 512,
@@ -438,6 +443,8 @@ pub(crate) struct Broker {
     streams: Vec<Stream>,
     stream_index: HashMap<StreamKey, usize>,
     declared: HashMap<StreamKey, u32>,
+    /// Streams' own retention bounds (`retention.rs`).
+    retention: HashMap<StreamKey, retention::StreamRetention>,
     subscribers: HashMap<SubscriberId, Subscriber>,
     next_subscriber: u64,
     /// Subscribers with new deliveries, each at most once (see `Subscriber::ready`).
@@ -495,6 +502,7 @@ impl Broker {
             .iter()
             .map(|(k, n)| (k.clone(), (*n).max(1)))
             .collect();
+        let retention = cfg.declared_retention.iter().cloned().collect();
         let cfg_max_owner = cfg.max_owner_event_bytes;
         let cache = CacheStore::new(CacheLimits {
             max_key_bytes: cfg.cache_max_key_bytes,
@@ -506,6 +514,7 @@ impl Broker {
             streams: Vec::new(),
             stream_index: HashMap::new(),
             declared,
+            retention,
             subscribers: HashMap::new(),
             next_subscriber: 1,
             ready: VecDeque::new(),
@@ -1132,6 +1141,9 @@ impl Broker {
         }
         self.streams.push(stream);
         self.stream_index.insert(key.clone(), index);
+        if self.retention.contains_key(key) {
+            self.apply_stream_retention(index, key);
+        }
         Ok(index)
     }
 

@@ -902,3 +902,74 @@ fn a_tenant_at_its_producer_cap_takes_a_new_one_only_in_place_of_its_own_oldest_
     let e = write(&mut b, idle, &a, 5, 0).unwrap_err();
     assert_eq!(e.code, ErrorCode::LimitExceeded);
 }
+
+/// Where shard 0 of `k` starts.
+fn start_of(r: &Rig, k: &StreamKey) -> u64 {
+    let i = r.b.stream_index[k];
+    let log = r.b.streams[i].shards[0].store.as_ref().unwrap().log;
+    let l = r.b.logs.as_ref().unwrap().slot(log).unwrap().log.shard();
+    l.start_offset()
+}
+
+#[test]
+fn a_streams_own_retention_replaces_the_broker_wide_bound_under_a_virtual_clock() {
+    // Broker-wide: keep 1000 bytes. `orders` keeps records for 30 s whatever its size;
+    // `audit` sets nothing of its own and keeps the broker-wide bound.
+    let orders = key();
+    let audit = StreamKey::new("t1", "default", "audit");
+    let cfg = BrokerConfig {
+        declared_retention: vec![(
+            orders.clone(),
+            retention::StreamRetention {
+                max_bytes: Some(u64::MAX),
+                max_age: Some(Duration::from_secs(30)),
+            },
+        )],
+        ..BrokerConfig::default()
+    };
+    let log = LogConfig {
+        retention_check_interval: Duration::from_secs(1),
+        ..Rig::small_trimmed_log()
+    };
+    let mut r = Rig::build(MemFs::new(), cfg, log);
+    // One record a second into each stream, from t0 on: offset n is stamped n seconds.
+    // Segments of 300 bytes hold 3 such records: [0,3) [3,6) ... [57,60).
+    for i in 0..60u64 {
+        for k in [&orders, &audit] {
+            let payload = Bytes::from(format!("record {i:040}"));
+            r.retry(|r| {
+                let unix = r.unix();
+                r.b.publish(r.now, unix, k, None, None, vec![payload.clone()], None)
+            });
+        }
+        r.advance(Duration::from_secs(1));
+    }
+    r.pump();
+    let check = |r: &mut Rig| {
+        let unix = r.unix();
+        r.b.handle_timeout(r.now, unix);
+        r.pump();
+        (start_of(r, &orders), start_of(r, &audit))
+    };
+    // t = 60 s: a segment of `orders` goes once its newest record is over 30 s old: [27,30)
+    // (newest 29 s) goes, [30,33) (newest 32 s) stays. `audit` keeps its newest 3 segments.
+    assert_eq!(check(&mut r), (30, 51));
+    r.advance(Duration::from_secs(2));
+    assert_eq!(check(&mut r), (30, 51), "t = 62 s: 32 + 30 is not below 62");
+    r.advance(Duration::from_secs(1));
+    assert_eq!(check(&mut r), (33, 51), "t = 63 s");
+    // An alter at runtime: `audit` now keeps 5 s (its size bound stays the broker-wide
+    // one), `orders` falls back to the broker-wide bound entirely.
+    r.b.set_stream_retention(
+        &audit,
+        retention::StreamRetention {
+            max_bytes: None,
+            max_age: Some(Duration::from_secs(5)),
+        },
+    );
+    r.b.set_stream_retention(&orders, retention::StreamRetention::default());
+    r.advance(Duration::from_secs(1));
+    // t = 64 s: audit's [54,57) (newest 56 s) is older than 5 s, and the active [57,60)
+    // never goes.
+    assert_eq!(check(&mut r), (51, 57));
+}

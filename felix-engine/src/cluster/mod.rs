@@ -90,8 +90,12 @@ pub(crate) struct ClusterNode {
     blank: Metadata,
     /// The metadata log on disk; `None` without durable storage.
     metalog: Option<MetaLog>,
-    /// Why the cluster refused this node (its declarations disagree): fatal.
+    /// Why the cluster refused this node (a declaration it could never place): fatal.
     refusal: Option<String>,
+    /// What this node's declarations differ in from the cluster's record, as last warned
+    /// about: one warning per difference per process, however often a `Declare` of this
+    /// node is applied (its own of this start, and older ones replayed from the log).
+    warned_declarations: Vec<String>,
     /// Every copy placed here caught up with its leader once since this process started
     /// (`copies_caught_up`): readiness waits for it, and does not flap with later failovers.
     caught_up: bool,
@@ -131,7 +135,10 @@ fn declarations(streams: &[DeclaredStream], cfg: &ClusterConfig) -> Declarations
                     Consistency::Leader => MetaConsistency::Leader,
                     Consistency::Quorum => MetaConsistency::Quorum,
                 },
-                retention: Default::default(),
+                retention: felix_cluster::meta::Retention {
+                    max_age_seconds: s.retention_max_age_seconds,
+                    max_bytes: s.retention_max_bytes,
+                },
                 durable: true,
             },
         );
@@ -259,6 +266,7 @@ impl ClusterNode {
             blank,
             metalog,
             refusal: None,
+            warned_declarations: Vec::new(),
             caught_up: false,
             default_replication_factor: cfg.default_replication_factor.max(1),
             place_streams_on_first_use: cfg.place_streams_on_first_use,
@@ -648,7 +656,8 @@ impl ClusterNode {
                     | PeerMessage::FenceAnswer(_)
                     | PeerMessage::TailFetch(_)
                     | PeerMessage::TailChunk(_)
-                    | PeerMessage::ReplicationRefused(_)) => self.replication_message(from, m),
+                    | PeerMessage::ReplicationRefused(_)
+                    | PeerMessage::LogStart(_)) => self.replication_message(from, m),
                     PeerMessage::LeaseGrant(g) => self.on_lease_grant(g),
                     other => warn!(%from, kind = ?other.kind(), "unexpected peer message"),
                 }
@@ -695,6 +704,18 @@ impl ClusterNode {
             }
             Applied::Declared(node) if node == self.me => {
                 info!(node = %node, "joined the cluster's declarations");
+            }
+            Applied::DeclaredOtherwise { node, differences } if node == self.me => {
+                for d in differences {
+                    if self.warned_declarations.contains(&d) {
+                        continue;
+                    }
+                    warn!(
+                        "this node's configuration declares {d}; the cluster's record is kept \
+                         (change it with `felix admin streams alter`, or make the declaration match)"
+                    );
+                    self.warned_declarations.push(d);
+                }
             }
             Applied::Promoted {
                 shard,

@@ -40,6 +40,7 @@ impl ClusterNode {
                     .is_some_and(|l| meta.members.get(l).is_some_and(|x| x.up)),
                 replicas: m.replicas.iter().map(|r| r.0.clone()).collect(),
                 generation: m.generation,
+                here: None,
             })
             .collect()
     }
@@ -125,6 +126,28 @@ impl ClusterNode {
             .map(|(k, s)| {
                 let key = crate::broker::StreamKey::new(&k.tenant, &k.namespace, &k.name);
                 (key, s.shards.len() as u32)
+            })
+            .collect()
+    }
+
+    /// Every placed stream's own retention, for the broker to run its logs with.
+    pub(crate) fn stream_retentions(
+        &self,
+    ) -> Vec<(
+        crate::broker::StreamKey,
+        crate::broker::retention::StreamRetention,
+    )> {
+        self.meta()
+            .streams
+            .iter()
+            .map(|(k, s)| {
+                let key = crate::broker::StreamKey::new(&k.tenant, &k.namespace, &k.name);
+                let r = s.spec.retention;
+                let own = crate::broker::retention::StreamRetention {
+                    max_bytes: r.max_bytes,
+                    max_age: r.max_age_seconds.map(std::time::Duration::from_secs),
+                };
+                (key, own)
             })
             .collect()
     }

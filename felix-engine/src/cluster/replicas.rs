@@ -102,6 +102,10 @@ impl std::fmt::Display for CopyRef {
 pub(crate) const REPLICATION_RETRY: Duration = Duration::from_millis(200);
 /// The most a tail fetch asks for at once.
 const TAIL_FETCH_BYTES: u32 = 1 << 20;
+/// How often a leader tells its followers where its log starts when it has not moved (it
+/// also says so at once when retention moves it, and after answering a `follow`): a copy
+/// busy cutting when the first word came still starts where its leader does soon after.
+pub(crate) const LOG_START_RESEND: Duration = Duration::from_secs(5);
 
 /// Log work for the engine, on the broker's logs.
 #[derive(Debug)]
@@ -130,6 +134,11 @@ pub(crate) enum ReplicaIo {
     Truncate {
         log: LogId,
         to: u64,
+    },
+    /// Start a follower's copy where its leader's log starts (`ShardLog::trim_to`).
+    TrimTo {
+        log: LogId,
+        start: u64,
     },
     /// Drop the whole copy and start the log again, empty, at `start`; answered as a
     /// truncation is.
@@ -237,6 +246,8 @@ struct Slot {
     /// A follower's target for readiness: where its leader's log ended when it answered this
     /// copy's request to be fed at this generation.
     catch_up_to: Option<u64>,
+    /// A leader's log start as last told to its followers, and when (`log_start`).
+    announced_start: Option<(u64, Instant)>,
 }
 
 /// This node's part in every replicated shard it holds.
@@ -727,6 +738,7 @@ impl ClusterNode {
                 epochs_after_cut: None,
                 compaction_bound: None,
                 catch_up_to: None,
+                announced_start: None,
             });
             if slot.generation != m.generation {
                 slot.generation = m.generation;
@@ -814,6 +826,7 @@ impl ClusterNode {
                     }
                 }
                 self.record_rebuilt_copies(now, r, m);
+                self.announce_log_start(now, r, m, info);
                 return;
             }
             Role::Idle => return,
@@ -976,6 +989,35 @@ impl ClusterNode {
         }
     }
 
+    /// Tells the followers of a led stream shard where its log starts, when retention moved
+    /// it since they were last told or [`LOG_START_RESEND`] passed: every copy is cut where
+    /// the leader decided (docs/replication.md, "Retention on every copy"). Compacted logs
+    /// have no retention.
+    fn announce_log_start(&mut self, now: Instant, r: &CopyRef, m: &ShardMeta, info: &LogInfo) {
+        if r.kind != CopyKind::Records {
+            return;
+        }
+        let scope = self.shard_scope(r, m.generation);
+        let slot = self.replicas.slots.get_mut(r).expect("present");
+        let due = match slot.announced_start {
+            None => info.start > 0,
+            Some((start, at)) => {
+                start != info.start || now.saturating_duration_since(at) >= LOG_START_RESEND
+            }
+        };
+        if !due {
+            return;
+        }
+        slot.announced_start = Some((info.start, now));
+        let msg = PeerMessage::LogStart(pp::LogStart {
+            scope,
+            start: info.start,
+        });
+        for n in m.replicas.iter().filter(|n| **n != self.me) {
+            self.net.send(n.as_str(), &msg);
+        }
+    }
+
     /// Asks the control plane to record the new disk of every copy this leadership fed
     /// level onto one (`ShardLeader::counted_storage`), so that fences and promotions at
     /// later generations count it too; asked again on every pass until the metadata says
@@ -1053,6 +1095,7 @@ impl ClusterNode {
             fence_generation: generation,
             commit,
             epochs: stored(&epochs),
+            log_start: info.state.log_start,
         };
         self.persist(r, log, state);
     }
@@ -1751,6 +1794,13 @@ impl ClusterNode {
                             rebuild,
                         });
                         self.net.send(from, &answer);
+                        if r.kind == CopyKind::Records && log_start > 0 {
+                            let msg = PeerMessage::LogStart(pp::LogStart {
+                                scope: f.scope.clone(),
+                                start: log_start,
+                            });
+                            self.net.send(from, &msg);
+                        }
                     }
                     Err(FollowRefused::NotReplica) => {
                         let reason = pp::RefusalReason::NotReplica;
@@ -1892,6 +1942,31 @@ impl ClusterNode {
                         self.net.send(from, &msg);
                     }
                     Shipment::NotReady | Shipment::Gap => {}
+                }
+            }
+            PeerMessage::LogStart(ls) => {
+                // A copy behind its leader's start is rebuilt, not cut: its next shipment
+                // fails, it asks again and is answered with a rebuild.
+                let (Some(log), Some(info)) = (slot.log, info) else {
+                    return;
+                };
+                let Role::Following(f) = &slot.role else {
+                    return;
+                };
+                if ls.scope.generation != f.generation() || *f.leader() != from_node {
+                    return;
+                }
+                if ls.start > info.start && ls.start <= info.end {
+                    self.replicas.io.push_back(ReplicaIo::TrimTo {
+                        log,
+                        start: ls.start,
+                    });
+                }
+                // Kept across a restart (a busy state write is followed by the next word).
+                if ls.start > info.state.log_start && ls.start <= info.end && !slot.persisting {
+                    let mut state = info.state.clone();
+                    state.log_start = ls.start;
+                    self.persist(&r, log, state);
                 }
             }
             PeerMessage::ReplicationRefused(rr) => {

@@ -670,9 +670,24 @@ impl Engine {
         }
         let cluster = self.core.cluster.as_ref().ok_or_else(not_clustered)?;
         let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
-        cluster
+        let mut view = cluster
             .stream_view(&key)
-            .ok_or_else(|| AdminError::NotFound(format!("no stream {key}")))
+            .ok_or_else(|| AdminError::NotFound(format!("no stream {key}")))?;
+        self.fill_copy_bounds(&mut view);
+        Ok(view)
+    }
+
+    /// Where this node's copy of each shard starts and ends (`ShardView::here`).
+    fn fill_copy_bounds(&self, view: &mut crate::StreamView) {
+        let key = crate::broker::StreamKey::new(&view.tenant, &view.namespace, &view.stream);
+        let bounds = self.core.broker.log_bounds(&key);
+        for s in &mut view.shards {
+            s.here = bounds
+                .get(s.shard as usize)
+                .copied()
+                .flatten()
+                .map(|(log_start, log_end)| crate::CopyBounds { log_start, log_end });
+        }
     }
 
     /// Every placed stream of the token's tenant that it may view (`GET /v1/streams`).
@@ -698,6 +713,10 @@ impl Engine {
                 let object = format!("stream:{}/{}/{}", v.tenant, v.namespace, v.stream);
                 identity.allows(felix_auth::Action::StreamView, &object)
                     || identity.allows(felix_auth::Action::StreamManage, &object)
+            })
+            .map(|mut v| {
+                self.fill_copy_bounds(&mut v);
+                v
             })
             .collect())
     }
@@ -924,7 +943,8 @@ impl Engine {
     }
 
     /// Why this node must stop: the cluster refused its declarations (the message names the
-    /// stream or cache that disagrees).
+    /// stream or cache that can never be placed). One that differs from the cluster's record
+    /// is not refused: the record is kept and the node warns.
     pub fn cluster_error(&self) -> Option<&str> {
         self.core.cluster.as_ref().and_then(|c| c.refusal())
     }
@@ -1260,6 +1280,10 @@ impl Engine {
             if let Some(c) = self.core.cluster.as_ref() {
                 for (key, width) in c.stream_widths() {
                     self.core.broker.learn_width(&key, width);
+                }
+                // And run with their own retention (an `alter` lands here on every node).
+                for (key, retention) in c.stream_retentions() {
+                    self.core.broker.set_stream_retention(&key, retention);
                 }
             }
         }

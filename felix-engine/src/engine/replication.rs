@@ -113,6 +113,7 @@ impl Engine {
                             cluster.truncation_refused(log);
                         }
                     }
+                    ReplicaIo::TrimTo { log, start } => broker.trim_log(log, start),
                     ReplicaIo::RestartAt { log, start } => {
                         if let Err(e) = broker.restart_log(log, start) {
                             tracing::debug!(log = log.0, error = %e, "rebuild refused for now");

@@ -441,6 +441,10 @@ pub struct ShardLog {
     /// Offsets at or above this are kept whatever the retention bounds say: the owner still
     /// needs them to rebuild what it keeps (a stream's commit state).
     retention_floor: Option<u64>,
+    /// Records below this are no longer served, though a segment straddling it may still
+    /// hold some: a copy cut where its leader decided ([`ShardLog::trim_to`]) keeps a
+    /// segment that also holds records at or above the cut until it is wholly below.
+    trimmed_below: u64,
     /// The write lane: an append, a segment-creation step or a housekeeping task.
     lane: Option<OpId>,
     /// The lane holds an append; `appending_since` is when its oldest entry was appended.
@@ -474,6 +478,7 @@ impl ShardLog {
             dir,
             next_retention_check: now + cfg.retention_check_interval,
             retention_floor: None,
+            trimmed_below: 0,
             cfg,
             phase: Phase::Opening(Box::default()),
             replay: None,
@@ -543,7 +548,8 @@ impl ShardLog {
 
     /// The oldest offset still held (retention moves it up).
     pub fn start_offset(&self) -> u64 {
-        self.segments.first().map_or(self.next_offset, |s| s.base)
+        let physical = self.segments.first().map_or(self.next_offset, |s| s.base);
+        physical.max(self.trimmed_below.min(self.next_offset))
     }
 
     /// The offset the next appended record gets.

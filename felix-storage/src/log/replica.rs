@@ -568,6 +568,7 @@ impl ShardLog {
             self.tasks.push_back(Task::SyncDir);
         }
         self.segments.push(Segment::new_unborn(&self.dir, start));
+        self.trimmed_below = 0;
         self.tail.clear();
         self.tail_bytes = 0;
         self.next_offset = start;
@@ -798,6 +799,8 @@ impl ShardLog {
             pos: 0,
             what: e.to_string(),
         })?;
+        // Where its leader last cut: served from there again (`retention.rs`).
+        self.trimmed_below = state.log_start;
         self.replica = StateFile::loaded(state);
         Ok(())
     }

@@ -595,6 +595,7 @@ fn state(fence: u64, commit: u64, epochs: &[(u64, u64)]) -> ReplicaState {
     ReplicaState {
         fence_generation: fence,
         commit,
+        log_start: 0,
         epochs: epochs
             .iter()
             .map(|&(generation, start_offset)| Epoch {

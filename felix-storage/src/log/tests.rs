@@ -1678,3 +1678,155 @@ fn the_runtime_may_complete_ops_in_any_order() {
         assert_eq!(rig.opened.map(|o| o.1), Some(50), "seed {seed}");
     }
 }
+
+/// A log of 30 equal records (one per entry, stamped 1000..1030 µs) in segments of a known
+/// width, for the cut decision's exact tests.
+fn even_log(extra: LogConfig) -> Rig {
+    let mut rig = Rig::new(extra);
+    for _ in 0..30 {
+        rig.append(&[&[7u8; 40]]);
+    }
+    rig.pump();
+    rig
+}
+
+fn bases(rig: &Rig) -> Vec<u64> {
+    rig.log.segments.iter().map(|s| s.base).collect()
+}
+
+#[test]
+fn the_cut_by_age_is_decided_exactly_under_a_virtual_clock() {
+    let rig = even_log(LogConfig {
+        retention_age: Some(Duration::from_micros(100)),
+        ..cfg(FsyncMode::OnCommit, 300)
+    });
+    // Segments of 3 records: [0,3) [3,6) ... [27,30), the newest stamped 1002, 1005, ...
+    assert_eq!(bases(&rig), vec![0, 3, 6, 9, 12, 15, 18, 21, 24, 27]);
+    // A segment goes once its newest record is older than 100 µs: strictly.
+    assert_eq!(rig.log.retention_cut(1_102), None);
+    assert_eq!(rig.log.retention_cut(1_103), Some(3));
+    assert_eq!(rig.log.retention_cut(1_105), Some(3));
+    assert_eq!(rig.log.retention_cut(1_106), Some(6));
+    assert_eq!(rig.log.retention_cut(1_123), Some(21));
+    // Never the active segment, however old.
+    assert_eq!(rig.log.retention_cut(u64::MAX), Some(27));
+    // The clock stepping back decides nothing.
+    assert_eq!(rig.log.retention_cut(0), None);
+}
+
+#[test]
+fn the_cut_by_size_keeps_the_newest_segments_within_the_bound_and_respects_the_floor() {
+    let mut rig = even_log(LogConfig {
+        retention_bytes: Some(1_000),
+        ..cfg(FsyncMode::OnCommit, 300)
+    });
+    // Ten segments of 269 bytes: the newest three (807 bytes) fit under 1000.
+    assert!(rig.log.segments.iter().all(|s| s.len == 269));
+    assert_eq!(rig.log.retention_cut(0), Some(21));
+    // The floor (commit state rebuilt from the log) holds the cut below it.
+    rig.log.set_retention_floor(Some(10));
+    assert_eq!(rig.log.retention_cut(0), Some(9));
+    rig.log.set_retention_floor(None);
+    // The bounds change at runtime: a stream's own retention replaces the broker's.
+    rig.log.set_retention(Some(u64::MAX), None);
+    assert_eq!(rig.log.retention_cut(u64::MAX), None);
+    rig.log
+        .set_retention(None, Some(Duration::from_micros(100)));
+    assert_eq!(rig.log.retention_cut(1_103), Some(3));
+    rig.log.set_retention(None, None);
+    assert_eq!(rig.log.retention_cut(u64::MAX), None);
+}
+
+#[test]
+fn the_leader_cuts_where_it_decided_and_a_follower_only_where_it_is_told() {
+    let retention = LogConfig {
+        retention_age: Some(Duration::from_micros(100)),
+        ..cfg(FsyncMode::OnCommit, 300)
+    };
+    let mut leader = even_log(retention.clone());
+    leader.log.enforce_retention(1_109);
+    leader.pump();
+    assert_eq!(leader.log.start_offset(), 9);
+    assert_eq!(leader.trimmed, Some(9));
+    assert_eq!(leader.files()[0], layout::segment_name(9));
+
+    // A follower whose segments end elsewhere (wider ones): it decides nothing itself.
+    let mut follower = even_log(LogConfig {
+        segment_max_bytes: 500,
+        ..retention
+    });
+    assert_eq!(bases(&follower), vec![0, 5, 10, 15, 20, 25]);
+    follower.log.take_only_shipped(true);
+    follower.log.enforce_retention(u64::MAX);
+    follower.pump();
+    assert_eq!(
+        follower.log.start_offset(),
+        0,
+        "a follower never cuts on its own"
+    );
+    assert_eq!(follower.trimmed, None);
+    // The leader's start, 9, is inside the follower's [5, 10): the follower starts at 9
+    // exactly, removes [0, 5) and keeps the straddling segment for now.
+    follower.log.trim_to(9);
+    follower.pump();
+    assert_eq!(follower.log.start_offset(), 9);
+    assert_eq!(follower.trimmed, Some(9));
+    assert_eq!(follower.files()[0], layout::segment_name(5));
+    assert_eq!(
+        follower.log.read(5, 1, 1 << 20),
+        Err(ReadError::Trimmed {
+            requested: 5,
+            oldest: 9
+        })
+    );
+    let got = follower.read_all();
+    assert_eq!(got.first().map(|r| r.0), Some(9));
+    assert_eq!(got.len(), 21);
+    // An older cut, or one past its end, changes nothing.
+    follower.trimmed = None;
+    follower.log.trim_to(5);
+    follower.log.trim_to(31);
+    follower.pump();
+    assert_eq!((follower.log.start_offset(), follower.trimmed), (9, None));
+    // The leader's next cut passes the straddler: it goes too.
+    follower.log.trim_to(16);
+    follower.pump();
+    assert_eq!(follower.log.start_offset(), 16);
+    assert_eq!(follower.files()[0], layout::segment_name(15));
+    // A cut on a segment boundary leaves no straddler; the timer cuts nothing more.
+    follower.log.trim_to(20);
+    follower.log.enforce_retention(u64::MAX);
+    follower.pump();
+    assert_eq!(follower.log.start_offset(), 20);
+    assert_eq!(follower.files()[0], layout::segment_name(20));
+}
+
+#[test]
+fn the_start_a_follower_was_told_is_kept_across_a_restart() {
+    let mut follower = even_log(LogConfig {
+        retention_age: Some(Duration::from_micros(100)),
+        ..cfg(FsyncMode::OnCommit, 500)
+    });
+    assert_eq!(bases(&follower), vec![0, 5, 10, 15, 20, 25]);
+    follower.log.take_only_shipped(true);
+    follower.log.trim_to(9);
+    let state = crate::replica_state::ReplicaState {
+        log_start: 9,
+        ..Default::default()
+    };
+    follower.log.persist_replica_state(state).unwrap();
+    follower.pump();
+    assert_eq!(follower.states.last().map(|s| s.log_start), Some(9));
+    // A crash: the straddling segment [5, 10) is still on disk, yet the copy starts at 9.
+    let mut follower = follower.reopen(Crash::Power);
+    assert_eq!(follower.opened, Some((9, 30, 0)));
+    assert_eq!(follower.files()[0], layout::segment_name(5));
+    assert_eq!(
+        follower.log.read(8, 1, 1 << 20),
+        Err(ReadError::Trimmed {
+            requested: 8,
+            oldest: 9
+        })
+    );
+    assert_eq!(follower.read_all().first().map(|r| r.0), Some(9));
+}

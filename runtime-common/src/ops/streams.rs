@@ -476,6 +476,7 @@ pub(super) fn shard_json(s: &felix_engine::ShardView) -> Value {
         "writable": s.writable,
         "replicas": s.replicas,
         "generation": s.generation,
+        "here": s.here.map(|h| j!({ "log_start": h.log_start, "log_end": h.log_end })),
     })
 }
 
