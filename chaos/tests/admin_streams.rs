@@ -538,6 +538,244 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
     c.stop_all();
 }
 
+/// Every shard's leader of `stream`, as node `at` names them, once each shard has one.
+async fn led(c: &Cluster, at: usize, stream: &str) -> Option<Vec<usize>> {
+    let client = Client::connect(config(c, at)).await.ok()?;
+    let ask = Message::ShardOwners(message::ShardOwners {
+        tenant_id: TENANT.into(),
+        namespace: NAMESPACE.into(),
+        name: stream.into(),
+        kind: ShardKind::Stream,
+        request_id: 1,
+    });
+    let mut raw = client.open_raw_stream(true).await.ok()?;
+    raw.send(ask.to_frame().to_bytes()).await.ok()?;
+    let frame = tokio::time::timeout(Duration::from_secs(5), raw.recv_frame())
+        .await
+        .ok()?
+        .ok()??;
+    client.close().await;
+    match Message::decode(&frame.payload).ok()? {
+        Message::ShardOwnersView(v) => v
+            .owners
+            .iter()
+            .map(|o| o.node_id.as_deref().map(index))
+            .collect(),
+        _ => None,
+    }
+}
+
+/// Issue 33 item 5 on real processes: a stream is deleted through one node, and every node
+/// acts on it. Created through the CLI, published to through every node, subscribed on two
+/// nodes (the leaders of two shards); `felix admin streams delete` through a third ends both
+/// subscriptions with `stream_deleted`, every node then answers 404 for it, a second delete is
+/// 404 too; created again it is empty. A token without `stream.manage` is refused 403; a
+/// cache is deleted the same way (`felix admin caches delete`, then 404 on every node); and
+/// without a control-plane majority a delete is refused 503 (exit 4).
+#[test]
+fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
+    use felix_client::{Start, SubscriptionEnd, SubscriptionItem};
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut c = started();
+    const GONE: &str = "deleted-orders";
+    let made = |c: &Cluster, at: usize| {
+        let out = admin(
+            c,
+            at,
+            &[
+                "create",
+                TENANT,
+                NAMESPACE,
+                GONE,
+                "--shards",
+                "3",
+                "--rf",
+                "3",
+                "--consistency",
+                "quorum",
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+    };
+    made(&c, 0);
+    let publish = |at: usize, payload: String, key: String| {
+        rt.block_on(until("a publish acknowledged", || async {
+            let client = Client::connect(config(&c, at)).await.ok()?;
+            let answer = client
+                .publish(
+                    NAMESPACE,
+                    GONE,
+                    vec![Bytes::from(payload.clone())],
+                    Some(Bytes::from(key.clone())),
+                    Ack::PerMessage,
+                )
+                .await;
+            client.close().await;
+            answer.ok().flatten().map(|_| ())
+        }))
+    };
+    for at in 0..NODES.len() {
+        for n in 0..4 {
+            publish(at, format!("old-{at}-{n}"), format!("key-{at}-{n}"));
+        }
+    }
+    // Two shards led by two different nodes, one subscription on each leader.
+    let owners = rt.block_on(until("every shard led", || led(&c, 0, GONE)));
+    let a = 0u32;
+    let b = (1..3u32)
+        .find(|&s| owners[s as usize] != owners[0])
+        .expect("leaders are balanced over the nodes");
+    let (la, lb) = (owners[a as usize], owners[b as usize]);
+    let via = (0..NODES.len()).find(|&i| i != la && i != lb).unwrap_or(0);
+    let mut subs = Vec::new();
+    for (shard, at) in [(a, la), (b, lb)] {
+        let sub = rt.block_on(until("a subscription", || async {
+            let client = Client::connect(config(&c, at)).await.ok()?;
+            let sub = client
+                .subscribe_shard(NAMESPACE, GONE, Start::Offset(0), Some(shard))
+                .await
+                .ok()?;
+            Some((client, sub))
+        }));
+        subs.push((shard, at, sub));
+    }
+
+    // A token that may view but not manage is refused, and nothing is deleted.
+    let viewer = c.mint(vec![format!("stream.view:stream:{TENANT}/*")], 600);
+    let denied = admin_as(&c, via, &viewer, &["delete", TENANT, NAMESPACE, GONE]);
+    assert_eq!(denied.status.code(), Some(3), "{}", text(&denied));
+    assert!(
+        String::from_utf8_lossy(&denied.stderr).contains("403"),
+        "{}",
+        text(&denied)
+    );
+
+    let out = admin(&c, via, &["delete", TENANT, NAMESPACE, GONE, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["deleted"], true, "{v}");
+
+    for (shard, at, (client, mut sub)) in subs {
+        let end = rt.block_on(async {
+            tokio::time::timeout(LIMIT, async {
+                loop {
+                    match sub.next().await {
+                        Ok(SubscriptionItem::Event(_)) => continue,
+                        other => return other,
+                    }
+                }
+            })
+            .await
+        });
+        assert!(
+            matches!(
+                end,
+                Ok(Ok(SubscriptionItem::End(SubscriptionEnd::StreamDeleted)))
+            ),
+            "shard {shard} on {}: {end:?}",
+            NODES[at]
+        );
+        rt.block_on(client.close());
+    }
+    for at in 0..NODES.len() {
+        let gone = admin(&c, at, &["get", TENANT, NAMESPACE, GONE]);
+        assert_eq!(gone.status.code(), Some(3), "{}", text(&gone));
+        assert!(
+            String::from_utf8_lossy(&gone.stderr).contains("404"),
+            "{}",
+            text(&gone)
+        );
+    }
+    let again = admin(&c, 0, &["delete", TENANT, NAMESPACE, GONE]);
+    assert_eq!(again.status.code(), Some(3), "{}", text(&again));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("404"),
+        "{}",
+        text(&again)
+    );
+
+    // Created again: empty, whatever node it is read from.
+    made(&c, 1);
+    publish(2, "new".into(), "key-new".into());
+    let mut found = Vec::new();
+    for shard in 0..3u32 {
+        let records = rt.block_on(until("a read of a shard", || async {
+            let owners = led(&c, 0, GONE).await?;
+            let client = Client::connect(config(&c, owners[shard as usize]))
+                .await
+                .ok()?;
+            let page = client
+                .stream_read(NAMESPACE, GONE, shard, 0, None, Some(1000))
+                .await
+                .ok()?;
+            client.close().await;
+            Some(page.records)
+        }));
+        found.extend(
+            records
+                .iter()
+                .map(|r| String::from_utf8_lossy(&r.payload).into_owned()),
+        );
+    }
+    assert_eq!(
+        found,
+        ["new"],
+        "the re-created stream holds only what was written since"
+    );
+
+    // A cache the same way: created, written, deleted through another node, gone everywhere.
+    let caches = |at: usize, args: &[&str]| {
+        std::process::Command::new(binary("FELIX_CLI_BIN", "felix"))
+            .args(["admin", "caches"])
+            .args(&args[..1])
+            .arg("--broker")
+            .arg(c.nodes[at].ops.to_string())
+            .args(["--token", &c.token])
+            .args(&args[1..])
+            .output()
+            .unwrap()
+    };
+    let made = caches(0, &["create", TENANT, NAMESPACE, "gone-cache", "--rf", "3"]);
+    assert!(made.status.success(), "{}", text(&made));
+    rt.block_on(until("a cache put acknowledged", || async {
+        let client = Client::connect(config(&c, 1)).await.ok()?;
+        let answer = client
+            .cache_put(NAMESPACE, "gone-cache", "k", Bytes::from("v"), None)
+            .await;
+        client.close().await;
+        answer.ok()
+    }));
+    let gone = caches(2, &["delete", TENANT, NAMESPACE, "gone-cache"]);
+    assert!(gone.status.success(), "{}", text(&gone));
+    assert!(
+        String::from_utf8_lossy(&gone.stdout).starts_with("deleted: "),
+        "{}",
+        text(&gone)
+    );
+    for at in 0..NODES.len() {
+        let get = caches(at, &["get", TENANT, NAMESPACE, "gone-cache"]);
+        assert_eq!(get.status.code(), Some(3), "{}", text(&get));
+        assert!(
+            String::from_utf8_lossy(&get.stderr).contains("404"),
+            "{}",
+            text(&get)
+        );
+    }
+
+    // No control-plane majority: refused 503, retryable (exit 4).
+    c.kill(1).unwrap();
+    c.kill(2).unwrap();
+    let lonely = admin(&c, 0, &["delete", TENANT, NAMESPACE, GONE]);
+    assert_eq!(lonely.status.code(), Some(4), "{}", text(&lonely));
+    assert!(
+        String::from_utf8_lossy(&lonely.stderr).contains("503"),
+        "{}",
+        text(&lonely)
+    );
+    c.stop_all();
+}
+
 /// `POST /v1/streams` with `body`: the status and the answer.
 fn post(ops: std::net::SocketAddr, token: &str, body: &str) -> (u16, String) {
     use std::io::{Read, Write};

@@ -137,6 +137,17 @@ async fn until<T, F: std::future::Future<Output = Option<T>>>(
     }
 }
 
+/// Node `i`'s `felix_broker_cluster_shards_awaiting_leader` (0 when unreadable).
+fn awaiting_leader(c: &Cluster, i: usize) -> u64 {
+    felix_chaos::cluster::http_get(c.nodes[i].ops, "/metrics", true)
+        .and_then(|(_, text)| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("felix_broker_cluster_shards_awaiting_leader "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 fn cut(c: &Cluster, a: usize, on: bool) {
     for b in (0..NODES.len()).filter(|&b| b != a) {
         for (from, to) in [(a, b), (b, a)] {
@@ -208,18 +219,23 @@ fn a_crashed_leader_keeps_its_leader_shard_and_every_record_it_acknowledged_alon
             _ => None,
         }
     }));
-    // Past the point the old rule handed the shard on (its lease and the regrant margin,
-    // twice over), nobody leads in its place: an observation window, not a synchronisation.
-    let window = Instant::now() + 3 * LEASE;
-    while Instant::now() < window {
-        let (l, g) = rt.block_on(owner(&c, follower, "ls")).unwrap();
-        assert_eq!(
-            (l.as_deref(), g),
-            (Some(NODES[leader]), generation),
-            "handed on"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    // The control plane's leader decides, after the lease lapsed, that nobody may take the
+    // shard: the moment the old rule handed it on. Wait for that decision, then check it held.
+    rt.block_on(until(
+        "the control plane keeps ls for its leader",
+        || async {
+            (0..NODES.len())
+                .filter(|&i| i != leader)
+                .any(|i| awaiting_leader(&c, i) >= 1)
+                .then_some(())
+        },
+    ));
+    let (l, g) = rt.block_on(owner(&c, follower, "ls")).unwrap();
+    assert_eq!(
+        (l.as_deref(), g),
+        (Some(NODES[leader]), generation),
+        "handed on"
+    );
     c.start(leader).unwrap();
     c.wait_ready(leader, READY_LIMIT).unwrap();
     let records = rt.block_on(until("a full read of ls", || async {

@@ -1,4 +1,4 @@
-//! `felix admin streams create|alter|get|list`: streams through the admin API on a node's ops
+//! `felix admin streams create|alter|get|list|delete`: streams through the admin API on a node's ops
 //! endpoint (`/v1/streams`, docs/operations.md). Human tables by default, the API's JSON with
 //! `--json`. Exit codes: 0 done, 2 usage, 3 the broker refused (a 4xx: bad spec, token,
 //! permission, no such stream, a conflicting spec), 4 no answer or a 5xx (retryable: no
@@ -57,6 +57,8 @@ enum CachesCommand {
     Get(NameArgs),
     /// List the token's tenant's caches.
     List(ListArgs),
+    /// Delete a cache on every node (its values, counters and watches).
+    Delete(NameArgs),
 }
 
 #[derive(Args)]
@@ -90,6 +92,18 @@ pub(crate) fn run_caches(args: CachesArgs) -> Result<(), Failure> {
             (a.common, "GET", path, None, false)
         }
         CachesCommand::List(a) => (a.common, "GET", "/v1/caches".to_owned(), None, false),
+        CachesCommand::Delete(a) => {
+            let path = format!("/v1/caches/{}/{}/{}", a.tenant, a.namespace, a.stream);
+            call(&a.common, "DELETE", &path, None)?;
+            if a.common.json {
+                let v = json!({"tenant": a.tenant, "namespace": a.namespace,
+                    "cache": a.stream, "deleted": true});
+                println!("{v}");
+            } else {
+                println!("deleted: {}/{}/{}", a.tenant, a.namespace, a.stream);
+            }
+            return Ok(());
+        }
     };
     let (status, v) = call(&common, method, &path, body.as_ref())?;
     if common.json {
@@ -137,6 +151,10 @@ enum StreamsCommand {
     Get(NameArgs),
     /// List the token's tenant's streams.
     List(ListArgs),
+    /// Delete a stream on every node (its records, copies and subscriptions); answered once
+    /// the cluster recorded it and the asked node removed its copies. Safe to repeat: a
+    /// stream already gone is refused as unknown (exit 3).
+    Delete(NameArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -276,6 +294,19 @@ pub(crate) fn run(args: StreamsArgs) -> Result<(), Failure> {
                 println!("{v}");
             } else {
                 print!("{}", stream_table(&v));
+            }
+            Ok(())
+        }
+        StreamsCommand::Delete(a) => {
+            let path = format!("/v1/streams/{}/{}/{}", a.tenant, a.namespace, a.stream);
+            call(&a.common, "DELETE", &path, None)?;
+            let name = format!("{}/{}/{}", a.tenant, a.namespace, a.stream);
+            if a.common.json {
+                let v = json!({"tenant": a.tenant, "namespace": a.namespace,
+                    "stream": a.stream, "deleted": true});
+                println!("{v}");
+            } else {
+                println!("deleted: {name}");
             }
             Ok(())
         }

@@ -259,6 +259,9 @@ pub struct Metrics {
     /// Gauge: `leader` shards led here whose quiescence the cluster records (a follower may
     /// take each over without loss; a write there waits for a resumption first).
     pub leader_shards_quiet: u64,
+    /// Gauge, on the control plane's leader: shards whose leader lapsed that nobody may take
+    /// without giving up records only it holds, so they wait for it (or an abandon).
+    pub cluster_shards_awaiting_leader: u64,
     /// Requests this node forwarded to their shard's leader.
     pub forwards_sent: u64,
     /// Forwarded requests this node ran as the leader.
@@ -315,6 +318,7 @@ impl Default for Metrics {
             replication_catch_up_bytes: 0,
             acknowledged_records_abandoned: 0,
             leader_shards_quiet: 0,
+            cluster_shards_awaiting_leader: 0,
             cluster_shards_followed: 0,
             cluster_metadata_term: 0,
             cluster_metadata_applied: 0,

@@ -522,3 +522,26 @@ fn a_deleted_streams_groups_go_with_it() {
     assert_eq!(got[0]["records"][0]["offset"], 0, "{got:?}");
     assert_eq!(got[0]["records"][0]["payload"], "bmV3", "{got:?}");
 }
+
+/// A cache's (or its counters') tombstone left by a crash during a cluster-wide cache delete
+/// is removed at startup and never opened as a log, like a stream's.
+#[test]
+fn a_cache_tombstone_left_by_a_crash_is_removed_at_startup() {
+    let mut net = Net::durable(on_commit(), |_| {});
+    let mut disk = std::mem::take(&mut net.disk);
+    drop(net);
+    for root in ["caches", "counters"] {
+        let dir = format!("{root}/t1/default/.deleted.1.3/0");
+        disk.plant_dir(&format!("{root}/t1/default"));
+        disk.plant_dir(&format!("{root}/t1/default/.deleted.1.3"));
+        disk.plant_dir(&dir);
+        disk.plant_file(&format!("{dir}/00000000000000000000.seg"), b"old".to_vec());
+    }
+    let net = Net::durable_on(disk, on_commit(), |_| {});
+    assert!(
+        !net.disk.files().keys().any(|f| f.contains(".deleted.")),
+        "startup removed the tombstones' files: {:?}",
+        net.disk.files().keys().collect::<Vec<_>>()
+    );
+    assert_eq!(tombstone_dirs(&net.disk), Vec::<&String>::new());
+}

@@ -498,9 +498,9 @@ impl<N: From<TableEvent>> LogTable<N> {
         let groups = dir.starts_with(GROUPS_DIR);
         for entry in entries.into_iter().filter(|e| e.is_dir) {
             let child = layout::join(&dir, &entry.name);
-            if depth == 2 && (groups || dir.starts_with(STREAMS_DIR)) && is_tombstone(&entry.name) {
-                // A stream (or its groups) deleted before a crash: never opened, its files
-                // go now.
+            if depth == 2 && is_tombstone(&entry.name) {
+                // A stream (its groups, a cache, its counters) deleted before a crash: never
+                // opened, its files go now.
                 let op = self.retiring.finish(child);
                 self.ops.push_back(op);
                 continue;

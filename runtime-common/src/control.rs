@@ -128,6 +128,9 @@ impl RunningBroker {
     /// Deletes a stream (trusted: no token is checked; the ops endpoint's
     /// `DELETE /v1/streams/…` checks one). Its subscriptions end — with `stream_deleted`
     /// where the client offered it — and the next publish or subscribe creates it afresh.
+    /// On a cluster node it asks the control plane for the delete (one `DeleteStream`
+    /// command, carried out by every node as it applies it) and resolves once asked: `Ok`
+    /// does not yet mean applied (the ops endpoint's `DELETE` waits for that).
     pub async fn delete_stream(
         &self,
         tenant: &str,

@@ -179,7 +179,7 @@ impl<R: Runtime> Driver<R> {
             return true;
         }
         ops.set_ready(self.engine.is_serving());
-        ops.set_metadata_applied(self.engine.cluster_metadata_applied());
+        ops.set_metadata_applied(self.engine.cluster_changes());
         false
     }
 

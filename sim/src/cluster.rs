@@ -34,6 +34,7 @@ use crate::invariants::forwarded_acks::{self, ReadBack};
 use crate::invariants::leases_disjoint::{self, LeasesDisjoint};
 use crate::invariants::meta_agreement::{self, EndState, MetaAgreement};
 use crate::invariants::no_acked_loss;
+use crate::invariants::object_specs::ObjectSpecs;
 use crate::invariants::one_writer::OneWriter;
 use crate::invariants::requests_answered;
 use crate::invariants::shard_leaders::ShardLeaders;
@@ -44,6 +45,7 @@ use crate::rng::SimRng;
 use crate::trace::{short_hash, Trace};
 use crate::{Canary, Outcome, RunOptions};
 
+mod admin;
 mod lost_drives;
 
 const START_UNIX_MICROS: u64 = 1_767_225_600_000_000;
@@ -104,6 +106,8 @@ enum Fault {
     /// Canary (`WipeLeaderDisk`): the busiest forwarded-to leader dies and comes back on an
     /// empty disk.
     WipeLeader,
+    /// `--admin-ops`: one admin call on a node that is up (`admin.rs`).
+    Admin,
     EndOfFaults,
     StartAudit,
 }
@@ -205,6 +209,10 @@ pub(crate) struct ClusterWorld {
     leases: LeasesDisjoint,
     prefix_entries_checked: u64,
     freezes: u64,
+    /// `--admin-ops`: the operator's calls, drawn from their own stream.
+    admin_ops: bool,
+    admin_rng: SimRng,
+    specs: ObjectSpecs,
 }
 
 impl ClusterWorld {
@@ -330,6 +338,9 @@ impl ClusterWorld {
             leases: LeasesDisjoint::default(),
             prefix_entries_checked: 0,
             freezes: 0,
+            admin_ops: opts.admin_ops || opts.canary == Some(Canary::SpecDivergence),
+            admin_rng: root.fork("admin"),
+            specs: ObjectSpecs::default(),
         };
         let clocks: Vec<String> = world
             .nodes
@@ -342,6 +353,11 @@ impl ClusterWorld {
         );
         world.log(format_args!("{header}"));
         world.schedule_faults(&mut plan);
+        if world.admin_ops {
+            // Its own fork: a seed's other draws stay what runs without it made.
+            let mut admin_plan = root.fork("admin plan");
+            world.schedule_admin(&mut admin_plan);
+        }
         world
     }
 
@@ -482,6 +498,14 @@ impl ClusterWorld {
             self.clock.elapsed().as_secs_f64() * 1e3,
             started.elapsed().as_secs_f64() * 1e3,
         );
+        let summary = if self.admin_ops {
+            format!(
+                "{summary}, {} admin calls ({} unavailable)",
+                self.specs.calls, self.specs.unavailable
+            )
+        } else {
+            summary
+        };
         Outcome {
             seed: self.seed,
             hash: self.trace.hash(),
@@ -976,6 +1000,7 @@ impl ClusterWorld {
                     self.crash(i, CrashKind::Power, true, true);
                 }
             }
+            Fault::Admin => self.admin_call(now)?,
             Fault::EndOfFaults => {
                 self.quiet = true;
                 self.net.heal_all();
@@ -1379,6 +1404,7 @@ impl ClusterWorld {
             });
         }
         self.agreement.check_end(&ends)?;
+        self.check_object_specs()?;
         self.check_committed_prefixes()?;
         let auditors: BTreeMap<u32, &SimClient> = self
             .clients

@@ -90,6 +90,10 @@ pub enum Canary {
     /// busiest leader off from its followers while it acknowledges alone, then crashes it
     /// (caught by `no_acked_loss`).
     AbandonOnSilence,
+    /// Cluster, with `--admin-ops` (turned on by it): at the end one node's view of the first
+    /// stream the operator created reports a retention nobody asked for (caught by
+    /// `object_specs`).
+    SpecDivergence,
 }
 
 impl std::str::FromStr for Canary {
@@ -111,8 +115,9 @@ impl std::str::FromStr for Canary {
             "serve-past-lease" => Ok(Canary::ServePastLease),
             "ack-before-durable" => Ok(Canary::AckBeforeDurable),
             "abandon-on-silence" => Ok(Canary::AbandonOnSilence),
+            "spec-divergence" => Ok(Canary::SpecDivergence),
             other => Err(format!(
-                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new, drop-watch-change, stale-cache-read, misroute-claim, withhold-answers, metadata-divergence, split-leader, wipe-leader-disk, redirect-loop, promote-behind, serve-past-lease, ack-before-durable or abandon-on-silence"
+                "unknown canary {other:?}: expected drop-event-frame, lying-sync, resend-as-new, drop-watch-change, stale-cache-read, misroute-claim, withhold-answers, metadata-divergence, split-leader, wipe-leader-disk, redirect-loop, promote-behind, serve-past-lease, ack-before-durable, abandon-on-silence or spec-divergence"
             )),
         }
     }
@@ -143,6 +148,10 @@ pub struct RunOptions {
     /// `quorum`, so `no_acked_loss` holds a crashed leader's own acknowledgements to the
     /// spec (docs/replication.md, "Who may lead a `leader` shard").
     pub leader_consistency: bool,
+    /// Cluster runs: the operator creates streams and changes their retention through the
+    /// admin API while faults run (`cluster/admin.rs`, checked by `object_specs`). Off by
+    /// default, so a seed's schedule stays what earlier sweeps ran.
+    pub admin_ops: bool,
 }
 
 impl RunOptions {
@@ -156,6 +165,7 @@ impl RunOptions {
             replicated: false,
             wipe_disks: false,
             leader_consistency: false,
+            admin_ops: false,
         }
     }
 }

@@ -18,7 +18,7 @@ use felix_sim::{run, run_cluster, Canary, RunOptions};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: felix-sim (--seeds A..B | --seed S) [--cluster] [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers|metadata-divergence|split-leader|wipe-leader-disk|redirect-loop|promote-behind|serve-past-lease|ack-before-durable|abandon-on-silence] [--quiet | --hashes] [--keep-going] [--majority-crashes] [--replicated] [--wipe-disks] [--leader-consistency]"
+        "usage: felix-sim (--seeds A..B | --seed S) [--cluster] [--verbose] [--canary drop-event-frame|lying-sync|resend-as-new|drop-watch-change|stale-cache-read|misroute-claim|withhold-answers|metadata-divergence|split-leader|wipe-leader-disk|redirect-loop|promote-behind|serve-past-lease|ack-before-durable|abandon-on-silence|spec-divergence] [--quiet | --hashes] [--keep-going] [--majority-crashes] [--replicated] [--wipe-disks] [--leader-consistency] [--admin-ops]"
     );
     ExitCode::from(2)
 }
@@ -51,6 +51,7 @@ fn main() -> ExitCode {
     let mut replicated = false;
     let mut wipe_disks = false;
     let mut leader_consistency = false;
+    let mut admin_ops = false;
     let mut canary: Option<Canary> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -82,6 +83,7 @@ fn main() -> ExitCode {
             "--replicated" => replicated = true,
             "--wipe-disks" => wipe_disks = true,
             "--leader-consistency" => leader_consistency = true,
+            "--admin-ops" => admin_ops = true,
             "--canary" => match args.next().map(|c| c.parse()) {
                 Some(Ok(c)) => canary = Some(c),
                 Some(Err(e)) => {
@@ -113,6 +115,7 @@ fn main() -> ExitCode {
         Some(Canary::ServePastLease) => " --canary serve-past-lease",
         Some(Canary::AckBeforeDurable) => " --canary ack-before-durable",
         Some(Canary::AbandonOnSilence) => " --canary abandon-on-silence",
+        Some(Canary::SpecDivergence) => " --canary spec-divergence",
         None => "",
     };
     let mut out = std::io::stdout().lock();
@@ -135,6 +138,7 @@ fn main() -> ExitCode {
             replicated,
             wipe_disks,
             leader_consistency,
+            admin_ops,
         };
         let outcome = if cluster {
             run_cluster(&options)
@@ -155,7 +159,7 @@ fn main() -> ExitCode {
             say!("VIOLATION at seed {seed}: {}", v.invariant);
             say!("  {}", v.detail);
             say!(
-                "replay: cargo run --release -p felix-sim -- --seed {seed}{}{}{}{canary_flag} --verbose",
+                "replay: cargo run --release -p felix-sim -- --seed {seed}{}{}{}{}{canary_flag} --verbose",
                 match (cluster, majority_crashes, replicated) {
                     (false, ..) => "",
                     (true, false, false) => " --cluster",
@@ -164,7 +168,8 @@ fn main() -> ExitCode {
                     (true, true, true) => " --cluster --majority-crashes --replicated",
                 },
                 if wipe_disks { " --wipe-disks" } else { "" },
-                if leader_consistency { " --leader-consistency" } else { "" }
+                if leader_consistency { " --leader-consistency" } else { "" },
+                if admin_ops { " --admin-ops" } else { "" }
             );
             if !keep_going {
                 return ExitCode::from(1);

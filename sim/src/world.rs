@@ -156,7 +156,8 @@ impl World {
                 | Canary::PromoteBehind
                 | Canary::ServePastLease
                 | Canary::AckBeforeDurable
-                | Canary::AbandonOnSilence,
+                | Canary::AbandonOnSilence
+                | Canary::SpecDivergence,
             ) => *plan.pick(&[
                 Mode::Memory,
                 Mode::Memory,

@@ -195,3 +195,34 @@ fn a_small_leader_consistency_sweep_loses_nothing() {
         assert_eq!(outcome.violation, None, "seed {seed}: {}", outcome.summary);
     }
 }
+
+#[test]
+fn a_node_holding_a_spec_nobody_asked_for_is_caught() {
+    let (seed, v) = first_caught(Canary::SpecDivergence, 10).expect("caught within 10 seeds");
+    assert_eq!(v.invariant, "object_specs", "seed {seed}: {v}");
+}
+
+#[test]
+fn the_operators_creates_and_alters_keep_their_answers() {
+    let mut created = 0;
+    for seed in 0..4 {
+        let outcome = run_cluster(&RunOptions {
+            admin_ops: true,
+            replicated: true,
+            verbose: true,
+            ..RunOptions::seed(seed)
+        });
+        if let Some(v) = &outcome.violation {
+            panic!(
+                "seed {seed}: {v}\nreplay: cargo run -p felix-sim -- --cluster --replicated --admin-ops --seed {seed} --verbose"
+            );
+        }
+        created += outcome
+            .trace
+            .iter()
+            .filter(|l| l.contains(" ADMIN ") && l.contains(": Ok(Some("))
+            .count();
+    }
+    // The workload reached the answers the invariant judges: creates answered with a view.
+    assert!(created > 0, "no create answered with its view in 4 seeds");
+}

@@ -166,6 +166,8 @@ pub struct ControlPlane {
     last_heard: BTreeMap<NodeId, Instant>,
     guard: DiskGuard,
     was_leader: bool,
+    /// The last promotion pass's count of shards waiting for their lapsed leader.
+    awaiting_leader: usize,
     /// As leader: when each node's last lease renewal arrived, by this node's clock.
     renewed: BTreeMap<NodeId, Instant>,
     /// As leader: when this term began here, and its first entry (everything before it must be
@@ -205,6 +207,15 @@ impl ControlPlane {
                 applied.push(meta.apply_entry(e.index, &e.data));
             }
         }
+        // A delete replayed for a name that lives again was carried out before the restart:
+        // the new life's copies were opened only once the old ones were gone, so the node
+        // must not remove them now. A name still deleted is removed again (idempotent), in
+        // case the restart cut its removal short.
+        applied.retain(|a| match a {
+            Applied::StreamDeleted { key, .. } => !meta.streams.contains_key(key),
+            Applied::CacheDeleted { key, .. } => !meta.caches.contains_key(key),
+            _ => true,
+        });
         let guard = if store.is_blank() {
             DiskGuard::Blank {
                 blank_peers: BTreeSet::new(),
@@ -252,6 +263,7 @@ impl ControlPlane {
             last_heard: BTreeMap::new(),
             guard,
             was_leader: false,
+            awaiting_leader: 0,
             renewed: BTreeMap::new(),
             took_over: None,
             pending_grants: BTreeMap::new(),
@@ -318,6 +330,16 @@ impl ControlPlane {
                 self.out
                     .push_back(ControlOutput::LeaseGranted { node, seq, grant });
             }
+        }
+    }
+
+    /// Shards the last promotion pass left waiting for their lapsed leader (0 unless this
+    /// node leads the control plane).
+    pub fn shards_awaiting_leader(&self) -> usize {
+        if self.is_leader() {
+            self.awaiting_leader
+        } else {
+            0
         }
     }
 
@@ -590,7 +612,9 @@ impl ControlPlane {
             renewed: &self.renewed,
             default: since,
         };
-        let due = promotion::promotions_by(&self.meta, &book, self.cfg.leader_shards);
+        let plan = promotion::promotions_by(&self.meta, &book, self.cfg.leader_shards);
+        self.awaiting_leader = plan.awaiting_leader.len();
+        let due = plan.due;
         for c in &due {
             self.want(c.clone(), now);
         }
@@ -627,6 +651,9 @@ impl ControlPlane {
             if let Some(snap) = &snapshot {
                 self.node.mut_store().apply_snapshot(snap);
                 if let Ok(m) = Metadata::restore(&snap.data) {
+                    let gone = self.meta.streams_gone_in(&m);
+                    self.out
+                        .extend(gone.into_iter().map(ControlOutput::Applied));
                     self.meta = m;
                 }
             }
@@ -746,6 +773,14 @@ fn reflected(meta: &Metadata, cmd: &Command) -> bool {
         }
         Command::CreateStream { key, .. } => meta.streams.contains_key(key),
         Command::CreateCache { key, .. } => meta.caches.contains_key(key),
+        Command::DeleteStream { key, incarnation } => meta
+            .streams
+            .get(key)
+            .is_none_or(|s| s.incarnation != *incarnation),
+        Command::DeleteCache { key, incarnation } => meta
+            .caches
+            .get(key)
+            .is_none_or(|c| c.incarnation != *incarnation),
         Command::AlterStream { key, retention } => meta
             .streams
             .get(key)

@@ -860,3 +860,115 @@ fn a_new_leader_moves_its_silent_predecessors_shards_a_lease_and_margin_after_ta
     }
     panic!("the silent leader's shards never moved");
 }
+
+/// A delete reaches every node, also one cut off while it was applied: n3 misses the delete
+/// and the re-create of `orders` (and the delete of `old`), the others compact past them, and
+/// n3, sent a snapshot, is told both incarnations it held are gone. A restart replays the
+/// delete of a name that still lives as nothing (its removal was done before the new life
+/// opened), and the delete of a name still deleted as a delete again.
+#[test]
+fn a_delete_reaches_a_node_that_was_away_as_a_snapshot_and_replays_only_where_the_name_stays_deleted(
+) {
+    let mut c = Cluster::new(41);
+    c.run_until(100, |c| c.leaders().len() == 1);
+    c.join_all();
+    c.run_until(100, |c| {
+        c.planes.values().all(|p| p.metadata().members.len() == 3)
+    });
+    let spec = StreamSpec::new(1, 3, Consistency::Quorum);
+    let (orders, old) = (
+        ObjectKey::new("t1", "ops", "orders"),
+        ObjectKey::new("t1", "ops", "old"),
+    );
+    let want = |c: &mut Cluster, cmd: Command| {
+        let now = c.now;
+        c.planes.get_mut(&n("n1")).unwrap().want(cmd, now);
+    };
+    for key in [&orders, &old] {
+        want(
+            &mut c,
+            Command::CreateStream {
+                key: key.clone(),
+                spec,
+            },
+        );
+    }
+    c.run_until(100, |c| {
+        c.planes.values().all(|p| p.metadata().streams.len() == 2)
+    });
+    c.cut.insert(n("n3"));
+    c.run_until(100, |c| c.leaders().iter().all(|l| *l != n("n3")));
+    c.applied.clear();
+    for key in [&orders, &old] {
+        want(
+            &mut c,
+            Command::DeleteStream {
+                key: key.clone(),
+                incarnation: 0,
+            },
+        );
+    }
+    c.run_until(100, |c| c.planes[&n("n1")].metadata().streams.is_empty());
+    want(
+        &mut c,
+        Command::CreateStream {
+            key: orders.clone(),
+            spec,
+        },
+    );
+    c.run_until(100, |c| {
+        [n("n1"), n("n2")].iter().all(|x| {
+            c.planes[x]
+                .metadata()
+                .streams
+                .get(&orders)
+                .is_some_and(|s| s.incarnation == 1)
+        })
+    });
+    let deleted = |c: &Cluster, node: &str| -> Vec<Applied> {
+        c.applied
+            .get(&n(node))
+            .into_iter()
+            .flatten()
+            .filter(|a| matches!(a, Applied::StreamDeleted { .. }))
+            .cloned()
+            .collect()
+    };
+    let both = vec![
+        Applied::StreamDeleted {
+            key: old.clone(),
+            incarnation: 0,
+        },
+        Applied::StreamDeleted {
+            key: orders.clone(),
+            incarnation: 0,
+        },
+    ];
+    let mut live = deleted(&c, "n2");
+    live.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+    assert_eq!(live, both, "applied live on n2");
+    // n2 restarts from its log, which holds both deletes and the re-create: only the delete
+    // of the name still deleted is replayed as a delete.
+    c.applied.clear();
+    c.start(&n("n2"));
+    c.settle();
+    assert_eq!(deleted(&c, "n2"), both[..1].to_vec(), "replayed on n2");
+    c.run_until(100, |c| c.leaders().len() == 1);
+    for x in ["n1", "n2"] {
+        c.compact(&n(x));
+    }
+    assert!(deleted(&c, "n3").is_empty());
+    c.cut.clear();
+    c.run_until(100, |c| {
+        c.planes[&n("n3")]
+            .metadata()
+            .streams
+            .get(&orders)
+            .is_some_and(|s| s.incarnation == 1)
+    });
+    assert!(
+        c.planes[&n("n3")].node.store().snapshot_point().0 > 0,
+        "caught up by a snapshot"
+    );
+    assert_eq!(deleted(&c, "n3"), both, "told by the snapshot");
+}

@@ -287,12 +287,31 @@ impl fmt::Display for ShardRef {
 pub struct PlacedStream {
     pub spec: StreamSpec,
     pub shards: Vec<ShardMeta>,
+    /// Which life of this name it is: 0 for the first, one more after each
+    /// [`Command::DeleteStream`]. A node whose copies are of another incarnation (it was down
+    /// during the delete) removes them before it holds the new one.
+    #[serde(default)]
+    pub incarnation: u64,
+}
+
+/// What a deleted stream (or cache) leaves in the metadata: the incarnation deleted and the
+/// highest generation any of its shards reached. Re-created, the name gets the next incarnation and
+/// its shards start above that generation, so no message or copy of the old life is taken
+/// for the new one. Removed when the name is re-created (one small entry per name deleted and
+/// not re-created).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedStream {
+    pub incarnation: u64,
+    pub generation: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlacedCache {
     pub spec: CacheSpec,
     pub shards: Vec<ShardMeta>,
+    /// As [`PlacedStream::incarnation`].
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 /// A change to the metadata: the data of one raft entry.
@@ -388,6 +407,12 @@ pub enum Command {
         generation: u64,
         leader: NodeId,
     },
+    /// An operator deletes a stream (`DELETE /v1/streams/…`): one command, so every node
+    /// removes its copies as it applies it (or as it catches up, when it was down). Applied
+    /// only to that `incarnation`: a re-proposal never deletes the stream re-created since.
+    DeleteStream { key: ObjectKey, incarnation: u64 },
+    /// As [`Command::DeleteStream`], for a cache (`DELETE /v1/caches/…`).
+    DeleteCache { key: ObjectKey, incarnation: u64 },
 }
 
 impl Command {
@@ -441,6 +466,17 @@ pub enum Applied {
         generation: u64,
         leader: NodeId,
     },
+    /// A stream's incarnation is gone: every copy of it here must go, its subscriptions end
+    /// with `stream_deleted`. Also reported for a snapshot that no longer has it.
+    StreamDeleted {
+        key: ObjectKey,
+        incarnation: u64,
+    },
+    /// As [`Applied::StreamDeleted`], for a cache.
+    CacheDeleted {
+        key: ObjectKey,
+        incarnation: u64,
+    },
     /// Already true: nothing changed.
     Unchanged,
     /// The entry did not decode or named something impossible; applied as nothing, on every
@@ -462,6 +498,12 @@ pub struct Metadata {
     pub streams: BTreeMap<ObjectKey, PlacedStream>,
     #[serde(with = "pairs")]
     pub caches: BTreeMap<ObjectKey, PlacedCache>,
+    /// Streams deleted and not re-created since ([`DeletedStream`]).
+    #[serde(default, with = "pairs")]
+    pub deleted_streams: BTreeMap<ObjectKey, DeletedStream>,
+    /// Caches deleted and not re-created since.
+    #[serde(default, with = "pairs")]
+    pub deleted_caches: BTreeMap<ObjectKey, DeletedStream>,
     /// The last raft index applied.
     pub applied: u64,
 }
@@ -478,6 +520,8 @@ impl Metadata {
             refused: BTreeMap::new(),
             streams: BTreeMap::new(),
             caches: BTreeMap::new(),
+            deleted_streams: BTreeMap::new(),
+            deleted_caches: BTreeMap::new(),
             applied: 0,
         }
     }
@@ -585,9 +629,7 @@ impl Metadata {
                             placed.push(k.clone());
                         }
                         for (k, c) in &declarations.caches {
-                            let shards = self.place(k, "cache", c.shards, c.replication_factor);
-                            self.caches
-                                .insert(k.clone(), PlacedCache { spec: *c, shards });
+                            self.place_cache(k, *c);
                         }
                         self.declarations = Some(declarations.clone());
                         self.declared_by.insert(node.clone(), true);
@@ -625,14 +667,7 @@ impl Metadata {
                 if let Err(e) = self.check(spec.shards, spec.replication_factor) {
                     return Applied::Invalid(format!("cache {key}: {e}"));
                 }
-                let shards = self.place(key, "cache", spec.shards, spec.replication_factor);
-                self.caches.insert(
-                    key.clone(),
-                    PlacedCache {
-                        spec: *spec,
-                        shards,
-                    },
-                );
+                self.place_cache(key, *spec);
                 Applied::Placed(key.clone())
             }
             Command::AlterStream { key, retention } => {
@@ -819,7 +854,72 @@ impl Metadata {
                     leader: leader.clone(),
                 }
             }
+            Command::DeleteStream { key, incarnation } => {
+                match self.streams.get(key) {
+                    Some(s) if s.incarnation == *incarnation => {}
+                    _ => return Applied::Unchanged,
+                }
+                let s = self.streams.remove(key).expect("present");
+                let generation = s.shards.iter().map(|m| m.generation).max().unwrap_or(0);
+                let tomb = DeletedStream {
+                    incarnation: *incarnation,
+                    generation,
+                };
+                self.deleted_streams.insert(key.clone(), tomb);
+                Applied::StreamDeleted {
+                    key: key.clone(),
+                    incarnation: *incarnation,
+                }
+            }
+            Command::DeleteCache { key, incarnation } => {
+                match self.caches.get(key) {
+                    Some(c) if c.incarnation == *incarnation => {}
+                    _ => return Applied::Unchanged,
+                }
+                let c = self.caches.remove(key).expect("present");
+                let generation = c.shards.iter().map(|m| m.generation).max().unwrap_or(0);
+                let tomb = DeletedStream {
+                    incarnation: *incarnation,
+                    generation,
+                };
+                self.deleted_caches.insert(key.clone(), tomb);
+                Applied::CacheDeleted {
+                    key: key.clone(),
+                    incarnation: *incarnation,
+                }
+            }
         }
+    }
+
+    /// The stream incarnations this state has and `next` has not (deleted, or deleted and
+    /// re-created): what a node installing `next` as a snapshot must remove, as if it had
+    /// applied each [`Command::DeleteStream`].
+    pub fn streams_gone_in(&self, next: &Metadata) -> Vec<Applied> {
+        self.streams
+            .iter()
+            .filter(|(k, s)| {
+                next.streams
+                    .get(*k)
+                    .is_none_or(|n| n.incarnation != s.incarnation)
+            })
+            .map(|(k, s)| Applied::StreamDeleted {
+                key: k.clone(),
+                incarnation: s.incarnation,
+            })
+            .chain(
+                self.caches
+                    .iter()
+                    .filter(|(k, c)| {
+                        next.caches
+                            .get(*k)
+                            .is_none_or(|n| n.incarnation != c.incarnation)
+                    })
+                    .map(|(k, c)| Applied::CacheDeleted {
+                        key: k.clone(),
+                        incarnation: c.incarnation,
+                    }),
+            )
+            .collect()
     }
 
     /// What an acknowledgement on `shard` promises: a cache's writes are `leader`'s.
@@ -947,9 +1047,34 @@ impl Metadata {
     }
 
     fn place_stream(&mut self, key: &ObjectKey, spec: StreamSpec) {
-        let shards = self.place(key, "stream", spec.shards, spec.replication_factor);
-        self.streams
-            .insert(key.clone(), PlacedStream { spec, shards });
+        let mut shards = self.place(key, "stream", spec.shards, spec.replication_factor);
+        // A name deleted before starts its next life above everything of the last.
+        let tomb = self.deleted_streams.remove(key);
+        let incarnation = tomb.map_or(0, |t| t.incarnation + 1);
+        for m in &mut shards {
+            m.generation += tomb.map_or(0, |t| t.generation);
+        }
+        let placed = PlacedStream {
+            spec,
+            shards,
+            incarnation,
+        };
+        self.streams.insert(key.clone(), placed);
+    }
+
+    fn place_cache(&mut self, key: &ObjectKey, spec: CacheSpec) {
+        let mut shards = self.place(key, "cache", spec.shards, spec.replication_factor);
+        let tomb = self.deleted_caches.remove(key);
+        for m in &mut shards {
+            m.generation += tomb.map_or(0, |t| t.generation);
+        }
+        let incarnation = tomb.map_or(0, |t| t.incarnation + 1);
+        let placed = PlacedCache {
+            spec,
+            shards,
+            incarnation,
+        };
+        self.caches.insert(key.clone(), placed);
     }
 
     /// Members that can serve and have a client address, in name order: `topology`'s answer.

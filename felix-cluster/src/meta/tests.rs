@@ -749,3 +749,204 @@ fn a_multi_shard_cache_is_placed_and_fails_over_shard_by_shard() {
         .collect();
     assert_eq!(shards, [3, 2, 1, 0, 3]);
 }
+
+/// An operator's delete (`DELETE /v1/streams/…`) as one command: only the named incarnation
+/// goes (a stale or repeated delete changes nothing, and never touches the stream re-created
+/// since); the name's next life is incarnation 1 with every shard's generation above the
+/// highest the deleted one reached; a deleted stream cannot be altered. Pinned in
+/// `testdata/meta/delete_stream.txt` (`FELIX_BLESS=1` rewrites it).
+#[test]
+fn an_operator_delete_applied_to_states_golden() {
+    let key = ObjectKey::new("t1", "ops", "orders");
+    let mut spec = operator_spec();
+    spec.shards = 2;
+    let shard0 = ShardRef {
+        kind: ObjectKind::Stream,
+        key: key.clone(),
+        shard: 0,
+    };
+    let delete = |incarnation| Command::DeleteStream {
+        key: key.clone(),
+        incarnation,
+    };
+    let cache = ObjectKey::new("t1", "ops", "sessions");
+    let cache_spec = CacheSpec {
+        shards: 1,
+        replication_factor: 3,
+    };
+    let cmds = [
+        join("n1", Some("a:1"), "d1"),
+        join("n2", Some("a:2"), "d2"),
+        join("n3", Some("a:3"), "d3"),
+        Command::CreateStream {
+            key: key.clone(),
+            spec,
+        },
+        Command::Promote {
+            shard: shard0.clone(),
+            generation: 2,
+            leader: Some(n("n2")),
+        },
+        Command::Promote {
+            shard: shard0.clone(),
+            generation: 3,
+            leader: Some(n("n3")),
+        },
+        // No such incarnation yet: nothing.
+        delete(1),
+        delete(0),
+        delete(0),
+        Command::AlterStream {
+            key: key.clone(),
+            retention: Retention::default(),
+        },
+        Command::Promote {
+            shard: shard0.clone(),
+            generation: 4,
+            leader: Some(n("n1")),
+        },
+        Command::CreateStream {
+            key: key.clone(),
+            spec,
+        },
+        // The first life's delete, proposed again late: the new life stays.
+        delete(0),
+        Command::CreateStream {
+            key: ObjectKey::new("t1", "ops", "other"),
+            spec,
+        },
+        delete(1),
+        Command::CreateStream {
+            key: key.clone(),
+            spec,
+        },
+        Command::DeleteStream {
+            key: ObjectKey::new("t1", "ops", "other"),
+            incarnation: 0,
+        },
+        // A cache's delete is the same, by its own incarnation.
+        Command::CreateCache {
+            key: cache.clone(),
+            spec: cache_spec,
+        },
+        Command::DeleteCache {
+            key: cache.clone(),
+            incarnation: 1,
+        },
+        Command::DeleteCache {
+            key: cache.clone(),
+            incarnation: 0,
+        },
+        Command::CreateCache {
+            key: cache.clone(),
+            spec: cache_spec,
+        },
+        Command::CreateCache {
+            key: ObjectKey::new("t1", "ops", "gone"),
+            spec: cache_spec,
+        },
+        Command::DeleteCache {
+            key: ObjectKey::new("t1", "ops", "gone"),
+            incarnation: 0,
+        },
+    ];
+    let mut m = meta();
+    let mut out = String::new();
+    for c in &cmds {
+        let next = m.applied + 1;
+        let got = m.apply_entry(next, &c.encode());
+        out.push_str(&format!(
+            "{}\n  -> {got:?}\n",
+            String::from_utf8(c.encode()).unwrap()
+        ));
+    }
+    out.push_str("\nstreams:\n");
+    for (k, s) in &m.streams {
+        out.push_str(&format!("{k} incarnation {}\n", s.incarnation));
+        for (i, sh) in s.shards.iter().enumerate() {
+            let replicas: Vec<&str> = sh.replicas.iter().map(|r| r.0.as_str()).collect();
+            out.push_str(&format!(
+                "  #{i} leader {} generation {} replicas {}\n",
+                sh.leader.as_ref().map_or("-", |l| l.0.as_str()),
+                sh.generation,
+                replicas.join(","),
+            ));
+        }
+    }
+    out.push_str("deleted:\n");
+    for (k, d) in &m.deleted_streams {
+        out.push_str(&format!("{k} {d:?}\n"));
+    }
+    out.push_str("caches:\n");
+    for (k, c) in &m.caches {
+        let g: Vec<u64> = c.shards.iter().map(|s| s.generation).collect();
+        out.push_str(&format!(
+            "{k} incarnation {} generations {g:?}\n",
+            c.incarnation
+        ));
+    }
+    out.push_str("deleted caches:\n");
+    for (k, d) in &m.deleted_caches {
+        out.push_str(&format!("{k} {d:?}\n"));
+    }
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/meta/delete_stream.txt");
+    if std::env::var_os("FELIX_BLESS").is_some() {
+        std::fs::write(&path, &out).unwrap();
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with FELIX_BLESS=1)", path.display()));
+    assert_eq!(out, want);
+    // A snapshot round trip keeps incarnations and tombstones.
+    assert_eq!(Metadata::restore(&m.snapshot()).unwrap(), m);
+}
+
+/// A node that installs a snapshot instead of the entries it missed (it was down during a
+/// delete) is told of every stream incarnation the snapshot no longer has: deleted, or
+/// deleted and re-created. Streams unchanged, or new, are not reported.
+#[test]
+fn a_snapshot_reports_the_stream_incarnations_it_no_longer_has() {
+    let spec = StreamSpec::new(1, 3, Consistency::Leader);
+    let (a, b, c) = (
+        ObjectKey::new("t", "n", "a"),
+        ObjectKey::new("t", "n", "b"),
+        ObjectKey::new("t", "n", "c"),
+    );
+    let create = |k: &ObjectKey| Command::CreateStream {
+        key: k.clone(),
+        spec,
+    };
+    let mut before = meta();
+    let joins = [
+        join("n1", None, "d1"),
+        join("n2", None, "d2"),
+        join("n3", None, "d3"),
+    ];
+    apply(&mut before, &joins);
+    apply(&mut before, &[create(&a), create(&b), create(&c)]);
+    let mut after = before.clone();
+    let delete = |k: &ObjectKey| Command::DeleteStream {
+        key: k.clone(),
+        incarnation: 0,
+    };
+    let d = ObjectKey::new("t", "n", "d");
+    apply(
+        &mut after,
+        &[delete(&a), delete(&b), create(&b), create(&d)],
+    );
+    assert_eq!(
+        before.streams_gone_in(&after),
+        vec![
+            Applied::StreamDeleted {
+                key: a,
+                incarnation: 0
+            },
+            Applied::StreamDeleted {
+                key: b.clone(),
+                incarnation: 0
+            },
+        ]
+    );
+    assert_eq!(after.streams[&b].incarnation, 1);
+    assert!(after.streams_gone_in(&after).is_empty());
+}

@@ -8,7 +8,7 @@
 //! never while the current leader may still hold its lease, which [`super::lease::may_regrant`]
 //! decides from when this node last heard the leader renew.
 
-use crate::meta::{may_hand_over, Command, Metadata};
+use crate::meta::{may_hand_over, Command, Metadata, ShardRef};
 use crate::NodeId;
 
 /// What the control plane knows of one node's lease renewals, by its own clock.
@@ -31,7 +31,18 @@ pub trait Renewals {
 /// join. A durable shard with one replica therefore waits for its node, and a node with an
 /// empty disk is never named.
 pub fn promotions(meta: &Metadata, renewals: &impl Renewals) -> Vec<Command> {
-    promotions_by(meta, renewals, LeaderShards::Proven)
+    promotions_by(meta, renewals, LeaderShards::Proven).due
+}
+
+/// What one pass of the promotion rule decided.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Promotions {
+    /// The commands to propose, in the metadata's shard order.
+    pub due: Vec<Command>,
+    /// Shards whose leader lapsed (or lost its copy) and that nobody may take without
+    /// giving up records only that leader is known to hold: they wait for it (or an
+    /// operator's abandon). Counted so an operator, and a test, sees the decision made.
+    pub awaiting_leader: Vec<ShardRef>,
 }
 
 /// Which replicas of a `leader`-consistency shard may be named when its leader lapses.
@@ -46,12 +57,9 @@ pub enum LeaderShards {
 }
 
 /// [`promotions`] under `rule` (the simulator's canary names the old one).
-pub fn promotions_by(
-    meta: &Metadata,
-    renewals: &impl Renewals,
-    rule: LeaderShards,
-) -> Vec<Command> {
+pub fn promotions_by(meta: &Metadata, renewals: &impl Renewals, rule: LeaderShards) -> Promotions {
     let mut due = Vec::new();
+    let mut awaiting_leader = Vec::new();
     for (shard, m) in meta.shards() {
         let consistency = meta.consistency_of(&shard);
         let holds = |n: &NodeId| m.holds_copy(n, &meta.members);
@@ -74,6 +82,9 @@ pub fn promotions_by(
                 None => None,
             }
         };
+        // A leader that may no longer write here: quiet past its lease, or its copy gone.
+        let lapsed =
+            |l: &NodeId| meta.members.contains_key(l) && (!holds(l) || !renewals.may_hold_lease(l));
         let next = match &m.leader {
             // Placed before it first joined (its disk not yet recorded): its join records
             // the copy, so it is waited for like a leader that may hold its lease.
@@ -92,16 +103,20 @@ pub fn promotions_by(
                 generation: m.generation,
                 leader,
             }),
-            Some(None) if !proven(None) => {}
+            Some(None) if !proven(None) => awaiting_leader.push(shard),
             Some(leader) => due.push(Command::Promote {
                 shard,
                 generation: m.generation + 1,
                 leader,
             }),
+            None if m.leader.as_ref().is_some_and(|l| lapsed(l)) => awaiting_leader.push(shard),
             None => {}
         }
     }
-    due
+    Promotions {
+        due,
+        awaiting_leader,
+    }
 }
 
 #[cfg(test)]
@@ -217,6 +232,9 @@ mod tests {
         );
         let all = ["n1", "n2", "n3"];
         assert!(promotions(&m, &seen(&all, &all)).is_empty());
+        // Nobody is waited for either: no leader lapsed.
+        let plan = promotions_by(&m, &seen(&all, &all), LeaderShards::Proven);
+        assert!(plan.awaiting_leader.is_empty());
         // Quiet but maybe still leased: still nothing (the lease decides, not liveness).
         assert!(promotions(&m, &seen(&all, &["n3"])).is_empty());
     }
@@ -442,11 +460,15 @@ mod tests {
                         } else {
                             LeaderShards::Proven
                         };
-                        let due = promotions_by(&m, &seen(&live, &live), rule);
-                        if due.is_empty() {
-                            out.push("wait".into());
+                        let plan = promotions_by(&m, &seen(&live, &live), rule);
+                        if plan.due.is_empty() {
+                            out.push(if plan.awaiting_leader.is_empty() {
+                                "wait".into()
+                            } else {
+                                "wait (awaiting its leader)".into()
+                            });
                         }
-                        for c in due {
+                        for c in plan.due {
                             let what = match &c {
                                 Command::Promote {
                                     generation, leader, ..

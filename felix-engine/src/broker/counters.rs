@@ -30,6 +30,13 @@ impl Broker {
             ));
         };
         let dir = layout::counter_shard_dir(&key.tenant, &key.namespace, &key.cache, key.shard);
+        if let (None, Some(retiring)) = (
+            logs.find(&dir),
+            logs.retiring_blocks(&super::delete::parent_dir(&dir)),
+        ) {
+            // Deleted a moment ago: a new log must not open the old files (`delete.rs`).
+            return Err(BrokerError::opening(retiring));
+        }
         let log = match (logs.find(&dir), create) {
             (Some(log), _) => log,
             (None, true) => logs.claim(dir, Owner::Counter, now),

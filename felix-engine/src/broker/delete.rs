@@ -26,7 +26,7 @@ use felix_proto::message::{Message, StreamDeleted};
 
 use super::durable::{Notice, ShardStore};
 use super::encode::encode_message;
-use super::{Broker, Shard, Stream, StreamKey};
+use super::{Broker, CacheKey, Shard, Stream, StreamKey};
 use felix_storage::layout;
 use felix_storage::ops::LogId;
 
@@ -99,6 +99,54 @@ impl Broker {
         Ok(())
     }
 
+    /// Deletes a cache (the cluster deleted it): its values and counters are gone, its
+    /// watches end after what they hold with an `error` (`not_found`), answers
+    /// waiting on its logs fail, and its logs' files are retired as a stream's are; a new log
+    /// under its name waits until the old directories are renamed away.
+    pub(crate) fn delete_cache(
+        &mut self,
+        unix_micros: u64,
+        key: &CacheKey,
+    ) -> Result<(), DeleteRefusal> {
+        if self.draining {
+            return Err(DeleteRefusal::Unavailable("the broker is draining".into()));
+        }
+        let (t, n, c) = (&key.tenant, &key.namespace, &key.cache);
+        let dirs = [
+            parent_dir(&layout::cache_shard_dir(t, n, c, 0)),
+            parent_dir(&layout::counter_shard_dir(t, n, c, 0)),
+        ];
+        let on_disk: Vec<LogId> = self.logs.as_ref().map_or_else(Vec::new, |l| {
+            dirs.iter()
+                .flat_map(|d| l.logs_under(&format!("{d}/")))
+                .collect()
+        });
+        if let Some(logs) = self.logs.as_ref() {
+            if on_disk.iter().any(|&id| logs.is_opening(id)) {
+                return Err(DeleteRefusal::Unavailable(
+                    "a cache's log is still opening".into(),
+                ));
+            }
+        }
+        let in_memory = self.cache.remove_scope(key);
+        if !in_memory && on_disk.is_empty() {
+            return Err(DeleteRefusal::NotFound);
+        }
+        for &id in &on_disk {
+            self.on_watch_cache_deleted(id);
+            self.durable_usage.forget(id);
+        }
+        if let Some(logs) = self.logs.as_mut() {
+            for id in on_disk {
+                self.recovered.remove(&id);
+                logs.forget(id);
+                logs.notices.push_back(Notice::Failed { log: id });
+            }
+            logs.retire(dirs.to_vec(), unix_micros);
+        }
+        Ok(())
+    }
+
     /// A retirement that a new log for this stream must wait for.
     pub(super) fn stream_delete_pending(&self, key: &StreamKey) -> Option<LogId> {
         self.logs.as_ref()?.retiring_blocks(&stream_dir(key))
@@ -141,7 +189,7 @@ fn stream_dir(key: &StreamKey) -> String {
     ))
 }
 
-fn parent_dir(shard_dir: &str) -> String {
+pub(super) fn parent_dir(shard_dir: &str) -> String {
     shard_dir
         .rsplit_once('/')
         .map(|(d, _)| d.to_owned())

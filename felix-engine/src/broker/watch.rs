@@ -484,11 +484,24 @@ impl Broker {
 
     /// A cache log failed: its watches end with an error after what they hold.
     pub(super) fn on_watch_log_failed(&mut self, log: LogId, why: &str) {
+        self.end_watches(log, error_frame(&format!("the cache's log failed: {why}")));
+    }
+
+    /// The cache was deleted: its watches end after what they hold with a `not_found` error.
+    pub(super) fn on_watch_cache_deleted(&mut self, log: LogId) {
+        let frame = frame_of(&Message::Error(ErrorMessage::coded(
+            ErrorCode::NotFound,
+            "the cache was deleted",
+        )));
+        self.end_watches(log, frame);
+    }
+
+    fn end_watches(&mut self, log: LogId, frame: Bytes) {
         let ids: Vec<SubscriberId> = self.watches.live.remove(&log).unwrap_or_default();
         for id in ids {
             if let Some(w) = self.watches.map.get_mut(&id) {
                 w.live = false;
-                w.final_frame = Some(error_frame(&format!("the cache's log failed: {why}")));
+                w.final_frame = Some(frame.clone());
                 if !w.ready {
                     w.ready = true;
                     self.ready.push_back(id);

@@ -26,7 +26,7 @@ use felix_cluster::control::{ControlConfig, ControlOutput, ControlPlane};
 use felix_cluster::forward::{ForwardEnd, ForwardOutput, Forwards};
 use felix_cluster::meta::{
     Applied, CacheSpec, Command, Consistency as MetaConsistency, Declarations, Metadata, ObjectKey,
-    ShardMeta, ShardRef, StreamSpec,
+    ObjectKind, ShardMeta, ShardRef, StreamSpec,
 };
 use felix_cluster::replication::promotion::LeaderShards;
 use felix_cluster::routing::{judge_forward, ForwardVerdict, Owner};
@@ -106,6 +106,12 @@ pub(crate) struct ClusterNode {
     replicas: replicas::Replicas,
     /// Metadata or a copy's state changed: the copies are checked on the next drive.
     replicas_changed: bool,
+    /// Streams the metadata deleted whose copies here the broker has yet to remove
+    /// ([`ClusterNode::take_deleted_stream`]); while one is listed, no copy of that name is
+    /// opened or served here, so a re-created stream never meets the old files.
+    deleted_here: std::collections::BTreeSet<(ObjectKind, ObjectKey)>,
+    /// How many such removals finished since start: what the admin API's delete waits on.
+    removals_done: u64,
     /// A bug put back for the simulator's canaries.
     canary: crate::config::ReplicationCanary,
     /// Publishes served here as the leader, per stream shard: (generation, count). Read by
@@ -274,6 +280,8 @@ impl ClusterNode {
                 cfg.leader_quiet_after,
             ),
             replicas_changed: true,
+            deleted_here: Default::default(),
+            removals_done: 0,
             canary: cfg.canary,
             writes_served: BTreeMap::new(),
         };
@@ -697,8 +705,117 @@ impl ClusterNode {
                 let leader = leader.as_ref().map_or("nobody", |l| l.as_str());
                 info!(%shard, generation, leader, "shard handed to the next generation");
             }
+            Applied::StreamDeleted { key, incarnation } => {
+                info!(stream = %key, incarnation, "stream deleted by the cluster: removing its copies here");
+                self.forget_copies(ObjectKind::Stream, &key);
+                self.deleted_here.insert((ObjectKind::Stream, key));
+            }
+            Applied::CacheDeleted { key, incarnation } => {
+                info!(cache = %key, incarnation, "cache deleted by the cluster: removing its copies here");
+                self.forget_copies(ObjectKind::Cache, &key);
+                self.deleted_here.insert((ObjectKind::Cache, key));
+            }
             _ => {}
         }
+    }
+
+    /// Streams and caches whose copies here must go (the cluster deleted them): the engine
+    /// deletes each from the broker, then calls [`ClusterNode::removed_here`].
+    pub(crate) fn deleted_objects(&self) -> Vec<(ObjectKind, ObjectKey)> {
+        self.deleted_here.iter().cloned().collect()
+    }
+
+    /// The broker removed (or never had) the object's copies: it may be opened again.
+    pub(crate) fn removed_here(&mut self, kind: ObjectKind, key: &ObjectKey) {
+        if self.deleted_here.remove(&(kind, key.clone())) {
+            self.replicas_changed = true;
+            self.metadata_changed = true;
+            self.removals_done += 1;
+        }
+    }
+
+    /// A number that moves whenever metadata is applied here or a deleted stream's copies
+    /// are removed: what waiters on either are woken by.
+    pub(crate) fn changes(&self) -> u64 {
+        self.metadata_progress().1 + self.removals_done
+    }
+
+    /// Asks the control plane to delete a stream (`DELETE /v1/streams/…` in a cluster): one
+    /// `DeleteStream` command for the incarnation placed now. `Ok(incarnation)` when asked;
+    /// the caller waits until this node's metadata no longer has it and its copies here are
+    /// gone ([`ClusterNode::stream_deleted_here`]).
+    pub(crate) fn delete_stream(
+        &mut self,
+        now: Instant,
+        key: ObjectKey,
+    ) -> Result<u64, crate::DeleteStreamError> {
+        use crate::DeleteStreamError;
+        let Some(incarnation) = self.meta().streams.get(&key).map(|s| s.incarnation) else {
+            return Err(DeleteStreamError::NotFound);
+        };
+        let Some(control) = self.control.as_mut() else {
+            return Err(DeleteStreamError::Unavailable(
+                "the control plane is not running yet".into(),
+            ));
+        };
+        if control.leader().is_none() {
+            // Nothing is proposed: a retry later deletes it whole.
+            return Err(DeleteStreamError::Unavailable(
+                "the control plane has no leader (no majority of its voters)".into(),
+            ));
+        }
+        control.want(Command::DeleteStream { key, incarnation }, now);
+        self.pump(now);
+        Ok(incarnation)
+    }
+
+    /// The incarnation of a placed stream.
+    pub(crate) fn incarnation_of(&self, key: &ObjectKey) -> Option<u64> {
+        self.meta().streams.get(key).map(|s| s.incarnation)
+    }
+
+    /// Whether `incarnation` of `key` is deleted as far as this node knows, its copies here
+    /// removed.
+    pub(crate) fn stream_deleted_here(&self, key: &ObjectKey, incarnation: u64) -> bool {
+        let placed = self.meta().streams.get(key).map(|s| s.incarnation);
+        placed != Some(incarnation) && !self.removing(ObjectKind::Stream, key)
+    }
+
+    /// As [`ClusterNode::delete_stream`], for a cache (`DELETE /v1/caches/…`).
+    pub(crate) fn delete_cache(
+        &mut self,
+        now: Instant,
+        key: ObjectKey,
+    ) -> Result<u64, crate::AdminError> {
+        use crate::AdminError;
+        let Some(incarnation) = self.meta().caches.get(&key).map(|c| c.incarnation) else {
+            return Err(AdminError::NotFound(format!("no cache {key}")));
+        };
+        let Some(control) = self.control.as_mut() else {
+            return Err(AdminError::Unavailable(
+                "the control plane is not running yet".into(),
+            ));
+        };
+        if control.leader().is_none() {
+            return Err(AdminError::Unavailable(
+                "the control plane has no leader (no majority of its voters)".into(),
+            ));
+        }
+        control.want(Command::DeleteCache { key, incarnation }, now);
+        self.pump(now);
+        Ok(incarnation)
+    }
+
+    /// Whether `incarnation` of cache `key` is deleted as far as this node knows, its copies
+    /// here removed.
+    pub(crate) fn cache_deleted_here(&self, key: &ObjectKey, incarnation: u64) -> bool {
+        let placed = self.meta().caches.get(key).map(|c| c.incarnation);
+        placed != Some(incarnation) && !self.removing(ObjectKind::Cache, key)
+    }
+
+    /// Whether the object's copies from a deleted life are still being removed here.
+    pub(crate) fn removing(&self, kind: ObjectKind, key: &ObjectKey) -> bool {
+        self.deleted_here.contains(&(kind, key.clone()))
     }
 
     /// Metadata was applied since the last call: requests waiting for a placement may go on.
@@ -770,6 +887,13 @@ impl ClusterNode {
             }
         }
         (led, followed)
+    }
+
+    /// Shards the control plane (if led here) keeps waiting for their lapsed leader.
+    pub(crate) fn shards_awaiting_leader(&self) -> u64 {
+        self.control
+            .as_ref()
+            .map_or(0, |c| c.shards_awaiting_leader() as u64)
     }
 
     /// The metadata log's term and last applied index here (0, 0 before raft runs).

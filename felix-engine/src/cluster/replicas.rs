@@ -374,6 +374,7 @@ impl ClusterNode {
         let streams = meta
             .streams
             .iter()
+            .filter(|(k, _)| !self.removing(ObjectKind::Stream, k))
             .filter(|(_, s)| s.shards.first().is_some_and(|m| m.replicas.len() > 1))
             .flat_map(|(key, s)| {
                 s.shards
@@ -397,6 +398,7 @@ impl ClusterNode {
         let caches = meta
             .caches
             .iter()
+            .filter(|(key, _)| !self.removing(ObjectKind::Cache, key))
             .flat_map(|(key, c)| c.shards.iter().enumerate().map(move |(i, m)| (key, i, m)))
             .filter(|(_, _, m)| m.replicas.len() > 1 && m.replicas.contains(&self.me))
             .flat_map(|(key, i, m)| {
@@ -487,6 +489,9 @@ impl ClusterNode {
             key: ObjectKey::new(names.0, names.1, names.2),
             shard,
         };
+        if self.removing(kind, &r.key) {
+            return Err("the object's deleted copies are still being removed here");
+        }
         copies
             .iter()
             .try_for_each(|&copy| self.copy_ready(r.clone(), copy))
@@ -1087,6 +1092,23 @@ impl ClusterNode {
         });
         tracing::debug!(shard = %r, generation, %leader, end = info.end, "asking to be fed");
         self.net.send(leader.as_str(), &ask);
+    }
+
+    /// The stream (or cache) was deleted: its slots go without a word to readers (the broker
+    /// ends them, and fails what waited on its logs).
+    pub(super) fn forget_copies(&mut self, kind: ObjectKind, key: &ObjectKey) {
+        let gone: Vec<CopyRef> = self
+            .replicas
+            .slots
+            .keys()
+            .filter(|r| r.shard.kind == kind && r.shard.key == *key)
+            .cloned()
+            .collect();
+        for r in gone {
+            if let Some(log) = self.replicas.slots.remove(&r).and_then(|s| s.log) {
+                self.replicas.by_log.remove(&log);
+            }
+        }
     }
 
     /// The slot's leadership ends (a new generation, or the copy left this node): what it

@@ -444,6 +444,13 @@ impl Engine {
     /// FEATURE_STREAM_DELETED — and the next publish or subscribe creates it afresh. On a
     /// durable broker its files are retired through file ops that keep running after this
     /// returns; keep polling outputs.
+    ///
+    /// On a cluster node this only asks the control plane (one `DeleteStream` command for
+    /// the incarnation placed now): `Ok` once asked, `NotFound` when the stream is not
+    /// placed, `Unavailable` without a control-plane leader. Every node, this one included,
+    /// removes its copies as it applies the command; wait with
+    /// [`Engine::stream_deleted_here`] for the incarnation [`Engine::stream_incarnation`]
+    /// gave before asking.
     pub fn delete_stream(
         &mut self,
         now: Instant,
@@ -451,6 +458,14 @@ impl Engine {
         namespace: &str,
         stream: &str,
     ) -> Result<(), crate::DeleteStreamError> {
+        if let Some(cluster) = self.core.cluster.as_mut() {
+            // In a cluster a delete is the control plane's: asked here, carried out by every
+            // node as it applies it (docs/operations.md, "Deleting a stream in a cluster").
+            let key = felix_cluster::meta::ObjectKey::new(tenant, namespace, stream);
+            let asked = cluster.delete_stream(now, key);
+            self.settle(now);
+            return asked.map(|_| ());
+        }
         let unix_micros = self.core.unix_micros(now);
         let key = StreamKey::new(tenant, namespace, stream);
         let result = self.core.broker.delete_stream(unix_micros, &key);
@@ -522,6 +537,41 @@ impl Engine {
         let outcome = cluster.create_cache(now, key, spec)?;
         self.settle(now);
         Ok(outcome)
+    }
+
+    /// Deletes a cache through the control plane (`DELETE /v1/caches/…`): the token must
+    /// grant `cache.manage` on it. One `DeleteCache` command for the incarnation placed now;
+    /// `Ok(incarnation)` once asked: every node, this one included, removes its copies as it
+    /// applies it (wait with [`Engine::cache_deleted_here`]).
+    pub fn delete_cache_as(
+        &mut self,
+        now: Instant,
+        token: &str,
+        names: (&str, &str, &str),
+    ) -> Result<u64, crate::AdminError> {
+        use crate::AdminError;
+        crate::stream_admin::check_cache_names(names)?;
+        let unix_secs = self.core.unix_secs(now);
+        let action = felix_auth::Action::CacheManage;
+        crate::stream_admin::authorize_cache(&self.core.verifier, unix_secs, token, action, names)?;
+        if !self.is_ready() {
+            return Err(AdminError::Unavailable("recovery is not finished".into()));
+        }
+        let cluster = self.core.cluster.as_mut().ok_or_else(not_clustered)?;
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        let outcome = cluster.delete_cache(now, key);
+        self.settle(now);
+        outcome
+    }
+
+    /// Whether `incarnation` of a cache is deleted in this node's metadata and its copies
+    /// here are gone (true without a cluster).
+    pub fn cache_deleted_here(&self, names: (&str, &str, &str), incarnation: u64) -> bool {
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        self.core
+            .cluster
+            .as_ref()
+            .is_none_or(|c| c.cache_deleted_here(&key, incarnation))
     }
 
     /// A placed cache (`GET /v1/caches/{t}/{ns}/{c}`); with `None` for `token`, trusted.
@@ -837,6 +887,30 @@ impl Engine {
 
     /// In a cluster, the last metadata index this node applied (0 before any, and outside a
     /// cluster). It moves whenever membership, liveness or placement changes.
+    /// In a cluster, the incarnation of a placed stream (`None`: not placed, or no cluster).
+    /// A delete through [`Engine::delete_stream_as`] is done here once
+    /// [`Engine::stream_deleted_here`] says so for the incarnation read before it.
+    pub fn stream_incarnation(&self, names: (&str, &str, &str)) -> Option<u64> {
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        self.core.cluster.as_ref()?.incarnation_of(&key)
+    }
+
+    /// Whether `incarnation` of a stream is deleted in this node's metadata and its copies
+    /// here are gone (true without a cluster).
+    pub fn stream_deleted_here(&self, names: (&str, &str, &str), incarnation: u64) -> bool {
+        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
+        self.core
+            .cluster
+            .as_ref()
+            .is_none_or(|c| c.stream_deleted_here(&key, incarnation))
+    }
+
+    /// A number that moves whenever cluster metadata is applied here, or the copies of a
+    /// stream the cluster deleted are removed here: what the ops endpoint wakes waiters by.
+    pub fn cluster_changes(&self) -> u64 {
+        self.core.cluster.as_ref().map_or(0, |c| c.changes())
+    }
+
     pub fn cluster_metadata_applied(&self) -> u64 {
         self.core
             .cluster
@@ -927,6 +1001,7 @@ impl Engine {
             m.replication_catch_up_bytes = r.catch_up_bytes;
             m.acknowledged_records_abandoned = r.acknowledged_abandoned;
             m.leader_shards_quiet = r.leader_shards_quiet;
+            m.cluster_shards_awaiting_leader = c.shards_awaiting_leader();
         }
         m
     }

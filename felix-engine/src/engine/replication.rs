@@ -24,9 +24,36 @@ impl Engine {
     /// Runs replication until it asks for nothing more (bounded).
     pub(super) fn drive_replication(&mut self, now: Instant) {
         let core = &mut self.core;
+        let unix_micros = core.unix_micros(now);
         let Some(cluster) = core.cluster.as_mut() else {
             return;
         };
+        // Streams the cluster deleted go from the broker first: subscriptions end with
+        // `stream_deleted`, files are retired, and only then may the name be opened again.
+        // Not before the broker's recovery has found every log on disk: a delete replayed at
+        // startup must see the old files it is to remove.
+        let recovered = core.broker.is_ready();
+        for (kind, key) in cluster.deleted_objects().into_iter().filter(|_| recovered) {
+            let outcome = match kind {
+                felix_cluster::meta::ObjectKind::Stream => {
+                    let stream = StreamKey::new(&key.tenant, &key.namespace, &key.name);
+                    core.broker.delete_stream(unix_micros, &stream)
+                }
+                felix_cluster::meta::ObjectKind::Cache => {
+                    let cache = CacheKey::new(&key.tenant, &key.namespace, &key.name);
+                    core.broker.delete_cache(unix_micros, &cache)
+                }
+            };
+            match outcome {
+                Ok(()) | Err(crate::broker::DeleteRefusal::NotFound) => {
+                    cluster.removed_here(kind, &key)
+                }
+                // A log still opening: tried again on the next turn.
+                Err(crate::broker::DeleteRefusal::Unavailable(why)) => {
+                    tracing::debug!(stream = %key, %why, "deleted stream not removed yet")
+                }
+            }
+        }
         for _ in 0..MAX_REPLICATION_ROUNDS {
             cluster.drive_replication(now, &core.broker);
             let mut any = false;

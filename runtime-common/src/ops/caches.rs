@@ -3,7 +3,9 @@
 //! - `POST /v1/caches` {tenant, namespace, cache, shards, replication_factor, durable}
 //!   creates one (one `CreateCache` command), answered once every shard has a live leader:
 //!   `201` created, `200` it exists with this very spec;
-//! - `GET /v1/caches` lists the token's tenant's caches, `GET /v1/caches/{t}/{ns}/{c}` shows one.
+//! - `GET /v1/caches` lists the token's tenant's caches, `GET /v1/caches/{t}/{ns}/{c}` shows one;
+//! - `DELETE /v1/caches/{t}/{ns}/{c}` deletes one on every node (one `DeleteCache` command),
+//!   answered `204` once this node applied it and removed its copies.
 //!
 //! `shards` (default 1) is bounded as a stream's (1 to `MAX_STREAM_SHARDS`, 1024; `400` naming
 //! `shards` outside it): the cache's keys hash over them with the protocol's routing function,
@@ -84,14 +86,57 @@ pub(crate) async fn serve(state: &OpsState, req: Request<Incoming>, timeout: Dur
                 Ok(Ok(view)) => json(StatusCode::OK, &view_json(&view)),
             }
         }
+        (Method::DELETE, &[t, n, c]) => {
+            let Some(token) = bearer_token(&req) else {
+                return no_token();
+            };
+            delete(state, token, (t.to_owned(), n.to_owned(), c.to_owned())).await
+        }
         (_, [] | [_, _, _]) => json(
             StatusCode::METHOD_NOT_ALLOWED,
-            &j!({ "error": "GET or POST on /v1/caches; GET on /v1/caches/{tenant}/{namespace}/{cache}" }),
+            &j!({ "error": "GET or POST on /v1/caches; GET or DELETE on /v1/caches/{tenant}/{namespace}/{cache}" }),
         ),
         _ => json(
             StatusCode::NOT_FOUND,
             &j!({ "error": "expected /v1/caches or /v1/caches/{tenant}/{namespace}/{cache}" }),
         ),
+    }
+}
+
+/// Asks for the cache's deletion (one `DeleteCache` command), then waits until this node has
+/// applied it and removed its own copies: `204`. `404` unknown, `401`/`403` the token, `503` no
+/// control-plane leader or not applied within [`CREATE_TIMEOUT`] (retryable: one command).
+async fn delete(state: &OpsState, token: String, names: Names) -> Answer {
+    let deadline = Instant::now() + CREATE_TIMEOUT;
+    let asked = names.clone();
+    let outcome = on_engine(state, move |e, now| {
+        e.delete_cache_as(now, &token, (&asked.0, &asked.1, &asked.2))
+    })
+    .await;
+    let incarnation = match outcome {
+        Err(answer) => return answer,
+        Ok(Err(e)) => return error(&e),
+        Ok(Ok(i)) => i,
+    };
+    loop {
+        let changed = state.next_metadata_change();
+        let asked = names.clone();
+        let done = on_engine(state, move |e, _| {
+            e.cache_deleted_here((&asked.0, &asked.1, &asked.2), incarnation)
+        })
+        .await;
+        match done {
+            Err(answer) => return answer,
+            Ok(true) => return super::http::text(StatusCode::NO_CONTENT, ""),
+            Ok(false) => {}
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || tokio::time::timeout(left, changed).await.is_err() {
+            return error(&AdminError::Unavailable(format!(
+                "the delete was not applied within {CREATE_TIMEOUT:?}: the control plane may \
+                 have no majority; retry (the delete is one command: asking again is safe)"
+            )));
+        }
     }
 }
 

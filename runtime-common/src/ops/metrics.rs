@@ -226,6 +226,12 @@ impl Collector for Snapshot {
             "leader-consistency shards led here whose quiescence is recorded (a follower may take each over without loss)",
             m.leader_shards_quiet,
         )?;
+        gauge(
+            e,
+            "cluster_shards_awaiting_leader",
+            "shards whose leader lapsed that the control plane (led here) keeps for it: no follower is known to hold every record it acknowledged",
+            m.cluster_shards_awaiting_leader,
+        )?;
         counter(
             e,
             "forwards_sent",

@@ -7,7 +7,7 @@
 //! without `stream.manage`, 404 no such stream, 503 not now (recovering, draining, a log
 //! still opening, or the drive loop did not answer).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use felix_engine::{DeleteStreamError, Engine};
 use tracing::info;
@@ -15,7 +15,7 @@ use tracing::info;
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
 
-use super::http::{ask, bearer_token, no_token, text, Answer, OpsState};
+use super::http::{ask, bearer_token, json, no_token, on_engine, text, Answer, OpsState};
 use crate::control::Control;
 
 /// Where the drive loop sends a deletion's outcome.
@@ -56,11 +56,31 @@ pub(crate) fn run(engine: &mut Engine, req: DeleteRequest) {
     (req.reply)(outcome);
 }
 
+/// How long a delete in a cluster waits for the control plane to apply it and this node to
+/// remove its copies before answering `503` (the delete, one command, may still apply whole
+/// later; asking again is safe: `204` or `404`).
+pub const DELETE_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// Serves `DELETE /v1/streams/{tenant}/{namespace}/{stream}` (`names` from the path).
+///
+/// On a single node the stream is deleted in the drive loop's turn. In a cluster the engine
+/// asks the control plane for one `DeleteStream` command and this waits until this node has
+/// applied it and removed its own copies (every other node does the same as it applies it).
 pub(crate) async fn serve(state: &OpsState, req: &Request<Incoming>, names: [&str; 3]) -> Answer {
     let [tenant, namespace, stream] = names;
     let Some(token) = bearer_token(req) else {
         return no_token();
+    };
+    let deadline = Instant::now() + DELETE_TIMEOUT;
+    let owned = (tenant.to_owned(), namespace.to_owned(), stream.to_owned());
+    let asked = owned.clone();
+    let before = match on_engine(state, move |e, _| {
+        e.stream_incarnation((&asked.0, &asked.1, &asked.2))
+    })
+    .await
+    {
+        Ok(b) => b,
+        Err(answer) => return answer,
     };
     let outcome = ask(state, |reply| {
         Control::DeleteStream(DeleteRequest {
@@ -74,16 +94,59 @@ pub(crate) async fn serve(state: &OpsState, req: &Request<Incoming>, names: [&st
     .await;
     match outcome {
         Err(answer) => answer,
-        Ok(Ok(())) => text(StatusCode::NO_CONTENT, ""),
-        Ok(Err(e)) => {
-            let status = match e {
-                DeleteStreamError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-                DeleteStreamError::Forbidden => StatusCode::FORBIDDEN,
-                DeleteStreamError::InvalidName => StatusCode::BAD_REQUEST,
-                DeleteStreamError::NotFound => StatusCode::NOT_FOUND,
-                DeleteStreamError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            };
-            text(status, format!("{e}\n"))
+        Ok(Ok(())) => match before {
+            None => text(StatusCode::NO_CONTENT, ""),
+            Some(incarnation) => wait_deleted(state, owned, incarnation, deadline).await,
+        },
+        Ok(Err(e)) => refused(e),
+    }
+}
+
+/// Waits until this node's metadata no longer has `incarnation` of the stream and its copies
+/// here are gone.
+async fn wait_deleted(
+    state: &OpsState,
+    names: (String, String, String),
+    incarnation: u64,
+    deadline: Instant,
+) -> Answer {
+    loop {
+        // Registered before looking, so a change between the look and the wait is not missed.
+        let changed = state.next_metadata_change();
+        let asked = names.clone();
+        let done = on_engine(state, move |e, _| {
+            e.stream_deleted_here((&asked.0, &asked.1, &asked.2), incarnation)
+        })
+        .await;
+        match done {
+            Err(answer) => return answer,
+            Ok(true) => return text(StatusCode::NO_CONTENT, ""),
+            Ok(false) => {}
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || tokio::time::timeout(left, changed).await.is_err() {
+            return refused(DeleteStreamError::Unavailable(format!(
+                "the delete was not applied within {DELETE_TIMEOUT:?}: the control plane may \
+                 have no majority; retry (the delete is one command: asking again is safe)"
+            )));
         }
     }
+}
+
+fn refused(e: DeleteStreamError) -> Answer {
+    let status = match e {
+        DeleteStreamError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+        DeleteStreamError::Forbidden => StatusCode::FORBIDDEN,
+        DeleteStreamError::InvalidName => StatusCode::BAD_REQUEST,
+        DeleteStreamError::NotFound => StatusCode::NOT_FOUND,
+        DeleteStreamError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let mut answer = json(status, &serde_json::json!({ "error": e.to_string() }));
+    if status == StatusCode::UNAUTHORIZED {
+        answer.headers_mut().insert(
+            "www-authenticate",
+            hyper::header::HeaderValue::from_static("Bearer"),
+        );
+    }
+    answer
 }

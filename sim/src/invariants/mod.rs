@@ -10,6 +10,7 @@ pub(crate) mod idempotent_once;
 pub(crate) mod leases_disjoint;
 pub(crate) mod meta_agreement;
 pub(crate) mod no_acked_loss;
+pub(crate) mod object_specs;
 pub(crate) mod offsets;
 pub(crate) mod one_writer;
 pub(crate) mod redirects_end;
