@@ -384,6 +384,7 @@ fn a_four_shard_cache_spreads_over_the_nodes_and_survives_its_leaders_loss() {
         (quiet_shards(&c, victim)? >= led).then_some(())
     });
     c.kill(victim).expect("SIGKILL");
+    let killed = Instant::now();
     let others: Vec<usize> = (0..NODES.len()).filter(|&i| i != victim).collect();
 
     // Every shard led by a live node again, as both survivors see it.
@@ -393,6 +394,12 @@ fn a_four_shard_cache_spreads_over_the_nodes_and_survives_its_leaders_loss() {
             .all(|x| x.as_deref().is_some_and(|x| x != *victim_id))
             .then_some(l)
     });
+    // A figure, not a check (docs/operations.md, "A cache of several shards").
+    eprintln!(
+        "{victim_id} (leading {led} of {SHARDS} shards) SIGKILLed: every shard led by a survivor \
+         after {:?}",
+        killed.elapsed()
+    );
     for (s, (before, now)) in placed.iter().zip(&after).enumerate() {
         if before.as_deref() != Some(*victim_id) {
             assert_eq!(
@@ -427,5 +434,10 @@ fn a_four_shard_cache_spreads_over_the_nodes_and_survives_its_leaders_loss() {
             );
         }
     }
+    eprintln!(
+        "{} values read back through both survivors {:?} after the SIGKILL",
+        written.len(),
+        killed.elapsed()
+    );
     c.stop_all();
 }
