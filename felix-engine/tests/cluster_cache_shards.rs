@@ -213,7 +213,7 @@ fn keys_land_on_their_own_shards_served_by_each_shards_leader() {
 #[test]
 fn an_admin_create_takes_shards_up_to_the_stream_limit_naming_the_field_past_it() {
     use felix_engine::stream_admin::{CacheSpec, MAX_STREAM_SHARDS};
-    let mut c = ClusterNet::started(&ClusterSpec::default(), |_, _| {});
+    let mut c = ClusterNet::started(&ClusterSpec::default(), durable);
     let token = c.nodes[0].engine.dev_token().expect("dev mode").to_owned();
     let names = ("t1", "default", "wide");
     for shards in [0, MAX_STREAM_SHARDS + 1] {
@@ -247,4 +247,44 @@ fn an_admin_create_takes_shards_up_to_the_stream_limit_naming_the_field_past_it(
     let view = c.nodes[2].engine.cache_view(c.now, None, names).unwrap();
     assert_eq!(view.spec, spec);
     assert!(view.shards.iter().all(|s| s.replicas.len() == 3));
+
+    // Values on every shard, then the cache deleted: every shard's logs go, so the cache
+    // created again under the name is empty on all of them.
+    let wide = |c: &mut ClusterNet, at: usize, body: &str| {
+        ask(c, at, &format!(r#""cache":"wide",{body}"#))
+    };
+    for (key, _) in KEYS {
+        let body = format!(
+            r#""type":"cache_put","key":"{key}","value":"{}","request_id":1,"ttl_ms":null"#,
+            value_of(key)
+        );
+        let answer = wide(&mut c, 1, &body);
+        assert_eq!(answer["type"], "cache_ok", "put {key}: {answer}");
+    }
+    let now = c.now;
+    let incarnation = c.nodes[0]
+        .engine
+        .delete_cache_as(now, &token, names)
+        .expect("deleted");
+    c.until(Duration::from_secs(10), |c| {
+        (0..3).all(|i| c.nodes[i].engine.cache_deleted_here(names, incarnation))
+    });
+    let now = c.now;
+    let again = c.nodes[0].engine.create_cache_as(now, &token, names, spec);
+    assert!(matches!(again, Ok(None)), "proposed again: {again:?}");
+    c.until(Duration::from_secs(10), |c| {
+        (0..3).all(|i| {
+            c.nodes[i]
+                .engine
+                .cache_view(c.now, None, names)
+                .is_ok_and(|v| v.writable())
+        })
+    });
+    for (key, _) in KEYS {
+        for at in 0..3 {
+            let body = format!(r#""type":"cache_get","key":"{key}","request_id":2"#);
+            let answer = wide(&mut c, at, &body);
+            assert_eq!(answer["value"], Value::Null, "{key} via {at}: {answer}");
+        }
+    }
 }

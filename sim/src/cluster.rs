@@ -24,6 +24,9 @@ use felix_engine::{
 };
 
 use crate::client::{Ctx, Role, Setup, SimClient, CACHE, NAMESPACE, STREAM, TENANT};
+
+/// The cluster workload's cache: its keys hash over this many shards (each led by one node).
+const CACHE_SHARDS: u32 = 3;
 use crate::clock::VirtualClock;
 use crate::disk::{CrashKind, MemFs};
 use crate::invariants::committed_prefix;
@@ -611,9 +614,10 @@ impl ClusterWorld {
         let mut cluster = ClusterConfig::new(node.id.clone(), peers);
         cluster.client_advertise_addr = Some(node.client_addr.to_string());
         cluster.canary = replication_canary(self.canary).unwrap_or_default();
-        cluster
-            .declared_caches
-            .push(DeclaredCache::new(TENANT, NAMESPACE, CACHE, 1));
+        // Several shards, so cache calls route by key to different owners and are forwarded.
+        let mut cache = DeclaredCache::new(TENANT, NAMESPACE, CACHE, 1);
+        cache.shards = CACHE_SHARDS;
+        cluster.declared_caches.push(cache);
         config.cluster = Some(cluster);
         let unix = START_UNIX_MICROS
             + local

@@ -687,9 +687,15 @@ impl ClusterShared {
         }
         let mut attempts = self.core().attempts(Resend::Always, Instant::now());
         loop {
+            // A key watch reads its key's shard (hashed as a get is); a prefix watch, which
+            // names no shard here, shard 0 (a cache of several refuses it: one per shard).
+            let (key, shard) = match &filter {
+                crate::core::WatchFilter::Key(k) => (Some(k.as_bytes()), None),
+                crate::core::WatchFilter::Prefix(_) => (None, Some(0)),
+            };
             let addr = match named.take() {
                 Some(addr) => Ok(addr),
-                None => self.resolve(&object, None, Some(0)).await,
+                None => self.resolve(&object, key, shard).await,
             };
             let (error, sent) = match addr {
                 Err(e) => (e, false),

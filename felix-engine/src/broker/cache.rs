@@ -3,7 +3,7 @@
 //! TTL is checked lazily on every access; a bounded sweep ([`CacheStore::sweep`]) walks an
 //! expiry index in time order so values nobody reads again do not hold memory forever.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -58,6 +58,10 @@ pub(crate) struct CacheStore {
     limits: CacheLimits,
     scope_ids: HashMap<CacheKey, ScopeId>,
     scopes: HashMap<ScopeId, Scope>,
+    /// The scopes held, in order: a cache's shards side by side, for [`remove_scope`].
+    ///
+    /// [`remove_scope`]: CacheStore::remove_scope
+    held: BTreeSet<CacheKey>,
     next_scope_id: ScopeId,
     /// Entries with a TTL in expiry order; the `u64` breaks ties between equal instants.
     expiry_index: BTreeMap<(Instant, u64), (ScopeId, String)>,
@@ -84,6 +88,7 @@ impl CacheStore {
             limits,
             scope_ids: HashMap::new(),
             scopes: HashMap::new(),
+            held: BTreeSet::new(),
             next_scope_id: 0,
             expiry_index: BTreeMap::new(),
             next_expiry_seq: 0,
@@ -283,6 +288,7 @@ impl CacheStore {
         let id = self.next_scope_id;
         self.next_scope_id += 1;
         self.scope_ids.insert(scope.clone(), id);
+        self.held.insert(scope.clone());
         self.scopes.insert(
             id,
             Scope {
@@ -293,16 +299,23 @@ impl CacheStore {
         id
     }
 
-    /// Removes every entry of a cache (it was deleted); false when it held none.
+    /// Removes every entry of a cache, on every shard (it was deleted); false when it held
+    /// none. `scope`'s shard is not read.
     pub(crate) fn remove_scope(&mut self, scope: &CacheKey) -> bool {
-        let Some(&id) = self.scope_ids.get(scope) else {
-            return false;
-        };
-        let keys: Vec<String> = self.scopes[&id].entries.keys().cloned().collect();
-        for k in keys {
-            self.remove(id, &k);
+        let (t, n, c) = (&scope.tenant, &scope.namespace, &scope.cache);
+        let first = CacheKey::on_shard(t, n, c, 0);
+        let last = CacheKey::on_shard(t, n, c, u32::MAX);
+        let shards: Vec<CacheKey> = self.held.range(first..=last).cloned().collect();
+        for shard in &shards {
+            let Some(&id) = self.scope_ids.get(shard) else {
+                continue;
+            };
+            let keys: Vec<String> = self.scopes[&id].entries.keys().cloned().collect();
+            for k in keys {
+                self.remove(id, &k);
+            }
         }
-        true
+        !shards.is_empty()
     }
 
     /// Removes an entry with its index row and byte count; drops the scope when it empties.
@@ -312,6 +325,7 @@ impl CacheStore {
         if scope.entries.is_empty() {
             let scope = self.scopes.remove(&id).expect("present");
             self.scope_ids.remove(&scope.key);
+            self.held.remove(&scope.key);
         }
         if let Some(at) = entry.expiry {
             self.expiry_index.remove(&at);
@@ -627,6 +641,28 @@ mod tests {
             None
         );
         assert_eq!(c.entries(), 0);
+    }
+
+    #[test]
+    fn removing_a_cache_removes_every_shard_of_it_and_nothing_else() {
+        let t0 = Instant::now();
+        let mut c = store(64, 64, 1024);
+        for shard in [0, 2, 3] {
+            let key = CacheKey::on_shard("t1", "default", "c", shard);
+            c.put(t0, &key, "k", Bytes::from_static(b"v"), None)
+                .unwrap();
+        }
+        let other = CacheKey::on_shard("t1", "default", "d", 1);
+        c.put(t0, &other, "k", Bytes::from_static(b"w"), None)
+            .unwrap();
+        assert!(c.remove_scope(&scope("c")));
+        for shard in 0..4 {
+            let key = CacheKey::on_shard("t1", "default", "c", shard);
+            assert_eq!(c.get(t0, &key, "k"), None, "shard {shard}");
+        }
+        assert_eq!(c.get(t0, &other, "k").as_deref(), Some(&b"w"[..]));
+        assert_eq!(c.entries(), 1);
+        assert!(!c.remove_scope(&scope("c")), "nothing left to remove");
     }
 
     #[test]

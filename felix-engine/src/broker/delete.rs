@@ -128,16 +128,8 @@ impl Broker {
                 ));
             }
         }
-        // Every shard's values: a cache's shard count is no longer in the metadata once it is
-        // deleted, so each possible shard is looked up (a map lookup each, at most the limit).
-        let mut in_memory = false;
-        for shard in 0..felix_cluster::meta::MAX_STREAM_SHARDS {
-            let scope = CacheKey {
-                shard,
-                ..key.clone()
-            };
-            in_memory |= self.cache.remove_scope(&scope);
-        }
+        // Every shard's values (`remove_scope` takes the whole cache).
+        let in_memory = self.cache.remove_scope(key);
         if !in_memory && on_disk.is_empty() {
             return Err(DeleteRefusal::NotFound);
         }

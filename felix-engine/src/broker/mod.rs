@@ -153,7 +153,7 @@ impl StreamKey {
 /// One shard of a cache: its keys are hashed over the cache's shards with the protocol's
 /// routing function (`felix_cluster::routing::cache_shard`), each shard its own log and its
 /// own map; a broker outside a cluster has one shard per cache.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct CacheKey {
     pub(crate) tenant: String,
     pub(crate) namespace: String,

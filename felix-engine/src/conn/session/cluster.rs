@@ -377,6 +377,7 @@ impl Session {
                     // A prefix watch naming no shard of a wide cache, or one past its width:
                     // the handler here refuses it (`invalid_request`), wherever shards live.
                     if t.key.is_none() && (shard >= width || t.shard.is_none() && width > 1) {
+                        self.placement_deadline = None;
                         return false;
                     }
                     cluster.cache_owner(names, shard)
