@@ -33,7 +33,7 @@ use raft::eraftpb::{Message, MessageType};
 use raft::{RawNode, StateRole};
 
 use crate::ids::{NodeId, Voters};
-use crate::meta::{Applied, Command, Metadata, ObjectKey, StreamSpec};
+use crate::meta::{Applied, Command, Metadata, ObjectKey, ObjectKind, StreamSpec};
 use crate::replication::lease::LeaseTerms;
 use crate::replication::promotion::{self, Renewals};
 use election::{ElectionRange, SeededRng};
@@ -202,20 +202,54 @@ impl ControlPlane {
         };
         let commit = store.hard_state().commit;
         let mut applied = Vec::new();
+        // The highest generation each replayed delete left for its name.
+        let mut deleted_at: BTreeMap<(ObjectKind, ObjectKey), u64> = BTreeMap::new();
         for e in store.entries_after_snapshot() {
             if e.index <= commit {
-                applied.push(meta.apply_entry(e.index, &e.data));
+                let a = meta.apply_entry(e.index, &e.data);
+                let tomb = match &a {
+                    Applied::StreamDeleted { key, .. } => meta
+                        .deleted_streams
+                        .get(key)
+                        .map(|t| ((ObjectKind::Stream, key.clone()), t.generation)),
+                    Applied::CacheDeleted { key, .. } => meta
+                        .deleted_caches
+                        .get(key)
+                        .map(|t| ((ObjectKind::Cache, key.clone()), t.generation)),
+                    _ => None,
+                };
+                if let Some((name, generation)) = tomb {
+                    let g = deleted_at.entry(name).or_default();
+                    *g = (*g).max(generation);
+                }
+                applied.push(a);
             }
         }
-        // A delete replayed for a name that lives again was carried out before the restart:
-        // the new life's copies were opened only once the old ones were gone, so the node
-        // must not remove them now. A name still deleted is removed again (idempotent), in
-        // case the restart cut its removal short.
-        applied.retain(|a| match a {
-            Applied::StreamDeleted { key, .. } => !meta.streams.contains_key(key),
-            Applied::CacheDeleted { key, .. } => !meta.caches.contains_key(key),
-            _ => true,
-        });
+        // A name still deleted is removed again (idempotent), in case the restart cut its
+        // removal short. A delete replayed for a name that lives again was carried out before
+        // the restart unless a crash cut the tombstone rename short: the node is told which
+        // generations were the old lives', and removes only copies of those.
+        let applied = applied
+            .into_iter()
+            .filter_map(|a| {
+                let (kind, key) = match &a {
+                    Applied::StreamDeleted { key, .. } if meta.streams.contains_key(key) => {
+                        (ObjectKind::Stream, key)
+                    }
+                    Applied::CacheDeleted { key, .. } if meta.caches.contains_key(key) => {
+                        (ObjectKind::Cache, key)
+                    }
+                    _ => return Some(a),
+                };
+                // Once per name, with the highest generation of its deleted lives.
+                let generation = deleted_at.remove(&(kind, key.clone()))?;
+                Some(Applied::ReplayedDelete {
+                    kind,
+                    key: key.clone(),
+                    generation,
+                })
+            })
+            .collect::<Vec<_>>();
         let guard = if store.is_blank() {
             DiskGuard::Blank {
                 blank_peers: BTreeSet::new(),

@@ -477,6 +477,17 @@ pub enum Applied {
         key: ObjectKey,
         incarnation: u64,
     },
+    /// Only at start, from the node's own metadata log: a delete of `key` replayed for a name
+    /// that lives again since (re-created later in the same log). Its old copies were retired
+    /// before the new life's were opened, unless a crash cut the retirement short; then the
+    /// old files are still under the name. A copy here whose replica state records a
+    /// generation at or below `generation` (the highest the deleted lives reached: every
+    /// generation of the new life lies above it) is an old life's and must go.
+    ReplayedDelete {
+        kind: ObjectKind,
+        key: ObjectKey,
+        generation: u64,
+    },
     /// Already true: nothing changed.
     Unchanged,
     /// The entry did not decode or named something impossible; applied as nothing, on every

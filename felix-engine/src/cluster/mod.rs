@@ -110,6 +110,10 @@ pub(crate) struct ClusterNode {
     /// ([`ClusterNode::take_deleted_stream`]); while one is listed, no copy of that name is
     /// opened or served here, so a re-created stream never meets the old files.
     deleted_here: std::collections::BTreeSet<(ObjectKind, ObjectKey)>,
+    /// Of those, the ones replayed at start for a name that lives again
+    /// ([`Applied::ReplayedDelete`]), with the highest generation the deleted lives reached:
+    /// only copies at or below it are removed, a later life's are kept.
+    old_lives: BTreeMap<(ObjectKind, ObjectKey), u64>,
     /// How many such removals finished since start: what the admin API's delete waits on.
     removals_done: u64,
     /// A bug put back for the simulator's canaries.
@@ -281,6 +285,7 @@ impl ClusterNode {
             ),
             replicas_changed: true,
             deleted_here: Default::default(),
+            old_lives: BTreeMap::new(),
             removals_done: 0,
             canary: cfg.canary,
             writes_served: BTreeMap::new(),
@@ -715,8 +720,26 @@ impl ClusterNode {
                 self.forget_copies(ObjectKind::Cache, &key);
                 self.deleted_here.insert((ObjectKind::Cache, key));
             }
+            Applied::ReplayedDelete {
+                kind,
+                key,
+                generation,
+            } => {
+                info!(object = %key, generation, "a delete replayed for a name that lives again: removing copies of the old life here, if any");
+                self.forget_copies(kind, &key);
+                let g = self.old_lives.entry((kind, key.clone())).or_default();
+                *g = (*g).max(generation);
+                self.deleted_here.insert((kind, key));
+            }
             _ => {}
         }
+    }
+
+    /// For an object of [`ClusterNode::deleted_objects`] whose name lives again (a delete
+    /// replayed at start): the highest generation of its deleted lives. Copies here at or
+    /// below it go; when there are none, nothing is removed.
+    pub(crate) fn old_life_up_to(&self, kind: ObjectKind, key: &ObjectKey) -> Option<u64> {
+        self.old_lives.get(&(kind, key.clone())).copied()
     }
 
     /// Streams and caches whose copies here must go (the cluster deleted them): the engine
@@ -727,6 +750,7 @@ impl ClusterNode {
 
     /// The broker removed (or never had) the object's copies: it may be opened again.
     pub(crate) fn removed_here(&mut self, kind: ObjectKind, key: &ObjectKey) {
+        self.old_lives.remove(&(kind, key.clone()));
         if self.deleted_here.remove(&(kind, key.clone())) {
             self.replicas_changed = true;
             self.metadata_changed = true;
