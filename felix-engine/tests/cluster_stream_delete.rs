@@ -659,8 +659,19 @@ fn a_node_that_crashed_mid_removal_removes_the_old_files_after_its_restart() {
 /// of the new life (here its only copy: the new life has one replica per shard) starts empty.
 #[test]
 fn a_node_that_crashed_after_the_recreation_but_before_the_rename_serves_no_old_record() {
+    crashed_after_the_recreation_before_the_rename(durable);
+}
+
+/// As above, the node having compacted its metadata log past the delete and the re-creation
+/// before the crash: at restart it finds the name living again in its snapshot, no delete.
+#[test]
+fn a_node_that_crashed_so_with_its_metadata_log_compacted_serves_no_old_record() {
+    crashed_after_the_recreation_before_the_rename(durable_compacting);
+}
+
+fn crashed_after_the_recreation_before_the_rename(tweak: fn(usize, &mut EngineConfig)) {
     let spec = ClusterSpec::quorum_orders(SHARDS);
-    let mut c = ClusterNet::started(&spec, durable);
+    let mut c = ClusterNet::started(&spec, tweak);
     let control = c.control_leader();
     for s in 0..SHARDS {
         let leader = leader_of(&c, s);
@@ -705,7 +716,7 @@ fn a_node_that_crashed_after_the_recreation_but_before_the_rename_serves_no_old_
         );
     }
     // The crash: the held rename is lost with the process.
-    c.restart(crashing, &spec, durable);
+    c.restart(crashing, &spec, tweak);
     let mine = (0..SHARDS)
         .find(|&s| c.orders_leader(control, s).0 == Some(crashing))
         .expect("a shard of the new life led (and held only) by the crashed node");

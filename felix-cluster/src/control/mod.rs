@@ -202,54 +202,38 @@ impl ControlPlane {
         };
         let commit = store.hard_state().commit;
         let mut applied = Vec::new();
-        // The highest generation each replayed delete left for its name.
-        let mut deleted_at: BTreeMap<(ObjectKind, ObjectKey), u64> = BTreeMap::new();
         for e in store.entries_after_snapshot() {
             if e.index <= commit {
-                let a = meta.apply_entry(e.index, &e.data);
-                let tomb = match &a {
-                    Applied::StreamDeleted { key, .. } => meta
-                        .deleted_streams
-                        .get(key)
-                        .map(|t| ((ObjectKind::Stream, key.clone()), t.generation)),
-                    Applied::CacheDeleted { key, .. } => meta
-                        .deleted_caches
-                        .get(key)
-                        .map(|t| ((ObjectKind::Cache, key.clone()), t.generation)),
-                    _ => None,
-                };
-                if let Some((name, generation)) = tomb {
-                    let g = deleted_at.entry(name).or_default();
-                    *g = (*g).max(generation);
-                }
-                applied.push(a);
+                applied.push(meta.apply_entry(e.index, &e.data));
             }
         }
         // A name still deleted is removed again (idempotent), in case the restart cut its
-        // removal short. A delete replayed for a name that lives again was carried out before
-        // the restart unless a crash cut the tombstone rename short: the node is told which
-        // generations were the old lives', and removes only copies of those.
-        let applied = applied
-            .into_iter()
-            .filter_map(|a| {
-                let (kind, key) = match &a {
-                    Applied::StreamDeleted { key, .. } if meta.streams.contains_key(key) => {
-                        (ObjectKind::Stream, key)
-                    }
-                    Applied::CacheDeleted { key, .. } if meta.caches.contains_key(key) => {
-                        (ObjectKind::Cache, key)
-                    }
-                    _ => return Some(a),
-                };
-                // Once per name, with the highest generation of its deleted lives.
-                let generation = deleted_at.remove(&(kind, key.clone()))?;
-                Some(Applied::ReplayedDelete {
-                    kind,
-                    key: key.clone(),
-                    generation,
-                })
-            })
-            .collect::<Vec<_>>();
+        // removal short. A delete replayed for a name that lives again is not: the new life's
+        // copies were opened only once the old ones were gone.
+        applied.retain(|a| match a {
+            Applied::StreamDeleted { key, .. } => !meta.streams.contains_key(key),
+            Applied::CacheDeleted { key, .. } => !meta.caches.contains_key(key),
+            _ => true,
+        });
+        // Unless a crash cut the old files' retirement short after the re-creation was
+        // applied (whether the node's log still holds the delete or only a snapshot after
+        // it): every name that lives again is told with the generations of its old lives,
+        // and the node removes copies of those only.
+        let streams = meta
+            .streams
+            .iter()
+            .map(|(k, s)| (ObjectKind::Stream, k, s.born_above));
+        let caches = meta
+            .caches
+            .iter()
+            .map(|(k, c)| (ObjectKind::Cache, k, c.born_above));
+        applied.extend(streams.chain(caches).filter(|(_, _, g)| *g > 0).map(
+            |(kind, key, generation)| Applied::Recreated {
+                kind,
+                key: key.clone(),
+                generation,
+            },
+        ));
         let guard = if store.is_blank() {
             DiskGuard::Blank {
                 blank_peers: BTreeSet::new(),

@@ -963,12 +963,12 @@ fn a_delete_reaches_a_node_that_was_away_as_a_snapshot_and_replays_only_where_th
     // the node removes copies of that life, if a crash left any, and keeps the new life's.
     let replayed: Vec<Applied> = c.applied[&n("n2")]
         .iter()
-        .filter(|a| matches!(a, Applied::ReplayedDelete { .. }))
+        .filter(|a| matches!(a, Applied::Recreated { .. }))
         .cloned()
         .collect();
     assert_eq!(
         replayed,
-        vec![Applied::ReplayedDelete {
+        vec![Applied::Recreated {
             kind: crate::meta::ObjectKind::Stream,
             key: orders.clone(),
             generation: old_generation,

@@ -110,8 +110,8 @@ pub(crate) struct ClusterNode {
     /// ([`ClusterNode::take_deleted_stream`]); while one is listed, no copy of that name is
     /// opened or served here, so a re-created stream never meets the old files.
     deleted_here: std::collections::BTreeSet<(ObjectKind, ObjectKey)>,
-    /// Of those, the ones replayed at start for a name that lives again
-    /// ([`Applied::ReplayedDelete`]), with the highest generation the deleted lives reached:
+    /// Of those, the names found living again at start ([`Applied::Recreated`]), with the
+    /// highest generation their deleted lives reached:
     /// only copies at or below it are removed, a later life's are kept.
     old_lives: BTreeMap<(ObjectKind, ObjectKey), u64>,
     /// How many such removals finished since start: what the admin API's delete waits on.
@@ -713,19 +713,22 @@ impl ClusterNode {
             Applied::StreamDeleted { key, incarnation } => {
                 info!(stream = %key, incarnation, "stream deleted by the cluster: removing its copies here");
                 self.forget_copies(ObjectKind::Stream, &key);
+                // Every copy goes now, whatever life it is of.
+                self.old_lives.remove(&(ObjectKind::Stream, key.clone()));
                 self.deleted_here.insert((ObjectKind::Stream, key));
             }
             Applied::CacheDeleted { key, incarnation } => {
                 info!(cache = %key, incarnation, "cache deleted by the cluster: removing its copies here");
                 self.forget_copies(ObjectKind::Cache, &key);
+                self.old_lives.remove(&(ObjectKind::Cache, key.clone()));
                 self.deleted_here.insert((ObjectKind::Cache, key));
             }
-            Applied::ReplayedDelete {
+            Applied::Recreated {
                 kind,
                 key,
                 generation,
             } => {
-                info!(object = %key, generation, "a delete replayed for a name that lives again: removing copies of the old life here, if any");
+                info!(object = %key, generation, "a name that lives again: checking for copies of its old lives here");
                 self.forget_copies(kind, &key);
                 let g = self.old_lives.entry((kind, key.clone())).or_default();
                 *g = (*g).max(generation);
@@ -735,8 +738,8 @@ impl ClusterNode {
         }
     }
 
-    /// For an object of [`ClusterNode::deleted_objects`] whose name lives again (a delete
-    /// replayed at start): the highest generation of its deleted lives. Copies here at or
+    /// For an object of [`ClusterNode::deleted_objects`] whose name lives again (found so at
+    /// start): the highest generation of its deleted lives. Copies here at or
     /// below it go; when there are none, nothing is removed.
     pub(crate) fn old_life_up_to(&self, kind: ObjectKind, key: &ObjectKey) -> Option<u64> {
         self.old_lives.get(&(kind, key.clone())).copied()

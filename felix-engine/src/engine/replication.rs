@@ -34,8 +34,8 @@ impl Engine {
         // startup must see the old files it is to remove.
         let recovered = core.broker.is_ready();
         for (kind, key) in cluster.deleted_objects().into_iter().filter(|_| recovered) {
-            // A delete replayed at start for a name that lives again: only an old life's
-            // copies go (a crash cut their retirement short); the new life's stay.
+            // At start, a name that lives again: only an old life's copies go (a crash cut
+            // their retirement short after the re-creation was applied); the new life's stay.
             if let Some(generation) = cluster.old_life_up_to(kind, &key) {
                 let old = match kind {
                     felix_cluster::meta::ObjectKind::Stream => {
