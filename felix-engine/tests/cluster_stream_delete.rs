@@ -734,4 +734,8 @@ fn crashed_after_the_recreation_before_the_rename(tweak: fn(usize, &mut EngineCo
             "shard {s}: no record of the old life is left on the crashed node"
         );
     }
+    // A plain restart later keeps the new life's copy: it is fenced above the old lives.
+    c.restart(crashing, &spec, tweak);
+    let offset = c.publish_acked(crashing, (SHARDS, mine), 101, b"new");
+    assert_eq!(offset, 1, "the new life's record is kept across a restart");
 }

@@ -154,17 +154,21 @@ impl Broker {
 
     /// Whether a log on disk under stream `key`'s name (its shards' or its groups') is of a
     /// life whose generations were at most `generation`, as its replica state records: a
-    /// fence or an epoch at or below it, or records with no fence at all (a copy is fenced
-    /// before it takes any record, leader or follower, so such a copy is no later life's).
-    /// A copy fenced above it, or not fenced and empty, is a later life's (or nothing).
+    /// fence or an epoch at or below it; or, when the life placed now is `replicated` (more
+    /// than one copy per shard), records with no fence at all (a replicated copy is fenced
+    /// before it takes any record, leader or follower, so such a copy is no replicated
+    /// life's). A copy fenced above it, or not fenced and empty, is a later life's (or
+    /// nothing). A copy of a one-replica life is never fenced: one never fenced with records,
+    /// under a name whose current life has one replica, is not told apart (kept).
     /// `None` while one of them is still opening: asked again on a later turn.
     pub(crate) fn stream_has_copy_at_or_below(
         &self,
         key: &StreamKey,
         generation: u64,
+        replicated: bool,
     ) -> Option<bool> {
         let groups_dir = parent_dir(&super::groups::group_log_dir(key, 0));
-        self.has_copy_at_or_below(&[stream_dir(key), groups_dir], generation)
+        self.has_copy_at_or_below(&[stream_dir(key), groups_dir], generation, replicated)
     }
 
     /// As [`Broker::stream_has_copy_at_or_below`], for a cache's values and counters.
@@ -172,11 +176,17 @@ impl Broker {
         &self,
         key: &CacheKey,
         generation: u64,
+        replicated: bool,
     ) -> Option<bool> {
-        self.has_copy_at_or_below(&cache_dirs(key), generation)
+        self.has_copy_at_or_below(&cache_dirs(key), generation, replicated)
     }
 
-    fn has_copy_at_or_below(&self, dirs: &[String], generation: u64) -> Option<bool> {
+    fn has_copy_at_or_below(
+        &self,
+        dirs: &[String],
+        generation: u64,
+        replicated: bool,
+    ) -> Option<bool> {
         let Some(logs) = self.logs.as_ref() else {
             return Some(false);
         };
@@ -193,7 +203,7 @@ impl Broker {
                 let st = &info.state;
                 old |= (st.fence_generation != 0 && st.fence_generation <= generation)
                     || st.epochs.iter().any(|e| e.generation <= generation)
-                    || (st.fence_generation == 0 && info.end > 0);
+                    || (replicated && st.fence_generation == 0 && info.end > 0);
             }
         }
         Some(old)

@@ -745,6 +745,16 @@ impl ClusterNode {
         self.old_lives.get(&(kind, key.clone())).copied()
     }
 
+    /// The replication factor of a placed stream or cache (0 when not placed).
+    pub(crate) fn replication_factor(&self, kind: ObjectKind, key: &ObjectKey) -> u32 {
+        let meta = self.meta();
+        match kind {
+            ObjectKind::Stream => meta.streams.get(key).map(|s| s.spec.replication_factor),
+            ObjectKind::Cache => meta.caches.get(key).map(|c| c.spec.replication_factor),
+        }
+        .map_or(0, u32::from)
+    }
+
     /// Streams and caches whose copies here must go (the cluster deleted them): the engine
     /// deletes each from the broker, then calls [`ClusterNode::removed_here`].
     pub(crate) fn deleted_objects(&self) -> Vec<(ObjectKind, ObjectKey)> {
