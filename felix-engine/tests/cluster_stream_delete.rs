@@ -650,3 +650,92 @@ fn a_node_that_crashed_mid_removal_removes_the_old_files_after_its_restart() {
     });
     assert_eq!(c.nodes[crashing].engine.stream_incarnation(NAMES), None);
 }
+
+/// The case a restart used to get wrong: a node applies the delete *and* the re-creation of
+/// the name, then crashes before its tombstone rename is on disk. At restart its metadata log
+/// replays both, so the name lives again, and the old files are still under the name. The
+/// copies are told apart by the generation each one's replica state records (the new life's
+/// generations all lie above the old life's): the old files are retired, and the node's copy
+/// of the new life (here its only copy: the new life has one replica per shard) starts empty.
+#[test]
+fn a_node_that_crashed_after_the_recreation_but_before_the_rename_serves_no_old_record() {
+    crashed_after_the_recreation_before_the_rename(durable);
+}
+
+/// As above, the node having compacted its metadata log past the delete and the re-creation
+/// before the crash: at restart it finds the name living again in its snapshot, no delete.
+#[test]
+fn a_node_that_crashed_so_with_its_metadata_log_compacted_serves_no_old_record() {
+    crashed_after_the_recreation_before_the_rename(durable_compacting);
+}
+
+fn crashed_after_the_recreation_before_the_rename(tweak: fn(usize, &mut EngineConfig)) {
+    let spec = ClusterSpec::quorum_orders(SHARDS);
+    let mut c = ClusterNet::started(&spec, tweak);
+    let control = c.control_leader();
+    for s in 0..SHARDS {
+        let leader = leader_of(&c, s);
+        c.until(Duration::from_secs(10), |c| c.writable(leader, s));
+        c.publish_acked(control, (SHARDS, s), u64::from(s) + 1, b"old");
+    }
+    let crashing = (0..3).find(|&i| i != control).unwrap();
+    c.until(Duration::from_secs(5), |c| {
+        (0..SHARDS).all(|s| shard_log_on(&c.nodes[crashing].disk, "orders", s).len() == 1)
+    });
+    c.nodes[crashing].hold = hold_stream_renames;
+    let now = c.now;
+    c.nodes[control]
+        .engine
+        .delete_stream(now, NAMES.0, NAMES.1, NAMES.2)
+        .expect("asked");
+    c.until(Duration::from_secs(5), |c| {
+        c.nodes[crashing].engine.stream_incarnation(NAMES).is_none()
+    });
+    // Re-created with one copy per shard: a shard whose copy is on `crashing` is served from
+    // that node's disk alone.
+    let token = c.nodes[control].token();
+    let now = c.now;
+    c.nodes[control]
+        .engine
+        .create_stream_as(
+            now,
+            &token,
+            NAMES,
+            StreamSpec::new(SHARDS, 1, Consistency::Leader),
+        )
+        .expect("asked");
+    c.until(Duration::from_secs(5), |c| {
+        c.nodes[crashing].engine.stream_incarnation(NAMES) == Some(1)
+    });
+    c.advance(Duration::from_millis(500));
+    for s in 0..SHARDS {
+        assert_eq!(
+            shard_log_on(&c.nodes[crashing].disk, "orders", s).len(),
+            1,
+            "shard {s}: the rename is held, the old files are still under the name"
+        );
+    }
+    // The crash: the held rename is lost with the process.
+    c.restart(crashing, &spec, tweak);
+    let mine = (0..SHARDS)
+        .find(|&s| c.orders_leader(control, s).0 == Some(crashing))
+        .expect("a shard of the new life led (and held only) by the crashed node");
+    // One copy per shard: the publish waits until the crashed node has its copy open.
+    let offset = c.publish_acked(crashing, (SHARDS, mine), 100, b"new");
+    assert_eq!(offset, 0, "the new life's copy starts empty");
+    let entries = shard_log_on(&c.nodes[crashing].disk, "orders", mine);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    for s in 0..SHARDS {
+        let entries = shard_log_on(&c.nodes[crashing].disk, "orders", s);
+        assert!(
+            entries
+                .iter()
+                .all(|(_, bytes)| !bytes.windows(3).any(|w| w == b"old")),
+            "shard {s}: no record of the old life is left on the crashed node"
+        );
+    }
+    // A plain restart later keeps the new life's copy: it is fenced above the old lives.
+    c.restart(crashing, &spec, tweak);
+    let offset = c.publish_acked(crashing, (SHARDS, mine), 101, b"new");
+    assert_eq!(offset, 1, "the new life's record is kept across a restart");
+}

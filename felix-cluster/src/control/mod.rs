@@ -33,7 +33,7 @@ use raft::eraftpb::{Message, MessageType};
 use raft::{RawNode, StateRole};
 
 use crate::ids::{NodeId, Voters};
-use crate::meta::{Applied, Command, Metadata, ObjectKey, StreamSpec};
+use crate::meta::{Applied, Command, Metadata, ObjectKey, ObjectKind, StreamSpec};
 use crate::replication::lease::LeaseTerms;
 use crate::replication::promotion::{self, Renewals};
 use election::{ElectionRange, SeededRng};
@@ -207,15 +207,33 @@ impl ControlPlane {
                 applied.push(meta.apply_entry(e.index, &e.data));
             }
         }
-        // A delete replayed for a name that lives again was carried out before the restart:
-        // the new life's copies were opened only once the old ones were gone, so the node
-        // must not remove them now. A name still deleted is removed again (idempotent), in
-        // case the restart cut its removal short.
+        // A name still deleted is removed again (idempotent), in case the restart cut its
+        // removal short. A delete replayed for a name that lives again is not: the new life's
+        // copies were opened only once the old ones were gone.
         applied.retain(|a| match a {
             Applied::StreamDeleted { key, .. } => !meta.streams.contains_key(key),
             Applied::CacheDeleted { key, .. } => !meta.caches.contains_key(key),
             _ => true,
         });
+        // Unless a crash cut the old files' retirement short after the re-creation was
+        // applied (whether the node's log still holds the delete or only a snapshot after
+        // it): every name that lives again is told with the generations of its old lives,
+        // and the node removes copies of those only.
+        let streams = meta
+            .streams
+            .iter()
+            .map(|(k, s)| (ObjectKind::Stream, k, s.born_above));
+        let caches = meta
+            .caches
+            .iter()
+            .map(|(k, c)| (ObjectKind::Cache, k, c.born_above));
+        applied.extend(streams.chain(caches).filter(|(_, _, g)| *g > 0).map(
+            |(kind, key, generation)| Applied::Recreated {
+                kind,
+                key: key.clone(),
+                generation,
+            },
+        ));
         let guard = if store.is_blank() {
             DiskGuard::Blank {
                 blank_peers: BTreeSet::new(),

@@ -899,6 +899,12 @@ fn a_delete_reaches_a_node_that_was_away_as_a_snapshot_and_replays_only_where_th
     c.cut.insert(n("n3"));
     c.run_until(100, |c| c.leaders().iter().all(|l| *l != n("n3")));
     c.applied.clear();
+    let old_generation = c.planes[&n("n1")].metadata().streams[&orders]
+        .shards
+        .iter()
+        .map(|m| m.generation)
+        .max()
+        .unwrap();
     for key in [&orders, &old] {
         want(
             &mut c,
@@ -953,6 +959,22 @@ fn a_delete_reaches_a_node_that_was_away_as_a_snapshot_and_replays_only_where_th
     c.start(&n("n2"));
     c.settle();
     assert_eq!(deleted(&c, "n2"), both[..1].to_vec(), "replayed on n2");
+    // The other is told as a delete of the old life only, with the generations it reached:
+    // the node removes copies of that life, if a crash left any, and keeps the new life's.
+    let replayed: Vec<Applied> = c.applied[&n("n2")]
+        .iter()
+        .filter(|a| matches!(a, Applied::Recreated { .. }))
+        .cloned()
+        .collect();
+    assert_eq!(
+        replayed,
+        vec![Applied::Recreated {
+            kind: crate::meta::ObjectKind::Stream,
+            key: orders.clone(),
+            generation: old_generation,
+        }],
+        "replayed on n2 for the name that lives again"
+    );
     c.run_until(100, |c| c.leaders().len() == 1);
     for x in ["n1", "n2"] {
         c.compact(&n(x));

@@ -311,6 +311,15 @@ pub struct PlacedStream {
     /// during the delete) removes them before it holds the new one.
     #[serde(default)]
     pub incarnation: u64,
+    /// The highest generation the name's deleted lives reached (0 for a first life): every
+    /// generation of this life lies above it, so a copy on disk whose replica state records
+    /// a generation at or below it is an old life's ([`Applied::Recreated`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub born_above: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What a deleted stream (or cache) leaves in the metadata: the incarnation deleted and the
@@ -331,6 +340,9 @@ pub struct PlacedCache {
     /// As [`PlacedStream::incarnation`].
     #[serde(default)]
     pub incarnation: u64,
+    /// As [`PlacedStream::born_above`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub born_above: u64,
 }
 
 /// A change to the metadata: the data of one raft entry.
@@ -504,6 +516,17 @@ pub enum Applied {
     CacheDeleted {
         key: ObjectKey,
         incarnation: u64,
+    },
+    /// Only at start, for each placed stream or cache whose name was deleted before (a later
+    /// life, [`PlacedStream::born_above`] above 0). Its old copies here were retired before
+    /// the new life's were opened, unless a crash cut the retirement short; then the old
+    /// files are still under the name. A copy here whose replica state records a generation
+    /// at or below `generation` (the highest the deleted lives reached: every generation of
+    /// this life lies above it) is an old life's and must go.
+    Recreated {
+        kind: ObjectKind,
+        key: ObjectKey,
+        generation: u64,
     },
     /// Already true: nothing changed.
     Unchanged,
@@ -1130,6 +1153,7 @@ impl Metadata {
             spec,
             shards,
             incarnation,
+            born_above: tomb.map_or(0, |t| t.generation),
         };
         self.streams.insert(key.clone(), placed);
     }
@@ -1145,6 +1169,7 @@ impl Metadata {
             spec,
             shards,
             incarnation,
+            born_above: tomb.map_or(0, |t| t.generation),
         };
         self.caches.insert(key.clone(), placed);
     }

@@ -111,11 +111,7 @@ impl Broker {
         if self.draining {
             return Err(DeleteRefusal::Unavailable("the broker is draining".into()));
         }
-        let (t, n, c) = (&key.tenant, &key.namespace, &key.cache);
-        let dirs = [
-            parent_dir(&layout::cache_shard_dir(t, n, c, 0)),
-            parent_dir(&layout::counter_shard_dir(t, n, c, 0)),
-        ];
+        let dirs = cache_dirs(key);
         let on_disk: Vec<LogId> = self.logs.as_ref().map_or_else(Vec::new, |l| {
             dirs.iter()
                 .flat_map(|d| l.logs_under(&format!("{d}/")))
@@ -146,6 +142,63 @@ impl Broker {
             logs.retire(dirs.to_vec(), unix_micros);
         }
         Ok(())
+    }
+
+    /// Whether a log on disk under stream `key`'s name (its shards' or its groups') is of a
+    /// life whose generations were at most `generation`, as its replica state records: a
+    /// fence or an epoch at or below it; or, when the life placed now is `replicated` (more
+    /// than one copy per shard), records with no fence at all (a replicated copy is fenced
+    /// before it takes any record, leader or follower, so such a copy is no replicated
+    /// life's). A copy fenced above it, or not fenced and empty, is a later life's (or
+    /// nothing). A copy of a one-replica life is never fenced: one never fenced with records,
+    /// under a name whose current life has one replica, is not told apart (kept).
+    /// `None` while one of them is still opening: asked again on a later turn.
+    pub(crate) fn stream_has_copy_at_or_below(
+        &self,
+        key: &StreamKey,
+        generation: u64,
+        replicated: bool,
+    ) -> Option<bool> {
+        let groups_dir = parent_dir(&super::groups::group_log_dir(key, 0));
+        self.has_copy_at_or_below(&[stream_dir(key), groups_dir], generation, replicated)
+    }
+
+    /// As [`Broker::stream_has_copy_at_or_below`], for a cache's values and counters.
+    pub(crate) fn cache_has_copy_at_or_below(
+        &self,
+        key: &CacheKey,
+        generation: u64,
+        replicated: bool,
+    ) -> Option<bool> {
+        self.has_copy_at_or_below(&cache_dirs(key), generation, replicated)
+    }
+
+    fn has_copy_at_or_below(
+        &self,
+        dirs: &[String],
+        generation: u64,
+        replicated: bool,
+    ) -> Option<bool> {
+        let Some(logs) = self.logs.as_ref() else {
+            return Some(false);
+        };
+        let mut old = false;
+        for d in dirs {
+            for id in logs.logs_under(&format!("{d}/")) {
+                if logs.is_opening(id) {
+                    return None;
+                }
+                // A failed log is no evidence either way: it serves nothing.
+                let Some(info) = self.log_info(id) else {
+                    continue;
+                };
+                let st = &info.state;
+                old |= (st.fence_generation != 0 && st.fence_generation <= generation)
+                    || st.epochs.iter().any(|e| e.generation <= generation)
+                    || (replicated && st.fence_generation == 0 && info.end > 0);
+            }
+        }
+        Some(old)
     }
 
     /// A retirement that a new log for this stream must wait for.
@@ -179,6 +232,15 @@ fn dead_shard(sh: &Shard) -> Shard {
         released: s.released,
     });
     dead
+}
+
+/// The directories of a cache's values and counters logs, every shard's.
+fn cache_dirs(key: &CacheKey) -> [String; 2] {
+    let (t, n, c) = (&key.tenant, &key.namespace, &key.cache);
+    [
+        parent_dir(&layout::cache_shard_dir(t, n, c, 0)),
+        parent_dir(&layout::counter_shard_dir(t, n, c, 0)),
+    ]
 }
 
 fn stream_dir(key: &StreamKey) -> String {

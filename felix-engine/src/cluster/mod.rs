@@ -114,6 +114,10 @@ pub(crate) struct ClusterNode {
     /// ([`ClusterNode::take_deleted_stream`]); while one is listed, no copy of that name is
     /// opened or served here, so a re-created stream never meets the old files.
     deleted_here: std::collections::BTreeSet<(ObjectKind, ObjectKey)>,
+    /// Of those, the names found living again at start ([`Applied::Recreated`]), with the
+    /// highest generation their deleted lives reached:
+    /// only copies at or below it are removed, a later life's are kept.
+    old_lives: BTreeMap<(ObjectKind, ObjectKey), u64>,
     /// How many such removals finished since start: what the admin API's delete waits on.
     removals_done: u64,
     /// A bug put back for the simulator's canaries.
@@ -289,6 +293,7 @@ impl ClusterNode {
             ),
             replicas_changed: true,
             deleted_here: Default::default(),
+            old_lives: BTreeMap::new(),
             removals_done: 0,
             canary: cfg.canary,
             writes_served: BTreeMap::new(),
@@ -729,15 +734,46 @@ impl ClusterNode {
             Applied::StreamDeleted { key, incarnation } => {
                 info!(stream = %key, incarnation, "stream deleted by the cluster: removing its copies here");
                 self.forget_copies(ObjectKind::Stream, &key);
+                // Every copy goes now, whatever life it is of.
+                self.old_lives.remove(&(ObjectKind::Stream, key.clone()));
                 self.deleted_here.insert((ObjectKind::Stream, key));
             }
             Applied::CacheDeleted { key, incarnation } => {
                 info!(cache = %key, incarnation, "cache deleted by the cluster: removing its copies here");
                 self.forget_copies(ObjectKind::Cache, &key);
+                self.old_lives.remove(&(ObjectKind::Cache, key.clone()));
                 self.deleted_here.insert((ObjectKind::Cache, key));
+            }
+            Applied::Recreated {
+                kind,
+                key,
+                generation,
+            } => {
+                info!(object = %key, generation, "a name that lives again: checking for copies of its old lives here");
+                self.forget_copies(kind, &key);
+                let g = self.old_lives.entry((kind, key.clone())).or_default();
+                *g = (*g).max(generation);
+                self.deleted_here.insert((kind, key));
             }
             _ => {}
         }
+    }
+
+    /// For an object of [`ClusterNode::deleted_objects`] whose name lives again (found so at
+    /// start): the highest generation of its deleted lives. Copies here at or
+    /// below it go; when there are none, nothing is removed.
+    pub(crate) fn old_life_up_to(&self, kind: ObjectKind, key: &ObjectKey) -> Option<u64> {
+        self.old_lives.get(&(kind, key.clone())).copied()
+    }
+
+    /// The replication factor of a placed stream or cache (0 when not placed).
+    pub(crate) fn replication_factor(&self, kind: ObjectKind, key: &ObjectKey) -> u32 {
+        let meta = self.meta();
+        match kind {
+            ObjectKind::Stream => meta.streams.get(key).map(|s| s.spec.replication_factor),
+            ObjectKind::Cache => meta.caches.get(key).map(|c| c.spec.replication_factor),
+        }
+        .map_or(0, u32::from)
     }
 
     /// Streams and caches whose copies here must go (the cluster deleted them): the engine
@@ -748,6 +784,7 @@ impl ClusterNode {
 
     /// The broker removed (or never had) the object's copies: it may be opened again.
     pub(crate) fn removed_here(&mut self, kind: ObjectKind, key: &ObjectKey) {
+        self.old_lives.remove(&(kind, key.clone()));
         if self.deleted_here.remove(&(kind, key.clone())) {
             self.replicas_changed = true;
             self.metadata_changed = true;

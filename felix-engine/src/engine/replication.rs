@@ -34,6 +34,35 @@ impl Engine {
         // startup must see the old files it is to remove.
         let recovered = core.broker.is_ready();
         for (kind, key) in cluster.deleted_objects().into_iter().filter(|_| recovered) {
+            // At start, a name that lives again: only an old life's copies go (a crash cut
+            // their retirement short after the re-creation was applied); the new life's stay.
+            if let Some(generation) = cluster.old_life_up_to(kind, &key) {
+                let replicated = cluster.replication_factor(kind, &key) > 1;
+                let old = match kind {
+                    felix_cluster::meta::ObjectKind::Stream => {
+                        let stream = StreamKey::new(&key.tenant, &key.namespace, &key.name);
+                        core.broker
+                            .stream_has_copy_at_or_below(&stream, generation, replicated)
+                    }
+                    felix_cluster::meta::ObjectKind::Cache => {
+                        let cache = CacheKey::new(&key.tenant, &key.namespace, &key.name);
+                        core.broker
+                            .cache_has_copy_at_or_below(&cache, generation, replicated)
+                    }
+                };
+                match old {
+                    // A log still opening: asked again on the next turn.
+                    None => continue,
+                    Some(false) => {
+                        cluster.removed_here(kind, &key);
+                        continue;
+                    }
+                    Some(true) => {
+                        tracing::warn!(object = %key, generation,
+                            "copies of a deleted life found under a name that lives again: retiring them")
+                    }
+                }
+            }
             let outcome = match kind {
                 felix_cluster::meta::ObjectKind::Stream => {
                     let stream = StreamKey::new(&key.tenant, &key.namespace, &key.name);
