@@ -1002,10 +1002,9 @@ impl Metadata {
     /// creates nothing and is refused); one the cluster holds keeps the cluster's record, and
     /// each that differs is named with its differing fields, for the node to warn about.
     fn ensure(&mut self, node: &NodeId, declarations: &Declarations) -> Applied {
-        let new_streams = declarations
-            .streams
-            .iter()
-            .filter(|(k, _)| !self.streams.contains_key(*k) && !self.deleted_streams.contains_key(*k));
+        let new_streams = declarations.streams.iter().filter(|(k, _)| {
+            !self.streams.contains_key(*k) && !self.deleted_streams.contains_key(*k)
+        });
         for (k, s) in new_streams {
             let bad = self
                 .check(s.shards, s.replication_factor)
