@@ -1,7 +1,8 @@
 //! `--admin-ops`: the operator works on the cluster while it runs. At seeded moments of the
 //! fault phase (and just after it) the admin API is called on whichever node is up: a stream
-//! created (a fresh name, or again with the same spec, or with another one), or its retention
-//! changed. The answers and the end state are checked by `object_specs`.
+//! created (a fresh name, or again with the same spec, or with another one), its retention
+//! changed, or it is deleted (and maybe created again by a later call). The answers and the
+//! end state are checked by `object_specs`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -57,7 +58,7 @@ impl ClusterWorld {
         let token = self.token.clone();
         let max_rf = self.nodes.len().min(3) as u64;
         let rng = &mut self.admin_rng;
-        let what = rng.below(10);
+        let what = rng.below(12);
         let engine = &mut self.nodes[i].running.as_mut().expect("up").engine;
         if existing.is_empty() || what < 5 {
             let name = format!("ops-{}", existing.len());
@@ -76,7 +77,15 @@ impl ClusterWorld {
             self.specs.create(&node, &name, spec, &answer)?;
         } else {
             let (name, first) = rng.pick(&existing).clone();
-            if what < 9 {
+            if what >= 10 {
+                let names = (TENANT, NAMESPACE, name.as_str());
+                let incarnation = engine.stream_incarnation(names);
+                let answer = engine.delete_stream_as(local, &token, TENANT, NAMESPACE, &name);
+                self.log(format_args!(
+                    "ADMIN {node} delete {name} (incarnation {incarnation:?}): {answer:?}"
+                ));
+                self.specs.delete(&node, &name, incarnation, &answer)?;
+            } else if what < 9 {
                 // Again with the spec first asked (idempotent), or with one more shard (409
                 // once the first is applied).
                 let mut spec = first;
@@ -102,9 +111,29 @@ impl ClusterWorld {
         self.drain(i, now)
     }
 
+    /// Marks the deletes asked for that `incarnations` (a node's metadata) shows applied.
+    pub(super) fn see_deletes(&mut self, incarnations: &super::Incarnations) {
+        for (name, incarnation) in self.specs.pending_deletes() {
+            let object = format!("stream:{TENANT}/{NAMESPACE}/{name}");
+            let deleted = incarnations.get(&object).and_then(|(_, d)| *d);
+            if deleted.is_some_and(|d| d >= incarnation) {
+                self.specs.delete_applied(&name, incarnation);
+            }
+        }
+    }
+
     /// What every node caught up with the last applied index holds for each name asked for.
     pub(super) fn check_object_specs(&mut self) -> Result<(), Violation> {
         let now = self.clock.now();
+        let seen: Vec<_> = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.running.as_ref()?.engine.cluster_view())
+            .map(|v| v.incarnations())
+            .collect();
+        for incarnations in &seen {
+            self.see_deletes(incarnations);
+        }
         let applied = |n: &super::SimNode| {
             n.running
                 .as_ref()
@@ -123,10 +152,10 @@ impl ClusterWorld {
             let mut specs = BTreeMap::new();
             for name in &names {
                 let view = engine.stream_view(local, None, (TENANT, NAMESPACE, name));
-                let mut spec = view.ok().map(|v| v.spec);
+                let mut spec = view.ok().map(|v| (v.spec, v.incarnation));
                 // Canary: node 2 reports the first stream with a retention it never got.
                 if self.canary == Some(crate::Canary::SpecDivergence) && i == 1 {
-                    if let (Some(s), true) = (spec.as_mut(), name == "ops-0") {
+                    if let (Some((s, _)), true) = (spec.as_mut(), name == "ops-0") {
                         s.retention.max_bytes = Some(s.retention.max_bytes.unwrap_or(0) + 1);
                     }
                 }
