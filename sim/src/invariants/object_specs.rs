@@ -264,3 +264,65 @@ impl ObjectSpecs {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(shards: u32) -> StreamSpec {
+        StreamSpec {
+            shards,
+            replication_factor: 1,
+            consistency: Consistency::Leader,
+            retention: Retention::default(),
+            durable: true,
+        }
+    }
+
+    fn view(spec: StreamSpec, incarnation: u64) -> StreamView {
+        StreamView {
+            tenant: "t".into(),
+            namespace: "n".into(),
+            stream: "s".into(),
+            spec,
+            shards: Vec::new(),
+            incarnation,
+        }
+    }
+
+    fn held(
+        at_end: Option<(StreamSpec, u64)>,
+    ) -> Vec<(String, BTreeMap<String, Option<(StreamSpec, u64)>>)> {
+        vec![("n1".into(), BTreeMap::from([("s".to_owned(), at_end)]))]
+    }
+
+    #[test]
+    fn an_applied_delete_is_final_unless_the_name_is_created_again() {
+        let mut o = ObjectSpecs::default();
+        o.create("n1", "s", spec(1), &Ok(Some(view(spec(1), 0))))
+            .unwrap();
+        // Asked, not seen applied: the stream may still be there.
+        o.delete("n1", "s", Some(0), &Ok(())).unwrap();
+        o.check_end(&held(Some((spec(1), 0)))).unwrap();
+        // Seen applied: that incarnation, and the name, must be gone.
+        o.delete_applied("s", 0);
+        let v = o.check_end(&held(Some((spec(1), 0)))).unwrap_err();
+        assert!(v.detail.contains("incarnation 0 was deleted"), "{v}");
+        let v = o.check_end(&held(Some((spec(1), 1)))).unwrap_err();
+        assert!(v.detail.contains("never created again"), "{v}");
+        o.check_end(&held(None)).unwrap();
+        // Created again (another spec) and answered: that is what is held.
+        o.create("n2", "s", spec(2), &Ok(Some(view(spec(2), 1))))
+            .unwrap();
+        o.check_end(&held(Some((spec(2), 1)))).unwrap();
+        let v = o.check_end(&held(None)).unwrap_err();
+        assert!(v.detail.contains("never deleted"), "{v}");
+        // A delete refused as not found, or not now, is no violation; any other refusal is.
+        o.delete("n3", "s", None, &Err(DeleteStreamError::NotFound))
+            .unwrap();
+        let v = o
+            .delete("n3", "s", Some(1), &Err(DeleteStreamError::Forbidden))
+            .unwrap_err();
+        assert!(v.detail.contains("refused a valid delete"), "{v}");
+    }
+}
