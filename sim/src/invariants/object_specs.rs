@@ -24,6 +24,11 @@ use crate::oracle::Violation;
 
 pub(crate) const NAME: &str = "object_specs";
 
+/// Per node caught up at the end: per name, its spec and incarnation there (`None`: absent).
+pub(crate) type Held = [HeldOn];
+/// One node's part of [`Held`].
+pub(crate) type HeldOn = (String, BTreeMap<String, Option<(StreamSpec, u64)>>);
+
 #[derive(Default)]
 pub(crate) struct ObjectSpecs {
     /// Per stream: every spec a create asked for, in order.
@@ -184,10 +189,7 @@ impl ObjectSpecs {
 
     /// `held`: per node (caught up to the last applied index), what it holds for every name
     /// asked for, with its incarnation (`None`: no such stream there).
-    pub(crate) fn check_end(
-        &self,
-        held: &[(String, BTreeMap<String, Option<(StreamSpec, u64)>>)],
-    ) -> Result<(), Violation> {
+    pub(crate) fn check_end(&self, held: &Held) -> Result<(), Violation> {
         for (name, asked) in &self.asked {
             let mut first: Option<(&str, Option<(StreamSpec, u64)>)> = None;
             let deletes = self.deletes.get(name).map_or(&[][..], |d| &d[..]);
@@ -290,9 +292,7 @@ mod tests {
         }
     }
 
-    fn held(
-        at_end: Option<(StreamSpec, u64)>,
-    ) -> Vec<(String, BTreeMap<String, Option<(StreamSpec, u64)>>)> {
+    fn held(at_end: Option<(StreamSpec, u64)>) -> Vec<HeldOn> {
         vec![("n1".into(), BTreeMap::from([("s".to_owned(), at_end)]))]
     }
 
