@@ -497,11 +497,12 @@ impl ClusterWorld {
         );
         let summary = if self.admin_ops {
             format!(
-                "{summary}, {} admin calls ({} unavailable, {} deletes, {} seen applied)",
+                "{summary}, {} admin calls ({} unavailable, {} deletes, {} seen applied, {} re-created)",
                 self.specs.calls,
                 self.specs.unavailable,
                 self.specs.deleted,
-                self.specs.deletes_applied
+                self.specs.deletes_applied,
+                self.specs.recreated
             )
         } else {
             summary

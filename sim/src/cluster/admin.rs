@@ -42,6 +42,7 @@ impl ClusterWorld {
         let i = *self.admin_rng.pick(&up);
         let existing: Vec<(String, StreamSpec)> =
             self.specs.asked().map(|(n, s)| (n.clone(), *s)).collect();
+        let gone = self.specs.deleted_names();
         let retentions = [
             Retention::default(),
             Retention {
@@ -76,7 +77,17 @@ impl ClusterWorld {
             ));
             self.specs.create(&node, &name, spec, &answer)?;
         } else {
-            let (name, first) = rng.pick(&existing).clone();
+            // Half the creates of a known name after a delete go to a deleted one: a re-create.
+            let (name, first) = if (5..9).contains(&what) && !gone.is_empty() && rng.below(2) == 0 {
+                let name = rng.pick(&gone);
+                existing
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .expect("a deleted name was asked for")
+                    .clone()
+            } else {
+                rng.pick(&existing).clone()
+            };
             if what >= 10 {
                 let names = (TENANT, NAMESPACE, name.as_str());
                 let incarnation = engine.stream_incarnation(names);
@@ -163,6 +174,10 @@ impl ClusterWorld {
             }
             held.push((n.id.clone(), specs));
         }
+        self.specs.recreated = held.first().map_or(0, |(_, specs)| {
+            let later = specs.values().flatten().filter(|(_, i)| *i > 0);
+            later.count() as u64
+        });
         self.specs.check_end(&held)
     }
 }

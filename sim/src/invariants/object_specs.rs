@@ -42,6 +42,8 @@ pub(crate) struct ObjectSpecs {
     /// Deletes answered `Ok`, and how many of them were seen applied.
     pub(crate) deleted: u64,
     pub(crate) deletes_applied: u64,
+    /// Names the caught-up nodes hold at a later incarnation at the end (re-created).
+    pub(crate) recreated: u64,
     /// Per stream: every retention an alter asked for.
     retentions: BTreeMap<String, Vec<Retention>>,
     pub(crate) calls: u64,
@@ -166,6 +168,11 @@ impl ObjectSpecs {
                 "{node} refused a valid delete of {name}: {e}"
             ))),
         }
+    }
+
+    /// The names a delete was answered `Ok` for.
+    pub(crate) fn deleted_names(&self) -> Vec<String> {
+        self.deletes.keys().cloned().collect()
     }
 
     /// Deletes answered `Ok` and not seen applied yet: (name, incarnation).
