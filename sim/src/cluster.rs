@@ -500,8 +500,12 @@ impl ClusterWorld {
         );
         let summary = if self.admin_ops {
             format!(
-                "{summary}, {} admin calls ({} unavailable)",
-                self.specs.calls, self.specs.unavailable
+                "{summary}, {} admin calls ({} unavailable, {} deletes, {} seen applied, {} re-created)",
+                self.specs.calls,
+                self.specs.unavailable,
+                self.specs.deleted,
+                self.specs.deletes_applied,
+                self.specs.recreated
             )
         } else {
             summary
@@ -1249,7 +1253,12 @@ impl ClusterWorld {
         );
         let mut digest = meta_agreement::digest(&view.metadata_bytes());
         let leaders = view.shard_leaders();
-        let facts = metadata_facts(&view.members(), &leaders);
+        let incarnations = view.incarnations();
+        let facts = metadata_facts(&view.members(), &leaders, &incarnations);
+        let deleted = deleted_incarnations(&incarnations);
+        if self.admin_ops {
+            self.see_deletes(&incarnations);
+        }
         self.nodes[i].last_applied = Some(applied);
         if self.nodes[i].catching_up_to.is_some_and(|t| applied >= t) {
             self.nodes[i].catching_up_to = None;
@@ -1276,7 +1285,8 @@ impl ClusterWorld {
             }
         }
         self.agreement.observe(&id, applied, digest)?;
-        self.agreement.observe_facts(&id, applied, &facts)?;
+        self.agreement
+            .observe_facts(&id, applied, &facts, &deleted)?;
         self.shard_leaders.observe(&id, &leaders)?;
         if applied >= self.leaders_from {
             let stream = format!("stream:{TENANT}/{NAMESPACE}/{STREAM}");
@@ -1394,13 +1404,15 @@ impl ClusterWorld {
             let Some(view) = n.running.as_ref().and_then(|r| r.engine.cluster_view()) else {
                 continue;
             };
-            let mut facts = metadata_facts(&view.members(), &view.shard_leaders());
+            let incarnations = view.incarnations();
+            let mut facts = metadata_facts(&view.members(), &view.shard_leaders(), &incarnations);
             facts.sort();
             ends.push(EndState {
                 node: n.id.clone(),
                 applied: view.applied_index(),
                 digest: meta_agreement::digest(&view.metadata_bytes()),
                 facts,
+                deleted: deleted_incarnations(&incarnations),
             });
         }
         self.agreement.check_end(&ends)?;
@@ -1507,16 +1519,34 @@ fn replication_canary(canary: Option<Canary>) -> Option<ReplicationCanary> {
     }
 }
 
-/// What committed metadata never forgets: the members that joined, the shards placed.
-fn metadata_facts(members: &[String], leaders: &[felix_engine::ShardLeader]) -> Vec<String> {
+/// Per object: its placed incarnation and the highest one deleted (`ClusterView::incarnations`).
+pub(crate) type Incarnations = BTreeMap<String, (Option<u64>, Option<u64>)>;
+
+/// What committed metadata never forgets (but a delete): the members that joined, the shards
+/// placed, each with its object's incarnation.
+fn metadata_facts(
+    members: &[String],
+    leaders: &[felix_engine::ShardLeader],
+    incarnations: &Incarnations,
+) -> Vec<String> {
     members
         .iter()
         .map(|m| format!("member {m}"))
-        .chain(
-            leaders
-                .iter()
-                .map(|l| format!("shard {} {}", l.object, l.shard)),
-        )
+        .chain(leaders.iter().map(|l| {
+            let incarnation = incarnations
+                .get(&l.object)
+                .and_then(|(placed, _)| *placed)
+                .unwrap_or(0);
+            format!("shard {}@{incarnation} {}", l.object, l.shard)
+        }))
+        .collect()
+}
+
+/// Per object, the highest incarnation the metadata shows deleted.
+fn deleted_incarnations(incarnations: &Incarnations) -> BTreeMap<String, u64> {
+    incarnations
+        .iter()
+        .filter_map(|(o, (_, deleted))| deleted.map(|d| (o.clone(), d)))
         .collect()
 }
 

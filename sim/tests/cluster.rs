@@ -203,8 +203,8 @@ fn a_node_holding_a_spec_nobody_asked_for_is_caught() {
 }
 
 #[test]
-fn the_operators_creates_and_alters_keep_their_answers() {
-    let mut created = 0;
+fn the_operators_creates_alters_and_deletes_keep_their_answers() {
+    let (mut created, mut deleted, mut recreated) = (0, 0, 0);
     for seed in 0..4 {
         let outcome = run_cluster(&RunOptions {
             admin_ops: true,
@@ -217,12 +217,26 @@ fn the_operators_creates_and_alters_keep_their_answers() {
                 "seed {seed}: {v}\nreplay: cargo run -p felix-sim -- --cluster --replicated --admin-ops --seed {seed} --verbose"
             );
         }
-        created += outcome
-            .trace
-            .iter()
-            .filter(|l| l.contains(" ADMIN ") && l.contains(": Ok(Some("))
+        let admin = || outcome.trace.iter().filter(|l| l.contains(" ADMIN "));
+        created += admin().filter(|l| l.contains(": Ok(Some(")).count();
+        deleted += admin()
+            .filter(|l| l.contains(" delete ") && l.ends_with(": Ok(())"))
             .count();
+        // Names held at a later life at the end: created again after a delete was applied.
+        let tail = outcome
+            .summary
+            .split(" seen applied, ")
+            .nth(1)
+            .expect("admin counts");
+        let held_again: u64 = tail.split(' ').next().unwrap().parse().unwrap();
+        recreated += held_again;
     }
-    // The workload reached the answers the invariant judges: creates answered with a view.
+    // The workload reached the answers the invariant judges: creates answered with a view,
+    // deletes answered Ok, and a name created again after its delete.
     assert!(created > 0, "no create answered with its view in 4 seeds");
+    assert!(deleted > 0, "no delete answered Ok in 4 seeds");
+    assert!(
+        recreated > 0,
+        "no name created again after a delete in 4 seeds"
+    );
 }

@@ -61,6 +61,33 @@ impl<'a> ClusterView<'a> {
         meta.members.keys().map(|n| n.0.clone()).collect()
     }
 
+    /// Per stream and cache that is placed or was deleted (keyed as [`ShardLeader::object`]):
+    /// the incarnation placed now (`None`: not placed) and the highest incarnation deleted
+    /// (`None`: none). What lets an invariant tell a delete this node applied from metadata
+    /// it forgot.
+    pub fn incarnations(&self) -> std::collections::BTreeMap<String, (Option<u64>, Option<u64>)> {
+        let meta = self.node.meta();
+        let mut out = std::collections::BTreeMap::new();
+        let placed = (meta
+            .streams
+            .iter()
+            .map(|(k, s)| ("stream", k, s.incarnation)))
+        .chain(meta.caches.iter().map(|(k, c)| ("cache", k, c.incarnation)));
+        for (kind, key, incarnation) in placed {
+            out.insert(
+                format!("{kind}:{key}"),
+                (Some(incarnation), incarnation.checked_sub(1)),
+            );
+        }
+        let tombs = (meta.deleted_streams.iter().map(|(k, t)| ("stream", k, t)))
+            .chain(meta.deleted_caches.iter().map(|(k, t)| ("cache", k, t)));
+        for (kind, key, tomb) in tombs {
+            let e = out.entry(format!("{kind}:{key}")).or_insert((None, None));
+            e.1 = Some(e.1.map_or(tomb.incarnation, |d| d.max(tomb.incarnation)));
+        }
+        out
+    }
+
     /// Every placed shard of every stream and cache, in object order.
     pub fn shard_leaders(&self) -> Vec<ShardLeader> {
         let meta = self.node.meta();

@@ -1,7 +1,8 @@
 //! `--admin-ops`: the operator works on the cluster while it runs. At seeded moments of the
 //! fault phase (and just after it) the admin API is called on whichever node is up: a stream
-//! created (a fresh name, or again with the same spec, or with another one), or its retention
-//! changed. The answers and the end state are checked by `object_specs`.
+//! created (a fresh name, or again with the same spec, or with another one), its retention
+//! changed, or it is deleted (and maybe created again by a later call). The answers and the
+//! end state are checked by `object_specs`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -41,6 +42,7 @@ impl ClusterWorld {
         let i = *self.admin_rng.pick(&up);
         let existing: Vec<(String, StreamSpec)> =
             self.specs.asked().map(|(n, s)| (n.clone(), *s)).collect();
+        let gone = self.specs.deleted_names();
         let retentions = [
             Retention::default(),
             Retention {
@@ -57,7 +59,7 @@ impl ClusterWorld {
         let token = self.token.clone();
         let max_rf = self.nodes.len().min(3) as u64;
         let rng = &mut self.admin_rng;
-        let what = rng.below(10);
+        let what = rng.below(12);
         let engine = &mut self.nodes[i].running.as_mut().expect("up").engine;
         if existing.is_empty() || what < 5 {
             let name = format!("ops-{}", existing.len());
@@ -75,8 +77,26 @@ impl ClusterWorld {
             ));
             self.specs.create(&node, &name, spec, &answer)?;
         } else {
-            let (name, first) = rng.pick(&existing).clone();
-            if what < 9 {
+            // Half the creates of a known name after a delete go to a deleted one: a re-create.
+            let (name, first) = if (5..9).contains(&what) && !gone.is_empty() && rng.below(2) == 0 {
+                let name = rng.pick(&gone);
+                existing
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .expect("a deleted name was asked for")
+                    .clone()
+            } else {
+                rng.pick(&existing).clone()
+            };
+            if what >= 10 {
+                let names = (TENANT, NAMESPACE, name.as_str());
+                let incarnation = engine.stream_incarnation(names);
+                let answer = engine.delete_stream_as(local, &token, TENANT, NAMESPACE, &name);
+                self.log(format_args!(
+                    "ADMIN {node} delete {name} (incarnation {incarnation:?}): {answer:?}"
+                ));
+                self.specs.delete(&node, &name, incarnation, &answer)?;
+            } else if what < 9 {
                 // Again with the spec first asked (idempotent), or with one more shard (409
                 // once the first is applied).
                 let mut spec = first;
@@ -102,9 +122,29 @@ impl ClusterWorld {
         self.drain(i, now)
     }
 
+    /// Marks the deletes asked for that `incarnations` (a node's metadata) shows applied.
+    pub(super) fn see_deletes(&mut self, incarnations: &super::Incarnations) {
+        for (name, incarnation) in self.specs.pending_deletes() {
+            let object = format!("stream:{TENANT}/{NAMESPACE}/{name}");
+            let deleted = incarnations.get(&object).and_then(|(_, d)| *d);
+            if deleted.is_some_and(|d| d >= incarnation) {
+                self.specs.delete_applied(&name, incarnation);
+            }
+        }
+    }
+
     /// What every node caught up with the last applied index holds for each name asked for.
     pub(super) fn check_object_specs(&mut self) -> Result<(), Violation> {
         let now = self.clock.now();
+        let seen: Vec<_> = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.running.as_ref()?.engine.cluster_view())
+            .map(|v| v.incarnations())
+            .collect();
+        for incarnations in &seen {
+            self.see_deletes(incarnations);
+        }
         let applied = |n: &super::SimNode| {
             n.running
                 .as_ref()
@@ -123,10 +163,10 @@ impl ClusterWorld {
             let mut specs = BTreeMap::new();
             for name in &names {
                 let view = engine.stream_view(local, None, (TENANT, NAMESPACE, name));
-                let mut spec = view.ok().map(|v| v.spec);
+                let mut spec = view.ok().map(|v| (v.spec, v.incarnation));
                 // Canary: node 2 reports the first stream with a retention it never got.
                 if self.canary == Some(crate::Canary::SpecDivergence) && i == 1 {
-                    if let (Some(s), true) = (spec.as_mut(), name == "ops-0") {
+                    if let (Some((s, _)), true) = (spec.as_mut(), name == "ops-0") {
                         s.retention.max_bytes = Some(s.retention.max_bytes.unwrap_or(0) + 1);
                     }
                 }
@@ -134,6 +174,10 @@ impl ClusterWorld {
             }
             held.push((n.id.clone(), specs));
         }
+        self.specs.recreated = held.first().map_or(0, |(_, specs)| {
+            let later = specs.values().flatten().filter(|(_, i)| *i > 0);
+            later.count() as u64
+        });
         self.specs.check_end(&held)
     }
 }

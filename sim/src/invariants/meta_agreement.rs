@@ -10,6 +10,12 @@
 //! placed. Once seen applied at index `i`, every node's metadata at any index `>= i` must
 //! still hold it; a node group that restarted blank and re-founded the cluster from an
 //! empty log fails this even when no index is shared.
+//!
+//! A delete is the one thing that legitimately removes placed shards. A shard fact names the
+//! incarnation of its object (`shard stream:t/n/s@0 1`), and it may be missing from a node's
+//! metadata only where that very metadata shows the incarnation deleted (the object placed
+//! again at a later incarnation, or its tombstone at that incarnation or later): a node
+//! that forgot metadata shows no such tombstone and still fails.
 
 use std::collections::BTreeMap;
 
@@ -32,15 +38,18 @@ pub(crate) fn digest(bytes: &[u8]) -> [u8; 16] {
 }
 
 impl MetaAgreement {
-    /// `node`'s metadata at `index` holds `facts` (members, placed shards): each must stay.
+    /// `node`'s metadata at `index` holds `facts` (members, placed shards): each must stay,
+    /// unless `deleted` (per object, the highest incarnation that metadata shows deleted)
+    /// says the shard's incarnation is gone.
     pub(crate) fn observe_facts(
         &mut self,
         node: &str,
         index: u64,
         facts: &[String],
+        deleted: &BTreeMap<String, u64>,
     ) -> Result<(), Violation> {
         for (fact, (at, first)) in &self.kept {
-            if *at <= index && !facts.contains(fact) {
+            if *at <= index && !facts.contains(fact) && !deleted_in(fact, deleted) {
                 return Err(Violation {
                     invariant: NAME,
                     detail: format!(
@@ -92,6 +101,25 @@ pub(crate) struct EndState {
     pub(crate) applied: u64,
     pub(crate) digest: [u8; 16],
     pub(crate) facts: Vec<String>,
+    /// Per object, the highest incarnation its metadata shows deleted.
+    pub(crate) deleted: BTreeMap<String, u64>,
+}
+
+/// Whether `fact` is a shard of an object incarnation that `deleted` shows deleted.
+fn deleted_in(fact: &str, deleted: &BTreeMap<String, u64>) -> bool {
+    let Some(shard) = fact.strip_prefix("shard ") else {
+        return false;
+    };
+    let Some((object, _)) = shard.rsplit_once(' ') else {
+        return false;
+    };
+    let Some((object, incarnation)) = object.rsplit_once('@') else {
+        return false;
+    };
+    let Ok(incarnation) = incarnation.parse::<u64>() else {
+        return false;
+    };
+    deleted.get(object).is_some_and(|d| *d >= incarnation)
 }
 
 impl MetaAgreement {
@@ -99,7 +127,10 @@ impl MetaAgreement {
     /// all of them the same metadata at the same index (they converged).
     pub(crate) fn check_end(&self, nodes: &[EndState]) -> Result<(), Violation> {
         for n in nodes {
-            if let Some((fact, (at, first))) = self.kept.iter().find(|(f, _)| !n.facts.contains(f))
+            if let Some((fact, (at, first))) = self
+                .kept
+                .iter()
+                .find(|(f, _)| !n.facts.contains(f) && !deleted_in(f, &n.deleted))
             {
                 return Err(Violation {
                     invariant: NAME,
@@ -150,10 +181,42 @@ mod tests {
     fn a_fact_seen_committed_must_stay() {
         let mut m = MetaAgreement::default();
         let both = ["member n1".to_owned(), "member n3".to_owned()];
-        m.observe_facts("n3", 4, &both).unwrap();
+        let none = BTreeMap::new();
+        m.observe_facts("n3", 4, &both, &none).unwrap();
         // Below the index it was seen at, it may be missing (not applied yet).
-        m.observe_facts("n1", 3, &both[..1]).unwrap();
-        let v = m.observe_facts("n1", 5, &both[..1]).unwrap_err();
+        m.observe_facts("n1", 3, &both[..1], &none).unwrap();
+        let v = m.observe_facts("n1", 5, &both[..1], &none).unwrap_err();
         assert!(v.detail.contains("lost member n3"), "{v}");
+    }
+
+    #[test]
+    fn a_shard_goes_only_where_its_incarnation_is_deleted() {
+        let mut m = MetaAgreement::default();
+        let s = "stream:t/n/s";
+        let placed = ["member n1".to_owned(), format!("shard {s}@0 0")];
+        let none = BTreeMap::new();
+        m.observe_facts("n1", 4, &placed, &none).unwrap();
+        // Gone without the delete in that metadata: forgotten.
+        let v = m.observe_facts("n2", 6, &placed[..1], &none).unwrap_err();
+        assert!(v.detail.contains("lost shard stream:t/n/s@0 0"), "{v}");
+        // Gone with incarnation 0 deleted there: the delete removed it.
+        let deleted = BTreeMap::from([(s.to_owned(), 0)]);
+        m.observe_facts("n2", 6, &placed[..1], &deleted).unwrap();
+        // Re-created at incarnation 1: its shard is kept in turn, and a delete of 0 does not
+        // excuse losing it.
+        let again = ["member n1".to_owned(), format!("shard {s}@1 0")];
+        m.observe_facts("n1", 8, &again, &deleted).unwrap();
+        let v = m
+            .observe_facts("n2", 9, &placed[..1], &deleted)
+            .unwrap_err();
+        assert!(v.detail.contains("lost shard stream:t/n/s@1 0"), "{v}");
+        let end = EndState {
+            node: "n2".into(),
+            applied: 9,
+            digest: digest(b"x"),
+            facts: placed[..1].to_vec(),
+            deleted: BTreeMap::from([(s.to_owned(), 1)]),
+        };
+        m.check_end(&[end]).unwrap();
     }
 }
