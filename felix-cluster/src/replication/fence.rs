@@ -53,7 +53,13 @@ pub enum FenceOutcome {
 /// on. (Found by the replicated simulator with follower and leader disks wiped: such a node
 /// fenced with one follower that was behind and opened an empty log, and acknowledged
 /// records were lost.) A leader whose disk the metadata has not recorded at all (placed
-/// before it ever joined) still counts: no copy can hold records before its first leader.
+/// before its join was applied) waits too, until its join records the copy: what it
+/// acknowledged would otherwise rest on a disk the metadata does not name, and the control
+/// plane, seeing no copy for it, hands a `leader` shard on as if that disk were lost
+/// ([`crate::meta::may_hand_over`]). (Found by the simulator, seed 10869 of the replicated
+/// `leader` workload: n3 opened so before its join, acknowledged offset 2 alone, was cut
+/// off, and n1 was promoted at the next generation with an empty copy and wrote offset 2
+/// again.)
 ///
 /// Ties go to the leader (no copy needed), then to the lowest node id, so every node reading
 /// the same answers decides the same.
@@ -65,7 +71,7 @@ pub fn fence_outcome(
 ) -> FenceOutcome {
     let needed = majority(set.len());
     let leader_holds_its_copy = set.iter().any(|r| {
-        r.node == leader.node && (r.storage_id.is_empty() || r.storage_id == leader.storage_id)
+        r.node == leader.node && !r.storage_id.is_empty() && r.storage_id == leader.storage_id
     });
     let mut counted: Vec<&FenceAnswer> = answers
         .iter()

@@ -33,7 +33,7 @@ use felix_cluster::routing::{judge_forward, ForwardVerdict, Owner};
 use felix_cluster::{NodeId, Voters};
 use felix_peer_proto::PeerMessage;
 use felix_storage::ops::{FileCompletion, FileOp};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::{ClusterConfig, Consistency, DeclaredStream};
 use crate::net::{Datagram, Transmit};
@@ -699,6 +699,7 @@ impl ClusterNode {
     }
 
     fn on_applied(&mut self, applied: Applied) {
+        debug!(?applied, "metadata applied");
         self.metadata_changed = true;
         self.replicas_changed = true;
         self.lease_metadata_applied();
