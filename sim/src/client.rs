@@ -9,11 +9,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use felix_client::core::cluster::{
+    Attempts, Cluster, ClusterConfig, Next, Object, RedirectRefused, Redirects, Resend, Route,
+    Routing,
+};
+use felix_client::core::stream_ops::{
+    read_shard_owners, read_topology, shard_owners_frame, topology_frame,
+};
 use felix_client::core::{
     auth_frame, read_auth_reply, read_guarded_reply, read_subscribe_reply, read_watch_event,
     subscribe_frame, Ack, Answer, CacheWatchItem, Capabilities, EventFrame, EventStreamReader,
     Offer, RequestKind, RequestStream, Start, SubscribeRequest, SubscriptionEnd, Target,
 };
+use felix_client::ClientError;
 use felix_engine::RoutingMapping;
 use felix_proto::routing::shard_for_key;
 use felix_proto::{Frame, FrameDecoder};
@@ -45,8 +53,17 @@ const STUCK_SOCKET_BUFFER: usize = 256;
 /// Frames held on an event stream whose `subscribed` answer has not arrived yet.
 const MAX_HELD_FRAMES: usize = 4096;
 /// `not_leader` redirects one subscribe may follow before it must have reached a node that
-/// serves it (`redirects_end`): the real client follows at most three.
-pub(crate) const MAX_REDIRECT_HOPS: u32 = 3;
+/// serves it (`redirects_end`): the bound the cluster core enforces, as for our SDK.
+pub(crate) const MAX_REDIRECT_HOPS: usize = felix_client::core::cluster::DEFAULT_MAX_REDIRECT_HOPS;
+/// Cluster runs: while no broker's connection is up, how long before another is dialled.
+const DIAL_AGAIN: Duration = Duration::from_millis(1_000);
+/// Cluster runs: how soon a subscription that could not be placed (no entry yet, owners
+/// being asked) is tried again.
+const PLACE_AGAIN: Duration = Duration::from_millis(100);
+/// Cluster runs: how often a client asks a broker `topology` again (the SDK's default, 30 s,
+/// would ask once per run).
+const TOPOLOGY_INTERVAL: (Duration, Duration) =
+    (Duration::from_millis(1_000), Duration::from_millis(4_000));
 
 /// What the run does to the world around the clients, shared by every client call.
 pub(crate) struct Ctx<'a> {
@@ -102,6 +119,57 @@ struct SubSpec {
     start: Start,
     /// Durable: the next offset to ask for after a reconnect or a lag.
     resume: Option<u64>,
+    /// Cluster runs: the broker its subscribe stream is on, while it is on one.
+    at: Option<SocketAddr>,
+    /// Cluster runs: when it is placed again (the core's backoff after a failed attempt).
+    due: Option<Instant>,
+    /// Cluster runs: this attempt's redirects (the core's), and whether the attempt began
+    /// once the faults were over (`redirects_end` holds those to the hop bound).
+    redirects: Option<(Redirects, bool)>,
+    /// Cluster runs: the attempts since it was last served (the core's retry state).
+    attempts: Option<Attempts>,
+}
+
+impl SubSpec {
+    fn new(shard: u32, start: Start) -> SubSpec {
+        SubSpec {
+            shard,
+            start,
+            resume: None,
+            at: None,
+            due: None,
+            redirects: None,
+            attempts: None,
+        }
+    }
+}
+
+/// What a routed call is on.
+#[derive(Debug, Clone, Copy)]
+enum Routed {
+    Stream,
+    Cache,
+}
+
+/// A one-request question a cluster client asks a broker for the core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Ask {
+    Topology,
+    StreamOwners,
+    CacheOwners,
+}
+
+/// A cluster client's routing: the felix-client core's [`Cluster`] decides where each call
+/// goes (dial order, entry, `topology`, `shard_owners`, redirects, retry backoff); this
+/// client only carries its decisions out and reports what happened.
+struct Net {
+    core: Cluster,
+    stream: Object,
+    cache: Object,
+    /// Questions in flight (one of each at a time).
+    asking: BTreeSet<Ask>,
+    /// When to dial again while no broker is connected or being dialled.
+    dial_at: Instant,
 }
 
 #[derive(Debug)]
@@ -109,6 +177,8 @@ enum ReqMeta {
     Publish {
         shard: u32,
         payloads: Vec<Bytes>,
+        /// Its routing key (a cluster client hands an ack's owner hint to the core with it).
+        key: Option<Vec<u8>>,
     },
     /// A publish to the scratch stream: any answer will do, ok or `not_found`.
     ScratchPublish,
@@ -132,6 +202,8 @@ enum Phase {
     /// `cache_watch` sent, waiting for `cache_watch_started`.
     Watching,
     Watched,
+    /// A question for the core sent, waiting for its answer.
+    Asking,
     Dead,
 }
 
@@ -144,6 +216,8 @@ enum Purpose {
     Subscribe(usize),
     Group,
     Watch,
+    /// Cluster runs: one question for the core (`topology`, `shard_owners`).
+    Ask(Ask),
 }
 
 struct BiStream {
@@ -166,6 +240,8 @@ struct UniStream {
 }
 
 struct Conn {
+    /// The broker it is to.
+    addr: SocketAddr,
     gen: u64,
     ch: ConnectionHandle,
     quic: Connection,
@@ -195,7 +271,9 @@ pub(crate) struct SimClient {
     offer: Offer,
     endpoint: Endpoint,
     config: ClientConfig,
-    conn: Option<Conn>,
+    /// One connection per broker in use: the one broker's, or in a cluster run those the
+    /// core's routing asked for (opened on first use).
+    conns: BTreeMap<SocketAddr, Conn>,
     gen: u64,
     /// How far this client's clock runs ahead of true time (clock jumps move it forward).
     pub(crate) skew: Duration,
@@ -220,17 +298,10 @@ pub(crate) struct SimClient {
     pub(crate) stats: ClientStats,
     /// Durable runs: a prefix watch on the whole cache (`watcher.rs`).
     watcher: Option<CacheWatcher>,
-    /// Cluster runs: the node this client connects to now (`None`: the one broker). A
-    /// `not_leader` moves it.
-    pub(crate) home: Option<SocketAddr>,
-    /// Redirects followed since the last `subscribed`.
-    hops: u32,
-    /// Of those, the ones made while faults were still being injected.
-    loud_hops: u32,
-    /// The newest generation a redirect in the current chain named, and where.
-    newest_redirect: Option<(u64, SocketAddr)>,
-    /// Set by a `not_leader` (or a refused subscribe): reconnect there at that instant.
-    redirect_to: Option<(SocketAddr, Instant)>,
+    /// Cluster runs: the core's routing (`None`: the one broker).
+    net: Option<Net>,
+    /// Cluster runs: the broker that served the last subscription (the auditor's read-back).
+    pub(crate) served_by: Option<SocketAddr>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -244,6 +315,9 @@ pub(crate) struct ClientStats {
     pub(crate) redirects: u64,
     /// `not_leader` answers that named no address.
     pub(crate) addressless_redirects: u64,
+    /// Cluster runs: `shard_owners` and `topology` answers the core was fed.
+    pub(crate) owners_answers: u64,
+    pub(crate) topology_answers: u64,
 }
 
 pub(crate) struct Setup {
@@ -255,10 +329,13 @@ pub(crate) struct Setup {
     pub(crate) crypto: Arc<quinn_proto::crypto::rustls::QuicClientConfig>,
     pub(crate) rng: SimRng,
     pub(crate) now: Instant,
-    /// Cluster runs: the node to connect to first, and (for an auditor) the one shard it
-    /// reads. A cluster client publishes, uses the cache and keeps at most one
-    /// subscription (a redirect moves the whole connection).
+    /// Cluster runs: the node to connect to first (its one seed), and (for an auditor) the
+    /// one shard it reads. A cluster client publishes, uses the cache and keeps at most one
+    /// subscription, each call where the core routes it.
     pub(crate) cluster: Option<(SocketAddr, Option<u32>)>,
+    /// Cluster runs: `ByOwners` routes by `shard_owners`; `EntryOnly` sends every call to
+    /// the entry broker, which forwards (what `forwarded_acks` needs).
+    pub(crate) routing: Routing,
 }
 
 impl SimClient {
@@ -281,30 +358,22 @@ impl SimClient {
         let subs = match s.role {
             Role::Auditor if cluster => {
                 let shard = s.cluster.and_then(|c| c.1).unwrap_or(0);
-                vec![SubSpec {
-                    shard,
-                    start: Start::Earliest,
-                    resume: None,
-                }]
+                vec![SubSpec::new(shard, Start::Earliest)]
             }
             Role::Auditor => (0..s.shards)
-                .map(|shard| SubSpec {
-                    shard,
-                    start: Start::Earliest,
-                    resume: None,
-                })
+                .map(|shard| SubSpec::new(shard, Start::Earliest))
                 .collect(),
             Role::Worker => {
                 let n = rng.below(if cluster { 2 } else { 3 });
                 (0..n)
-                    .map(|_| SubSpec {
-                        shard: rng.below(u64::from(s.shards)) as u32,
-                        start: if s.durable {
+                    .map(|_| {
+                        let shard = rng.below(u64::from(s.shards)) as u32;
+                        let start = if s.durable {
                             *rng.pick(&[Start::Latest, Start::Earliest, Start::Offset(0)])
                         } else {
                             Start::Latest
-                        },
-                        resume: None,
+                        };
+                        SubSpec::new(shard, start)
                     })
                     .collect()
             }
@@ -320,6 +389,25 @@ impl SimClient {
         if rng.chance(0.5) {
             offer.features = offer.features.union(felix_proto::Features::ACK_ON_COMMIT);
         }
+        let net = s.cluster.map(|(seed, _)| {
+            if s.routing == Routing::ByOwners {
+                offer.features = offer.features.union(felix_proto::Features::SHARD_OWNERS);
+            }
+            offer.features = offer.features.union(felix_proto::Features::TOPOLOGY);
+            let mut config = ClusterConfig::new(vec![seed]);
+            config.seed = rng.fork("cluster core").next_u64();
+            config.routing = s.routing;
+            config.topology_interval = rng.duration(TOPOLOGY_INTERVAL.0, TOPOLOGY_INTERVAL.1);
+            // Resubscriptions are retried for as long as the run lasts.
+            config.retry.max_attempts = u32::MAX;
+            Net {
+                core: Cluster::new(config),
+                stream: Object::stream(NAMESPACE, STREAM),
+                cache: Object::cache(NAMESPACE, CACHE),
+                asking: BTreeSet::new(),
+                dial_at: s.now,
+            }
+        });
         SimClient {
             id: s.id,
             addr: SocketAddr::from(([127, 0, 1, (s.id % 250) as u8 + 1], 40_000 + s.id as u16)),
@@ -327,7 +415,7 @@ impl SimClient {
             offer,
             endpoint,
             config,
-            conn: None,
+            conns: BTreeMap::new(),
             gen: 0,
             skew: Duration::ZERO,
             stuck_until: None,
@@ -336,7 +424,7 @@ impl SimClient {
                 .slow
                 .then(|| rng.duration(Duration::from_millis(100), Duration::from_millis(800))),
             next_read: s.now,
-            reconnect_at: Some(s.now),
+            reconnect_at: (!cluster).then_some(s.now),
             next_action: s.now + lo,
             action_gap: (lo, lo * 4),
             subs,
@@ -349,11 +437,8 @@ impl SimClient {
             audit: BTreeMap::new(),
             stats: ClientStats::default(),
             watcher,
-            home: s.cluster.map(|c| c.0),
-            hops: 0,
-            loud_hops: 0,
-            newest_redirect: None,
-            redirect_to: None,
+            net,
+            served_by: None,
         }
     }
 
@@ -382,7 +467,7 @@ impl SimClient {
     }
 
     pub(crate) fn is_connected(&self) -> bool {
-        self.conn.as_ref().is_some_and(|c| c.connected)
+        self.conns.values().any(|c| c.connected)
     }
 
     pub(crate) fn is_stuck(&self, now: Instant) -> bool {
@@ -396,10 +481,23 @@ impl SimClient {
         }
         let mut next = self.reconnect_at;
         let mut consider = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
-        if let Some((_, at)) = self.redirect_to {
-            consider(at);
+        if let Some(net) = &self.net {
+            if net.core.entry().is_none() && !self.conns.values().any(|c| c.connected) {
+                consider(net.dial_at);
+            }
+            // A `topology` refresh, unless one is being asked (it is due until answered).
+            if let Some(t) = net.core.poll_timeout() {
+                if !net.asking.contains(&Ask::Topology) {
+                    consider(t);
+                }
+            }
+            for spec in &self.subs {
+                if let (None, Some(t)) = (spec.at, spec.due) {
+                    consider(t);
+                }
+            }
         }
-        if let Some(conn) = &mut self.conn {
+        for conn in self.conns.values_mut() {
             if let Some(t) = conn.quic.poll_timeout() {
                 consider(t.checked_sub(self.skew).unwrap_or(t));
             }
@@ -462,7 +560,7 @@ impl SimClient {
             &mut resp,
         ) {
             Some(DatagramEvent::ConnectionEvent(ch, ev)) => {
-                if let Some(conn) = self.conn.as_mut().filter(|c| c.ch == ch) {
+                if let Some(conn) = self.conns.values_mut().find(|c| c.ch == ch) {
                     conn.quic.handle_event(ev);
                 }
             }
@@ -497,18 +595,18 @@ impl SimClient {
                 self.feed(now, from, data, &mut out);
             }
         }
-        if let Some((to, _)) = self.redirect_to.take_if(|(_, at)| *at <= now) {
-            self.follow_redirect(now, to, ctx, &mut out);
-        }
         if self.reconnect_at.is_some_and(|t| t <= now) {
             self.reconnect_at = None;
-            self.connect(now, ctx);
+            self.connect(now, ctx.broker_addr, ctx);
         }
         let local = self.local(now);
-        if let Some(conn) = &mut self.conn {
+        for conn in self.conns.values_mut() {
             if conn.quic.poll_timeout().is_some_and(|t| t <= local) {
                 conn.quic.handle_timeout(local);
             }
+        }
+        if self.net.is_some() {
+            self.drive_cluster(now, ctx)?;
         }
         let mut read_events = self.read_every.is_none();
         if let Some(every) = self.read_every {
@@ -527,19 +625,26 @@ impl SimClient {
         Ok(out)
     }
 
-    fn connect(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
+    /// Dials `to` (the one broker, or a broker the core routed to).
+    fn connect(&mut self, now: Instant, to: SocketAddr, ctx: &mut Ctx<'_>) {
         self.gen += 1;
         self.stats.connects += 1;
         let local = self.local(now);
-        match self.endpoint.connect(
-            local,
-            self.config.clone(),
-            self.home.unwrap_or(ctx.broker_addr),
-            "localhost",
-        ) {
+        match self
+            .endpoint
+            .connect(local, self.config.clone(), to, "localhost")
+        {
             Ok((ch, quic)) => {
-                ctx.log(now, format_args!("c{} connect gen {}", self.id, self.gen));
-                self.conn = Some(Conn {
+                if self.net.is_some() {
+                    ctx.log(
+                        now,
+                        format_args!("c{} connect gen {} to {to}", self.id, self.gen),
+                    );
+                } else {
+                    ctx.log(now, format_args!("c{} connect gen {}", self.id, self.gen));
+                }
+                let conn = Conn {
+                    addr: to,
                     gen: self.gen,
                     ch,
                     quic,
@@ -555,11 +660,18 @@ impl SimClient {
                     frames_heard: 0,
                     last_heard: now,
                     group: Default::default(),
-                });
+                };
+                self.conns.insert(to, conn);
             }
             Err(e) => {
                 ctx.log(now, format_args!("c{} connect failed: {e}", self.id));
-                self.reconnect_at = Some(now + Duration::from_millis(500));
+                match &mut self.net {
+                    Some(net) => {
+                        net.core.handle_connection_lost(to, now);
+                        net.dial_at = now + Duration::from_millis(500);
+                    }
+                    None => self.reconnect_at = Some(now + Duration::from_millis(500)),
+                }
             }
         }
     }
@@ -574,9 +686,25 @@ impl SimClient {
         out: &mut Vec<(SocketAddr, Bytes)>,
         read_events: bool,
     ) -> Result<(), Violation> {
+        let addrs: Vec<SocketAddr> = self.conns.keys().copied().collect();
+        for at in addrs {
+            self.process_conn(now, at, ctx, out, read_events)?;
+        }
+        Ok(())
+    }
+
+    /// [`SimClient::process`] for the connection to `at`.
+    fn process_conn(
+        &mut self,
+        now: Instant,
+        at: SocketAddr,
+        ctx: &mut Ctx<'_>,
+        out: &mut Vec<(SocketAddr, Bytes)>,
+        read_events: bool,
+    ) -> Result<(), Violation> {
         let local = self.local(now);
         for _round in 0..64 {
-            let Some(conn) = &mut self.conn else {
+            let Some(conn) = self.conns.get_mut(&at) else {
                 return Ok(());
             };
             let mut moved = false;
@@ -594,17 +722,24 @@ impl SimClient {
                 moved = true;
                 match ev {
                     Event::Connected => {
-                        let conn = self.conn.as_mut().expect("conn");
+                        let Some(conn) = self.conns.get_mut(&at) else {
+                            return Ok(());
+                        };
                         conn.connected = true;
                         ctx.log(now, format_args!("c{} connected gen {}", self.id, conn.gen));
-                        self.open_streams(now, ctx);
+                        if let Some(net) = &mut self.net {
+                            net.core.handle_connected(at, now);
+                        }
+                        self.open_streams(now, at, ctx);
                     }
                     Event::ConnectionLost { reason } => {
-                        self.connection_lost(now, &reason.to_string(), ctx);
+                        self.connection_lost(now, at, &reason.to_string(), ctx);
                         return Ok(());
                     }
                     Event::Stream(StreamEvent::Opened { dir: Dir::Uni }) => {
-                        let conn = self.conn.as_mut().expect("conn");
+                        let Some(conn) = self.conns.get_mut(&at) else {
+                            return Ok(());
+                        };
                         while let Some(id) = conn.quic.streams().accept(Dir::Uni) {
                             conn.uni.insert(
                                 id,
@@ -621,13 +756,13 @@ impl SimClient {
                     _ => {}
                 }
             }
-            if self.read_streams(now, ctx, read_events)? {
+            if self.read_streams(now, at, ctx, read_events)? {
                 moved = true;
             }
-            if self.flush_writes() {
+            if self.flush_writes(at) {
                 moved = true;
             }
-            let Some(conn) = self.conn.as_mut() else {
+            let Some(conn) = self.conns.get_mut(&at) else {
                 return Ok(());
             };
             let rx = conn.quic.stats().frame_rx;
@@ -649,8 +784,10 @@ impl SimClient {
         Ok(())
     }
 
-    fn connection_lost(&mut self, now: Instant, reason: &str, ctx: &mut Ctx<'_>) {
-        let Some(conn) = self.conn.take() else { return };
+    fn connection_lost(&mut self, now: Instant, at: SocketAddr, reason: &str, ctx: &mut Ctx<'_>) {
+        let Some(conn) = self.conns.remove(&at) else {
+            return;
+        };
         if let Some(w) = self.watcher.as_mut() {
             w.current = None;
         }
@@ -666,17 +803,43 @@ impl SimClient {
                     self.cache_busy.remove(key);
                 }
             }
+            if let (Purpose::Ask(ask), Phase::Authing | Phase::Asking) = (s.purpose, &s.phase) {
+                self.ask_failed(now, ask);
+            }
         }
         ctx.oracle.connection_closed(self.id, conn.gen);
-        self.producer.connection_lost(ctx.resend_as_new);
-        let backoff = self
-            .rng
-            .duration(Duration::from_millis(50), Duration::from_millis(1000));
-        self.reconnect_at = Some(now + backoff);
+        if self.net.is_none() {
+            self.producer.connection_lost(ctx.resend_as_new);
+            let backoff = self
+                .rng
+                .duration(Duration::from_millis(50), Duration::from_millis(1000));
+            self.reconnect_at = Some(now + backoff);
+            return;
+        }
+        // A cluster client tells the core, and places again (after the core's backoff) each
+        // subscription that was on the lost broker.
+        let lost = ClientError::Connection(format!("connection to {at} lost: {reason}"));
+        if let Some(net) = &mut self.net {
+            net.core.handle_connection_lost(at, now);
+            if self.conns.is_empty() {
+                net.dial_at = now;
+            }
+        }
+        for i in 0..self.subs.len() {
+            if self.subs[i].at == Some(at) {
+                self.sub_failed(now, i, lost.clone(), true, ctx);
+            }
+        }
     }
 
-    fn open_bi(&mut self, now: Instant, purpose: Purpose, ctx: &mut Ctx<'_>) -> Option<StreamId> {
-        let conn = self.conn.as_mut()?;
+    fn open_bi(
+        &mut self,
+        now: Instant,
+        at: SocketAddr,
+        purpose: Purpose,
+        ctx: &mut Ctx<'_>,
+    ) -> Option<StreamId> {
+        let conn = self.conns.get_mut(&at)?;
         let id = conn.quic.streams().open(Dir::Bi)?;
         let no = conn.next_stream_no;
         conn.next_stream_no += 1;
@@ -696,48 +859,59 @@ impl SimClient {
         Some(id)
     }
 
-    fn open_streams(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
-        if self.role == Role::Worker && self.home.is_some() {
-            // A cluster client: publishes and cache calls, through whichever node it is on.
-            let p = self.open_bi(now, Purpose::Publish, ctx);
-            let c = self.open_bi(now, Purpose::Cache, ctx);
-            if let Some(conn) = &mut self.conn {
-                conn.publish_stream = p;
-                conn.cache_stream = c;
+    fn open_streams(&mut self, now: Instant, at: SocketAddr, ctx: &mut Ctx<'_>) {
+        if self.net.is_some() {
+            // A cluster client: publishes and cache calls on every broker's connection, each
+            // call on the one the core routes it to. Subscriptions are placed by the core
+            // (`place_subs`).
+            if self.role == Role::Worker {
+                let p = self.open_bi(now, at, Purpose::Publish, ctx);
+                let c = self.open_bi(now, at, Purpose::Cache, ctx);
+                if let Some(conn) = self.conns.get_mut(&at) {
+                    conn.publish_stream = p;
+                    conn.cache_stream = c;
+                }
             }
-        } else if self.role == Role::Worker {
-            let p = self.open_bi(now, Purpose::Publish, ctx);
-            let c = self.open_bi(now, Purpose::Cache, ctx);
-            let i = self.open_bi(now, Purpose::Idempotent, ctx);
+            for i in 0..self.subs.len() {
+                if self.subs[i].at == Some(at)
+                    && self.open_bi(now, at, Purpose::Subscribe(i), ctx).is_none()
+                {
+                    self.subs[i].at = None;
+                    self.subs[i].due = Some(now + PLACE_AGAIN);
+                }
+            }
+            return;
+        }
+        if self.role == Role::Worker {
+            let p = self.open_bi(now, at, Purpose::Publish, ctx);
+            let c = self.open_bi(now, at, Purpose::Cache, ctx);
+            let i = self.open_bi(now, at, Purpose::Idempotent, ctx);
             let g = (ctx.oracle.promise == crate::oracle::Promise::Durable)
-                .then(|| self.open_bi(now, Purpose::Group, ctx))
+                .then(|| self.open_bi(now, at, Purpose::Group, ctx))
                 .flatten();
-            if let Some(conn) = &mut self.conn {
+            if let Some(conn) = self.conns.get_mut(&at) {
                 conn.publish_stream = p;
                 conn.cache_stream = c;
                 conn.idempotent_stream = i;
                 conn.group.stream = g;
             }
         }
-        if self.role == Role::Auditor
-            && self.home.is_none()
-            && ctx.oracle.promise == crate::oracle::Promise::Durable
-        {
-            let g = self.open_bi(now, Purpose::Group, ctx);
-            if let Some(conn) = &mut self.conn {
+        if self.role == Role::Auditor && ctx.oracle.promise == crate::oracle::Promise::Durable {
+            let g = self.open_bi(now, at, Purpose::Group, ctx);
+            if let Some(conn) = self.conns.get_mut(&at) {
                 conn.group.stream = g;
             }
         }
         for i in 0..self.subs.len() {
-            self.open_bi(now, Purpose::Subscribe(i), ctx);
+            self.open_bi(now, at, Purpose::Subscribe(i), ctx);
         }
         if self.watcher.is_some() {
-            self.open_bi(now, Purpose::Watch, ctx);
+            self.open_bi(now, at, Purpose::Watch, ctx);
         }
     }
 
-    fn flush_writes(&mut self) -> bool {
-        let Some(conn) = &mut self.conn else {
+    fn flush_writes(&mut self, at: SocketAddr) -> bool {
+        let Some(conn) = self.conns.get_mut(&at) else {
             return false;
         };
         let mut moved = false;
@@ -764,17 +938,21 @@ impl SimClient {
     fn read_streams(
         &mut self,
         now: Instant,
+        at: SocketAddr,
         ctx: &mut Ctx<'_>,
         read_events: bool,
     ) -> Result<bool, Violation> {
         let mut moved = false;
-        let ids: Vec<StreamId> = match &self.conn {
+        let ids: Vec<StreamId> = match self.conns.get(&at) {
             Some(c) => c.bi.keys().copied().collect(),
             None => return Ok(false),
         };
         for id in ids {
+            let mut failed_ask = None;
             let frames = {
-                let conn = self.conn.as_mut().expect("conn");
+                let Some(conn) = self.conns.get_mut(&at) else {
+                    return Ok(moved);
+                };
                 let s = conn.bi.get_mut(&id).expect("stream");
                 let (got, ended) = read_into(&mut conn.quic, id, &mut s.decoder);
                 moved |= got;
@@ -789,6 +967,9 @@ impl SimClient {
                     }
                 }
                 if ended && !matches!(s.phase, Phase::Dead) {
+                    if let Purpose::Ask(ask) = s.purpose {
+                        failed_ask = Some(ask);
+                    }
                     if s.purpose == Purpose::Idempotent {
                         self.producer.connection_lost(ctx.resend_as_new);
                     }
@@ -819,18 +1000,21 @@ impl SimClient {
                 frames
             };
             for f in frames {
-                self.on_bi_frame(now, id, &f, ctx)?;
+                self.on_bi_frame(now, at, id, &f, ctx)?;
+            }
+            if let Some(ask) = failed_ask {
+                self.ask_failed(now, ask);
             }
         }
         let reading = read_events;
         if reading {
             let ids: Vec<StreamId> = self
-                .conn
-                .as_ref()
+                .conns
+                .get(&at)
                 .map(|c| c.uni.keys().copied().collect())
                 .unwrap_or_default();
             for id in ids {
-                if self.read_uni(now, id, ctx)? {
+                if self.read_uni(now, at, id, ctx)? {
                     moved = true;
                 }
             }
@@ -841,12 +1025,15 @@ impl SimClient {
     fn on_bi_frame(
         &mut self,
         now: Instant,
+        at: SocketAddr,
         id: StreamId,
         frame: &Frame,
         ctx: &mut Ctx<'_>,
     ) -> Result<(), Violation> {
         let me = self.id;
-        let conn = self.conn.as_mut().expect("conn");
+        let Some(conn) = self.conns.get_mut(&at) else {
+            return Ok(());
+        };
         let gen = conn.gen;
         let s = conn.bi.get_mut(&id).expect("stream");
         let no = s.no;
@@ -917,6 +1104,27 @@ impl SimClient {
                         );
                         s.phase = Phase::Subscribing(caps);
                     }
+                    Purpose::Ask(ask) => {
+                        let f = match ask {
+                            Ask::Topology => topology_frame(),
+                            Ask::StreamOwners => shard_owners_frame(
+                                TENANT,
+                                NAMESPACE,
+                                STREAM,
+                                felix_proto::message::ShardKind::Stream,
+                            ),
+                            Ask::CacheOwners => shard_owners_frame(
+                                TENANT,
+                                NAMESPACE,
+                                CACHE,
+                                felix_proto::message::ShardKind::Cache,
+                            ),
+                        };
+                        s.out.push_back(f);
+                        ctx.oracle
+                            .request_sent((me, gen, no, u64::MAX), now, format!("{ask:?}"));
+                        s.phase = Phase::Asking;
+                    }
                     Purpose::Watch => {
                         let w = self.watcher.as_ref().expect("a watcher opens this stream");
                         let f = w
@@ -960,7 +1168,7 @@ impl SimClient {
                 if let Ok(felix_proto::message::Message::NotLeader(nl)) =
                     felix_proto::message::Message::decode(&frame.payload)
                 {
-                    return self.on_not_leader(now, i, nl, ctx);
+                    return self.on_not_leader(now, at, i, nl, ctx);
                 }
                 match read_subscribe_reply(frame) {
                     Ok(sub) => {
@@ -978,9 +1186,12 @@ impl SimClient {
                                 "a durable subscription without start_offset".into(),
                             ));
                         }
-                        self.hops = 0;
-                        self.loud_hops = 0;
-                        self.newest_redirect = None;
+                        if self.net.is_some() {
+                            let spec = &mut self.subs[i];
+                            spec.redirects = None;
+                            spec.attempts = None;
+                            self.served_by = Some(at);
+                        }
                         conn.views.insert(
                             sub.subscription_id,
                             (i, SubscriberView::new(shard, sub.start_offset)),
@@ -995,13 +1206,10 @@ impl SimClient {
                     Err(e) => {
                         ctx.log(now, format_args!("c{me} subscribe refused: {e}"));
                         self.stats.refusals += 1;
-                        if let Some(here) = self.home {
-                            // A node not serving yet (or its shard's leader away): try again
-                            // on a fresh connection, where the node is now.
-                            let wait = self
-                                .rng
-                                .duration(Duration::from_millis(100), Duration::from_millis(600));
-                            self.redirect_to = Some((here, now + wait));
+                        if self.net.is_some() {
+                            // A node not serving yet (or its shard's leader away): the core
+                            // says whether and when to try again, and where.
+                            self.sub_failed(now, i, e, true, ctx);
                             return Ok(());
                         }
                         // Start over from the live end next time.
@@ -1017,6 +1225,13 @@ impl SimClient {
                 ));
             }
             Phase::Dead => {}
+            Phase::Asking => {
+                ctx.oracle.request_answered((me, gen, no, u64::MAX));
+                let Purpose::Ask(ask) = s.purpose else {
+                    unreachable!("only a question is asked")
+                };
+                self.on_ask_answer(now, at, ask, frame, ctx);
+            }
             Phase::Ready(rs) if s.purpose == Purpose::Group => {
                 s.phase = Phase::Ready(rs);
                 return self.on_group_frame(now, no, frame, ctx);
@@ -1028,7 +1243,15 @@ impl SimClient {
                 s.phase = Phase::Ready(rs);
                 ctx.oracle.request_answered((me, gen, no, done.request_id));
                 let meta = s.reqs.remove(&done.request_id);
-                self.on_completion(now, done.kind, done.result, meta, ctx)?;
+                if let (Some(net), Some(ReqMeta::Publish { key, .. })) = (&mut self.net, &meta) {
+                    // A forwarded batch's ack names its shard's owner: the core routes the
+                    // next one there.
+                    if let Some(owner) = done.owner.as_ref().and_then(|o| o.addr.as_deref()) {
+                        net.core
+                            .handle_owner_hint(&net.stream, key.as_deref(), owner, now);
+                    }
+                }
+                self.on_completion(now, at, done.kind, done.result, meta, ctx)?;
             }
         }
         if self.role == Role::Auditor {
@@ -1040,6 +1263,7 @@ impl SimClient {
     fn on_completion(
         &mut self,
         now: Instant,
+        at: SocketAddr,
         kind: RequestKind,
         result: Result<Answer, felix_client::ClientError>,
         meta: Option<ReqMeta>,
@@ -1053,7 +1277,12 @@ impl SimClient {
             a => a,
         });
         match (meta, result) {
-            (Some(ReqMeta::Publish { shard, payloads }), Ok(Answer::Published { offset })) => {
+            (
+                Some(ReqMeta::Publish {
+                    shard, payloads, ..
+                }),
+                Ok(Answer::Published { offset }),
+            ) => {
                 self.stats.acks += 1;
                 ctx.oracle.acked_count += 1;
                 ctx.log(
@@ -1074,9 +1303,9 @@ impl SimClient {
                                 .or_default()
                                 .insert(o, p.clone());
                             let leader = ctx.leaders.and_then(|l| l.get(&shard));
-                            if let (Some(home), Some(leader)) = (self.home, leader) {
-                                if home != *leader {
-                                    ctx.oracle.forwarded_acks.push((shard, o, p.clone(), home));
+                            if let (true, Some(leader)) = (self.net.is_some(), leader) {
+                                if at != *leader {
+                                    ctx.oracle.forwarded_acks.push((shard, o, p.clone(), at));
                                 }
                             }
                         }
@@ -1134,6 +1363,24 @@ impl SimClient {
             }
             (meta, Err(e)) => {
                 self.stats.refusals += 1;
+                if let Some(net) = &mut self.net {
+                    // An owner that refuses the shard as not its own is forgotten as owner.
+                    let object = match &meta {
+                        Some(ReqMeta::CacheWrite { .. } | ReqMeta::CacheGet { .. }) => &net.cache,
+                        _ => &net.stream,
+                    };
+                    if matches!(e, ClientError::NotLeader { .. })
+                        || matches!(
+                            e.code(),
+                            Some(
+                                felix_proto::ErrorCode::NotLeader
+                                    | felix_proto::ErrorCode::ShardUnavailable
+                            )
+                        )
+                    {
+                        net.core.handle_stale_owner(object);
+                    }
+                }
                 // Not `{meta:?}`: a get's send time is an `Instant`, whose value differs per run.
                 let what = match &meta {
                     Some(ReqMeta::CacheGet { key, .. }) => format!("get {key}"),
@@ -1152,11 +1399,14 @@ impl SimClient {
     fn read_uni(
         &mut self,
         now: Instant,
+        at: SocketAddr,
         id: StreamId,
         ctx: &mut Ctx<'_>,
     ) -> Result<bool, Violation> {
         let me = self.id;
-        let conn = self.conn.as_mut().expect("conn");
+        let Some(conn) = self.conns.get_mut(&at) else {
+            return Ok(false);
+        };
         let u = conn.uni.get_mut(&id).expect("uni");
         if u.done {
             return Ok(false);
@@ -1266,7 +1516,7 @@ impl SimClient {
                     ctx.oracle.lagged += 1;
                 }
             }
-            self.open_bi(now, Purpose::Watch, ctx);
+            self.open_bi(now, at, Purpose::Watch, ctx);
             return Ok(got);
         }
         if ended && finished.is_none() && u.held.is_empty() {
@@ -1289,9 +1539,9 @@ impl SimClient {
                     view.on_lagged(&format!("c{me} sub {sub:?}"), resume_from)?;
                     self.subs[spec_i].resume = Some(resume_from);
                 }
-                // The shard's leadership moved: subscribe again (here, to be redirected) from
-                // after the last record seen, or from where the broker stopped offering,
-                // whichever is later, as the reference client does.
+                // The shard's leadership moved: subscribe again from after the last record
+                // seen, or from where the broker stopped offering, whichever is later, as the
+                // reference client does.
                 if let SubscriptionEnd::ShardMoved {
                     resume_from: Some(r),
                     ..
@@ -1303,7 +1553,22 @@ impl SimClient {
                 if ctx.oracle.promise == Promise::Memory {
                     self.subs[spec_i].resume = None;
                 }
-                self.open_bi(now, Purpose::Subscribe(spec_i), ctx);
+                match &mut self.net {
+                    // A cluster client asks the core where the shard is now (a move makes
+                    // its owners stale) and subscribes there.
+                    Some(net) => {
+                        if matches!(end, SubscriptionEnd::ShardMoved { .. }) {
+                            net.core.handle_stale_owner(&net.stream);
+                        }
+                        let spec = &mut self.subs[spec_i];
+                        spec.at = None;
+                        spec.due = Some(now);
+                        spec.redirects = None;
+                    }
+                    None => {
+                        self.open_bi(now, at, Purpose::Subscribe(spec_i), ctx);
+                    }
+                }
             }
         }
         Ok(got)
@@ -1312,7 +1577,7 @@ impl SimClient {
     /// One workload step: a publish, a cache write or a cache read.
     fn act(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
         let roll = self.rng.below(10);
-        if self.home.is_some() {
+        if self.net.is_some() {
             // Cluster: acked publishes and cache calls, forwarded where this node is no owner.
             return if roll < 6 {
                 self.publish(now, ctx)
@@ -1332,7 +1597,7 @@ impl SimClient {
     }
 
     fn publish(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
-        if self.home.is_none() && self.rng.chance(0.15) {
+        if self.net.is_none() && self.rng.chance(0.15) {
             return self.scratch_publish(now, ctx);
         }
         let me = self.id;
@@ -1345,7 +1610,10 @@ impl SimClient {
             .then(|| format!("key{}", self.rng.below(16)).into_bytes());
         let n = 1 + self.rng.below(3) as usize;
         let pad = self.rng.below(300) as usize;
-        let Some(conn) = &mut self.conn else {
+        let Some(at) = self.route(now, Routed::Stream, key.as_deref(), ctx) else {
+            return Ok(());
+        };
+        let Some(conn) = self.conns.get_mut(&at) else {
             return Ok(());
         };
         let Some(id) = conn.publish_stream else {
@@ -1396,7 +1664,14 @@ impl SimClient {
                 now,
                 format!("publish {}", crate::oracle::show(&payloads[0])),
             );
-            s.reqs.insert(rid, ReqMeta::Publish { shard, payloads });
+            s.reqs.insert(
+                rid,
+                ReqMeta::Publish {
+                    shard,
+                    payloads,
+                    key,
+                },
+            );
         }
         Ok(())
     }
@@ -1405,7 +1680,7 @@ impl SimClient {
     fn scratch_publish(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
         let me = self.id;
         let ack = *self.rng.pick(&[Ack::PerMessage, Ack::PerBatch]);
-        let Some(conn) = &mut self.conn else {
+        let Some(conn) = self.conns.values_mut().next() else {
             return Ok(());
         };
         let Some(id) = conn.publish_stream else {
@@ -1443,7 +1718,7 @@ impl SimClient {
     /// The producer's pending batch again, or its next one, unless a send waits.
     fn idempotent_send(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
         let me = self.id;
-        let Some(conn) = &mut self.conn else {
+        let Some(conn) = self.conns.values_mut().next() else {
             return Ok(());
         };
         let Some(id) = conn.idempotent_stream else {
@@ -1528,7 +1803,11 @@ impl SimClient {
             "c{me}v{}:{}|",
             self.cache_values, self.cache_values
         ));
-        let Some(conn) = &mut self.conn else {
+        let key = if roll < 5 { &any } else { &own };
+        let Some(at) = self.route(now, Routed::Cache, Some(key.as_bytes()), ctx) else {
+            return Ok(());
+        };
+        let Some(conn) = self.conns.get_mut(&at) else {
             return Ok(());
         };
         let Some(id) = conn.cache_stream else {
@@ -1587,97 +1866,323 @@ impl SimClient {
         Ok(())
     }
 
-    /// A `not_leader` answered subscription `i`: count the hop (`redirects_end`) and move
-    /// the connection to the owner it names at the next turn.
+    /// Where a call on the stream or the cache with `key` goes now: the connection to send
+    /// it on, once that connection is up. A single-node client has one. A cluster client
+    /// asks the core, which may first want a broker dialled or `shard_owners` asked; the
+    /// call is not made meanwhile (the workload draws another at its next turn).
+    fn route(
+        &mut self,
+        now: Instant,
+        what: Routed,
+        key: Option<&[u8]>,
+        ctx: &mut Ctx<'_>,
+    ) -> Option<SocketAddr> {
+        let route = {
+            let Some(net) = &self.net else {
+                return self.conns.keys().next().copied();
+            };
+            let object = match what {
+                Routed::Stream => &net.stream,
+                Routed::Cache => &net.cache,
+            };
+            net.core.route(object, key, now)
+        };
+        match route {
+            Route::Owner { addr, .. } | Route::Entry { addr } => self.use_broker(now, addr, ctx),
+            Route::AskOwners { entry } => {
+                let ask = match what {
+                    Routed::Stream => Ask::StreamOwners,
+                    Routed::Cache => Ask::CacheOwners,
+                };
+                self.ask(now, entry, ask, ctx);
+                None
+            }
+            Route::NoEntry => None,
+            Route::Unavailable { shard, lost } => {
+                self.stats.refusals += 1;
+                let e = Route::unavailable_error(shard, lost);
+                ctx.log(
+                    now,
+                    format_args!("c{} {what:?} call not made: {e}", self.id),
+                );
+                None
+            }
+        }
+    }
+
+    /// The connection to `addr` when it is up; dialled now when there is none.
+    fn use_broker(
+        &mut self,
+        now: Instant,
+        addr: SocketAddr,
+        ctx: &mut Ctx<'_>,
+    ) -> Option<SocketAddr> {
+        match self.conns.get(&addr) {
+            Some(c) if c.connected => Some(addr),
+            Some(_) => None,
+            None => {
+                self.connect(now, addr, ctx);
+                None
+            }
+        }
+    }
+
+    /// Asks `ask` of the broker at `at`, unless that question is in flight already.
+    fn ask(&mut self, now: Instant, at: SocketAddr, ask: Ask, ctx: &mut Ctx<'_>) {
+        if self.net.as_ref().is_none_or(|n| n.asking.contains(&ask)) {
+            return;
+        }
+        if self.use_broker(now, at, ctx).is_none() {
+            return;
+        }
+        if self.open_bi(now, at, Purpose::Ask(ask), ctx).is_some() {
+            if let Some(net) = &mut self.net {
+                net.asking.insert(ask);
+            }
+        }
+    }
+
+    /// A question's answer, handed to the core.
+    fn on_ask_answer(
+        &mut self,
+        now: Instant,
+        at: SocketAddr,
+        ask: Ask,
+        frame: &Frame,
+        ctx: &mut Ctx<'_>,
+    ) {
+        let me = self.id;
+        let Some(net) = &mut self.net else { return };
+        net.asking.remove(&ask);
+        let object = match ask {
+            Ask::Topology => {
+                let view = read_topology(frame).ok();
+                self.stats.topology_answers += u64::from(view.is_some());
+                net.core.handle_topology(view.as_ref(), now);
+                ctx.log(
+                    now,
+                    format_args!(
+                        "c{me} topology from {at}: {:?}",
+                        view.map(|v| v.brokers.len())
+                    ),
+                );
+                return;
+            }
+            Ask::StreamOwners => net.stream.clone(),
+            Ask::CacheOwners => net.cache.clone(),
+        };
+        match read_shard_owners(frame) {
+            Ok(view) => {
+                self.stats.owners_answers += 1;
+                net.core.handle_shard_owners(&object, &view, now);
+            }
+            Err(_) => net.core.handle_owners_failed(&object, now),
+        }
+        ctx.log(
+            now,
+            format_args!(
+                "c{me} {ask:?} from {at}: {:?}",
+                net.core.owners(&object).unwrap_or_default()
+            ),
+        );
+    }
+
+    /// A question went unanswered (its stream or connection ended): the core keeps what it
+    /// knew.
+    fn ask_failed(&mut self, now: Instant, ask: Ask) {
+        let Some(net) = &mut self.net else { return };
+        net.asking.remove(&ask);
+        match ask {
+            Ask::Topology => net.core.handle_topology(None, now),
+            Ask::StreamOwners => net.core.handle_owners_failed(&net.stream, now),
+            Ask::CacheOwners => net.core.handle_owners_failed(&net.cache, now),
+        }
+    }
+
+    /// A cluster client's turn: an entry (the core's dial order), `topology` when the core
+    /// says it is due, and each subscription not on a broker placed where the core routes
+    /// its shard.
+    fn drive_cluster(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Violation> {
+        let Some(net) = &mut self.net else {
+            return Ok(());
+        };
+        if net.core.entry().is_none() {
+            let up = self.conns.values().find(|c| c.connected).map(|c| c.addr);
+            if let Some(addr) = up {
+                // The entry was lost while another broker's connection is up: it enters.
+                net.core.handle_connected(addr, now);
+            } else if net.dial_at <= now {
+                // None up: dial the next broker in the core's order not being dialled, and
+                // another a while later if none has answered by then.
+                net.dial_at = now + DIAL_AGAIN;
+                let next = net
+                    .core
+                    .dial_order(now)
+                    .into_iter()
+                    .find(|a| !self.conns.contains_key(a));
+                if let Some(addr) = next {
+                    self.connect(now, addr, ctx);
+                }
+            }
+        }
+        let Some(net) = &mut self.net else {
+            return Ok(());
+        };
+        if net.core.topology_due(now) && !net.asking.contains(&Ask::Topology) {
+            net.core.begin_topology(now);
+            let entry = net.core.entry();
+            if let (Some(target), Some(entry)) = (net.core.topology_target(now), entry) {
+                // The broker the core picks when it is up, else the entry (and the target is
+                // dialled for the next turn).
+                let at = self.use_broker(now, target, ctx).unwrap_or(entry);
+                self.ask(now, at, Ask::Topology, ctx);
+            }
+        }
+        for i in 0..self.subs.len() {
+            let spec = &self.subs[i];
+            if spec.at.is_none() && spec.due.is_none_or(|t| t <= now) {
+                self.place_sub(now, i, ctx);
+            }
+        }
+        Ok(())
+    }
+
+    /// Subscription `i` goes where the core routes its shard; a new attempt, with its own
+    /// hop bound.
+    fn place_sub(&mut self, now: Instant, i: usize, ctx: &mut Ctx<'_>) {
+        let Some(net) = &self.net else { return };
+        let route = net.core.route_shard(&net.stream, self.subs[i].shard, now);
+        match route {
+            Route::Owner { addr, .. } | Route::Entry { addr } => {
+                self.subs[i].redirects = Some((Redirects::new(addr, MAX_REDIRECT_HOPS), ctx.quiet));
+                self.sub_at(now, i, addr, ctx);
+            }
+            Route::AskOwners { entry } => {
+                self.ask(now, entry, Ask::StreamOwners, ctx);
+                self.subs[i].due = Some(now + PLACE_AGAIN);
+            }
+            Route::NoEntry => self.subs[i].due = Some(now + PLACE_AGAIN),
+            Route::Unavailable { shard, lost } => {
+                self.sub_failed(now, i, Route::unavailable_error(shard, lost), false, ctx);
+            }
+        }
+    }
+
+    /// Subscription `i` subscribes at `addr`: now when its connection is up, else once it
+    /// is (`open_streams`), dialled now when there is none.
+    fn sub_at(&mut self, now: Instant, i: usize, addr: SocketAddr, ctx: &mut Ctx<'_>) {
+        self.subs[i].at = Some(addr);
+        self.subs[i].due = None;
+        if self.use_broker(now, addr, ctx).is_some()
+            && self
+                .open_bi(now, addr, Purpose::Subscribe(i), ctx)
+                .is_none()
+        {
+            self.subs[i].at = None;
+            self.subs[i].due = Some(now + PLACE_AGAIN);
+        }
+    }
+
+    /// Subscription `i`'s attempt failed with `error` (`sent`: its request reached a
+    /// broker): it is placed again after the core's backoff. A terminal refusal (a cursor
+    /// past retention) starts it over from the live end, as a single-node client does.
+    fn sub_failed(
+        &mut self,
+        now: Instant,
+        i: usize,
+        error: ClientError,
+        sent: bool,
+        ctx: &mut Ctx<'_>,
+    ) {
+        let me = self.id;
+        let Some(net) = &mut self.net else { return };
+        let spec = &mut self.subs[i];
+        spec.at = None;
+        spec.redirects = None;
+        let attempts = spec
+            .attempts
+            .get_or_insert_with(|| net.core.attempts(Resend::Always, now));
+        let delay = match net.core.next_attempt(attempts, error, sent, now) {
+            Next::RetryAfter { delay, .. } => delay,
+            Next::GiveUp(e) => {
+                ctx.log(now, format_args!("c{me} subscribe given up: {e}"));
+                spec.attempts = None;
+                spec.resume = None;
+                spec.start = Start::Latest;
+                PLACE_AGAIN
+            }
+        };
+        ctx.log(
+            now,
+            format_args!(
+                "c{me} subscribe shard {} again in {}us",
+                spec.shard,
+                delay.as_micros()
+            ),
+        );
+        spec.due = Some(now + delay);
+    }
+
+    /// A `not_leader` answered subscription `i` at `at`: the core's [`Redirects`] say where
+    /// to go next or why not, and `redirects_end` judges the broker by what they say.
     fn on_not_leader(
         &mut self,
         now: Instant,
+        at: SocketAddr,
         i: usize,
         nl: felix_proto::message::NotLeader,
         ctx: &mut Ctx<'_>,
     ) -> Result<(), Violation> {
         let me = self.id;
-        self.hops += 1;
         self.stats.redirects += 1;
-        let from = self.home.unwrap_or(ctx.broker_addr);
         ctx.log(
             now,
             format_args!(
-                "c{me} not_leader for shard {}: {} {:?} generation {} (hop {})",
-                self.subs[i].shard, nl.node_id, nl.addr, nl.generation, self.hops
+                "c{me} not_leader for shard {} from {at}: {} {:?} generation {}",
+                self.subs[i].shard, nl.node_id, nl.addr, nl.generation
             ),
         );
-        let to = nl
-            .addr
-            .as_deref()
-            .and_then(|a| a.parse::<SocketAddr>().ok());
-        if nl.addr.is_none() {
-            // The node knows the owner but not yet its address (the owner's join is not
-            // applied there yet): not a hop; ask the same node again shortly.
-            self.hops -= 1;
-            self.stats.addressless_redirects += 1;
-            let wait = self
-                .rng
-                .duration(Duration::from_millis(100), Duration::from_millis(600));
-            self.redirect_to = Some((from, now + wait));
-            return Ok(());
-        }
-        // A node whose metadata is behind names a leader older than one this chain was
-        // already sent to: not a broker's redirect loop but a stale view. Go back to the
-        // newest named leader after a pause (its metadata, or the stale node's, catches up);
-        // not a hop.
-        if let (Some((newest, at)), Some(_)) = (self.newest_redirect, to) {
-            if nl.generation < newest {
-                self.hops -= 1;
-                let wait = self
-                    .rng
-                    .duration(Duration::from_millis(100), Duration::from_millis(600));
-                self.redirect_to = Some((at, now + wait));
-                return Ok(());
+        let Some(net) = &mut self.net else {
+            return Err(protocol(me, "a not_leader without FEATURE_REDIRECT".into()));
+        };
+        net.core.handle_stale_owner(&net.stream);
+        let quiet = ctx.quiet;
+        let spec = &mut self.subs[i];
+        spec.at = None;
+        let (redirects, began_quiet) = spec
+            .redirects
+            .get_or_insert_with(|| (Redirects::new(at, MAX_REDIRECT_HOPS), quiet));
+        // Canary (`RedirectLoop`): the client follows the redirect back to its sender.
+        let named = if ctx.redirect_loop {
+            Some(at.to_string())
+        } else {
+            nl.addr.clone()
+        };
+        let step = redirects.follow_checked(named.as_deref(), nl.generation);
+        crate::invariants::redirects_end::check(me, &step, at, &nl.node_id, *began_quiet)?;
+        let error = ClientError::NotLeader {
+            node_id: nl.node_id,
+            addr: nl.addr,
+            generation: nl.generation,
+        };
+        match step.map(|to| net.core.check_redirect(to, now)) {
+            Ok(Ok(to)) => self.sub_at(now, i, to, ctx),
+            Ok(Err(e)) => self.sub_failed(now, i, e, false, ctx),
+            Err(refused) => {
+                if refused == RedirectRefused::NoAddress {
+                    // The node knows the owner but not yet its address (the owner's join
+                    // is not applied there yet).
+                    self.stats.addressless_redirects += 1;
+                }
+                self.sub_failed(now, i, error, false, ctx);
             }
         }
-        if let Some(to) = to {
-            if self.newest_redirect.is_none_or(|(g, _)| nl.generation >= g) {
-                self.newest_redirect = Some((nl.generation, to));
-            }
-        }
-        if !ctx.quiet {
-            self.loud_hops = self.hops;
-        }
-        let hops = ctx.quiet.then_some(self.hops - self.loud_hops);
-        crate::invariants::redirects_end::check_hop(me, hops, from, to, &nl.node_id)?;
-        let to = to.expect("checked");
-        let to = if ctx.redirect_loop { from } else { to };
-        self.redirect_to = Some((to, now));
         Ok(())
     }
 
-    /// Closes the connection and dials `to` at once.
-    fn follow_redirect(
-        &mut self,
-        now: Instant,
-        to: SocketAddr,
-        ctx: &mut Ctx<'_>,
-        out: &mut Vec<(SocketAddr, Bytes)>,
-    ) {
-        let local = self.local(now);
-        if let Some(conn) = &mut self.conn {
-            conn.quic
-                .close(local, 0u32.into(), Bytes::from_static(b"redirected"));
-            let mut buf = Vec::new();
-            while let Some(t) = conn.quic.poll_transmit(local, 1, &mut buf) {
-                out.push((t.destination, Bytes::copy_from_slice(&buf[..t.size])));
-                buf.clear();
-            }
-        }
-        self.connection_lost(now, "redirected", ctx);
-        self.home = Some(to);
-        self.reconnect_at = Some(now);
-    }
-
-    /// The current connection's generation and when the broker was last heard on it.
-    pub(crate) fn last_heard(&self) -> Option<(u64, Instant)> {
-        self.conn.as_ref().map(|c| (c.gen, c.last_heard))
+    /// Each connection's generation and when its broker was last heard on it.
+    pub(crate) fn last_heard(&self) -> Vec<(u64, Instant)> {
+        self.conns.values().map(|c| (c.gen, c.last_heard)).collect()
     }
 
     /// Outstanding work, for the end-of-run summary.

@@ -24,6 +24,7 @@ use felix_engine::{
 };
 
 use crate::client::{Ctx, Role, Setup, SimClient, CACHE, NAMESPACE, STREAM, TENANT};
+use felix_client::core::cluster::Routing;
 
 /// The cluster workload's cache: its keys hash over this many shards (each led by one node).
 const CACHE_SHARDS: u32 = 3;
@@ -554,6 +555,13 @@ impl ClusterWorld {
 
     fn add_client(&mut self, role: Role, id: usize, home: usize, shard: Option<u32>) {
         let now = self.clock.now();
+        // Half the clients route by `shard_owners`; the others send every call to their
+        // entry broker, which forwards (so `forwarded_acks` has forwards to judge).
+        let routing = if self.client_rng.chance(0.5) {
+            Routing::ByOwners
+        } else {
+            Routing::EntryOnly
+        };
         let client = SimClient::new(Setup {
             id,
             role,
@@ -564,9 +572,10 @@ impl ClusterWorld {
             rng: self.client_rng.fork(&format!("client {id}")),
             now,
             cluster: Some((self.nodes[home].client_addr, shard)),
+            routing,
         });
         let line = format!(
-            "c{id} joins as {role:?} on {}{}",
+            "c{id} joins as {role:?} seeded with {} routing {routing:?}{}",
             self.nodes[home].id,
             shard.map_or(String::new(), |s| format!(" reading shard {s}"))
         );
@@ -1384,13 +1393,17 @@ impl ClusterWorld {
         for c in &self.clients {
             self.trace.event(
                 self.clock.elapsed(),
-                format_args!("end {} on {:?}", c.describe(), c.home),
+                format_args!("end {} served by {:?}", c.describe(), c.served_by),
             );
         }
         let heard = self
             .clients
             .iter()
-            .filter_map(|c| c.last_heard().map(|(gen, at)| ((c.id, gen), at)))
+            .flat_map(|c| {
+                c.last_heard()
+                    .into_iter()
+                    .map(|(gen, at)| ((c.id, gen), at))
+            })
             .collect();
         requests_answered::check(
             &self.oracle,
@@ -1430,7 +1443,7 @@ impl ClusterWorld {
                 (
                     *shard,
                     ReadBack {
-                        from: c.home,
+                        from: c.served_by,
                         records: c.audit.get(shard).map(|(_, r)| r),
                     },
                 )

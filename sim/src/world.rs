@@ -477,6 +477,7 @@ impl World {
             rng: self.client_rng.fork(&format!("client {id}")),
             now,
             cluster: None,
+            routing: felix_client::core::cluster::Routing::ByOwners,
         });
         self.log(format_args!(
             "c{id} joins as {role:?}{}",
@@ -776,7 +777,11 @@ impl World {
         let heard = self
             .clients
             .iter()
-            .filter_map(|c| c.last_heard().map(|(gen, at)| ((c.id, gen), at)))
+            .flat_map(|c| {
+                c.last_heard()
+                    .into_iter()
+                    .map(|(gen, at)| ((c.id, gen), at))
+            })
             .collect();
         requests_answered::check(
             &self.oracle,

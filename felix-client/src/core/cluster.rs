@@ -74,6 +74,21 @@ pub struct ClusterConfig {
     pub suspect_for: Duration,
     /// See [`DEFAULT_LOST_OWNER_REASK`].
     pub lost_owner_reask: Duration,
+    /// How calls on a stream or cache are routed. See [`Routing`].
+    pub routing: Routing,
+}
+
+/// Where [`Cluster::route`] sends a call on a stream or cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Routing {
+    /// To the owner `shard_owners` names for the call's shard (the default).
+    #[default]
+    ByOwners,
+    /// Always to the entry broker, which forwards a call on a shard it does not own (or
+    /// redirects a subscription): `shard_owners` is never asked. For a client that must not
+    /// learn owners (one behind a proxy that reaches a single broker), and for a driver that
+    /// needs forwards to happen (the simulator's forwarded-ack check).
+    EntryOnly,
 }
 
 impl ClusterConfig {
@@ -88,6 +103,7 @@ impl ClusterConfig {
             owners_refresh: DEFAULT_OWNERS_REFRESH,
             suspect_for: DEFAULT_SUSPECT_FOR,
             lost_owner_reask: DEFAULT_LOST_OWNER_REASK,
+            routing: Routing::ByOwners,
         }
     }
 }
@@ -743,6 +759,9 @@ impl Cluster {
         let Some(entry) = self.entry else {
             return Route::NoEntry;
         };
+        if self.config.routing == Routing::EntryOnly {
+            return Route::Entry { addr: entry };
+        }
         let Some(table) = self.owners.get(object) else {
             return Route::AskOwners { entry };
         };

@@ -99,7 +99,7 @@ impl SimClient {
         let max = 1 + self.rng.below(8);
         let wait_ms = *self.rng.pick(&[0u64, 100, 500]);
         let visibility = Duration::from_millis(*self.rng.pick(&[100u64, 500, 2000]));
-        let Some(conn) = &mut self.conn else {
+        let Some(conn) = self.conns.values_mut().next() else {
             return Ok(());
         };
         let gen = conn.gen;
@@ -160,7 +160,7 @@ impl SimClient {
         }
         let me = self.id;
         let shards = self.shards;
-        let Some(conn) = &mut self.conn else {
+        let Some(conn) = self.conns.values_mut().next() else {
             return;
         };
         let gen = conn.gen;
@@ -209,7 +209,7 @@ impl SimClient {
         ctx: &mut Ctx<'_>,
     ) -> Result<(), Violation> {
         let me = self.id;
-        let conn = self.conn.as_mut().expect("conn");
+        let conn = self.conns.values_mut().next().expect("conn");
         let gen = conn.gen;
         let Some((rid, asked)) = conn.group.asked.pop_front() else {
             return Err(protocol(me, "a group answer with no request".into()));

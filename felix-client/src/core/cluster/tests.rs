@@ -229,6 +229,48 @@ fn keyed_calls_route_to_the_keys_owner_and_unknown_owners_go_through_the_entry()
 }
 
 #[test]
+fn entry_only_routing_sends_every_call_to_the_entry_and_never_asks_owners() {
+    let now = Instant::now();
+    let mut config = ClusterConfig::new(vec![a(5001), a(5002)]);
+    config.routing = Routing::EntryOnly;
+    let mut c = Cluster::new(config);
+    let orders = Object::stream("default", "orders");
+    let sessions = Object::cache("default", "sessions");
+    assert_eq!(c.route(&orders, Some(b"k"), now), Route::NoEntry);
+    c.handle_connected(a(5001), now);
+    for at in [now, now + DEFAULT_OWNERS_REFRESH * 3] {
+        assert_eq!(
+            c.route(&orders, Some(b"k"), at),
+            Route::Entry { addr: a(5001) }
+        );
+        assert_eq!(c.route(&orders, None, at), Route::Entry { addr: a(5001) });
+        assert_eq!(
+            c.route_shard(&orders, 2, at),
+            Route::Entry { addr: a(5001) }
+        );
+        assert_eq!(
+            c.route(&sessions, Some(b"c1.k0"), at),
+            Route::Entry { addr: a(5001) }
+        );
+    }
+    // An owners answer someone fed in anyway does not change where calls go.
+    c.handle_shard_owners(
+        &orders,
+        &owners(&[Some("127.0.0.1:5002"), Some("127.0.0.1:5002")]),
+        now,
+    );
+    assert_eq!(c.route(&orders, None, now), Route::Entry { addr: a(5001) });
+    // The entry lost: dial first, then the new entry takes every call.
+    c.handle_connection_lost(a(5001), now);
+    assert_eq!(c.route(&orders, None, now), Route::NoEntry);
+    assert_eq!(c.dial_order(now), vec![a(5002), a(5001)]);
+    c.handle_connected(a(5002), now);
+    assert_eq!(c.route(&orders, None, now), Route::Entry { addr: a(5002) });
+    // The default routes by owners.
+    assert_eq!(ClusterConfig::new(vec![a(5001)]).routing, Routing::ByOwners);
+}
+
+#[test]
 fn a_lost_owner_is_asked_about_again_and_not_routed_to_while_suspected() {
     let now = Instant::now();
     let mut c = connected(&[5001], now);
