@@ -71,20 +71,13 @@ async fn within<T>(rt: &dyn Rt, d: Duration, fut: impl Future<Output = T>) -> Op
     .await
 }
 
-/// Asks `f` until it answers, every 100 ms, at most [`LIMIT`].
+/// Asks `f` until it answers, every 100 ms, at most [`felix_chaos::harness::LIMIT`].
 async fn until<T, F: Future<Output = Option<T>>>(
     rt: &dyn Rt,
     what: &str,
-    mut f: impl FnMut() -> F,
+    f: impl FnMut() -> F,
 ) -> T {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        if let Some(t) = f().await {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {LIMIT:?}");
-        rt.sleep(Duration::from_millis(100)).await;
-    }
+    felix_chaos::harness::until_slept(what, |d| rt.sleep(d), f).await
 }
 
 fn metric(ops: SocketAddr, name: &str) -> f64 {
