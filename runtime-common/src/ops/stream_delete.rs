@@ -15,6 +15,7 @@ use tracing::info;
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
 
+use super::admin::until_deleted_here;
 use super::http::{ask, bearer_token, json, no_token, on_engine, text, Answer, OpsState};
 use crate::control::Control;
 
@@ -110,27 +111,20 @@ async fn wait_deleted(
     incarnation: u64,
     deadline: Instant,
 ) -> Answer {
-    loop {
-        // Registered before looking, so a change between the look and the wait is not missed.
-        let changed = state.next_metadata_change();
-        let asked = names.clone();
-        let done = on_engine(state, move |e, _| {
-            e.stream_deleted_here((&asked.0, &asked.1, &asked.2), incarnation)
-        })
-        .await;
-        match done {
-            Err(answer) => return answer,
-            Ok(true) => return text(StatusCode::NO_CONTENT, ""),
-            Ok(false) => {}
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || tokio::time::timeout(left, changed).await.is_err() {
-            return refused(DeleteStreamError::Unavailable(format!(
+    until_deleted_here(
+        state,
+        deadline,
+        names,
+        incarnation,
+        Engine::stream_deleted_here,
+        || {
+            refused(DeleteStreamError::Unavailable(format!(
                 "the delete was not applied within {DELETE_TIMEOUT:?}: the control plane may \
                  have no majority; retry (the delete is one command: asking again is safe)"
-            )));
-        }
-    }
+            )))
+        },
+    )
+    .await
 }
 
 fn refused(e: DeleteStreamError) -> Answer {
