@@ -1,10 +1,13 @@
-//! What the tests against real processes (`chaos/tests/`) share: the workspace's builds of
-//! the broker and the CLI, a cluster laid out and started, a client of one node, `felix
-//! admin …` against a node's ops endpoint, and bounded retries of an outcome.
+//! What the tests against real processes (`chaos/tests/`) and `felix-create-bench` share: the
+//! workspace's builds of the broker and the CLI, a cluster laid out and started, a client of
+//! one node, `felix admin …` and a `POST` against a node's ops endpoint, and bounded retries
+//! of an outcome.
 //!
 //! The broker and CLI are found as `FELIX_BROKER_BIN` / `FELIX_CLI_BIN` say, else in
 //! `target/release`, else in `target/debug` (`scripts/test` builds the release ones first).
 
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -69,13 +72,18 @@ pub fn all_ready(c: &mut Cluster) {
     }
 }
 
-/// `layout` laid out, every node started, and every node ready.
-pub fn started(layout: &Layout) -> Cluster {
-    let mut c = laid_out(layout);
+/// Starts every node, then waits for every node to be ready.
+pub fn start_all(c: &mut Cluster) {
     for i in 0..NODES.len() {
         c.start(i).expect("a node starts");
     }
-    all_ready(&mut c);
+    all_ready(c);
+}
+
+/// `layout` laid out, every node started, and every node ready.
+pub fn started(layout: &Layout) -> Cluster {
+    let mut c = laid_out(layout);
+    start_all(&mut c);
     c
 }
 
@@ -106,6 +114,30 @@ pub fn admin(c: &Cluster, at: usize, group: &str, token: &str, args: &[&str]) ->
         .args(&args[1..])
         .output()
         .expect("the CLI runs")
+}
+
+/// `POST path` with `token` and the JSON `body` to the ops endpoint `ops`: the status and the
+/// whole answer, waiting at most `limit` for it; `None` when it cannot be asked or read.
+pub fn http_post(
+    ops: SocketAddr,
+    path: &str,
+    token: &str,
+    body: &str,
+    limit: Duration,
+) -> Option<(u16, String)> {
+    let mut conn = TcpStream::connect_timeout(&ops, limit).ok()?;
+    conn.set_read_timeout(Some(limit)).ok()?;
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nhost: {ops}\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).ok()?;
+    let status = answer.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, answer))
 }
 
 /// A command's exit code and everything it wrote, for an assertion's message.

@@ -109,48 +109,6 @@ fn all_writable(v: &serde_json::Value) -> bool {
 /// One cluster at a time: a layout's ports come from a window fixed by the process id.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// A measurement, not a check (docs/operations.md, "How long a create takes"): run by hand
-/// with `cargo test -p felix-chaos --test admin_streams -- --ignored --nocapture`.
-#[test]
-#[ignore = "a measurement, not a check: run by hand (docs/operations.md, \"How long a create takes\")"]
-fn create_latency() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut c = started();
-    // A measurement, not a check: 20 creates of a quorum 6-shard RF 3 stream, each timed
-    // from the POST to its answer (every shard led by a live node); docs/operations.md.
-    let mut took: Vec<Duration> = (0..20)
-        .map(|i| {
-            let body = format!(
-                r#"{{"tenant":"{TENANT}","namespace":"{NAMESPACE}","stream":"bench-{i}","shards":6,"replication_factor":3,"consistency":"quorum"}}"#
-            );
-            let started = Instant::now();
-            loop {
-                assert!(started.elapsed() < LIMIT, "bench-{i} not created within {LIMIT:?}");
-                let (status, answer) = post(c.nodes[i % NODES.len()].ops, &c.token, &body);
-                if status == 201 || status == 200 {
-                    break;
-                }
-                // Retryable by contract (a control-plane election under way): asked again,
-                // and the time counts.
-                assert_eq!(status, 503, "{answer}");
-                eprintln!("create bench-{i}: {}", answer.lines().last().unwrap_or(""));
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            started.elapsed()
-        })
-        .collect();
-    took.sort();
-    let total: Duration = took.iter().sum();
-    eprintln!(
-        "create of a quorum 6-shard RF 3 stream, 20 in turn: p50 {:?}, max {:?}, {:.1} creates/s",
-        took[took.len() / 2],
-        took[took.len() - 1],
-        took.len() as f64 / total.as_secs_f64()
-    );
-
-    c.stop_all();
-}
-
 #[test]
 fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_restart() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -697,26 +655,4 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
         text(&lonely)
     );
     c.stop_all();
-}
-
-/// `POST /v1/streams` with `body`: the status and the answer.
-fn post(ops: std::net::SocketAddr, token: &str, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(ops).expect("the ops endpoint");
-    conn.set_read_timeout(Some(LIMIT)).unwrap();
-    write!(
-        conn,
-        "POST /v1/streams HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
-         content-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer).unwrap();
-    let status = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, answer)
 }
