@@ -14,6 +14,10 @@ use serde_json::{json as j, Map, Value};
 
 use super::http::{bearer_token, body, json, on_engine, text, Answer, OpsState};
 
+/// When a wait for the control plane ends: read on the ops thread's tokio clock (the same
+/// instants as std's, except under a test's paused clock, which the deadline then follows).
+pub(super) type Deadline = tokio::time::Instant;
+
 /// How long a create waits for its object to be placed with every shard led by a live node
 /// before answering `503` (the create may still complete: asking again with the same spec is
 /// safe and answers `200` once it has); an alter or a cache's delete waits as long to be
@@ -199,7 +203,7 @@ pub(super) trait Placed {
 /// `deadline`.
 pub(super) async fn created<V: Placed + Send + 'static>(
     state: &OpsState,
-    deadline: Instant,
+    deadline: Deadline,
     asked: Result<Result<Option<V>, AdminError>, Answer>,
     (names, view): (&Names, ViewOne<V>),
     conflict: impl Fn(&V) -> Option<AdminError>,
@@ -246,7 +250,7 @@ pub(super) async fn created<V: Placed + Send + 'static>(
 /// answer; past `deadline`, the answer is `late()`.
 pub(super) async fn until_applied<F>(
     state: &OpsState,
-    deadline: Instant,
+    deadline: Deadline,
     mut look: impl FnMut() -> F,
     late: impl FnOnce() -> Answer,
 ) -> Answer
@@ -259,7 +263,7 @@ where
         if let Some(answer) = look().await {
             return answer;
         }
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.saturating_duration_since(Deadline::now());
         if left.is_zero() || tokio::time::timeout(left, changed).await.is_err() {
             return late();
         }
@@ -271,7 +275,7 @@ where
 /// `deadline`, the answer is `late()`.
 pub(super) async fn until_deleted_here(
     state: &OpsState,
-    deadline: Instant,
+    deadline: Deadline,
     names: Names,
     incarnation: u64,
     gone: fn(&Engine, (&str, &str, &str), u64) -> bool,

@@ -12,7 +12,7 @@
 //! each shard placed, led and replicated as a stream shard; `GET` shows each shard's leader,
 //! replicas and generation. Answers and errors are JSON, as for `/v1/streams`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use felix_engine::stream_admin::{CacheSpec, CacheView};
 use felix_engine::{AdminError, Engine};
@@ -22,7 +22,7 @@ use serde_json::{json as j, Value};
 
 use super::admin::{
     bad, created, error, get_all, get_one, names, no_token, object, shard_json, shards_and_rf,
-    token_and_body, until_deleted_here, Names, Placed, ViewOne, CREATE_TIMEOUT,
+    token_and_body, until_deleted_here, Deadline, Names, Placed, ViewOne, CREATE_TIMEOUT,
 };
 use super::http::{bearer_token, json, on_engine, Answer, OpsState};
 
@@ -75,7 +75,7 @@ pub(crate) async fn serve(state: &OpsState, req: Request<Incoming>, timeout: Dur
 /// applied it and removed its own copies: `204`. `404` unknown, `401`/`403` the token, `503` no
 /// control-plane leader or not applied within [`CREATE_TIMEOUT`] (retryable: one command).
 async fn delete(state: &OpsState, token: String, names: Names) -> Answer {
-    let deadline = Instant::now() + CREATE_TIMEOUT;
+    let deadline = Deadline::now() + CREATE_TIMEOUT;
     let asked = names.clone();
     let outcome = on_engine(state, move |e, now| {
         e.delete_cache_as(now, &token, (&asked.0, &asked.1, &asked.2))
@@ -104,7 +104,7 @@ async fn delete(state: &OpsState, token: String, names: Names) -> Answer {
 
 /// Asks for the cache, then waits for every shard to have a live leader.
 async fn create(state: &OpsState, token: String, names: Names, spec: CacheSpec) -> Answer {
-    let deadline = Instant::now() + CREATE_TIMEOUT;
+    let deadline = Deadline::now() + CREATE_TIMEOUT;
     let asked = names.clone();
     let outcome = on_engine(state, move |e, now| {
         e.create_cache_as(now, &token, (&asked.0, &asked.1, &asked.2), spec)

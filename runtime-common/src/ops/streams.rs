@@ -11,7 +11,7 @@
 //! Every answer but a `204` is JSON; an error is `{"error": …}`, with `"field"` on a `400` or
 //! `409`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use felix_engine::stream_admin::{Consistency, Retention, StreamSpec};
 use felix_engine::{AdminError, Engine, StreamView};
@@ -21,7 +21,7 @@ use serde_json::{json as j, Value};
 
 use super::admin::{
     bad, created, error, get_all, get_one, names, object, shard_json, shards_and_rf,
-    token_and_body, uint, until_applied, Names, Placed, ViewOne, CREATE_TIMEOUT,
+    token_and_body, uint, until_applied, Deadline, Names, Placed, ViewOne, CREATE_TIMEOUT,
 };
 use super::http::{json, on_engine, Answer, OpsState};
 
@@ -187,7 +187,7 @@ fn patched(spec: &StreamSpec, p: &Patch) -> Result<Retention, AdminError> {
 
 /// Reads the stream, asks for its new retention, then waits to see it applied here.
 async fn alter(state: &OpsState, token: String, names: Names, patch: Patch) -> Answer {
-    let deadline = Instant::now() + CREATE_TIMEOUT;
+    let deadline = Deadline::now() + CREATE_TIMEOUT;
     let (asked, t) = (names.clone(), token.clone());
     let current = on_engine(state, move |e, now| {
         e.stream_view(now, Some(&t), (&asked.0, &asked.1, &asked.2))
@@ -244,7 +244,7 @@ async fn alter(state: &OpsState, token: String, names: Names, patch: Patch) -> A
 
 /// Asks for the stream, then waits for every shard to have a live leader.
 async fn create(state: &OpsState, token: String, names: Names, spec: StreamSpec) -> Answer {
-    let deadline = Instant::now() + CREATE_TIMEOUT;
+    let deadline = Deadline::now() + CREATE_TIMEOUT;
     let asked = names.clone();
     let outcome = on_engine(state, move |e, now| {
         e.create_stream_as(now, &token, (&asked.0, &asked.1, &asked.2), spec)
