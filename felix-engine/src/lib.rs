@@ -28,6 +28,7 @@ pub mod fuzzing;
 mod metrics;
 mod net;
 mod node;
+mod router;
 mod seed;
 mod settings;
 pub mod stream_admin;

@@ -37,25 +37,31 @@ use tracing::{debug, info, warn};
 
 use crate::config::{ClusterConfig, Consistency, DeclaredStream};
 use crate::net::{Datagram, Transmit};
+use crate::router::{ForwardOutcome, OwnerEntry, Router};
 pub(crate) use metalog::METALOG_LOG;
 use metalog::{Done, MetaLog};
 use peers::{Identity, PeerCrypto, PeerEvent, PeerLimits, PeerNet};
 pub(crate) use replicas::{CopyKind, LogView, ReplicaIo};
 
-/// A shard's owner as `shard_owners` reports it.
-pub(crate) struct OwnerEntry {
-    pub(crate) node_id: Option<String>,
-    pub(crate) addr: Option<String>,
-    pub(crate) generation: u64,
+/// The engine's way to the cluster driver a [`Router`] wraps: sessions ask the router, and
+/// cannot reach the driver without importing this trait from `cluster/` (which tidy refuses
+/// them).
+pub(crate) trait Wired {
+    fn driver(&self) -> Option<&ClusterNode>;
+    fn driver_mut(&mut self) -> Option<&mut ClusterNode>;
 }
 
-/// How a forward this node sent ended.
-#[derive(Debug)]
-pub(crate) enum ForwardOutcome {
-    /// The leader's answer frame.
-    Answered(bytes::Bytes),
-    /// The leader refused it, or it never answered.
-    Refused(felix_proto::ErrorCode, String),
+/// The witness [`Router::wired`] asks for: only `cluster/` can make one.
+pub(crate) struct Wiring(());
+
+impl Wired for Option<Router> {
+    fn driver(&self) -> Option<&ClusterNode> {
+        self.as_ref().map(|r| r.wired(Wiring(())))
+    }
+
+    fn driver_mut(&mut self) -> Option<&mut ClusterNode> {
+        self.as_mut().map(|r| r.wired_mut(Wiring(())))
+    }
 }
 
 /// Where a forward's answer goes: the client's session.
