@@ -258,24 +258,15 @@ impl Engine {
 
         // In-memory cache versions start at this run's wall-clock time (protocol.md).
         broker.start_cache_versions_at(unix_micros);
-        let cluster = match &config.cluster {
+        let router = match &config.cluster {
             None => None,
             Some(c) => {
-                let provider = config
-                    .crypto_provider
-                    .clone()
-                    .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
-                // A durable node keeps its metadata log on disk beside its streams.
-                let metadata_log = config
-                    .durable
-                    .as_ref()
-                    .map(|_| c.metadata_log_compact_bytes);
                 let node = crate::cluster::ClusterNode::new(
                     c,
                     &config,
-                    provider,
+                    settings::peer_crypto_provider(&config),
                     &seed,
-                    metadata_log,
+                    settings::metadata_log(&config),
                     now,
                 )
                 .map_err(EngineError::Config)?;
@@ -303,7 +294,7 @@ impl Engine {
             buffered_bytes: 0,
             starved_conns: BTreeSet::new(),
             open_connections: 0,
-            router: cluster,
+            router,
             forwarding_here: false,
         };
 
