@@ -1,8 +1,11 @@
-//! The one seam a session asks about a shard: who owns it and how wide its object is, whether
-//! a shard led here may serve now, and the forwards and write notes that follow the answer
-//! (serve here, forward to a node, or redirect: felix-cluster's `routing` decides, the session
-//! applies it). Sessions (`conn/`) and the shared context (`node.rs`) name this module, never
-//! `cluster/`; tidy's `ENGINE_MODULE_RULES` hold them to it.
+//! The one seam a session asks about a shard. [`Router::locate`] names the shard a request
+//! is for and who serves it, by the metadata applied here; for a shard led here,
+//! [`Router::ready_here`] says whether it may serve now; felix-cluster's `routing::route` turns
+//! the owner into serve here, forward to a node, or redirect, and the session applies that
+//! (`conn/session/cluster.rs`), forwarding through the router ([`Router::forward`]) and
+//! noting a write served as leader ([`Router::note_write`]). Sessions (`conn/`) and the
+//! shared context (`node.rs`) name this module, never `cluster/`; tidy's
+//! `ENGINE_MODULE_RULES` hold them to it.
 //!
 //! The router owns this node's cluster driver (`cluster::ClusterNode`) privately and exposes
 //! only the calls a session makes. The engine, which drives the cluster, reaches the driver
@@ -12,8 +15,9 @@
 
 use std::time::{Duration, Instant};
 
-use felix_cluster::routing::Owner;
+use felix_cluster::routing::{Owner, RequestClass};
 use felix_cluster::NodeId;
+use felix_proto::routing::{shard_for_key, RoutingMapping};
 use quinn_proto::{ConnectionHandle, StreamId};
 
 use crate::cluster::ClusterNode;
@@ -32,6 +36,26 @@ pub(crate) struct OwnerEntry {
     pub(crate) node_id: Option<String>,
     pub(crate) addr: Option<String>,
     pub(crate) generation: u64,
+}
+
+/// The shard a request names: a cache's by its item key (or, for a prefix watch, the shard
+/// it names); a stream's by the shard it names, or else its key.
+pub(crate) struct ShardAsk<'a> {
+    pub(crate) cache: bool,
+    pub(crate) names: (&'a str, &'a str, &'a str),
+    pub(crate) shard: Option<u64>,
+    pub(crate) key: Option<&'a [u8]>,
+}
+
+/// Where a request's shard is.
+pub(crate) enum Located {
+    /// The object is placed, but the request names no shard of it that routing could answer
+    /// for: the handler here refuses it.
+    Handler,
+    /// The object is not placed (yet).
+    NotPlaced,
+    /// Shard `shard`, served by `owner` (felix-cluster's `routing` says what to do with it).
+    Shard { shard: u32, owner: Owner },
 }
 
 /// What sessions ask about shards, on a node that is one of several.
@@ -66,20 +90,41 @@ impl Router {
         self.driver.cache_width(tenant, namespace, cache)
     }
 
-    /// Who serves shard `shard` of a stream; `None` for a stream not placed yet.
-    pub(crate) fn stream_owner(
-        &self,
-        tenant: &str,
-        namespace: &str,
-        stream: &str,
-        shard: u32,
-    ) -> Option<Owner> {
-        self.driver.stream_owner(tenant, namespace, stream, shard)
-    }
-
-    /// Who serves one shard of a cache; `None` for a cache not placed.
-    pub(crate) fn cache_owner(&self, names: (&str, &str, &str), shard: u32) -> Option<Owner> {
-        self.driver.cache_owner(names, shard)
+    /// The shard `ask` is for and who serves it, by the metadata applied here.
+    pub(crate) fn locate(&self, ask: &ShardAsk<'_>, mapping: RoutingMapping) -> Located {
+        let (tenant, namespace, name) = ask.names;
+        let (shard, owner) = if ask.cache {
+            let Some(width) = self.driver.cache_width(tenant, namespace, name) else {
+                return Located::NotPlaced;
+            };
+            let shard = match (ask.shard, ask.key) {
+                (_, Some(k)) => felix_cluster::routing::cache_shard(k, width),
+                (Some(s), None) => u32::try_from(s).unwrap_or(u32::MAX),
+                (None, None) => 0,
+            };
+            // A prefix watch naming no shard of a wide cache, or one past its width: the
+            // handler here refuses it (`invalid_request`), wherever shards live.
+            if ask.key.is_none() && (shard >= width || ask.shard.is_none() && width > 1) {
+                return Located::Handler;
+            }
+            (shard, self.driver.cache_owner(ask.names, shard))
+        } else {
+            let Some(width) = self.driver.stream_width(tenant, namespace, name) else {
+                return Located::NotPlaced;
+            };
+            let shard = match ask.shard {
+                Some(s) => u32::try_from(s).unwrap_or(u32::MAX),
+                None => shard_for_key(ask.key, width, mapping),
+            };
+            (
+                shard,
+                self.driver.stream_owner(tenant, namespace, name, shard),
+            )
+        };
+        match owner {
+            Some(owner) => Located::Shard { shard, owner },
+            None => Located::NotPlaced,
+        }
     }
 
     /// Every shard's owner, for `shard_owners`; `None` for an object not placed.
@@ -116,35 +161,27 @@ impl Router {
 
     // Readiness of a shard led here, and what serving it leaves behind.
 
-    /// Whether a write on this stream shard may be served here now: the lease holds, and a
-    /// replicated shard's copy is open for writes at the metadata's generation.
-    pub(crate) fn local_ready(
+    /// Whether shard `shard`, led here by the metadata, may serve a request of `class` now:
+    /// this node's lease holds, and each copy the request needs (a stream's records, and its
+    /// group log for a group request; a cache's values and counters) is open at the
+    /// metadata's generation. The error says why not (usually one round trip away: a lease
+    /// renewal, a fence).
+    pub(crate) fn ready_here(
         &self,
         now: Instant,
+        cache: bool,
+        class: RequestClass,
         names: (&str, &str, &str),
         shard: u32,
     ) -> Result<(), &'static str> {
-        self.driver.local_ready(now, names, shard)
-    }
-
-    /// As [`local_ready`](Self::local_ready), and the shard's group log is open too.
-    pub(crate) fn groups_ready(
-        &self,
-        now: Instant,
-        names: (&str, &str, &str),
-        shard: u32,
-    ) -> Result<(), &'static str> {
-        self.driver.groups_ready(now, names, shard)
-    }
-
-    /// Whether a request on this cache shard led here may be served now.
-    pub(crate) fn local_ready_cache(
-        &self,
-        now: Instant,
-        names: (&str, &str, &str),
-        shard: u32,
-    ) -> Result<(), &'static str> {
-        self.driver.local_ready_cache(now, names, shard)
+        if cache {
+            self.driver.local_ready_cache(now, names, shard)
+        } else if matches!(class, RequestClass::Group) {
+            // Group state lives in the shard's group log, which has its own fence.
+            self.driver.groups_ready(now, names, shard)
+        } else {
+            self.driver.local_ready(now, names, shard)
+        }
     }
 
     /// A publish on this stream shard is served here as its leader.

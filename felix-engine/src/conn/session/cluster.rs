@@ -6,7 +6,6 @@ use felix_proto::message::{
     BrokerEndpoint, ErrorMessage, Message, NotLeader, PublishError, ShardKind, ShardOwner,
     ShardOwnersView, TopologyView,
 };
-use felix_proto::routing::shard_for_key;
 use felix_proto::{ErrorCode, Features};
 
 use bytes::Bytes;
@@ -17,7 +16,7 @@ use felix_proto::Flags;
 
 use super::{FailAnswer, Held, Session, SessionCx};
 use crate::broker::encode_message;
-use crate::router::ForwardOutcome;
+use crate::router::{ForwardOutcome, Located, ShardAsk};
 
 /// A session's forward channel (ids: channel in the high half, sequence in the low).
 pub(crate) struct Forwarding {
@@ -364,41 +363,19 @@ impl Session {
         let Some(router) = cx.core.router.as_mut() else {
             return false;
         };
-        let mut shard = 0;
-        let owner = if t.cache {
-            let names = (t.tenant, t.namespace, t.name);
-            match router.cache_width(t.tenant, t.namespace, t.name) {
-                Some(width) => {
-                    shard = match (t.shard, t.key) {
-                        (_, Some(k)) => felix_cluster::routing::cache_shard(k, width),
-                        (Some(s), None) => u32::try_from(s).unwrap_or(u32::MAX),
-                        (None, None) => 0,
-                    };
-                    // A prefix watch naming no shard of a wide cache, or one past its width:
-                    // the handler here refuses it (`invalid_request`), wherever shards live.
-                    if t.key.is_none() && (shard >= width || t.shard.is_none() && width > 1) {
-                        self.placement_deadline = None;
-                        return false;
-                    }
-                    router.cache_owner(names, shard)
-                }
-                None => None,
-            }
-        } else {
-            match router.stream_width(t.tenant, t.namespace, t.name) {
-                Some(width) => {
-                    shard = match t.shard {
-                        Some(s) => u32::try_from(s).unwrap_or(u32::MAX),
-                        None => shard_for_key(t.key, width, cx.core.routing_mapping),
-                    };
-                    router.stream_owner(t.tenant, t.namespace, t.name, shard)
-                }
-                None => None,
-            }
+        let ask = ShardAsk {
+            cache: t.cache,
+            names: (t.tenant, t.namespace, t.name),
+            shard: t.shard,
+            key: t.key,
         };
-        let owner = match owner {
-            Some(o) => o,
-            None if !t.cache && !router.places_streams_on_first_use() => {
+        let (shard, owner) = match router.locate(&ask, cx.core.routing_mapping) {
+            Located::Handler => {
+                self.placement_deadline = None;
+                return false;
+            }
+            Located::Shard { shard, owner } => (shard, owner),
+            Located::NotPlaced if !t.cache && !router.places_streams_on_first_use() => {
                 // Only declared streams exist here: this one never will.
                 self.placement_deadline = None;
                 let message = format!(
@@ -409,7 +386,7 @@ impl Session {
                 self.refuse_routed(t, ErrorCode::NotFound, message);
                 return true;
             }
-            None => {
+            Located::NotPlaced => {
                 // Not placed yet: a stream is placed on first use. The request (and the rest
                 // of its stream, which keeps their order) waits for the placement to apply,
                 // for at most the forward timeout; a plain `publish()` of the real client makes
@@ -448,15 +425,7 @@ impl Session {
             // Led here by the metadata, but a write (or a read of a copy being brought level)
             // needs this node's lease, and a replicated shard's fence done at the generation.
             let names = (t.tenant, t.namespace, t.name);
-            let ready = if t.cache {
-                router.local_ready_cache(cx.now, names, shard)
-            } else if matches!(t.class, RequestClass::Group) {
-                // Group state lives in the shard's group log, which has its own fence.
-                router.groups_ready(cx.now, names, shard)
-            } else {
-                router.local_ready(cx.now, names, shard)
-            };
-            if let Err(why) = ready {
+            if let Err(why) = router.ready_here(cx.now, t.cache, t.class, names, shard) {
                 // Usually a matter of one round trip (a lease renewal, a fence): the request
                 // and the rest of its stream wait for it, as for a placement, for at most the
                 // forward timeout. A forwarded one waits half that: its forwarding node gives
