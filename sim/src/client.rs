@@ -1,7 +1,10 @@
 //! A simulated client: a real quinn-proto client connection carrying the felix-client Sans-IO
 //! core (auth, request correlation, event-stream decoding), with a seeded workload that
 //! publishes (acked, unacked, keyed), subscribes, and uses the cache, and tells the oracle
-//! everything it was promised and everything it saw.
+//! everything it was promised and everything it saw. In a cluster run it also carries the
+//! core's cluster state machine (`felix_client::core::cluster::Cluster`): one connection per
+//! broker the core routes to, and every dial, `topology` and `shard_owners` question,
+//! redirect and retry as the core decides (`drive_cluster`, `route`, `on_not_leader`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
@@ -346,15 +349,23 @@ impl SimClient {
         config
             .initial_dst_cid_provider(crate::crypto::initial_cid_provider(rng.fork("initial cid")));
         let window: u32 = if s.slow { 16 * 1024 } else { 1024 * 1024 };
+        let cluster = s.cluster.is_some();
+        // A cluster client notices a dead or frozen broker as our SDK's cluster client does:
+        // after its idle timeout (`DEFAULT_IDLE_TIMEOUT`), keep-alives at a quarter of it.
+        let (keep_alive, idle_timeout) = if cluster {
+            let idle = felix_client::DEFAULT_IDLE_TIMEOUT;
+            (idle / 4, idle)
+        } else {
+            (Duration::from_millis(1000), Duration::from_millis(5_000))
+        };
         config.transport_config(felix_testkit::client_transport(
             &felix_testkit::ClientTransport {
                 stream_window: window,
                 max_uni_streams: 64,
-                keep_alive: Some(Duration::from_millis(1000)),
-                idle_timeout: Some(Duration::from_millis(5_000)),
+                keep_alive: Some(keep_alive),
+                idle_timeout: Some(idle_timeout),
             },
         ));
-        let cluster = s.cluster.is_some();
         let subs = match s.role {
             Role::Auditor if cluster => {
                 let shard = s.cluster.and_then(|c| c.1).unwrap_or(0);
@@ -1227,6 +1238,9 @@ impl SimClient {
             Phase::Dead => {}
             Phase::Asking => {
                 ctx.oracle.request_answered((me, gen, no, u64::MAX));
+                // One question, one answer: the stream is done on our side (as the SDK's
+                // one-shot requests end theirs).
+                let _ = conn.quic.send_stream(id).finish();
                 let Purpose::Ask(ask) = s.purpose else {
                     unreachable!("only a question is asked")
                 };

@@ -1,9 +1,10 @@
 //! A cluster run: N real [`Engine`]s (3, or 5, from the seed), each a cluster node with its
 //! own disk, its own clock (an offset and a drift), a client listener and a peer listener,
-//! all on the seeded network. The clients (`client.rs`, in their cluster mode) connect to
-//! different nodes, publish acked to a multi-shard declared stream and use the cache through
-//! whichever node they are on (forwarded when it is no owner), and subscribe following
-//! `not_leader`. Faults: peer and client links cut one way, a node isolated, links healed, a
+//! all on the seeded network. The clients (`client.rs`, in their cluster mode) are seeded
+//! with different nodes, publish acked to a multi-shard declared stream, use the cache and
+//! subscribe, each call where felix-client's cluster core routes it (by `shard_owners`, or
+//! for half the clients always through their entry node, which forwards), following
+//! `not_leader` as the core's redirects say. Faults: peer and client links cut one way, a node isolated, links healed, a
 //! node crashed (its memory gone, its disk as the crash model leaves it) and restarted.
 //! Most seeds declare the stream with three replicas at `quorum` consistency: leaders fail
 //! over, a frozen node (SIGSTOP) resumes past its lease, a follower rejoins and is cut.
@@ -470,7 +471,7 @@ impl ClusterWorld {
             self.log(format_args!("VIOLATION {v}"));
         }
         let summary = format!(
-            "cluster {} nodes, mode {:?}, {} shards, {} workers, {} events, {} acked publishes, {} acked records forwarded, {} events seen, {} cache reads checked, {} redirects ({} without an address), {} metadata digests agreed, {} leader claims agreed, {} writes by one writer, {} leases checked disjoint, {} committed entries agreed, {} freezes, {} crashes ({} skipped, {} wipes withheld), {} datagrams ({} dropped), {:.0} ms virtual in {:.0} ms",
+            "cluster {} nodes, mode {:?}, {} shards, {} workers, {} events, {} acked publishes, {} acked records forwarded, {} events seen, {} cache reads checked, {} redirects ({} without an address), {} owners and {} topology answers, {} metadata digests agreed, {} leader claims agreed, {} writes by one writer, {} leases checked disjoint, {} committed entries agreed, {} freezes, {} crashes ({} skipped, {} wipes withheld), {} datagrams ({} dropped), {:.0} ms virtual in {:.0} ms",
             self.nodes.len(),
             self.mode,
             self.shards,
@@ -484,6 +485,14 @@ impl ClusterWorld {
             self.clients
                 .iter()
                 .map(|c| c.stats.addressless_redirects)
+                .sum::<u64>(),
+            self.clients
+                .iter()
+                .map(|c| c.stats.owners_answers)
+                .sum::<u64>(),
+            self.clients
+                .iter()
+                .map(|c| c.stats.topology_answers)
                 .sum::<u64>(),
             self.agreement.checked,
             self.shard_leaders.checked,

@@ -7,7 +7,8 @@
 //! Nothing here dials, sleeps or reads a clock: every input that depends on time carries
 //! `now`, and the only randomness is the seed in [`ClusterConfig::seed`]. The front end asks
 //! a question (`route`, `dial_order`, `next_attempt`), does the I/O the answer names, and
-//! reports what happened (`handle_*`). The simulator can drive the same state.
+//! reports what happened (`handle_*`). The simulator's cluster clients drive the same state
+//! (`sim/src/client.rs`).
 //!
 //! Method families (as in the rest of the core): `handle_*` feeds an outcome in, plain
 //! verbs decide, `poll_timeout` says when the state next wants attention, getters take
