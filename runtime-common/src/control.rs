@@ -27,6 +27,8 @@ pub(crate) enum Control {
     Abandon(crate::ops::abandon::AbandonRequest),
     /// An admin API request (`ops/streams.rs`): run on the engine, the closure answers.
     Admin(crate::ops::http::AdminJob),
+    /// A waiter on the change counter (`ops/changes.rs`), registered on the loop.
+    Changes(crate::ops::changes::ChangesRequest),
 }
 
 /// A broker running in the background on some runtime. Dropping it stops the broker too
