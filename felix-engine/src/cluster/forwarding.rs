@@ -9,7 +9,6 @@ use felix_cluster::NodeId;
 use felix_peer_proto::PeerMessage;
 
 use super::{ClusterNode, Inbound};
-use crate::router::ForwardOutcome;
 
 impl ClusterNode {
     /// A channel number for one client session's forwards (the high half of their ids).
@@ -180,4 +179,14 @@ mod channel_tests {
         assert_ne!(a, 0);
         assert_eq!(first.new_channel(), a.wrapping_add(1).max(1));
     }
+}
+
+/// How a forward this node sent to a shard's leader ended: made here, handed to the session
+/// that asked through the router (which re-exports it).
+#[derive(Debug)]
+pub(crate) enum ForwardOutcome {
+    /// The leader's answer frame.
+    Answered(bytes::Bytes),
+    /// The leader refused it, or it never answered.
+    Refused(felix_proto::ErrorCode, String),
 }

@@ -41,31 +41,19 @@ use felix_storage::ops::{FileCompletion, FileOp};
 use tracing::warn;
 
 use crate::net::{Datagram, Transmit};
-use crate::router::{ForwardOutcome, Router};
+pub(crate) use forwarding::ForwardOutcome;
 pub(crate) use metalog::METALOG_LOG;
 use metalog::{Done, MetaLog};
+pub(crate) use owners::OwnerEntry;
 use peers::{PeerEvent, PeerNet};
 pub(crate) use replicas::{CopyKind, LogView, ReplicaIo};
 
-/// The engine's way to the cluster driver a [`Router`] wraps: sessions ask the router, and
-/// cannot reach the driver without importing this trait from `cluster/` (which tidy refuses
-/// them).
+/// The engine's way to the cluster driver the router wraps (implemented in `router.rs`):
+/// sessions ask the router, and cannot reach the driver without importing this trait from
+/// `cluster/`, which tidy refuses them.
 pub(crate) trait Wired {
     fn driver(&self) -> Option<&ClusterNode>;
     fn driver_mut(&mut self) -> Option<&mut ClusterNode>;
-}
-
-/// The witness [`Router::wired`] asks for: only `cluster/` can make one.
-pub(crate) struct Wiring(());
-
-impl Wired for Option<Router> {
-    fn driver(&self) -> Option<&ClusterNode> {
-        self.as_ref().map(|r| r.wired(Wiring(())))
-    }
-
-    fn driver_mut(&mut self) -> Option<&mut ClusterNode> {
-        self.as_mut().map(|r| r.wired_mut(Wiring(())))
-    }
 }
 
 /// Where a forward's answer goes: the client's session.

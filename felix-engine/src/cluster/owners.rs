@@ -12,7 +12,6 @@ use felix_cluster::routing::{judge_forward, ForwardVerdict, Owner};
 use felix_cluster::NodeId;
 
 use super::ClusterNode;
-use crate::router::OwnerEntry;
 
 impl ClusterNode {
     /// `topology`'s answer: every member that can serve and has a client address.
@@ -229,4 +228,11 @@ impl ClusterNode {
         }
         self.pump(now);
     }
+}
+
+/// A shard's owner as `shard_owners` reports it (sessions read it through the router).
+pub(crate) struct OwnerEntry {
+    pub(crate) node_id: Option<String>,
+    pub(crate) addr: Option<String>,
+    pub(crate) generation: u64,
 }
