@@ -18,6 +18,7 @@
 //! said and whatever the clocks did — the two majorities share a replica. Ordering reports
 //! before marks would make the metadata log part of every quorum acknowledgement.
 
+pub mod copy;
 pub mod divergence;
 pub mod fence;
 pub mod follower;
