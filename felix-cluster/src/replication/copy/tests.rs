@@ -523,3 +523,15 @@ fn run(block: &Block) -> String {
 fn copy_golden_file() {
     golden::check("copy.txt", run);
 }
+
+#[test]
+fn splicing_keeps_the_own_prefix_and_takes_the_other_copys_epochs_after_the_cut() {
+    let own = [(1, 0), (2, 5)];
+    let theirs = [(1, 0), (3, 4), (4, 9)];
+    assert_eq!(splice(&own, &theirs, 4), [(1, 0), (3, 4), (4, 9)]);
+    assert_eq!(splice(&own, &theirs, 6), [(1, 0), (2, 5), (3, 6), (4, 9)]);
+    assert_eq!(splice(&own, &[], 3), [(1, 0)]);
+    assert_eq!(last_generation(&[(1, 0), (3, 4)], 4), 1);
+    assert_eq!(last_generation(&[(1, 0), (3, 4)], 5), 3);
+    assert_eq!(last_generation(&[], 0), 0);
+}
