@@ -6,6 +6,7 @@
 //! the same. Every broker a test starts goes through [`start_broker`] (and the binary reads
 //! the same variable), so the suite is written once and `scripts/test` runs it per runtime.
 
+pub mod client_cluster_support;
 pub mod cluster_support;
 pub mod durable_support;
 pub mod ops_support;

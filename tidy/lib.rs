@@ -468,18 +468,6 @@ pub const ENGINE_MODULE_RULES: &[ModuleRule] = &[
     },
 ];
 
-/// Arrows that break [`ENGINE_MODULE_RULES`] today: `(file under felix-engine/src, module)`.
-/// To be removed by issue 34's router; the list can only shrink (an entry that no longer
-/// matches anything fails the tidy test).
-pub const ENGINE_MODULE_ALLOWED: &[(&str, &str)] = &[
-    // `ForwardOutcome`: a forward's answer, named where a session resumes it.
-    ("conn/mod.rs", "cluster"),
-    // `ForwardOutcome` and the forwarding calls through `core.cluster`.
-    ("conn/session/cluster.rs", "cluster"),
-    // `Core` holds the cluster driver.
-    ("node.rs", "cluster"),
-];
-
 /// The module path of a file under a crate's `src/`: `broker/groups/mod.rs` is
 /// `[broker, groups]`, `broker/durable.rs` is `[broker, durable]`, `lib.rs` is `[]`.
 fn module_path(file: &str) -> Vec<&str> {
@@ -570,19 +558,14 @@ pub fn crate_modules_named(file: &str, code: &str) -> Vec<(usize, String)> {
 
 /// Where one felix-engine file (its path under `src/`) names a module a rule forbids it, less
 /// the arrows `allowed` lists.
-pub fn module_violations(
-    file: &str,
-    stripped: &str,
-    rules: &[ModuleRule],
-    allowed: &[(&str, &str)],
-) -> Vec<Violation> {
+pub fn module_violations(file: &str, stripped: &str, rules: &[ModuleRule]) -> Vec<Violation> {
     let Some(&top) = module_path(file).first() else {
         return Vec::new();
     };
     let mut found = Vec::new();
     for (line, to) in crate_modules_named(file, stripped) {
         for rule in rules.iter().filter(|r| r.from == top) {
-            if rule.to.contains(&to.as_str()) && !allowed.contains(&(file, to.as_str())) {
+            if rule.to.contains(&to.as_str()) {
                 found.push(Violation {
                     place: format!("felix-engine/src/{file}:{line}"),
                     what: format!("`{top}` reaches `{to}`: {}", rule.why),
@@ -965,12 +948,7 @@ fn also_bad() { std::thread::spawn(|| {}); }
 
     fn modules_named(file: &str, src: &str) -> Vec<Violation> {
         let (stripped, _) = strip_test_items(&code_only(src));
-        module_violations(
-            file,
-            &stripped,
-            ENGINE_MODULE_RULES,
-            &[("node.rs", "cluster")],
-        )
+        module_violations(file, &stripped, ENGINE_MODULE_RULES)
     }
 
     #[test]
@@ -1014,7 +992,7 @@ mod tests { use crate::conn::session; }
     }
 
     #[test]
-    fn each_engine_module_rule_catches_its_planted_arrow_and_the_allow_list_excuses_one() {
+    fn each_engine_module_rule_catches_its_planted_arrow() {
         for (file, src) in [
             (
                 "cluster/peers.rs",
@@ -1026,11 +1004,18 @@ mod tests { use crate::conn::session; }
                 "use crate::cluster::ForwardOutcome;\n",
             ),
             ("node.rs", "use crate::cluster::ClusterNode;\n"),
+            // The engine's way to the driver behind a router: not a session's.
+            ("conn/mod.rs", "use crate::cluster::Wired;\n"),
+            ("broker/mod.rs", "fn f(r: &crate::router::Router) {}\n"),
         ] {
-            let v = module_violations(file, &code_only(src), ENGINE_MODULE_RULES, &[]);
+            let v = module_violations(file, &code_only(src), ENGINE_MODULE_RULES);
             assert_eq!(v.len(), 1, "{file}: {v:?}");
         }
-        assert!(modules_named("node.rs", "use crate::cluster::ClusterNode;\n").is_empty());
+        // The router is the seam: sessions and the shared context may name it.
+        assert!(modules_named("node.rs", "use crate::router::Router;\n").is_empty());
+        assert!(
+            modules_named("conn/session/cluster.rs", "use crate::router::Router;\n").is_empty()
+        );
         assert!(modules_named("cluster/mod.rs", "use crate::net::Datagram;\n").is_empty());
     }
 

@@ -6,80 +6,34 @@
 //! SIGKILLed and every value is read back through the other nodes, from the shards' new
 //! leaders. A cache above the shard limit is refused naming `shards`.
 //!
-//! The broker and CLI are the workspace's builds: `FELIX_BROKER_BIN` / `FELIX_CLI_BIN`, else
-//! `target/release`, else `target/debug`.
+//! The broker and CLI are the workspace's builds (`felix_chaos::harness`).
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_chaos::cluster::{http_get, Cluster, Layout, NAMESPACE, NODES, READY_LIMIT, TENANT};
-use felix_client::{CacheWatchItem, Client, ClientConfig, Offer, WatchFilter, WatchStart};
+use felix_chaos::cluster::{http_get, Cluster, NAMESPACE, NODES, TENANT};
+use felix_chaos::harness::{
+    self, admin_layout, cli, client_config, index, started, text, until, LIMIT,
+};
+use felix_client::{CacheWatchItem, Client, ClientConfig, WatchFilter, WatchStart};
 use felix_proto::routing::{shard_for_key, RoutingMapping};
 
-/// Bound on every wait for an event below.
-const LIMIT: Duration = Duration::from_secs(60);
 const CACHE: &str = "sessions";
 const SHARDS: u32 = 4;
 /// Values written through each node.
 const PER_NODE: usize = 8;
 
-fn binary(env: &str, name: &str) -> PathBuf {
-    if let Ok(p) = std::env::var(env) {
-        return PathBuf::from(p);
-    }
-    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target");
-    for profile in ["release", "debug"] {
-        let p = target.join(profile).join(name);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("no {name} build: run `cargo build --release --bin {name}` or set {env}")
-}
-
-fn config(c: &Cluster, i: usize) -> ClientConfig {
-    let mut config = ClientConfig::new(
-        c.nodes[i].client,
-        c.ca_pem.as_bytes().to_vec(),
-        TENANT,
-        &c.token,
-    );
-    config.request_timeout = Duration::from_secs(5);
-    config.offer = Offer::reference_client();
-    config
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\n{}{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// `felix admin caches ARGS…` against node `at`'s ops endpoint.
 fn admin(c: &Cluster, at: usize, args: &[&str]) -> Output {
-    std::process::Command::new(binary("FELIX_CLI_BIN", "felix"))
-        .args(["admin", "caches"])
-        .args(&args[..1])
-        .arg("--broker")
-        .arg(c.nodes[at].ops.to_string())
-        .arg("--ca")
-        .arg(c.dir.join("ca.pem"))
-        .args(["--token", &c.token])
-        .args(&args[1..])
-        .output()
-        .expect("the CLI runs")
+    harness::admin(c, at, "caches", &c.token, args)
 }
 
 /// `felix cache shards` through node `at`'s client port: `cache_shards`, then each shard's
 /// owner as `shard_owners` names it.
 fn client_shards(c: &Cluster, at: usize) -> Option<(u64, Vec<Option<String>>)> {
-    let out = std::process::Command::new(binary("FELIX_CLI_BIN", "felix"))
+    let out = std::process::Command::new(cli())
         .args(["cache", "shards", CACHE, "--addr"])
         .arg(c.nodes[at].client.to_string())
         .arg("--ca")
@@ -135,23 +89,6 @@ fn leaders(c: &Cluster, at: usize) -> Option<Vec<Option<String>>> {
     )
 }
 
-/// Retries `f` until it gives `Some`, at most [`LIMIT`]; a retry is a new attempt at an
-/// outcome, not a wait standing in for one.
-fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        if let Some(t) = f() {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {LIMIT:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn index(id: &str) -> usize {
-    NODES.iter().position(|n| *n == id).expect("a node id")
-}
-
 /// Requests the nodes answered with a redirect (`felix_broker_redirects`), all together.
 fn redirects(c: &Cluster) -> u64 {
     (0..NODES.len())
@@ -179,22 +116,7 @@ fn quiet_shards(c: &Cluster, at: usize) -> Option<u64> {
 #[test]
 fn a_four_shard_cache_spreads_over_the_nodes_and_survives_its_leaders_loss() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let layout = Layout {
-        cluster: true,
-        streams: Vec::new(),
-        fsync_mode: "on_commit".into(),
-        lease: Duration::from_millis(1000),
-        relays: false,
-        prefix: "felix-admin-caches",
-    };
-    let mut c = Cluster::lay_out_with(&binary("FELIX_BROKER_BIN", "felix-broker"), &layout)
-        .expect("the cluster is laid out");
-    for i in 0..NODES.len() {
-        c.start(i).expect("a node starts");
-    }
-    for i in 0..NODES.len() {
-        c.wait_ready(i, READY_LIMIT).expect("a node is ready");
-    }
+    let mut c = started(&admin_layout("felix-admin-caches"));
 
     // Above the limit streams have too: refused, naming the field.
     let wide = admin(
@@ -269,7 +191,7 @@ fn a_four_shard_cache_spreads_over_the_nodes_and_survives_its_leaders_loss() {
             rt.block_on(async {
                 let deadline = Instant::now() + LIMIT;
                 loop {
-                    let client = Client::connect(config(&c, at)).await;
+                    let client = Client::connect(client_config(&c, at)).await;
                     let answer = match client {
                         Ok(client) => {
                             let a = client
@@ -415,7 +337,7 @@ fn a_four_shard_cache_spreads_over_the_nodes_and_survives_its_leaders_loss() {
             let got = rt.block_on(async {
                 let deadline = Instant::now() + LIMIT;
                 loop {
-                    if let Ok(client) = Client::connect(config(&c, at)).await {
+                    if let Ok(client) = Client::connect(client_config(&c, at)).await {
                         let got = client.cache_get(NAMESPACE, CACHE, key).await;
                         client.close().await;
                         match got {

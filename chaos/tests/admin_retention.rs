@@ -6,58 +6,25 @@
 //! its copy starts), and the old segment files are gone from every node's disk, though each
 //! node rolls its segments at its own size.
 //!
-//! The broker and CLI are the workspace's builds: `FELIX_BROKER_BIN` / `FELIX_CLI_BIN`, else
-//! `target/release`, else `target/debug`.
+//! The broker and CLI are the workspace's builds (`felix_chaos::harness`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_chaos::cluster::{Cluster, Layout, NAMESPACE, NODES, READY_LIMIT, TENANT};
+use felix_chaos::cluster::{Cluster, NAMESPACE, NODES, TENANT};
+use felix_chaos::harness::{self, admin_layout, all_ready, laid_out, text, LIMIT};
 use felix_client::{Ack, Client, ClientConfig, Offer};
 
-/// Bound on every wait for an event below.
-const LIMIT: Duration = Duration::from_secs(60);
 const STREAM: &str = "retained";
 const SHARDS: usize = 2;
 /// The size bound the alter sets, per shard.
 const MAX_BYTES: u64 = 16_384;
 
-fn binary(env: &str, name: &str) -> PathBuf {
-    if let Ok(p) = std::env::var(env) {
-        return PathBuf::from(p);
-    }
-    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target");
-    for profile in ["release", "debug"] {
-        let p = target.join(profile).join(name);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("no {name} build: run `cargo build --release --bin {name}` or set {env}")
-}
-
+/// `felix admin streams ARGS…` against node `at`'s ops endpoint.
 fn admin(c: &Cluster, at: usize, args: &[&str]) -> Output {
-    let mut cmd = std::process::Command::new(binary("FELIX_CLI_BIN", "felix"));
-    cmd.args(["admin", "streams"])
-        .args(&args[..1])
-        .arg("--broker")
-        .arg(c.nodes[at].ops.to_string())
-        .arg("--ca")
-        .arg(c.dir.join("ca.pem"))
-        .args(["--token", &c.token])
-        .args(&args[1..]);
-    cmd.output().expect("the CLI runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\n{}{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    harness::admin(c, at, "streams", &c.token, args)
 }
 
 /// Where node `at`'s own copy of each shard starts, as its `get --json` shows it.
@@ -114,16 +81,7 @@ fn segments_on(c: &Cluster, id: &str) -> Vec<(String, Vec<u64>)> {
 #[test]
 fn altering_retention_cuts_every_copy_at_its_leaders_offset() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let layout = Layout {
-        cluster: true,
-        streams: Vec::new(),
-        fsync_mode: "on_commit".into(),
-        lease: Duration::from_millis(1000),
-        relays: false,
-        prefix: "felix-admin-retention",
-    };
-    let mut c = Cluster::lay_out_with(&binary("FELIX_BROKER_BIN", "felix-broker"), &layout)
-        .expect("the cluster is laid out");
+    let mut c = laid_out(&admin_layout("felix-admin-retention"));
     // Small segments, of another size on each node, and retention checked often. A child
     // takes the environment as it is when it starts (this file's only test sets it).
     std::env::set_var("FELIX_DURABLE_RETENTION_CHECK_INTERVAL_MS", "200");
@@ -131,9 +89,7 @@ fn altering_retention_cuts_every_copy_at_its_leaders_offset() {
         std::env::set_var("FELIX_DURABLE_SEGMENT_MAX_BYTES", size.to_string());
         c.start(i).expect("a node starts");
     }
-    for i in 0..NODES.len() {
-        c.wait_ready(i, READY_LIMIT).expect("a node is ready");
-    }
+    all_ready(&mut c);
 
     let out = admin(
         &c,

@@ -7,50 +7,21 @@
 //! replication factor is refused; tokens without the permission (403) or that do not verify
 //! (401) are refused; without a control-plane majority a create is refused 503.
 //!
-//! The broker and CLI are the workspace's builds: `FELIX_BROKER_BIN` / `FELIX_CLI_BIN`, else
-//! `target/release`, else `target/debug`.
+//! The broker and CLI are the workspace's builds (`felix_chaos::harness`).
 
-use std::path::PathBuf;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_chaos::cluster::{Cluster, Layout, NAMESPACE, NODES, READY_LIMIT, TENANT};
-use felix_client::{Ack, Client, ClientConfig, Offer};
+use felix_chaos::cluster::{Cluster, NAMESPACE, NODES, READY_LIMIT, TENANT};
+use felix_chaos::harness::{self, admin_layout, client_config, index, text, until_async, LIMIT};
+use felix_client::{Ack, Client};
 use felix_proto::message::{self, Message, ShardKind};
 
-/// Bound on every wait for an event below.
-const LIMIT: Duration = Duration::from_secs(60);
 const STREAM: &str = "created-orders";
 const SHARDS: u64 = 6;
 /// Records published through each node.
 const PER_NODE: usize = 12;
-
-fn binary(env: &str, name: &str) -> PathBuf {
-    if let Ok(p) = std::env::var(env) {
-        return PathBuf::from(p);
-    }
-    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target");
-    for profile in ["release", "debug"] {
-        let p = target.join(profile).join(name);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("no {name} build: run `cargo build --release --bin {name}` or set {env}")
-}
-
-fn config(c: &Cluster, i: usize) -> ClientConfig {
-    let mut config = ClientConfig::new(
-        c.nodes[i].client,
-        c.ca_pem.as_bytes().to_vec(),
-        TENANT,
-        &c.token,
-    );
-    config.request_timeout = Duration::from_secs(5);
-    config.offer = Offer::reference_client();
-    config
-}
 
 /// `felix admin streams ARGS…` against node `at`'s ops endpoint.
 fn admin(c: &Cluster, at: usize, args: &[&str]) -> Output {
@@ -59,25 +30,17 @@ fn admin(c: &Cluster, at: usize, args: &[&str]) -> Output {
 
 /// [`admin`] with another token.
 fn admin_as(c: &Cluster, at: usize, token: &str, args: &[&str]) -> Output {
-    let mut cmd = std::process::Command::new(binary("FELIX_CLI_BIN", "felix"));
-    cmd.args(["admin", "streams"])
-        .args(&args[..1])
-        .arg("--broker")
-        .arg(c.nodes[at].ops.to_string())
-        .arg("--ca")
-        .arg(c.dir.join("ca.pem"))
-        .args(["--token", token])
-        .args(&args[1..]);
-    cmd.output().expect("the CLI runs")
+    harness::admin(c, at, "streams", token, args)
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\n{}{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+/// `felix admin caches ARGS…` against node `at`'s ops endpoint.
+fn caches(c: &Cluster, at: usize, args: &[&str]) -> Output {
+    harness::admin(c, at, "caches", &c.token, args)
+}
+
+/// The cluster every test here runs on, started.
+fn started() -> Cluster {
+    harness::started(&admin_layout("felix-admin-streams"))
 }
 
 fn create(c: &Cluster, at: usize, shards: &str, extra: &[&str]) -> Output {
@@ -99,7 +62,7 @@ fn create(c: &Cluster, at: usize, shards: &str, extra: &[&str]) -> Output {
 
 /// Every shard's leader, as node `at` names them.
 async fn leaders(c: &Cluster, at: usize) -> Result<Vec<(u64, Option<String>)>, String> {
-    let client = Client::connect(config(c, at))
+    let client = Client::connect(client_config(c, at))
         .await
         .map_err(|e| e.to_string())?;
     let ask = Message::ShardOwners(message::ShardOwners {
@@ -130,26 +93,6 @@ async fn leaders(c: &Cluster, at: usize) -> Result<Vec<(u64, Option<String>)>, S
     }
 }
 
-/// Retries `f` until it gives `Some`, at most [`LIMIT`]; a retry is a new attempt at an
-/// outcome, not a wait standing in for one.
-async fn until<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        if let Some(t) = f().await {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {LIMIT:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn index(id: &str) -> usize {
-    NODES.iter().position(|n| *n == id).expect("a node id")
-}
-
 /// The stream as `get --json` through node `at` shows it.
 fn get(c: &Cluster, at: usize) -> serde_json::Value {
     let out = admin(c, at, &["get", TENANT, NAMESPACE, STREAM, "--json"]);
@@ -165,27 +108,6 @@ fn all_writable(v: &serde_json::Value) -> bool {
 
 /// One cluster at a time: a layout's ports come from a window fixed by the process id.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Three durable nodes with no stream declared, each ready.
-fn started() -> Cluster {
-    let layout = Layout {
-        cluster: true,
-        streams: Vec::new(),
-        fsync_mode: "on_commit".into(),
-        lease: Duration::from_millis(1000),
-        relays: false,
-        prefix: "felix-admin-streams",
-    };
-    let mut c = Cluster::lay_out_with(&binary("FELIX_BROKER_BIN", "felix-broker"), &layout)
-        .expect("the cluster is laid out");
-    for i in 0..NODES.len() {
-        c.start(i).expect("a node starts");
-    }
-    for i in 0..NODES.len() {
-        c.wait_ready(i, READY_LIMIT).expect("a node is ready");
-    }
-    c
-}
 
 /// A measurement, not a check (docs/operations.md, "How long a create takes"): run by hand
 /// with `cargo test -p felix-chaos --test admin_streams -- --ignored --nocapture`.
@@ -352,8 +274,8 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
     for (at, node) in NODES.iter().enumerate() {
         for n in 0..PER_NODE {
             let payload = format!("via-{node}-{n}");
-            rt.block_on(until("a publish acknowledged", || async {
-                let client = Client::connect(config(&c, at)).await.ok()?;
+            rt.block_on(until_async("a publish acknowledged", || async {
+                let client = Client::connect(client_config(&c, at)).await.ok()?;
                 let answer = client
                     .publish(
                         NAMESPACE,
@@ -377,28 +299,24 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
     }
 
     // A cache created at runtime (one shard, RF 3), written through every node.
-    let cache = std::process::Command::new(binary("FELIX_CLI_BIN", "felix"))
-        .args(["admin", "caches", "create", "--broker"])
-        .arg(c.nodes[1].ops.to_string())
-        .args([
-            "--token", &c.token, TENANT, NAMESPACE, "sessions", "--rf", "3",
-        ])
-        .output()
-        .unwrap();
+    let cache = caches(
+        &c,
+        1,
+        &["create", TENANT, NAMESPACE, "sessions", "--rf", "3"],
+    );
     assert!(cache.status.success(), "{}", text(&cache));
     assert!(
         String::from_utf8_lossy(&cache.stdout).starts_with("created"),
         "{}",
         text(&cache)
     );
-    let wide = std::process::Command::new(binary("FELIX_CLI_BIN", "felix"))
-        .args(["admin", "caches", "create", "--broker"])
-        .arg(c.nodes[1].ops.to_string())
-        .args([
-            "--token", &c.token, TENANT, NAMESPACE, "wide", "--shards", "1025", "--rf", "3",
-        ])
-        .output()
-        .unwrap();
+    let wide = caches(
+        &c,
+        1,
+        &[
+            "create", TENANT, NAMESPACE, "wide", "--shards", "1025", "--rf", "3",
+        ],
+    );
     assert_eq!(wide.status.code(), Some(3), "{}", text(&wide));
     assert!(
         String::from_utf8_lossy(&wide.stderr).contains("400: shards"),
@@ -406,8 +324,8 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
         text(&wide)
     );
     for (at, node) in NODES.iter().enumerate() {
-        rt.block_on(until("a cache put acknowledged", || async {
-            let client = Client::connect(config(&c, at)).await.ok()?;
+        rt.block_on(until_async("a cache put acknowledged", || async {
+            let client = Client::connect(client_config(&c, at)).await.ok()?;
             let answer = client
                 .cache_put(
                     NAMESPACE,
@@ -445,7 +363,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
         "{}",
         text(&rf)
     );
-    let altered = rt.block_on(until("the change seen on node 0", || async {
+    let altered = rt.block_on(until_async("the change seen on node 0", || async {
         let v = get(&c, 0);
         (v["spec"]["retention"]["max_age_seconds"] == 604_800).then_some(v)
     }));
@@ -460,7 +378,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
     for i in 0..NODES.len() {
         c.wait_ready(i, READY_LIMIT).expect("a node is ready again");
     }
-    let after = rt.block_on(until("every shard led again", || async {
+    let after = rt.block_on(until_async("every shard led again", || async {
         let v = get(&c, 2);
         all_writable(&v).then_some(v)
     }));
@@ -471,8 +389,8 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
 
     // The cache and its values are there too, through any node.
     for (at, node) in NODES.iter().enumerate() {
-        let value = rt.block_on(until("a cache get", || async {
-            let client = Client::connect(config(&c, (at + 1) % NODES.len()))
+        let value = rt.block_on(until_async("a cache get", || async {
+            let client = Client::connect(client_config(&c, (at + 1) % NODES.len()))
                 .await
                 .ok()?;
             let answer = client.cache_get(NAMESPACE, "sessions", node).await;
@@ -485,14 +403,16 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
     // Every acknowledged record is read back, each shard from its leader.
     let mut found: Vec<String> = Vec::new();
     for shard in 0..SHARDS as u32 {
-        let records = rt.block_on(until("a read of a shard", || async {
+        let records = rt.block_on(until_async("a read of a shard", || async {
             let owners = leaders(&c, 0).await.ok()?;
             let leader = owners
                 .iter()
                 .find(|(s, _)| *s == u64::from(shard))?
                 .1
                 .clone()?;
-            let client = Client::connect(config(&c, index(&leader))).await.ok()?;
+            let client = Client::connect(client_config(&c, index(&leader)))
+                .await
+                .ok()?;
             let page = client
                 .stream_read(NAMESPACE, STREAM, shard, 0, None, Some(1000))
                 .await
@@ -540,7 +460,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
 
 /// Every shard's leader of `stream`, as node `at` names them, once each shard has one.
 async fn led(c: &Cluster, at: usize, stream: &str) -> Option<Vec<usize>> {
-    let client = Client::connect(config(c, at)).await.ok()?;
+    let client = Client::connect(client_config(c, at)).await.ok()?;
     let ask = Message::ShardOwners(message::ShardOwners {
         tenant_id: TENANT.into(),
         namespace: NAMESPACE.into(),
@@ -600,8 +520,8 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
     };
     made(&c, 0);
     let publish = |at: usize, payload: String, key: String| {
-        rt.block_on(until("a publish acknowledged", || async {
-            let client = Client::connect(config(&c, at)).await.ok()?;
+        rt.block_on(until_async("a publish acknowledged", || async {
+            let client = Client::connect(client_config(&c, at)).await.ok()?;
             let answer = client
                 .publish(
                     NAMESPACE,
@@ -621,7 +541,7 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
         }
     }
     // Two shards led by two different nodes, one subscription on each leader.
-    let owners = rt.block_on(until("every shard led", || led(&c, 0, GONE)));
+    let owners = rt.block_on(until_async("every shard led", || led(&c, 0, GONE)));
     let a = 0u32;
     let b = (1..3u32)
         .find(|&s| owners[s as usize] != owners[0])
@@ -630,8 +550,8 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
     let via = (0..NODES.len()).find(|&i| i != la && i != lb).unwrap_or(0);
     let mut subs = Vec::new();
     for (shard, at) in [(a, la), (b, lb)] {
-        let sub = rt.block_on(until("a subscription", || async {
-            let client = Client::connect(config(&c, at)).await.ok()?;
+        let sub = rt.block_on(until_async("a subscription", || async {
+            let client = Client::connect(client_config(&c, at)).await.ok()?;
             let sub = client
                 .subscribe_shard(NAMESPACE, GONE, Start::Offset(0), Some(shard))
                 .await
@@ -706,9 +626,9 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
     publish(2, "new".into(), "key-new".into());
     let mut found = Vec::new();
     for shard in 0..3u32 {
-        let records = rt.block_on(until("a read of a shard", || async {
+        let records = rt.block_on(until_async("a read of a shard", || async {
             let owners = led(&c, 0, GONE).await?;
-            let client = Client::connect(config(&c, owners[shard as usize]))
+            let client = Client::connect(client_config(&c, owners[shard as usize]))
                 .await
                 .ok()?;
             let page = client
@@ -735,28 +655,21 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
     assert_eq!(v["incarnation"], 1, "its second life: {v}");
 
     // A cache the same way: created, written, deleted through another node, gone everywhere.
-    let caches = |at: usize, args: &[&str]| {
-        std::process::Command::new(binary("FELIX_CLI_BIN", "felix"))
-            .args(["admin", "caches"])
-            .args(&args[..1])
-            .arg("--broker")
-            .arg(c.nodes[at].ops.to_string())
-            .args(["--token", &c.token])
-            .args(&args[1..])
-            .output()
-            .unwrap()
-    };
-    let made = caches(0, &["create", TENANT, NAMESPACE, "gone-cache", "--rf", "3"]);
+    let made = caches(
+        &c,
+        0,
+        &["create", TENANT, NAMESPACE, "gone-cache", "--rf", "3"],
+    );
     assert!(made.status.success(), "{}", text(&made));
-    rt.block_on(until("a cache put acknowledged", || async {
-        let client = Client::connect(config(&c, 1)).await.ok()?;
+    rt.block_on(until_async("a cache put acknowledged", || async {
+        let client = Client::connect(client_config(&c, 1)).await.ok()?;
         let answer = client
             .cache_put(NAMESPACE, "gone-cache", "k", Bytes::from("v"), None)
             .await;
         client.close().await;
         answer.ok()
     }));
-    let gone = caches(2, &["delete", TENANT, NAMESPACE, "gone-cache"]);
+    let gone = caches(&c, 2, &["delete", TENANT, NAMESPACE, "gone-cache"]);
     assert!(gone.status.success(), "{}", text(&gone));
     assert!(
         String::from_utf8_lossy(&gone.stdout).starts_with("deleted: "),
@@ -764,7 +677,7 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
         text(&gone)
     );
     for at in 0..NODES.len() {
-        let get = caches(at, &["get", TENANT, NAMESPACE, "gone-cache"]);
+        let get = caches(&c, at, &["get", TENANT, NAMESPACE, "gone-cache"]);
         assert_eq!(get.status.code(), Some(3), "{}", text(&get));
         assert!(
             String::from_utf8_lossy(&get.stderr).contains("404"),

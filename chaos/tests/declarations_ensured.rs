@@ -5,31 +5,14 @@
 //! differing field, becomes ready, serves the cluster's 3-shard `orders` (a publish through
 //! it is acknowledged; its `GET` shows 3 shards), and the stream it alone declared is created.
 //!
-//! The broker and CLI are the workspace's builds: `FELIX_BROKER_BIN` / `FELIX_CLI_BIN`, else
-//! `target/release`, else `target/debug`.
+//! The broker and CLI are the workspace's builds (`felix_chaos::harness`).
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_chaos::cluster::{Cluster, Layout, StreamDecl, NAMESPACE, NODES, READY_LIMIT, TENANT};
+use felix_chaos::harness::{laid_out, until, LIMIT};
 use felix_client::{Ack, Client, ClientConfig, Offer};
-
-const LIMIT: Duration = Duration::from_secs(60);
-
-fn binary(env: &str, name: &str) -> PathBuf {
-    if let Ok(p) = std::env::var(env) {
-        return PathBuf::from(p);
-    }
-    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target");
-    for profile in ["release", "debug"] {
-        let p = target.join(profile).join(name);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("no {name} build: run `cargo build --release --bin {name}` or set {env}")
-}
 
 /// `GET /v1/streams/{t}/{ns}/{stream}` on node `at`: its shard count, once placed.
 fn shards_seen(c: &Cluster, at: usize, stream: &str) -> Option<usize> {
@@ -59,17 +42,6 @@ fn get_with_token(addr: std::net::SocketAddr, path: &str, token: &str) -> Option
     Some((status, body))
 }
 
-fn wait<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        if let Some(t) = f() {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {LIMIT:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn a_node_declaring_a_stream_otherwise_warns_and_serves() {
     let layout = Layout {
@@ -85,8 +57,7 @@ fn a_node_declaring_a_stream_otherwise_warns_and_serves() {
         relays: false,
         prefix: "felix-declarations",
     };
-    let mut c = Cluster::lay_out_with(&binary("FELIX_BROKER_BIN", "felix-broker"), &layout)
-        .expect("the cluster is laid out");
+    let mut c = laid_out(&layout);
     // The third node's own view of `orders`, and a stream only it declares.
     let path = c.config_of(2).to_path_buf();
     let text = std::fs::read_to_string(&path).unwrap();
@@ -106,7 +77,7 @@ fn a_node_declaring_a_stream_otherwise_warns_and_serves() {
     // The first two create `orders` as they declare it.
     c.start(0).expect("n1 starts");
     c.start(1).expect("n2 starts");
-    let placed = wait("orders placed by the first two", || {
+    let placed = until("orders placed by the first two", || {
         shards_seen(&c, 0, "orders")
     });
     assert_eq!(placed, 3);
@@ -173,7 +144,7 @@ fn a_node_declaring_a_stream_otherwise_warns_and_serves() {
         }
     });
     // What only it declared was created, as it declared it.
-    let only = wait("only-n3 placed", || shards_seen(&c, 0, "only-n3"));
+    let only = until("only-n3 placed", || shards_seen(&c, 0, "only-n3"));
     assert_eq!(only, 2);
     c.stop_all();
 }

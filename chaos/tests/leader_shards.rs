@@ -4,35 +4,18 @@
 //!   every record it acknowledged is read back;
 //! - `felix admin abandon` places a one-copy shard whose node is gone on a live node.
 //!
-//! The broker and CLI are the workspace's builds: `FELIX_BROKER_BIN` / `FELIX_CLI_BIN`, else
-//! `target/release`, else `target/debug` (`scripts/test` builds the release ones first).
+//! The broker and CLI are the workspace's builds (`felix_chaos::harness`).
 
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use felix_chaos::cluster::{Cluster, Layout, StreamDecl, NAMESPACE, NODES, READY_LIMIT, TENANT};
-use felix_client::{Ack, Client, ClientConfig, ClientError, Offer, RetryClass};
+use felix_chaos::harness::{cli, client_config, index, started, until_async};
+use felix_client::{Ack, Client, ClientError, RetryClass};
 use felix_proto::message::{self, Message, ShardKind};
 use felix_testkit::{Direction, Rule};
 
 const LEASE: Duration = Duration::from_millis(1000);
-/// Bound on every wait for an event below.
-const LIMIT: Duration = Duration::from_secs(60);
-
-fn binary(env: &str, name: &str) -> PathBuf {
-    if let Ok(p) = std::env::var(env) {
-        return PathBuf::from(p);
-    }
-    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target");
-    for profile in ["release", "debug"] {
-        let p = target.join(profile).join(name);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("no {name} build: run `cargo build --release --bin {name}` or set {env}")
-}
 
 fn layout(streams: Vec<StreamDecl>) -> Layout {
     Layout {
@@ -48,33 +31,9 @@ fn layout(streams: Vec<StreamDecl>) -> Layout {
 /// One cluster at a time: a layout's ports come from a window fixed by the process id.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn started(layout: &Layout) -> Cluster {
-    let mut c = Cluster::lay_out_with(&binary("FELIX_BROKER_BIN", "felix-broker"), layout)
-        .expect("the cluster is laid out");
-    for i in 0..NODES.len() {
-        c.start(i).expect("a node starts");
-    }
-    for i in 0..NODES.len() {
-        c.wait_ready(i, READY_LIMIT).expect("a node is ready");
-    }
-    c
-}
-
-fn config(c: &Cluster, i: usize) -> ClientConfig {
-    let mut config = ClientConfig::new(
-        c.nodes[i].client,
-        c.ca_pem.as_bytes().to_vec(),
-        TENANT,
-        &c.token,
-    );
-    config.request_timeout = Duration::from_secs(5);
-    config.offer = Offer::reference_client();
-    config
-}
-
 /// Shard 0's leader and generation as node `at` names them.
 async fn owner(c: &Cluster, at: usize, stream: &str) -> Result<(Option<String>, u64), String> {
-    let client = Client::connect(config(c, at))
+    let client = Client::connect(client_config(c, at))
         .await
         .map_err(|e| e.to_string())?;
     let ask = Message::ShardOwners(message::ShardOwners {
@@ -122,21 +81,6 @@ async fn publish(client: &Client, stream: &str, payload: &str) -> Result<Option<
         .await
 }
 
-/// Retries `f` until it gives `Some`, at most [`LIMIT`].
-async fn until<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        if let Some(t) = f().await {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {LIMIT:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Node `i`'s `felix_broker_cluster_shards_awaiting_leader` (0 when unreadable).
 fn awaiting_leader(c: &Cluster, i: usize) -> u64 {
     felix_chaos::cluster::http_get(c.nodes[i].ops, "/metrics", true)
@@ -162,10 +106,6 @@ fn cut(c: &Cluster, a: usize, on: bool) {
     }
 }
 
-fn index(id: &str) -> usize {
-    NODES.iter().position(|n| *n == id).expect("a node id")
-}
-
 #[test]
 fn a_crashed_leader_keeps_its_leader_shard_and_every_record_it_acknowledged_alone() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -177,7 +117,7 @@ fn a_crashed_leader_keeps_its_leader_shard_and_every_record_it_acknowledged_alon
         consistency: "leader",
     }];
     let mut c = started(&layout(streams));
-    let (leader, generation) = rt.block_on(until("a leader for ls", || async {
+    let (leader, generation) = rt.block_on(until_async("a leader for ls", || async {
         match owner(&c, 0, "ls").await {
             Ok((Some(l), g)) => Some((index(&l), g)),
             _ => None,
@@ -186,7 +126,7 @@ fn a_crashed_leader_keeps_its_leader_shard_and_every_record_it_acknowledged_alon
     let follower = (leader + 1) % NODES.len();
     let mut acked = Vec::new();
     rt.block_on(async {
-        let client = Client::connect(config(&c, leader)).await.unwrap();
+        let client = Client::connect(client_config(&c, leader)).await.unwrap();
         for i in 0..5 {
             let p = format!("before-{i}");
             acked.push((publish(&client, "ls", &p).await.unwrap().unwrap(), p));
@@ -210,8 +150,8 @@ fn a_crashed_leader_keeps_its_leader_shard_and_every_record_it_acknowledged_alon
     cut(&c, leader, false);
     // The followers see it gone and, with no follower recorded level with it, wait for it:
     // a publish through a follower is refused `shard_unavailable` (awaiting_leader).
-    rt.block_on(until("awaiting_leader from a follower", || async {
-        let client = Client::connect(config(&c, follower)).await.ok()?;
+    rt.block_on(until_async("awaiting_leader from a follower", || async {
+        let client = Client::connect(client_config(&c, follower)).await.ok()?;
         let answer = publish(&client, "ls", "through-a-follower").await;
         client.close().await;
         match answer {
@@ -221,7 +161,7 @@ fn a_crashed_leader_keeps_its_leader_shard_and_every_record_it_acknowledged_alon
     }));
     // The control plane's leader decides, after the lease lapsed, that nobody may take the
     // shard: the moment the old rule handed it on. Wait for that decision, then check it held.
-    rt.block_on(until(
+    rt.block_on(until_async(
         "the control plane keeps ls for its leader",
         || async {
             (0..NODES.len())
@@ -238,9 +178,9 @@ fn a_crashed_leader_keeps_its_leader_shard_and_every_record_it_acknowledged_alon
     );
     c.start(leader).unwrap();
     c.wait_ready(leader, READY_LIMIT).unwrap();
-    let records = rt.block_on(until("a full read of ls", || async {
+    let records = rt.block_on(until_async("a full read of ls", || async {
         let (l, _) = owner(&c, follower, "ls").await.ok()?;
-        let client = Client::connect(config(&c, index(&l?))).await.ok()?;
+        let client = Client::connect(client_config(&c, index(&l?))).await.ok()?;
         let page = client
             .stream_read(NAMESPACE, "ls", 0, 0, None, Some(1000))
             .await
@@ -270,13 +210,13 @@ fn abandon_places_a_one_copy_shard_whose_node_is_gone_on_a_live_node() {
         consistency: "leader",
     }];
     let mut c = started(&layout(streams));
-    let gone = rt.block_on(until("a leader for solo", || async {
+    let gone = rt.block_on(until_async("a leader for solo", || async {
         owner(&c, 0, "solo").await.ok()?.0.map(|l| index(&l))
     }));
     let other = (gone + 1) % NODES.len();
     c.kill(gone).unwrap();
-    rt.block_on(until("shard_unavailable for solo", || async {
-        let client = Client::connect(config(&c, other)).await.ok()?;
+    rt.block_on(until_async("shard_unavailable for solo", || async {
+        let client = Client::connect(client_config(&c, other)).await.ok()?;
         let answer = publish(&client, "solo", "while-gone").await;
         client.close().await;
         match answer {
@@ -284,7 +224,7 @@ fn abandon_places_a_one_copy_shard_whose_node_is_gone_on_a_live_node() {
             _ => None,
         }
     }));
-    let out = std::process::Command::new(binary("FELIX_CLI_BIN", "felix"))
+    let out = std::process::Command::new(cli())
         .args(["admin", "abandon", "--broker"])
         .arg(c.nodes[other].ops.to_string())
         .arg("--ca")
@@ -299,8 +239,8 @@ fn abandon_places_a_one_copy_shard_whose_node_is_gone_on_a_live_node() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("given up"), "{stdout}");
-    let offset = rt.block_on(until("a publish to solo acknowledged", || async {
-        let client = Client::connect(config(&c, other)).await.ok()?;
+    let offset = rt.block_on(until_async("a publish to solo acknowledged", || async {
+        let client = Client::connect(client_config(&c, other)).await.ok()?;
         let answer = publish(&client, "solo", "after-abandon").await;
         client.close().await;
         answer.ok().flatten()

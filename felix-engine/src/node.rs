@@ -16,6 +16,7 @@ use quinn_proto::{ConnectionHandle, StreamId};
 use crate::broker::{Broker, SubscriberId};
 use crate::clock::UnixAnchor;
 use crate::metrics::{Metrics, Stats};
+use crate::router::Router;
 
 /// Limits the connection and session code reads on every turn.
 #[derive(Debug, Clone, Copy)]
@@ -75,8 +76,8 @@ pub(crate) struct Core {
     pub(crate) starved_conns: BTreeSet<ConnectionHandle>,
     /// Connections open (each one's fair share of the broker's buffer budget).
     pub(crate) open_connections: usize,
-    /// This node's cluster, when it is one of several.
-    pub(crate) cluster: Option<crate::cluster::ClusterNode>,
+    /// What sessions ask about shards, when this node is one of several.
+    pub(crate) router: Option<Router>,
     /// A forwarded request is being run (engine/forwarded.rs): it must not be forwarded again.
     pub(crate) forwarding_here: bool,
 }
@@ -116,8 +117,8 @@ impl Core {
             .or_default()
             .push_back((end, ch, stream));
         if self.broker.is_gated(log) {
-            if let Some(c) = self.cluster.as_mut() {
-                c.replica_owes(log, end);
+            if let Some(r) = self.router.as_mut() {
+                r.replica_owes(log, end);
             }
         }
     }

@@ -1,13 +1,18 @@
 //! How an [`EngineConfig`] becomes each part's settings: the checks across fields, the
 //! QUIC transport, the broker's config and storage, the capabilities offered in the
-//! handshake, and the sessions' limits. Plain functions, so [`Engine::new`] only assembles;
+//! handshake, the sessions' limits, and what a cluster node is built with beyond its
+//! `ClusterConfig` (the peer links' crypto, where its metadata log lives). Plain functions, so [`Engine::new`] only assembles;
 //! a refusal is the message `Engine::new` returns as `EngineError::Config`.
 //!
 //! [`Engine::new`]: crate::Engine::new
 
+use std::sync::Arc;
+
 use felix_proto::negotiate::BrokerCapabilities;
 use felix_proto::{Features, Flags};
 use quinn_proto::{AckFrequencyConfig, IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt};
+
+use rustls::crypto::CryptoProvider;
 
 use crate::broker::{BrokerConfig, DurableSettings, StreamKey};
 use crate::config::{DurableConfig, EngineConfig, FsyncPolicy, MAX_MTU, MIN_MTU};
@@ -279,6 +284,24 @@ pub(crate) fn max_inflight_file_ops(config: &EngineConfig) -> usize {
         .durable
         .as_ref()
         .map_or(1, |d| d.max_inflight_file_ops.max(1))
+}
+
+/// The crypto provider a cluster node's peer links use: the engine's, or ring's.
+pub(crate) fn peer_crypto_provider(config: &EngineConfig) -> Arc<CryptoProvider> {
+    config
+        .crypto_provider
+        .clone()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()))
+}
+
+/// A durable cluster node keeps its metadata log on disk beside its streams, compacted past
+/// this many bytes; `None` keeps it in memory (no durable storage, or no cluster).
+pub(crate) fn metadata_log(config: &EngineConfig) -> Option<u64> {
+    let cluster = config.cluster.as_ref()?;
+    config
+        .durable
+        .as_ref()
+        .map(|_| cluster.metadata_log_compact_bytes)
 }
 
 #[cfg(test)]

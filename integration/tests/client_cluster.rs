@@ -15,17 +15,18 @@
 //! next acknowledgement on the killed leader's shards is printed (docs/client.md).
 
 use std::collections::HashMap;
-use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_chaos::cluster::{http_get, Cluster, Layout, StreamDecl, NAMESPACE, TENANT};
-use felix_client::{Ack, Client, ClientConfig, ClientError, RetryPolicy, Runtime, Start};
+use felix_chaos::cluster::NAMESPACE;
+use felix_client::{Ack, Client, ClientError, Runtime, Start};
+use felix_integration::client_cluster_support::{
+    client_config, metric, on_smol, on_tokio, started, within, BoxFuture, Rt, Spec,
+};
+use felix_integration::join_all;
 use felix_proto::routing::{shard_for_key, RoutingMapping};
 
 const STREAM: &str = "orders";
@@ -38,65 +39,8 @@ const ACKS_AFTER: usize = 30;
 const RUN_LIMIT: Duration = Duration::from_secs(90);
 /// Bound on reading one shard back.
 const READ_LIMIT: Duration = Duration::from_secs(30);
-
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// What a scenario needs of its runtime: a timer.
-trait Rt: Sync {
-    fn sleep(&self, d: Duration) -> BoxFuture<'static, ()>;
-}
-
-struct TokioRt;
-impl Rt for TokioRt {
-    fn sleep(&self, d: Duration) -> BoxFuture<'static, ()> {
-        Box::pin(tokio::time::sleep(d))
-    }
-}
-
-struct SmolRt;
-impl Rt for SmolRt {
-    fn sleep(&self, d: Duration) -> BoxFuture<'static, ()> {
-        Box::pin(async move {
-            smol::Timer::after(d).await;
-        })
-    }
-}
-
-/// `fut`, or `None` once `d` has passed.
-async fn within<T>(rt: &dyn Rt, d: Duration, fut: impl Future<Output = T>) -> Option<T> {
-    let mut fut = std::pin::pin!(fut);
-    let mut timer = rt.sleep(d);
-    poll_fn(|cx| {
-        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
-            return Poll::Ready(Some(v));
-        }
-        timer.as_mut().poll(cx).map(|()| None)
-    })
-    .await
-}
-
-/// Runs every future to its end, concurrently, on the calling task.
-async fn join_all<T>(mut futs: Vec<BoxFuture<'_, T>>) -> Vec<T> {
-    let mut out: Vec<Option<T>> = futs.iter().map(|_| None).collect();
-    poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in futs.iter_mut().enumerate() {
-            if out[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    Poll::Ready(v) => out[i] = Some(v),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().map(|v| v.expect("finished")).collect()
-}
+/// The seed of the clients' backoff jitter.
+const CLIENT_SEED: u64 = 7;
 
 /// Takes what the sharded subscription has within a second into `seen`.
 async fn consume(
@@ -116,14 +60,6 @@ async fn consume(
         },
         Some(Err(e)) => panic!("the sharded subscription: {e}"),
     }
-}
-
-fn metric(ops: SocketAddr, name: &str) -> f64 {
-    let (_, text) = http_get(ops, "/metrics", true).expect("metrics answer");
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// A key for each shard.
@@ -156,70 +92,20 @@ struct Outcome {
 /// and the forwards counted just before.
 type RunResult = (Vec<Outcome>, Instant, f64);
 
-fn lay_out() -> Cluster {
-    let layout = Layout {
-        cluster: true,
-        streams: vec![StreamDecl {
-            name: STREAM,
-            shards: SHARDS,
-            replication_factor: 3,
-            consistency: "quorum",
-        }],
-        fsync_mode: "on_commit".into(),
-        lease: felix_chaos::cluster::LEASE,
+async fn scenario(rt: &dyn Rt, runtime: Runtime) {
+    let mut cluster = started(&Spec {
+        stream: STREAM,
+        shards: SHARDS,
+        cache: CACHE,
         relays: false,
         prefix: "felix-client-cluster",
-    };
-    let mut cluster = Cluster::lay_out_with(&felix_integration::broker_binary(), &layout)
-        .expect("lay out the cluster");
-    // A cache, declared on every node (the layout declares streams only).
-    for node in &cluster.nodes {
-        let path = cluster.dir.join(format!("{}.toml", node.id));
-        let mut text = std::fs::read_to_string(&path).expect("a node's config");
-        text.push_str(&format!(
-            "\n[[caches]]\ntenant = \"{TENANT}\"\nnamespace = \"{NAMESPACE}\"\ncache = \"{CACHE}\"\n\
-             shards = 1\nreplication_factor = 3\n"
-        ));
-        std::fs::write(&path, text).expect("write a node's config");
-    }
-    for i in 0..3 {
-        cluster.start(i).expect("start a node");
-    }
-    for i in 0..3 {
-        cluster
-            .wait_ready(i, felix_chaos::cluster::READY_LIMIT)
-            .expect("a node ready");
-    }
-    cluster
-}
-
-fn config(cluster: &Cluster, seeds: Vec<SocketAddr>, runtime: Runtime) -> ClientConfig {
-    let mut config = ClientConfig::with_seeds(
-        seeds,
-        cluster.ca_pem.as_bytes().to_vec(),
-        TENANT,
-        &cluster.token,
-    );
-    config.runtime = runtime;
-    config.request_timeout = Duration::from_secs(5);
-    config.jitter_seed = 7;
-    // A failover is ridden through: bounded by a deadline, not a small attempt count.
-    config.retry = RetryPolicy {
-        max_attempts: 1_000,
-        deadline: Some(Duration::from_secs(30)),
-        ..RetryPolicy::default()
-    };
-    config
-}
-
-async fn scenario(rt: &dyn Rt, runtime: Runtime) {
-    let mut cluster = lay_out();
+    });
     let all: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.client).collect();
 
     // Who leads what. The stream is placed on first use: one acknowledged publish per
     // shard places it and has every shard led.
     let keys = keys();
-    let probe = Client::connect(config(&cluster, all.clone(), runtime))
+    let probe = Client::connect(client_config(&cluster, all.clone(), runtime, CLIENT_SEED))
         .await
         .expect("connect");
     for key in &keys {
@@ -265,13 +151,18 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
     let forwards_before: f64 = cluster
         .nodes
         .iter()
-        .map(|n| metric(n.ops, "felix_broker_forwards_sent_total"))
+        .map(|n| metric(n.ops, "felix_broker_forwards_sent_total").expect("metrics answer"))
         .sum();
 
     // The client knows only the victim.
-    let client = Client::connect(config(&cluster, vec![victim_addr], runtime))
-        .await
-        .expect("connect through one seed");
+    let client = Client::connect(client_config(
+        &cluster,
+        vec![victim_addr],
+        runtime,
+        CLIENT_SEED,
+    ))
+    .await
+    .expect("connect through one seed");
     let mut known = client.endpoints();
     known.sort();
     let mut want = all.clone();
@@ -381,12 +272,17 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
                         || metric(
                             cluster.nodes[victim].ops,
                             "felix_broker_leader_shards_quiet",
-                        ) >= 1.0) =>
+                        )
+                        .expect("metrics answer")
+                            >= 1.0) =>
                 {
                     forwards_at_kill = cluster
                         .nodes
                         .iter()
-                        .map(|n| metric(n.ops, "felix_broker_forwards_sent_total"))
+                        .map(|n| {
+                            metric(n.ops, "felix_broker_forwards_sent_total")
+                                .expect("metrics answer")
+                        })
                         .sum();
                     cluster.kill(victim).expect("SIGKILL the seed");
                     killed_at = Some(Instant::now());
@@ -640,16 +536,11 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 #[test]
 fn a_one_seed_client_rides_through_its_seed_leaders_sigkill_on_tokio() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(scenario(&TokioRt, Runtime::Tokio));
+    on_tokio(scenario);
 }
 
 #[test]
 fn a_one_seed_client_rides_through_its_seed_leaders_sigkill_on_smol() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    smol::block_on(scenario(&SmolRt, Runtime::Smol));
+    on_smol(scenario);
 }

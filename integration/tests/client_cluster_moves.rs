@@ -15,17 +15,17 @@
 //!   SIGKILLed is retried (a lost connection, then refusals and redirects to the dead node
 //!   until another is elected) and answers with every record.
 
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_chaos::cluster::{http_get, Cluster, Layout, StreamDecl, NAMESPACE, NODES, TENANT};
+use felix_chaos::cluster::{Cluster, NAMESPACE, NODES};
 use felix_client::{
-    CacheWatchItem, Client, ClientConfig, RetryPolicy, Runtime, Start, SubscriptionItem,
-    WatchFilter, WatchStart,
+    CacheWatchItem, Client, Runtime, Start, SubscriptionItem, WatchFilter, WatchStart,
+};
+use felix_integration::client_cluster_support::{
+    client_config, metric, on_smol, on_tokio, started, within, Rt, Spec,
 };
 use felix_proto::Features;
 use felix_testkit::{Direction, Rule};
@@ -34,68 +34,16 @@ const STREAM: &str = "moves";
 const CACHE: &str = "sessions";
 /// Bound on every wait for an event below.
 const LIMIT: Duration = Duration::from_secs(60);
+/// The seed of the clients' backoff jitter.
+const CLIENT_SEED: u64 = 11;
 
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// What a scenario needs of its runtime: a timer.
-trait Rt: Sync {
-    fn sleep(&self, d: Duration) -> BoxFuture<'static, ()>;
-}
-
-struct TokioRt;
-impl Rt for TokioRt {
-    fn sleep(&self, d: Duration) -> BoxFuture<'static, ()> {
-        Box::pin(tokio::time::sleep(d))
-    }
-}
-
-struct SmolRt;
-impl Rt for SmolRt {
-    fn sleep(&self, d: Duration) -> BoxFuture<'static, ()> {
-        Box::pin(async move {
-            smol::Timer::after(d).await;
-        })
-    }
-}
-
-/// `fut`, or `None` once `d` has passed.
-async fn within<T>(rt: &dyn Rt, d: Duration, fut: impl Future<Output = T>) -> Option<T> {
-    let mut fut = std::pin::pin!(fut);
-    let mut timer = rt.sleep(d);
-    poll_fn(|cx| {
-        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
-            return Poll::Ready(Some(v));
-        }
-        timer.as_mut().poll(cx).map(|()| None)
-    })
-    .await
-}
-
-/// Asks `f` until it answers, every 100 ms, at most [`LIMIT`].
+/// Asks `f` until it answers, every 100 ms, at most [`felix_chaos::harness::LIMIT`].
 async fn until<T, F: Future<Output = Option<T>>>(
     rt: &dyn Rt,
     what: &str,
-    mut f: impl FnMut() -> F,
+    f: impl FnMut() -> F,
 ) -> T {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        if let Some(t) = f().await {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {LIMIT:?}");
-        rt.sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn metric(ops: SocketAddr, name: &str) -> f64 {
-    http_get(ops, "/metrics", true)
-        .map(|(_, text)| {
-            text.lines()
-                .filter(|l| l.starts_with(name))
-                .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-                .sum()
-        })
-        .unwrap_or(0.0)
+    felix_chaos::harness::until_slept(what, |d| rt.sleep(d), f).await
 }
 
 /// Cuts node `a` off from both peers, both directions (or heals those links).
@@ -113,68 +61,19 @@ fn cut(c: &Cluster, a: usize, on: bool) {
     }
 }
 
-fn lay_out() -> Cluster {
-    let layout = Layout {
-        cluster: true,
-        streams: vec![StreamDecl {
-            name: STREAM,
-            shards: 1,
-            replication_factor: 3,
-            consistency: "quorum",
-        }],
-        fsync_mode: "on_commit".into(),
-        lease: felix_chaos::cluster::LEASE,
+async fn scenario(rt: &dyn Rt, runtime: Runtime) {
+    let cluster = started(&Spec {
+        stream: STREAM,
+        shards: 1,
+        cache: CACHE,
         relays: true,
         prefix: "felix-client-moves",
-    };
-    let mut cluster = Cluster::lay_out_with(&felix_integration::broker_binary(), &layout)
-        .expect("lay out the cluster");
-    for node in &cluster.nodes {
-        let path = cluster.dir.join(format!("{}.toml", node.id));
-        let mut text = std::fs::read_to_string(&path).expect("a node's config");
-        text.push_str(&format!(
-            "\n[[caches]]\ntenant = \"{TENANT}\"\nnamespace = \"{NAMESPACE}\"\ncache = \"{CACHE}\"\n\
-             shards = 1\nreplication_factor = 3\n"
-        ));
-        std::fs::write(&path, text).expect("write a node's config");
-    }
-    for i in 0..NODES.len() {
-        cluster.start(i).expect("start a node");
-    }
-    for i in 0..NODES.len() {
-        cluster
-            .wait_ready(i, felix_chaos::cluster::READY_LIMIT)
-            .expect("a node ready");
-    }
-    cluster
-}
-
-fn config(cluster: &Cluster, seeds: Vec<SocketAddr>, runtime: Runtime) -> ClientConfig {
-    let mut config = ClientConfig::with_seeds(
-        seeds,
-        cluster.ca_pem.as_bytes().to_vec(),
-        TENANT,
-        &cluster.token,
-    );
-    config.runtime = runtime;
-    config.request_timeout = Duration::from_secs(5);
-    config.jitter_seed = 11;
-    // A leadership change is ridden through: bounded by a deadline, not an attempt count.
-    config.retry = RetryPolicy {
-        max_attempts: 1_000,
-        deadline: Some(Duration::from_secs(30)),
-        ..RetryPolicy::default()
-    };
-    config
-}
-
-async fn scenario(rt: &dyn Rt, runtime: Runtime) {
-    let cluster = lay_out();
+    });
     let all: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.client).collect();
     let index = |addr: SocketAddr| all.iter().position(|a| *a == addr).expect("a node");
 
     // Place the stream and the cache, and learn who leads them.
-    let probe = Client::connect(config(&cluster, all.clone(), runtime))
+    let probe = Client::connect(client_config(&cluster, all.clone(), runtime, CLIENT_SEED))
         .await
         .expect("connect");
     let mut acked = Vec::new();
@@ -200,7 +99,7 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
     // 0. The background `topology` refresh asks each known broker in turn, not only the
     // entry: a client seeded with one node and making no call comes to hold a connection to
     // every node (each opened to ask it), and still knows every node.
-    let mut quick = config(&cluster, vec![all[0]], runtime);
+    let mut quick = client_config(&cluster, vec![all[0]], runtime, CLIENT_SEED);
     quick.topology_interval = Duration::from_millis(100);
     let client = Client::connect(quick).await.expect("connect");
     let mut want = all.clone();
@@ -218,7 +117,7 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
     // does not lead the shard and cannot ask `shard_owners`, so its subscribe goes there, is
     // answered `not_leader`, and is sent on to the leader with the same start.
     let follower = *all.iter().find(|a| **a != leader).expect("a follower");
-    let mut blind = config(&cluster, vec![follower], runtime);
+    let mut blind = client_config(&cluster, vec![follower], runtime, CLIENT_SEED);
     blind.offer.features = Features(blind.offer.features.0 & !Features::SHARD_OWNERS.0);
     let client = Client::connect(blind)
         .await
@@ -248,7 +147,7 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
     // from its peers once a follower is level with it (a `leader` cache passes on only then).
     let o = index(owner);
     let entry = *all.iter().find(|a| **a != owner).expect("another node");
-    let client = Client::connect(config(&cluster, vec![entry], runtime))
+    let client = Client::connect(client_config(&cluster, vec![entry], runtime, CLIENT_SEED))
         .await
         .expect("connect");
     let mut watch = client
@@ -270,7 +169,8 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
         other => panic!("the watch: {other:?}"),
     }
     until(rt, "the cache's leader is quiet", || async {
-        (metric(cluster.nodes[o].ops, "felix_broker_leader_shards_quiet") >= 1.0).then_some(())
+        (metric(cluster.nodes[o].ops, "felix_broker_leader_shards_quiet").unwrap_or(0.0) >= 1.0)
+            .then_some(())
     })
     .await;
     cut(&cluster, o, true);
@@ -321,7 +221,7 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
     // retried with backoff, and the read answers with every record.
     let mut seeds = vec![leader];
     seeds.extend(all.iter().filter(|a| **a != leader));
-    let client = Client::connect(config(&cluster, seeds, runtime))
+    let client = Client::connect(client_config(&cluster, seeds, runtime, CLIENT_SEED))
         .await
         .expect("connect through the leader");
     let mut cluster = cluster;
@@ -352,16 +252,11 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 #[test]
 fn redirects_and_moves_are_followed_with_their_offsets_on_tokio() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(scenario(&TokioRt, Runtime::Tokio));
+    on_tokio(scenario);
 }
 
 #[test]
 fn redirects_and_moves_are_followed_with_their_offsets_on_smol() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    smol::block_on(scenario(&SmolRt, Runtime::Smol));
+    on_smol(scenario);
 }

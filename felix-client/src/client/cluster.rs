@@ -20,7 +20,8 @@ use tokio::sync::OnceCell;
 
 use super::{Client, ClientConfig, Subscription};
 use crate::core::cluster::{
-    Cluster, ClusterConfig, Cursor, Next, Object, OneShot, OneShotStep, Redirects, Resend, Route,
+    Attempts, Cluster, ClusterConfig, Cursor, Next, Object, OneShot, OneShotStep, Redirects,
+    Resend, Route,
 };
 use crate::core::stream_ops::{
     read_shard_owners, read_stream_shards, read_topology, shard_owners_frame, stream_shards_frame,
@@ -314,6 +315,73 @@ impl ClusterShared {
         poll_fn(|cx| timer.as_mut().poll(cx)).await;
     }
 
+    /// After a failed attempt (`sent`: whether its request reached a connection): the core
+    /// decides whether another is made, and its backoff is slept here; `Err` is the error
+    /// the call ends with. Every retried call's loop ends in this.
+    async fn back_off(
+        &self,
+        attempts: &mut Attempts,
+        error: ClientError,
+        sent: bool,
+    ) -> Result<(), ClientError> {
+        let next = self
+            .core()
+            .next_attempt(attempts, error, sent, Instant::now());
+        match next {
+            Next::GiveUp(e) => Err(e),
+            Next::RetryAfter { delay, .. } => {
+                self.sleep(delay).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// One attempt of a call that may be redirected: `call` at `node` and, while it fails
+    /// `not_leader` (the broker named the owner instead of forwarding), at the broker named,
+    /// within the hop bound and unless the core refuses the redirect ([`Redirects`],
+    /// [`Cluster::check_redirect`]). `object`: the routed stream or cache, whose remembered
+    /// owner a refusal makes stale; `None` for a call that entered at the entry broker.
+    /// Returns the broker that answered, and its answer.
+    async fn follow_redirects<T, F: Future<Output = Result<T, ClientError>>>(
+        &self,
+        mut node: Client,
+        object: Option<&Object>,
+        call: &mut impl FnMut(Client) -> F,
+    ) -> Result<(SocketAddr, T), (ClientError, bool)> {
+        let hops = self.core().config().max_redirect_hops;
+        let mut redirects = Redirects::new(node.inner.config.addr, hops);
+        loop {
+            let at = node.inner.config.addr;
+            let conn = node.inner.conn.clone();
+            match call(node).await {
+                Ok(v) => return Ok((at, v)),
+                Err(ClientError::NotLeader {
+                    node_id,
+                    addr,
+                    generation,
+                }) => {
+                    if let Some(object) = object {
+                        self.core().handle_stale_owner(object);
+                    }
+                    let to = redirects
+                        .follow(&node_id, addr.as_deref(), generation)
+                        .and_then(|to| self.core().check_redirect(to, Instant::now()))
+                        .map_err(|e| (e, true))?;
+                    node = self.node(to).await.map_err(|e| (e, false))?;
+                }
+                Err(e) => {
+                    match object {
+                        Some(object) => self.after_failure(at, &conn, object, &e),
+                        None => self.connection_failed(at, &conn, &e),
+                    }
+                    let sent =
+                        !matches!(e, ClientError::Usage(_) | ClientError::Unsupported { .. });
+                    return Err((e, sent));
+                }
+            }
+        }
+    }
+
     /// Runs `call` on the broker the core routes `object`/`key` to, retrying as the core
     /// decides. `sent` tells of a failure whether the request reached a connection.
     async fn routed<'a, T>(
@@ -341,13 +409,7 @@ impl ClusterShared {
                     }
                 },
             };
-            let next = self
-                .core()
-                .next_attempt(&mut attempts, error, sent, Instant::now());
-            match next {
-                Next::GiveUp(e) => return Err(e),
-                Next::RetryAfter { delay, .. } => self.sleep(delay).await,
-            }
+            self.back_off(&mut attempts, error, sent).await?;
         }
     }
 
@@ -478,13 +540,7 @@ impl ClusterShared {
                 }
                 Err(failed) => failed,
             };
-            let next = self
-                .core()
-                .next_attempt(&mut attempts, error, sent, Instant::now());
-            match next {
-                Next::GiveUp(e) => return Err(e),
-                Next::RetryAfter { delay, .. } => self.sleep(delay).await,
-            }
+            self.back_off(&mut attempts, error, sent).await?;
         }
     }
 
@@ -498,30 +554,11 @@ impl ClusterShared {
         shard: Option<u32>,
         start: Start,
     ) -> Result<(SocketAddr, Subscription), (ClientError, bool)> {
-        let hops = self.core().config().max_redirect_hops;
-        let mut redirects = Redirects::new(addr, hops);
-        let mut at = addr;
-        loop {
-            let node = self.node(at).await.map_err(|e| (e, false))?;
-            match node.subscribe_here(namespace, stream, start, shard).await {
-                Ok(sub) => return Ok((at, sub)),
-                Err(ClientError::NotLeader {
-                    node_id,
-                    addr,
-                    generation,
-                }) => {
-                    self.core().handle_stale_owner(object);
-                    at = redirects
-                        .follow(&node_id, addr.as_deref(), generation)
-                        .and_then(|to| self.core().check_redirect(to, Instant::now()))
-                        .map_err(|e| (e, true))?;
-                }
-                Err(e) => {
-                    self.after_failure(at, &node.inner.conn, object, &e);
-                    return Err((e, true));
-                }
-            }
-        }
+        let node = self.node(addr).await.map_err(|e| (e, false))?;
+        self.follow_redirects(node, Some(object), &mut |node: Client| async move {
+            node.subscribe_here(namespace, stream, start, shard).await
+        })
+        .await
     }
 
     /// Runs `call` at the entry broker and, while it fails `not_leader` (the broker named
@@ -540,13 +577,7 @@ impl ClusterShared {
                 Ok(v) => return Ok(v),
                 Err(failed) => failed,
             };
-            let next = self
-                .core()
-                .next_attempt(&mut attempts, error, sent, Instant::now());
-            match next {
-                Next::GiveUp(e) => return Err(e),
-                Next::RetryAfter { delay, .. } => self.sleep(delay).await,
-            }
+            self.back_off(&mut attempts, error, sent).await?;
         }
     }
 
@@ -554,33 +585,9 @@ impl ClusterShared {
         &self,
         call: &mut impl FnMut(Client) -> NodeCall<'a, T>,
     ) -> Result<T, (ClientError, bool)> {
-        let mut node = self.entry().await.map_err(|e| (e, false))?;
-        let hops = self.core().config().max_redirect_hops;
-        let mut redirects = Redirects::new(node.inner.config.addr, hops);
-        loop {
-            let addr = node.inner.config.addr;
-            let conn = node.inner.conn.clone();
-            match call(node).await {
-                Ok(v) => return Ok(v),
-                Err(ClientError::NotLeader {
-                    node_id,
-                    addr,
-                    generation,
-                }) => {
-                    let to = redirects
-                        .follow(&node_id, addr.as_deref(), generation)
-                        .and_then(|to| self.core().check_redirect(to, Instant::now()))
-                        .map_err(|e| (e, true))?;
-                    node = self.node(to).await.map_err(|e| (e, false))?;
-                }
-                Err(e) => {
-                    self.connection_failed(addr, &conn, &e);
-                    let sent =
-                        !matches!(e, ClientError::Usage(_) | ClientError::Unsupported { .. });
-                    return Err((e, sent));
-                }
-            }
-        }
+        let node = self.entry().await.map_err(|e| (e, false))?;
+        let (_, v) = self.follow_redirects(node, None, call).await?;
+        Ok(v)
     }
 
     /// A broker whose connection closed under a call is forgotten and reported lost, so the
@@ -613,13 +620,7 @@ impl ClusterShared {
                 },
                 Err(failed) => failed,
             };
-            let next = self
-                .core()
-                .next_attempt(&mut attempts, error, sent, Instant::now());
-            match next {
-                Next::GiveUp(e) => return Err(e),
-                Next::RetryAfter { delay, .. } => self.sleep(delay).await,
-            }
+            self.back_off(&mut attempts, error, sent).await?;
         }
     }
 
@@ -720,13 +721,7 @@ impl ClusterShared {
                     Err(failed) => failed,
                 },
             };
-            let next = self
-                .core()
-                .next_attempt(&mut attempts, error, sent, Instant::now());
-            match next {
-                Next::GiveUp(e) => return Err(e),
-                Next::RetryAfter { delay, .. } => self.sleep(delay).await,
-            }
+            self.back_off(&mut attempts, error, sent).await?;
         }
     }
 
@@ -741,33 +736,14 @@ impl ClusterShared {
         filter: &crate::core::WatchFilter,
         start: crate::core::WatchStart,
     ) -> Result<super::watch::CacheWatch, (ClientError, bool)> {
-        let hops = self.core().config().max_redirect_hops;
-        let mut redirects = Redirects::new(addr, hops);
-        let mut at = addr;
-        loop {
-            let node = self.node(at).await.map_err(|e| (e, false))?;
-            match node
-                .watch_cache(namespace, cache, filter.clone(), start)
-                .await
-            {
-                Ok(watch) => return Ok(watch),
-                Err(ClientError::NotLeader {
-                    node_id,
-                    addr,
-                    generation,
-                }) => {
-                    self.core().handle_stale_owner(object);
-                    at = redirects
-                        .follow(&node_id, addr.as_deref(), generation)
-                        .and_then(|to| self.core().check_redirect(to, Instant::now()))
-                        .map_err(|e| (e, true))?;
-                }
-                Err(e) => {
-                    self.after_failure(at, &node.inner.conn, object, &e);
-                    return Err((e, true));
-                }
-            }
-        }
+        let node = self.node(addr).await.map_err(|e| (e, false))?;
+        let watched = self
+            .follow_redirects(node, Some(object), &mut |node: Client| {
+                let filter = filter.clone();
+                async move { node.watch_cache(namespace, cache, filter, start).await }
+            })
+            .await?;
+        Ok(watched.1)
     }
 
     /// How many shards `namespace/stream` has: from `shard_owners`, else `stream_shards`.

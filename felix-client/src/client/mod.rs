@@ -59,7 +59,10 @@ pub struct ClientConfig {
     pub topology_interval: Duration,
     /// How long a `shard_owners` answer routes calls before it is asked again.
     pub owners_refresh: Duration,
-    /// How long a broker whose connection failed is dialled last.
+    /// The "recently lost broker" window: for this long after a broker's connection failed
+    /// it is dialled last, no shard is routed to it, and a redirect naming it is not dialled
+    /// but fails the attempt as `shard_unavailable` (retried with backoff). Default
+    /// [`crate::core::cluster::DEFAULT_SUSPECT_FOR`] (5 s).
     pub suspect_for: Duration,
     /// How long an answer naming a lost broker as a shard's owner is believed.
     pub lost_owner_reask: Duration,
@@ -1445,6 +1448,41 @@ mod tests {
         let shown = format!("{config:?}");
         assert!(!shown.contains("secret-token"), "{shown}");
         assert!(shown.contains("t1"));
+    }
+
+    /// `suspect_for` reaches the core: a redirect to a broker lost just inside the window
+    /// is refused as retryable (not applied), and one at the window's end is dialled. Time
+    /// is an input here: offsets from one instant, no sleeping.
+    #[test]
+    fn suspect_for_is_the_window_a_redirect_to_a_lost_broker_is_refused() {
+        use crate::core::cluster::{classify, Cluster, Failure, DEFAULT_SUSPECT_FOR};
+        use std::time::{Duration, Instant};
+        let lost: std::net::SocketAddr = "127.0.0.1:7002".parse().unwrap();
+        let mut config = super::ClientConfig::with_seeds(
+            vec!["127.0.0.1:7001".parse().unwrap()],
+            b"pem".to_vec(),
+            "t1",
+            "token",
+        );
+        assert_eq!(config.suspect_for, DEFAULT_SUSPECT_FOR);
+        for window in [Duration::from_millis(750), DEFAULT_SUSPECT_FOR * 2] {
+            config.suspect_for = window;
+            let mut core = Cluster::new(config.cluster_config());
+            let t0 = Instant::now();
+            assert_eq!(core.check_redirect(lost, t0), Ok(lost));
+            core.handle_connection_lost(lost, t0);
+            let edge = t0 + window;
+            let refused = core
+                .check_redirect(lost, edge - Duration::from_millis(1))
+                .unwrap_err();
+            assert_eq!(
+                refused.code(),
+                Some(&crate::ErrorCode::ShardUnavailable),
+                "{refused}"
+            );
+            assert_eq!(classify(&refused, true), Failure::NotApplied);
+            assert_eq!(core.check_redirect(lost, edge), Ok(lost), "{window:?}");
+        }
     }
 }
 

@@ -1,7 +1,8 @@
-//! Streams created and read by an operator through the admin API (`POST`/`GET /v1/streams`,
-//! docs/operations.md): a create is one `CreateStream` command wanted from the control plane
-//! (proposed here, forwarded by raft to its leader), so a stream is placed whole or not at
-//! all; what it looks like is read from the metadata as applied here.
+//! Streams and caches created, altered, deleted and read by an operator through the admin
+//! API (`/v1/streams`, `/v1/caches`, docs/operations.md): each change is one command wanted
+//! from the control plane (`propose_admin`: proposed here, forwarded by raft to its leader),
+//! so an object is placed, changed or deleted whole or not at all; what it looks like is read
+//! from the metadata as applied here.
 
 use std::time::Instant;
 
@@ -9,8 +10,24 @@ use felix_cluster::meta::{CacheSpec, Command, ObjectKey, Retention, ShardMeta, S
 
 use super::ClusterNode;
 use crate::stream_admin::{AdminError, CacheView, ShardView, StreamView};
+use crate::stream_delete::DeleteStreamError;
 
 impl ClusterNode {
+    /// Proposes an operator's command (create, alter, delete) to the control plane, once
+    /// it runs and has a leader; otherwise nothing is proposed, and the reason is returned
+    /// (the admin API answers it as unavailable: a retry later does the change whole).
+    fn propose_admin(&mut self, now: Instant, command: Command) -> Result<(), String> {
+        let Some(control) = self.control.as_mut() else {
+            return Err("the control plane is not running yet".into());
+        };
+        if control.leader().is_none() {
+            return Err("the control plane has no leader (no majority of its voters)".into());
+        }
+        control.want(command, now);
+        self.pump(now);
+        Ok(())
+    }
+
     /// A placed stream as the metadata applied here has it.
     pub(crate) fn stream_view(&self, key: &ObjectKey) -> Option<StreamView> {
         let meta = self.meta();
@@ -103,18 +120,8 @@ impl ClusterNode {
                 field: e.field,
                 why: e.why,
             })?;
-        let Some(control) = self.control.as_mut() else {
-            return Err(AdminError::Unavailable(
-                "the control plane is not running yet".into(),
-            ));
-        };
-        if control.leader().is_none() {
-            return Err(AdminError::Unavailable(
-                "the control plane has no leader (no majority of its voters)".into(),
-            ));
-        }
-        control.want(Command::CreateCache { key, spec }, now);
-        self.pump(now);
+        self.propose_admin(now, Command::CreateCache { key, spec })
+            .map_err(AdminError::Unavailable)?;
         Ok(None)
     }
 
@@ -185,19 +192,8 @@ impl ClusterNode {
                 field: e.field,
                 why: e.why,
             })?;
-        let Some(control) = self.control.as_mut() else {
-            return Err(AdminError::Unavailable(
-                "the control plane is not running yet".into(),
-            ));
-        };
-        if control.leader().is_none() {
-            // Nothing is proposed: a retry later creates it whole.
-            return Err(AdminError::Unavailable(
-                "the control plane has no leader (no majority of its voters)".into(),
-            ));
-        }
-        control.want(Command::CreateStream { key, spec }, now);
-        self.pump(now);
+        self.propose_admin(now, Command::CreateStream { key, spec })
+            .map_err(AdminError::Unavailable)?;
         Ok(None)
     }
 
@@ -223,18 +219,35 @@ impl ClusterNode {
                 field: e.field,
                 why: e.why,
             })?;
-        let Some(control) = self.control.as_mut() else {
-            return Err(AdminError::Unavailable(
-                "the control plane is not running yet".into(),
-            ));
-        };
-        if control.leader().is_none() {
-            return Err(AdminError::Unavailable(
-                "the control plane has no leader (no majority of its voters)".into(),
-            ));
-        }
-        control.want(Command::AlterStream { key, retention }, now);
-        self.pump(now);
+        self.propose_admin(now, Command::AlterStream { key, retention })
+            .map_err(AdminError::Unavailable)?;
         Ok(false)
+    }
+
+    /// Asks the control plane to delete a stream (`DELETE /v1/streams/…` in a cluster): one
+    /// `DeleteStream` command for the incarnation placed now. `Ok(incarnation)` when asked;
+    /// the caller waits until this node's metadata no longer has it and its copies here are
+    /// gone ([`ClusterNode::stream_deleted_here`]).
+    pub(crate) fn delete_stream(
+        &mut self,
+        now: Instant,
+        key: ObjectKey,
+    ) -> Result<u64, DeleteStreamError> {
+        let Some(incarnation) = self.meta().streams.get(&key).map(|s| s.incarnation) else {
+            return Err(DeleteStreamError::NotFound);
+        };
+        self.propose_admin(now, Command::DeleteStream { key, incarnation })
+            .map_err(DeleteStreamError::Unavailable)?;
+        Ok(incarnation)
+    }
+
+    /// As [`ClusterNode::delete_stream`], for a cache (`DELETE /v1/caches/…`).
+    pub(crate) fn delete_cache(&mut self, now: Instant, key: ObjectKey) -> Result<u64, AdminError> {
+        let Some(incarnation) = self.meta().caches.get(&key).map(|c| c.incarnation) else {
+            return Err(AdminError::NotFound(format!("no cache {key}")));
+        };
+        self.propose_admin(now, Command::DeleteCache { key, incarnation })
+            .map_err(AdminError::Unavailable)?;
+        Ok(incarnation)
     }
 }

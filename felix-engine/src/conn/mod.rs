@@ -432,7 +432,7 @@ impl Conn {
         &mut self,
         id: StreamId,
         forward_id: u64,
-        outcome: crate::cluster::ForwardOutcome,
+        outcome: crate::router::ForwardOutcome,
         value_reserve: usize,
     ) {
         if let Some(session) = self.sessions.get_mut(&id) {

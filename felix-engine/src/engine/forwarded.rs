@@ -18,6 +18,7 @@ use felix_proto::{ErrorCode, Flags};
 use quinn_proto::{ConnectionHandle, Dir, Side, StreamId};
 
 use super::Engine;
+use crate::cluster::Wired;
 use crate::conn::session::{FrameResult, Session, SessionCx};
 use crate::conn::ConnShared;
 
@@ -103,7 +104,7 @@ impl Engine {
     /// forwards other nodes sent here.
     pub(super) fn cluster_work(&mut self, now: Instant) {
         for _ in 0..1024 {
-            let Some(cluster) = self.core.cluster.as_mut() else {
+            let Some(cluster) = self.core.router.driver_mut() else {
                 return;
             };
             if let Some((ch, stream, id, outcome)) = cluster.poll_done() {
@@ -125,13 +126,13 @@ impl Engine {
     /// and begun again ([`ForwardVerdict::Outdated`]).
     fn outdated(&self, scope: &felix_peer_proto::ShardScope) -> bool {
         self.core
-            .cluster
-            .as_ref()
+            .router
+            .driver()
             .is_some_and(|c| c.judge_forward(scope) == ForwardVerdict::Outdated)
     }
 
     fn refuse_forward(&mut self, now: Instant, from: &str, forward_id: u64, code: ErrorCode) {
-        if let Some(c) = self.core.cluster.as_mut() {
+        if let Some(c) = self.core.router.driver_mut() {
             let refused = ForwardRefused {
                 forward_id,
                 code,
@@ -198,8 +199,8 @@ impl Engine {
         };
         let verdict = self
             .core
-            .cluster
-            .as_ref()
+            .router
+            .driver()
             .map_or(ForwardVerdict::NotLeader, |c| {
                 c.judge_forward(&forward.scope)
             });
@@ -221,15 +222,15 @@ impl Engine {
             // Bounded by what the peers may have in flight here (`limits.forward_window` each).
             let cap = self
                 .core
-                .cluster
-                .as_ref()
+                .router
+                .driver()
                 .map_or(0, |c| c.forward_window() * c.peer_count());
             if behind && self.core.forwards_awaiting_metadata.len() < cap {
                 let deadline = now
                     + self
                         .core
-                        .cluster
-                        .as_ref()
+                        .router
+                        .driver()
                         .map_or(Duration::ZERO, |c| c.forward_timeout());
                 self.core
                     .forwards_awaiting_metadata
@@ -279,8 +280,8 @@ impl Engine {
         }
         let cap = self
             .core
-            .cluster
-            .as_ref()
+            .router
+            .driver()
             .map_or(usize::MAX, |c| c.max_forward_channels);
         if self.forwarded.by_handle.len() >= cap {
             let idle = self
@@ -381,7 +382,7 @@ impl Engine {
         if v.closing && v.idle() {
             self.forwarded.remove(ch);
         }
-        if let Some(c) = self.core.cluster.as_mut() {
+        if let Some(c) = self.core.router.driver_mut() {
             for a in answers {
                 c.answer(now, &peer, PeerMessage::ForwardAnswer(a));
             }

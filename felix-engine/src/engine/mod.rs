@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 
 use crate::broker::{Broker, Notice, StreamKey};
 use crate::clock::UnixAnchor;
+use crate::cluster::Wired;
 use crate::config::{AuthConfig, EngineConfig, MAX_GSO_BATCH_BYTES};
 use crate::conn::{Conn, CLOSE_CODE_NORMAL};
 use crate::metrics::{Stats, Usage};
@@ -257,28 +258,19 @@ impl Engine {
 
         // In-memory cache versions start at this run's wall-clock time (protocol.md).
         broker.start_cache_versions_at(unix_micros);
-        let cluster = match &config.cluster {
+        let router = match &config.cluster {
             None => None,
             Some(c) => {
-                let provider = config
-                    .crypto_provider
-                    .clone()
-                    .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
-                // A durable node keeps its metadata log on disk beside its streams.
-                let metadata_log = config
-                    .durable
-                    .as_ref()
-                    .map(|_| c.metadata_log_compact_bytes);
                 let node = crate::cluster::ClusterNode::new(
                     c,
                     &config,
-                    provider,
+                    settings::peer_crypto_provider(&config),
                     &seed,
-                    metadata_log,
+                    settings::metadata_log(&config),
                     now,
                 )
                 .map_err(EngineError::Config)?;
-                Some(node)
+                Some(crate::router::Router::new(node))
             }
         };
         let core = Core {
@@ -302,7 +294,7 @@ impl Engine {
             buffered_bytes: 0,
             starved_conns: BTreeSet::new(),
             open_connections: 0,
-            cluster,
+            router,
             forwarding_here: false,
         };
 
@@ -372,7 +364,7 @@ impl Engine {
 
     /// Feeds a datagram that arrived on the internal (peer) socket. One turn.
     pub fn handle_peer_datagram(&mut self, now: Instant, datagram: Datagram) {
-        if let Some(c) = self.core.cluster.as_mut() {
+        if let Some(c) = self.core.router.driver_mut() {
             c.handle_datagram(now, datagram);
         }
         self.settle(now);
@@ -380,7 +372,7 @@ impl Engine {
 
     /// Runs every timer due at `now`. One turn.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if let Some(c) = self.core.cluster.as_mut() {
+        if let Some(c) = self.core.router.driver_mut() {
             if c.poll_timeout().is_some_and(|at| at <= now) {
                 c.handle_timeout(now);
             }
@@ -410,7 +402,7 @@ impl Engine {
         self.file_ops_in_flight = self.file_ops_in_flight.saturating_sub(1);
         self.core.metrics.file_op_completed(now, &completion);
         if completion.id.log() == crate::cluster::METALOG_LOG {
-            if let Some(c) = self.core.cluster.as_mut() {
+            if let Some(c) = self.core.router.driver_mut() {
                 c.handle_file_completion(now, completion);
             }
         } else {
@@ -458,7 +450,7 @@ impl Engine {
         namespace: &str,
         stream: &str,
     ) -> Result<(), crate::DeleteStreamError> {
-        if let Some(cluster) = self.core.cluster.as_mut() {
+        if let Some(cluster) = self.core.router.driver_mut() {
             // In a cluster a delete is the control plane's: asked here, carried out by every
             // node as it applies it (docs/operations.md, "Deleting a stream in a cluster").
             let key = felix_cluster::meta::ObjectKey::new(tenant, namespace, stream);
@@ -508,7 +500,7 @@ impl Engine {
         if !self.is_ready() {
             return Err(AdminError::Unavailable("recovery is not finished".into()));
         }
-        let cluster = self.core.cluster.as_mut().ok_or_else(not_clustered)?;
+        let cluster = self.core.router.driver_mut().ok_or_else(not_clustered)?;
         let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
         let outcome = cluster.create_stream(now, key, spec)?;
         self.settle(now);
@@ -532,7 +524,7 @@ impl Engine {
         if !self.is_ready() {
             return Err(AdminError::Unavailable("recovery is not finished".into()));
         }
-        let cluster = self.core.cluster.as_mut().ok_or_else(not_clustered)?;
+        let cluster = self.core.router.driver_mut().ok_or_else(not_clustered)?;
         let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
         let outcome = cluster.create_cache(now, key, spec)?;
         self.settle(now);
@@ -557,7 +549,7 @@ impl Engine {
         if !self.is_ready() {
             return Err(AdminError::Unavailable("recovery is not finished".into()));
         }
-        let cluster = self.core.cluster.as_mut().ok_or_else(not_clustered)?;
+        let cluster = self.core.router.driver_mut().ok_or_else(not_clustered)?;
         let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
         let outcome = cluster.delete_cache(now, key);
         self.settle(now);
@@ -569,8 +561,8 @@ impl Engine {
     pub fn cache_deleted_here(&self, names: (&str, &str, &str), incarnation: u64) -> bool {
         let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
         self.core
-            .cluster
-            .as_ref()
+            .router
+            .driver()
             .is_none_or(|c| c.cache_deleted_here(&key, incarnation))
     }
 
@@ -594,7 +586,7 @@ impl Engine {
                 names,
             )?;
         }
-        let cluster = self.core.cluster.as_ref().ok_or_else(not_clustered)?;
+        let cluster = self.core.router.driver().ok_or_else(not_clustered)?;
         let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
         cluster
             .cache_view(&key)
@@ -616,7 +608,7 @@ impl Engine {
             .verifier
             .verify(token, &tenant, unix_secs)
             .map_err(|e| AdminError::Unauthorized(e.to_string()))?;
-        let cluster = self.core.cluster.as_ref().ok_or_else(not_clustered)?;
+        let cluster = self.core.router.driver().ok_or_else(not_clustered)?;
         Ok(cluster
             .cache_views(&tenant)
             .into_iter()
@@ -646,7 +638,7 @@ impl Engine {
         if !self.is_ready() {
             return Err(AdminError::Unavailable("recovery is not finished".into()));
         }
-        let cluster = self.core.cluster.as_mut().ok_or_else(not_clustered)?;
+        let cluster = self.core.router.driver_mut().ok_or_else(not_clustered)?;
         let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
         let outcome = cluster.alter_stream(now, key, retention)?;
         self.settle(now);
@@ -668,7 +660,7 @@ impl Engine {
             let action = felix_auth::Action::StreamView;
             crate::stream_admin::authorize(&self.core.verifier, unix_secs, token, action, names)?;
         }
-        let cluster = self.core.cluster.as_ref().ok_or_else(not_clustered)?;
+        let cluster = self.core.router.driver().ok_or_else(not_clustered)?;
         let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
         let mut view = cluster
             .stream_view(&key)
@@ -705,7 +697,7 @@ impl Engine {
             .verifier
             .verify(token, &tenant, unix_secs)
             .map_err(|e| AdminError::Unauthorized(e.to_string()))?;
-        let cluster = self.core.cluster.as_ref().ok_or_else(not_clustered)?;
+        let cluster = self.core.router.driver().ok_or_else(not_clustered)?;
         let views = cluster.stream_views(&tenant);
         Ok(views
             .into_iter()
@@ -752,7 +744,7 @@ impl Engine {
             felix_cluster::meta::ObjectKind::Stream
         };
         let cluster =
-            self.core.cluster.as_mut().ok_or_else(|| {
+            self.core.router.driver_mut().ok_or_else(|| {
                 AbandonError::NotFound("this broker is not a cluster node".into())
             })?;
         let plan = cluster.abandon(now, kind, (tenant, namespace, name), shard, to)?;
@@ -801,7 +793,7 @@ impl Engine {
         buf.clear();
         // File work first: an fsync started now releases its waiters sooner.
         if self.file_ops_in_flight < self.max_inflight_file_ops {
-            let metadata = self.core.cluster.as_mut().and_then(|c| c.poll_file_op());
+            let metadata = self.core.router.driver_mut().and_then(|c| c.poll_file_op());
             if let Some(op) = metadata.or_else(|| self.core.broker.poll_file_op()) {
                 self.file_ops_in_flight += 1;
                 self.core.stats.file_ops += 1;
@@ -813,7 +805,7 @@ impl Engine {
             buf.extend_from_slice(&bytes);
             return Some(Output::Transmit(t));
         }
-        if let Some(c) = self.core.cluster.as_mut() {
+        if let Some(c) = self.core.router.driver_mut() {
             if let Some(t) = c.poll_transmit(now, buf) {
                 return Some(Output::PeerTransmit(t));
             }
@@ -855,7 +847,7 @@ impl Engine {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let conns = self.timers.first().map(|&(at, _)| at);
-        let cluster = self.core.cluster.as_ref().and_then(|c| c.poll_timeout());
+        let cluster = self.core.router.driver().and_then(|c| c.poll_timeout());
         let forwards = self
             .core
             .forwards_awaiting_metadata
@@ -895,13 +887,13 @@ impl Engine {
     /// Startup recovery is done: every log found in the storage directory is open (always
     /// true without durable storage). Feed no datagrams before this.
     pub fn is_ready(&self) -> bool {
-        self.core.broker.is_ready() && self.core.cluster.as_ref().is_none_or(|c| c.storage_ready())
+        self.core.broker.is_ready() && self.core.router.driver().is_none_or(|c| c.storage_ready())
     }
 
     /// Ready to serve clients: storage is open and, in a cluster, this node has joined and
     /// its declarations were accepted (what `/readyz` reports).
     pub fn is_serving(&self) -> bool {
-        self.is_ready() && self.core.cluster.as_ref().is_none_or(|c| c.is_serving())
+        self.is_ready() && self.core.router.driver().is_none_or(|c| c.is_serving())
     }
 
     /// In a cluster, the last metadata index this node applied (0 before any, and outside a
@@ -911,7 +903,7 @@ impl Engine {
     /// [`Engine::stream_deleted_here`] says so for the incarnation read before it.
     pub fn stream_incarnation(&self, names: (&str, &str, &str)) -> Option<u64> {
         let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
-        self.core.cluster.as_ref()?.incarnation_of(&key)
+        self.core.router.driver()?.incarnation_of(&key)
     }
 
     /// Whether `incarnation` of a stream is deleted in this node's metadata and its copies
@@ -919,40 +911,40 @@ impl Engine {
     pub fn stream_deleted_here(&self, names: (&str, &str, &str), incarnation: u64) -> bool {
         let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
         self.core
-            .cluster
-            .as_ref()
+            .router
+            .driver()
             .is_none_or(|c| c.stream_deleted_here(&key, incarnation))
     }
 
     /// A number that moves whenever cluster metadata is applied here, or the copies of a
     /// stream the cluster deleted are removed here: what the ops endpoint wakes waiters by.
     pub fn cluster_changes(&self) -> u64 {
-        self.core.cluster.as_ref().map_or(0, |c| c.changes())
+        self.core.router.driver().map_or(0, |c| c.changes())
     }
 
     pub fn cluster_metadata_applied(&self) -> u64 {
         self.core
-            .cluster
-            .as_ref()
+            .router
+            .driver()
             .map_or(0, |c| c.metadata_progress().1)
     }
 
     /// A read-only view of this node's cluster state (`None` for a single node).
     pub fn cluster_view(&self) -> Option<crate::ClusterView<'_>> {
-        self.core.cluster.as_ref().map(crate::ClusterView::new)
+        self.core.router.driver().map(crate::ClusterView::new)
     }
 
     /// Why this node must stop: the cluster refused its declarations (the message names the
     /// stream or cache that can never be placed). One that differs from the cluster's record
     /// is not refused: the record is kept and the node warns.
     pub fn cluster_error(&self) -> Option<&str> {
-        self.core.cluster.as_ref().and_then(|c| c.refusal())
+        self.core.router.driver().and_then(|c| c.refusal())
     }
 
     /// Why this broker must not start: a log found at startup could not be opened (for
     /// corruption inside a segment, the message names the file and the byte).
     pub fn storage_error(&self) -> Option<&str> {
-        let cluster = self.core.cluster.as_ref().and_then(|c| c.storage_error());
+        let cluster = self.core.router.driver().and_then(|c| c.storage_error());
         self.core.broker.storage_fatal().or(cluster)
     }
 
@@ -961,7 +953,7 @@ impl Engine {
     pub fn storage_idle(&self) -> bool {
         self.file_ops_in_flight == 0
             && self.core.broker.storage_idle()
-            && self.core.cluster.as_ref().is_none_or(|c| c.storage_idle())
+            && self.core.router.driver().is_none_or(|c| c.storage_idle())
     }
 
     /// What the engine holds now, against its limits (walks every connection).
@@ -982,8 +974,8 @@ impl Engine {
         let b = self.core.broker.stats();
         let (peer_links, peer_messages_dropped) = self
             .core
-            .cluster
-            .as_ref()
+            .router
+            .driver()
             .map_or((0, 0), |c| c.peer_link_stats());
         Stats {
             peer_links,
@@ -995,8 +987,8 @@ impl Engine {
             forwarded_sessions: self.forwarded.len() as u64,
             forwards_waiting: self
                 .core
-                .cluster
-                .as_ref()
+                .router
+                .driver()
                 .map_or(0, |c| c.waiting_forwards() as u64),
             ..self.core.stats
         }
@@ -1011,7 +1003,7 @@ impl Engine {
             .core
             .metrics
             .snapshot(&self.stats(), &self.usage(), &broker, log_bytes);
-        if let Some(c) = &self.core.cluster {
+        if let Some(c) = self.core.router.driver() {
             (m.cluster_shards_led, m.cluster_shards_followed) = c.shard_roles();
             (m.cluster_metadata_term, m.cluster_metadata_applied) = c.metadata_progress();
             let r = c.replication_stats();
@@ -1272,12 +1264,12 @@ impl Engine {
     fn resume_awaiting_placement(&mut self, now: Instant) {
         let changed = self
             .core
-            .cluster
-            .as_mut()
+            .router
+            .driver_mut()
             .is_some_and(|c| c.take_metadata_changed());
         if changed {
             // Streams placed at runtime are opened as wide as they were placed.
-            if let Some(c) = self.core.cluster.as_ref() {
+            if let Some(c) = self.core.router.driver() {
                 for (key, width) in c.stream_widths() {
                     self.core.broker.learn_width(&key, width);
                 }
@@ -1348,7 +1340,7 @@ impl Engine {
             if conn.drained {
                 let mut conn = self.conns.remove(&ch).expect("present");
                 conn.release(&mut self.core);
-                if let Some(c) = self.core.cluster.as_mut() {
+                if let Some(c) = self.core.router.driver_mut() {
                     c.session_ended(now, (ch, None));
                 }
                 self.core.open_connections -= 1;
@@ -1372,7 +1364,7 @@ impl Engine {
             conn.sync_buffered(&mut self.core);
             if !conn.ended_forwarding.is_empty() {
                 let ended = std::mem::take(&mut conn.ended_forwarding);
-                if let Some(c) = self.core.cluster.as_mut() {
+                if let Some(c) = self.core.router.driver_mut() {
                     for id in ended {
                         c.session_ended(now, (ch, Some(id)));
                     }

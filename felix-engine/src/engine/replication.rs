@@ -8,6 +8,7 @@ use felix_storage::ops::LogId;
 
 use super::Engine;
 use crate::broker::{Broker, CacheKey, LogInfo, StreamKey};
+use crate::cluster::Wired;
 use crate::cluster::{CopyKind, LogView, ReplicaIo};
 
 /// Rounds of replication work in one call: each round's results can ask for more (an
@@ -25,7 +26,7 @@ impl Engine {
     pub(super) fn drive_replication(&mut self, now: Instant) {
         let core = &mut self.core;
         let unix_micros = core.unix_micros(now);
-        let Some(cluster) = core.cluster.as_mut() else {
+        let Some(cluster) = core.router.driver_mut() else {
             return;
         };
         // Streams the cluster deleted go from the broker first: subscriptions end with
@@ -176,7 +177,7 @@ impl Engine {
 
     /// A gated log's own durability moved: the replication counts it.
     pub(super) fn replica_durable(&mut self, now: Instant, log: LogId, up_to: u64) {
-        if let Some(c) = self.core.cluster.as_mut() {
+        if let Some(c) = self.core.router.driver_mut() {
             c.local_durable(log, up_to);
         }
         self.drive_replication(now);
@@ -195,7 +196,7 @@ impl Engine {
             // A projection cannot be cut back: it is read again from the log.
             core.broker.reload_projection(now, log);
         }
-        if let Some(c) = core.cluster.as_mut() {
+        if let Some(c) = core.router.driver_mut() {
             c.replica_event(now, log, event, &core.broker);
         }
         self.drive_replication(now);
@@ -204,7 +205,7 @@ impl Engine {
     /// An ungated log's durability moved: a follower reports it.
     pub(super) fn follower_durable(&mut self, log: LogId, up_to: u64) {
         let end = self.core.broker.log_info(log).map_or(up_to, |i| i.end);
-        if let Some(c) = self.core.cluster.as_mut() {
+        if let Some(c) = self.core.router.driver_mut() {
             c.log_durable(log, up_to, end);
         }
     }

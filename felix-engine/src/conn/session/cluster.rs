@@ -6,7 +6,6 @@ use felix_proto::message::{
     BrokerEndpoint, ErrorMessage, Message, NotLeader, PublishError, ShardKind, ShardOwner,
     ShardOwnersView, TopologyView,
 };
-use felix_proto::routing::shard_for_key;
 use felix_proto::{ErrorCode, Features};
 
 use bytes::Bytes;
@@ -17,7 +16,7 @@ use felix_proto::Flags;
 
 use super::{FailAnswer, Held, Session, SessionCx};
 use crate::broker::encode_message;
-use crate::cluster::ForwardOutcome;
+use crate::router::{ForwardOutcome, Located, ShardAsk};
 
 /// A session's forward channel (ids: channel in the high half, sequence in the low).
 pub(crate) struct Forwarding {
@@ -361,44 +360,22 @@ impl Session {
     /// In a cluster, answers a request for a shard this node does not lead and returns true;
     /// returns false when the request is served here (or there is no cluster).
     pub(super) fn answered_elsewhere(&mut self, t: &Target<'_>, cx: &mut SessionCx<'_>) -> bool {
-        let Some(cluster) = cx.core.cluster.as_mut() else {
+        let Some(router) = cx.core.router.as_mut() else {
             return false;
         };
-        let mut shard = 0;
-        let owner = if t.cache {
-            let names = (t.tenant, t.namespace, t.name);
-            match cluster.cache_width(t.tenant, t.namespace, t.name) {
-                Some(width) => {
-                    shard = match (t.shard, t.key) {
-                        (_, Some(k)) => felix_cluster::routing::cache_shard(k, width),
-                        (Some(s), None) => u32::try_from(s).unwrap_or(u32::MAX),
-                        (None, None) => 0,
-                    };
-                    // A prefix watch naming no shard of a wide cache, or one past its width:
-                    // the handler here refuses it (`invalid_request`), wherever shards live.
-                    if t.key.is_none() && (shard >= width || t.shard.is_none() && width > 1) {
-                        self.placement_deadline = None;
-                        return false;
-                    }
-                    cluster.cache_owner(names, shard)
-                }
-                None => None,
-            }
-        } else {
-            match cluster.stream_width(t.tenant, t.namespace, t.name) {
-                Some(width) => {
-                    shard = match t.shard {
-                        Some(s) => u32::try_from(s).unwrap_or(u32::MAX),
-                        None => shard_for_key(t.key, width, cx.core.routing_mapping),
-                    };
-                    cluster.stream_owner(t.tenant, t.namespace, t.name, shard)
-                }
-                None => None,
-            }
+        let ask = ShardAsk {
+            cache: t.cache,
+            names: (t.tenant, t.namespace, t.name),
+            shard: t.shard,
+            key: t.key,
         };
-        let owner = match owner {
-            Some(o) => o,
-            None if !t.cache && !cluster.places_streams_on_first_use() => {
+        let (shard, owner) = match router.locate(&ask, cx.core.routing_mapping) {
+            Located::Handler => {
+                self.placement_deadline = None;
+                return false;
+            }
+            Located::Shard { shard, owner } => (shard, owner),
+            Located::NotPlaced if !t.cache && !router.places_streams_on_first_use() => {
                 // Only declared streams exist here: this one never will.
                 self.placement_deadline = None;
                 let message = format!(
@@ -409,7 +386,7 @@ impl Session {
                 self.refuse_routed(t, ErrorCode::NotFound, message);
                 return true;
             }
-            None => {
+            Located::NotPlaced => {
                 // Not placed yet: a stream is placed on first use. The request (and the rest
                 // of its stream, which keeps their order) waits for the placement to apply,
                 // for at most the forward timeout; a plain `publish()` of the real client makes
@@ -418,10 +395,10 @@ impl Session {
                 if !t.cache && !cx.core.forwarding_here {
                     let deadline = *self
                         .placement_deadline
-                        .get_or_insert(cx.now + cluster.forward_timeout());
+                        .get_or_insert(cx.now + router.forward_timeout());
                     if cx.now < deadline {
                         let shards = cx.core.default_shards;
-                        cluster.place_stream(cx.now, t.tenant, t.namespace, t.name, shards);
+                        router.place_stream(cx.now, (t.tenant, t.namespace, t.name), shards);
                         self.stall_placement = true;
                         return true;
                     }
@@ -448,24 +425,16 @@ impl Session {
             // Led here by the metadata, but a write (or a read of a copy being brought level)
             // needs this node's lease, and a replicated shard's fence done at the generation.
             let names = (t.tenant, t.namespace, t.name);
-            let ready = if t.cache {
-                cluster.local_ready_cache(cx.now, names, shard)
-            } else if matches!(t.class, RequestClass::Group) {
-                // Group state lives in the shard's group log, which has its own fence.
-                cluster.groups_ready(cx.now, names, shard)
-            } else {
-                cluster.local_ready(cx.now, names, shard)
-            };
-            if let Err(why) = ready {
+            if let Err(why) = router.ready_here(cx.now, t.cache, t.class, names, shard) {
                 // Usually a matter of one round trip (a lease renewal, a fence): the request
                 // and the rest of its stream wait for it, as for a placement, for at most the
                 // forward timeout. A forwarded one waits half that: its forwarding node gives
                 // up on it after the whole timeout, and must hear the refusal first (a
                 // refusal is retryable; a forward that timed out has an unknown outcome).
                 let hold = if cx.core.forwarding_here {
-                    cluster.forward_timeout() / 2
+                    router.forward_timeout() / 2
                 } else {
-                    cluster.forward_timeout()
+                    router.forward_timeout()
                 };
                 let deadline = *self.placement_deadline.get_or_insert(cx.now + hold);
                 if cx.now < deadline {
@@ -489,7 +458,7 @@ impl Session {
             Route::Serve => {
                 let publish = matches!(t.answer, Answer::JsonPublish(_) | Answer::BinaryAck(_));
                 if publish && !t.cache && matches!(owner, Owner::Local) {
-                    cluster.note_write((t.tenant, t.namespace, t.name), shard);
+                    router.note_write((t.tenant, t.namespace, t.name), shard);
                 }
                 false
             }
@@ -552,8 +521,8 @@ impl Session {
             .negotiated()
             .flags
             .contains(Flags::BINARY_PUBLISH_ACK_OWNER);
-        let cluster = cx.core.cluster.as_mut().expect("routed in a cluster");
-        let scope = cluster.scope(
+        let router = cx.core.router.as_mut().expect("routed in a cluster");
+        let scope = router.scope(
             t.cache,
             (t.tenant, t.namespace, t.name),
             shard,
@@ -562,7 +531,7 @@ impl Session {
         let authed = self.auth.as_mut().expect("authenticated");
         let fw = authed.forwarding.get_or_insert_with(|| {
             Box::new(Forwarding {
-                channel: cluster.new_channel(),
+                channel: router.new_channel(),
                 seq: 0,
                 opened: Vec::new(),
             })
@@ -581,8 +550,8 @@ impl Session {
                 principal: principal.clone(),
                 frame: authed.auth_frame.clone(),
             };
-            cluster.channel_opened(fw.channel, (cx.ch, cx.stream), to, &open);
-            cluster.forward(cx.now, to, open, None);
+            router.channel_opened(fw.channel, (cx.ch, cx.stream), to, &open);
+            router.forward(cx.now, to, open, None);
         }
         fw.seq = fw.seq.wrapping_add(1).max(1);
         let forward_id = base | u64::from(fw.seq);
@@ -594,7 +563,7 @@ impl Session {
             principal,
             frame,
         };
-        cluster.forward(cx.now, to, forward, answered.then_some((cx.ch, cx.stream)));
+        router.forward(cx.now, to, forward, answered.then_some((cx.ch, cx.stream)));
         cx.core.stats.forwards += 1;
         if answered {
             let fail = match t.answer {
@@ -693,10 +662,10 @@ impl Session {
 
     /// The cluster's `topology`: every serving member at its advertised address.
     pub(super) fn cluster_topology(&mut self, cx: &SessionCx<'_>) -> bool {
-        let Some(cluster) = cx.core.cluster.as_ref() else {
+        let Some(router) = cx.core.router.as_ref() else {
             return false;
         };
-        let brokers = cluster
+        let brokers = router
             .topology()
             .into_iter()
             .map(|(node_id, addr)| BrokerEndpoint { node_id, addr })
@@ -714,9 +683,9 @@ impl Session {
         names: (&str, &str, &str),
         request_id: u64,
     ) -> Option<Message> {
-        let cluster = cx.core.cluster.as_ref()?;
+        let router = cx.core.router.as_ref()?;
         let cache = matches!(kind, ShardKind::Cache);
-        let owners = cluster.owners(cache, names.0, names.1, names.2)?;
+        let owners = router.owners(cache, names.0, names.1, names.2)?;
         Some(Message::ShardOwnersView(ShardOwnersView {
             request_id,
             owners: owners

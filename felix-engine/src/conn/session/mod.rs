@@ -425,7 +425,7 @@ impl Session {
     }
 
     fn on_request(&mut self, frame: &Frame, cx: &mut SessionCx<'_>) -> FrameResult {
-        if cx.core.cluster.is_some() {
+        if cx.core.router.is_some() {
             // Kept for a forward: the leader runs the request exactly as the client sent it.
             self.forward_frame = Some(frame.to_bytes());
         }
@@ -490,7 +490,7 @@ impl Session {
                     identity,
                     negotiated,
                     publish_target: None,
-                    auth_frame: if cx.core.cluster.is_some() {
+                    auth_frame: if cx.core.router.is_some() {
                         frame.to_bytes()
                     } else {
                         Bytes::new()
@@ -522,7 +522,7 @@ impl Session {
         if let Some(target) = cluster::target(&msg) {
             // In a cluster the permission comes first: a forbidden request is refused here,
             // never forwarded, and no `not_leader` tells its sender where the shard lives.
-            let may = match cx.core.cluster.is_some() {
+            let may = match cx.core.router.is_some() {
                 true => self.may_route(&msg, &target),
                 false => cluster::MayRoute::Yes,
             };
@@ -923,7 +923,7 @@ impl Session {
             return;
         }
         let key = view.key_bytes();
-        if cx.core.cluster.is_some() {
+        if cx.core.router.is_some() {
             let names = (header.tenant_id, header.namespace, header.stream);
             let t = cluster::binary_publish_target(names, key.as_deref(), request_id);
             if self.answered_elsewhere(&t, cx) {
@@ -1176,9 +1176,9 @@ impl Session {
         action: Action,
     ) -> Option<u32> {
         let key = self.stream_scope(tenant, namespace, stream, action)?;
-        if let Some(cluster) = cx.core.cluster.as_ref() {
-            if !cluster.places_streams_on_first_use() {
-                return Some(cluster.stream_width(tenant, namespace, stream).unwrap_or(0));
+        if let Some(router) = cx.core.router.as_ref() {
+            if !router.places_streams_on_first_use() {
+                return Some(router.stream_width(tenant, namespace, stream).unwrap_or(0));
             }
         }
         Some(
@@ -1528,7 +1528,7 @@ fn ack_frame(ack: &PublishAck) -> Bytes {
 /// cache not placed (as `cache_shards` answers).
 pub(super) fn cache_width(cx: &SessionCx<'_>, tenant: &str, namespace: &str, cache: &str) -> u32 {
     cx.core
-        .cluster
+        .router
         .as_ref()
         .and_then(|c| c.cache_width(tenant, namespace, cache))
         .unwrap_or(1)
