@@ -95,6 +95,8 @@ pub(crate) struct Replicas {
     /// `leader` shards led here: their quiescence (`quiet.rs`).
     quiet: BTreeMap<ShardRef, quiet::ShardQuiet>,
     quiet_after: Duration,
+    /// This node as its copies see it, for the disk it was worked out for.
+    here: Option<([u8; 16], Here)>,
 }
 
 impl Replicas {
@@ -113,6 +115,7 @@ impl Replicas {
             opened: BTreeSet::new(),
             quiet: BTreeMap::new(),
             quiet_after,
+            here: None,
         }
     }
 }
@@ -187,10 +190,21 @@ impl ClusterNode {
     }
 
     /// This node as its copies see it.
-    fn here(&self) -> Here {
-        Here {
-            me: self.me.clone(),
-            storage_id: self.storage_hex(),
+    fn here(&mut self) -> Here {
+        let disk = self
+            .metalog
+            .as_ref()
+            .map_or(self.storage_id, |l| l.storage_id());
+        match &self.replicas.here {
+            Some((d, here)) if *d == disk => here.clone(),
+            _ => {
+                let here = Here {
+                    me: self.me.clone(),
+                    storage_id: self.storage_hex(),
+                };
+                self.replicas.here = Some((disk, here.clone()));
+                here
+            }
         }
     }
 
