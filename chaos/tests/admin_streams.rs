@@ -109,48 +109,6 @@ fn all_writable(v: &serde_json::Value) -> bool {
 /// One cluster at a time: a layout's ports come from a window fixed by the process id.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// A measurement, not a check (docs/operations.md, "How long a create takes"): run by hand
-/// with `cargo test -p felix-chaos --test admin_streams -- --ignored --nocapture`.
-#[test]
-#[ignore = "a measurement, not a check: run by hand (docs/operations.md, \"How long a create takes\")"]
-fn create_latency() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut c = started();
-    // A measurement, not a check: 20 creates of a quorum 6-shard RF 3 stream, each timed
-    // from the POST to its answer (every shard led by a live node); docs/operations.md.
-    let mut took: Vec<Duration> = (0..20)
-        .map(|i| {
-            let body = format!(
-                r#"{{"tenant":"{TENANT}","namespace":"{NAMESPACE}","stream":"bench-{i}","shards":6,"replication_factor":3,"consistency":"quorum"}}"#
-            );
-            let started = Instant::now();
-            loop {
-                assert!(started.elapsed() < LIMIT, "bench-{i} not created within {LIMIT:?}");
-                let (status, answer) = post(c.nodes[i % NODES.len()].ops, &c.token, &body);
-                if status == 201 || status == 200 {
-                    break;
-                }
-                // Retryable by contract (a control-plane election under way): asked again,
-                // and the time counts.
-                assert_eq!(status, 503, "{answer}");
-                eprintln!("create bench-{i}: {}", answer.lines().last().unwrap_or(""));
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            started.elapsed()
-        })
-        .collect();
-    took.sort();
-    let total: Duration = took.iter().sum();
-    eprintln!(
-        "create of a quorum 6-shard RF 3 stream, 20 in turn: p50 {:?}, max {:?}, {:.1} creates/s",
-        took[took.len() / 2],
-        took[took.len() - 1],
-        took.len() as f64 / total.as_secs_f64()
-    );
-
-    c.stop_all();
-}
-
 #[test]
 fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_restart() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -274,7 +232,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
     for (at, node) in NODES.iter().enumerate() {
         for n in 0..PER_NODE {
             let payload = format!("via-{node}-{n}");
-            rt.block_on(until_async("a publish acknowledged", || async {
+            rt.block_on(until_async(&c, "a publish acknowledged", || async {
                 let client = Client::connect(client_config(&c, at)).await.ok()?;
                 let answer = client
                     .publish(
@@ -324,7 +282,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
         text(&wide)
     );
     for (at, node) in NODES.iter().enumerate() {
-        rt.block_on(until_async("a cache put acknowledged", || async {
+        rt.block_on(until_async(&c, "a cache put acknowledged", || async {
             let client = Client::connect(client_config(&c, at)).await.ok()?;
             let answer = client
                 .cache_put(
@@ -363,7 +321,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
         "{}",
         text(&rf)
     );
-    let altered = rt.block_on(until_async("the change seen on node 0", || async {
+    let altered = rt.block_on(until_async(&c, "the change seen on node 0", || async {
         let v = get(&c, 0);
         (v["spec"]["retention"]["max_age_seconds"] == 604_800).then_some(v)
     }));
@@ -378,7 +336,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
     for i in 0..NODES.len() {
         c.wait_ready(i, READY_LIMIT).expect("a node is ready again");
     }
-    let after = rt.block_on(until_async("every shard led again", || async {
+    let after = rt.block_on(until_async(&c, "every shard led again", || async {
         let v = get(&c, 2);
         all_writable(&v).then_some(v)
     }));
@@ -389,7 +347,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
 
     // The cache and its values are there too, through any node.
     for (at, node) in NODES.iter().enumerate() {
-        let value = rt.block_on(until_async("a cache get", || async {
+        let value = rt.block_on(until_async(&c, "a cache get", || async {
             let client = Client::connect(client_config(&c, (at + 1) % NODES.len()))
                 .await
                 .ok()?;
@@ -403,7 +361,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
     // Every acknowledged record is read back, each shard from its leader.
     let mut found: Vec<String> = Vec::new();
     for shard in 0..SHARDS as u32 {
-        let records = rt.block_on(until_async("a read of a shard", || async {
+        let records = rt.block_on(until_async(&c, "a read of a shard", || async {
             let owners = leaders(&c, 0).await.ok()?;
             let leader = owners
                 .iter()
@@ -520,7 +478,7 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
     };
     made(&c, 0);
     let publish = |at: usize, payload: String, key: String| {
-        rt.block_on(until_async("a publish acknowledged", || async {
+        rt.block_on(until_async(&c, "a publish acknowledged", || async {
             let client = Client::connect(client_config(&c, at)).await.ok()?;
             let answer = client
                 .publish(
@@ -541,7 +499,7 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
         }
     }
     // Two shards led by two different nodes, one subscription on each leader.
-    let owners = rt.block_on(until_async("every shard led", || led(&c, 0, GONE)));
+    let owners = rt.block_on(until_async(&c, "every shard led", || led(&c, 0, GONE)));
     let a = 0u32;
     let b = (1..3u32)
         .find(|&s| owners[s as usize] != owners[0])
@@ -550,7 +508,7 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
     let via = (0..NODES.len()).find(|&i| i != la && i != lb).unwrap_or(0);
     let mut subs = Vec::new();
     for (shard, at) in [(a, la), (b, lb)] {
-        let sub = rt.block_on(until_async("a subscription", || async {
+        let sub = rt.block_on(until_async(&c, "a subscription", || async {
             let client = Client::connect(client_config(&c, at)).await.ok()?;
             let sub = client
                 .subscribe_shard(NAMESPACE, GONE, Start::Offset(0), Some(shard))
@@ -626,7 +584,7 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
     publish(2, "new".into(), "key-new".into());
     let mut found = Vec::new();
     for shard in 0..3u32 {
-        let records = rt.block_on(until_async("a read of a shard", || async {
+        let records = rt.block_on(until_async(&c, "a read of a shard", || async {
             let owners = led(&c, 0, GONE).await?;
             let client = Client::connect(client_config(&c, owners[shard as usize]))
                 .await
@@ -661,7 +619,7 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
         &["create", TENANT, NAMESPACE, "gone-cache", "--rf", "3"],
     );
     assert!(made.status.success(), "{}", text(&made));
-    rt.block_on(until_async("a cache put acknowledged", || async {
+    rt.block_on(until_async(&c, "a cache put acknowledged", || async {
         let client = Client::connect(client_config(&c, 1)).await.ok()?;
         let answer = client
             .cache_put(NAMESPACE, "gone-cache", "k", Bytes::from("v"), None)
@@ -697,26 +655,4 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
         text(&lonely)
     );
     c.stop_all();
-}
-
-/// `POST /v1/streams` with `body`: the status and the answer.
-fn post(ops: std::net::SocketAddr, token: &str, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(ops).expect("the ops endpoint");
-    conn.set_read_timeout(Some(LIMIT)).unwrap();
-    write!(
-        conn,
-        "POST /v1/streams HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
-         content-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer).unwrap();
-    let status = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, answer)
 }

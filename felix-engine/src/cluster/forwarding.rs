@@ -2,7 +2,14 @@
 //! peers and their ends handed back to the sessions waiting on them; and the forwards other
 //! nodes sent here, queued for the engine.
 
-use super::*;
+use std::time::Instant;
+
+use felix_cluster::forward::{ForwardEnd, ForwardOutput};
+use felix_cluster::NodeId;
+use felix_peer_proto::PeerMessage;
+
+use super::{ClusterNode, Inbound};
+use crate::router::ForwardOutcome;
 
 impl ClusterNode {
     /// A channel number for one client session's forwards (the high half of their ids).
@@ -139,7 +146,9 @@ impl ClusterNode {
 #[cfg(test)]
 mod channel_tests {
     use super::*;
-    use crate::config::{AuthConfig, EngineConfig, PeerAddr};
+    use std::sync::Arc;
+
+    use crate::config::{AuthConfig, ClusterConfig, EngineConfig, PeerAddr};
 
     fn node(seed: u8) -> ClusterNode {
         let key = rcgen::KeyPair::generate().expect("key");

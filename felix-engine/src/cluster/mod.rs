@@ -28,32 +28,23 @@ mod peers;
 mod replicas;
 mod start;
 
-use core::net::SocketAddr;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Instant;
 
-use felix_cluster::control::store::MetaStore;
 use felix_cluster::control::wire::{from_peer, to_peer};
 use felix_cluster::control::{ControlConfig, ControlOutput, ControlPlane};
-use felix_cluster::forward::{ForwardEnd, ForwardOutput, Forwards};
-use felix_cluster::meta::{
-    Applied, CacheSpec, Command, Consistency as MetaConsistency, Declarations, Metadata, ObjectKey,
-    ObjectKind, ShardMeta, ShardRef, StreamSpec,
-};
-use felix_cluster::replication::promotion::LeaderShards;
-use felix_cluster::routing::{judge_forward, ForwardVerdict, Owner};
-use felix_cluster::{NodeId, Voters};
+use felix_cluster::forward::Forwards;
+use felix_cluster::meta::{Command, Metadata, ObjectKey, ObjectKind, ShardRef};
+use felix_cluster::NodeId;
 use felix_peer_proto::PeerMessage;
 use felix_storage::ops::{FileCompletion, FileOp};
-use tracing::{debug, info, warn};
+use tracing::warn;
 
-use crate::config::{ClusterConfig, Consistency, DeclaredStream};
 use crate::net::{Datagram, Transmit};
-use crate::router::{ForwardOutcome, OwnerEntry, Router};
+use crate::router::{ForwardOutcome, Router};
 pub(crate) use metalog::METALOG_LOG;
 use metalog::{Done, MetaLog};
-use peers::{Identity, PeerCrypto, PeerEvent, PeerLimits, PeerNet};
+use peers::{PeerEvent, PeerNet};
 pub(crate) use replicas::{CopyKind, LogView, ReplicaIo};
 
 /// The engine's way to the cluster driver a [`Router`] wraps: sessions ask the router, and

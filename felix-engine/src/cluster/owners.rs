@@ -3,7 +3,16 @@
 //! `shard_owners`, and a first-used stream's placement asked for. The router
 //! (`crate::router`) hands these to sessions.
 
-use super::*;
+use std::time::Instant;
+
+use felix_cluster::meta::{
+    Command, Consistency as MetaConsistency, ObjectKey, ShardMeta, StreamSpec,
+};
+use felix_cluster::routing::{judge_forward, ForwardVerdict, Owner};
+use felix_cluster::NodeId;
+
+use super::ClusterNode;
+use crate::router::OwnerEntry;
 
 impl ClusterNode {
     /// `topology`'s answer: every member that can serve and has a client address.

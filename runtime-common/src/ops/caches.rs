@@ -12,16 +12,19 @@
 //! each shard placed, led and replicated as a stream shard; `GET` shows each shard's leader,
 //! replicas and generation. Answers and errors are JSON, as for `/v1/streams`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use felix_engine::stream_admin::{CacheSpec, CacheView};
-use felix_engine::AdminError;
+use felix_engine::{AdminError, Engine};
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde_json::{json as j, Value};
 
-use super::http::{bearer_token, body, json, on_engine, Answer, OpsState};
-use super::streams::{error, no_token, shard_json, uint, CREATE_TIMEOUT};
+use super::admin::{
+    bad, created, error, get_all, get_one, names, no_token, object, shard_json, shards_and_rf,
+    token_and_body, until_deleted_here, Deadline, Names, Placed, ViewOne, CREATE_TIMEOUT,
+};
+use super::http::{bearer_token, json, on_engine, Answer, OpsState};
 
 const CREATE_FIELDS: [&str; 6] = [
     "tenant",
@@ -32,8 +35,6 @@ const CREATE_FIELDS: [&str; 6] = [
     "durable",
 ];
 
-type Names = (String, String, String);
-
 pub(crate) async fn serve(state: &OpsState, req: Request<Incoming>, timeout: Duration) -> Answer {
     let path = req.uri().path().to_owned();
     let names: Vec<&str> = path
@@ -43,48 +44,15 @@ pub(crate) async fn serve(state: &OpsState, req: Request<Incoming>, timeout: Dur
         .collect();
     let method = req.method().clone();
     match (method, &names[..]) {
-        (Method::POST, []) => {
-            let token = bearer_token(&req);
-            let bytes = match body(req, timeout).await {
-                Ok(b) => b,
-                Err(answer) => return answer,
-            };
-            let (names, spec) = match parse_create(&bytes) {
-                Ok(x) => x,
-                Err(e) => return error(&e),
-            };
-            let Some(token) = token else {
-                return no_token();
-            };
-            create(state, token, names, spec).await
-        }
+        (Method::POST, []) => match token_and_body(req, timeout, parse_create).await {
+            Err(answer) => answer,
+            Ok((token, (names, spec))) => create(state, token, names, spec).await,
+        },
         (Method::GET | Method::HEAD, []) => {
-            let Some(token) = bearer_token(&req) else {
-                return no_token();
-            };
-            match on_engine(state, move |e, now| e.cache_views(now, &token)).await {
-                Err(answer) => answer,
-                Ok(Err(e)) => error(&e),
-                Ok(Ok(views)) => json(
-                    StatusCode::OK,
-                    &j!({ "caches": views.iter().map(view_json).collect::<Vec<_>>() }),
-                ),
-            }
+            get_all(state, &req, "caches", Engine::cache_views).await
         }
         (Method::GET | Method::HEAD, &[t, n, c]) => {
-            let Some(token) = bearer_token(&req) else {
-                return no_token();
-            };
-            let names = (t.to_owned(), n.to_owned(), c.to_owned());
-            let outcome = on_engine(state, move |e, now| {
-                e.cache_view(now, Some(&token), (&names.0, &names.1, &names.2))
-            })
-            .await;
-            match outcome {
-                Err(answer) => answer,
-                Ok(Err(e)) => error(&e),
-                Ok(Ok(view)) => json(StatusCode::OK, &view_json(&view)),
-            }
+            get_one(state, &req, [t, n, c], Engine::cache_view).await
         }
         (Method::DELETE, &[t, n, c]) => {
             let Some(token) = bearer_token(&req) else {
@@ -107,7 +75,7 @@ pub(crate) async fn serve(state: &OpsState, req: Request<Incoming>, timeout: Dur
 /// applied it and removed its own copies: `204`. `404` unknown, `401`/`403` the token, `503` no
 /// control-plane leader or not applied within [`CREATE_TIMEOUT`] (retryable: one command).
 async fn delete(state: &OpsState, token: String, names: Names) -> Answer {
-    let deadline = Instant::now() + CREATE_TIMEOUT;
+    let deadline = Deadline::now() + CREATE_TIMEOUT;
     let asked = names.clone();
     let outcome = on_engine(state, move |e, now| {
         e.delete_cache_as(now, &token, (&asked.0, &asked.1, &asked.2))
@@ -118,112 +86,57 @@ async fn delete(state: &OpsState, token: String, names: Names) -> Answer {
         Ok(Err(e)) => return error(&e),
         Ok(Ok(i)) => i,
     };
-    loop {
-        let changed = state.next_metadata_change();
-        let asked = names.clone();
-        let done = on_engine(state, move |e, _| {
-            e.cache_deleted_here((&asked.0, &asked.1, &asked.2), incarnation)
-        })
-        .await;
-        match done {
-            Err(answer) => return answer,
-            Ok(true) => return super::http::text(StatusCode::NO_CONTENT, ""),
-            Ok(false) => {}
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || tokio::time::timeout(left, changed).await.is_err() {
-            return error(&AdminError::Unavailable(format!(
+    until_deleted_here(
+        state,
+        deadline,
+        names,
+        incarnation,
+        Engine::cache_deleted_here,
+        || {
+            error(&AdminError::Unavailable(format!(
                 "the delete was not applied within {CREATE_TIMEOUT:?}: the control plane may \
                  have no majority; retry (the delete is one command: asking again is safe)"
-            )));
-        }
-    }
+            )))
+        },
+    )
+    .await
 }
 
+/// Asks for the cache, then waits for every shard to have a live leader.
 async fn create(state: &OpsState, token: String, names: Names, spec: CacheSpec) -> Answer {
-    let deadline = Instant::now() + CREATE_TIMEOUT;
+    let deadline = Deadline::now() + CREATE_TIMEOUT;
     let asked = names.clone();
     let outcome = on_engine(state, move |e, now| {
         e.create_cache_as(now, &token, (&asked.0, &asked.1, &asked.2), spec)
     })
     .await;
-    let created = match outcome {
-        Err(answer) => return answer,
-        Ok(Err(e)) => return error(&e),
-        Ok(Ok(Some(view))) if view.writable() => return json(StatusCode::OK, &view_json(&view)),
-        Ok(Ok(existing)) => existing.is_none(),
-    };
-    loop {
-        let changed = state.next_metadata_change();
-        let asked = names.clone();
-        let look = on_engine(state, move |e, now| {
-            e.cache_view(now, None, (&asked.0, &asked.1, &asked.2))
+    // Another create of the same name, with another spec, applied first.
+    let conflict = |view: &CacheView| {
+        (view.spec != spec).then(|| AdminError::Conflict {
+            field: if view.spec.shards != spec.shards {
+                "shards"
+            } else {
+                "replication_factor"
+            },
+            why: format!(
+                "{}/{}/{} exists with another spec",
+                names.0, names.1, names.2
+            ),
         })
-        .await;
-        match look {
-            Err(answer) => return answer,
-            Ok(Ok(view)) => {
-                if view.spec != spec {
-                    return error(&AdminError::Conflict {
-                        field: if view.spec.shards != spec.shards {
-                            "shards"
-                        } else {
-                            "replication_factor"
-                        },
-                        why: format!(
-                            "{}/{}/{} exists with another spec",
-                            names.0, names.1, names.2
-                        ),
-                    });
-                }
-                if view.writable() {
-                    let status = if created {
-                        StatusCode::CREATED
-                    } else {
-                        StatusCode::OK
-                    };
-                    return json(status, &view_json(&view));
-                }
-            }
-            Ok(Err(AdminError::NotFound(_))) => {}
-            Ok(Err(e)) => return error(&e),
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || tokio::time::timeout(left, changed).await.is_err() {
-            return error(&AdminError::Unavailable(format!(
-                "not placed with its shard led within {CREATE_TIMEOUT:?}: the control plane \
-                 may have no majority, or fewer live nodes than the replication factor; retry \
-                 (the same create is safe to repeat)"
-            )));
-        }
-    }
+    };
+    let late = format!(
+        "not placed with its shard led within {CREATE_TIMEOUT:?}: the control plane may have no \
+         majority, or fewer live nodes than the replication factor; retry (the same create is \
+         safe to repeat)"
+    );
+    let view = (&names, Engine::cache_view as ViewOne<_>);
+    created(state, deadline, outcome, view, conflict, late).await
 }
 
 fn parse_create(bytes: &[u8]) -> Result<(Names, CacheSpec), AdminError> {
-    let bad = |field: &'static str, why: String| AdminError::BadRequest { field, why };
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| bad("body", format!("not JSON: {e}")))?;
-    let Value::Object(map) = value else {
-        return Err(bad("body", "not a JSON object".into()));
-    };
-    if let Some(unknown) = map.keys().find(|k| !CREATE_FIELDS.contains(&k.as_str())) {
-        return Err(bad("body", format!("unknown field {unknown:?}")));
-    }
-    let name = |field: &'static str| -> Result<String, AdminError> {
-        match map.get(field) {
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(_) => Err(bad(field, "must be a string".into())),
-            None => Err(bad(field, "is required".into())),
-        }
-    };
-    let names = (name("tenant")?, name("namespace")?, name("cache")?);
-    let shards = uint(&map, "shards")?.unwrap_or(1);
-    let shards =
-        u32::try_from(shards).map_err(|_| bad("shards", format!("{shards} is too large")))?;
-    let rf = uint(&map, "replication_factor")?
-        .ok_or_else(|| bad("replication_factor", "is required".into()))?;
-    let replication_factor =
-        u8::try_from(rf).map_err(|_| bad("replication_factor", format!("{rf} is too large")))?;
+    let map = object(bytes, &CREATE_FIELDS)?;
+    let names = names(&map, "cache")?;
+    let (shards, replication_factor) = shards_and_rf(&map, Some(1))?;
     match map.get("durable") {
         None | Some(Value::Bool(true)) => {}
         Some(Value::Bool(false)) => {
@@ -245,18 +158,26 @@ fn parse_create(bytes: &[u8]) -> Result<(Names, CacheSpec), AdminError> {
     ))
 }
 
-fn view_json(v: &CacheView) -> Value {
-    j!({
-        "tenant": v.tenant,
-        "namespace": v.namespace,
-        "cache": v.cache,
-        "spec": {
-            "shards": v.spec.shards,
-            "replication_factor": v.spec.replication_factor,
-        },
-        "shards": v.shards.iter().map(shard_json).collect::<Vec<_>>(),
-        "incarnation": v.incarnation,
-    })
+impl Placed for CacheView {
+    fn writable(&self) -> bool {
+        CacheView::writable(self)
+    }
+
+    /// A cache as the API shows it.
+    fn json(&self) -> Value {
+        let v = self;
+        j!({
+            "tenant": v.tenant,
+            "namespace": v.namespace,
+            "cache": v.cache,
+            "spec": {
+                "shards": v.spec.shards,
+                "replication_factor": v.spec.replication_factor,
+            },
+            "shards": v.shards.iter().map(shard_json).collect::<Vec<_>>(),
+            "incarnation": v.incarnation,
+        })
+    }
 }
 
 #[cfg(test)]

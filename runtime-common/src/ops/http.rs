@@ -95,6 +95,8 @@ pub(crate) struct OpsState {
     /// In a cluster: the last metadata index applied, and who waits for it to move
     /// ([`crate::RunningBroker::metadata_changed`]).
     metadata: std::sync::Mutex<(u64, Vec<futures_channel::oneshot::Sender<()>>)>,
+    /// The change counter and its waiters (`GET /v1/cluster/changes`, [`super::changes`]).
+    pub(crate) changes: std::sync::Mutex<super::changes::Changes>,
 }
 
 impl OpsState {
@@ -106,6 +108,7 @@ impl OpsState {
             control: tx,
             ready_waiters: std::sync::Mutex::new(Vec::new()),
             metadata: std::sync::Mutex::new((0, Vec::new())),
+            changes: std::sync::Mutex::new(super::changes::Changes::default()),
         };
         (Arc::new(state), rx)
     }
@@ -378,6 +381,9 @@ async fn route(state: &OpsState, req: Request<Incoming>, timeout: Duration) -> A
     }
     if path == "/v1/caches" || path.starts_with("/v1/caches/") {
         return super::caches::serve(state, req, timeout).await;
+    }
+    if path == super::changes::ROUTE {
+        return super::changes::serve(state, req).await;
     }
     let head_only = req.method() == Method::HEAD;
     if req.method() != Method::GET && !head_only {

@@ -15,6 +15,7 @@ use tracing::info;
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
 
+use super::admin::{until_deleted_here, Deadline};
 use super::http::{ask, bearer_token, json, no_token, on_engine, text, Answer, OpsState};
 use crate::control::Control;
 
@@ -71,7 +72,7 @@ pub(crate) async fn serve(state: &OpsState, req: &Request<Incoming>, names: [&st
     let Some(token) = bearer_token(req) else {
         return no_token();
     };
-    let deadline = Instant::now() + DELETE_TIMEOUT;
+    let deadline = Deadline::now() + DELETE_TIMEOUT;
     let owned = (tenant.to_owned(), namespace.to_owned(), stream.to_owned());
     let asked = owned.clone();
     let before = match on_engine(state, move |e, _| {
@@ -96,41 +97,31 @@ pub(crate) async fn serve(state: &OpsState, req: &Request<Incoming>, names: [&st
         Err(answer) => answer,
         Ok(Ok(())) => match before {
             None => text(StatusCode::NO_CONTENT, ""),
-            Some(incarnation) => wait_deleted(state, owned, incarnation, deadline).await,
+            Some(incarnation) => {
+                let gone = Engine::stream_deleted_here;
+                wait_deleted(state, owned, incarnation, deadline, gone).await
+            }
         },
         Ok(Err(e)) => refused(e),
     }
 }
 
-/// Waits until this node's metadata no longer has `incarnation` of the stream and its copies
-/// here are gone.
+/// Waits until `gone` (`Engine::stream_deleted_here`) says this node's metadata no longer has
+/// `incarnation` of the stream and its copies here are gone: `204`; at `deadline`, `503`.
 async fn wait_deleted(
     state: &OpsState,
     names: (String, String, String),
     incarnation: u64,
-    deadline: Instant,
+    deadline: Deadline,
+    gone: fn(&Engine, (&str, &str, &str), u64) -> bool,
 ) -> Answer {
-    loop {
-        // Registered before looking, so a change between the look and the wait is not missed.
-        let changed = state.next_metadata_change();
-        let asked = names.clone();
-        let done = on_engine(state, move |e, _| {
-            e.stream_deleted_here((&asked.0, &asked.1, &asked.2), incarnation)
-        })
-        .await;
-        match done {
-            Err(answer) => return answer,
-            Ok(true) => return text(StatusCode::NO_CONTENT, ""),
-            Ok(false) => {}
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || tokio::time::timeout(left, changed).await.is_err() {
-            return refused(DeleteStreamError::Unavailable(format!(
-                "the delete was not applied within {DELETE_TIMEOUT:?}: the control plane may \
+    until_deleted_here(state, deadline, names, incarnation, gone, || {
+        refused(DeleteStreamError::Unavailable(format!(
+            "the delete was not applied within {DELETE_TIMEOUT:?}: the control plane may \
                  have no majority; retry (the delete is one command: asking again is safe)"
-            )));
-        }
-    }
+        )))
+    })
+    .await
 }
 
 fn refused(e: DeleteStreamError) -> Answer {
@@ -149,4 +140,87 @@ fn refused(e: DeleteStreamError) -> Answer {
         );
     }
     answer
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::{pending, poll_fn};
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use felix_engine::{AuthConfig, EngineConfig};
+    use futures_channel::mpsc;
+    use futures_core::Stream;
+
+    use super::*;
+    use crate::ops::http::OpsState;
+
+    /// Stands in for the drive loop: runs every admin job on a single-node engine, forever.
+    async fn drive(mut control: mpsc::UnboundedReceiver<Control>) {
+        let identity = crate::tls::generate(&[]).unwrap().identity;
+        let config = EngineConfig::new(identity, AuthConfig::Dev { seed: [7; 32] }, [9; 32]);
+        let mut engine = Engine::new(config, Instant::now(), 1_767_225_600_000_000).unwrap();
+        while let Some(c) = poll_fn(|cx| Pin::new(&mut control).poll_next(cx)).await {
+            if let Control::Admin(job) = c {
+                job(&mut engine, Instant::now());
+            }
+        }
+        pending::<()>().await;
+    }
+
+    fn names() -> (String, String, String) {
+        ("t1".into(), "default".into(), "orders".into())
+    }
+
+    /// A delete this node never sees applied is answered `503` at `DELETE_TIMEOUT`, not
+    /// before (tokio's clock paused: time moves only to the next timer, and only when nothing
+    /// else can run; its timers tick in whole milliseconds).
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_never_applied_here_is_answered_503_at_its_timeout_not_before() {
+        let (state, control) = OpsState::new();
+        let start = Deadline::now();
+        let never = |_: &Engine, _: (&str, &str, &str), _: u64| false;
+        let answer = tokio::select! {
+            answer = wait_deleted(&state, names(), 1, start + DELETE_TIMEOUT, never) => answer,
+            () = drive(control) => unreachable!("the drive loop stand-in never ends"),
+        };
+        let waited = Deadline::now() - start;
+        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            waited >= DELETE_TIMEOUT,
+            "answered after {waited:?}, before the timeout"
+        );
+        assert!(
+            waited < DELETE_TIMEOUT + Duration::from_millis(1),
+            "answered after {waited:?}, well past the timeout"
+        );
+    }
+
+    /// Applied here 1 ms before `DELETE_TIMEOUT` (a metadata change, then `gone` is true):
+    /// answered `204` then, not `503`.
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_applied_just_inside_its_timeout_is_answered_204() {
+        static APPLIED: AtomicBool = AtomicBool::new(false);
+        let (state, control) = OpsState::new();
+        let start = Deadline::now();
+        let applied = |_: &Engine, _: (&str, &str, &str), _: u64| APPLIED.load(Ordering::SeqCst);
+        let inside = DELETE_TIMEOUT - Duration::from_millis(1);
+        let apply = async {
+            tokio::time::sleep_until(start + inside).await;
+            APPLIED.store(true, Ordering::SeqCst);
+            state.set_metadata_applied(1);
+            pending::<()>().await;
+        };
+        let answer = tokio::select! {
+            answer = wait_deleted(&state, names(), 1, start + DELETE_TIMEOUT, applied) => answer,
+            () = drive(control) => unreachable!("the drive loop stand-in never ends"),
+            () = apply => unreachable!("never ends"),
+        };
+        let waited = Deadline::now() - start;
+        assert_eq!(answer.status(), StatusCode::NO_CONTENT, "after {waited:?}");
+        assert!(
+            waited >= inside && waited < DELETE_TIMEOUT,
+            "answered after {waited:?}"
+        );
+    }
 }

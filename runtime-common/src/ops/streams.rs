@@ -11,20 +11,19 @@
 //! Every answer but a `204` is JSON; an error is `{"error": …}`, with `"field"` on a `400` or
 //! `409`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use felix_engine::stream_admin::{Consistency, Retention, StreamSpec};
-use felix_engine::{AdminError, StreamView};
+use felix_engine::{AdminError, Engine, StreamView};
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
-use serde_json::{json as j, Map, Value};
+use serde_json::{json as j, Value};
 
-use super::http::{bearer_token, body, json, on_engine, Answer, OpsState};
-
-/// How long a create waits for its stream to be placed with every shard led by a live node
-/// before answering `503` (the create may still complete: asking again with the same spec is
-/// safe and answers `200` once it has).
-pub const CREATE_TIMEOUT: Duration = Duration::from_secs(15);
+use super::admin::{
+    bad, created, error, get_all, get_one, names, object, shard_json, shards_and_rf,
+    token_and_body, uint, until_applied, Deadline, Names, Placed, ViewOne, CREATE_TIMEOUT,
+};
+use super::http::{json, on_engine, Answer, OpsState};
 
 /// The fields a create's body may have; any other is refused `400`.
 const CREATE_FIELDS: [&str; 8] = [
@@ -50,72 +49,23 @@ pub(crate) async fn serve(state: &OpsState, req: Request<Incoming>, timeout: Dur
     let method = req.method().clone();
     match (method, &names[..]) {
         (Method::DELETE, &[t, n, s]) => super::stream_delete::serve(state, &req, [t, n, s]).await,
-        (Method::POST, []) => {
-            let token = bearer_token(&req);
-            let bytes = match body(req, timeout).await {
-                Ok(b) => b,
-                Err(answer) => return answer,
-            };
-            let (names, spec) = match parse_create(&bytes) {
-                Ok(x) => x,
-                Err(e) => return error(&e),
-            };
-            let Some(token) = token else {
-                return error(&AdminError::Unauthorized(
-                    "an Authorization: Bearer <token> header is required".into(),
-                ));
-            };
-            create(state, token, names, spec).await
-        }
+        (Method::POST, []) => match token_and_body(req, timeout, parse_create).await {
+            Err(answer) => answer,
+            Ok((token, (names, spec))) => create(state, token, names, spec).await,
+        },
         (Method::GET | Method::HEAD, []) => {
-            let Some(token) = bearer_token(&req) else {
-                return no_token();
-            };
-            match on_engine(state, move |e, now| e.stream_views(now, &token)).await {
-                Err(answer) => answer,
-                Ok(Err(e)) => error(&e),
-                Ok(Ok(views)) => json(
-                    StatusCode::OK,
-                    &j!({ "streams": views.iter().map(view_json).collect::<Vec<_>>() }),
-                ),
-            }
+            get_all(state, &req, "streams", Engine::stream_views).await
         }
         (Method::GET | Method::HEAD, &[t, n, s]) => {
-            let Some(token) = bearer_token(&req) else {
-                return no_token();
-            };
-            let names = (t.to_owned(), n.to_owned(), s.to_owned());
-            let outcome = on_engine(state, move |e, now| {
-                e.stream_view(now, Some(&token), (&names.0, &names.1, &names.2))
-            })
-            .await;
-            match outcome {
-                Err(answer) => answer,
-                Ok(Err(e)) => error(&e),
-                Ok(Ok(view)) => json(StatusCode::OK, &view_json(&view)),
+            get_one(state, &req, [t, n, s], Engine::stream_view).await
+        }
+        (Method::PATCH, &[t, n, s]) => match token_and_body(req, timeout, parse_patch).await {
+            Err(answer) => answer,
+            Ok((token, patch)) => {
+                let names = (t.to_owned(), n.to_owned(), s.to_owned());
+                alter(state, token, names, patch).await
             }
-        }
-        (Method::PATCH, &[t, n, s]) => {
-            let token = bearer_token(&req);
-            let bytes = match body(req, timeout).await {
-                Ok(b) => b,
-                Err(answer) => return answer,
-            };
-            let patch = match parse_patch(&bytes) {
-                Ok(p) => p,
-                Err(e) => return error(&e),
-            };
-            let Some(token) = token else {
-                return no_token();
-            };
-            alter(
-                state,
-                token,
-                (t.to_owned(), n.to_owned(), s.to_owned()),
-                patch,
-            )
-            .await
-        }
+        },
         (_, [] | [_, _, _]) => json(
             StatusCode::METHOD_NOT_ALLOWED,
             &j!({ "error": "GET or POST on /v1/streams; GET, PATCH or DELETE on /v1/streams/{tenant}/{namespace}/{stream}" }),
@@ -126,8 +76,6 @@ pub(crate) async fn serve(state: &OpsState, req: Request<Incoming>, timeout: Dur
         ),
     }
 }
-
-type Names = (String, String, String);
 
 /// A `PATCH` body: what it asks to change.
 #[derive(Debug, Default, PartialEq)]
@@ -144,12 +92,6 @@ struct Patch {
 }
 
 fn parse_patch(bytes: &[u8]) -> Result<Patch, AdminError> {
-    let bad = |field: &'static str, why: String| AdminError::BadRequest { field, why };
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| bad("body", format!("not JSON: {e}")))?;
-    let Value::Object(map) = value else {
-        return Err(bad("body", "not a JSON object".into()));
-    };
     const FIELDS: [&str; 5] = [
         "retention",
         "shards",
@@ -157,9 +99,7 @@ fn parse_patch(bytes: &[u8]) -> Result<Patch, AdminError> {
         "consistency",
         "durable",
     ];
-    if let Some(unknown) = map.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(bad("body", format!("unknown field {unknown:?}")));
-    }
+    let map = object(bytes, &FIELDS)?;
     let mut p = Patch {
         shards: uint(&map, "shards")?,
         replication_factor: uint(&map, "replication_factor")?,
@@ -247,7 +187,7 @@ fn patched(spec: &StreamSpec, p: &Patch) -> Result<Retention, AdminError> {
 
 /// Reads the stream, asks for its new retention, then waits to see it applied here.
 async fn alter(state: &OpsState, token: String, names: Names, patch: Patch) -> Answer {
-    let deadline = Instant::now() + CREATE_TIMEOUT;
+    let deadline = Deadline::now() + CREATE_TIMEOUT;
     let (asked, t) = (names.clone(), token.clone());
     let current = on_engine(state, move |e, now| {
         e.stream_view(now, Some(&t), (&asked.0, &asked.1, &asked.2))
@@ -272,118 +212,69 @@ async fn alter(state: &OpsState, token: String, names: Names, patch: Patch) -> A
         Ok(Err(e)) => return error(&e),
         Ok(Ok(_)) => {}
     }
-    loop {
-        let changed = state.next_metadata_change();
-        let asked = names.clone();
-        let look = on_engine(state, move |e, now| {
-            e.stream_view(now, None, (&asked.0, &asked.1, &asked.2))
-        })
-        .await;
-        match look {
-            Err(answer) => return answer,
-            Ok(Ok(view)) if view.spec.retention == retention => {
-                return json(StatusCode::OK, &view_json(&view))
+    until_applied(
+        state,
+        deadline,
+        || {
+            let asked = names.clone();
+            async move {
+                let look = on_engine(state, move |e, now| {
+                    e.stream_view(now, None, (&asked.0, &asked.1, &asked.2))
+                })
+                .await;
+                match look {
+                    Err(answer) => Some(answer),
+                    Ok(Ok(view)) if view.spec.retention == retention => {
+                        Some(json(StatusCode::OK, &view.json()))
+                    }
+                    Ok(Ok(_)) => None,
+                    Ok(Err(e)) => Some(error(&e)),
+                }
             }
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return error(&e),
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || tokio::time::timeout(left, changed).await.is_err() {
-            return error(&AdminError::Unavailable(format!(
+        },
+        || {
+            error(&AdminError::Unavailable(format!(
                 "the change was not applied within {CREATE_TIMEOUT:?}: the control plane may \
                  have no majority; retry (the same change is safe to repeat)"
-            )));
-        }
-    }
+            )))
+        },
+    )
+    .await
 }
 
 /// Asks for the stream, then waits for every shard to have a live leader.
 async fn create(state: &OpsState, token: String, names: Names, spec: StreamSpec) -> Answer {
-    let deadline = Instant::now() + CREATE_TIMEOUT;
+    let deadline = Deadline::now() + CREATE_TIMEOUT;
     let asked = names.clone();
     let outcome = on_engine(state, move |e, now| {
         e.create_stream_as(now, &token, (&asked.0, &asked.1, &asked.2), spec)
     })
     .await;
-    let created = match outcome {
-        Err(answer) => return answer,
-        Ok(Err(e)) => return error(&e),
-        Ok(Ok(Some(view))) if view.writable() => return json(StatusCode::OK, &view_json(&view)),
-        Ok(Ok(existing)) => existing.is_none(),
-    };
-    loop {
-        // Registered before looking, so a change between the look and the wait is not missed.
-        let changed = state.next_metadata_change();
-        let asked = names.clone();
-        let look = on_engine(state, move |e, now| {
-            e.stream_view(now, None, (&asked.0, &asked.1, &asked.2))
+    // Another create of the same name, with another spec, applied first.
+    let conflict = |view: &StreamView| {
+        let field = view.spec.first_difference(&spec)?;
+        Some(AdminError::Conflict {
+            field,
+            why: format!(
+                "{}/{}/{} exists with another {field}",
+                names.0, names.1, names.2
+            ),
         })
-        .await;
-        match look {
-            Err(answer) => return answer,
-            Ok(Ok(view)) => {
-                if let Some(field) = view.spec.first_difference(&spec) {
-                    // Another create of the same name, with another spec, was applied first.
-                    return error(&AdminError::Conflict {
-                        field,
-                        why: format!(
-                            "{}/{}/{} exists with another {field}",
-                            names.0, names.1, names.2
-                        ),
-                    });
-                }
-                if view.writable() {
-                    let status = if created {
-                        StatusCode::CREATED
-                    } else {
-                        StatusCode::OK
-                    };
-                    return json(status, &view_json(&view));
-                }
-            }
-            Ok(Err(AdminError::NotFound(_))) => {}
-            Ok(Err(e)) => return error(&e),
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || tokio::time::timeout(left, changed).await.is_err() {
-            return error(&AdminError::Unavailable(format!(
-                "not placed with every shard led within {CREATE_TIMEOUT:?}: the control plane \
-                 may have no majority, or fewer live nodes than the replication factor; retry \
-                 (the same create is safe to repeat)"
-            )));
-        }
-    }
+    };
+    let late = format!(
+        "not placed with every shard led within {CREATE_TIMEOUT:?}: the control plane may have \
+         no majority, or fewer live nodes than the replication factor; retry (the same create \
+         is safe to repeat)"
+    );
+    let view = (&names, Engine::stream_view as ViewOne<_>);
+    created(state, deadline, outcome, view, conflict, late).await
 }
 
 /// A create's body, each bad field named.
 fn parse_create(bytes: &[u8]) -> Result<(Names, StreamSpec), AdminError> {
-    let bad = |field: &'static str, why: String| AdminError::BadRequest { field, why };
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| bad("body", format!("not JSON: {e}")))?;
-    let Value::Object(map) = value else {
-        return Err(bad("body", "not a JSON object".into()));
-    };
-    if let Some(unknown) = map.keys().find(|k| !CREATE_FIELDS.contains(&k.as_str())) {
-        return Err(AdminError::BadRequest {
-            field: "body",
-            why: format!("unknown field {unknown:?}"),
-        });
-    }
-    let name = |field: &'static str| -> Result<String, AdminError> {
-        match map.get(field) {
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(_) => Err(bad(field, "must be a string".into())),
-            None => Err(bad(field, "is required".into())),
-        }
-    };
-    let names = (name("tenant")?, name("namespace")?, name("stream")?);
-    let shards = uint(&map, "shards")?.ok_or_else(|| bad("shards", "is required".into()))?;
-    let shards =
-        u32::try_from(shards).map_err(|_| bad("shards", format!("{shards} is too large")))?;
-    let rf = uint(&map, "replication_factor")?
-        .ok_or_else(|| bad("replication_factor", "is required".into()))?;
-    let replication_factor =
-        u8::try_from(rf).map_err(|_| bad("replication_factor", format!("{rf} is too large")))?;
+    let map = object(bytes, &CREATE_FIELDS)?;
+    let names = names(&map, "stream")?;
+    let (shards, replication_factor) = shards_and_rf(&map, None)?;
     let consistency = match map.get("consistency") {
         None => Consistency::Leader,
         Some(Value::String(s)) if s == "leader" => Consistency::Leader,
@@ -434,72 +325,32 @@ fn rename(e: AdminError, field: &'static str) -> AdminError {
     }
 }
 
-/// An optional non-negative integer field (`null` is absent).
-pub(super) fn uint(
-    map: &Map<String, Value>,
-    field: &'static str,
-) -> Result<Option<u64>, AdminError> {
-    match map.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or(AdminError::BadRequest {
-            field,
-            why: "must be a non-negative integer".into(),
-        }),
+impl Placed for StreamView {
+    fn writable(&self) -> bool {
+        StreamView::writable(self)
     }
-}
 
-/// A stream as the API shows it.
-fn view_json(v: &StreamView) -> Value {
-    j!({
-        "tenant": v.tenant,
-        "namespace": v.namespace,
-        "stream": v.stream,
-        "spec": {
-            "shards": v.spec.shards,
-            "replication_factor": v.spec.replication_factor,
-            "consistency": v.spec.consistency.to_string(),
-            "retention": {
-                "max_age_seconds": v.spec.retention.max_age_seconds,
-                "max_bytes": v.spec.retention.max_bytes,
+    /// A stream as the API shows it.
+    fn json(&self) -> Value {
+        let v = self;
+        j!({
+            "tenant": v.tenant,
+            "namespace": v.namespace,
+            "stream": v.stream,
+            "spec": {
+                "shards": v.spec.shards,
+                "replication_factor": v.spec.replication_factor,
+                "consistency": v.spec.consistency.to_string(),
+                "retention": {
+                    "max_age_seconds": v.spec.retention.max_age_seconds,
+                    "max_bytes": v.spec.retention.max_bytes,
+                },
+                "durable": v.spec.durable,
             },
-            "durable": v.spec.durable,
-        },
-        "shards": v.shards.iter().map(shard_json).collect::<Vec<_>>(),
-        "incarnation": v.incarnation,
-    })
-}
-
-pub(super) fn shard_json(s: &felix_engine::ShardView) -> Value {
-    j!({
-        "shard": s.shard,
-        "leader": s.leader,
-        "writable": s.writable,
-        "replicas": s.replicas,
-        "generation": s.generation,
-        "here": s.here.map(|h| j!({ "log_start": h.log_start, "log_end": h.log_end })),
-    })
-}
-
-pub(super) fn error(e: &AdminError) -> Answer {
-    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut body = j!({ "error": e.to_string() });
-    if let Some(field) = e.field() {
-        body["field"] = j!(field);
+            "shards": v.shards.iter().map(shard_json).collect::<Vec<_>>(),
+            "incarnation": v.incarnation,
+        })
     }
-    let mut r = json(status, &body);
-    if status == StatusCode::UNAUTHORIZED {
-        r.headers_mut().insert(
-            "www-authenticate",
-            hyper::header::HeaderValue::from_static("Bearer"),
-        );
-    }
-    r
-}
-
-pub(super) fn no_token() -> Answer {
-    error(&AdminError::Unauthorized(
-        "an Authorization: Bearer <token> header is required".into(),
-    ))
 }
 
 #[cfg(test)]
