@@ -1,7 +1,7 @@
 //! What the tests against real processes (`chaos/tests/`) and `felix-create-bench` share: the
 //! workspace's builds of the broker and the CLI, a cluster laid out and started, a client of
-//! one node, `felix admin …` and a `POST` against a node's ops endpoint, and bounded retries
-//! of an outcome.
+//! one node, `felix admin …` and a `POST` against a node's ops endpoint, and bounded waits
+//! for an outcome, each look after the last woken by a node's change (`/v1/cluster/changes`).
 //!
 //! The broker and CLI are found as `FELIX_BROKER_BIN` / `FELIX_CLI_BIN` say, else in
 //! `target/release`, else in `target/debug` (`scripts/test` builds the release ones first).
@@ -10,6 +10,8 @@ use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use felix_client::{ClientConfig, Offer};
@@ -18,8 +20,6 @@ use crate::cluster::{Cluster, Layout, NODES, READY_LIMIT, TENANT};
 
 /// Bound on every wait for an outcome in the tests.
 pub const LIMIT: Duration = Duration::from_secs(60);
-/// Between two attempts at an outcome.
-const RETRY: Duration = Duration::from_millis(100);
 
 /// The workspace's build of `name`: the path in `env` if set, else `target/release`, else
 /// `target/debug`.
@@ -155,28 +155,58 @@ pub fn index(id: &str) -> usize {
     NODES.iter().position(|n| *n == id).expect("a node id")
 }
 
-/// Retries `f` until it gives `Some`, at most [`LIMIT`]; a retry is a new attempt at an
-/// outcome, not a wait standing in for one.
-pub fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+/// Looks at an outcome with `f` until it gives `Some`, for at most [`LIMIT`]. Between two
+/// looks it waits for the next change on any running node (`GET /v1/cluster/changes`, a
+/// long-poll per node: metadata applied, a copy's role, generation, commit or log bounds, the
+/// node serving), so a look follows an event rather than a pause. A node that cannot be asked
+/// (down, not yet listening) is not watched; when no node can be, the last look decides.
+pub fn until<T>(c: &Cluster, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + LIMIT;
+    if let Some(t) = f() {
+        return t;
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _watch = Watch::start(c, deadline, move || tx.send(()).is_ok());
     loop {
+        let watched = rx.recv().is_ok();
+        while rx.try_recv().is_ok() {}
         if let Some(t) = f() {
             return t;
         }
         assert!(Instant::now() < deadline, "{what}: not within {LIMIT:?}");
-        std::thread::sleep(RETRY);
+        assert!(watched, "{what}: no node's changes could be watched");
     }
 }
 
-/// [`until`] for an asynchronous attempt, on tokio.
+/// [`until`] for an asynchronous look, on any runtime (the wake comes over a channel).
 pub async fn until_async<T, F: std::future::Future<Output = Option<T>>>(
+    c: &Cluster,
     what: &str,
-    f: impl FnMut() -> F,
+    mut f: impl FnMut() -> F,
 ) -> T {
-    until_slept(what, tokio::time::sleep, f).await
+    let deadline = Instant::now() + LIMIT;
+    if let Some(t) = f().await {
+        return t;
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let _watch = Watch::start(c, deadline, move || tx.send(()).is_ok());
+    loop {
+        let watched = rx.recv().await.is_some();
+        while rx.try_recv().is_ok() {}
+        if let Some(t) = f().await {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {LIMIT:?}");
+        assert!(watched, "{what}: no node's changes could be watched");
+    }
 }
 
-/// [`until`] for an asynchronous attempt, on any runtime: `sleep` is its timer.
+/// Between two looks at a state only a client holds ([`until_slept`]).
+const CLIENT_RETRY: Duration = Duration::from_millis(100);
+
+/// For a state only the client holds (its own connections, say), which no broker's change
+/// announces: looks every [`CLIENT_RETRY`] on `sleep`'s timer, at most [`LIMIT`]. A state a
+/// broker holds is [`until_async`]'s.
 pub async fn until_slept<T, F, S>(
     what: &str,
     sleep: impl Fn(Duration) -> S,
@@ -192,6 +222,85 @@ where
             return t;
         }
         assert!(Instant::now() < deadline, "{what}: not within {LIMIT:?}");
-        sleep(RETRY).await;
+        sleep(CLIENT_RETRY).await;
     }
+}
+
+/// How long one long-poll asks to be held (the broker caps it at its `MAX_WAIT`); with no
+/// change meanwhile the watcher asks again.
+const WATCH_WAIT: Duration = Duration::from_secs(5);
+
+/// A thread per node long-polling its change counter, calling `notify` on each answer past
+/// the last (the first answer too, so a change between the caller's look and the watch
+/// starting is seen); ends at the deadline, when `notify` says nobody listens, when its node
+/// cannot be asked, or (after the poll it is in) when dropped.
+struct Watch {
+    stop: Arc<AtomicBool>,
+}
+
+impl Watch {
+    fn start(
+        c: &Cluster,
+        deadline: Instant,
+        notify: impl Fn() -> bool + Send + Clone + 'static,
+    ) -> Watch {
+        let stop = Arc::new(AtomicBool::new(false));
+        for node in &c.nodes {
+            let (ops, stop, notify) = (node.ops, stop.clone(), notify.clone());
+            std::thread::spawn(move || {
+                let mut after = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    let Some(n) = changes_after(ops, after, left.min(WATCH_WAIT)) else {
+                        break;
+                    };
+                    if n > after {
+                        after = n;
+                        if !notify() {
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+        Watch { stop }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// `GET /v1/cluster/changes?after=N&timeout_ms=T` against the ops endpoint `ops`: the
+/// node's change counter once past `after`, or as it stands after `wait`; `None` when the
+/// node cannot be asked or its answer read.
+pub fn changes_after(ops: SocketAddr, after: u64, wait: Duration) -> Option<u64> {
+    let mut conn = TcpStream::connect_timeout(&ops, Duration::from_secs(5)).ok()?;
+    conn.set_read_timeout(Some(wait + Duration::from_secs(5)))
+        .ok()?;
+    write!(
+        conn,
+        "GET /v1/cluster/changes?after={after}&timeout_ms={} HTTP/1.1\r\nhost: {ops}\r\n\
+         connection: close\r\n\r\n",
+        wait.as_millis()
+    )
+    .ok()?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).ok()?;
+    let status: u16 = answer.split_whitespace().nth(1)?.parse().ok()?;
+    if status != 200 {
+        return None;
+    }
+    let (_, rest) = answer.split_once("\"changes\":")?;
+    let digits: String = rest
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
 }

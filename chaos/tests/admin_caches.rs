@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use felix_chaos::cluster::{http_get, Cluster, NAMESPACE, NODES, TENANT};
 use felix_chaos::harness::{
-    self, admin_layout, cli, client_config, index, started, text, until, LIMIT,
+    self, admin_layout, cli, client_config, index, started, text, until, until_async, LIMIT,
 };
 use felix_client::{CacheWatchItem, Client, ClientConfig, WatchFilter, WatchStart};
 use felix_proto::routing::{shard_for_key, RoutingMapping};
@@ -162,7 +162,7 @@ fn a_four_shard_cache_spreads_over_the_nodes_and_survives_its_leaders_loss() {
 
     // Led over all three nodes, and every node says so alike, through the admin API and
     // through the client protocol (`cache_shards`, `shard_owners`).
-    let placed = until("every shard led", || {
+    let placed = until(&c, "every shard led", || {
         leaders(&c, 0).filter(|l| l.iter().all(Option::is_some))
     });
     let distinct: BTreeSet<&Option<String>> = placed.iter().collect();
@@ -177,7 +177,9 @@ fn a_four_shard_cache_spreads_over_the_nodes_and_survives_its_leaders_loss() {
             Some(&placed),
             "get through node {at}"
         );
-        let (count, owners) = until("cache_shards and shard_owners", || client_shards(&c, at));
+        let (count, owners) = until(&c, "cache_shards and shard_owners", || {
+            client_shards(&c, at)
+        });
         assert_eq!(count, u64::from(SHARDS), "cache_shards through node {at}");
         assert_eq!(owners, placed, "shard_owners through node {at}");
     }
@@ -188,28 +190,21 @@ fn a_four_shard_cache_spreads_over_the_nodes_and_survives_its_leaders_loss() {
         for n in 0..PER_NODE {
             let key = format!("key-{at}-{n}");
             let value = format!("value-{node}-{n}");
-            rt.block_on(async {
-                let deadline = Instant::now() + LIMIT;
-                loop {
-                    let client = Client::connect(client_config(&c, at)).await;
-                    let answer = match client {
-                        Ok(client) => {
-                            let a = client
-                                .cache_put(NAMESPACE, CACHE, &key, Bytes::from(value.clone()), None)
-                                .await;
-                            client.close().await;
-                            a.map_err(|e| e.to_string())
-                        }
-                        Err(e) => Err(e.to_string()),
-                    };
-                    match answer {
-                        Ok(()) => break,
-                        Err(e) => eprintln!("put {key} through {node}: {e}"),
+            rt.block_on(until_async(&c, &format!("put {key}"), || async {
+                let answer = match Client::connect(client_config(&c, at)).await {
+                    Ok(client) => {
+                        let a = client
+                            .cache_put(NAMESPACE, CACHE, &key, Bytes::from(value.clone()), None)
+                            .await;
+                        client.close().await;
+                        a.map_err(|e| e.to_string())
                     }
-                    assert!(Instant::now() < deadline, "put {key}: not within {LIMIT:?}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            });
+                    Err(e) => Err(e.to_string()),
+                };
+                answer
+                    .map_err(|e| eprintln!("put {key} through {node}: {e}"))
+                    .ok()
+            }));
             written.push((key, value));
         }
     }
@@ -302,7 +297,7 @@ fn a_four_shard_cache_spreads_over_the_nodes_and_survives_its_leaders_loss() {
         .iter()
         .filter(|l| l.as_deref() == Some(*victim_id))
         .count() as u64;
-    until("the victim's shards recorded quiet", || {
+    until(&c, "the victim's shards recorded quiet", || {
         (quiet_shards(&c, victim)? >= led).then_some(())
     });
     c.kill(victim).expect("SIGKILL");
@@ -310,7 +305,7 @@ fn a_four_shard_cache_spreads_over_the_nodes_and_survives_its_leaders_loss() {
     let others: Vec<usize> = (0..NODES.len()).filter(|&i| i != victim).collect();
 
     // Every shard led by a live node again, as both survivors see it.
-    let after = until("every shard led by a survivor", || {
+    let after = until(&c, "every shard led by a survivor", || {
         let l = leaders(&c, others[0])?;
         l.iter()
             .all(|x| x.as_deref().is_some_and(|x| x != *victim_id))
@@ -334,21 +329,13 @@ fn a_four_shard_cache_spreads_over_the_nodes_and_survives_its_leaders_loss() {
     // Every value is read back through each survivor.
     for &at in &others {
         for (key, value) in &written {
-            let got = rt.block_on(async {
-                let deadline = Instant::now() + LIMIT;
-                loop {
-                    if let Ok(client) = Client::connect(client_config(&c, at)).await {
-                        let got = client.cache_get(NAMESPACE, CACHE, key).await;
-                        client.close().await;
-                        match got {
-                            Ok(v) => break v,
-                            Err(e) => eprintln!("get {key} through {at}: {e}"),
-                        }
-                    }
-                    assert!(Instant::now() < deadline, "get {key}: not within {LIMIT:?}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            });
+            let got = rt.block_on(until_async(&c, &format!("get {key}"), || async {
+                let client = Client::connect(client_config(&c, at)).await.ok()?;
+                let got = client.cache_get(NAMESPACE, CACHE, key).await;
+                client.close().await;
+                got.map_err(|e| eprintln!("get {key} through {at}: {e}"))
+                    .ok()
+            }));
             assert_eq!(
                 got.as_deref(),
                 Some(value.as_bytes()),

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_chaos::cluster::{Cluster, NAMESPACE, NODES, TENANT};
-use felix_chaos::harness::{self, admin_layout, all_ready, laid_out, text, LIMIT};
+use felix_chaos::harness::{self, admin_layout, all_ready, laid_out, text, until, LIMIT};
 use felix_client::{Ack, Client, ClientConfig, Offer};
 
 const STREAM: &str = "retained";
@@ -169,17 +169,11 @@ fn altering_retention_cuts_every_copy_at_its_leaders_offset() {
     assert!(alter.status.success(), "{}", text(&alter));
 
     // Every copy starts where its leader cut: one offset per shard, on every node.
-    let deadline = Instant::now() + LIMIT;
-    let cut = loop {
-        let now = starts(&c);
-        if let Some(s) = &now {
-            if s[0].iter().all(|&x| x > 0) && s.iter().all(|n| *n == s[0]) {
-                break s[0].clone();
-            }
-        }
-        assert!(Instant::now() < deadline, "copies not cut alike: {now:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let cut = until(&c, "every copy cut alike", || {
+        let s = starts(&c)?;
+        let alike = s[0].iter().all(|&x| x > 0) && s.iter().all(|n| *n == s[0]);
+        alike.then(|| s[0].clone())
+    });
     eprintln!(
         "every copy starts at {cut:?}, {:?} after the alter was asked",
         altered_at.elapsed()

@@ -232,7 +232,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
     for (at, node) in NODES.iter().enumerate() {
         for n in 0..PER_NODE {
             let payload = format!("via-{node}-{n}");
-            rt.block_on(until_async("a publish acknowledged", || async {
+            rt.block_on(until_async(&c, "a publish acknowledged", || async {
                 let client = Client::connect(client_config(&c, at)).await.ok()?;
                 let answer = client
                     .publish(
@@ -282,7 +282,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
         text(&wide)
     );
     for (at, node) in NODES.iter().enumerate() {
-        rt.block_on(until_async("a cache put acknowledged", || async {
+        rt.block_on(until_async(&c, "a cache put acknowledged", || async {
             let client = Client::connect(client_config(&c, at)).await.ok()?;
             let answer = client
                 .cache_put(
@@ -321,7 +321,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
         "{}",
         text(&rf)
     );
-    let altered = rt.block_on(until_async("the change seen on node 0", || async {
+    let altered = rt.block_on(until_async(&c, "the change seen on node 0", || async {
         let v = get(&c, 0);
         (v["spec"]["retention"]["max_age_seconds"] == 604_800).then_some(v)
     }));
@@ -336,7 +336,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
     for i in 0..NODES.len() {
         c.wait_ready(i, READY_LIMIT).expect("a node is ready again");
     }
-    let after = rt.block_on(until_async("every shard led again", || async {
+    let after = rt.block_on(until_async(&c, "every shard led again", || async {
         let v = get(&c, 2);
         all_writable(&v).then_some(v)
     }));
@@ -347,7 +347,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
 
     // The cache and its values are there too, through any node.
     for (at, node) in NODES.iter().enumerate() {
-        let value = rt.block_on(until_async("a cache get", || async {
+        let value = rt.block_on(until_async(&c, "a cache get", || async {
             let client = Client::connect(client_config(&c, (at + 1) % NODES.len()))
                 .await
                 .ok()?;
@@ -361,7 +361,7 @@ fn a_stream_created_through_the_cli_serves_every_node_and_survives_a_cluster_res
     // Every acknowledged record is read back, each shard from its leader.
     let mut found: Vec<String> = Vec::new();
     for shard in 0..SHARDS as u32 {
-        let records = rt.block_on(until_async("a read of a shard", || async {
+        let records = rt.block_on(until_async(&c, "a read of a shard", || async {
             let owners = leaders(&c, 0).await.ok()?;
             let leader = owners
                 .iter()
@@ -478,7 +478,7 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
     };
     made(&c, 0);
     let publish = |at: usize, payload: String, key: String| {
-        rt.block_on(until_async("a publish acknowledged", || async {
+        rt.block_on(until_async(&c, "a publish acknowledged", || async {
             let client = Client::connect(client_config(&c, at)).await.ok()?;
             let answer = client
                 .publish(
@@ -499,7 +499,7 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
         }
     }
     // Two shards led by two different nodes, one subscription on each leader.
-    let owners = rt.block_on(until_async("every shard led", || led(&c, 0, GONE)));
+    let owners = rt.block_on(until_async(&c, "every shard led", || led(&c, 0, GONE)));
     let a = 0u32;
     let b = (1..3u32)
         .find(|&s| owners[s as usize] != owners[0])
@@ -508,7 +508,7 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
     let via = (0..NODES.len()).find(|&i| i != la && i != lb).unwrap_or(0);
     let mut subs = Vec::new();
     for (shard, at) in [(a, la), (b, lb)] {
-        let sub = rt.block_on(until_async("a subscription", || async {
+        let sub = rt.block_on(until_async(&c, "a subscription", || async {
             let client = Client::connect(client_config(&c, at)).await.ok()?;
             let sub = client
                 .subscribe_shard(NAMESPACE, GONE, Start::Offset(0), Some(shard))
@@ -584,7 +584,7 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
     publish(2, "new".into(), "key-new".into());
     let mut found = Vec::new();
     for shard in 0..3u32 {
-        let records = rt.block_on(until_async("a read of a shard", || async {
+        let records = rt.block_on(until_async(&c, "a read of a shard", || async {
             let owners = led(&c, 0, GONE).await?;
             let client = Client::connect(client_config(&c, owners[shard as usize]))
                 .await
@@ -619,7 +619,7 @@ fn a_stream_deleted_through_one_node_is_gone_from_every_node() {
         &["create", TENANT, NAMESPACE, "gone-cache", "--rf", "3"],
     );
     assert!(made.status.success(), "{}", text(&made));
-    rt.block_on(until_async("a cache put acknowledged", || async {
+    rt.block_on(until_async(&c, "a cache put acknowledged", || async {
         let client = Client::connect(client_config(&c, 1)).await.ok()?;
         let answer = client
             .cache_put(NAMESPACE, "gone-cache", "k", Bytes::from("v"), None)

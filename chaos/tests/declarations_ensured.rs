@@ -7,11 +7,11 @@
 //!
 //! The broker and CLI are the workspace's builds (`felix_chaos::harness`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use felix_chaos::cluster::{Cluster, Layout, StreamDecl, NAMESPACE, NODES, READY_LIMIT, TENANT};
-use felix_chaos::harness::{laid_out, until, LIMIT};
+use felix_chaos::harness::{laid_out, until, until_async};
 use felix_client::{Ack, Client, ClientConfig, Offer};
 
 /// `GET /v1/streams/{t}/{ns}/{stream}` on node `at`: its shard count, once placed.
@@ -77,7 +77,11 @@ fn a_node_declaring_a_stream_otherwise_warns_and_serves() {
     // The first two create `orders` as they declare it.
     c.start(0).expect("n1 starts");
     c.start(1).expect("n2 starts");
-    let placed = until("orders placed by the first two", || {
+    // Watched for changes once they listen (`until` asks their ops endpoints).
+    for i in 0..2 {
+        c.wait_ready(i, READY_LIMIT).expect("n1 and n2 are ready");
+    }
+    let placed = until(&c, "orders placed by the first two", || {
         shards_seen(&c, 0, "orders")
     });
     assert_eq!(placed, 3);
@@ -117,34 +121,30 @@ fn a_node_declaring_a_stream_otherwise_warns_and_serves() {
     );
     config.request_timeout = Duration::from_secs(5);
     config.offer = Offer::reference_client();
-    rt.block_on(async {
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            assert!(
-                Instant::now() < deadline,
-                "no publish acknowledged through n3"
-            );
-            if let Ok(client) = Client::connect(config.clone()).await {
-                let answer = client
-                    .publish(
-                        NAMESPACE,
-                        "orders",
-                        vec![Bytes::from_static(b"through n3")],
-                        Some(Bytes::from_static(b"k")),
-                        Ack::PerMessage,
-                    )
-                    .await;
-                client.close().await;
-                if let Ok(Some(_)) = answer {
-                    break;
-                }
-                eprintln!("publish through n3: {answer:?}");
+    rt.block_on(until_async(
+        &c,
+        "a publish acknowledged through n3",
+        || async {
+            let client = Client::connect(config.clone()).await.ok()?;
+            let answer = client
+                .publish(
+                    NAMESPACE,
+                    "orders",
+                    vec![Bytes::from_static(b"through n3")],
+                    Some(Bytes::from_static(b"k")),
+                    Ack::PerMessage,
+                )
+                .await;
+            client.close().await;
+            if let Ok(Some(_)) = answer {
+                return Some(());
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
+            eprintln!("publish through n3: {answer:?}");
+            None
+        },
+    ));
     // What only it declared was created, as it declared it.
-    let only = until("only-n3 placed", || shards_seen(&c, 0, "only-n3"));
+    let only = until(&c, "only-n3 placed", || shards_seen(&c, 0, "only-n3"));
     assert_eq!(only, 2);
     c.stop_all();
 }

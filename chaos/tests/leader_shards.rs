@@ -117,7 +117,7 @@ fn a_crashed_leader_keeps_its_leader_shard_and_every_record_it_acknowledged_alon
         consistency: "leader",
     }];
     let mut c = started(&layout(streams));
-    let (leader, generation) = rt.block_on(until_async("a leader for ls", || async {
+    let (leader, generation) = rt.block_on(until_async(&c, "a leader for ls", || async {
         match owner(&c, 0, "ls").await {
             Ok((Some(l), g)) => Some((index(&l), g)),
             _ => None,
@@ -150,18 +150,23 @@ fn a_crashed_leader_keeps_its_leader_shard_and_every_record_it_acknowledged_alon
     cut(&c, leader, false);
     // The followers see it gone and, with no follower recorded level with it, wait for it:
     // a publish through a follower is refused `shard_unavailable` (awaiting_leader).
-    rt.block_on(until_async("awaiting_leader from a follower", || async {
-        let client = Client::connect(client_config(&c, follower)).await.ok()?;
-        let answer = publish(&client, "ls", "through-a-follower").await;
-        client.close().await;
-        match answer {
-            Err(e) if e.to_string().contains("awaiting_leader") => Some(()),
-            _ => None,
-        }
-    }));
+    rt.block_on(until_async(
+        &c,
+        "awaiting_leader from a follower",
+        || async {
+            let client = Client::connect(client_config(&c, follower)).await.ok()?;
+            let answer = publish(&client, "ls", "through-a-follower").await;
+            client.close().await;
+            match answer {
+                Err(e) if e.to_string().contains("awaiting_leader") => Some(()),
+                _ => None,
+            }
+        },
+    ));
     // The control plane's leader decides, after the lease lapsed, that nobody may take the
     // shard: the moment the old rule handed it on. Wait for that decision, then check it held.
     rt.block_on(until_async(
+        &c,
         "the control plane keeps ls for its leader",
         || async {
             (0..NODES.len())
@@ -178,7 +183,7 @@ fn a_crashed_leader_keeps_its_leader_shard_and_every_record_it_acknowledged_alon
     );
     c.start(leader).unwrap();
     c.wait_ready(leader, READY_LIMIT).unwrap();
-    let records = rt.block_on(until_async("a full read of ls", || async {
+    let records = rt.block_on(until_async(&c, "a full read of ls", || async {
         let (l, _) = owner(&c, follower, "ls").await.ok()?;
         let client = Client::connect(client_config(&c, index(&l?))).await.ok()?;
         let page = client
@@ -210,12 +215,12 @@ fn abandon_places_a_one_copy_shard_whose_node_is_gone_on_a_live_node() {
         consistency: "leader",
     }];
     let mut c = started(&layout(streams));
-    let gone = rt.block_on(until_async("a leader for solo", || async {
+    let gone = rt.block_on(until_async(&c, "a leader for solo", || async {
         owner(&c, 0, "solo").await.ok()?.0.map(|l| index(&l))
     }));
     let other = (gone + 1) % NODES.len();
     c.kill(gone).unwrap();
-    rt.block_on(until_async("shard_unavailable for solo", || async {
+    rt.block_on(until_async(&c, "shard_unavailable for solo", || async {
         let client = Client::connect(client_config(&c, other)).await.ok()?;
         let answer = publish(&client, "solo", "while-gone").await;
         client.close().await;
@@ -239,12 +244,16 @@ fn abandon_places_a_one_copy_shard_whose_node_is_gone_on_a_live_node() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("given up"), "{stdout}");
-    let offset = rt.block_on(until_async("a publish to solo acknowledged", || async {
-        let client = Client::connect(client_config(&c, other)).await.ok()?;
-        let answer = publish(&client, "solo", "after-abandon").await;
-        client.close().await;
-        answer.ok().flatten()
-    }));
+    let offset = rt.block_on(until_async(
+        &c,
+        "a publish to solo acknowledged",
+        || async {
+            let client = Client::connect(client_config(&c, other)).await.ok()?;
+            let answer = publish(&client, "solo", "after-abandon").await;
+            client.close().await;
+            answer.ok().flatten()
+        },
+    ));
     assert_eq!(offset, 0, "the fresh copy starts empty");
     c.stop_all();
 }

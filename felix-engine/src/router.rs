@@ -20,23 +20,8 @@ use felix_cluster::NodeId;
 use felix_proto::routing::{shard_for_key, RoutingMapping};
 use quinn_proto::{ConnectionHandle, StreamId};
 
-use crate::cluster::ClusterNode;
-
-/// How a forward this node sent ended.
-#[derive(Debug)]
-pub(crate) enum ForwardOutcome {
-    /// The leader's answer frame.
-    Answered(bytes::Bytes),
-    /// The leader refused it, or it never answered.
-    Refused(felix_proto::ErrorCode, String),
-}
-
-/// A shard's owner as `shard_owners` reports it.
-pub(crate) struct OwnerEntry {
-    pub(crate) node_id: Option<String>,
-    pub(crate) addr: Option<String>,
-    pub(crate) generation: u64,
-}
+use crate::cluster::{ClusterNode, Wired};
+pub(crate) use crate::cluster::{ForwardOutcome, OwnerEntry};
 
 /// The shard a request names: a cache's by its item key (or, for a prefix watch, the shard
 /// it names); a stream's by the shard it names, or else its key.
@@ -63,19 +48,20 @@ pub(crate) struct Router {
     driver: ClusterNode,
 }
 
+// The engine's way to the driver: `cluster::Wired`, which sessions cannot import.
+impl Wired for Option<Router> {
+    fn driver(&self) -> Option<&ClusterNode> {
+        self.as_ref().map(|r| &r.driver)
+    }
+
+    fn driver_mut(&mut self) -> Option<&mut ClusterNode> {
+        self.as_mut().map(|r| &mut r.driver)
+    }
+}
+
 impl Router {
     pub(crate) fn new(driver: ClusterNode) -> Router {
         Router { driver }
-    }
-
-    /// For `cluster::Wired` only: the driver this router answers from.
-    pub(crate) fn wired(&self, _: crate::cluster::Wiring) -> &ClusterNode {
-        &self.driver
-    }
-
-    /// For `cluster::Wired` only.
-    pub(crate) fn wired_mut(&mut self, _: crate::cluster::Wiring) -> &mut ClusterNode {
-        &mut self.driver
     }
 
     // Owners and widths, from the applied metadata.

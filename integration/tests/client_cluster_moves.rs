@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_chaos::cluster::{Cluster, NAMESPACE, NODES};
+use felix_chaos::harness::until_async;
 use felix_client::{
     CacheWatchItem, Client, Runtime, Start, SubscriptionItem, WatchFilter, WatchStart,
 };
@@ -37,8 +38,9 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// The seed of the clients' backoff jitter.
 const CLIENT_SEED: u64 = 11;
 
-/// Asks `f` until it answers, every 100 ms, at most [`felix_chaos::harness::LIMIT`].
-async fn until<T, F: Future<Output = Option<T>>>(
+/// Asks `f` about the client's own state until it answers, every 100 ms, at most
+/// [`felix_chaos::harness::LIMIT`] (no broker's change announces it).
+async fn until_client<T, F: Future<Output = Option<T>>>(
     rt: &dyn Rt,
     what: &str,
     f: impl FnMut() -> F,
@@ -104,7 +106,7 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
     let client = Client::connect(quick).await.expect("connect");
     let mut want = all.clone();
     want.sort();
-    until(rt, "every node asked topology", || async {
+    until_client(rt, "every node asked topology", || async {
         (client.connected_brokers() == want).then_some(())
     })
     .await;
@@ -168,13 +170,13 @@ async fn scenario(rt: &dyn Rt, runtime: Runtime) {
         Some(Ok(CacheWatchItem::Change(c))) => assert_eq!(c.value.as_deref(), Some(&b"v1"[..])),
         other => panic!("the watch: {other:?}"),
     }
-    until(rt, "the cache's leader is quiet", || async {
+    until_async(&cluster, "the cache's leader is quiet", || async {
         (metric(cluster.nodes[o].ops, "felix_broker_leader_shards_quiet").unwrap_or(0.0) >= 1.0)
             .then_some(())
     })
     .await;
     cut(&cluster, o, true);
-    let new_owner = until(rt, "another node leads the cache", || async {
+    let new_owner = until_async(&cluster, "another node leads the cache", || async {
         match client.cache_owners(NAMESPACE, CACHE).await {
             Ok(owners) => owners[0].filter(|a| *a != owner),
             Err(_) => None,

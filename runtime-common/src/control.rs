@@ -27,6 +27,8 @@ pub(crate) enum Control {
     Abandon(crate::ops::abandon::AbandonRequest),
     /// An admin API request (`ops/streams.rs`): run on the engine, the closure answers.
     Admin(crate::ops::http::AdminJob),
+    /// A waiter on the change counter (`ops/changes.rs`), registered on the loop.
+    Changes(crate::ops::changes::ChangesRequest),
 }
 
 /// A broker running in the background on some runtime. Dropping it stops the broker too
@@ -69,6 +71,22 @@ impl RunningBroker {
         &self,
     ) -> impl std::future::Future<Output = Result<(), oneshot::Canceled>> {
         self.ops_state.next_metadata_change()
+    }
+
+    /// Resolves with this node's change counter once it is past `after` (at once if it is):
+    /// what `GET /v1/cluster/changes` waits on (docs/operations.md names what moves it). Start
+    /// with `after` 0, look at the state, and wait past the counter last answered before
+    /// looking again; the caller bounds the wait. `Err` if the broker stopped first.
+    pub fn changed_after(
+        &self,
+        after: u64,
+    ) -> impl std::future::Future<Output = Result<u64, oneshot::Canceled>> {
+        let (reply, rx) = oneshot::channel();
+        // A broker gone drops the request, and with it `reply`: `rx` resolves `Err`.
+        let _ = self.ops_state.control.unbounded_send(Control::Changes(
+            crate::ops::changes::ChangesRequest { after, reply },
+        ));
+        rx
     }
 
     /// The runtime it runs on (`"tokio"`, `"smol"`).

@@ -183,6 +183,18 @@ impl<R: Runtime> Driver<R> {
         false
     }
 
+    /// Wakes the change counter's waiters (`GET /v1/cluster/changes`) if what they wait on
+    /// moved this turn; nothing is looked at while nobody waits.
+    fn look_for_changes(&mut self) {
+        if let Some((ops, _)) = &self.readiness {
+            let engine = &self.engine;
+            ops.changes
+                .lock()
+                .expect("not poisoned")
+                .turn(|| crate::ops::changes::fingerprint(engine));
+        }
+    }
+
     /// Startup recovery: performs file ops until every log on disk is open. Fails, naming
     /// the file, if one is corrupt.
     pub(crate) async fn recover(&mut self) -> io::Result<()> {
@@ -222,6 +234,7 @@ impl<R: Runtime> Driver<R> {
             if self.check_cluster() {
                 break;
             }
+            self.look_for_changes();
             let wake = if busy && !self.busy_poll.is_zero() {
                 // Whatever the reactor already holds comes first, so a spin never starves
                 // the peer socket, the timer, scrapes or the stop signal.
@@ -496,6 +509,15 @@ impl<R: Runtime> Driver<R> {
             Control::DeleteStream(req) => crate::ops::stream_delete::run(&mut self.engine, req),
             Control::Abandon(req) => crate::ops::abandon::run(&mut self.engine, req),
             Control::Admin(job) => job(&mut self.engine, std::time::Instant::now()),
+            Control::Changes(req) => {
+                if let Some((ops, _)) = &self.readiness {
+                    let fingerprint = crate::ops::changes::fingerprint(&self.engine);
+                    ops.changes
+                        .lock()
+                        .expect("not poisoned")
+                        .register(req, fingerprint);
+                }
+            }
         }
     }
 

@@ -10,7 +10,10 @@
 //!   counts, until when writes may be served;
 //! - [`fence`]: when a promoted leader may open, and whose log it must adopt first;
 //! - [`divergence`]: where two copies of a log stop agreeing, so a rejoining replica truncates
-//!   only above what was committed.
+//!   only above what was committed;
+//! - [`copy`]: one log's copy on a node, joining the above into its roles (preparing, fencing
+//!   and adopting, leading, following): the metadata's view, the log's position, peer
+//!   messages and completed log work in; peer messages, log work and metadata proposals out.
 //!
 //! Why a fence and not an ordered report (issue 18, point 4): a promotion that waits for a
 //! majority of the replica set to persist the new generation, and adopts the most advanced log
@@ -18,6 +21,7 @@
 //! said and whatever the clocks did — the two majorities share a replica. Ordering reports
 //! before marks would make the metadata log part of every quorum acknowledgement.
 
+pub mod copy;
 pub mod divergence;
 pub mod fence;
 pub mod follower;

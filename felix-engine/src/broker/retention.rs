@@ -63,6 +63,26 @@ impl Broker {
         }
     }
 
+    /// Every held log's start and next offsets, each summed (wrapping) over the logs: the
+    /// pair moves when retention cuts a log, a follower's copy is trimmed to its leader's
+    /// start, or records are appended. Walks every shard: for a waiter, not per turn.
+    pub(crate) fn log_positions(&self) -> (u64, u64) {
+        let Some(logs) = self.logs.as_ref() else {
+            return (0, 0);
+        };
+        self.streams
+            .iter()
+            .flat_map(|s| s.shards.iter())
+            .filter_map(|s| logs.slot(s.store.as_ref()?.log))
+            .map(|slot| slot.log.shard())
+            .fold((0u64, 0u64), |(a, b), log| {
+                (
+                    a.wrapping_add(log.start_offset()),
+                    b.wrapping_add(log.next_offset()),
+                )
+            })
+    }
+
     /// Where this node's copy of each shard of `key` starts and ends (`None`: not held
     /// here), for the admin API's view.
     pub(crate) fn log_bounds(&self, key: &StreamKey) -> Vec<Option<(u64, u64)>> {

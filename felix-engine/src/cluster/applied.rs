@@ -2,7 +2,10 @@
 //! promotion, a deleted or re-created object whose copies here must go), and what the engine
 //! reads back (the objects to remove, a change count waiters are woken by).
 
-use super::*;
+use felix_cluster::meta::{Applied, ObjectKey, ObjectKind};
+use tracing::{debug, info, warn};
+
+use super::ClusterNode;
 
 impl ClusterNode {
     pub(super) fn on_applied(&mut self, applied: Applied) {

@@ -2,7 +2,13 @@
 //! peers and their ends handed back to the sessions waiting on them; and the forwards other
 //! nodes sent here, queued for the engine.
 
-use super::*;
+use std::time::Instant;
+
+use felix_cluster::forward::{ForwardEnd, ForwardOutput};
+use felix_cluster::NodeId;
+use felix_peer_proto::PeerMessage;
+
+use super::{ClusterNode, Inbound};
 
 impl ClusterNode {
     /// A channel number for one client session's forwards (the high half of their ids).
@@ -139,7 +145,9 @@ impl ClusterNode {
 #[cfg(test)]
 mod channel_tests {
     use super::*;
-    use crate::config::{AuthConfig, EngineConfig, PeerAddr};
+    use std::sync::Arc;
+
+    use crate::config::{AuthConfig, ClusterConfig, EngineConfig, PeerAddr};
 
     fn node(seed: u8) -> ClusterNode {
         let key = rcgen::KeyPair::generate().expect("key");
@@ -171,4 +179,14 @@ mod channel_tests {
         assert_ne!(a, 0);
         assert_eq!(first.new_channel(), a.wrapping_add(1).max(1));
     }
+}
+
+/// How a forward this node sent to a shard's leader ended: made here, handed to the session
+/// that asked through the router (which re-exports it).
+#[derive(Debug)]
+pub(crate) enum ForwardOutcome {
+    /// The leader's answer frame.
+    Answered(bytes::Bytes),
+    /// The leader refused it, or it never answered.
+    Refused(felix_proto::ErrorCode, String),
 }

@@ -28,53 +28,32 @@ mod peers;
 mod replicas;
 mod start;
 
-use core::net::SocketAddr;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Instant;
 
-use felix_cluster::control::store::MetaStore;
 use felix_cluster::control::wire::{from_peer, to_peer};
 use felix_cluster::control::{ControlConfig, ControlOutput, ControlPlane};
-use felix_cluster::forward::{ForwardEnd, ForwardOutput, Forwards};
-use felix_cluster::meta::{
-    Applied, CacheSpec, Command, Consistency as MetaConsistency, Declarations, Metadata, ObjectKey,
-    ObjectKind, ShardMeta, ShardRef, StreamSpec,
-};
-use felix_cluster::replication::promotion::LeaderShards;
-use felix_cluster::routing::{judge_forward, ForwardVerdict, Owner};
-use felix_cluster::{NodeId, Voters};
+use felix_cluster::forward::Forwards;
+use felix_cluster::meta::{Command, Metadata, ObjectKey, ObjectKind, ShardRef};
+use felix_cluster::NodeId;
 use felix_peer_proto::PeerMessage;
 use felix_storage::ops::{FileCompletion, FileOp};
-use tracing::{debug, info, warn};
+use tracing::warn;
 
-use crate::config::{ClusterConfig, Consistency, DeclaredStream};
 use crate::net::{Datagram, Transmit};
-use crate::router::{ForwardOutcome, OwnerEntry, Router};
+pub(crate) use forwarding::ForwardOutcome;
 pub(crate) use metalog::METALOG_LOG;
 use metalog::{Done, MetaLog};
-use peers::{Identity, PeerCrypto, PeerEvent, PeerLimits, PeerNet};
+pub(crate) use owners::OwnerEntry;
+use peers::{PeerEvent, PeerNet};
 pub(crate) use replicas::{CopyKind, LogView, ReplicaIo};
 
-/// The engine's way to the cluster driver a [`Router`] wraps: sessions ask the router, and
-/// cannot reach the driver without importing this trait from `cluster/` (which tidy refuses
-/// them).
+/// The engine's way to the cluster driver the router wraps (implemented in `router.rs`):
+/// sessions ask the router, and cannot reach the driver without importing this trait from
+/// `cluster/`, which tidy refuses them.
 pub(crate) trait Wired {
     fn driver(&self) -> Option<&ClusterNode>;
     fn driver_mut(&mut self) -> Option<&mut ClusterNode>;
-}
-
-/// The witness [`Router::wired`] asks for: only `cluster/` can make one.
-pub(crate) struct Wiring(());
-
-impl Wired for Option<Router> {
-    fn driver(&self) -> Option<&ClusterNode> {
-        self.as_ref().map(|r| r.wired(Wiring(())))
-    }
-
-    fn driver_mut(&mut self) -> Option<&mut ClusterNode> {
-        self.as_mut().map(|r| r.wired_mut(Wiring(())))
-    }
 }
 
 /// Where a forward's answer goes: the client's session.

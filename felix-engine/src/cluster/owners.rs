@@ -3,7 +3,15 @@
 //! `shard_owners`, and a first-used stream's placement asked for. The router
 //! (`crate::router`) hands these to sessions.
 
-use super::*;
+use std::time::Instant;
+
+use felix_cluster::meta::{
+    Command, Consistency as MetaConsistency, ObjectKey, ShardMeta, StreamSpec,
+};
+use felix_cluster::routing::{judge_forward, ForwardVerdict, Owner};
+use felix_cluster::NodeId;
+
+use super::ClusterNode;
 
 impl ClusterNode {
     /// `topology`'s answer: every member that can serve and has a client address.
@@ -220,4 +228,11 @@ impl ClusterNode {
         }
         self.pump(now);
     }
+}
+
+/// A shard's owner as `shard_owners` reports it (sessions read it through the router).
+pub(crate) struct OwnerEntry {
+    pub(crate) node_id: Option<String>,
+    pub(crate) addr: Option<String>,
+    pub(crate) generation: u64,
 }

@@ -2,7 +2,26 @@
 //! peer endpoint, the control plane's settings and the standing wishes (join, declare), and
 //! raft started once the metadata log is replayed (or at once, without one).
 
-use super::*;
+use core::net::SocketAddr;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use felix_cluster::control::store::MetaStore;
+use felix_cluster::control::{ControlConfig, ControlPlane};
+use felix_cluster::forward::Forwards;
+use felix_cluster::meta::{
+    CacheSpec, Command, Consistency as MetaConsistency, Declarations, Metadata, ObjectKey,
+    StreamSpec,
+};
+use felix_cluster::replication::promotion::LeaderShards;
+use felix_cluster::{NodeId, Voters};
+use tracing::warn;
+
+use super::metalog::MetaLog;
+use super::peers::{Identity, PeerCrypto, PeerLimits, PeerNet};
+use super::{replicas, ClusterNode};
+use crate::config::{ClusterConfig, Consistency, DeclaredStream};
 
 fn declarations(streams: &[DeclaredStream], cfg: &ClusterConfig) -> Declarations {
     let mut d = Declarations::default();

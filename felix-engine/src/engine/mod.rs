@@ -922,6 +922,13 @@ impl Engine {
         self.core.router.driver().map_or(0, |c| c.changes())
     }
 
+    /// Every held log's start and next offsets, each summed over the logs (wrapping): moves
+    /// with a retention cut, a follower's trim and every append. Walks every shard; the ops
+    /// endpoint's change watch reads it only while someone waits.
+    pub fn log_positions(&self) -> (u64, u64) {
+        self.core.broker.log_positions()
+    }
+
     pub fn cluster_metadata_applied(&self) -> u64 {
         self.core
             .router

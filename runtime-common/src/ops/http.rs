@@ -95,6 +95,8 @@ pub(crate) struct OpsState {
     /// In a cluster: the last metadata index applied, and who waits for it to move
     /// ([`crate::RunningBroker::metadata_changed`]).
     metadata: std::sync::Mutex<(u64, Vec<futures_channel::oneshot::Sender<()>>)>,
+    /// The change counter and its waiters (`GET /v1/cluster/changes`, [`super::changes`]).
+    pub(crate) changes: std::sync::Mutex<super::changes::Changes>,
 }
 
 impl OpsState {
@@ -106,6 +108,7 @@ impl OpsState {
             control: tx,
             ready_waiters: std::sync::Mutex::new(Vec::new()),
             metadata: std::sync::Mutex::new((0, Vec::new())),
+            changes: std::sync::Mutex::new(super::changes::Changes::default()),
         };
         (Arc::new(state), rx)
     }
@@ -379,6 +382,9 @@ async fn route(state: &OpsState, req: Request<Incoming>, timeout: Duration) -> A
     if path == "/v1/caches" || path.starts_with("/v1/caches/") {
         return super::caches::serve(state, req, timeout).await;
     }
+    if path == super::changes::ROUTE {
+        return super::changes::serve(state, req).await;
+    }
     let head_only = req.method() == Method::HEAD;
     if req.method() != Method::GET && !head_only {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
@@ -459,11 +465,22 @@ mod tests {
     #[test]
     fn routes_methods_readiness_and_the_exposition() {
         let (state, mut control) = OpsState::new();
-        // Stands in for the drive loop: answers scrapes with an empty snapshot.
+        // Stands in for the drive loop: answers scrapes with an empty snapshot, and registers
+        // change waiters against a state that never moves. It holds the state weakly: the
+        // control channel closes when the test drops the state, which ends the loop.
+        let looped = Arc::downgrade(&state);
         let loop_thread = std::thread::spawn(move || {
             while let Some(c) = next_control(&mut control) {
-                if let Control::Scrape(reply) = c {
-                    let _ = reply.send(Metrics::default());
+                match c {
+                    Control::Scrape(reply) => {
+                        let _ = reply.send(Metrics::default());
+                    }
+                    Control::Changes(req) => {
+                        if let Some(state) = looped.upgrade() {
+                            state.changes.lock().unwrap().register(req, 7);
+                        }
+                    }
+                    _ => {}
                 }
             }
         });
@@ -501,6 +518,28 @@ mod tests {
             "DELETE /v1/streams/t1/default/s HTTP/1.1\r\nhost: x\r\n\r\n"
         )
         .starts_with("HTTP/1.1 401"));
+
+        // The change long-poll: at once past `after`, `changed: false` at a (short) timeout.
+        let first = get("/v1/cluster/changes?after=0");
+        assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+        assert!(
+            first
+                .trim_end()
+                .ends_with(r#"{"changed":true,"changes":2}"#),
+            "{first}"
+        );
+        let held = get("/v1/cluster/changes?after=2&timeout_ms=1");
+        assert!(
+            held.trim_end()
+                .ends_with(r#"{"changed":false,"changes":2}"#),
+            "{held}"
+        );
+        assert!(get("/v1/cluster/changes?after=x").starts_with("HTTP/1.1 400"));
+        assert!(request(
+            addr,
+            "POST /v1/cluster/changes HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n"
+        )
+        .starts_with("HTTP/1.1 405"));
 
         let metrics = get("/metrics");
         assert!(

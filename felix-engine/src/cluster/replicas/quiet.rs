@@ -8,7 +8,7 @@ use felix_cluster::meta::{Command, Consistency, ShardRef};
 use felix_cluster::replication::quiesce::{QuietLeader, QuietView, QuietWish};
 use felix_cluster::NodeId;
 
-use super::{CopyRef, Role};
+use super::CopyRef;
 use crate::cluster::ClusterNode;
 
 /// One led shard's quiescence, for the generation it began at, and the end of each of its
@@ -52,8 +52,8 @@ impl ClusterNode {
             let mut level: Option<Vec<NodeId>> = None;
             let mut leading = true;
             for c in &copies {
-                match &self.replicas.slots[c].role {
-                    Role::Leading(l) if l.generation() == m.generation => {
+                match self.replicas.slots[c].copy.leader() {
+                    Some(l) if l.generation() == m.generation => {
                         end += l.end();
                         durable_here &= l.durable_end() >= l.end();
                         let here = l.level_with(l.end());
@@ -102,19 +102,17 @@ impl ClusterNode {
                     // Each log is held at its own end as of the ask.
                     let held: Vec<(CopyRef, u64)> = copies
                         .iter()
-                        .filter_map(|c| match &mut slots.get_mut(c)?.role {
-                            Role::Leading(l) => {
-                                l.hold(Some(l.end()));
-                                Some((c.clone(), l.end()))
-                            }
-                            _ => None,
+                        .filter_map(|c| {
+                            let l = slots.get_mut(c)?.copy.leader_mut()?;
+                            l.hold(Some(l.end()));
+                            Some((c.clone(), l.end()))
                         })
                         .collect();
                     entry.held = Some(held);
                 }
                 (false, Some(_)) => {
                     for (c, _) in entry.held.take().unwrap_or_default() {
-                        if let Some(Role::Leading(l)) = slots.get_mut(&c).map(|s| &mut s.role) {
+                        if let Some(l) = slots.get_mut(&c).and_then(|s| s.copy.leader_mut()) {
                             l.hold(None);
                         }
                     }
