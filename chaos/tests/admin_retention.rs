@@ -27,8 +27,9 @@ fn admin(c: &Cluster, at: usize, args: &[&str]) -> Output {
     harness::admin(c, at, "streams", &c.token, args)
 }
 
-/// Where node `at`'s own copy of each shard starts, as its `get --json` shows it.
-fn starts_on(c: &Cluster, at: usize) -> Option<Vec<u64>> {
+/// Node `at`'s own copy of each shard, as its `get --json` shows it: the `bound` field
+/// (`log_start` or `log_end`) of each shard's `here`.
+fn bounds_on(c: &Cluster, at: usize, bound: &str) -> Option<Vec<u64>> {
     let out = admin(c, at, &["get", TENANT, NAMESPACE, STREAM, "--json"]);
     if !out.status.success() {
         return None;
@@ -37,13 +38,22 @@ fn starts_on(c: &Cluster, at: usize) -> Option<Vec<u64>> {
     v["shards"]
         .as_array()?
         .iter()
-        .map(|s| s["here"]["log_start"].as_u64())
+        .map(|s| s["here"][bound].as_u64())
         .collect()
 }
 
-/// Every node's view: `[node][shard]`.
+/// Where every node's copy of each shard starts: `[node][shard]`.
 fn starts(c: &Cluster) -> Option<Vec<Vec<u64>>> {
-    (0..NODES.len()).map(|i| starts_on(c, i)).collect()
+    (0..NODES.len())
+        .map(|i| bounds_on(c, i, "log_start"))
+        .collect()
+}
+
+/// Where every node's copy of each shard ends: `[node][shard]`.
+fn ends(c: &Cluster) -> Option<Vec<Vec<u64>>> {
+    (0..NODES.len())
+        .map(|i| bounds_on(c, i, "log_end"))
+        .collect()
 }
 
 /// The segment files of `STREAM`'s shards on node `id`'s disk, by shard directory.
@@ -76,6 +86,29 @@ fn segments_on(c: &Cluster, id: &str) -> Vec<(String, Vec<u64>)> {
     walk(&c.dir.join(id).join("data"), &mut out);
     out.sort();
     out
+}
+
+/// Every shard's directory is on the disk, starts at segment 0, and holds several segments.
+fn filled(dirs: &[(String, Vec<u64>)]) -> bool {
+    dirs.len() == SHARDS
+        && dirs
+            .iter()
+            .all(|(_, segs)| segs.first() == Some(&0) && segs.len() > 3)
+}
+
+/// Every shard's directory is on the disk, and none holds a segment wholly below its shard's
+/// cut: the second segment, if any, starts past the cut. The directory's name ends with the
+/// shard's number.
+fn cut_on(dirs: &[(String, Vec<u64>)], cut: &[u64]) -> bool {
+    dirs.len() == SHARDS
+        && dirs.iter().all(|(dir, segs)| {
+            let shard: usize = dir
+                .rsplit('/')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            segs.get(1).is_none_or(|&second| second > cut[shard])
+        })
 }
 
 #[test]
@@ -148,14 +181,21 @@ fn altering_retention_cuts_every_copy_at_its_leaders_offset() {
             client.close().await;
         }
     });
+    // A quorum publish is answered once two copies hold it; wait for the third to catch up
+    // and for every copy's segments to be on its disk (log ends, syncs and segment births
+    // are among the changes `until` follows).
+    let ends = until(&c, "every copy holds the whole log on disk", || {
+        let e = ends(&c)?;
+        let alike = e.iter().all(|n| *n == e[0]) && e[0].iter().all(|&x| x > 0);
+        (alike && NODES.iter().all(|id| filled(&segments_on(&c, id)))).then(|| e[0].clone())
+    });
+    eprintln!("every copy ends at {ends:?}");
     // No retention yet anywhere: every copy starts at 0 once it holds the shard.
     let before = starts(&c).expect("every node shows its copies");
     assert_eq!(before, vec![vec![0; SHARDS]; NODES.len()]);
     for id in NODES {
-        for (dir, segs) in segments_on(&c, id) {
-            assert_eq!(segs.first(), Some(&0), "{id}: {dir}");
-            assert!(segs.len() > 3, "{id}: {dir}: {segs:?}");
-        }
+        let dirs = segments_on(&c, id);
+        assert!(filled(&dirs), "{id}: {dirs:?}");
     }
 
     // The alter, through node 2.
@@ -178,18 +218,17 @@ fn altering_retention_cuts_every_copy_at_its_leaders_offset() {
         "every copy starts at {cut:?}, {:?} after the alter was asked",
         altered_at.elapsed()
     );
-    // The old segments are gone from every disk: what is left starts at most one segment
-    // below the cut, and no file holds only records below it.
-    for id in NODES {
-        let dirs = segments_on(&c, id);
+    // The old segments leave every disk: what is left starts at most one segment below the
+    // cut, and no file holds only records below it. A copy removes its files one by one
+    // after its start moved (each removal a change `until` follows).
+    let left = until(&c, "every disk rid of the segments below the cut", || {
+        let left: Vec<_> = NODES.iter().map(|id| segments_on(&c, id)).collect();
+        left.iter().all(|dirs| cut_on(dirs, &cut)).then_some(left)
+    });
+    for (id, dirs) in NODES.iter().zip(left) {
         assert_eq!(dirs.len(), SHARDS, "{id}: {dirs:?}");
         for (dir, segs) in dirs {
             assert!(segs[0] > 0, "{id}: {dir}: {segs:?}");
-            assert!(
-                segs.get(1)
-                    .is_none_or(|&second| cut.iter().any(|&c| second > c)),
-                "{id}: {dir}: a segment wholly below the cut is left: {segs:?} vs {cut:?}"
-            );
         }
     }
     c.stop_all();

@@ -55,6 +55,7 @@ mod stream_delete;
 mod tls;
 
 pub use broker::groups::GroupConfig;
+pub use broker::retention::LogPositions;
 pub use cluster::abandon::{AbandonError, AbandonPlan};
 pub use cluster::observe::{ClusterView, ReplicaView, ShardLeader, WritesServed};
 pub use config::*;

@@ -18,6 +18,23 @@ pub(crate) struct StreamRetention {
     pub(crate) max_age: Option<Duration>,
 }
 
+/// Sums over a node's stream logs ([`Engine::log_positions`](crate::Engine::log_positions)):
+/// a fingerprint for whoever waits for logs to move, not a measure of anything.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LogPositions {
+    /// First offsets held.
+    pub start: u64,
+    /// Next offsets to append.
+    pub next: u64,
+    /// Durable offsets.
+    pub durable: u64,
+    /// Segments held (a trimmed one leaves this count when its removal is queued).
+    pub segments: u64,
+    /// Removals and directory syncs queued, not yet issued: a trimmed segment's file is on
+    /// disk until its removal is issued and done, after which this count moves again.
+    pub housekeeping: u64,
+}
+
 impl Broker {
     /// Sets `key`'s own retention, applied at once to every open shard log of it and to
     /// those opened later.
@@ -63,23 +80,27 @@ impl Broker {
         }
     }
 
-    /// Every held log's start and next offsets, each summed (wrapping) over the logs: the
-    /// pair moves when retention cuts a log, a follower's copy is trimmed to its leader's
-    /// start, or records are appended. Walks every shard: for a waiter, not per turn.
-    pub(crate) fn log_positions(&self) -> (u64, u64) {
+    /// Where every held log stands, each field summed (wrapping) over the logs: it moves
+    /// when retention cuts a log, a follower's copy is trimmed to its leader's start, records
+    /// are appended or made durable, a segment is born, or a segment's file is removed. Walks
+    /// every shard: for a waiter, not per turn.
+    pub(crate) fn log_positions(&self) -> LogPositions {
         let Some(logs) = self.logs.as_ref() else {
-            return (0, 0);
+            return LogPositions::default();
         };
         self.streams
             .iter()
             .flat_map(|s| s.shards.iter())
             .filter_map(|s| logs.slot(s.store.as_ref()?.log))
             .map(|slot| slot.log.shard())
-            .fold((0u64, 0u64), |(a, b), log| {
-                (
-                    a.wrapping_add(log.start_offset()),
-                    b.wrapping_add(log.next_offset()),
-                )
+            .fold(LogPositions::default(), |p, log| LogPositions {
+                start: p.start.wrapping_add(log.start_offset()),
+                next: p.next.wrapping_add(log.next_offset()),
+                durable: p.durable.wrapping_add(log.durable_offset()),
+                segments: p.segments.wrapping_add(log.segment_count() as u64),
+                housekeeping: p
+                    .housekeeping
+                    .wrapping_add(log.housekeeping_queued() as u64),
             })
     }
 

@@ -922,10 +922,10 @@ impl Engine {
         self.core.router.driver().map_or(0, |c| c.changes())
     }
 
-    /// Every held log's start and next offsets, each summed over the logs (wrapping): moves
-    /// with a retention cut, a follower's trim and every append. Walks every shard; the ops
-    /// endpoint's change watch reads it only while someone waits.
-    pub fn log_positions(&self) -> (u64, u64) {
+    /// Where every held stream log stands, summed over the logs: moves with a retention
+    /// cut, a follower's trim, every append and sync, and each segment file born or removed.
+    /// Walks every shard; the ops endpoint's change watch reads it only while someone waits.
+    pub fn log_positions(&self) -> crate::LogPositions {
         self.core.broker.log_positions()
     }
 

@@ -579,6 +579,13 @@ impl ShardLog {
         self.segments.len()
     }
 
+    /// Housekeeping file operations queued and not yet issued: a segment's removal after a
+    /// retention cut or a trim, and the directory sync after each. Files below a cut are on
+    /// disk until this reaches zero.
+    pub fn housekeeping_queued(&self) -> usize {
+        self.tasks.len()
+    }
+
     pub fn config(&self) -> &LogConfig {
         &self.cfg
     }

@@ -5,8 +5,9 @@
 //! The counter moves when what a waiter may be waiting for moves on this node: cluster
 //! metadata applied (placement, a promotion, a member joining or lost, an alter, a create or
 //! delete), a deleted object's copies removed here, whether the node serves, a shard copy's
-//! replication role, generation or commit mark, and where this node's logs start and end (a
-//! retention cut, a follower's trim to its leader's start, an append). It is a number with no
+//! replication role, generation or commit mark, and where this node's logs stand (a
+//! retention cut, a follower's trim to its leader's start, an append, a sync, a segment file
+//! born or removed). It is a number with no
 //! meaning beyond "larger is later"; it starts at 1 and never goes back while the process runs.
 //!
 //! Answered at once with the current counter when it is past `after`; otherwise held until the
