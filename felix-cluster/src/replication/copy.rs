@@ -1423,6 +1423,11 @@ impl LogCopy {
                 to: known,
             });
         }
+        // A follower takes its leader's epochs with the records it is fed; one it took for
+        // records that never reached it (the leader failed first) starts past this log's
+        // end. It names no record here, and the new epoch starts below it: kept, the state
+        // would be refused (epochs out of order) and the copy would never open.
+        epochs.retain(|&(_, start)| start <= pos.end);
         if epochs.last().is_none_or(|&(g, _)| g != generation) {
             epochs.push((generation, pos.end));
         }
