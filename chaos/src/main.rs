@@ -22,15 +22,15 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use felix_client::{Ack, Client, ClientConfig, ClientError, Offer, RetryClass};
-use felix_proto::message::{self, Message, ShardKind};
+use felix_client::{Ack, Client, ClientConfig, ClientError, RetryClass};
 use felix_proto::routing::{shard_for_key, RoutingMapping};
-use felix_testkit::history::{self, Op, Read, ShardId, Tolerance};
+use felix_testkit::history::{self, Op, ShardId, Tolerance};
 use felix_testkit::{Direction, Rule};
 
 use felix_chaos::cluster::{
     Cluster, LEASE, NAMESPACE, NODES, READY_LIMIT, SHARDS, STREAMS, TENANT,
 };
+use felix_chaos::readback::Reader;
 
 /// `--duration-secs` at most: the run is meant for a test suite.
 const MAX_DURATION: u64 = 600;
@@ -218,7 +218,19 @@ fn run(args: &Args) -> Result<bool, String> {
         .map_err(|e| format!("starting tokio: {e}"))?;
     let addrs: Vec<SocketAddr> = c.nodes.iter().map(|n| n.client).collect();
     let (ca, token) = (c.ca_pem.clone(), c.token.clone());
-    let before = runtime.block_on(owners_everywhere(&addrs, &ca, &token, SETTLE_LIMIT))?;
+    let reader = Reader {
+        addrs: addrs.clone(),
+        ca: ca.clone(),
+        tenant: TENANT.into(),
+        token: token.clone(),
+        namespace: NAMESPACE.into(),
+        request_timeout: REQUEST_TIMEOUT,
+        connect_timeout: CONNECT_TIMEOUT,
+        pause: RECONNECT_PAUSE,
+        page: PAGE,
+    };
+    let owners = |limit| runtime.block_on(reader.owners_everywhere(&STREAMS, SHARDS, limit));
+    let before = owners(SETTLE_LIMIT)?;
 
     let mut schedule = Schedule {
         start: Instant::now(),
@@ -271,8 +283,17 @@ fn run(args: &Args) -> Result<bool, String> {
             schedule.unready(format!("after the heal: {e}\n{}", c.diagnose()));
         }
     }
-    let after = runtime.block_on(owners_everywhere(&addrs, &ca, &token, SETTLE_LIMIT))?;
-    let reads = runtime.block_on(read_back(&after, &ca, &token))?;
+    let named = owners(SETTLE_LIMIT)?;
+    let reads = runtime.block_on(reader.read_back(&named, SETTLE_LIMIT))?;
+    // Asked again once read: a leadership that moved after `named` counts as moved.
+    let after = owners(SETTLE_LIMIT)?;
+    for (shard, (_, generation)) in &after {
+        if named.get(shard).map(|(_, g)| *g) != Some(*generation) {
+            schedule.note(format!(
+                "{shard} changed leader during the read-back (generation {generation})"
+            ));
+        }
+    }
     schedule.note(format!("read back {} shards", reads.len()));
 
     // Only a lost disk may lose what a `leader` shard's leader alone held.
@@ -510,13 +531,6 @@ struct ClientTask {
     deadline: Instant,
 }
 
-fn client_config(addr: SocketAddr, ca: &str, token: &str) -> ClientConfig {
-    let mut config = ClientConfig::new(addr, ca.as_bytes().to_vec(), TENANT, token);
-    config.request_timeout = REQUEST_TIMEOUT;
-    config.connect_timeout = CONNECT_TIMEOUT;
-    config
-}
-
 impl ClientTask {
     /// Acked keyed publishes of one record each, one at a time, until the deadline, through
     /// the SDK's cluster client: seeded with every node (each task starting from another),
@@ -593,136 +607,6 @@ fn not_applied(e: &ClientError) -> bool {
         e.retry(),
         Some(RetryClass::Retry | RetryClass::RetryAfter | RetryClass::Redirect)
     )
-}
-
-/// Every shard's leader (node id, client address) and generation.
-type Owners = std::collections::BTreeMap<ShardId, ((String, String), u64)>;
-
-/// Asks the nodes in turn for every stream's owners until one answers with a leader for
-/// every shard, at most `limit`.
-async fn owners_everywhere(
-    addrs: &[SocketAddr],
-    ca: &str,
-    token: &str,
-    limit: Duration,
-) -> Result<Owners, String> {
-    let deadline = Instant::now() + limit;
-    let mut last = String::new();
-    for attempt in 0usize.. {
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "no node named a leader for every shard within {limit:?}: {last}"
-            ));
-        }
-        let addr = addrs[attempt % addrs.len()];
-        match owners(addr, ca, token).await {
-            Ok(o) if o.len() == STREAMS.len() * SHARDS as usize => return Ok(o),
-            Ok(o) => last = format!("{addr} named {} of the shards", o.len()),
-            Err(e) => last = format!("{addr}: {e}"),
-        }
-        tokio::time::sleep(RECONNECT_PAUSE).await;
-    }
-    unreachable!("the loop returns")
-}
-
-async fn owners(addr: SocketAddr, ca: &str, token: &str) -> Result<Owners, String> {
-    let mut config = client_config(addr, ca, token);
-    config.offer = Offer::reference_client();
-    let client = Client::connect(config).await.map_err(|e| e.to_string())?;
-    let mut out = Owners::new();
-    for (n, stream) in STREAMS.iter().enumerate() {
-        let ask = Message::ShardOwners(message::ShardOwners {
-            tenant_id: TENANT.into(),
-            namespace: NAMESPACE.into(),
-            name: (*stream).into(),
-            kind: ShardKind::Stream,
-            request_id: n as u64 + 1,
-        });
-        let mut raw = client
-            .open_raw_stream(true)
-            .await
-            .map_err(|e| e.to_string())?;
-        raw.send(ask.to_frame().to_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
-        let frame = tokio::time::timeout(REQUEST_TIMEOUT, raw.recv_frame())
-            .await
-            .map_err(|_| "no shard_owners answer".to_owned())?
-            .map_err(|e| e.to_string())?
-            .ok_or("the stream ended without an answer")?;
-        match Message::decode(&frame.payload).map_err(|e| e.to_string())? {
-            Message::ShardOwnersView(v) => {
-                for o in v.owners {
-                    if let (Some(node), Some(a), Some(g)) = (o.node_id, o.addr, o.generation) {
-                        out.insert(ShardId::new(stream, o.shard as u32), ((node, a), g));
-                    }
-                }
-            }
-            other => return Err(format!("expected shard_owners_view, got {other:?}")),
-        }
-    }
-    client.close().await;
-    Ok(out)
-}
-
-/// Every shard read in full from its leader, each retried until it answers (bounded).
-async fn read_back(owners: &Owners, ca: &str, token: &str) -> Result<Vec<Read>, String> {
-    let deadline = Instant::now() + SETTLE_LIMIT;
-    let mut reads = Vec::new();
-    for (shard, ((node, addr), _)) in owners {
-        let addr: SocketAddr = addr
-            .parse()
-            .map_err(|e| format!("{shard}: leader {node} address {addr:?}: {e}"))?;
-        loop {
-            match read_shard(addr, shard, ca, token).await {
-                Ok(records) => {
-                    reads.push(Read {
-                        shard: shard.clone(),
-                        records,
-                    });
-                    break;
-                }
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(format!(
-                        "{shard}: no full read from {node} within {SETTLE_LIMIT:?}: {e}"
-                    ))
-                }
-                Err(_) => tokio::time::sleep(RECONNECT_PAUSE).await,
-            }
-        }
-    }
-    Ok(reads)
-}
-
-async fn read_shard(
-    addr: SocketAddr,
-    shard: &ShardId,
-    ca: &str,
-    token: &str,
-) -> Result<Vec<(u64, Bytes)>, ClientError> {
-    let client = Client::connect(client_config(addr, ca, token)).await?;
-    let mut records = Vec::new();
-    let mut from = 0;
-    // Bounded: each page moves on by at least one record, and no run writes this many.
-    for _ in 0..100_000 {
-        let page = client
-            .stream_read(
-                NAMESPACE,
-                &shard.stream,
-                shard.shard,
-                from,
-                None,
-                Some(PAGE),
-            )
-            .await?;
-        if page.records.is_empty() {
-            break;
-        }
-        from = page.next_offset;
-        records.extend(page.records.into_iter().map(|r| (r.offset, r.payload)));
-    }
-    client.close().await;
-    Ok(records)
 }
 
 #[cfg(test)]

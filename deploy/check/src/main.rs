@@ -34,10 +34,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use felix_chaos::cluster::http_get;
-use felix_client::{Ack, Client, ClientConfig, ClientError, Offer, RetryClass};
-use felix_proto::message::{self, Message, ShardKind};
+use felix_chaos::readback::Reader;
+use felix_client::{Ack, Client, ClientConfig, ClientError, RetryClass};
 use felix_proto::routing::{shard_for_key, RoutingMapping};
-use felix_testkit::history::{self, Op, Read, ShardId, Tolerance};
+use felix_testkit::history::{self, Op, ShardId, Tolerance};
 
 /// What deploy/compose/cluster.toml declares: a `quorum` stream of three shards on all three
 /// nodes, for this tenant and namespace.
@@ -247,6 +247,21 @@ impl Creds {
         config.connect_timeout = CONNECT_TIMEOUT;
         config
     }
+
+    /// The read-back's view of the cluster at `addrs`.
+    fn reader(&self, addrs: &[SocketAddr]) -> Reader {
+        Reader {
+            addrs: addrs.to_vec(),
+            ca: self.ca.clone(),
+            tenant: TENANT.into(),
+            token: self.token.clone(),
+            namespace: NAMESPACE.into(),
+            request_timeout: REQUEST_TIMEOUT,
+            connect_timeout: CONNECT_TIMEOUT,
+            pause: RECONNECT_PAUSE,
+            page: PAGE,
+        }
+    }
 }
 
 /// One fault as made, with when it began and when its node was back and caught up (from
@@ -310,7 +325,8 @@ fn run(args: &Args) -> Result<bool, String> {
         .build()
         .map_err(|e| format!("starting tokio: {e}"))?;
     let addrs: Vec<SocketAddr> = nodes.iter().map(Node::client).collect();
-    let before = runtime.block_on(owners_everywhere(&addrs, &creds))?;
+    let reader = creds.reader(&addrs);
+    let before = runtime.block_on(reader.owners_everywhere(&[STREAM], SHARDS, SETTLE_LIMIT))?;
     let ready_at = unix_ms();
     match args.since_unix_ms {
         Some(since) => println!(
@@ -366,8 +382,8 @@ fn run(args: &Args) -> Result<bool, String> {
         times.sort();
     }
 
-    let after = runtime.block_on(owners_everywhere(&addrs, &creds))?;
-    let reads = runtime.block_on(read_back(&after, &creds))?;
+    let named = runtime.block_on(reader.owners_everywhere(&[STREAM], SHARDS, SETTLE_LIMIT))?;
+    let reads = runtime.block_on(reader.read_back(&named, SETTLE_LIMIT))?;
     let report = history::check(&ops, &reads, &Tolerance::default());
     print!("{report}");
     let lost = report
@@ -453,7 +469,11 @@ fn make_faults(
     std::thread::sleep(WARM_UP);
     // The leader of shard `k` now: a kill or a cut there moves a leadership.
     let leader_of = |k: u32| -> Result<usize, String> {
-        let owners = runtime.block_on(owners_everywhere(&addrs, creds))?;
+        let owners = runtime.block_on(creds.reader(&addrs).owners_everywhere(
+            &[STREAM],
+            SHARDS,
+            SETTLE_LIMIT,
+        ))?;
         let ((id, _), _) = owners
             .get(&ShardId::new(STREAM, k % SHARDS))
             .ok_or("a shard without a leader")?;
@@ -858,120 +878,6 @@ fn not_applied(e: &ClientError) -> bool {
         e.retry(),
         Some(RetryClass::Retry | RetryClass::RetryAfter | RetryClass::Redirect)
     )
-}
-
-/// Every shard's leader (node id, client address) and generation.
-type Owners = BTreeMap<ShardId, ((String, String), u64)>;
-
-/// Asks the nodes in turn until one names a leader for every shard, at most [`SETTLE_LIMIT`].
-async fn owners_everywhere(addrs: &[SocketAddr], creds: &Creds) -> Result<Owners, String> {
-    let deadline = Instant::now() + SETTLE_LIMIT;
-    let mut last = String::new();
-    for attempt in 0usize.. {
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "no node named a leader for every shard within {SETTLE_LIMIT:?}: {last}"
-            ));
-        }
-        let addr = addrs[attempt % addrs.len()];
-        match owners(addr, creds).await {
-            Ok(o) if o.len() == SHARDS as usize => return Ok(o),
-            Ok(o) => last = format!("{addr} named {} of the shards", o.len()),
-            Err(e) => last = format!("{addr}: {e}"),
-        }
-        tokio::time::sleep(RECONNECT_PAUSE).await;
-    }
-    unreachable!("the loop returns")
-}
-
-async fn owners(addr: SocketAddr, creds: &Creds) -> Result<Owners, String> {
-    let mut config = creds.config(addr);
-    config.offer = Offer::reference_client();
-    let client = Client::connect(config).await.map_err(|e| e.to_string())?;
-    let ask = Message::ShardOwners(message::ShardOwners {
-        tenant_id: TENANT.into(),
-        namespace: NAMESPACE.into(),
-        name: STREAM.into(),
-        kind: ShardKind::Stream,
-        request_id: 1,
-    });
-    let mut raw = client
-        .open_raw_stream(true)
-        .await
-        .map_err(|e| e.to_string())?;
-    raw.send(ask.to_frame().to_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let frame = tokio::time::timeout(REQUEST_TIMEOUT, raw.recv_frame())
-        .await
-        .map_err(|_| "no shard_owners answer".to_owned())?
-        .map_err(|e| e.to_string())?
-        .ok_or("the stream ended without an answer")?;
-    let mut out = Owners::new();
-    match Message::decode(&frame.payload).map_err(|e| e.to_string())? {
-        Message::ShardOwnersView(v) => {
-            for o in v.owners {
-                if let (Some(node), Some(a), Some(g)) = (o.node_id, o.addr, o.generation) {
-                    out.insert(ShardId::new(STREAM, o.shard as u32), ((node, a), g));
-                }
-            }
-        }
-        other => return Err(format!("expected shard_owners_view, got {other:?}")),
-    }
-    client.close().await;
-    Ok(out)
-}
-
-/// Every shard read in full from its leader, each retried until it answers (bounded).
-async fn read_back(owners: &Owners, creds: &Creds) -> Result<Vec<Read>, String> {
-    let deadline = Instant::now() + SETTLE_LIMIT;
-    let mut reads = Vec::new();
-    for (shard, ((node, addr), _)) in owners {
-        let addr: SocketAddr = addr
-            .parse()
-            .map_err(|e| format!("{shard}: leader {node} address {addr:?}: {e}"))?;
-        loop {
-            match read_shard(addr, shard, creds).await {
-                Ok(records) => {
-                    reads.push(Read {
-                        shard: shard.clone(),
-                        records,
-                    });
-                    break;
-                }
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(format!(
-                        "{shard}: no full read from {node} within {SETTLE_LIMIT:?}: {e}"
-                    ))
-                }
-                Err(_) => tokio::time::sleep(RECONNECT_PAUSE).await,
-            }
-        }
-    }
-    Ok(reads)
-}
-
-async fn read_shard(
-    addr: SocketAddr,
-    shard: &ShardId,
-    creds: &Creds,
-) -> Result<Vec<(u64, Bytes)>, ClientError> {
-    let client = Client::connect(creds.config(addr)).await?;
-    let mut records = Vec::new();
-    let mut from = 0;
-    // Bounded: each page moves on by at least one record, and no run writes this many.
-    for _ in 0..100_000 {
-        let page = client
-            .stream_read(NAMESPACE, STREAM, shard.shard, from, None, Some(PAGE))
-            .await?;
-        if page.records.is_empty() {
-            break;
-        }
-        from = page.next_offset;
-        records.extend(page.records.into_iter().map(|r| (r.offset, r.payload)));
-    }
-    client.close().await;
-    Ok(records)
 }
 
 #[cfg(test)]
