@@ -256,6 +256,9 @@ pub struct Metrics {
     /// Records known acknowledged that no surviving copy held when a new leader opened (a
     /// leader's lost disk, or an operator's abandon): `acknowledged_records_abandoned`.
     pub acknowledged_records_abandoned: u64,
+    /// Replica state writes the log refused; each copy decided again instead of waiting for
+    /// a write that never came. Nonzero is a bug to report.
+    pub replication_states_refused: u64,
     /// Gauge: `leader` shards led here whose quiescence the cluster records (a follower may
     /// take each over without loss; a write there waits for a resumption first).
     pub leader_shards_quiet: u64,
@@ -317,6 +320,7 @@ impl Default for Metrics {
             replication_quorum_timeouts: 0,
             replication_catch_up_bytes: 0,
             acknowledged_records_abandoned: 0,
+            replication_states_refused: 0,
             leader_shards_quiet: 0,
             cluster_shards_awaiting_leader: 0,
             cluster_shards_followed: 0,

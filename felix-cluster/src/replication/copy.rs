@@ -284,6 +284,10 @@ pub enum CopyEvent {
     CutFailed {
         detail: String,
     },
+    /// The log refused a replica state write; the copy decides again.
+    StateRefused {
+        detail: String,
+    },
     /// Quorum publishes ran out of time.
     QuorumTimeout,
 }
@@ -673,6 +677,21 @@ impl LogCopy {
             self.open_leadership(here, &state, view, pos);
         }
         self.out.push_back(CopyOutput::Recheck);
+    }
+
+    /// The log refused the replica state last asked for (it was not open, or the state went
+    /// back or out of order): nothing was written, and no durable answer will come. A copy
+    /// opening a leadership starts it over from the log's state as it is; any other decides
+    /// again on its next pass. Either way it no longer waits for the write.
+    pub fn state_refused(&mut self, detail: String) {
+        if !self.persisting {
+            return;
+        }
+        self.persisting = false;
+        if matches!(self.role, Role::Fencing(_)) {
+            self.role = Role::Preparing;
+        }
+        self.event(CopyEvent::StateRefused { detail });
     }
 
     /// The log refused a cut for now (busy with a write, a sync or a read): asked again on

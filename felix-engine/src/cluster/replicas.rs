@@ -499,6 +499,11 @@ impl ClusterNode {
         self.with_copy(log, |c| c.truncation_refused());
     }
 
+    /// The log refused a replica state write: the copy stops waiting for it.
+    pub(crate) fn state_refused(&mut self, log: LogId, detail: String) {
+        self.with_copy(log, |c| c.state_refused(detail));
+    }
+
     /// A replication event from a log: a framed read, a truncation, a durable state.
     pub(crate) fn replica_event(
         &mut self,

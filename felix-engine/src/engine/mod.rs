@@ -1019,6 +1019,7 @@ impl Engine {
             m.replication_quorum_timeouts = r.quorum_timeouts;
             m.replication_catch_up_bytes = r.catch_up_bytes;
             m.acknowledged_records_abandoned = r.acknowledged_abandoned;
+            m.replication_states_refused = r.replica_states_refused;
             m.leader_shards_quiet = r.leader_shards_quiet;
             m.cluster_shards_awaiting_leader = c.shards_awaiting_leader();
         }

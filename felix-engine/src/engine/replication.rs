@@ -118,7 +118,7 @@ impl Engine {
                     }
                     ReplicaIo::PersistState { log, state } => {
                         if let Err(e) = broker.persist_replica_state(log, state) {
-                            tracing::warn!(log = log.0, error = %e, "replica state not written");
+                            cluster.state_refused(log, e.to_string());
                         }
                     }
                     ReplicaIo::ReadFramed {

@@ -220,6 +220,12 @@ impl Collector for Snapshot {
             "records known acknowledged that no surviving copy held when a new leader opened (a lost disk, or an operator's abandon)",
             m.acknowledged_records_abandoned,
         )?;
+        counter(
+            e,
+            "replication_states_refused",
+            "replica state writes the log refused (the copy decided again; nonzero is a bug to report)",
+            m.replication_states_refused,
+        )?;
         gauge(
             e,
             "leader_shards_quiet",

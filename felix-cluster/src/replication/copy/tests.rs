@@ -10,11 +10,11 @@
 //!
 //! Inputs: `gen` (the view's generation reaches the copy), `open` (the log is open), `pass
 //! at=MS [opened] [rider=b:sb,…|rider=none]`, `persisted` (the last state the copy asked
-//! for is durable, and the log holds it), `recv peer=N <message> …`, `truncated end=E` or
-//! `truncated error`, `appended end=E` or `appended error`, `written to=E`, `durable to=E`,
-//! `log-durable to=E end=E`, `owes at=MS end=E`, `gate`, `timeout at=MS`, `read to=N from=F
-//! [base=B end=E bytes=N | error]`, `refused-cut`; and the getters `role`, `caught-up
-//! [down]`, `writable`.
+//! for is durable, and the log holds it), `refused` (the log refused it), `recv peer=N
+//! <message> …`, `truncated end=E` or `truncated error`, `appended end=E` or `appended
+//! error`, `written to=E`, `durable to=E`, `log-durable to=E end=E`, `owes at=MS end=E`,
+//! `gate`, `timeout at=MS`, `read to=N from=F [base=B end=E bytes=N | error]`,
+//! `refused-cut`; and the getters `role`, `caught-up [down]`, `writable`.
 
 use std::time::{Duration, Instant};
 
@@ -417,6 +417,7 @@ impl Script {
                 self.pos.state = state.clone();
                 copy.state_durable(&self.here, state, Some(&self.view), Some(&self.pos));
             }
+            "refused" => copy.state_refused("refused by the log".into()),
             "recv" => {
                 let from = NodeId::new(f["peer"].clone());
                 let kind = rest.split_whitespace().nth(1).unwrap();

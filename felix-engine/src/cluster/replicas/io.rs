@@ -5,7 +5,7 @@ use bytes::Bytes;
 use felix_cluster::replication::copy::{CopyEvent, CopyIo, CopyState, Framed, LogPos};
 use felix_storage::ops::LogId;
 use felix_storage::replica_state::{Epoch as StoredEpoch, ReplicaState};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::{CopyKind, CopyRef, ReadPurpose};
 use crate::broker::replicated::MovedTo;
@@ -215,6 +215,10 @@ impl ClusterNode {
             }
             CopyEvent::CutFailed { detail } => {
                 warn!(shard = %r, error = %detail, "truncation failed; trying again");
+            }
+            CopyEvent::StateRefused { detail } => {
+                error!(shard = %r, error = %detail, "replica state refused by the log; deciding again");
+                self.replicas.stats.replica_states_refused += 1;
             }
             CopyEvent::QuorumTimeout => self.replicas.stats.quorum_timeouts += 1,
         }

@@ -25,6 +25,8 @@ pub(crate) struct ReplicationStats {
     /// Records known acknowledged that a new leadership here could not recover (a lost
     /// disk, or an operator's abandon).
     pub(crate) acknowledged_abandoned: u64,
+    /// Replica state writes the log refused (each a copy deciding again instead of waiting).
+    pub(crate) replica_states_refused: u64,
     /// `leader` shards led here holding acknowledgements for a resumption.
     pub(crate) leader_shards_quiet: u64,
 }
