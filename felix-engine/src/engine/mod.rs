@@ -492,19 +492,9 @@ impl Engine {
         names: (&str, &str, &str),
         spec: crate::stream_admin::StreamSpec,
     ) -> Result<Option<crate::StreamView>, crate::AdminError> {
-        use crate::AdminError;
-        crate::stream_admin::check_names(names)?;
-        let unix_secs = self.core.unix_secs(now);
-        let action = felix_auth::Action::StreamManage;
-        crate::stream_admin::authorize(&self.core.verifier, unix_secs, token, action, names)?;
-        if !self.is_ready() {
-            return Err(AdminError::Unavailable("recovery is not finished".into()));
-        }
-        let cluster = self.core.router.driver_mut().ok_or_else(not_clustered)?;
-        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
-        let outcome = cluster.create_stream(now, key, spec)?;
-        self.settle(now);
-        Ok(outcome)
+        self.manage(now, token, Managed::Stream, names, |cluster, key| {
+            cluster.create_stream(now, key, spec)
+        })
     }
 
     /// Creates a cache through the control plane (`POST /v1/caches`): the token must grant
@@ -516,19 +506,9 @@ impl Engine {
         names: (&str, &str, &str),
         spec: crate::stream_admin::CacheSpec,
     ) -> Result<Option<crate::stream_admin::CacheView>, crate::AdminError> {
-        use crate::AdminError;
-        crate::stream_admin::check_cache_names(names)?;
-        let unix_secs = self.core.unix_secs(now);
-        let action = felix_auth::Action::CacheManage;
-        crate::stream_admin::authorize_cache(&self.core.verifier, unix_secs, token, action, names)?;
-        if !self.is_ready() {
-            return Err(AdminError::Unavailable("recovery is not finished".into()));
-        }
-        let cluster = self.core.router.driver_mut().ok_or_else(not_clustered)?;
-        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
-        let outcome = cluster.create_cache(now, key, spec)?;
-        self.settle(now);
-        Ok(outcome)
+        self.manage(now, token, Managed::Cache, names, |cluster, key| {
+            cluster.create_cache(now, key, spec)
+        })
     }
 
     /// Deletes a cache through the control plane (`DELETE /v1/caches/…`): the token must
@@ -541,19 +521,9 @@ impl Engine {
         token: &str,
         names: (&str, &str, &str),
     ) -> Result<u64, crate::AdminError> {
-        use crate::AdminError;
-        crate::stream_admin::check_cache_names(names)?;
-        let unix_secs = self.core.unix_secs(now);
-        let action = felix_auth::Action::CacheManage;
-        crate::stream_admin::authorize_cache(&self.core.verifier, unix_secs, token, action, names)?;
-        if !self.is_ready() {
-            return Err(AdminError::Unavailable("recovery is not finished".into()));
-        }
-        let cluster = self.core.router.driver_mut().ok_or_else(not_clustered)?;
-        let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
-        let outcome = cluster.delete_cache(now, key);
-        self.settle(now);
-        outcome
+        self.manage(now, token, Managed::Cache, names, |cluster, key| {
+            cluster.delete_cache(now, key)
+        })
     }
 
     /// Whether `incarnation` of a cache is deleted in this node's metadata and its copies
@@ -630,19 +600,49 @@ impl Engine {
         names: (&str, &str, &str),
         retention: crate::stream_admin::Retention,
     ) -> Result<bool, crate::AdminError> {
-        use crate::AdminError;
-        crate::stream_admin::check_names(names)?;
+        self.manage(now, token, Managed::Stream, names, |cluster, key| {
+            cluster.alter_stream(now, key, retention)
+        })
+    }
+
+    /// What every change of an object through the control plane shares: valid names, a
+    /// token granting `manage` on the object, a node done recovering and in a cluster; then
+    /// `change` on the cluster driver with the object's key, and a settle.
+    fn manage<T>(
+        &mut self,
+        now: Instant,
+        token: &str,
+        object: Managed,
+        names: (&str, &str, &str),
+        change: impl FnOnce(
+            &mut crate::cluster::ClusterNode,
+            felix_cluster::meta::ObjectKey,
+        ) -> Result<T, crate::AdminError>,
+    ) -> Result<T, crate::AdminError> {
+        use crate::stream_admin as admin;
         let unix_secs = self.core.unix_secs(now);
-        let action = felix_auth::Action::StreamManage;
-        crate::stream_admin::authorize(&self.core.verifier, unix_secs, token, action, names)?;
+        let verifier = &self.core.verifier;
+        match object {
+            Managed::Stream => {
+                admin::check_names(names)?;
+                let action = felix_auth::Action::StreamManage;
+                admin::authorize(verifier, unix_secs, token, action, names)?;
+            }
+            Managed::Cache => {
+                admin::check_cache_names(names)?;
+                let action = felix_auth::Action::CacheManage;
+                admin::authorize_cache(verifier, unix_secs, token, action, names)?;
+            }
+        }
         if !self.is_ready() {
-            return Err(AdminError::Unavailable("recovery is not finished".into()));
+            let unready = "recovery is not finished".into();
+            return Err(crate::AdminError::Unavailable(unready));
         }
         let cluster = self.core.router.driver_mut().ok_or_else(not_clustered)?;
         let key = felix_cluster::meta::ObjectKey::new(names.0, names.1, names.2);
-        let outcome = cluster.alter_stream(now, key, retention)?;
+        let outcome = change(cluster, key);
         self.settle(now);
-        Ok(outcome)
+        outcome
     }
 
     /// A placed stream as this node's metadata has it (`GET /v1/streams/{t}/{ns}/{s}`), for
@@ -1413,6 +1413,13 @@ impl Engine {
 }
 
 /// The admin API's streams live in the cluster's metadata; a single node has none to show.
+/// The kind of object [`Engine::manage`] changes: whose names and permission it checks.
+#[derive(Clone, Copy)]
+enum Managed {
+    Stream,
+    Cache,
+}
+
 fn not_clustered() -> crate::AdminError {
     crate::AdminError::NotFound(
         "this broker is not a cluster node: a single node creates streams on first use".into(),
